@@ -1,0 +1,18 @@
+"""How batches are made: plan, worker pool, shared-memory transport, reorder buffer, dispatcher."""
+
+from drapps.runtime.config import LoaderConfig
+from drapps.runtime.errors import SampleError, WorkerTimeoutError
+from drapps.runtime.plan import Plan
+from drapps.runtime.seeding import sample_rng, sample_seed, sample_seed_for
+from drapps.runtime.transport import SharedMemoryFullError
+
+__all__ = [
+    "LoaderConfig",
+    "Plan",
+    "SampleError",
+    "SharedMemoryFullError",
+    "WorkerTimeoutError",
+    "sample_rng",
+    "sample_seed",
+    "sample_seed_for",
+]

@@ -1,0 +1,161 @@
+"""The loader's configuration: one frozen dataclass, validated when it is made."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import psutil
+
+from drapps.runtime.transport import SHM_DIR
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)\s*$", re.IGNORECASE)
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity mask, not the machine's total)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def parse_bytes(value: int | str, name: str = "memory_budget") -> int:
+    """``4096``, ``"512MB"``, ``"2GiB"``, ``"1.5G"`` -> bytes."""
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ValueError(
+            f"{name} must be 'auto', a byte count or a size like '2GiB', got {value!r}"
+        )
+    if isinstance(value, int):
+        number = value
+    else:
+        match = _SIZE.match(value)
+        if match is None:
+            raise ValueError(
+                f"{name} must be 'auto', a byte count or a size like '512MB' or '2GiB', "
+                f"got {value!r}"
+            )
+        amount, unit = match.groups()
+        unit = unit.upper()
+        base = 1024 if "I" in unit else 1000
+        power = "BKMGT".index(unit[0]) if unit and unit[0] != "B" else 0
+        number = int(float(amount) * base**power)
+    if number <= 0:
+        raise ValueError(f"{name} must be > 0 bytes, got {value!r}")
+    return number
+
+
+def auto_memory_budget() -> int:
+    """A quarter of available RAM, and no more than half the shared-memory filesystem's space."""
+    budget = psutil.virtual_memory().available // 4
+    try:
+        stat = os.statvfs(SHM_DIR)
+        budget = min(budget, stat.f_bavail * stat.f_frsize // 2)
+    except OSError:
+        pass
+    return max(budget, 64 * 2**20)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class LoaderConfig:
+    """How a :class:`drapps.Loader` makes batches. Every field is checked when it is made."""
+
+    batch_size: int = 1
+    """Samples per batch (>= 1)."""
+    shuffle: bool = False
+    """Visit the dataset in a random order drawn from (seed, epoch)."""
+    seed: int = 0
+    """Seeds the epoch order and every sample's augmentation randomness (>= 0)."""
+    drop_last: bool = False
+    """Drop the last batch when it is shorter than ``batch_size``."""
+    collate_fn: Callable[[list[Any]], Any] | None = None
+    """Turns a list of samples into a batch; None means torch's ``default_collate``."""
+    transform: Callable[[Any], Any] | None = None
+    """Applied to each sample as ``dataset[i]`` returns it, inside the worker (picklable)."""
+    workers: int | Literal["auto"] = "auto"
+    """Worker processes: 0 makes batches in the calling process; "auto" lets drapps choose."""
+    max_workers: int | None = None
+    """Upper bound for ``workers`` and :meth:`Loader.resize` (None: twice the usable cores)."""
+    prefetch: int | Literal["auto"] = "auto"
+    """Batches made ahead (in flight + ready, all workers together); "auto": 2 per worker."""
+    memory_budget: int | str = "auto"
+    """Bytes the ready batches may hold; "auto": a quarter of available RAM, at most half of
+    /dev/shm. One batch is always allowed, so a batch larger than the budget still flows."""
+    on_error: Literal["raise", "skip"] = "raise"
+    """A failing sample raises in the training loop ("raise") or is skipped and counted."""
+    timeout: float | None = 60.0
+    """Seconds a worker may spend on one batch before it is deemed hung, killed and the batch
+    retried elsewhere (None: never)."""
+    max_attempts: int = 3
+    """Attempts at a batch whose worker dies or hangs before the batch is given up on."""
+    multiprocessing_context: str | None = None
+    """Start method for workers ("fork", "spawn", "forkserver"); None: the platform default."""
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.batch_size) or self.batch_size < 1:
+            raise ValueError(f"batch_size must be an int >= 1, got {self.batch_size!r}")
+        for name in ("shuffle", "drop_last"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if not _is_int(self.seed) or self.seed < 0:
+            raise ValueError(f"seed must be an int >= 0 or None, got {self.seed!r}")
+        for name in ("collate_fn", "transform"):
+            value = getattr(self, name)
+            if value is not None and not callable(value):
+                raise ValueError(f"{name} must be callable or None, got {value!r}")
+        if self.max_workers is not None and (not _is_int(self.max_workers) or self.max_workers < 1):
+            raise ValueError(f"max_workers must be an int >= 1 or None, got {self.max_workers!r}")
+        if self.workers != "auto":
+            if not _is_int(self.workers) or self.workers < 0:
+                raise ValueError(f"workers must be 'auto' or an int >= 0, got {self.workers!r}")
+            if self.workers > self.resolved_max_workers:
+                raise ValueError(
+                    f"workers={self.workers} exceeds max_workers={self.resolved_max_workers}"
+                )
+        if self.prefetch != "auto" and (not _is_int(self.prefetch) or self.prefetch < 1):
+            raise ValueError(f"prefetch must be 'auto' or an int >= 1, got {self.prefetch!r}")
+        if self.memory_budget != "auto":
+            parse_bytes(self.memory_budget)
+        if self.on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error must be 'raise' or 'skip', got {self.on_error!r}")
+        if self.timeout is not None and (
+            isinstance(self.timeout, bool)
+            or not isinstance(self.timeout, int | float)
+            or not self.timeout > 0
+        ):
+            raise ValueError(
+                f"timeout must be a number of seconds > 0 or None, got {self.timeout!r}"
+            )
+        if not _is_int(self.max_attempts) or self.max_attempts < 1:
+            raise ValueError(f"max_attempts must be an int >= 1, got {self.max_attempts!r}")
+        methods = multiprocessing.get_all_start_methods()
+        if self.multiprocessing_context is not None and self.multiprocessing_context not in methods:
+            raise ValueError(
+                f"multiprocessing_context must be one of {methods} or None, "
+                f"got {self.multiprocessing_context!r}"
+            )
+
+    @property
+    def resolved_max_workers(self) -> int:
+        return self.max_workers if self.max_workers is not None else 2 * usable_cores()
+
+    @property
+    def initial_workers(self) -> int:
+        """Worker count at start ("auto": one per usable core, within ``max_workers``)."""
+        if self.workers == "auto":
+            return min(usable_cores(), self.resolved_max_workers)
+        return self.workers
+
+    @property
+    def resolved_memory_budget(self) -> int:
+        if self.memory_budget == "auto":
+            return auto_memory_budget()
+        return parse_bytes(self.memory_budget)

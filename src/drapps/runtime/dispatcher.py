@@ -1,0 +1,394 @@
+"""The dispatcher: one thread that owns the worker pool and feeds the reorder buffer.
+
+Every tick it applies commands (new epoch, resize, prefetch depth, stop), keeps the pool at its
+target size, hands out tasks while the prefetch depth and memory budget allow, and waits on all
+worker pipes and process sentinels at once. A worker that dies or overruns ``timeout`` is reaped
+and its unanswered tasks go back to the front of the queue; results are deduplicated by batch id in
+the reorder buffer, so every batch is delivered exactly once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import logging
+import os
+import secrets
+import threading
+import time
+from multiprocessing.connection import wait
+from multiprocessing.context import BaseContext
+from typing import Any
+
+from drapps.runtime.errors import WorkerTimeoutError
+from drapps.runtime.plan import Plan
+from drapps.runtime.pool import Task, Worker, WorkerPool
+from drapps.runtime.reorder import Entry, ReorderBuffer
+from drapps.runtime.transport import Packed, discard, unpack
+from drapps.runtime.worker import BatchRecipe
+
+logger = logging.getLogger(__name__)
+
+# Tasks a worker may hold: the one it makes and one waiting, so it never idles between tasks
+# while the rest stay free to go to whichever worker frees up first.
+_TASKS_PER_WORKER = 2
+_TICK_S = 0.5
+
+
+class Dispatcher:
+    """Runs the worker pool for a loader (started lazily, stopped by :meth:`shutdown`)."""
+
+    def __init__(
+        self,
+        recipe: BatchRecipe,
+        *,
+        workers: int,
+        prefetch: int | None,
+        memory_budget: int,
+        timeout: float | None,
+        max_attempts: int,
+        context: BaseContext | None,
+    ) -> None:
+        self.session = f"{os.getpid()}_{secrets.token_hex(4)}"
+        self.buffer = ReorderBuffer(on_consumed=self._wake)
+        self.pool = WorkerPool(recipe, self.session, context)
+        self._on_error = recipe.on_error
+        self._target = workers
+        self._prefetch = prefetch
+        self._budget = memory_budget
+        self._timeout = timeout
+        self._max_attempts = max_attempts
+        self._lock = threading.Lock()
+        self._commands: list[tuple[str, Any]] = []
+        self._applied = threading.Condition(self._lock)
+        self._command_seq = 0
+        self._applied_seq = 0
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+        self._released = False
+        # Epoch state, owned by the dispatcher thread.
+        self._plan: Plan | None = None
+        self._generation = 0
+        self._generation_now = 0
+        self._fresh = 0
+        self._retry: list[int] = []
+        self._attempts: dict[int, int] = {}
+        self._in_flight: dict[int, Worker] = {}
+        self._batch_bytes = 0
+        # Counters read by stats().
+        self.counters: dict[str, float] = {
+            "worker_restarts": 0,
+            "timeouts": 0,
+            "retries": 0,
+            "pickled_bytes": 0,
+            "shared_bytes": 0,
+            "fetch_s": 0.0,
+            "transform_s": 0.0,
+            "collate_s": 0.0,
+        }
+        self.skipped: list[tuple[int, str]] = []
+
+    # ----------------------------------------------------------------- calls from other threads
+
+    def start_epoch(self, plan: Plan, start: int) -> int:
+        """Begin delivering batches ``start..`` of ``plan``; returns the epoch's generation."""
+        with self._lock:
+            self._generation += 1
+            generation = self._generation
+        for entry in self.buffer.reset(generation, start, len(plan)):
+            del entry
+        self._command("epoch", (generation, plan, start), wait_applied=False)
+        return generation
+
+    def resize(self, workers: int) -> None:
+        """Set the worker count; returns once the dispatcher has acted on it."""
+        self._command("resize", workers, wait_applied=True)
+
+    def set_prefetch(self, depth: int | None) -> None:
+        """Set the prefetch depth (None: twice the worker count)."""
+        self._command("prefetch", depth, wait_applied=True)
+
+    @property
+    def target_workers(self) -> int:
+        return self._target
+
+    @property
+    def prefetch_depth(self) -> int:
+        return self._prefetch if self._prefetch is not None else max(1, 2 * self._target)
+
+    def in_flight(self) -> int:
+        return len(self._in_flight)
+
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def shutdown(self, timeout_s: float = 10.0) -> None:
+        """Stop the thread and every worker; remove our shared memory. Idempotent."""
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+        thread = self._thread
+        self._wake()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=timeout_s)
+            if thread.is_alive():
+                logger.warning(
+                    "drapps dispatcher did not stop in %.0fs; killing workers", timeout_s
+                )
+        if thread is None or not thread.is_alive():
+            self._release()
+
+    # ----------------------------------------------------------------------------- internals
+
+    def _command(self, name: str, value: Any, *, wait_applied: bool) -> None:
+        with self._lock:
+            if self._stopped:
+                raise RuntimeError("this drapps.Loader is closed")
+            if self._thread is None and name != "epoch":
+                # No pool yet: the setting takes effect when the first epoch starts it.
+                self._commands.append((name, value))
+                return
+            self._commands.append((name, value))
+            self._command_seq += 1
+            seq = self._command_seq
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name=f"drapps-dispatcher-{self.session}", daemon=True
+                )
+                self._thread.start()
+        self._wake()
+        if wait_applied and self._thread is not threading.current_thread():
+            with self._applied:
+                while self._applied_seq < seq and not self._stopped:
+                    self._applied.wait(timeout=1.0)
+
+    def _wake(self) -> None:
+        if self._released:
+            return
+        # A full pipe wakes the thread just as well as a write that lands.
+        with contextlib.suppress(OSError):
+            os.write(self._wake_w, b"x")
+
+    def _release(self) -> None:
+        with self._lock:
+            if self._released:
+                return
+            self._released = True
+            self._stopped = True
+        self.pool.shutdown()
+        for entry in self.buffer.fail(RuntimeError("this drapps.Loader is closed")):
+            del entry
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+    def _run(self) -> None:
+        try:
+            while not self._stopped:
+                self._apply_commands()
+                self._keep_pool_size()
+                self._dispatch()
+                self._wait_and_receive()
+                self._enforce_timeout()
+        except BaseException as exc:
+            logger.exception("drapps dispatcher failed")
+            failure = RuntimeError(f"drapps dispatcher failed: {type(exc).__name__}: {exc}")
+            failure.__cause__ = exc
+            self.buffer.fail(failure)
+        finally:
+            self._release()
+            with self._applied:
+                self._applied.notify_all()
+
+    def _apply_commands(self) -> None:
+        with self._lock:
+            commands, self._commands = self._commands, []
+            seq = self._command_seq
+        for name, value in commands:
+            if name == "epoch":
+                self._generation_now, self._plan, self._fresh = value
+                self._retry, self._attempts = [], {}
+                self._in_flight.clear()
+            elif name == "resize":
+                self._target = value
+            elif name == "prefetch":
+                self._prefetch = value
+        with self._applied:
+            self._applied_seq = seq
+            self._applied.notify_all()
+
+    def _keep_pool_size(self) -> None:
+        live = self.pool.live()
+        for _ in range(self._target - len(live)):
+            self.pool.spawn()
+        surplus = len(live) - self._target
+        if surplus > 0:
+            for worker in sorted(live, key=lambda w: len(w.assigned))[:surplus]:
+                self.pool.retire(worker)
+
+    def _next_batch(self) -> int | None:
+        if self._retry:
+            return self._retry[0]
+        if self._plan is not None and self._fresh < len(self._plan):
+            return self._fresh
+        return None
+
+    def _may_dispatch(self, batch_id: int) -> bool:
+        if batch_id == self.buffer.next_id:
+            return True  # the batch the training loop waits for always goes
+        outstanding = len(self._in_flight) + len(self.buffer)
+        if outstanding >= self.prefetch_depth:
+            return False
+        if self._batch_bytes == 0:
+            # Size unknown until the first batch lands: one task per worker until then.
+            return outstanding < max(1, len(self.pool.live()))
+        projected = self.buffer.bytes + (len(self._in_flight) + 1) * self._batch_bytes
+        return projected <= self._budget
+
+    def _dispatch(self) -> None:
+        plan = self._plan
+        while plan is not None:
+            batch_id = self._next_batch()
+            if batch_id is None or not self._may_dispatch(batch_id):
+                return
+            candidates = [w for w in self.pool.live() if len(w.assigned) < _TASKS_PER_WORKER]
+            if not candidates:
+                return
+            worker = min(candidates, key=lambda w: len(w.assigned))
+            if self._retry and self._retry[0] == batch_id:
+                heapq.heappop(self._retry)
+            else:
+                self._fresh += 1
+            if batch_id < self.buffer.next_id or self.buffer.holds(batch_id):
+                continue  # already delivered or held: a late duplicate retry
+            indices = plan.batch(batch_id)
+            task = Task(self._generation_now, plan.epoch, batch_id, indices, time.monotonic())
+            worker.assigned.append(task)
+            self._in_flight[batch_id] = worker
+            try:
+                worker.tasks.send((task.generation, task.epoch, batch_id, task.indices))
+            except OSError:
+                worker.broken = True  # its exit is handled when the sentinel fires
+
+    def _wait_and_receive(self) -> None:
+        waitables: dict[Any, tuple[str, Worker | None]] = {self._wake_r: ("wake", None)}
+        for worker in self.pool.workers:
+            waitables[worker.process.sentinel] = ("exit", worker)
+            if not worker.broken:
+                waitables[worker.results] = ("result", worker)
+        for ready in wait(list(waitables), timeout=self._wait_timeout()):
+            kind, owner = waitables[ready]
+            if kind == "wake":
+                os.read(self._wake_r, 4096)
+            elif kind == "result" and owner is not None and owner in self.pool.workers:
+                self._drain(owner)
+        for ready_worker in [w for w in self.pool.workers if not w.process.is_alive()]:
+            self._on_exit(ready_worker, "died")
+
+    def _wait_timeout(self) -> float:
+        if self._timeout is None:
+            return _TICK_S
+        now = time.monotonic()
+        deadlines = [
+            started + self._timeout - now
+            for w in self.pool.workers
+            if (started := w.head_started()) is not None
+        ]
+        return max(0.01, min([_TICK_S, *deadlines]))
+
+    def _drain(self, worker: Worker) -> None:
+        try:
+            while worker.results.poll():
+                self._on_reply(worker, worker.results.recv())
+        except (EOFError, OSError, ValueError) as exc:
+            # EOF or a truncated message: the worker is exiting; its sentinel will fire.
+            logger.debug("worker %d result pipe closed: %r", worker.wid, exc)
+            worker.broken = True
+
+    def _on_reply(self, worker: Worker, reply: tuple[Any, ...]) -> None:
+        kind, generation, batch_id = reply[:3]
+        for task in worker.assigned:
+            if task.generation == generation and task.batch_id == batch_id:
+                worker.assigned.remove(task)
+                break
+        worker.last_progress = time.monotonic()
+        current = generation == self._generation_now
+        if current and self._in_flight.get(batch_id) is worker:
+            del self._in_flight[batch_id]
+        if kind == "err":
+            entry = Entry(error=reply[3])
+        else:
+            packed: Packed | None = reply[3]
+            if not current or batch_id < self.buffer.next_id or self.buffer.holds(batch_id):
+                if packed is not None:
+                    discard(packed)
+                return
+            batch, nbytes = None, 0
+            if packed is not None:
+                batch, nbytes = unpack(packed), packed.nbytes
+                self.counters["pickled_bytes"] += len(packed.skeleton)
+                self.counters["shared_bytes"] += nbytes
+                self._batch_bytes = max(self._batch_bytes, nbytes)
+            entry = Entry(batch=batch, nbytes=nbytes, skipped=reply[4])
+            for name, seconds in zip(
+                ("fetch_s", "transform_s", "collate_s"), reply[5], strict=True
+            ):
+                self.counters[name] += seconds
+        if current:
+            self.buffer.put(generation, batch_id, entry)
+
+    def _enforce_timeout(self) -> None:
+        if self._timeout is None:
+            return
+        now = time.monotonic()
+        for worker in list(self.pool.workers):
+            started = worker.head_started()
+            if started is not None and now - started > self._timeout:
+                logger.warning(
+                    "worker %d spent over %.1fs on batch %d; restarting it",
+                    worker.wid,
+                    self._timeout,
+                    worker.assigned[0].batch_id,
+                )
+                self.counters["timeouts"] += 1
+                self.pool.kill(worker)
+                self._on_exit(worker, f"exceeded timeout={self._timeout}s")
+
+    def _on_exit(self, worker: Worker, reason: str) -> None:
+        if not worker.broken:
+            self._drain(worker)  # replies sent before it exited still count
+        unanswered = self.pool.reap(worker)
+        expected = worker.retiring and not unanswered
+        if not expected:
+            self.counters["worker_restarts"] += 1
+            logger.warning(
+                "worker %d %s with %d unanswered tasks", worker.wid, reason, len(unanswered)
+            )
+        for position, task in enumerate(unanswered):
+            if task.generation != self._generation_now:
+                continue
+            self._in_flight.pop(task.batch_id, None)
+            if position == 0 and not expected:
+                self._attempts[task.batch_id] = self._attempts.get(task.batch_id, 1) + 1
+                if self._attempts[task.batch_id] > self._max_attempts:
+                    self._give_up(task, reason)
+                    continue
+            self.counters["retries"] += 1
+            heapq.heappush(self._retry, task.batch_id)
+
+    def _give_up(self, task: Task, reason: str) -> None:
+        message = (
+            f"batch {task.batch_id} (indices {task.indices}) was not made: its worker {reason} "
+            f"on each of {self._max_attempts} attempts"
+        )
+        if self._on_error == "skip":
+            entry = Entry(skipped=[(index, message) for index in task.indices])
+        else:
+            entry = Entry(error=WorkerTimeoutError(message, stage="worker", indices=task.indices))
+        self.buffer.put(task.generation, task.batch_id, entry)
+
+    def snapshot(self) -> dict[str, Any]:
+        """Counters for :meth:`drapps.Loader.stats` (read without stopping the thread)."""
+        return dict(self.counters)

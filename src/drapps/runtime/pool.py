@@ -1,0 +1,130 @@
+"""The worker pool: processes that make batches, each with its own pair of pipes.
+
+Each worker has a private task pipe and result pipe rather than sharing one queue: a worker killed
+mid-write can only corrupt its own pipe (a shared ``multiprocessing.Queue`` would leave its lock
+held and stall every other worker), and the pool always knows which tasks a dead worker took.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from multiprocessing.context import BaseContext
+from multiprocessing.process import BaseProcess
+
+from drapps.runtime.transport import remove_slabs, slab_prefix
+from drapps.runtime.worker import BatchRecipe, run_worker
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Task:
+    """One batch to make."""
+
+    generation: int
+    epoch: int
+    batch_id: int
+    indices: list[int]
+    assigned_at: float
+
+
+@dataclass(eq=False)
+class Worker:
+    """The pool's view of one worker process."""
+
+    wid: int
+    process: BaseProcess
+    tasks: Connection
+    results: Connection
+    assigned: deque[Task] = field(default_factory=deque)
+    """Tasks sent and not yet answered, oldest (the one being made) first."""
+    last_progress: float = field(default_factory=time.monotonic)
+    """When the worker last finished a task (or started)."""
+    retiring: bool = False
+    """Told to stop after its assigned tasks."""
+    broken: bool = False
+    """Its result pipe failed; only its exit is awaited."""
+
+    def head_started(self) -> float | None:
+        """When the worker began its current task, or None when it has none."""
+        if not self.assigned:
+            return None
+        return max(self.assigned[0].assigned_at, self.last_progress)
+
+
+class WorkerPool:
+    """Starts, retires, kills and reaps worker processes; knows their unanswered tasks."""
+
+    def __init__(self, recipe: BatchRecipe, session: str, context: BaseContext | None) -> None:
+        self._recipe = recipe
+        self._session = session
+        self._context = context or multiprocessing.get_context()
+        self._next_wid = 0
+        self.workers: list[Worker] = []
+
+    def live(self) -> list[Worker]:
+        """Workers that take new tasks (started, not retiring, not broken)."""
+        return [w for w in self.workers if not w.retiring and not w.broken]
+
+    def spawn(self) -> Worker:
+        wid = self._next_wid
+        self._next_wid += 1
+        task_recv, task_send = self._context.Pipe(duplex=False)
+        result_recv, result_send = self._context.Pipe(duplex=False)
+        process = self._context.Process(  # type: ignore[attr-defined]
+            target=run_worker,
+            args=(self._recipe, self._session, wid, task_recv, result_send, os.getpid()),
+            name=f"drapps-worker-{wid}",
+            daemon=True,
+        )
+        process.start()
+        task_recv.close()
+        result_send.close()
+        worker = Worker(wid, process, task_send, result_recv)
+        self.workers.append(worker)
+        logger.debug("started worker %d (pid %s)", wid, process.pid)
+        return worker
+
+    def retire(self, worker: Worker) -> None:
+        """Let ``worker`` finish its assigned tasks, then exit (the pipe keeps order)."""
+        worker.retiring = True
+        try:
+            worker.tasks.send(None)
+        except OSError:
+            worker.broken = True
+
+    def kill(self, worker: Worker) -> None:
+        if worker.process.is_alive():
+            worker.process.kill()
+        worker.process.join(timeout=5.0)
+
+    def reap(self, worker: Worker) -> list[Task]:
+        """Forget an exited worker; returns its unanswered tasks and removes its stray slabs."""
+        worker.process.join(timeout=5.0)
+        worker.tasks.close()
+        worker.results.close()
+        self.workers.remove(worker)
+        # Whatever it sent was already mapped and unlinked; what is left was never delivered.
+        remove_slabs(slab_prefix(self._session, worker.wid))
+        unanswered = list(worker.assigned)
+        worker.assigned.clear()
+        return unanswered
+
+    def shutdown(self, grace_s: float = 2.0) -> None:
+        """Stop every worker: ask, wait up to ``grace_s``, then kill; remove all our slabs."""
+        for worker in self.workers:
+            if not worker.retiring:
+                self.retire(worker)
+        deadline = time.monotonic() + grace_s
+        for worker in self.workers:
+            worker.process.join(timeout=max(0.0, deadline - time.monotonic()))
+        for worker in list(self.workers):
+            self.kill(worker)
+            self.reap(worker)
+        remove_slabs(slab_prefix(self._session))

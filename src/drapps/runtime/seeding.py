@@ -1,0 +1,128 @@
+"""Per-sample randomness: every sample's augmentation draws come from (seed, epoch, index).
+
+Before drapps fetches sample ``index`` of ``epoch`` it seeds Python's :mod:`random`, NumPy's
+global RNG and torch's default CPU generator from ``sample_seed_for(seed, epoch, index)``. A
+transform that calls ``random.random()``, ``np.random.rand()`` or ``torch.rand()`` (as
+torchvision's do) therefore draws the same numbers for that sample whichever worker makes it, after
+any resize or restart, and in the calling process with ``workers=0``. :func:`sample_rng` gives an
+explicit NumPy generator for the same sample, for code that prefers not to touch global state.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+
+_MASK64 = (1 << 64) - 1
+# Stream tags keep the epoch-order generator independent of every sample's generator.
+ORDER_STREAM = 0x6F72646572  # "order"
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def mix_seed(*parts: int) -> int:
+    """Hash integers into one well-mixed 64-bit seed (order matters)."""
+    h = 0
+    for part in parts:
+        h = _splitmix64(h ^ (part & _MASK64))
+    return h
+
+
+def sample_seed_for(seed: int, epoch: int, index: int) -> int:
+    """The 64-bit seed of sample ``index`` in ``epoch`` for a loader seeded with ``seed``."""
+    return mix_seed(seed, epoch, index)
+
+
+class _SampleContext(threading.local):
+    seed: int | None = None
+    rng: np.random.Generator | None = None
+
+
+_context = _SampleContext()
+
+
+def seed_sample(sample_seed: int) -> None:
+    """Enter a sample: seed the global RNGs and reset :func:`sample_rng` for it."""
+    _context.seed = sample_seed
+    _context.rng = None
+    random.seed(sample_seed)
+    np.random.seed(sample_seed >> 32)
+    # torch.manual_seed also seeds every accelerator backend (~130 us); the CPU generator is
+    # what transforms in a data worker use, and seeding it alone costs ~1.5 us.
+    torch.default_generator.manual_seed(sample_seed)
+
+
+def clear_sample() -> None:
+    """Leave the current sample (outside a sample :func:`sample_rng` raises)."""
+    _context.seed = None
+    _context.rng = None
+
+
+def sample_seed() -> int:
+    """The 64-bit seed of the sample being made right now.
+
+    Raises:
+        RuntimeError: when called outside a drapps sample (not from a dataset's ``__getitem__``
+            or a transform run by a :class:`drapps.Loader`).
+    """
+    if _context.seed is None:
+        raise RuntimeError(
+            "sample_seed() is only defined while a drapps.Loader makes a sample "
+            "(inside dataset.__getitem__, a transform, or a function they call)"
+        )
+    return _context.seed
+
+
+def sample_rng() -> np.random.Generator:
+    """A NumPy generator for the sample being made right now, seeded from (seed, epoch, index).
+
+    Repeated calls within one sample return the same generator, so draws continue one stream.
+
+    Example:
+        >>> import drapps
+        >>> class Jitter:
+        ...     def __call__(self, x):
+        ...         return x + drapps.sample_rng().normal()
+
+    Raises:
+        RuntimeError: outside a drapps sample.
+    """
+    rng = _context.rng
+    if rng is None:
+        rng = np.random.Generator(np.random.PCG64(sample_seed()))
+        _context.rng = rng
+    return rng
+
+
+def in_sample() -> bool:
+    """Whether the caller runs inside a drapps sample."""
+    return _context.seed is not None
+
+
+@contextmanager
+def preserved_global_rngs() -> Iterator[None]:
+    """Restore Python's, NumPy's and torch's global RNG states on exit.
+
+    With ``workers=0`` samples are made in the training process; reseeding its global RNGs per
+    sample must not change the randomness the training loop itself sees (dropout, shuffling...).
+    """
+    py_state = random.getstate()
+    np_state = np.random.get_state()
+    torch_state = torch.default_generator.get_state()
+    try:
+        yield
+    finally:
+        random.setstate(py_state)
+        np.random.set_state(np_state)
+        torch.default_generator.set_state(torch_state)
+        clear_sample()
