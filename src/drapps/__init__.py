@@ -1,0 +1,32 @@
+"""drapps: a DataLoader drop-in that keeps a training loop fed without hand-tuning.
+
+Example:
+    >>> import torch, drapps
+    >>> loader = drapps.Loader([torch.arange(3)] * 8, batch_size=4, workers=0)
+    >>> [tuple(b.shape) for b in loader]
+    [(4, 3), (4, 3)]
+"""
+
+from drapps.loader import Loader, LoaderStats
+from drapps.runtime import (
+    LoaderConfig,
+    SampleError,
+    SharedMemoryFullError,
+    WorkerTimeoutError,
+    sample_rng,
+    sample_seed,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Loader",
+    "LoaderConfig",
+    "LoaderStats",
+    "SampleError",
+    "SharedMemoryFullError",
+    "WorkerTimeoutError",
+    "__version__",
+    "sample_rng",
+    "sample_seed",
+]
