@@ -1,0 +1,182 @@
+"""Shared fakes and leak probes for the test suite (picklable, importable by workers)."""
+
+from __future__ import annotations
+
+import gc
+import os
+import random
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+import drapps
+from drapps.runtime.transport import SHM_DIR, SLAB_PREFIX
+
+
+class RandomDataset:
+    """Each sample draws from every RNG a transform might use."""
+
+    def __init__(self, n: int, shape: tuple[int, ...] = (3,)) -> None:
+        self.n, self.shape = n, shape
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return {
+            "index": i,
+            "py": random.random(),
+            "np": np.random.rand(),
+            "torch": torch.rand(self.shape),
+            "rng": drapps.sample_rng().random(),
+        }
+
+
+class SlowDataset:
+    """Returns its index after sleeping ``delay`` seconds."""
+
+    def __init__(self, n: int, delay: float = 0.0) -> None:
+        self.n, self.delay = n, delay
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if self.delay:
+            time.sleep(self.delay)
+        return torch.tensor(i)
+
+
+class FailingDataset:
+    """Raises ValueError for the indices in ``bad``."""
+
+    def __init__(self, n: int, bad: set[int]) -> None:
+        self.n, self.bad = n, bad
+        self.paths = [f"/data/sample_{i:04d}.jpg" for i in range(n)]
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if i in self.bad:
+            raise ValueError(f"boom {i}")
+        return torch.tensor(i)
+
+
+class FailingTransform:
+    def __init__(self, bad: set[int]) -> None:
+        self.bad = bad
+
+    def __call__(self, sample: torch.Tensor) -> torch.Tensor:
+        if int(sample) in self.bad:
+            raise KeyError(f"transform cannot handle {int(sample)}")
+        return sample
+
+
+class NoiseTransform:
+    """A torchvision-style transform: randomness from torch's global generator."""
+
+    def __call__(self, sample: dict[str, Any]) -> dict[str, Any]:
+        return {**sample, "noise": torch.rand(2), "flip": torch.rand(1).item() < 0.5}
+
+
+class HangingDataset:
+    """Hangs at ``index``: on the first attempt only when ``marker`` is given, else always."""
+
+    def __init__(self, n: int, index: int, marker: str | None = None) -> None:
+        self.n, self.index, self.marker = n, index, marker
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if i == self.index:
+            if self.marker is None:
+                time.sleep(3600)
+            elif not os.path.exists(self.marker):
+                open(self.marker, "w").close()
+                time.sleep(3600)
+        return torch.tensor(i)
+
+
+class BigDataset:
+    """Samples of ``nbytes`` float32 bytes each."""
+
+    def __init__(self, n: int, nbytes: int) -> None:
+        self.n, self.numel = n, nbytes // 4
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.full((self.numel,), float(i))
+
+
+def flatten_indices(batches: list[Any]) -> list[int]:
+    return [int(i) for batch in batches for i in batch]
+
+
+def assert_batches_equal(left: list[Any], right: list[Any]) -> None:
+    """Bit-for-bit equality of two lists of (possibly nested) batches."""
+    assert len(left) == len(right), f"{len(left)} batches != {len(right)}"
+    for b, (x, y) in enumerate(zip(left, right, strict=True)):
+        _assert_equal(x, y, f"batch {b}")
+
+
+def _assert_equal(x: Any, y: Any, where: str) -> None:
+    if isinstance(x, dict):
+        assert x.keys() == y.keys(), where
+        for key in x:
+            _assert_equal(x[key], y[key], f"{where}[{key!r}]")
+    elif isinstance(x, torch.Tensor):
+        assert x.dtype == y.dtype and torch.equal(x, y), f"{where}: {x} != {y}"
+    else:
+        assert x == y, f"{where}: {x} != {y}"
+
+
+# ---------------------------------------------------------------------------- leak probes
+
+
+def drapps_children() -> list[Any]:
+    """Live child processes of this process, other than multiprocessing's own helpers."""
+    import psutil
+
+    children = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.status() == psutil.STATUS_ZOMBIE:
+                continue
+            cmdline = " ".join(child.cmdline())
+        except psutil.NoSuchProcess:
+            continue
+        if "resource_tracker" in cmdline or "forkserver" in cmdline:
+            continue
+        children.append(child)
+    return children
+
+
+def drapps_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("drapps-")]
+
+
+def shm_slabs(pid: int | None = None) -> list[str]:
+    prefix = f"{SLAB_PREFIX}{pid if pid is not None else os.getpid()}_"
+    return [name for name in os.listdir(SHM_DIR) if name.startswith(prefix)]
+
+
+def leaks(wait_s: float = 5.0) -> dict[str, list[Any]]:
+    """What drapps left behind (processes, threads, slabs), after waiting up to ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        gc.collect()
+        found = {
+            "processes": drapps_children(),
+            "threads": drapps_threads(),
+            "slabs": shm_slabs(),
+        }
+        if not any(found.values()) or time.monotonic() > deadline:
+            return {k: v for k, v in found.items() if v}
+        time.sleep(0.05)

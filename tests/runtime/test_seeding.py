@@ -1,0 +1,62 @@
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from drapps.runtime.seeding import (
+    clear_sample,
+    preserved_global_rngs,
+    sample_rng,
+    sample_seed,
+    sample_seed_for,
+    seed_sample,
+)
+
+
+def test_sample_seeds_differ_by_every_part() -> None:
+    base = sample_seed_for(0, 0, 0)
+    assert (
+        len({base, sample_seed_for(1, 0, 0), sample_seed_for(0, 1, 0), sample_seed_for(0, 0, 1)})
+        == 4
+    )
+    assert 0 <= base < 2**64
+
+
+def test_seed_sample_makes_global_draws_repeatable() -> None:
+    def draws() -> tuple[float, float, float, float]:
+        seed_sample(sample_seed_for(3, 1, 7))
+        out = (
+            random.random(),
+            float(np.random.rand()),
+            float(torch.rand(1)),
+            sample_rng().random(),
+        )
+        clear_sample()
+        return out
+
+    assert draws() == draws()
+
+
+def test_sample_rng_is_one_stream_per_sample() -> None:
+    seed_sample(42)
+    first, second = sample_rng().random(), sample_rng().random()
+    clear_sample()
+    assert first != second
+
+
+def test_outside_a_sample_is_an_error() -> None:
+    with pytest.raises(RuntimeError, match=r"only defined while a drapps\.Loader makes a sample"):
+        sample_seed()
+    with pytest.raises(RuntimeError):
+        sample_rng()
+
+
+def test_preserved_global_rngs_restores_the_callers_streams() -> None:
+    random.seed(1), np.random.seed(1), torch.manual_seed(1)
+    expected = (random.random(), float(np.random.rand()), float(torch.rand(1)))
+    random.seed(1), np.random.seed(1), torch.manual_seed(1)
+    with preserved_global_rngs():
+        seed_sample(99)
+        random.random(), np.random.rand(), torch.rand(1)
+    assert (random.random(), float(np.random.rand()), float(torch.rand(1))) == expected

@@ -1,0 +1,70 @@
+import errno
+import os
+from collections import namedtuple
+
+import numpy as np
+import pytest
+import torch
+
+from drapps.runtime import transport
+from drapps.runtime.transport import SharedMemoryFullError, pack, remove_slabs, unpack
+
+Pair = namedtuple("Pair", "image label")
+
+
+@pytest.fixture()
+def slab_path() -> str:
+    return transport.slab_prefix(f"{os.getpid()}_test", 0) + "0"
+
+
+def test_round_trip_keeps_structure_dtypes_and_values(slab_path: str) -> None:
+    batch = {
+        "f32": torch.randn(4, 3, 5),
+        "bf16": torch.randn(7).to(torch.bfloat16),
+        "bool": torch.tensor([True, False, True]),
+        "scalar": torch.tensor(3.5, dtype=torch.float64),
+        "empty": torch.zeros(0, 4),
+        "strided": torch.arange(20).reshape(4, 5).t(),
+        "numpy": np.arange(12, dtype=np.int16).reshape(3, 4),
+        "pair": Pair(torch.ones(2, 2, dtype=torch.uint8), 7),
+        "names": ["a", "b"],
+    }
+    packed = pack(batch, slab_path)
+    assert packed.path == slab_path and len(packed.skeleton) < 2048
+    out = unpack(packed)
+    assert not os.path.exists(slab_path)  # unlinked as soon as it is mapped
+    for key in ("f32", "bf16", "bool", "scalar", "empty", "strided"):
+        assert out[key].dtype == batch[key].dtype and torch.equal(out[key], batch[key]), key
+    np.testing.assert_array_equal(out["numpy"], batch["numpy"])
+    assert isinstance(out["pair"], Pair) and out["pair"].label == 7
+    assert torch.equal(out["pair"].image, batch["pair"].image)
+    assert out["names"] == ["a", "b"]
+
+
+def test_tensors_are_writable_and_outlive_the_unlinked_slab(slab_path: str) -> None:
+    out = unpack(pack(torch.zeros(1000), slab_path))
+    out += 1
+    assert float(out.sum()) == 1000.0
+
+
+def test_batch_without_arrays_needs_no_slab(slab_path: str) -> None:
+    packed = pack({"labels": [1, 2], "text": "x"}, slab_path)
+    assert packed.path is None and unpack(packed) == {"labels": [1, 2], "text": "x"}
+
+
+def test_full_shared_memory_names_the_fix_and_removes_the_partial_slab(
+    slab_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def full(*args: object) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "pwrite", full)
+    with pytest.raises(SharedMemoryFullError, match="--shm-size"):
+        pack(torch.zeros(100), slab_path)
+    assert not os.path.exists(slab_path)
+
+
+def test_remove_slabs_by_prefix(slab_path: str) -> None:
+    pack(torch.zeros(3), slab_path)
+    pack(torch.zeros(3), slab_path + "b")
+    assert remove_slabs(transport.slab_prefix(f"{os.getpid()}_test")) == 2

@@ -1,0 +1,194 @@
+"""Loader behaviour: determinism, resume, resize, bounded memory, stats."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+
+import numpy as np
+import pytest
+import torch
+from helpers import (
+    BigDataset,
+    NoiseTransform,
+    RandomDataset,
+    SlowDataset,
+    assert_batches_equal,
+    flatten_indices,
+)
+
+import drapps
+
+
+def epoch(workers: int, n: int = 61, **kwargs: object) -> list[object]:
+    kwargs = {"batch_size": 4, "shuffle": True, "seed": 11, **kwargs}
+    with drapps.Loader(RandomDataset(n), workers=workers, **kwargs) as loader:  # type: ignore[arg-type]
+        return list(loader)
+
+
+@pytest.fixture(scope="module")
+def reference() -> list[object]:
+    return epoch(0)
+
+
+@pytest.mark.parametrize("workers", [1, 2, 4])
+def test_batches_are_identical_for_every_worker_count(
+    workers: int, reference: list[object]
+) -> None:
+    assert_batches_equal(epoch(workers), reference)
+
+
+def test_existing_transforms_get_per_sample_randomness_unchanged() -> None:
+    kwargs = {"transform": NoiseTransform()}
+    assert_batches_equal(epoch(0, **kwargs), epoch(3, **kwargs))
+
+
+def test_spawned_workers_give_the_same_batches(reference: list[object]) -> None:
+    assert_batches_equal(epoch(2, multiprocessing_context="spawn"), reference)
+
+
+def test_epochs_differ_and_set_epoch_replays_one() -> None:
+    with drapps.Loader(RandomDataset(40), batch_size=8, shuffle=True, workers=2) as loader:
+        first, second = list(loader), list(loader)
+        assert flatten_indices([b["index"] for b in first]) != flatten_indices(
+            [b["index"] for b in second]
+        )
+        assert not torch.equal(first[0]["torch"], second[0]["torch"])
+        loader.set_epoch(0)
+        assert_batches_equal(list(loader), first)
+        assert loader.stats().epoch == 0
+
+
+def test_random_resizes_mid_epoch_change_nothing(reference: list[object]) -> None:
+    rng = random.Random(0)
+    resize_at = set(rng.sample(range(len(reference)), 6))
+    with drapps.Loader(
+        RandomDataset(61), batch_size=4, shuffle=True, seed=11, workers=2, max_workers=4
+    ) as loader:
+        out, sizes = [], []
+        for b, batch in enumerate(loader):
+            out.append(batch)
+            if b in resize_at:
+                sizes.append(rng.randint(1, 4))
+                loader.resize(sizes[-1])
+        assert_batches_equal(out, reference)
+        deadline = time.monotonic() + 5
+        while loader.stats().workers != sizes[-1] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert loader.stats().workers == loader.stats().target_workers == sizes[-1]
+
+
+def test_resize_down_retires_processes() -> None:
+    with drapps.Loader(SlowDataset(64, 0.001), batch_size=4, workers=3) as loader:
+        it = iter(loader)
+        next(it)
+        loader.resize(1)
+        rest = list(it)
+        assert len(rest) == 15
+        deadline = time.monotonic() + 5
+        while len(loader.stats().worker_pids) != 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(loader.stats().worker_pids) == 1
+
+
+@pytest.mark.parametrize(("workers_before", "workers_after"), [(2, 1), (0, 3), (3, 0)])
+def test_resume_yields_exactly_the_remaining_batches(
+    workers_before: int, workers_after: int, reference: list[object]
+) -> None:
+    with drapps.Loader(
+        RandomDataset(61), batch_size=4, shuffle=True, seed=11, workers=workers_before
+    ) as first:
+        it = iter(first)
+        head = [next(it) for _ in range(5)]
+        state = first.state_dict()
+    json.dumps(state)  # checkpoints store it as plain data
+    with drapps.Loader(
+        RandomDataset(61), batch_size=4, shuffle=True, seed=11, workers=workers_after
+    ) as second:
+        second.load_state_dict(state)
+        assert_batches_equal(head + list(second), reference)
+        assert second.state_dict()["epoch"] == 1  # the next iteration is the next epoch
+
+
+def test_state_dict_before_and_after_an_epoch() -> None:
+    with drapps.Loader(SlowDataset(8), batch_size=4, workers=0) as loader:
+        assert loader.state_dict()["epoch"] == 0 and loader.state_dict()["next_batch"] == 0
+        list(loader)
+        assert loader.state_dict()["epoch"] == 1 and loader.state_dict()["next_batch"] == 0
+
+
+def test_load_state_dict_rejects_a_state_from_another_loader() -> None:
+    with drapps.Loader(SlowDataset(8), batch_size=4, workers=0) as loader:
+        state = loader.state_dict()
+    with drapps.Loader(SlowDataset(8), batch_size=2, workers=0) as other:
+        with pytest.raises(ValueError, match="batch_size=4 but this loader has batch_size=2"):
+            other.load_state_dict(state)
+        with pytest.raises(ValueError, match="next_batch must be in"):
+            other.load_state_dict({**other.state_dict(), "next_batch": 99})
+        with pytest.raises(ValueError, match="version"):
+            other.load_state_dict({})
+
+
+def test_ready_batches_stay_under_the_memory_budget_when_the_consumer_stalls() -> None:
+    batch_bytes = 4 * 256 * 1024
+    budget = 3 * batch_bytes
+    with drapps.Loader(
+        BigDataset(96, 256 * 1024), batch_size=4, workers=2, prefetch=16, memory_budget=budget
+    ) as loader:
+        seen = []
+        for batch in loader:
+            if not seen:
+                time.sleep(1.0)  # a stalled training step: workers run ahead until the budget
+            assert loader.stats().ready_bytes <= budget
+            seen.extend(batch[:, 0].long().tolist())
+        stats = loader.stats()
+    assert sorted(seen) == list(range(96))
+    assert batch_bytes * 2 <= stats.peak_ready_bytes <= budget
+    # Batches crossed by shared memory: the pipes carried only a small skeleton per batch.
+    assert stats.shared_bytes == 24 * batch_bytes
+    assert stats.pickled_bytes / stats.batches < 1024
+
+
+def test_memory_budget_parses_sizes() -> None:
+    with drapps.Loader(SlowDataset(4), workers=1, memory_budget="1.5MiB") as loader:
+        assert loader.stats().memory_budget == int(1.5 * 2**20)
+
+
+def test_workers_zero_leaves_the_callers_rng_streams_alone() -> None:
+    random.seed(3), np.random.seed(3), torch.manual_seed(3)
+    expected = (random.random(), float(np.random.rand()), float(torch.rand(1)))
+    random.seed(3), np.random.seed(3), torch.manual_seed(3)
+    list(drapps.Loader(RandomDataset(10), batch_size=3, workers=0))
+    assert (random.random(), float(np.random.rand()), float(torch.rand(1))) == expected
+
+
+def test_collate_matches_torch_default_collate() -> None:
+    data = RandomDataset(9)
+    with drapps.Loader(data, batch_size=3, workers=2) as loader:
+        batches = list(loader)
+    assert set(batches[0]) == {"index", "py", "np", "torch", "rng"}
+    assert batches[0]["torch"].shape == (3, 3)
+    assert batches[0]["index"].dtype == torch.int64
+    assert batches[0]["py"].dtype == torch.float64
+
+
+def test_len_and_stats_counters() -> None:
+    with drapps.Loader(SlowDataset(10), batch_size=4, drop_last=True, workers=2) as loader:
+        assert len(loader) == 2
+        it = iter(loader)
+        assert len(it) == 2
+        assert sum(len(b) for b in it) == 8
+        stats = loader.stats()
+    assert (stats.batches, stats.samples, stats.workers, stats.target_workers) == (2, 8, 2, 2)
+    assert stats.prefetch_depth == 4 and stats.in_flight == 0
+
+
+def test_a_new_iteration_supersedes_the_old_one() -> None:
+    with drapps.Loader(SlowDataset(16), batch_size=4, workers=2) as loader:
+        old = iter(loader)
+        next(old)
+        new = iter(loader)
+        with pytest.raises(RuntimeError, match="superseded"):
+            next(old)
+        assert len(list(new)) == 4

@@ -1,0 +1,190 @@
+"""Faults: killed and hung workers, failing samples, invalid arguments."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import (
+    FailingDataset,
+    FailingTransform,
+    HangingDataset,
+    SlowDataset,
+    flatten_indices,
+)
+
+import drapps
+
+
+def reference_order(n: int, batch_size: int, seed: int) -> list[int]:
+    with drapps.Loader(
+        SlowDataset(n), batch_size=batch_size, shuffle=True, seed=seed, workers=0
+    ) as loader:
+        return flatten_indices(list(loader))
+
+
+def test_sigkilled_workers_lose_and_duplicate_nothing() -> None:
+    kill_at = {2, 9, 17, 30}
+    with drapps.Loader(
+        SlowDataset(400, delay=0.003), batch_size=8, shuffle=True, seed=1, workers=3
+    ) as loader:
+        seen, killed = [], 0
+        for b, batch in enumerate(loader):
+            seen.extend(batch.tolist())
+            if b in kill_at:
+                pids = loader.stats().worker_pids
+                os.kill(pids[b % len(pids)], signal.SIGKILL)
+                killed += 1
+        deadline = time.monotonic() + 5
+        while loader.stats().worker_restarts < killed and time.monotonic() < deadline:
+            time.sleep(0.05)
+        stats = loader.stats()
+    assert seen == reference_order(400, 8, 1)  # every index once, in the planned order
+    assert stats.worker_restarts == killed
+    assert stats.workers == 3
+
+
+def test_a_hung_worker_is_replaced_and_its_batch_retried(tmp_path: Path) -> None:
+    data = HangingDataset(48, index=21, marker=str(tmp_path / "hung-once"))
+    with drapps.Loader(data, batch_size=4, workers=2, timeout=1.0) as loader:
+        seen = flatten_indices(list(loader))
+        stats = loader.stats()
+    assert seen == list(range(48))
+    assert stats.timeouts == 1 and stats.worker_restarts == 1 and stats.retries >= 1
+
+
+def test_a_batch_that_always_hangs_is_named_after_max_attempts() -> None:
+    data = HangingDataset(16, index=5)
+    with drapps.Loader(data, batch_size=4, workers=2, timeout=0.5, max_attempts=2) as loader:
+        it = iter(loader)
+        assert next(it).tolist() == [0, 1, 2, 3]
+        with pytest.raises(drapps.WorkerTimeoutError, match=r"batch 1 \(indices \[4, 5, 6, 7\]\)"):
+            next(it)
+        assert [b.tolist() for b in it] == [[8, 9, 10, 11], [12, 13, 14, 15]]
+        assert loader.stats().timeouts == 2
+
+
+def test_a_batch_that_always_hangs_is_skipped_and_counted_under_skip() -> None:
+    data = HangingDataset(16, index=5)
+    with drapps.Loader(
+        data, batch_size=4, workers=2, timeout=0.5, max_attempts=1, on_error="skip"
+    ) as loader:
+        assert flatten_indices(list(loader)) == [0, 1, 2, 3, 8, 9, 10, 11, 12, 13, 14, 15]
+        assert loader.stats().samples_skipped == 4
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_failing_sample_raises_naming_its_index_path_and_cause(workers: int) -> None:
+    with drapps.Loader(FailingDataset(20, {5}), batch_size=4, workers=workers) as loader:
+        it = iter(loader)
+        assert next(it).tolist() == [0, 1, 2, 3]
+        with pytest.raises(drapps.SampleError) as info:
+            next(it)
+        error = info.value
+        assert error.index == 5 and error.stage == "__getitem__"
+        assert "sample 5 (/data/sample_0005.jpg) failed in __getitem__: ValueError: boom 5" in str(
+            error
+        )
+        assert isinstance(error.__cause__, ValueError)
+        # The epoch goes on after the failed batch, as with DataLoader.
+        assert flatten_indices(list(it)) == list(range(8, 20))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_failing_transform_is_named(workers: int) -> None:
+    with (
+        drapps.Loader(
+            SlowDataset(8), batch_size=4, workers=workers, transform=FailingTransform({6})
+        ) as loader,
+        pytest.raises(drapps.SampleError, match="sample 6 failed in transform: KeyError"),
+    ):
+        list(loader)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_skip_drops_failing_samples_and_counts_them(workers: int) -> None:
+    with drapps.Loader(
+        FailingDataset(20, {5, 12, 13, 14, 15}), batch_size=4, workers=workers, on_error="skip"
+    ) as loader:
+        batches = list(loader)
+        stats = loader.stats()
+    expected = [i for i in range(20) if i not in {5, 12, 13, 14, 15}]
+    assert flatten_indices(batches) == expected
+    assert len(batches) == 4  # the batch whose samples all failed is left out
+    assert stats.samples_skipped == 5 and stats.samples == 15
+    assert stats.skipped[0][0] == 5 and "boom 5" in stats.skipped[0][1]
+
+
+def bad_collate(samples: list[torch.Tensor]) -> torch.Tensor:
+    raise TypeError("cannot stack")
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_collate_failure_names_the_batch(workers: int) -> None:
+    with (
+        drapps.Loader(
+            SlowDataset(4), batch_size=2, workers=workers, collate_fn=bad_collate
+        ) as loader,
+        pytest.raises(
+            drapps.SampleError, match=r"collate_fn failed on the batch of indices \[0, 1\]"
+        ),
+    ):
+        next(iter(loader))
+
+
+def test_sample_error_survives_pickling() -> None:
+    error = drapps.SampleError("m", index=3, stage="transform", path="/x", indices=[3], detail="tb")
+    error.__cause__ = ValueError("v")
+    copy = pickle.loads(pickle.dumps(error))
+    assert (copy.index, copy.stage, copy.path, copy.indices, copy.detail) == (
+        3,
+        "transform",
+        "/x",
+        [3],
+        "tb",
+    )
+    assert isinstance(copy.__cause__, ValueError)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"batch_size": 0}, "batch_size must be an int >= 1, got 0"),
+        ({"batch_size": 2.5}, "batch_size must be an int >= 1, got 2.5"),
+        ({"shuffle": "yes"}, "shuffle must be a bool"),
+        ({"seed": -1}, "seed must be an int >= 0"),
+        ({"workers": -1}, "workers must be 'auto' or an int >= 0, got -1"),
+        ({"workers": "many"}, "workers must be 'auto' or an int >= 0"),
+        ({"workers": 5, "max_workers": 4}, "workers=5 exceeds max_workers=4"),
+        ({"max_workers": 0}, "max_workers must be an int >= 1"),
+        ({"prefetch": 0}, "prefetch must be 'auto' or an int >= 1, got 0"),
+        ({"memory_budget": "lots"}, "memory_budget must be 'auto', a byte count or a size"),
+        ({"memory_budget": 0}, "memory_budget must be > 0 bytes"),
+        ({"on_error": "ignore"}, "on_error must be 'raise' or 'skip', got 'ignore'"),
+        ({"timeout": 0}, "timeout must be a number of seconds > 0 or None, got 0"),
+        ({"collate_fn": 3}, "collate_fn must be callable"),
+        ({"transform": "flip"}, "transform must be callable"),
+        ({"multiprocessing_context": "thread"}, "multiprocessing_context must be one of"),
+    ],
+)
+def test_invalid_arguments_are_named(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        drapps.Loader(SlowDataset(4), **kwargs)  # type: ignore[arg-type]
+
+
+def test_invalid_dataset_resize_and_epoch_are_named() -> None:
+    with pytest.raises(ValueError, match="map-style dataset with __len__ and __getitem__, got int"):
+        drapps.Loader(3)
+    with drapps.Loader(SlowDataset(4), workers=0) as inline:
+        with pytest.raises(ValueError, match="made with workers=0"):
+            inline.resize(2)
+        with pytest.raises(ValueError, match="epoch must be an int >= 0, got -2"):
+            inline.set_epoch(-2)
+    with drapps.Loader(SlowDataset(4), workers=1, max_workers=2) as loader:
+        with pytest.raises(ValueError, match=r"workers must be an int in \[1, 2\], got 3"):
+            loader.resize(3)

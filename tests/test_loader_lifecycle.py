@@ -1,0 +1,129 @@
+"""Clean exit: nothing of ours (processes, threads, shared memory) outlives the loader."""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from helpers import SlowDataset, leaks, shm_slabs
+
+import drapps
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+TESTS = str(Path(__file__).resolve().parent)
+
+
+def test_normal_end_and_close() -> None:
+    loader = drapps.Loader(SlowDataset(32), batch_size=4, workers=2)
+    assert len(list(loader)) == 8
+    assert len(loader.stats().worker_pids) == 2
+    loader.close()
+    loader.close()  # idempotent
+    assert not leaks()
+    with pytest.raises(RuntimeError, match="closed"):
+        iter(loader)
+
+
+def test_with_block_closes_even_after_break() -> None:
+    with drapps.Loader(SlowDataset(400), batch_size=4, workers=2) as loader:
+        for b, _ in enumerate(loader):
+            if b == 3:
+                break
+    assert not leaks()
+
+
+def test_garbage_collection_mid_epoch_stops_everything() -> None:
+    loader = drapps.Loader(SlowDataset(400), batch_size=4, workers=3, prefetch=8)
+    it = iter(loader)
+    next(it)
+    pids = loader.stats().worker_pids
+    del loader, it
+    gc.collect()
+    assert not leaks()
+    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in pids)
+
+
+def train_until_failure() -> None:
+    loader = drapps.Loader(SlowDataset(400, 0.001), batch_size=4, workers=2)
+    for b, _ in enumerate(loader):
+        if b == 5:
+            raise ArithmeticError("loss is NaN")
+
+
+def test_exception_in_the_training_loop() -> None:
+    with pytest.raises(ArithmeticError):
+        train_until_failure()
+    assert not leaks()
+
+
+def run_script(body: str) -> subprocess.Popen[str]:
+    script = textwrap.dedent(
+        f"""
+        import sys, time
+        sys.path[:0] = [{SRC!r}, {TESTS!r}]
+        import drapps
+        from helpers import SlowDataset
+        """
+    ) + textwrap.dedent(body)
+    return subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # our SIGINT reaches the script's group only
+    )
+
+
+def read_pids(proc: subprocess.Popen[str]) -> list[int]:
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line.startswith("pids"), line + (proc.stderr.read() if proc.stderr else "")
+    return [int(p) for p in line.split()[1:]]
+
+
+def wait_gone(pids: list[int], timeout_s: float = 10.0) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    alive = pids
+    while alive and time.monotonic() < deadline:
+        alive = [
+            p for p in alive if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
+        ]
+        time.sleep(0.05)
+    return alive
+
+
+LOOP = """
+loader = drapps.Loader(SlowDataset(10**6, 0.001), batch_size=4, workers=2)
+it = iter(loader)
+next(it)
+print("pids", *loader.stats().worker_pids, flush=True)
+for batch in it:
+    time.sleep(0.001)
+"""
+
+
+def test_ctrl_c_in_the_training_process() -> None:
+    proc = run_script(LOOP)
+    pids = read_pids(proc)
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+    _, stderr = proc.communicate(timeout=30)
+    assert "KeyboardInterrupt" in stderr
+    assert not wait_gone(pids)
+    assert not shm_slabs(proc.pid)
+
+
+def test_workers_exit_by_themselves_when_the_training_process_is_killed() -> None:
+    proc = run_script(LOOP)
+    pids = read_pids(proc)
+    proc.kill()
+    proc.communicate(timeout=30)
+    assert not wait_gone(pids)
+    assert not shm_slabs(proc.pid)
