@@ -1,0 +1,24 @@
+"""Optional dependencies, imported lazily from one place with an error that names the extra."""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+# module -> the extra that installs it
+_EXTRAS = {
+    "simplejpeg": "image",
+    "cv2": "image",
+    "skimage": "bench",
+}
+
+
+def require(module: str) -> ModuleType:
+    """Import ``module`` or raise an ImportError that says which extra to install."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        extra = _EXTRAS.get(module, "dev")
+        raise ImportError(
+            f"{module} is needed for this feature: pip install 'drapps[{extra}]'"
+        ) from exc

@@ -1,0 +1,53 @@
+"""ImageFolder: ``root/<class>/<image>.jpg`` -> (transformed image, class index)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from drapps.ops.image import decode_jpeg
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg")
+
+
+class ImageFolder:
+    """The torchvision ImageFolder layout, decoding JPEGs with libjpeg-turbo.
+
+    Attributes:
+        classes: sorted class folder names; a sample's target is its index here.
+        samples: ``(path, target)`` per sample, in sorted order (also used to name a
+            failing sample's file in loader errors).
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        transform: Callable[[Any], Any] | None = None,
+        decode: Callable[[bytes], Any] = decode_jpeg,
+    ) -> None:
+        self.root = os.fspath(root)
+        if not os.path.isdir(self.root):
+            raise ValueError(f"root must be a directory of class folders, got {self.root!r}")
+        self.classes = sorted(e.name for e in os.scandir(self.root) if e.is_dir())
+        self.samples: list[tuple[str, int]] = []
+        for target, name in enumerate(self.classes):
+            folder = os.path.join(self.root, name)
+            for file in sorted(os.listdir(folder)):
+                if file.lower().endswith(IMAGE_EXTENSIONS):
+                    self.samples.append((os.path.join(folder, file), target))
+        if not self.samples:
+            raise ValueError(f"found no {'/'.join(IMAGE_EXTENSIONS)} files under {self.root!r}")
+        self.transform = transform
+        self.decode = decode
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        path, target = self.samples[index]
+        with open(path, "rb") as file:
+            image = self.decode(file.read())
+        if self.transform is not None:
+            image = self.transform(image)
+        return image, target
