@@ -1,0 +1,99 @@
+"""The ``drapps`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated ints like 0,1,2, got {text!r}"
+        ) from None
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected at least one int, got {text!r}")
+    return values
+
+
+def _name_list(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from drapps.bench.report import markdown
+    from drapps.bench.runner import BenchConfig, run_benchmark, with_overrides
+
+    base = BenchConfig.quick() if args.quick else BenchConfig()
+    try:
+        config = with_overrides(
+            base,
+            workers=args.workers,
+            systems=args.systems,
+            batch_size=args.batch_size,
+            measure_batches=args.batches,
+            repeats=args.repeats,
+            images=args.images,
+            step_ms=args.step_ms,
+            data_dir=args.data_dir,
+            resize_probe=False if args.no_resize_probe else None,
+        )
+    except ValueError as exc:
+        print(f"drapps bench: {exc}", file=sys.stderr)
+        return 2
+    results = run_benchmark(config)
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    out = Path(args.out) if args.out else Path("bench-results") / stamp
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=2))
+    table = markdown(results)
+    (out / "results.md").write_text(table + "\n")
+    print(table)
+    print(f"\nresults: {out / 'results.json'}", file=sys.stderr)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="drapps", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
+    commands = parser.add_subparsers(dest="command", required=True)
+    bench = commands.add_parser(
+        "bench",
+        help="compare drapps.Loader with torch's DataLoader on a JPEG training pipeline",
+        description="Compare drapps.Loader with torch's DataLoader at each worker count on "
+        "an ImageFolder of JPEGs (decode, random-resized-crop 224, flip). Medians of "
+        "interleaved repeats; JSON and a Markdown table are written to --out.",
+    )
+    bench.add_argument("--quick", action="store_true", help="smoke size (a minute or two)")
+    bench.add_argument("--workers", type=_int_list, help="worker counts, e.g. 0,1,2,3,4")
+    bench.add_argument("--systems", type=_name_list, help="torch,drapps (default both)")
+    bench.add_argument("--batch-size", type=int, help="images per batch (default 32)")
+    bench.add_argument("--batches", type=int, help="timed batches per run")
+    bench.add_argument("--repeats", type=int, help="interleaved repeats per case")
+    bench.add_argument("--images", type=int, help="JPEGs in the generated dataset")
+    bench.add_argument("--step-ms", type=float, help="simulated training step per batch")
+    bench.add_argument("--no-resize-probe", action="store_true", help="skip the resize probe")
+    bench.add_argument("--data-dir", type=Path, help="dataset cache (default ~/.cache/drapps)")
+    bench.add_argument("--out", help="output folder (default bench-results/<UTC time>)")
+    bench.set_defaults(run=_bench)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
+    return int(args.run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
