@@ -1,6 +1,9 @@
 import errno
 import os
+import subprocess
 from collections import namedtuple
+from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -68,3 +71,25 @@ def test_remove_slabs_by_prefix(slab_path: str) -> None:
     pack(torch.zeros(3), slab_path)
     pack(torch.zeros(3), slab_path + "b")
     assert remove_slabs(transport.slab_prefix(f"{os.getpid()}_test")) == 2
+
+
+@pytest.fixture()
+def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    mount = tmp_path / "shm"
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_a_really_full_tmpfs_raises_shared_memory_full(tiny_tmpfs: Path) -> None:
+    path = str(tiny_tmpfs / "drapps_test_w0_0")
+    with pytest.raises(SharedMemoryFullError, match=r"\(1 MiB\) is full while writing a 4.0 MiB"):
+        pack(torch.zeros(2**20), path)
+    assert os.listdir(tiny_tmpfs) == []
