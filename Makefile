@@ -19,8 +19,8 @@ bench: $(STAMP)
 	$(VENV)/bin/drapps bench --quick
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests benchmarks
-	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/ruff check src tests
+	$(VENV)/bin/ruff format --check src tests
 	$(VENV)/bin/mypy
 
 test: lint

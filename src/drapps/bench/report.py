@@ -26,15 +26,20 @@ def markdown(results: dict[str, Any]) -> str:
         f"Machine: {env['cpu']}, {env['usable_cores']} usable cores, "
         f"torch {env['torch']}, Python {env['python']}, commit {env['commit']}.",
         "",
-        "| workers | DataLoader samples/s | drapps samples/s | drapps / DataLoader |",
-        "|---:|---:|---:|---:|",
+        "| workers | DataLoader samples/s | drapps samples/s | drapps / DataLoader "
+        "| DataLoader CPU ms/batch | drapps CPU ms/batch |",
+        "|---:|---:|---:|---:|---:|---:|",
     ]
     for n in workers:
         torch_row, drapps_row = rows.get(("torch", n)), rows.get(("drapps", n))
         ratio = "-"
         if torch_row and drapps_row:
             ratio = f"{drapps_row['samples_per_s'] / torch_row['samples_per_s']:.2f}x"
-        lines.append(f"| {n} | {_cell(torch_row)} | {_cell(drapps_row)} | {ratio} |")
+        cpu = "cpu_ms_per_batch"
+        lines.append(
+            f"| {n} | {_cell(torch_row)} | {_cell(drapps_row)} | {ratio} "
+            f"| {_cell(torch_row, cpu)} | {_cell(drapps_row, cpu)} |"
+        )
     probe, static = rows.get((RESIZE_CASE, 2)), rows.get(("drapps", 2))
     if probe is not None:
         every = config["resize_every"]

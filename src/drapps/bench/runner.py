@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
 from torch.utils.data import DataLoader
 
@@ -116,6 +117,19 @@ def _open(system: str, workers: int, dataset: ImageFolder, config: BenchConfig) 
     )
 
 
+def _cpu_seconds() -> dict[int, float]:
+    """User + system CPU seconds of this process and each live descendant, by pid."""
+    me = psutil.Process()
+    seconds = {}
+    for process in [me, *me.children(recursive=True)]:
+        try:
+            times = process.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        seconds[process.pid] = times.user + times.system
+    return seconds
+
+
 def run_case(
     system: str, workers: int, dataset: ImageFolder, config: BenchConfig
 ) -> dict[str, Any]:
@@ -131,6 +145,7 @@ def run_case(
         next(it)
     waits, after_resize = [], []
     samples = 0
+    cpu_before = _cpu_seconds()
     t0 = time.perf_counter()
     for b in range(config.measure_batches):
         if resizing and b % config.resize_every == 0:
@@ -145,6 +160,9 @@ def run_case(
         if config.step_ms:
             time.sleep(config.step_ms / 1000)
     elapsed = time.perf_counter() - t0
+    cpu_after = _cpu_seconds()
+    # Processes alive at both ends: the workers (a resized-away worker's last share is lost).
+    cpu_s = sum(cpu_after[p] - cpu_before[p] for p in cpu_after.keys() & cpu_before.keys())
     del it, iterator
     if isinstance(loader, drapps.Loader):
         loader.close()
@@ -155,6 +173,7 @@ def run_case(
         "system": system,
         "workers": workers,
         "samples_per_s": samples / elapsed,
+        "cpu_ms_per_batch": 1000 * cpu_s / config.measure_batches,
         "first_batch_s": first_batch_s,
         "wait_p50_ms": 1000 * waits[len(waits) // 2],
         "wait_p99_ms": 1000 * waits[min(len(waits) - 1, int(0.99 * len(waits)))],
