@@ -86,10 +86,25 @@ def test_resize_down_retires_processes() -> None:
         loader.resize(1)
         rest = list(it)
         assert len(rest) == 15
-        deadline = time.monotonic() + 5
+        assert loader.stats().workers == 1
+        # The surplus workers are parked for a later grow, then exit (after ~5 s).
+        deadline = time.monotonic() + 15
         while len(loader.stats().worker_pids) != 1 and time.monotonic() < deadline:
-            time.sleep(0.05)
+            time.sleep(0.1)
         assert len(loader.stats().worker_pids) == 1
+
+
+def test_a_grow_reuses_workers_parked_by_a_shrink() -> None:
+    with drapps.Loader(SlowDataset(64, 0.001), batch_size=4, workers=3) as loader:
+        it = iter(loader)
+        next(it)
+        before = set(loader.stats().worker_pids)
+        loader.resize(1)
+        next(it)
+        loader.resize(3)
+        assert len(list(it)) == 14
+        stats = loader.stats()
+    assert set(stats.worker_pids) == before and stats.workers == 3
 
 
 @pytest.mark.parametrize(("workers_before", "workers_after"), [(2, 1), (0, 3), (3, 0)])
@@ -192,3 +207,11 @@ def test_a_new_iteration_supersedes_the_old_one() -> None:
         with pytest.raises(RuntimeError, match="superseded"):
             next(old)
         assert len(list(new)) == 4
+
+
+def test_resize_before_the_first_epoch_sets_the_starting_pool() -> None:
+    with drapps.Loader(SlowDataset(16), batch_size=4, workers=1, max_workers=3) as loader:
+        loader.resize(3)
+        assert loader.stats().target_workers == 3 and loader.stats().workers == 0
+        assert len(list(loader)) == 4
+        assert loader.stats().workers == 3

@@ -47,11 +47,12 @@ class LoaderStats:
     skipped: tuple[tuple[int, str], ...]
     """The last (up to 100) skipped samples: (index, what failed)."""
     workers: int
-    """Worker processes running now (0 when batches are made in the calling process)."""
+    """Workers taking tasks now (0 when batches are made in the calling process). After a
+    shrink, surplus workers stay parked for a few seconds so a grow can reuse them."""
     target_workers: int
     """Worker count asked for (by the constructor or :meth:`Loader.resize`)."""
     worker_pids: tuple[int, ...]
-    """Process ids of the workers running now."""
+    """Process ids of the worker processes alive now (parked ones included)."""
     prefetch_depth: int
     """Batches allowed in flight + ready."""
     ready_batches: int
@@ -282,7 +283,9 @@ class Loader:
     def resize(self, workers: int) -> None:
         """Change the worker count now, mid-epoch, without losing or reordering data.
 
-        New workers start at once; surplus workers finish the batches they hold, then exit.
+        Growing reuses workers parked by a recent shrink, else starts processes at once.
+        Shrinking parks the surplus workers: they finish the batches they hold and take no
+        more; a parked worker not reused within 5 seconds exits.
 
         Raises:
             ValueError: ``workers`` is not in [1, max_workers], or this loader has no pool

@@ -13,6 +13,7 @@ import contextlib
 import heapq
 import logging
 import os
+import pickle
 import secrets
 import threading
 import time
@@ -33,6 +34,9 @@ logger = logging.getLogger(__name__)
 # while the rest stay free to go to whichever worker frees up first.
 _TASKS_PER_WORKER = 2
 _TICK_S = 0.5
+# A worker parked by a shrink is kept this long for a grow to reuse before it is retired:
+# controllers oscillate, and a fork of a large training process costs tens of milliseconds.
+_PARK_S = 5.0
 
 
 class Dispatcher:
@@ -138,6 +142,8 @@ class Dispatcher:
                 logger.warning(
                     "drapps dispatcher did not stop in %.0fs; killing workers", timeout_s
                 )
+                for worker in list(self.pool.workers):
+                    worker.process.kill()
         if thread is None or not thread.is_alive():
             self._release()
 
@@ -148,8 +154,8 @@ class Dispatcher:
             if self._stopped:
                 raise RuntimeError("this drapps.Loader is closed")
             if self._thread is None and name != "epoch":
-                # No pool yet: the setting takes effect when the first epoch starts it.
-                self._commands.append((name, value))
+                # No pool yet: the setting simply holds when the first epoch starts one.
+                self._set(name, value)
                 return
             self._commands.append((name, value))
             self._command_seq += 1
@@ -166,11 +172,13 @@ class Dispatcher:
                     self._applied.wait(timeout=1.0)
 
     def _wake(self) -> None:
-        if self._released:
-            return
-        # A full pipe wakes the thread just as well as a write that lands.
-        with contextlib.suppress(OSError):
-            os.write(self._wake_w, b"x")
+        # Under the lock: once _release closed the pipe its fd number may belong to another file.
+        with self._lock:
+            if self._released:
+                return
+            # A full pipe wakes the thread just as well as a write that lands.
+            with contextlib.suppress(OSError):
+                os.write(self._wake_w, b"x")
 
     def _release(self) -> None:
         with self._lock:
@@ -178,11 +186,11 @@ class Dispatcher:
                 return
             self._released = True
             self._stopped = True
+            os.close(self._wake_r)
+            os.close(self._wake_w)
         self.pool.shutdown()
         for entry in self.buffer.fail(RuntimeError("this drapps.Loader is closed")):
             del entry
-        os.close(self._wake_r)
-        os.close(self._wake_w)
 
     def _run(self) -> None:
         try:
@@ -207,25 +215,35 @@ class Dispatcher:
             commands, self._commands = self._commands, []
             seq = self._command_seq
         for name, value in commands:
-            if name == "epoch":
-                self._generation_now, self._plan, self._fresh = value
-                self._retry, self._attempts = [], {}
-                self._in_flight.clear()
-            elif name == "resize":
-                self._target = value
-            elif name == "prefetch":
-                self._prefetch = value
+            self._set(name, value)
         with self._applied:
             self._applied_seq = seq
             self._applied.notify_all()
 
+    def _set(self, name: str, value: Any) -> None:
+        if name == "epoch":
+            self._generation_now, self._plan, self._fresh = value
+            self._retry, self._attempts = [], {}
+            self._in_flight.clear()
+        elif name == "resize":
+            self._target = value
+        elif name == "prefetch":
+            self._prefetch = value
+
     def _keep_pool_size(self) -> None:
         live = self.pool.live()
-        for _ in range(self._target - len(live)):
+        now = time.monotonic()
+        missing = self._target - len(live)
+        for worker in self.pool.parked()[: max(0, missing)]:
+            worker.parked_at = None
+            missing -= 1
+        for _ in range(missing):
             self.pool.spawn()
         surplus = len(live) - self._target
-        if surplus > 0:
-            for worker in sorted(live, key=lambda w: len(w.assigned))[:surplus]:
+        for worker in sorted(live, key=lambda w: len(w.assigned))[: max(0, surplus)]:
+            worker.parked_at = now
+        for worker in self.pool.parked():
+            if now - (worker.parked_at or now) > _PARK_S and not worker.assigned:
                 self.pool.retire(worker)
 
     def _next_batch(self) -> int | None:
@@ -270,7 +288,8 @@ class Dispatcher:
             try:
                 worker.tasks.send((task.generation, task.epoch, batch_id, task.indices))
             except OSError:
-                worker.broken = True  # its exit is handled when the sentinel fires
+                worker.broken = True  # re-queued when its sentinel fires
+                worker.process.kill()
 
     def _wait_and_receive(self) -> None:
         waitables: dict[Any, tuple[str, Worker | None]] = {self._wake_r: ("wake", None)}
@@ -302,10 +321,12 @@ class Dispatcher:
         try:
             while worker.results.poll():
                 self._on_reply(worker, worker.results.recv())
-        except (EOFError, OSError, ValueError) as exc:
-            # EOF or a truncated message: the worker is exiting; its sentinel will fire.
-            logger.debug("worker %d result pipe closed: %r", worker.wid, exc)
+        except (EOFError, OSError, ValueError, pickle.UnpicklingError) as exc:
+            # EOF or a truncated message: the pipe is unusable. Make sure the process is gone
+            # too; its sentinel then fires and its tasks are re-queued.
+            logger.debug("worker %d result pipe broke: %r", worker.wid, exc)
             worker.broken = True
+            worker.process.kill()
 
     def _on_reply(self, worker: Worker, reply: tuple[Any, ...]) -> None:
         kind, generation, batch_id = reply[:3]

@@ -48,6 +48,9 @@ class Worker:
     """When the worker last finished a task (or started)."""
     retiring: bool = False
     """Told to stop after its assigned tasks."""
+    parked_at: float | None = None
+    """When a shrink parked it: it finishes what it holds, takes nothing new, and is the first
+    reused by a grow (no fork, no cold start); retired once parked for long enough."""
     broken: bool = False
     """Its result pipe failed; only its exit is awaited."""
 
@@ -69,8 +72,13 @@ class WorkerPool:
         self.workers: list[Worker] = []
 
     def live(self) -> list[Worker]:
-        """Workers that take new tasks (started, not retiring, not broken)."""
-        return [w for w in self.workers if not w.retiring and not w.broken]
+        """Workers that take new tasks (not parked, retiring or broken)."""
+        return [w for w in self.workers if not w.retiring and not w.broken and w.parked_at is None]
+
+    def parked(self) -> list[Worker]:
+        """Parked workers, most recently parked first."""
+        parked = [w for w in self.workers if w.parked_at is not None and not w.retiring]
+        return sorted(parked, key=lambda w: w.parked_at or 0.0, reverse=True)
 
     def spawn(self) -> Worker:
         wid = self._next_wid
