@@ -111,7 +111,8 @@ class Loader:
         prefetch: batches made ahead in total, or "auto" (two per worker).
         memory_budget: bytes ready batches may hold ("auto", an int, or "512MB"/"2GiB").
         on_error: "raise" (error names the index) or "skip" (skipped and counted).
-        timeout: seconds before a worker stuck on one batch is replaced and the batch retried.
+        timeout: seconds before a worker stuck on one batch is replaced and the batch retried
+            (worker processes only: with ``workers=0`` nothing can replace the caller).
         max_attempts: attempts at a batch whose worker keeps dying or hanging.
         multiprocessing_context: "fork", "spawn" or "forkserver" (default: platform's).
 

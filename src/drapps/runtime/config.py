@@ -93,7 +93,7 @@ class LoaderConfig:
     """A failing sample raises in the training loop ("raise") or is skipped and counted."""
     timeout: float | None = 60.0
     """Seconds a worker may spend on one batch before it is deemed hung, killed and the batch
-    retried elsewhere (None: never)."""
+    retried elsewhere (None: never). Worker processes only; ``workers=0`` cannot be replaced."""
     max_attempts: int = 3
     """Attempts at a batch whose worker dies or hangs before the batch is given up on."""
     multiprocessing_context: str | None = None
