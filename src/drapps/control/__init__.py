@@ -1,0 +1,23 @@
+"""Control: State, Action and Reward definitions, policies, and the controller loop."""
+
+from drapps.control.action import NOOP, Action
+from drapps.control.heuristic import HeuristicConfig, HeuristicPolicy
+from drapps.control.policy import Policy, make_policy, policy_names, register_policy
+from drapps.control.reward import RewardWeights, reward
+from drapps.control.state import State
+from drapps.control.static import StaticPolicy
+
+__all__ = [
+    "NOOP",
+    "Action",
+    "HeuristicConfig",
+    "HeuristicPolicy",
+    "Policy",
+    "RewardWeights",
+    "State",
+    "StaticPolicy",
+    "make_policy",
+    "policy_names",
+    "register_policy",
+    "reward",
+]

@@ -1,0 +1,54 @@
+"""Reward: one number per tick, the same function in the simulator and the real loader."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from drapps.control.state import State
+
+
+@dataclass(frozen=True)
+class RewardWeights:
+    """How much each penalty weighs against log-throughput."""
+
+    wait: float = 2.0
+    """Per unit of consumer wait fraction (the accelerator starving)."""
+    imbalance: float = 1.0
+    """Per unit of resource imbalance (idle cores while the consumer starves, or workers
+    crowding out the training process)."""
+    memory: float = 4.0
+    """Per unit of memory overrun (queue over budget, or the machine under 5% available)."""
+
+    def __post_init__(self) -> None:
+        for name in ("wait", "imbalance", "memory"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"RewardWeights.{name} must be >= 0, got {getattr(self, name)!r}")
+
+
+def imbalance(state: State) -> float:
+    """0..1: idle CPU while the consumer waits, or workers using cores while the machine is
+    saturated and the consumer does not wait (CPU taken from the training loop for nothing)."""
+    cores = max(1, state.cores)
+    if state.wait_fraction > 0.05:
+        return min(1.0, state.idle_cores / cores)
+    if state.cpu_util > 0.95:
+        return min(1.0, state.workers_cpu / cores) * (1.0 - state.wait_fraction)
+    return 0.0
+
+
+def memory_overrun(state: State) -> float:
+    """0..1+: how far the queue is over budget, or the machine below 5% available memory."""
+    over_budget = max(0.0, state.queue_bytes / max(1, state.memory_budget) - 1.0)
+    low_memory = max(0.0, 1.0 - state.available_bytes / max(1.0, 0.05 * state.total_bytes))
+    return over_budget + low_memory
+
+
+def reward(state: State, weights: RewardWeights = RewardWeights()) -> float:
+    """log1p(throughput) minus weighted consumer wait, imbalance and memory overrun."""
+    return (
+        math.log1p(state.throughput)
+        - weights.wait * state.wait_fraction
+        - weights.imbalance * imbalance(state)
+        - weights.memory * memory_overrun(state)
+    )

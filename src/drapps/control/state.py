@@ -1,0 +1,117 @@
+"""State: one typed snapshot of the machine and the pipeline per controller tick.
+
+The same definition drives the real loader and the simulator, so it depends on nothing in
+``drapps.runtime``; :meth:`State.vector` is what a learned policy reads.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any, ClassVar
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class State:
+    """What the controller sees at one tick (rates and fractions over the last interval)."""
+
+    t: float
+    """Seconds since the controller started."""
+    cores: int
+    """Cores this process may use."""
+    cpu_util: float
+    """Mean utilisation of those cores, 0..1 (everything running on them, not just us)."""
+    idle_cores: float
+    """Cores' worth of idle CPU (cores * (1 - cpu_util))."""
+    main_cpu: float
+    """Cores used by the training process itself (the training loop and drapps' threads)."""
+    workers_cpu: float
+    """Cores used by all worker processes together."""
+    rss_bytes: int
+    """Resident memory of the training process and its workers."""
+    available_bytes: int
+    """Memory available to new allocations on the machine."""
+    total_bytes: int
+    """Physical memory of the machine."""
+    disk_read_bps: float
+    """Bytes/s read from disks, machine-wide (0 where the kernel does not say)."""
+    net_bps: float
+    """Bytes/s sent + received, machine-wide."""
+    gpu_util: float | None
+    """GPU utilisation 0..1 through NVML, None without a GPU or NVML."""
+    gpu_memory_bytes: int | None
+    """GPU memory in use, None without a GPU or NVML."""
+    queue_batches: int
+    """Ready batches waiting for the training loop."""
+    queue_bytes: int
+    """Bytes those batches hold."""
+    memory_budget: int
+    """Bytes ready batches may hold."""
+    wait_fraction: float
+    """Share of the interval the training loop spent blocked waiting for a batch, 0..1."""
+    latency_p50_s: float
+    """Median seconds from dispatching a batch to receiving it, over the interval."""
+    latency_p99_s: float
+    """99th-percentile batch latency over the interval."""
+    throughput: float
+    """Samples/s delivered to the training loop over the interval."""
+    workers: int
+    """Workers taking tasks now."""
+    max_workers: int
+    """Upper bound on workers."""
+    prefetch: int
+    """Prefetch depth (batches in flight + ready)."""
+    split_point: int = 0
+    """Index of the first op run on the GPU (0: none on the GPU). Reserved for that issue."""
+    codec: str = "none"
+    """Codec of the cache. Reserved for that issue."""
+
+    FEATURES: ClassVar[tuple[str, ...]] = (
+        "cpu_util",
+        "idle_core_share",
+        "main_cpu_share",
+        "workers_cpu_share",
+        "memory_available_share",
+        "gpu_util",
+        "queue_fill",
+        "queue_bytes_share",
+        "wait_fraction",
+        "latency_p50_log",
+        "latency_spread_log",
+        "throughput_log",
+        "worker_share",
+        "prefetch_per_worker",
+    )
+
+    def vector(self) -> np.ndarray:
+        """Features in :attr:`FEATURES` order, each scaled to roughly [0, 1] (float32)."""
+        cores = max(1, self.cores)
+        p50 = max(self.latency_p50_s, 1e-4)
+        values = (
+            self.cpu_util,
+            self.idle_cores / cores,
+            self.main_cpu / cores,
+            self.workers_cpu / cores,
+            self.available_bytes / max(1, self.total_bytes),
+            self.gpu_util if self.gpu_util is not None else 0.0,
+            self.queue_batches / max(1, self.prefetch),
+            self.queue_bytes / max(1, self.memory_budget),
+            self.wait_fraction,
+            (math.log10(p50) + 4) / 5,  # 0.1 ms -> 0, 10 s -> 1
+            math.log10(max(self.latency_p99_s, p50) / p50) / 2,
+            math.log10(1 + self.throughput) / 6,  # up to a million samples/s
+            self.workers / max(1, self.max_workers),
+            self.prefetch / max(1, self.workers) / 8,
+        )
+        return np.clip(np.asarray(values, dtype=np.float32), 0.0, 1.0)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> State:
+        """Inverse of :meth:`as_dict`; unknown keys are ignored (newer traces)."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})

@@ -1,0 +1,189 @@
+"""Policies on synthetic State sequences: each rule fires when it should, and only then."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from drapps.control import (
+    NOOP,
+    Action,
+    HeuristicConfig,
+    HeuristicPolicy,
+    State,
+    StaticPolicy,
+    make_policy,
+    policy_names,
+    reward,
+)
+
+GIB = 2**30
+
+
+def state(**overrides: object) -> State:
+    base = State(
+        t=0.0,
+        cores=8,
+        cpu_util=0.4,
+        idle_cores=4.8,
+        main_cpu=1.0,
+        workers_cpu=2.0,
+        rss_bytes=2 * GIB,
+        available_bytes=20 * GIB,
+        total_bytes=32 * GIB,
+        disk_read_bps=0.0,
+        net_bps=0.0,
+        gpu_util=None,
+        gpu_memory_bytes=None,
+        queue_batches=0,
+        queue_bytes=0,
+        memory_budget=GIB,
+        wait_fraction=0.0,
+        latency_p50_s=0.05,
+        latency_p99_s=0.08,
+        throughput=1000.0,
+        workers=2,
+        max_workers=8,
+        prefetch=4,
+    )
+    return replace(base, **overrides)  # type: ignore[arg-type]
+
+
+class World:
+    """A toy pipeline: throughput = min(consumer rate, per_worker * min(workers, cores))."""
+
+    def __init__(self, per_worker: float, consumer: float, cores: int, workers: int = 1) -> None:
+        self.per_worker, self.consumer, self.cores, self.workers = (
+            per_worker,
+            consumer,
+            cores,
+            workers,
+        )
+
+    def observe(self) -> State:
+        produced = self.per_worker * min(self.workers, self.cores)
+        throughput = min(self.consumer, produced)
+        wait = max(0.0, 1 - produced / self.consumer)
+        busy = min(self.cores, self.workers * throughput / self.per_worker / max(1, self.workers))
+        queue = 2 * self.workers if produced > self.consumer else 0
+        return state(
+            cores=self.cores,
+            cpu_util=busy / self.cores,
+            idle_cores=self.cores - busy,
+            workers_cpu=busy,
+            wait_fraction=wait,
+            throughput=throughput,
+            workers=self.workers,
+            queue_batches=queue,
+            prefetch=2 * self.workers,
+            max_workers=2 * self.cores,
+        )
+
+    def run(self, policy: HeuristicPolicy, ticks: int) -> list[Action]:
+        actions = []
+        self.history: list[int] = []
+        for _ in range(ticks):
+            action = policy.decide(self.observe())
+            self.workers = max(1, min(2 * self.cores, self.workers + action.workers))
+            actions.append(action)
+            self.history.append(self.workers)
+        return actions
+
+    def settled(self, last: int = 60) -> int:
+        """The worker count held most over the last ticks (probes are brief excursions)."""
+        tail = self.history[-last:]
+        return max(set(tail), key=tail.count)
+
+
+def test_registry_lists_and_builds_policies() -> None:
+    assert {"heuristic", "static"} <= set(policy_names())
+    assert isinstance(make_policy("static"), StaticPolicy)
+    with pytest.raises(ValueError, match=r"policy must be one of \[.*'heuristic'.*\], got 'magic'"):
+        make_policy("magic")
+
+
+def test_static_never_acts() -> None:
+    assert StaticPolicy().decide(state(wait_fraction=0.9)) == NOOP
+
+
+def test_grows_while_the_consumer_waits_and_stops_where_cores_run_out() -> None:
+    world = World(per_worker=100, consumer=1000, cores=4)
+    world.run(HeuristicPolicy(), ticks=120)
+    assert world.settled() == 4  # a fifth worker on 4 cores raises nothing: reverted
+
+
+def test_shrinks_when_workers_sit_idle() -> None:
+    world = World(per_worker=100, consumer=250, cores=8, workers=8)
+    world.run(HeuristicPolicy(), ticks=150)
+    # The fewest workers that still keep the consumer from waiting; tries at 2 are reverted.
+    assert world.settled() == 3 and min(world.history[-60:]) >= 2
+
+
+def test_readapts_when_the_consumer_gets_faster() -> None:
+    world = World(per_worker=100, consumer=250, cores=8, workers=3)
+    policy = HeuristicPolicy()
+    world.run(policy, ticks=40)
+    assert world.settled(20) == 3
+    world.consumer = 600  # the training step got faster
+    world.run(policy, ticks=120)
+    assert world.settled() == 6
+
+
+def test_hysteresis_prevents_flapping_at_the_ceiling() -> None:
+    world = World(per_worker=100, consumer=1000, cores=4, workers=4)
+    actions = world.run(HeuristicPolicy(), ticks=200)
+    tries = [a for a in actions if a.workers == +1]
+    # Probes at the ceiling back off 8, 16, 32, 64, 120 ticks: a handful, not one per window.
+    assert 2 <= len(tries) <= 6
+    assert all("back to 4" in b.reason for b in actions if b.workers == -1)
+
+
+def test_backoff_is_cancelled_when_conditions_change() -> None:
+    world = World(per_worker=100, consumer=1000, cores=4, workers=4)
+    policy = HeuristicPolicy(HeuristicConfig(backoff=100, max_backoff=100))
+    world.run(policy, ticks=20)  # one failed probe, now backed off for 100 ticks
+    world.cores = 8  # cores freed up: idle share jumps
+    world.run(policy, ticks=60)
+    assert world.workers > 4
+
+
+def test_memory_pressure_sheds_workers_first() -> None:
+    policy = HeuristicPolicy()
+    action = policy.decide(state(available_bytes=GIB, wait_fraction=0.9, workers=4))
+    assert action.workers == -1 and action.prefetch == -1 and "memory" in action.reason
+    one = policy.decide(state(queue_bytes=2 * GIB, workers=1, prefetch=3))
+    assert one == Action(prefetch=-1, reason="queue over budget: lowering prefetch")
+
+
+def test_a_clipped_probe_is_abandoned_not_judged() -> None:
+    policy = HeuristicPolicy()
+    for _ in range(4):
+        action = policy.decide(state(wait_fraction=0.5, workers=2))
+    assert action.workers == +1
+    # The controller could not add the worker: the next states still show 2.
+    assert all(policy.decide(state(wait_fraction=0.5, workers=2)).workers >= 0 for _ in range(3))
+
+
+def test_state_vector_is_bounded_and_ordered() -> None:
+    vector = state(wait_fraction=0.3, throughput=1e9, latency_p99_s=100.0).vector()
+    assert vector.shape == (len(State.FEATURES),) and vector.dtype == np.float32
+    assert np.all((vector >= 0) & (vector <= 1))
+    assert vector[State.FEATURES.index("wait_fraction")] == pytest.approx(0.3)
+    assert State.from_dict(state().as_dict()) == state()
+
+
+def test_reward_prefers_throughput_and_punishes_waiting_and_overrun() -> None:
+    fed = reward(state(throughput=1000, wait_fraction=0.0))
+    starving = reward(state(throughput=1000, wait_fraction=0.5, idle_cores=4.0))
+    overrun = reward(state(throughput=1000, queue_bytes=3 * GIB))
+    assert fed > starving and fed > overrun
+    assert reward(state(throughput=2000)) > fed
+
+
+def test_actions_take_one_step_per_knob() -> None:
+    assert len(Action.space()) == 9 and NOOP in Action.space()
+    with pytest.raises(ValueError, match=r"Action.workers must be one of \(-1, 0, 1\), got 2"):
+        Action(workers=2)
+    assert Action.from_dict(Action(1, -1, reason="x").as_dict()) == Action(1, -1, reason="x")
