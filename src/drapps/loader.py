@@ -11,22 +11,27 @@ Example:
 from __future__ import annotations
 
 import multiprocessing
+import os
 import secrets
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
 from torch.utils.data import default_collate
 
+from drapps._autotune import AutoTuner
+from drapps.control.controller import Bounds
+from drapps.control.policy import Policy, make_policy
 from drapps.runtime.config import LoaderConfig
 from drapps.runtime.dispatcher import Dispatcher
 from drapps.runtime.errors import SampleError
 from drapps.runtime.plan import Plan
 from drapps.runtime.seeding import preserved_global_rngs
 from drapps.runtime.worker import BatchRecipe, make_batch
+from drapps.telemetry.monitor import PipelineSnapshot
 
 _STATE_VERSION = 1
 _KEPT_SKIPS = 100
@@ -115,6 +120,12 @@ class Loader:
             (worker processes only: with ``workers=0`` nothing can replace the caller).
         max_attempts: attempts at a batch whose worker keeps dying or hanging.
         multiprocessing_context: "fork", "spawn" or "forkserver" (default: platform's).
+        policy: with ``workers="auto"``, the controller's policy: "heuristic" (default),
+            "static", or any object with ``decide(state) -> Action``.
+        min_workers: the fewest workers the controller may go down to.
+        control_interval: seconds between controller ticks.
+        trace: write every tick's State, Action and Reward to this JSONL file.
+        progress: show a live one-line status on stderr.
 
     Raises:
         ValueError: for any invalid argument, naming it and what it received.
@@ -138,6 +149,11 @@ class Loader:
         *,
         max_attempts: int = 3,
         multiprocessing_context: str | None = None,
+        policy: str | Policy = "heuristic",
+        min_workers: int = 1,
+        control_interval: float = 0.5,
+        trace: str | os.PathLike[str] | None = None,
+        progress: bool = False,
     ) -> None:
         if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
             raise ValueError(
@@ -161,6 +177,11 @@ class Loader:
             timeout=timeout,
             max_attempts=max_attempts,
             multiprocessing_context=multiprocessing_context,
+            policy=policy,
+            min_workers=min_workers,
+            control_interval=control_interval,
+            trace=None if trace is None else os.fspath(trace),
+            progress=progress,
         )
         self.dataset = dataset
         self._recipe = BatchRecipe(
@@ -182,9 +203,10 @@ class Loader:
                 max_attempts=max_attempts,
                 context=context,
             )
-            # Runs on close(), garbage collection or interpreter exit, whichever comes first;
-            # it holds the dispatcher, never the loader, so the loader stays collectable.
-            self._finalizer = weakref.finalize(self, self._dispatcher.shutdown)
+        self._tuner = self._make_tuner()
+        # Runs on close(), garbage collection or interpreter exit, whichever comes first; it
+        # holds the tuner and dispatcher, never the loader, so the loader stays collectable.
+        self._finalizer = weakref.finalize(self, _shutdown, self._tuner, self._dispatcher)
         self._lock = threading.Lock()
         self._closed = False
         self._next_epoch = 0
@@ -205,6 +227,8 @@ class Loader:
     def __iter__(self) -> Iterator[Any]:
         if self._closed:
             raise RuntimeError("this drapps.Loader is closed")
+        if self._tuner is not None:
+            self._tuner.start()
         with self._lock:
             plan = self._plan(self._next_epoch)
             start = self._next_batch
@@ -337,6 +361,73 @@ class Loader:
             collate_s=counters.get("collate_s", 0.0),
         )
 
+    def report(self) -> str:
+        """A bottleneck report in plain words and figures, from the controller's telemetry.
+
+        Telemetry is recorded with ``workers="auto"``, ``trace=...`` or ``progress=True``.
+        """
+        from drapps.telemetry.report import bottleneck_report
+
+        rows = list(self._tuner.rows) if self._tuner is not None else []
+        return bottleneck_report(rows, self.stats().as_dict())
+
+    def _make_tuner(self) -> AutoTuner | None:
+        c = self.config
+        auto = c.workers == "auto" and self._dispatcher is not None
+        if not (auto or c.trace or c.progress):
+            return None
+        policy = make_policy(c.policy) if isinstance(c.policy, str) else c.policy
+        limit = c.resolved_max_workers
+        bounds = Bounds(
+            min_workers=c.min_workers if auto else 1,
+            max_workers=limit,
+            max_prefetch=4 * limit,
+            adjust_workers=auto,
+            adjust_prefetch=auto and c.prefetch == "auto",
+        )
+        if not auto:
+            policy = make_policy("static")
+        return AutoTuner.for_loader(
+            self,
+            policy=policy,
+            bounds=bounds,
+            interval=c.control_interval,
+            trace_path=c.trace,
+            progress=c.progress,
+            config={f.name: _plain(getattr(c, f.name)) for f in fields(c)},
+        )
+
+    def _pipeline_snapshot(self) -> PipelineSnapshot:
+        d = self._dispatcher
+        if d is None:
+            return PipelineSnapshot(
+                samples=self._samples,
+                wait_s=self._inline_wait_s,
+                queue_batches=0,
+                queue_bytes=0,
+                memory_budget=self._memory_budget,
+                workers=0,
+                max_workers=0,
+                prefetch=0,
+                worker_pids=(),
+            )
+        counters = d.snapshot()
+        return PipelineSnapshot(
+            samples=self._samples,
+            wait_s=d.buffer.waited_s(),
+            queue_batches=len(d.buffer),
+            queue_bytes=d.buffer.bytes,
+            memory_budget=self._memory_budget,
+            workers=len(d.pool.live()),
+            max_workers=self.config.resolved_max_workers,
+            prefetch=d.prefetch_depth,
+            worker_pids=tuple(p for w in list(d.pool.workers) if (p := w.process.pid)),
+            latencies=tuple(d.latencies),
+            stage_s={
+                k: counters[k] for k in ("fetch_s", "transform_s", "collate_s", "transport_s")
+            },
+        )
+
     def _record(self, batch_samples: int, skipped: list[tuple[int, str]]) -> None:
         self._batches += batch_samples > 0
         self._samples += batch_samples
@@ -347,16 +438,27 @@ class Loader:
     # --------------------------------------------------------------------------- lifecycle
 
     def close(self) -> None:
-        """Stop the workers and free their shared memory. Idempotent."""
+        """Stop the controller and the workers, free their shared memory. Idempotent."""
         self._closed = True
-        if self._dispatcher is not None:
-            self._finalizer()
+        self._finalizer()
 
     def __enter__(self) -> Loader:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _plain(value: Any) -> Any:
+    """A config value as the trace header stores it: itself if JSON-plain, else its repr."""
+    return value if isinstance(value, int | float | str | bool | type(None)) else repr(value)
+
+
+def _shutdown(tuner: AutoTuner | None, dispatcher: Dispatcher | None) -> None:
+    if tuner is not None:
+        tuner.stop()
+    if dispatcher is not None:
+        dispatcher.shutdown()
 
 
 class _EpochIterator:

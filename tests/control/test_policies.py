@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 import pytest
+from helpers import GIB, state
 
 from drapps.control import (
     NOOP,
@@ -18,37 +17,6 @@ from drapps.control import (
     policy_names,
     reward,
 )
-
-GIB = 2**30
-
-
-def state(**overrides: object) -> State:
-    base = State(
-        t=0.0,
-        cores=8,
-        cpu_util=0.4,
-        idle_cores=4.8,
-        main_cpu=1.0,
-        workers_cpu=2.0,
-        rss_bytes=2 * GIB,
-        available_bytes=20 * GIB,
-        total_bytes=32 * GIB,
-        disk_read_bps=0.0,
-        net_bps=0.0,
-        gpu_util=None,
-        gpu_memory_bytes=None,
-        queue_batches=0,
-        queue_bytes=0,
-        memory_budget=GIB,
-        wait_fraction=0.0,
-        latency_p50_s=0.05,
-        latency_p99_s=0.08,
-        throughput=1000.0,
-        workers=2,
-        max_workers=8,
-        prefetch=4,
-    )
-    return replace(base, **overrides)  # type: ignore[arg-type]
 
 
 class World:

@@ -1,6 +1,7 @@
 """Control: State, Action and Reward definitions, policies, and the controller loop."""
 
 from drapps.control.action import NOOP, Action
+from drapps.control.controller import Actuators, Bounds, Controller, Tick
 from drapps.control.heuristic import HeuristicConfig, HeuristicPolicy
 from drapps.control.policy import Policy, make_policy, policy_names, register_policy
 from drapps.control.reward import RewardWeights, reward
@@ -10,12 +11,16 @@ from drapps.control.static import StaticPolicy
 __all__ = [
     "NOOP",
     "Action",
+    "Actuators",
+    "Bounds",
+    "Controller",
     "HeuristicConfig",
     "HeuristicPolicy",
     "Policy",
     "RewardWeights",
     "State",
     "StaticPolicy",
+    "Tick",
     "make_policy",
     "policy_names",
     "register_policy",

@@ -98,6 +98,17 @@ class LoaderConfig:
     """Attempts at a batch whose worker dies or hangs before the batch is given up on."""
     multiprocessing_context: str | None = None
     """Start method for workers ("fork", "spawn", "forkserver"); None: the platform default."""
+    policy: Any = "heuristic"
+    """With ``workers="auto"``: the controller's policy, a registered name or an object with
+    ``decide(state) -> Action``."""
+    min_workers: int = 1
+    """Lower bound for the controller (and the starting point's floor)."""
+    control_interval: float = 0.5
+    """Seconds between controller ticks."""
+    trace: str | None = None
+    """Write every tick's State, Action and Reward to this JSONL file."""
+    progress: bool = False
+    """Show a live one-line status on stderr."""
 
     def __post_init__(self) -> None:
         if not _is_int(self.batch_size) or self.batch_size < 1:
@@ -136,6 +147,35 @@ class LoaderConfig:
             )
         if not _is_int(self.max_attempts) or self.max_attempts < 1:
             raise ValueError(f"max_attempts must be an int >= 1, got {self.max_attempts!r}")
+        if not _is_int(self.min_workers) or not self.min_workers >= 1:
+            raise ValueError(f"min_workers must be an int >= 1, got {self.min_workers!r}")
+        if self.min_workers > self.resolved_max_workers:
+            raise ValueError(
+                f"min_workers={self.min_workers} exceeds max_workers={self.resolved_max_workers}"
+            )
+        if (
+            isinstance(self.control_interval, bool)
+            or not isinstance(self.control_interval, int | float)
+            or not self.control_interval > 0
+        ):
+            raise ValueError(
+                f"control_interval must be a number of seconds > 0, got {self.control_interval!r}"
+            )
+        if not isinstance(self.progress, bool):
+            raise ValueError(f"progress must be a bool, got {self.progress!r}")
+        if isinstance(self.policy, str):
+            from drapps.control.policy import policy_names
+
+            if self.policy not in policy_names():
+                raise ValueError(
+                    f"policy must be one of {policy_names()} or an object with decide(), "
+                    f"got {self.policy!r}"
+                )
+        elif not callable(getattr(self.policy, "decide", None)):
+            raise ValueError(
+                f"policy must be a registered name or an object with decide(state), "
+                f"got {self.policy!r}"
+            )
         methods = multiprocessing.get_all_start_methods()
         if self.multiprocessing_context is not None and self.multiprocessing_context not in methods:
             raise ValueError(
@@ -149,9 +189,10 @@ class LoaderConfig:
 
     @property
     def initial_workers(self) -> int:
-        """Worker count at start ("auto": one per usable core, within ``max_workers``)."""
+        """Worker count at start ("auto": half the usable cores, within the bounds; the
+        controller takes it from there)."""
         if self.workers == "auto":
-            return min(usable_cores(), self.resolved_max_workers)
+            return min(max(usable_cores() // 2, self.min_workers), self.resolved_max_workers)
         return self.workers
 
     @property

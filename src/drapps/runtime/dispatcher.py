@@ -17,6 +17,7 @@ import pickle
 import secrets
 import threading
 import time
+from collections import deque
 from multiprocessing.connection import wait
 from multiprocessing.context import BaseContext
 from typing import Any
@@ -91,8 +92,10 @@ class Dispatcher:
             "fetch_s": 0.0,
             "transform_s": 0.0,
             "collate_s": 0.0,
+            "transport_s": 0.0,
         }
-        self.skipped: list[tuple[int, str]] = []
+        self.latencies: deque[tuple[float, float]] = deque(maxlen=4096)
+        """(arrival time, seconds from dispatch to arrival) of recent batches."""
 
     # ----------------------------------------------------------------- calls from other threads
 
@@ -124,6 +127,10 @@ class Dispatcher:
 
     def in_flight(self) -> int:
         return len(self._in_flight)
+
+    def batch_bytes(self) -> int:
+        """Bytes of the largest batch received so far (0 before the first)."""
+        return self._batch_bytes
 
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
@@ -330,11 +337,13 @@ class Dispatcher:
 
     def _on_reply(self, worker: Worker, reply: tuple[Any, ...]) -> None:
         kind, generation, batch_id = reply[:3]
+        now = time.monotonic()
         for task in worker.assigned:
             if task.generation == generation and task.batch_id == batch_id:
                 worker.assigned.remove(task)
+                self.latencies.append((now, now - task.assigned_at))
                 break
-        worker.last_progress = time.monotonic()
+        worker.last_progress = now
         current = generation == self._generation_now
         if current and self._in_flight.get(batch_id) is worker:
             del self._in_flight[batch_id]
@@ -349,6 +358,7 @@ class Dispatcher:
             batch, nbytes = None, 0
             if packed is not None:
                 batch, nbytes = unpack(packed), packed.nbytes
+                self.counters["transport_s"] += time.monotonic() - now
                 self.counters["pickled_bytes"] += len(packed.skeleton)
                 self.counters["shared_bytes"] += nbytes
                 self._batch_bytes = max(self._batch_bytes, nbytes)

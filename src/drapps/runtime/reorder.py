@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +42,7 @@ class ReorderBuffer:
         self.bytes = 0
         self.peak_bytes = 0
         self.wait_s = 0.0
+        self._waiting_since: float | None = None
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -82,10 +84,9 @@ class ReorderBuffer:
             alive: polled while waiting; when it returns False the wait ends with an error
                 instead of hanging (the producer is gone).
         """
-        import time
-
         with self._cond:
             start = time.perf_counter()
+            self._waiting_since = start
             try:
                 while True:
                     if self._failure is not None:
@@ -99,12 +100,18 @@ class ReorderBuffer:
                         raise RuntimeError("drapps: the dispatcher thread stopped unexpectedly")
                     self._cond.wait(timeout=1.0)
             finally:
+                self._waiting_since = None
                 self.wait_s += time.perf_counter() - start
             self.next_id += 1
             self.bytes -= entry.nbytes
         if self._on_consumed is not None:
             self._on_consumed()
         return entry
+
+    def waited_s(self) -> float:
+        """Seconds the consumer has waited so far, including a wait still under way."""
+        since = self._waiting_since
+        return self.wait_s + (time.perf_counter() - since if since is not None else 0.0)
 
     def fail(self, error: BaseException) -> list[Entry]:
         """Make every current and future ``get`` raise ``error``; returns the dropped entries."""

@@ -1,0 +1,16 @@
+"""Telemetry: the Monitor that makes States, JSONL traces, and the bottleneck report."""
+
+from drapps.telemetry.monitor import Monitor, PipelineSnapshot
+from drapps.telemetry.report import bottleneck_report
+from drapps.telemetry.trace import TRACE_VERSION, Trace, TraceRow, TraceWriter, read_trace
+
+__all__ = [
+    "TRACE_VERSION",
+    "Monitor",
+    "PipelineSnapshot",
+    "Trace",
+    "TraceRow",
+    "TraceWriter",
+    "bottleneck_report",
+    "read_trace",
+]

@@ -1,0 +1,183 @@
+"""Monitor: samples the machine and the pipeline, and turns each tick into a State.
+
+System figures come from psutil (and NVML when ``nvidia-ml-py`` is installed and a GPU is
+present; its absence is normal). Pipeline figures come from a snapshot function the loader
+provides, so this module knows nothing of the runtime's internals.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+
+from drapps.control.state import State
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PipelineSnapshot:
+    """Cumulative pipeline counters at one instant, as the loader reports them."""
+
+    samples: int
+    """Samples delivered to the training loop so far."""
+    wait_s: float
+    """Seconds the training loop has spent blocked waiting for batches so far."""
+    queue_batches: int
+    queue_bytes: int
+    memory_budget: int
+    workers: int
+    max_workers: int
+    prefetch: int
+    worker_pids: tuple[int, ...]
+    latencies: tuple[tuple[float, float], ...] = ()
+    """Recent (monotonic arrival time, dispatch-to-arrival seconds) per batch."""
+    stage_s: dict[str, float] = field(default_factory=dict)
+    """Cumulative seconds per stage: fetch, transform, collate, transport."""
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+class _Gpu:
+    """GPU utilisation and memory through NVML, or nothing."""
+
+    def __init__(self) -> None:
+        self._handle: Any = None
+        try:
+            import pynvml  # from nvidia-ml-py: pip install 'drapps[gpu]'
+
+            pynvml.nvmlInit()
+            self._nvml = pynvml
+            self._handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        except Exception as exc:  # no module, no driver, or no device: all normal
+            logger.debug("no GPU telemetry: %r", exc)
+
+    def read(self) -> tuple[float | None, int | None]:
+        if self._handle is None:
+            return None, None
+        try:
+            util = self._nvml.nvmlDeviceGetUtilizationRates(self._handle)
+            memory = self._nvml.nvmlDeviceGetMemoryInfo(self._handle)
+        except Exception:
+            return None, None
+        return util.gpu / 100.0, int(memory.used)
+
+
+class Monitor:
+    """Call :meth:`sample` once per tick; each call reports the interval since the last."""
+
+    def __init__(self, pipeline: Callable[[], PipelineSnapshot]) -> None:
+        self._pipeline = pipeline
+        self._start = time.monotonic()
+        try:
+            self._cpus = sorted(os.sched_getaffinity(0))
+        except AttributeError:
+            self._cpus = list(range(psutil.cpu_count() or 1))
+        self._me = psutil.Process()
+        self._processes: dict[int, psutil.Process] = {}
+        self._gpu = _Gpu()
+        self._last_t = time.monotonic()
+        self._last_cpu: dict[int, float] = {}
+        self._last_io = self._io()
+        self._last: PipelineSnapshot | None = None
+        psutil.cpu_percent(percpu=True)  # primes psutil's per-core counters
+        self.per_worker: dict[int, dict[str, float]] = {}
+        """Per worker pid: cores used and RSS bytes over the last interval."""
+
+    @staticmethod
+    def _io() -> tuple[float, float]:
+        disk = psutil.disk_io_counters()
+        net = psutil.net_io_counters()
+        return (
+            float(disk.read_bytes) if disk else 0.0,
+            float(net.bytes_sent + net.bytes_recv) if net else 0.0,
+        )
+
+    def _process(self, pid: int) -> psutil.Process | None:
+        process = self._processes.get(pid)
+        if process is None:
+            try:
+                process = self._processes[pid] = psutil.Process(pid)
+            except psutil.NoSuchProcess:
+                return None
+        return process
+
+    def _cpu_and_rss(self, pid: int, dt: float) -> tuple[float, int]:
+        process = self._me if pid == self._me.pid else self._process(pid)
+        if process is None:
+            return 0.0, 0
+        try:
+            with process.oneshot():
+                times = process.cpu_times()
+                rss = process.memory_info().rss
+        except psutil.NoSuchProcess:
+            self._processes.pop(pid, None)
+            return 0.0, 0
+        total = times.user + times.system
+        previous = self._last_cpu.get(pid, total)
+        self._last_cpu[pid] = total
+        return (total - previous) / dt, rss
+
+    def sample(self) -> State:
+        now = time.monotonic()
+        dt = max(now - self._last_t, 1e-6)
+        pipe = self._pipeline()
+        last = self._last or pipe
+        per_core = psutil.cpu_percent(percpu=True)
+        mine = [per_core[i] for i in self._cpus if i < len(per_core)] or per_core
+        cpu_util = sum(mine) / (100.0 * len(mine))
+        main_cpu, main_rss = self._cpu_and_rss(self._me.pid, dt)
+        self.per_worker = {}
+        for pid in pipe.worker_pids:
+            cores, rss = self._cpu_and_rss(pid, dt)
+            self.per_worker[pid] = {"cpu": cores, "rss": float(rss)}
+        for gone in set(self._last_cpu) - set(pipe.worker_pids) - {self._me.pid}:
+            self._last_cpu.pop(gone, None)
+            self._processes.pop(gone, None)
+        disk, net = self._io()
+        memory = psutil.virtual_memory()
+        gpu_util, gpu_memory = self._gpu.read()
+        recent = [latency for arrived, latency in pipe.latencies if arrived > self._last_t]
+        state = State(
+            t=now - self._start,
+            cores=len(self._cpus),
+            cpu_util=cpu_util,
+            idle_cores=len(self._cpus) * (1.0 - cpu_util),
+            main_cpu=main_cpu,
+            workers_cpu=sum(w["cpu"] for w in self.per_worker.values()),
+            rss_bytes=main_rss + int(sum(w["rss"] for w in self.per_worker.values())),
+            available_bytes=int(memory.available),
+            total_bytes=int(memory.total),
+            disk_read_bps=max(0.0, disk - self._last_io[0]) / dt,
+            net_bps=max(0.0, net - self._last_io[1]) / dt,
+            gpu_util=gpu_util,
+            gpu_memory_bytes=gpu_memory,
+            queue_batches=pipe.queue_batches,
+            queue_bytes=pipe.queue_bytes,
+            memory_budget=pipe.memory_budget,
+            wait_fraction=min(1.0, max(0.0, (pipe.wait_s - last.wait_s) / dt)),
+            latency_p50_s=_percentile(recent, 0.5),
+            latency_p99_s=_percentile(recent, 0.99),
+            throughput=max(0, pipe.samples - last.samples) / dt,
+            workers=pipe.workers,
+            max_workers=pipe.max_workers,
+            prefetch=pipe.prefetch,
+        )
+        self._last_t, self._last_io, self._last = now, (disk, net), pipe
+        return state
+
+    @property
+    def last_snapshot(self) -> PipelineSnapshot | None:
+        """The pipeline snapshot the last :meth:`sample` read."""
+        return self._last

@@ -1,0 +1,117 @@
+"""The bottleneck report: what the trace says, in plain words and figures."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+from drapps.telemetry.trace import TraceRow
+
+_STAGES = ("fetch_s", "transform_s", "collate_s", "transport_s")
+
+
+def _saturated_from(rows: Sequence[TraceRow], run: int = 3) -> float | None:
+    """Time from which the cores stayed saturated (under 10% idle) for ``run`` ticks."""
+    streak = 0
+    for i, row in enumerate(rows):
+        s = row.state
+        streak = streak + 1 if s.idle_cores < 0.1 * max(1, s.cores) else 0
+        if streak == run:
+            return rows[i - run + 1].t
+    return None
+
+
+def _worker_story(rows: Sequence[TraceRow]) -> list[str]:
+    counts = [rows[0].state.workers]
+    changes = []
+    for row in rows:
+        if row.workers_after != counts[-1]:
+            changes.append(
+                f"  at {row.t:.1f} s {counts[-1]} -> {row.workers_after}: {row.action.reason}"
+            )
+            counts.append(row.workers_after)
+    if len(counts) == 1:
+        return [f"Workers stayed at {counts[0]}."]
+    return ["Workers went " + " -> ".join(map(str, counts)) + " because:", *changes]
+
+
+def bottleneck_report(rows: Sequence[TraceRow], stats: dict[str, Any] | None = None) -> str:
+    """A report a person can act on, from trace rows (and the loader's final stats)."""
+    if not rows:
+        return (
+            "No telemetry recorded yet: iterate the loader for a few seconds with "
+            "workers='auto', trace=... or progress=True."
+        )
+    states = [r.state for r in rows]
+    span = max(rows[-1].t - rows[0].t, 1e-9)
+    wait = statistics.fmean(s.wait_fraction for s in states)
+    if wait > 0.10:
+        verdict = "the input pipeline is the bottleneck"
+    elif wait < 0.03:
+        verdict = "the input pipeline kept up; the training step sets the pace"
+    else:
+        verdict = "the input pipeline is close to the limit"
+    lines = [
+        f"Over {span:.1f} s the training loop waited {wait:.0%} of the time for data: {verdict}.",
+        f"Throughput: median {statistics.median(s.throughput for s in states):.0f} samples/s, "
+        f"last {states[-1].throughput:.0f}; batch latency p50 "
+        f"{1000 * statistics.median(s.latency_p50_s for s in states):.0f} ms, p99 "
+        f"{1000 * max(s.latency_p99_s for s in states):.0f} ms.",
+    ]
+    stages = rows[-1].stages
+    total = sum(stages.get(k, 0.0) for k in _STAGES)
+    if total > 0:
+        shares = {k[:-2]: stages.get(k, 0.0) / total for k in _STAGES}
+        top = max(shares, key=lambda k: shares[k])
+        rest = ", ".join(f"{k} {v:.0%}" for k, v in shares.items() if k != top)
+        lines.append(f"{top.capitalize()} is {shares[top]:.0%} of the time a batch takes ({rest}).")
+    lines += _worker_story(rows)
+    cores = states[-1].cores
+    saturated = _saturated_from(rows)
+    cpu_line = (
+        f"CPU: {statistics.fmean(s.cpu_util for s in states):.0%} of {cores} cores busy on "
+        f"average; the training process used {statistics.fmean(s.main_cpu for s in states):.1f} "
+        f"cores, the workers {statistics.fmean(s.workers_cpu for s in states):.1f}."
+    )
+    if saturated is not None:
+        cpu_line += f" The machine's cores were saturated from {saturated:.1f} s."
+    lines.append(cpu_line)
+    gib = 2**30
+    lines.append(
+        f"Memory: peak {max(s.rss_bytes for s in states) / gib:.2f} GiB in our processes, "
+        f"as little as {min(s.available_bytes for s in states) / gib:.1f} GiB available; ready "
+        f"batches peaked at {max(s.queue_bytes for s in states) / 2**20:.0f} MiB of a "
+        f"{states[-1].memory_budget / 2**20:.0f} MiB budget."
+    )
+    gpu = [s.gpu_util for s in states if s.gpu_util is not None]
+    if gpu:
+        lines.append(f"GPU: {statistics.fmean(gpu):.0%} utilised on average.")
+    if stats:
+        faults = [
+            f"{stats[k]} {label}"
+            for k, label in (
+                ("samples_skipped", "samples skipped"),
+                ("worker_restarts", "worker restarts"),
+                ("timeouts", "timeouts"),
+            )
+            if stats.get(k)
+        ]
+        if faults:
+            lines.append("Faults: " + ", ".join(faults) + ".")
+    lines += _advice(wait, saturated is not None, states)
+    return "\n".join(lines)
+
+
+def _advice(wait: float, saturated: bool, states: list[Any]) -> list[str]:
+    last = states[-1]
+    if wait > 0.10 and saturated:
+        return [
+            "Advice: the pipeline is CPU-bound on this machine: more workers will not help. "
+            "Make the per-sample work cheaper, move batched ops to the GPU, or cache decoded data."
+        ]
+    if wait > 0.10 and last.workers >= last.max_workers:
+        return [f"Advice: workers are at max_workers={last.max_workers} with idle CPU: raise it."]
+    if wait < 0.03 and last.workers > 1:
+        return ["Advice: none needed; spare workers are released while the loop does not wait."]
+    return []

@@ -1,0 +1,76 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from drapps.telemetry import Monitor, PipelineSnapshot
+
+
+class Pipeline:
+    def __init__(self) -> None:
+        self.snapshot = PipelineSnapshot(
+            samples=0,
+            wait_s=0.0,
+            queue_batches=0,
+            queue_bytes=0,
+            memory_budget=2**20,
+            workers=1,
+            max_workers=4,
+            prefetch=2,
+            worker_pids=(),
+        )
+
+    def __call__(self) -> PipelineSnapshot:
+        return self.snapshot
+
+
+@pytest.fixture()
+def burner() -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def test_rates_and_fractions_come_from_deltas(burner: subprocess.Popen[bytes]) -> None:
+    pipeline = Pipeline()
+    monitor = Monitor(pipeline)
+    monitor.sample()
+    start = time.monotonic()
+    pipeline.snapshot = PipelineSnapshot(
+        samples=500,
+        wait_s=0.25,
+        queue_batches=3,
+        queue_bytes=1000,
+        memory_budget=2**20,
+        workers=1,
+        max_workers=4,
+        prefetch=2,
+        worker_pids=(burner.pid,),
+        latencies=((start + 1, 0.010), (start + 1, 0.030), (start + 1, 0.020)),
+    )
+    monitor.sample()  # first sight of the burner: its CPU counts from here
+    pipeline.snapshot = PipelineSnapshot(
+        **{
+            **pipeline.snapshot.__dict__,
+            "samples": 1000,
+            "wait_s": 0.5,
+            "latencies": ((time.monotonic() + 1, 0.010), (time.monotonic() + 1, 0.030)),
+        },
+    )
+    time.sleep(0.5)
+    state = monitor.sample()
+    elapsed = state.t
+    assert 0 < state.throughput <= 500 / 0.5 * 1.01
+    assert 0 < state.wait_fraction <= 0.5
+    assert state.latency_p50_s == pytest.approx(0.030) and state.latency_p99_s == pytest.approx(
+        0.030
+    )
+    assert state.workers_cpu > 0.5  # the busy child burns most of a core
+    assert state.queue_batches == 3 and state.rss_bytes > 0 and elapsed > 0
+    assert state.cores >= 1 and 0 <= state.cpu_util <= 1
+    assert state.gpu_util is None  # no NVML here, and that is not an error
+    assert set(monitor.per_worker) == {burner.pid}

@@ -1,0 +1,91 @@
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from control.test_policies import state
+
+from drapps.control import Action
+from drapps.telemetry import TRACE_VERSION, TraceRow, TraceWriter, bottleneck_report, read_trace
+
+
+def rows_of_a_run() -> list[TraceRow]:
+    rows = []
+    workers = 1
+    for i in range(20):
+        action = Action()
+        if i in (4, 10):
+            action = Action(workers=1, reason=f"training loop waited 40% (tick {i})")
+        after = workers + action.workers
+        s = state(
+            t=0.5 * i,
+            workers=workers,
+            cores=2,
+            wait_fraction=0.31,
+            throughput=800.0,
+            idle_cores=0.0 if i >= 12 else 1.0,
+            cpu_util=1.0 if i >= 12 else 0.5,
+        )
+        stages = {"fetch_s": 15.0, "transform_s": 78.0, "collate_s": 5.0, "transport_s": 2.0}
+        rows.append(
+            TraceRow(s.t, s, action, {"workers": after, "prefetch": 2 * after}, 1.0, {}, stages)
+        )
+        workers = after
+    return rows
+
+
+def test_trace_round_trips(tmp_path: Path) -> None:
+    path = tmp_path / "run.jsonl"
+    writer = TraceWriter(path, {"batch_size": 32})
+    for row in rows_of_a_run():
+        writer.write(row)
+    writer.close()
+    trace = read_trace(path)
+    assert trace.header["version"] == TRACE_VERSION and trace.header["config"]["batch_size"] == 32
+    assert trace.rows == rows_of_a_run()
+
+
+def test_bad_traces_are_named(tmp_path: Path) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps({"type": "header", "version": 99}) + "\n")
+    with pytest.raises(ValueError, match="trace version 99, this drapps reads version 1"):
+        read_trace(path)
+    path.write_text(json.dumps({"type": "header", "version": 1}) + "\n{oops\n")
+    with pytest.raises(ValueError, match=r"bad.jsonl:2: not JSON"):
+        read_trace(path)
+    path.write_text(json.dumps({"hello": 1}) + "\n")
+    with pytest.raises(ValueError, match="expected a drapps trace header"):
+        read_trace(path)
+    path.write_text(
+        json.dumps({"type": "header", "version": 1}) + "\n" + json.dumps({"type": "tick"})
+    )
+    with pytest.raises(ValueError, match="malformed tick"):
+        read_trace(path)
+
+
+def test_report_says_where_the_time_went() -> None:
+    text = bottleneck_report(rows_of_a_run(), {"samples_skipped": 2})
+    assert (
+        "the training loop waited 31% of the time for data: the input pipeline is the bottleneck"
+        in text
+    )
+    assert (
+        "Transform is 78% of the time a batch takes (fetch 15%, collate 5%, transport 2%)" in text
+    )
+    assert (
+        "Workers went 1 -> 2 -> 3 because:" in text and "training loop waited 40% (tick 10)" in text
+    )
+    assert "cores were saturated from 6.0 s" in text
+    assert "Faults: 2 samples skipped." in text
+    assert "CPU-bound" in text
+
+
+def test_report_without_rows_says_how_to_get_them() -> None:
+    assert "No telemetry recorded yet" in bottleneck_report([])
+
+
+def test_report_of_a_fed_loop() -> None:
+    rows = [replace(r, state=replace(r.state, wait_fraction=0.0)) for r in rows_of_a_run()]
+    assert "the training step sets the pace" in bottleneck_report(rows)
