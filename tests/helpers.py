@@ -216,3 +216,19 @@ def state(**overrides: object) -> State:
         prefetch=4,
     )
     return replace(base, **overrides)  # type: ignore[arg-type]
+
+
+class BusyDataset:
+    """Each sample burns ``cpu_s`` seconds of CPU (a CPU-heavy transform stand-in)."""
+
+    def __init__(self, n: int, cpu_s: float) -> None:
+        self.n, self.cpu_s = n, cpu_s
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        start = time.process_time()
+        while time.process_time() - start < self.cpu_s:
+            pass
+        return torch.tensor(i)

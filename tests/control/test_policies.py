@@ -127,7 +127,7 @@ def test_memory_pressure_sheds_workers_first() -> None:
 
 def test_a_clipped_probe_is_abandoned_not_judged() -> None:
     policy = HeuristicPolicy()
-    for _ in range(4):
+    for _ in range(7):  # 3 ticks of flowing data, then a full window
         action = policy.decide(state(wait_fraction=0.5, workers=2))
     assert action.workers == +1
     # The controller could not add the worker: the next states still show 2.
@@ -155,3 +155,12 @@ def test_actions_take_one_step_per_knob() -> None:
     with pytest.raises(ValueError, match=r"Action.workers must be one of \(-1, 0, 1\), got 2"):
         Action(workers=2)
     assert Action.from_dict(Action(1, -1, reason="x").as_dict()) == Action(1, -1, reason="x")
+
+
+def test_start_up_starvation_is_not_judged() -> None:
+    policy = HeuristicPolicy()
+    starting = [policy.decide(state(wait_fraction=1.0, throughput=0.0)) for _ in range(10)]
+    warming = [policy.decide(state(wait_fraction=0.6, throughput=100.0)) for _ in range(3)]
+    assert all(a == NOOP for a in starting + warming)
+    later = [policy.decide(state(wait_fraction=0.6, throughput=100.0)) for _ in range(4)]
+    assert later[-1].workers == +1

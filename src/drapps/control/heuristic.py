@@ -79,6 +79,7 @@ class HeuristicPolicy:
         self._recent: deque[State] = deque(maxlen=self.config.window)
         self._probe: _Probe | None = None
         self._backoff = {+1: _Backoff(), -1: _Backoff()}
+        self._flowing = 0  # ticks that delivered data since the start
 
     def decide(self, state: State) -> Action:
         self._tick += 1
@@ -96,6 +97,12 @@ class HeuristicPolicy:
             return NOOP
         if self._probe is not None:
             return self._judge_probe(state)
+        if self._flowing <= c.settle:
+            # Start-up (worker start, cold caches) starves every loop: judging it would grow
+            # the pool for a transient. Wait for data to flow for a few ticks first.
+            self._flowing += state.throughput > 0
+            self._recent.clear()
+            return NOOP
         if len(self._recent) < c.window:
             return NOOP
         wait = statistics.fmean(s.wait_fraction for s in self._recent)

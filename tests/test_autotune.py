@@ -1,0 +1,151 @@
+"""workers='auto' end to end on real workers: it grows, shrinks and re-decides (no timings)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from helpers import BusyDataset, SlowDataset
+
+import drapps
+from drapps.control import NOOP, Action, HeuristicConfig, HeuristicPolicy, State
+from drapps.telemetry import read_trace
+
+N = 10**6  # more samples than any test reads: the tests stop on a condition, not an epoch end
+
+
+def consume_until(
+    loader: drapps.Loader, done: object, step_s: float = 0.0, limit_s: float = 30.0
+) -> None:
+    deadline = time.monotonic() + limit_s
+    for _ in loader:
+        if step_s:
+            time.sleep(step_s)
+        if done() or time.monotonic() > deadline:  # type: ignore[operator]
+            return
+
+
+def test_grows_from_one_worker_while_the_consumer_waits() -> None:
+    with drapps.Loader(
+        BusyDataset(N, 0.003), batch_size=8, workers="auto", max_workers=2, control_interval=0.1
+    ) as loader:
+        loader.resize(1)
+        consume_until(loader, lambda: loader.stats().workers >= 2)
+        assert loader.stats().workers == 2
+    # After close the controller thread has finished its tick, so the report has it.
+    assert "trying 2 workers" in loader.report()
+
+
+def test_shrinks_when_workers_sit_idle() -> None:
+    with drapps.Loader(
+        SlowDataset(N), batch_size=4, workers="auto", max_workers=4, control_interval=0.1
+    ) as loader:
+        loader.resize(4)
+        consume_until(loader, lambda: loader.stats().workers < 4, step_s=0.02)
+        assert loader.stats().workers < 4
+
+
+@pytest.fixture()
+def cpu_hog() -> Iterator[list[subprocess.Popen[bytes]]]:
+    burners: list[subprocess.Popen[bytes]] = []
+    yield burners
+    for burner in burners:
+        burner.kill()
+        burner.wait()
+
+
+def test_a_cpu_hog_mid_run_makes_it_re_decide(cpu_hog: list[subprocess.Popen[bytes]]) -> None:
+    # One worker feeds this consumer on idle cores; with three CPU burners it cannot.
+    with drapps.Loader(
+        BusyDataset(N, 0.003), batch_size=8, workers="auto", max_workers=4, control_interval=0.1
+    ) as loader:
+        loader.resize(1)
+        # ~133 samples/s asked; one worker makes ~235 on a free core: nothing to change.
+        consume_until(loader, lambda: loader.stats().workers > 1, step_s=0.06, limit_s=3.0)
+        assert loader.stats().workers == 1
+        for _ in range(4):
+            cpu_hog.append(subprocess.Popen([sys.executable, "-c", "while True: pass"]))
+        # Now the worker gets ~2/5 of a core; another worker wins back CPU share.
+        consume_until(loader, lambda: loader.stats().workers > 1, step_s=0.06, limit_s=30.0)
+        assert loader.stats().workers > 1
+    assert "trying 2 workers" in loader.report()
+
+
+def test_trace_file_and_report_from_a_real_run(tmp_path: Path) -> None:
+    path = tmp_path / "run.jsonl"
+    with drapps.Loader(
+        BusyDataset(N, 0.001), batch_size=8, workers="auto", control_interval=0.05, trace=path
+    ) as loader:
+        consume_until(loader, lambda: len(loader._tuner.rows) >= 5)  # type: ignore[union-attr]
+        report = loader.report()
+    trace = read_trace(path)
+    assert len(trace.rows) >= 5 and trace.header["config"]["batch_size"] == 8
+    assert trace.rows[-1].state.throughput >= 0 and trace.rows[-1].stages["fetch_s"] > 0
+    assert "the training loop waited" in report and "Workers" in report
+
+
+def test_progress_line(capfd: pytest.CaptureFixture[str]) -> None:
+    with drapps.Loader(
+        SlowDataset(N), batch_size=4, workers=1, progress=True, control_interval=0.05
+    ) as loader:
+        consume_until(loader, lambda: False, limit_s=0.5)
+    assert "[drapps]" in capfd.readouterr().err
+
+
+class CountingPolicy:
+    def __init__(self) -> None:
+        self.seen = 0
+
+    def decide(self, state: State) -> Action:
+        self.seen += 1
+        if self.seen % 2:
+            raise RuntimeError("flaky policy")
+        return NOOP
+
+
+def test_custom_and_failing_policies_never_stop_the_pipeline() -> None:
+    policy = CountingPolicy()
+    with drapps.Loader(
+        SlowDataset(400, 0.001), batch_size=4, workers="auto", policy=policy, control_interval=0.02
+    ) as loader:
+        assert sum(len(b) for b in loader) == 400
+    assert policy.seen >= 2
+
+
+def test_workers_zero_can_be_traced_but_not_tuned(tmp_path: Path) -> None:
+    with drapps.Loader(
+        BusyDataset(N, 0.001),
+        batch_size=8,
+        workers=0,
+        trace=tmp_path / "t.jsonl",
+        control_interval=0.05,
+    ) as loader:
+        consume_until(loader, lambda: False, limit_s=0.5)
+    rows = read_trace(tmp_path / "t.jsonl").rows
+    assert rows and all(r.applied["workers"] == 0 for r in rows)
+
+
+def test_heuristic_policy_object_is_accepted() -> None:
+    policy = HeuristicPolicy(HeuristicConfig(backoff=4))
+    with drapps.Loader(SlowDataset(16), batch_size=4, workers="auto", policy=policy) as loader:
+        assert len(list(loader)) == 4
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"policy": "magic"}, r"policy must be one of \['heuristic', 'static'\]"),
+        ({"policy": 3}, "policy must be a registered name or an object with decide"),
+        ({"min_workers": 0}, "min_workers must be an int >= 1, got 0"),
+        ({"min_workers": 9, "max_workers": 4}, "min_workers=9 exceeds max_workers=4"),
+        ({"control_interval": 0}, "control_interval must be a number of seconds > 0, got 0"),
+        ({"progress": "yes"}, "progress must be a bool"),
+    ],
+)
+def test_invalid_control_arguments_are_named(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        drapps.Loader(SlowDataset(4), **kwargs)  # type: ignore[arg-type]
