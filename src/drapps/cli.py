@@ -42,6 +42,9 @@ def _bench(args: argparse.Namespace) -> int:
             repeats=args.repeats,
             images=args.images,
             step_ms=args.step_ms,
+            consumer=args.consumer,
+            scenario=args.scenario,
+            auto=True if args.auto else None,
             data_dir=args.data_dir,
             resize_probe=False if args.no_resize_probe else None,
         )
@@ -148,7 +151,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--batches", type=int, help="timed batches per run")
     bench.add_argument("--repeats", type=int, help="interleaved repeats per case")
     bench.add_argument("--images", type=int, help="JPEGs in the generated dataset")
-    bench.add_argument("--step-ms", type=float, help="simulated training step per batch")
+    bench.add_argument("--step-ms", type=float, help="step of the sleep consumer, per batch")
+    bench.add_argument(
+        "--consumer", help="none (the loader alone, default), sleep (--step-ms), cpu-model"
+    )
+    bench.add_argument("--scenario", help="steady (default) or cpu-hog (middle third)")
+    bench.add_argument("--auto", action="store_true", help="also run drapps workers='auto'")
     bench.add_argument("--no-resize-probe", action="store_true", help="skip the resize probe")
     bench.add_argument("--data-dir", type=Path, help="dataset cache (default ~/.cache/drapps)")
     bench.add_argument("--out", help="output folder (default bench-results/<UTC time>)")

@@ -50,3 +50,38 @@ def test_cli_reports_bad_options(capsys: pytest.CaptureFixture[str], tmp_path: P
     with pytest.raises(SystemExit):
         main(["bench", "--workers", "two"])
     assert "expected comma-separated ints" in capsys.readouterr().err
+
+
+def test_scenario_consumers_and_auto_run(tmp_path: Path) -> None:
+    config = BenchConfig(
+        workers=(1,),
+        systems=("torch",),
+        batch_size=4,
+        warmup_batches=1,
+        measure_batches=6,
+        repeats=1,
+        images=32,
+        consumer="cpu-model",
+        scenario="cpu-hog",
+        auto=True,
+        resize_probe=False,
+        data_dir=tmp_path,
+    )
+    results = run_benchmark(config, progress=False)
+    cases = {(r["system"], r["workers"]) for r in results["runs"]}
+    assert cases == {("torch", 1), ("drapps-auto", "auto")}
+    assert all(0 <= r["wait_fraction"] <= 1 for r in results["runs"])
+    table = markdown(results)
+    assert "Scenario `cpu-hog`, consumer `cpu-model`" in table
+    assert 'drapps, workers="auto"' in table and "x the best static" in table
+
+
+def test_scenario_options_are_checked(tmp_path: Path) -> None:
+    with pytest.raises(
+        ValueError, match=r"consumer must be one of \['none', 'sleep', 'cpu-model'\]"
+    ):
+        BenchConfig(consumer="gpu", data_dir=tmp_path)
+    with pytest.raises(ValueError, match="scenario must be one of"):
+        BenchConfig(scenario="earthquake", data_dir=tmp_path)
+    with pytest.raises(ValueError, match="the sleep consumer needs step_ms > 0"):
+        BenchConfig(consumer="sleep", data_dir=tmp_path)

@@ -12,6 +12,7 @@ import gc
 import logging
 import random
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Iterable
@@ -24,6 +25,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import drapps
+from drapps.bench.consumers import CONSUMERS, make_consumer
 from drapps.bench.data import default_data_dir, make_jpeg_folder
 from drapps.bench.environment import describe_environment
 from drapps.datasets import ImageFolder
@@ -33,6 +35,8 @@ logger = logging.getLogger(__name__)
 
 SYSTEMS = ("torch", "drapps")
 RESIZE_CASE = "drapps-resizing"
+AUTO_CASE = "drapps-auto"
+SCENARIOS = ("steady", "cpu-hog")
 
 
 @dataclass(frozen=True)
@@ -55,7 +59,14 @@ class BenchConfig:
     images: int = 2400
     """JPEGs in the generated dataset."""
     step_ms: float = 0.0
-    """Simulated training step per batch (sleep), 0 to measure the loader alone."""
+    """Step time of the "sleep" consumer, per batch."""
+    consumer: str = "none"
+    """The training loop: "none" (the loader alone), "sleep" (``step_ms`` per batch, an
+    accelerator stand-in) or "cpu-model" (a small CNN's forward/backward on the CPU)."""
+    scenario: str = "steady"
+    """"steady", or "cpu-hog": a process burns a core during the middle third of the run."""
+    auto: bool = False
+    """Also run drapps with workers="auto" (the controller)."""
     resize_probe: bool = True
     """Also run drapps at 2 workers resized 2 <-> 3 every ``resize_every`` batches."""
     resize_every: int = 8
@@ -66,6 +77,12 @@ class BenchConfig:
     """Seed of the dataset, the shuffles and the case order."""
 
     def __post_init__(self) -> None:
+        if self.consumer not in CONSUMERS:
+            raise ValueError(f"consumer must be one of {list(CONSUMERS)}, got {self.consumer!r}")
+        if self.scenario not in SCENARIOS:
+            raise ValueError(f"scenario must be one of {list(SCENARIOS)}, got {self.scenario!r}")
+        if self.consumer == "sleep" and self.step_ms <= 0:
+            raise ValueError(f"the sleep consumer needs step_ms > 0, got {self.step_ms!r}")
         unknown = set(self.systems) - set(SYSTEMS)
         if unknown:
             raise ValueError(f"systems must be among {list(SYSTEMS)}, got {sorted(unknown)}")
@@ -95,8 +112,10 @@ def image_dataset(config: BenchConfig) -> ImageFolder:
     return ImageFolder(folder, transform=transform)
 
 
-def _open(system: str, workers: int, dataset: ImageFolder, config: BenchConfig) -> Any:
+def _open(system: str, workers: int | str, dataset: ImageFolder, config: BenchConfig) -> Any:
     if system == "torch":
+        if not isinstance(workers, int):
+            raise ValueError(f"DataLoader needs an int worker count, got {workers!r}")
         generator = torch.Generator().manual_seed(config.seed)
         return DataLoader(
             dataset,  # type: ignore[arg-type]  # map-style by protocol, not by subclassing
@@ -112,8 +131,8 @@ def _open(system: str, workers: int, dataset: ImageFolder, config: BenchConfig) 
         shuffle=True,
         seed=config.seed,
         drop_last=True,
-        workers=workers,
-        max_workers=max(4, workers + 1),
+        workers=workers,  # type: ignore[arg-type]
+        max_workers=max(4, workers + 1) if isinstance(workers, int) else None,
     )
 
 
@@ -130,12 +149,17 @@ def _cpu_seconds() -> dict[int, float]:
     return seconds
 
 
+def _burn_a_core() -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-c", "while True: pass"])
+
+
 def run_case(
-    system: str, workers: int, dataset: ImageFolder, config: BenchConfig
+    system: str, workers: int | str, dataset: ImageFolder, config: BenchConfig
 ) -> dict[str, Any]:
     """One timed run of one case."""
     resizing = system == RESIZE_CASE
-    loader = _open("drapps" if resizing else system, workers, dataset, config)
+    consume = make_consumer(config.consumer, config.step_ms)
+    loader = _open("torch" if system == "torch" else "drapps", workers, dataset, config)
     started = time.perf_counter()
     iterator: Iterable[Any] = iter(loader)
     it = iter(iterator)
@@ -145,24 +169,38 @@ def run_case(
         next(it)
     waits, after_resize = [], []
     samples = 0
+    third = config.measure_batches // 3
+    hog: subprocess.Popen[bytes] | None = None
     cpu_before = _cpu_seconds()
     t0 = time.perf_counter()
-    for b in range(config.measure_batches):
-        if resizing and b % config.resize_every == 0:
-            loader.resize(3 if (b // config.resize_every) % 2 == 0 else 2)
-        before = time.perf_counter()
-        images, _ = next(it)
-        waited = time.perf_counter() - before
-        waits.append(waited)
-        if resizing and b % config.resize_every < 2:
-            after_resize.append(waited)
-        samples += len(images)
-        if config.step_ms:
-            time.sleep(config.step_ms / 1000)
+    try:
+        for b in range(config.measure_batches):
+            if resizing and b % config.resize_every == 0:
+                loader.resize(3 if (b // config.resize_every) % 2 == 0 else 2)
+            if config.scenario == "cpu-hog" and b in (third, 2 * third):
+                if hog is None:
+                    hog = _burn_a_core()
+                else:
+                    hog.kill()
+            before = time.perf_counter()
+            images, labels = next(it)
+            waited = time.perf_counter() - before
+            waits.append(waited)
+            if resizing and b % config.resize_every < 2:
+                after_resize.append(waited)
+            samples += len(images)
+            consume(images, labels)
+    finally:
+        if hog is not None:
+            hog.kill()
+            hog.wait()
     elapsed = time.perf_counter() - t0
     cpu_after = _cpu_seconds()
     # Processes alive at both ends: the workers (a resized-away worker's last share is lost).
     cpu_s = sum(cpu_after[p] - cpu_before[p] for p in cpu_after.keys() & cpu_before.keys())
+    final_workers = workers
+    if isinstance(loader, drapps.Loader):
+        final_workers = loader.stats().workers
     del it, iterator
     if isinstance(loader, drapps.Loader):
         loader.close()
@@ -174,6 +212,8 @@ def run_case(
         "workers": workers,
         "samples_per_s": samples / elapsed,
         "cpu_ms_per_batch": 1000 * cpu_s / config.measure_batches,
+        "wait_fraction": sum(waits) / elapsed,
+        "final_workers": final_workers,
         "first_batch_s": first_batch_s,
         "wait_p50_ms": 1000 * waits[len(waits) // 2],
         "wait_p99_ms": 1000 * waits[min(len(waits) - 1, int(0.99 * len(waits)))],
@@ -184,23 +224,32 @@ def run_case(
     return result
 
 
-def _cases(config: BenchConfig) -> list[tuple[str, int]]:
-    cases = [(system, n) for system in config.systems for n in config.workers]
+def _cases(config: BenchConfig) -> list[tuple[str, int | str]]:
+    cases: list[tuple[str, int | str]] = [
+        (system, n) for system in config.systems for n in config.workers
+    ]
     if config.resize_probe and "drapps" in config.systems:
         cases.append((RESIZE_CASE, 2))
+    if config.auto:
+        cases.append((AUTO_CASE, "auto"))
     return cases
 
 
 def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Median and spread per case over its repeats."""
-    grouped: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    grouped: dict[tuple[str, Any], list[dict[str, Any]]] = {}
     for run in runs:
         grouped.setdefault((run["system"], run["workers"]), []).append(run)
     summary = []
     for (system, workers), group in grouped.items():
-        row: dict[str, Any] = {"system": system, "workers": workers, "repeats": len(group)}
+        row: dict[str, Any] = {
+            "system": system,
+            "workers": workers,
+            "repeats": len(group),
+            "final_workers": [r["final_workers"] for r in group],
+        }
         for metric in group[0]:
-            if metric in ("system", "workers"):
+            if metric in ("system", "workers", "final_workers"):
                 continue
             values = [r[metric] for r in group]
             row[metric] = statistics.median(values)

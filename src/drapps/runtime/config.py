@@ -189,10 +189,10 @@ class LoaderConfig:
 
     @property
     def initial_workers(self) -> int:
-        """Worker count at start ("auto": half the usable cores, within the bounds; the
-        controller takes it from there)."""
+        """Worker count at start ("auto": one per usable core, within the bounds; the
+        controller sheds workers the loop does not need and adds them under contention)."""
         if self.workers == "auto":
-            return min(max(usable_cores() // 2, self.min_workers), self.resolved_max_workers)
+            return min(max(usable_cores(), self.min_workers), self.resolved_max_workers)
         return self.workers
 
     @property
