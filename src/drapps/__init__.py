@@ -7,7 +7,7 @@ Example:
     [(4, 3), (4, 3)]
 """
 
-from drapps.loader import Loader, LoaderStats
+from drapps.loader import Loader
 from drapps.runtime import (
     LoaderConfig,
     SampleError,
@@ -16,6 +16,7 @@ from drapps.runtime import (
     sample_rng,
     sample_seed,
 )
+from drapps.runtime.stats import LoaderStats
 
 __version__ = "0.1.0"
 

@@ -11,13 +11,17 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from dataclasses import fields
+from typing import TYPE_CHECKING, Any
 
 from drapps.control.controller import Bounds, Controller, Tick
-from drapps.control.policy import Policy
+from drapps.control.policy import Policy, make_policy
 from drapps.runtime.dispatcher import Dispatcher
 from drapps.telemetry.monitor import Monitor, PipelineSnapshot
 from drapps.telemetry.trace import TraceRow, TraceWriter
+
+if TYPE_CHECKING:
+    from drapps.loader import Loader
 
 _KEPT_ROWS = 20_000  # ~3 hours at the default 0.5 s tick
 
@@ -83,7 +87,7 @@ class AutoTuner:
             alive = ref()
             if alive is None:
                 raise RuntimeError("the loader was garbage-collected")
-            return alive._pipeline_snapshot()
+            return snapshot_of(alive)
 
         return cls(snapshot, loader._dispatcher, **kwargs)
 
@@ -132,3 +136,68 @@ class AutoTuner:
         elif now - self._last_progress >= 10.0:  # a log file gets a line every 10 s
             sys.stderr.write(line + "\n")
             self._last_progress = now
+
+
+def make_tuner(loader: Loader) -> AutoTuner | None:
+    """The tuner a loader needs: a controller for workers="auto", else telemetry only if a
+    trace or progress line was asked for, else none."""
+    c = loader.config
+    auto = c.workers == "auto" and loader._dispatcher is not None
+    if not (auto or c.trace or c.progress):
+        return None
+    policy = make_policy(c.policy) if isinstance(c.policy, str) else c.policy
+    limit = c.resolved_max_workers
+    bounds = Bounds(
+        min_workers=c.min_workers if auto else 1,
+        max_workers=limit,
+        max_prefetch=4 * limit,
+        adjust_workers=auto,
+        adjust_prefetch=auto and c.prefetch == "auto",
+    )
+    if not auto:
+        policy = make_policy("static")
+    return AutoTuner.for_loader(
+        loader,
+        policy=policy,
+        bounds=bounds,
+        interval=c.control_interval,
+        trace_path=c.trace,
+        progress=c.progress,
+        config={f.name: _plain(getattr(c, f.name)) for f in fields(c)},
+    )
+
+
+def snapshot_of(loader: Loader) -> PipelineSnapshot:
+    """The loader's pipeline counters now, for the Monitor."""
+    d = loader._dispatcher
+    if d is None:
+        return PipelineSnapshot(
+            samples=loader._samples,
+            wait_s=loader._inline_wait_s,
+            queue_batches=0,
+            queue_bytes=0,
+            memory_budget=loader._memory_budget,
+            workers=0,
+            max_workers=0,
+            prefetch=0,
+            worker_pids=(),
+        )
+    counters = d.snapshot()
+    return PipelineSnapshot(
+        samples=loader._samples,
+        wait_s=d.buffer.waited_s(),
+        queue_batches=len(d.buffer),
+        queue_bytes=d.buffer.bytes,
+        memory_budget=loader._memory_budget,
+        workers=len(d.pool.live()),
+        max_workers=loader.config.resolved_max_workers,
+        prefetch=d.prefetch_depth,
+        worker_pids=tuple(p for w in list(d.pool.workers) if (p := w.process.pid)),
+        latencies=tuple(d.latencies),
+        stage_s={k: counters[k] for k in ("fetch_s", "transform_s", "collate_s", "transport_s")},
+    )
+
+
+def _plain(value: Any) -> Any:
+    """A config value as the trace header stores it: itself if JSON-plain, else its repr."""
+    return value if isinstance(value, int | float | str | bool | type(None)) else repr(value)

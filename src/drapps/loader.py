@@ -17,80 +17,22 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
 from torch.utils.data import default_collate
 
-from drapps._autotune import AutoTuner
-from drapps.control.controller import Bounds
-from drapps.control.policy import Policy, make_policy
+from drapps._autotune import AutoTuner, make_tuner
+from drapps.control.policy import Policy
 from drapps.runtime.config import LoaderConfig
 from drapps.runtime.dispatcher import Dispatcher
 from drapps.runtime.errors import SampleError
 from drapps.runtime.plan import Plan
 from drapps.runtime.seeding import preserved_global_rngs
+from drapps.runtime.stats import LoaderStats
 from drapps.runtime.worker import BatchRecipe, make_batch
-from drapps.telemetry.monitor import PipelineSnapshot
 
 _STATE_VERSION = 1
 _KEPT_SKIPS = 100
-
-
-@dataclass(frozen=True)
-class LoaderStats:
-    """A snapshot of a loader's counters (cumulative since the loader was made)."""
-
-    epoch: int
-    """Epoch of the current (or last) iteration; -1 before the first."""
-    batches: int
-    """Batches delivered to the training loop."""
-    samples: int
-    """Samples delivered to the training loop."""
-    samples_skipped: int
-    """Samples dropped under ``on_error="skip"``."""
-    skipped: tuple[tuple[int, str], ...]
-    """The last (up to 100) skipped samples: (index, what failed)."""
-    workers: int
-    """Workers taking tasks now (0 when batches are made in the calling process). After a
-    shrink, surplus workers stay parked for a few seconds so a grow can reuse them."""
-    target_workers: int
-    """Worker count asked for (by the constructor or :meth:`Loader.resize`)."""
-    worker_pids: tuple[int, ...]
-    """Process ids of the worker processes alive now (parked ones included)."""
-    prefetch_depth: int
-    """Batches allowed in flight + ready."""
-    ready_batches: int
-    """Batches made and waiting for the training loop."""
-    ready_bytes: int
-    """Bytes held by the ready batches."""
-    peak_ready_bytes: int
-    """Most bytes the ready batches ever held."""
-    memory_budget: int
-    """Bytes the ready batches may hold."""
-    in_flight: int
-    """Batches being made by workers now."""
-    wait_s: float
-    """Seconds the training loop spent waiting for batches."""
-    worker_restarts: int
-    """Workers that died or hung and were replaced."""
-    timeouts: int
-    """Batches that overran ``timeout``."""
-    retries: int
-    """Tasks re-queued after their worker died or hung."""
-    pickled_bytes: int
-    """Bytes of batch structure sent through worker pipes (array bytes go by shared memory)."""
-    shared_bytes: int
-    """Bytes of array data received through shared memory."""
-    fetch_s: float
-    """Seconds spent in ``dataset.__getitem__`` (all workers)."""
-    transform_s: float
-    """Seconds spent in ``transform`` (all workers)."""
-    collate_s: float
-    """Seconds spent in ``collate_fn`` (all workers)."""
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 class Loader:
@@ -203,7 +145,7 @@ class Loader:
                 max_attempts=max_attempts,
                 context=context,
             )
-        self._tuner = self._make_tuner()
+        self._tuner = make_tuner(self)
         # Runs on close(), garbage collection or interpreter exit, whichever comes first; it
         # holds the tuner and dispatcher, never the loader, so the loader stays collectable.
         self._finalizer = weakref.finalize(self, _shutdown, self._tuner, self._dispatcher)
@@ -371,63 +313,6 @@ class Loader:
         rows = list(self._tuner.rows) if self._tuner is not None else []
         return bottleneck_report(rows, self.stats().as_dict())
 
-    def _make_tuner(self) -> AutoTuner | None:
-        c = self.config
-        auto = c.workers == "auto" and self._dispatcher is not None
-        if not (auto or c.trace or c.progress):
-            return None
-        policy = make_policy(c.policy) if isinstance(c.policy, str) else c.policy
-        limit = c.resolved_max_workers
-        bounds = Bounds(
-            min_workers=c.min_workers if auto else 1,
-            max_workers=limit,
-            max_prefetch=4 * limit,
-            adjust_workers=auto,
-            adjust_prefetch=auto and c.prefetch == "auto",
-        )
-        if not auto:
-            policy = make_policy("static")
-        return AutoTuner.for_loader(
-            self,
-            policy=policy,
-            bounds=bounds,
-            interval=c.control_interval,
-            trace_path=c.trace,
-            progress=c.progress,
-            config={f.name: _plain(getattr(c, f.name)) for f in fields(c)},
-        )
-
-    def _pipeline_snapshot(self) -> PipelineSnapshot:
-        d = self._dispatcher
-        if d is None:
-            return PipelineSnapshot(
-                samples=self._samples,
-                wait_s=self._inline_wait_s,
-                queue_batches=0,
-                queue_bytes=0,
-                memory_budget=self._memory_budget,
-                workers=0,
-                max_workers=0,
-                prefetch=0,
-                worker_pids=(),
-            )
-        counters = d.snapshot()
-        return PipelineSnapshot(
-            samples=self._samples,
-            wait_s=d.buffer.waited_s(),
-            queue_batches=len(d.buffer),
-            queue_bytes=d.buffer.bytes,
-            memory_budget=self._memory_budget,
-            workers=len(d.pool.live()),
-            max_workers=self.config.resolved_max_workers,
-            prefetch=d.prefetch_depth,
-            worker_pids=tuple(p for w in list(d.pool.workers) if (p := w.process.pid)),
-            latencies=tuple(d.latencies),
-            stage_s={
-                k: counters[k] for k in ("fetch_s", "transform_s", "collate_s", "transport_s")
-            },
-        )
-
     def _record(self, batch_samples: int, skipped: list[tuple[int, str]]) -> None:
         self._batches += batch_samples > 0
         self._samples += batch_samples
@@ -447,11 +332,6 @@ class Loader:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-
-def _plain(value: Any) -> Any:
-    """A config value as the trace header stores it: itself if JSON-plain, else its repr."""
-    return value if isinstance(value, int | float | str | bool | type(None)) else repr(value)
 
 
 def _shutdown(tuner: AutoTuner | None, dispatcher: Dispatcher | None) -> None:

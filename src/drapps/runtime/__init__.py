@@ -4,10 +4,12 @@ from drapps.runtime.config import LoaderConfig
 from drapps.runtime.errors import SampleError, WorkerTimeoutError
 from drapps.runtime.plan import Plan
 from drapps.runtime.seeding import sample_rng, sample_seed, sample_seed_for
+from drapps.runtime.stats import LoaderStats
 from drapps.runtime.transport import SharedMemoryFullError
 
 __all__ = [
     "LoaderConfig",
+    "LoaderStats",
     "Plan",
     "SampleError",
     "SharedMemoryFullError",
