@@ -3,6 +3,8 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 
@@ -28,7 +30,7 @@ class Pipeline:
 
 
 @pytest.fixture()
-def burner() -> subprocess.Popen[bytes]:
+def burner() -> Iterator[subprocess.Popen[bytes]]:
     proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     yield proc
     proc.kill()
@@ -40,26 +42,19 @@ def test_rates_and_fractions_come_from_deltas(burner: subprocess.Popen[bytes]) -
     monitor = Monitor(pipeline)
     monitor.sample()
     start = time.monotonic()
-    pipeline.snapshot = PipelineSnapshot(
+    pipeline.snapshot = replace(
+        pipeline.snapshot,
         samples=500,
         wait_s=0.25,
         queue_batches=3,
         queue_bytes=1000,
-        memory_budget=2**20,
-        workers=1,
-        max_workers=4,
-        prefetch=2,
         worker_pids=(burner.pid,),
         latencies=((start + 1, 0.010), (start + 1, 0.030), (start + 1, 0.020)),
     )
     monitor.sample()  # first sight of the burner: its CPU counts from here
-    pipeline.snapshot = PipelineSnapshot(
-        **{
-            **pipeline.snapshot.__dict__,
-            "samples": 1000,
-            "wait_s": 0.5,
-            "latencies": ((time.monotonic() + 1, 0.010), (time.monotonic() + 1, 0.030)),
-        },
+    later = time.monotonic() + 1
+    pipeline.snapshot = replace(
+        pipeline.snapshot, samples=1000, wait_s=0.5, latencies=((later, 0.010), (later, 0.030))
     )
     time.sleep(0.5)
     state = monitor.sample()

@@ -105,9 +105,9 @@ class HeuristicPolicy:
             return NOOP
         if len(self._recent) < c.window:
             return NOOP
-        wait = statistics.fmean(s.wait_fraction for s in self._recent)
-        idle = statistics.fmean(s.idle_cores for s in self._recent)
-        queue = statistics.fmean(s.queue_batches for s in self._recent)
+        wait = self._mean("wait_fraction")
+        idle = self._mean("idle_cores")
+        queue = self._mean("queue_batches")
         if wait > c.wait_high and state.workers < state.max_workers and self._may_try(+1, state):
             return self._start(
                 +1,
@@ -129,11 +129,15 @@ class HeuristicPolicy:
             )
         return NOOP
 
+    def _mean(self, name: str) -> float:
+        """Mean of a State field over the recent window."""
+        return statistics.fmean(getattr(s, name) for s in self._recent)
+
     def _may_try(self, direction: int, state: State) -> bool:
         backoff = self._backoff[direction]
         if self._tick >= backoff.until:
             return True
-        wait = statistics.fmean(s.wait_fraction for s in self._recent)
+        wait = self._mean("wait_fraction")
         idle_share = state.idle_cores / max(1, state.cores)
         changed = (
             abs(wait - backoff.wait) > self.config.context_change
@@ -146,9 +150,9 @@ class HeuristicPolicy:
             direction=direction,
             started=self._tick,
             workers=state.workers + direction,
-            throughput=statistics.fmean(s.throughput for s in self._recent),
-            wait=statistics.fmean(s.wait_fraction for s in self._recent),
-            idle_share=statistics.fmean(s.idle_cores for s in self._recent) / max(1, state.cores),
+            throughput=self._mean("throughput"),
+            wait=self._mean("wait_fraction"),
+            idle_share=self._mean("idle_cores") / max(1, state.cores),
         )
         self._recent.clear()
         return Action(workers=direction, reason=reason)
@@ -166,8 +170,8 @@ class HeuristicPolicy:
             return NOOP
         if len(self._recent) < c.window:
             return NOOP
-        throughput = statistics.fmean(s.throughput for s in self._recent)
-        wait = statistics.fmean(s.wait_fraction for s in self._recent)
+        throughput = self._mean("throughput")
+        wait = self._mean("wait_fraction")
         before = probe.workers - probe.direction
         change = throughput / probe.throughput - 1 if probe.throughput > 0 else 0.0
         if probe.direction > 0:
