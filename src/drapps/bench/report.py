@@ -79,6 +79,12 @@ def markdown(results: dict[str, Any]) -> str:
             f"| {n} | {_cell(torch_row)} | {_cell(drapps_row)} | {ratio} "
             f"| {_cell(torch_row, cpu)} | {_cell(drapps_row, cpu)} |"
         )
+    lines += [
+        "",
+        "Read a gap smaller than the min-max spreads as noise: the quick size (--quick, what "
+        "`make bench` runs) is a smoke test, and CPU ms/batch is the steadier comparison on a "
+        "busy machine. The README's figures come from the default size.",
+    ]
     probe, static = rows.get((RESIZE_CASE, 2)), rows.get(("drapps", 2))
     if probe is not None:
         every = config["resize_every"]
