@@ -164,3 +164,32 @@ def test_start_up_starvation_is_not_judged() -> None:
     assert all(a == NOOP for a in starting + warming)
     later = [policy.decide(state(wait_fraction=0.6, throughput=100.0)) for _ in range(4)]
     assert later[-1].workers == +1
+
+
+def warmed(policy: HeuristicPolicy) -> None:
+    for _ in range(3):  # data flowing for `settle` ticks
+        policy.decide(state(wait_fraction=0.0, queue_batches=2))
+
+
+def test_bursty_latency_with_a_dry_queue_deepens_prefetch() -> None:
+    policy = HeuristicPolicy()
+    warmed(policy)
+    bursty = state(wait_fraction=0.06, latency_p50_s=0.05, latency_p99_s=0.4, queue_batches=0)
+    actions = [policy.decide(bursty) for _ in range(4)]
+    assert actions[-1].prefetch == +1 and actions[-1].workers == 0
+    assert "bursty (p99 400 ms vs p50 50 ms)" in actions[-1].reason
+    steady = state(wait_fraction=0.06, latency_p50_s=0.05, latency_p99_s=0.06, queue_batches=0)
+    policy = HeuristicPolicy()
+    warmed(policy)
+    assert all(policy.decide(steady).prefetch == 0 for _ in range(8))  # not bursty: no change
+
+
+def test_a_queue_that_stays_full_gives_extra_prefetch_back() -> None:
+    policy = HeuristicPolicy()
+    warmed(policy)
+    # One worker (no shrink possible), 4 batches of prefetch, all ready, loop never waits.
+    full = state(wait_fraction=0.0, workers=1, prefetch=4, queue_batches=4)
+    actions = [policy.decide(full) for _ in range(4)]
+    assert actions[-1].prefetch == -1 and "queue stays full" in actions[-1].reason
+    at_base = state(wait_fraction=0.0, workers=1, prefetch=2, queue_batches=2)
+    assert all(policy.decide(at_base).prefetch == 0 for _ in range(8))  # 2 per worker is the floor

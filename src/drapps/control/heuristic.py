@@ -40,6 +40,10 @@ class HeuristicConfig:
     """Share of machine memory that must stay available; below it workers are shed."""
     context_change: float = 0.15
     """Change in wait fraction (or in idle cores / cores) that cancels a backoff."""
+    bursty: float = 2.5
+    """p99/p50 batch latency above which arrivals count as bursty (prefetch absorbs bursts)."""
+    max_prefetch_per_worker: int = 4
+    """Most prefetch depth the policy asks for, per worker."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.wait_low < self.wait_high <= 1:
@@ -126,6 +130,33 @@ class HeuristicPolicy:
                 state,
                 f"training loop waited {wait:.0%} with {queue:.1f} "
                 f"batches ready: trying {state.workers - 1} workers",
+            )
+        return self._tune_prefetch(state, wait, queue)
+
+    def _tune_prefetch(self, state: State, wait: float, queue: float) -> Action:
+        """More prefetch absorbs bursty batch times; a queue that stays full needs less."""
+        c = self.config
+        p50 = self._mean("latency_p50_s")
+        p99 = self._mean("latency_p99_s")
+        if (
+            wait > c.wait_low
+            and p50 > 0
+            and p99 > c.bursty * p50
+            and queue < 1.0
+            and state.prefetch < c.max_prefetch_per_worker * state.workers
+        ):
+            self._recent.clear()  # let the deeper queue fill before judging again
+            return Action(
+                prefetch=+1,
+                reason=f"batch times are bursty (p99 {1000 * p99:.0f} ms vs p50 "
+                f"{1000 * p50:.0f} ms) and the queue runs dry: prefetching one more batch",
+            )
+        full = queue >= state.prefetch - 0.5
+        if wait < c.wait_low and full and state.prefetch > 2 * state.workers:
+            self._recent.clear()
+            return Action(
+                prefetch=-1,
+                reason=f"the queue stays full ({queue:.1f} of {state.prefetch}): one batch less",
             )
         return NOOP
 
