@@ -145,7 +145,12 @@ def make_tuner(loader: Loader) -> AutoTuner | None:
     auto = c.workers == "auto" and loader._dispatcher is not None
     if not (auto or c.trace or c.progress):
         return None
-    policy = make_policy(c.policy) if isinstance(c.policy, str) else c.policy
+    if not auto:
+        policy: Policy = make_policy("static")  # telemetry only: nothing to tune
+    elif isinstance(c.policy, str):
+        policy = make_policy(c.policy)
+    else:
+        policy = c.policy
     limit = c.resolved_max_workers
     bounds = Bounds(
         min_workers=c.min_workers if auto else 1,
@@ -154,8 +159,6 @@ def make_tuner(loader: Loader) -> AutoTuner | None:
         adjust_workers=auto,
         adjust_prefetch=auto and c.prefetch == "auto",
     )
-    if not auto:
-        policy = make_policy("static")
     return AutoTuner.for_loader(
         loader,
         policy=policy,
@@ -192,7 +195,7 @@ def snapshot_of(loader: Loader) -> PipelineSnapshot:
         workers=len(d.pool.live()),
         max_workers=loader.config.resolved_max_workers,
         prefetch=d.prefetch_depth,
-        worker_pids=tuple(p for w in list(d.pool.workers) if (p := w.process.pid)),
+        worker_pids=d.pool.pids(),
         latencies=tuple(d.latencies),
         stage_s={k: counters[k] for k in ("fetch_s", "transform_s", "collate_s", "transport_s")},
     )

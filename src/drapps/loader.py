@@ -274,7 +274,7 @@ class Loader:
             target = depth = 0
         else:
             counters = d.snapshot()
-            pids = tuple(p for w in list(d.pool.workers) if (p := w.process.pid) is not None)
+            pids = d.pool.pids()
             target, depth = d.target_workers, d.prefetch_depth
         buffer = d.buffer if d is not None else None
         return LoaderStats(

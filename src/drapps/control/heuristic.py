@@ -112,7 +112,11 @@ class HeuristicPolicy:
         wait = self._mean("wait_fraction")
         idle = self._mean("idle_cores")
         queue = self._mean("queue_batches")
-        if wait > c.wait_high and state.workers < state.max_workers and self._may_try(+1, state):
+        if (
+            wait > c.wait_high
+            and state.workers < state.max_workers
+            and self._may_try(+1, state, wait)
+        ):
             return self._start(
                 +1,
                 state,
@@ -123,7 +127,7 @@ class HeuristicPolicy:
             wait < c.wait_low
             and state.workers > 1
             and queue >= 0.5 * state.prefetch
-            and self._may_try(-1, state)
+            and self._may_try(-1, state, wait)
         ):
             return self._start(
                 -1,
@@ -164,11 +168,12 @@ class HeuristicPolicy:
         """Mean of a State field over the recent window."""
         return statistics.fmean(getattr(s, name) for s in self._recent)
 
-    def _may_try(self, direction: int, state: State) -> bool:
+    def _may_try(self, direction: int, state: State, wait: float) -> bool:
+        """Whether a try in ``direction`` is allowed: its backoff is over, or ``wait`` (the
+        window's mean) or the idle share moved away from the failed try's baseline."""
         backoff = self._backoff[direction]
         if self._tick >= backoff.until:
             return True
-        wait = self._mean("wait_fraction")
         idle_share = state.idle_cores / max(1, state.cores)
         changed = (
             abs(wait - backoff.wait) > self.config.context_change

@@ -64,6 +64,11 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _is_seconds(value: Any) -> bool:
+    """A number of seconds > 0 (bools are not numbers here)."""
+    return not isinstance(value, bool) and isinstance(value, int | float) and value > 0
+
+
 @dataclass(frozen=True)
 class LoaderConfig:
     """How a :class:`drapps.Loader` makes batches. Every field is checked when it is made."""
@@ -137,11 +142,7 @@ class LoaderConfig:
             parse_bytes(self.memory_budget)
         if self.on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {self.on_error!r}")
-        if self.timeout is not None and (
-            isinstance(self.timeout, bool)
-            or not isinstance(self.timeout, int | float)
-            or not self.timeout > 0
-        ):
+        if self.timeout is not None and not _is_seconds(self.timeout):
             raise ValueError(
                 f"timeout must be a number of seconds > 0 or None, got {self.timeout!r}"
             )
@@ -153,11 +154,7 @@ class LoaderConfig:
             raise ValueError(
                 f"min_workers={self.min_workers} exceeds max_workers={self.resolved_max_workers}"
             )
-        if (
-            isinstance(self.control_interval, bool)
-            or not isinstance(self.control_interval, int | float)
-            or not self.control_interval > 0
-        ):
+        if not _is_seconds(self.control_interval):
             raise ValueError(
                 f"control_interval must be a number of seconds > 0, got {self.control_interval!r}"
             )

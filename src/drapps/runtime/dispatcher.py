@@ -104,8 +104,8 @@ class Dispatcher:
         with self._lock:
             self._generation += 1
             generation = self._generation
-        for entry in self.buffer.reset(generation, start, len(plan)):
-            del entry
+        # The previous epoch's held batches are dropped here, outside the buffer's lock.
+        self.buffer.reset(generation, start, len(plan))
         self._command("epoch", (generation, plan, start), wait_applied=False)
         return generation
 
@@ -196,8 +196,7 @@ class Dispatcher:
             os.close(self._wake_r)
             os.close(self._wake_w)
         self.pool.shutdown()
-        for entry in self.buffer.fail(RuntimeError("this drapps.Loader is closed")):
-            del entry
+        self.buffer.fail(RuntimeError("this drapps.Loader is closed"))
 
     def _run(self) -> None:
         try:

@@ -75,6 +75,10 @@ class WorkerPool:
         """Workers that take new tasks (not parked, retiring or broken)."""
         return [w for w in self.workers if not w.retiring and not w.broken and w.parked_at is None]
 
+    def pids(self) -> tuple[int, ...]:
+        """Process ids of every started worker (parked and retiring ones included)."""
+        return tuple(p for w in list(self.workers) if (p := w.process.pid) is not None)
+
     def parked(self) -> list[Worker]:
         """Parked workers, most recently parked first."""
         parked = [w for w in self.workers if w.parked_at is not None and not w.retiring]
