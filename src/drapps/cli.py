@@ -27,7 +27,29 @@ def _name_list(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
+def _bench_list() -> str:
+    from drapps.bench.runner import CONSUMERS
+    from drapps.bench.scenarios import SCENARIOS
+    from drapps.bench.systems import SYSTEMS
+    from drapps.bench.workloads import WORKLOADS
+
+    lines = ["workloads (--workload):"]
+    lines += [f"  {name:18s} {w.summary}" for name, w in WORKLOADS.items()]
+    lines += ["scenarios (--scenario):"]
+    lines += [f"  {name:18s} {s.summary}" for name, s in SCENARIOS.items()]
+    lines += ["systems (--systems):"]
+    for name, system in SYSTEMS.items():
+        reason = system.unavailable()
+        note = f" [unavailable: {reason}]" if reason else ""
+        lines.append(f"  {name:18s} {system.summary}{note}")
+    lines += ["consumers (--consumer):", "  " + ", ".join(CONSUMERS)]
+    return "\n".join(lines)
+
+
 def _bench(args: argparse.Namespace) -> int:
+    if args.list:
+        print(_bench_list())
+        return 0
     from drapps.bench.report import markdown
     from drapps.bench.runner import BenchConfig, run_benchmark, with_overrides
 
@@ -35,31 +57,53 @@ def _bench(args: argparse.Namespace) -> int:
     try:
         config = with_overrides(
             base,
-            workers=args.workers,
+            workloads=args.workload,
+            scenarios=args.scenario,
             systems=args.systems,
-            batch_size=args.batch_size,
+            workers=args.workers,
             measure_batches=args.batches,
             repeats=args.repeats,
-            images=args.images,
             step_ms=args.step_ms,
             consumer=args.consumer,
-            scenario=args.scenario,
-            auto=True if args.auto else None,
             data_dir=args.data_dir,
-            resize_probe=False if args.no_resize_probe else None,
         )
-    except ValueError as exc:
+        results = run_benchmark(config, progress=not args.no_progress)
+    except (ValueError, FileNotFoundError, ImportError) as exc:
         print(f"drapps bench: {exc}", file=sys.stderr)
         return 2
-    results = run_benchmark(config)
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     out = Path(args.out) if args.out else Path("bench-results") / stamp
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(results, indent=2))
+    (out / "results.json").write_text(json.dumps(results, indent=1))
     table = markdown(results)
     (out / "results.md").write_text(table + "\n")
     print(table)
-    print(f"\nresults: {out / 'results.json'}", file=sys.stderr)
+    print(
+        f"\nresults: {out / 'results.json'} and results.md; plots: "
+        f"drapps bench-plot {out / 'results.json'}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _bench_plot(args: argparse.Namespace) -> int:
+    from drapps.bench.plots import plot
+
+    source = Path(args.results)
+    try:
+        results = json.loads(source.read_text())
+        if results.get("benchmark") != "drapps-bench" or results.get("version") != 2:
+            raise ValueError("it is not a results.json written by this version of drapps bench")
+    except (OSError, ValueError) as exc:
+        print(f"drapps bench-plot: cannot read {source}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        paths = plot(results, Path(args.out) if args.out else source.parent)
+    except ImportError as exc:
+        print(f"drapps bench-plot: {exc}", file=sys.stderr)
+        return 2
+    for path in paths:
+        print(path)
     return 0
 
 
@@ -139,28 +183,41 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     bench = commands.add_parser(
         "bench",
-        help="compare drapps.Loader with torch's DataLoader on a JPEG training pipeline",
-        description="Compare drapps.Loader with torch's DataLoader at each worker count on "
-        "an ImageFolder of JPEGs (decode, random-resized-crop 224, flip). Medians of "
-        "interleaved repeats; JSON and a Markdown table are written to --out.",
+        help="the benchmark suite: drapps vs DataLoader (every worker count) and tf.data",
+        description="Run realistic pipelines (--workload) under steady and changing load "
+        "(--scenario) through each loading system (--systems), feeding a training step "
+        "(--consumer). Medians of interleaved repeats, each run a fresh process; JSON and a "
+        "Markdown table go to --out, plots come from `drapps bench-plot`. With no options: "
+        "the image workload, steady and cpu-contention, every available system, 3 repeats "
+        "(about 12 minutes on 2 cores). `drapps bench --list` names every choice.",
     )
-    bench.add_argument("--quick", action="store_true", help="smoke size (a minute or two)")
-    bench.add_argument("--workers", type=_int_list, help="worker counts, e.g. 0,1,2,3,4")
-    bench.add_argument("--systems", type=_name_list, help="torch,drapps (default both)")
-    bench.add_argument("--batch-size", type=int, help="images per batch (default 32)")
-    bench.add_argument("--batches", type=int, help="timed batches per run")
-    bench.add_argument("--repeats", type=int, help="interleaved repeats per case")
-    bench.add_argument("--images", type=int, help="JPEGs in the generated dataset")
-    bench.add_argument("--step-ms", type=float, help="step of the sleep consumer, per batch")
+    bench.add_argument("--list", action="store_true", help="list workloads, scenarios, systems")
+    bench.add_argument("--quick", action="store_true", help="smoke size: image, steady, ~2 min")
+    bench.add_argument("--workload", type=_name_list, help="image, text, synthetic (a,b ok)")
     bench.add_argument(
-        "--consumer", help="none (the loader alone, default), sleep (--step-ms), cpu-model"
+        "--scenario",
+        type=_name_list,
+        help="steady, cpu-contention, consumer-shift, slow-io (default steady,cpu-contention)",
     )
-    bench.add_argument("--scenario", help="steady (default) or cpu-hog (middle third)")
-    bench.add_argument("--auto", action="store_true", help="also run drapps workers='auto'")
-    bench.add_argument("--no-resize-probe", action="store_true", help="skip the resize probe")
-    bench.add_argument("--data-dir", type=Path, help="dataset cache (default ~/.cache/drapps)")
+    bench.add_argument("--systems", type=_name_list, help="default: every available one")
+    bench.add_argument("--workers", type=_int_list, help="DataLoader counts (default 0..2x cores)")
+    bench.add_argument("--repeats", type=int, help="interleaved repeats per case (3)")
+    bench.add_argument("--batches", type=int, help="timed batches per run")
+    bench.add_argument("--consumer", help="sleep (default), cpu-model or none")
+    bench.add_argument("--step-ms", type=float, help="the sleep consumer's step per batch")
+    bench.add_argument("--data-dir", type=Path, help="data cache (default ~/.cache/drapps)")
     bench.add_argument("--out", help="output folder (default bench-results/<UTC time>)")
+    bench.add_argument("--no-progress", action="store_true", help="no progress bar")
     bench.set_defaults(run=_bench)
+    bench_plot = commands.add_parser(
+        "bench-plot",
+        help="PNG plots from a drapps bench results.json",
+        description="Throughput and loop wait over time per system, and end-to-end time per "
+        "scenario, from the JSON `drapps bench` wrote (needs the 'plot' extra: matplotlib).",
+    )
+    bench_plot.add_argument("results", help="path to results.json")
+    bench_plot.add_argument("--out", help="folder for the PNGs (default: beside the JSON)")
+    bench_plot.set_defaults(run=_bench_plot)
     profile = commands.add_parser(
         "profile",
         help="run your dataset under telemetry and print a bottleneck report",

@@ -1,100 +1,92 @@
-"""Benchmark results as a Markdown table (from the JSON the runner writes)."""
+"""Benchmark results as Markdown, made from the JSON the runner writes."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from drapps.bench.runner import AUTO_CASE, RESIZE_CASE
+
+def _spread(row: dict[str, Any], metric: str, scale: float = 1.0, digits: int = 0) -> str:
+    def fmt(value: float) -> str:
+        return f"{value * scale:.{digits}f}"
+
+    return f"{fmt(row[metric])} ({fmt(row[f'{metric}_min'])}-{fmt(row[f'{metric}_max'])})"
 
 
-def _cell(row: dict[str, Any] | None, metric: str = "samples_per_s") -> str:
-    if row is None:
-        return "-"
-    return f"{row[metric]:.0f} ({row[f'{metric}_min']:.0f}-{row[f'{metric}_max']:.0f})"
+def oracle_static(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The DataLoader case with the highest median throughput: the best hand-tuned count."""
+    static = [r for r in rows if r["system"] == "dataloader"]
+    return max(static, key=lambda r: r["samples_per_s"]) if static else None
 
 
-def _scenario_table(results: dict[str, Any]) -> list[str]:
-    """Every case's throughput and loop wait under the run's consumer and scenario."""
-    config = results["config"]
-    consumer = config["consumer"] + (
-        f" ({config['step_ms']:g} ms/batch)" if config["consumer"] == "sleep" else ""
-    )
-    lines = [
-        f"Scenario `{config['scenario']}`, consumer `{consumer}`.",
-        "",
-        "| loader | samples/s | training loop waited | workers at the end |",
-        "|---|---:|---:|---:|",
+def _ends(row: dict[str, Any]) -> str:
+    ends = row["final_workers"]
+    return str(ends[0]) if len(set(map(str, ends))) == 1 else ", ".join(map(str, ends))
+
+
+def scenario_table(results: dict[str, Any], workload: str, scenario: str) -> list[str]:
+    rows = [
+        r for r in results["summary"] if r["workload"] == workload and r["scenario"] == scenario
     ]
-    names = {"torch": "DataLoader", "drapps": "drapps", AUTO_CASE: "drapps"}
-    static = []
-    for row in sorted(results["summary"], key=lambda r: (r["system"], str(r["workers"]))):
-        if row["system"] == RESIZE_CASE:
-            continue
-        label = f"{names[row['system']]}, workers={row['workers']!r}".replace("'", '"')
-        ends = ", ".join(str(w) for w in row["final_workers"])
-        lines.append(f"| {label} | {_cell(row)} | {row['wait_fraction']:.0%} | {ends} |")
-        if row["system"] == "torch":
-            static.append(row)
-    auto = next((r for r in results["summary"] if r["system"] == AUTO_CASE), None)
-    if static and auto:
-        best = max(static, key=lambda r: r["samples_per_s"])
-        lines += [
-            "",
-            f"Best static DataLoader: {best['workers']} workers, {best['samples_per_s']:.0f} "
-            f'samples/s. drapps workers="auto": {auto["samples_per_s"]:.0f} samples/s, '
-            f"{auto['samples_per_s'] / best['samples_per_s']:.2f}x the best static.",
-        ]
+    rows.sort(key=lambda r: (r["system"] != "dataloader", r["system"], str(r["workers"])))
+    lines = [
+        f"#### `{workload}`, `{scenario}`",
+        "",
+        "| system | samples/s | vs oracle static | loop waited | next() p50 / p99 ms "
+        "| CPU busy | peak RSS MiB | first batch s | end-to-end s | workers at end |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    best = oracle_static(rows)
+    best_rate = best["samples_per_s"] if best is not None else None
+    for row in rows:
+        ratio = "-" if best_rate is None else f"{row['samples_per_s'] / best_rate:.2f}x"
+        case = row["case"]
+        name = f"**{case}**" if row is best else case
+        lines.append(
+            f"| {name} | {_spread(row, 'samples_per_s')} | {ratio} "
+            f"| {row['wait_fraction']:.0%} "
+            f"| {row['wait_p50_ms']:.1f} / {row['wait_p99_ms']:.0f} "
+            f"| {row['cpu_util']:.0%} | {row['peak_rss_mib']:.0f} "
+            f"| {row['first_batch_s']:.2f} | {row['end_to_end_s']:.1f} | {_ends(row)} |"
+        )
+    if best is not None:
+        lines += ["", f"Oracle static (best DataLoader count, in bold): `{best['case']}`."]
     return lines
 
 
 def markdown(results: dict[str, Any]) -> str:
-    """The side-by-side table and the resize probe, with the environment they ran on."""
-    rows = {(r["system"], r["workers"]): r for r in results["summary"]}
-    workers = sorted({w for system, w in rows if system not in (RESIZE_CASE, AUTO_CASE)})
-    env = results["environment"]
-    config = results["config"]
+    """Every workload and scenario's table, with the method and machine they ran on."""
+    config, env = results["config"], results["environment"]
     lines = [
-        f"Workload: {results['workload']}; batch {config['batch_size']}, "
-        f"{config['measure_batches']} timed batches after {config['warmup_batches']} warm-up, "
-        f"median (min-max) of {config['repeats']} interleaved repeats.",
-        f"Machine: {env['cpu']}, {env['usable_cores']} usable cores, "
+        f"Consumer `{config['consumer']}`"
+        + (
+            " (step per batch: "
+            + ", ".join(f"{w} {ms:g} ms" for w, ms in config["step_ms"].items())
+            + ")"
+            if config["consumer"] == "sleep"
+            else ""
+        )
+        + f"; {config['measure_batches']} timed batches after {config['warmup_batches']} "
+        f"warm-up per run, each run a fresh process; median (min-max) of {config['repeats']} "
+        f"interleaved repeats; size `{config['size']}`.",
+        f"Machine: {env['cpu']}, {env['usable_cores']} usable cores, {env['memory_gib']} GiB; "
         f"torch {env['torch']}, Python {env['python']}, commit {env['commit']}.",
         "",
     ]
-    config_keys = ("consumer", "scenario", "auto")
-    if any(config.get(k) not in (None, "none", "steady", False) for k in config_keys):
-        return "\n".join(lines + _scenario_table(results))
-    lines += [
-        "| workers | DataLoader samples/s | drapps samples/s | drapps / DataLoader "
-        "| DataLoader CPU ms/batch | drapps CPU ms/batch |",
-        "|---:|---:|---:|---:|---:|---:|",
-    ]
-    for n in workers:
-        torch_row, drapps_row = rows.get(("torch", n)), rows.get(("drapps", n))
-        ratio = "-"
-        if torch_row and drapps_row:
-            ratio = f"{drapps_row['samples_per_s'] / torch_row['samples_per_s']:.2f}x"
-        cpu = "cpu_ms_per_batch"
-        lines.append(
-            f"| {n} | {_cell(torch_row)} | {_cell(drapps_row)} | {ratio} "
-            f"| {_cell(torch_row, cpu)} | {_cell(drapps_row, cpu)} |"
-        )
+    for name, summary in results["workloads"].items():
+        lines.append(f"- workload `{name}`: {summary}")
+    for name, summary in results["scenarios"].items():
+        lines.append(f"- scenario `{name}`: {summary}")
+    for name, reason in results.get("skipped", {}).items():
+        lines.append(f"- skipped `{name}`: {reason}")
+    for workload in results["workloads"]:
+        for scenario in results["scenarios"]:
+            lines += ["", *scenario_table(results, workload, scenario)]
     lines += [
         "",
-        "Read a gap smaller than the min-max spreads as noise: the quick size (--quick, what "
-        "`make bench` runs) is a smoke test, and CPU ms/batch is the steadier comparison on a "
-        "busy machine. The README's figures come from the default size.",
+        "samples/s is over the timed window; *loop waited* is the share of it the training "
+        "loop spent blocked in next(); CPU busy is all processes' CPU time over the usable "
+        "cores (the scenario's own hog left out); peak RSS sums all processes (shared pages "
+        "count once per process); end-to-end runs from opening the loader to the last batch. "
+        "Read a gap smaller than the min-max spreads as noise.",
     ]
-    probe, static = rows.get((RESIZE_CASE, 2)), rows.get(("drapps", 2))
-    if probe is not None:
-        every = config["resize_every"]
-        lines += [
-            "",
-            f"Resize probe: drapps starting at 2 workers, resized 2 -> 3 -> 2 ... every {every} "
-            f"batches: {_cell(probe)} samples/s"
-            + (f" (static 2 workers: {_cell(static)})" if static else "")
-            + f"; worst wait for a batch right after a resize "
-            f"{probe['wait_after_resize_max_ms']:.1f} ms vs p99 wait "
-            f"{probe['wait_p99_ms']:.1f} ms over all its batches.",
-        ]
     return "\n".join(lines)

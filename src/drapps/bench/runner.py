@@ -1,271 +1,245 @@
-"""The benchmark runner: drapps.Loader vs torch's DataLoader on the JPEG training pipeline.
+"""The benchmark runner behind ``drapps bench``.
 
-Method: every (system, worker count) is one *case*. Each repeat runs every case once, in an
-order shuffled per repeat (interleaving spreads machine drift over all cases), and each run
-skips ``warmup_batches`` (worker start-up, page cache) before timing ``measure_batches``. Results
-are medians over repeats with the min-max spread; the environment is recorded beside them.
+Method: a *case* is one (workload, scenario, system, worker setting). Each repeat runs every
+case once, in an order shuffled per repeat, so drift of the machine spreads over all cases
+instead of landing on one. Each run is a fresh process (``drapps.bench.case``) that draws
+``warmup_batches`` (worker start-up, first epoch effects) and then times ``measure_batches``.
+The summary gives the median and min-max over repeats; the environment is recorded beside it.
 """
 
 from __future__ import annotations
 
-import gc
+import json
 import logging
+import os
 import random
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Generator, Iterable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
-import psutil
-import torch
-from torch.utils.data import DataLoader
-
-import drapps
-from drapps.bench.consumers import CONSUMERS, make_consumer
-from drapps.bench.data import default_data_dir, make_jpeg_folder
+from drapps.bench.data import default_data_dir
 from drapps.bench.environment import describe_environment
-from drapps.datasets import ImageFolder
-from drapps.ops import Compose, RandomHorizontalFlip, RandomResizedCrop, ToCHWTensor
+from drapps.bench.scenarios import SCENARIOS, scenario_class
+from drapps.bench.systems import SYSTEMS, Workers, system_class
+from drapps.bench.workloads import SIZES, workload_class
+from drapps.runtime.config import usable_cores
 
 logger = logging.getLogger(__name__)
 
-SYSTEMS = ("torch", "drapps")
-RESIZE_CASE = "drapps-resizing"
-AUTO_CASE = "drapps-auto"
-SCENARIOS = ("steady", "cpu-hog")
+CONSUMERS = ("none", "sleep", "cpu-model")
+_WINDOWS = {"smoke": (2, 6), "quick": (6, 40), "default": (12, 150)}
+"""(warm-up, timed) batches per run for each size."""
 
 
 @dataclass(frozen=True)
 class BenchConfig:
-    """What to run. ``BenchConfig.quick()`` is the smoke size."""
+    """What ``drapps bench`` runs. ``BenchConfig.quick()`` is the ``--quick`` size."""
 
-    workers: tuple[int, ...] = (0, 1, 2, 3, 4)
-    """Worker counts to compare (each system runs each)."""
-    systems: tuple[str, ...] = SYSTEMS
-    """Which of "torch" (DataLoader) and "drapps" to run."""
-    batch_size: int = 32
-    """Images per batch."""
-    warmup_batches: int = 12
-    """Batches drawn before timing starts; more than the deepest prefetch (2 per worker), so
-    batches made ahead during start-up are drained and do not flatter the timed window."""
-    measure_batches: int = 60
-    """Batches timed per run."""
-    repeats: int = 5
-    """Interleaved repeats per case (the table shows medians)."""
-    images: int = 2400
-    """JPEGs in the generated dataset."""
-    step_ms: float = 0.0
-    """Step time of the "sleep" consumer, per batch."""
-    consumer: str = "none"
-    """The training loop: "none" (the loader alone), "sleep" (``step_ms`` per batch, an
-    accelerator stand-in) or "cpu-model" (a small CNN's forward/backward on the CPU)."""
-    scenario: str = "steady"
-    """"steady", or "cpu-hog": a process burns a core during the middle third of the run."""
-    auto: bool = False
-    """Also run drapps with workers="auto" (the controller)."""
-    resize_probe: bool = True
-    """Also run drapps at 2 workers resized 2 <-> 3 every ``resize_every`` batches."""
-    resize_every: int = 8
-    """Batches between resizes in the resize probe."""
+    workloads: tuple[str, ...] = ("image",)
+    """Workloads to run (``drapps bench --list`` names them)."""
+    scenarios: tuple[str, ...] = ("steady", "cpu-contention")
+    """Scenarios to run each workload under."""
+    systems: tuple[str, ...] | None = None
+    """Systems to compare; None means every one available here (others are skipped, with
+    the reason in the results). Naming an unavailable one is an error."""
+    workers: tuple[int, ...] | None = None
+    """DataLoader worker counts; None means 0..2x usable cores."""
+    size: str = "default"
+    """Data and run size: "smoke" (tests), "quick" (--quick) or "default"."""
+    repeats: int = 3
+    """Interleaved repeats per case (the tables show medians)."""
+    warmup_batches: int | None = None
+    """Batches before timing starts; None takes the size's default."""
+    measure_batches: int | None = None
+    """Batches timed per run; None takes the size's default."""
+    consumer: str = "sleep"
+    """The training step: "sleep" (a fixed step per batch, an accelerator stand-in),
+    "cpu-model" (a small real model's forward and backward on the same CPU) or "none"."""
+    step_ms: float | None = None
+    """The sleep consumer's step per batch; None takes the workload's default."""
     data_dir: Path = field(default_factory=default_data_dir)
-    """Where the generated dataset is cached."""
+    """Where generated data is cached."""
     seed: int = 0
-    """Seed of the dataset, the shuffles and the case order."""
+    """Seed of the data, the shuffles and the case order."""
+    case_timeout_s: float = 900.0
+    """A run taking longer than this is stopped and reported as an error."""
 
     def __post_init__(self) -> None:
+        for name in self.workloads:
+            workload_class(name)
+        for name in self.scenarios:
+            scenario_class(name)
+        for name in self.systems or ():
+            system_class(name)
+        for family in ("workloads", "scenarios"):
+            if not getattr(self, family):
+                raise ValueError(f"{family} must name at least one, got none")
+        if self.systems is not None and not self.systems:
+            raise ValueError("systems must name at least one, got none")
+        if self.size not in SIZES:
+            raise ValueError(f"size must be one of {list(SIZES)}, got {self.size!r}")
         if self.consumer not in CONSUMERS:
             raise ValueError(f"consumer must be one of {list(CONSUMERS)}, got {self.consumer!r}")
-        if self.scenario not in SCENARIOS:
-            raise ValueError(f"scenario must be one of {list(SCENARIOS)}, got {self.scenario!r}")
-        if self.consumer == "sleep" and self.step_ms <= 0:
-            raise ValueError(f"the sleep consumer needs step_ms > 0, got {self.step_ms!r}")
-        unknown = set(self.systems) - set(SYSTEMS)
-        if unknown:
-            raise ValueError(f"systems must be among {list(SYSTEMS)}, got {sorted(unknown)}")
-        if not self.workers or any(w < 0 for w in self.workers):
-            raise ValueError(f"workers must be a non-empty list of ints >= 0, got {self.workers}")
-        for name in ("batch_size", "measure_batches", "repeats", "images", "resize_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
-        if self.images < self.batch_size:
-            raise ValueError(
-                f"images={self.images} is fewer than one batch (batch_size={self.batch_size})"
-            )
+        if self.workers is not None and (not self.workers or min(self.workers) < 0):
+            raise ValueError(f"workers must be ints >= 0, got {self.workers}")
+        if self.step_ms is not None and self.step_ms <= 0:
+            raise ValueError(f"step_ms must be > 0, got {self.step_ms!r}")
+        for name in ("repeats", "warmup_batches", "measure_batches"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value!r}")
+        for name in self.scenarios:
+            scenario = scenario_class(name)
+            if scenario.needs_sleep_consumer and self.consumer != "sleep":
+                raise ValueError(
+                    f"scenario {name!r} changes the step time, so it needs --consumer sleep, "
+                    f"got {self.consumer!r}"
+                )
+            for workload in self.workloads:
+                if scenario.needs_file_reads and not workload_class(workload).reads_files:
+                    raise ValueError(
+                        f"scenario {name!r} throttles file reads, but workload {workload!r} "
+                        "reads no files"
+                    )
 
     @classmethod
     def quick(cls, **overrides: Any) -> BenchConfig:
-        """A smoke size: a minute or two on 2 cores."""
-        base = {"repeats": 3, "images": 1024, "measure_batches": 20}
+        """About two minutes on 2 cores: the image workload, steady, 2 repeats of 60 batches."""
+        base: dict[str, Any] = {"size": "quick", "repeats": 2, "scenarios": ("steady",)}
         return cls(**{**base, **overrides})
 
-
-def image_dataset(config: BenchConfig) -> ImageFolder:
-    """The ImageNet-style pipeline: read, decode, random-resized-crop 224, flip, CHW uint8."""
-    folder = make_jpeg_folder(config.data_dir, config.images, seed=config.seed)
-    transform = Compose([RandomResizedCrop(224), RandomHorizontalFlip(), ToCHWTensor()])
-    return ImageFolder(folder, transform=transform)
+    @property
+    def window(self) -> tuple[int, int]:
+        warmup, measure = _WINDOWS[self.size]
+        return self.warmup_batches or warmup, self.measure_batches or measure
 
 
-def _open(system: str, workers: int | str, dataset: ImageFolder, config: BenchConfig) -> Any:
-    if system == "torch":
-        if not isinstance(workers, int):
-            raise ValueError(f"DataLoader needs an int worker count, got {workers!r}")
-        generator = torch.Generator().manual_seed(config.seed)
-        return DataLoader(
-            dataset,  # type: ignore[arg-type]  # map-style by protocol, not by subclassing
-            batch_size=config.batch_size,
-            shuffle=True,
-            num_workers=workers,
-            drop_last=True,
-            generator=generator,
-            # Runs span epochs; re-forking workers every epoch would be an unfair baseline.
-            persistent_workers=workers > 0,
-        )
-    return drapps.Loader(
-        dataset,
-        batch_size=config.batch_size,
-        shuffle=True,
-        seed=config.seed,
-        drop_last=True,
-        workers=workers,  # type: ignore[arg-type]
-        max_workers=max(4, workers + 1) if isinstance(workers, int) else None,
-    )
+def with_overrides(config: BenchConfig, **overrides: Any) -> BenchConfig:
+    """``config`` with every override that is not None."""
+    return replace(config, **{k: v for k, v in overrides.items() if v is not None})
 
 
-def _cpu_seconds() -> dict[int, float]:
-    """User + system CPU seconds of this process and each live descendant, by pid."""
-    me = psutil.Process()
-    seconds = {}
-    for process in [me, *me.children(recursive=True)]:
-        try:
-            times = process.cpu_times()
-        except psutil.NoSuchProcess:
-            continue
-        seconds[process.pid] = times.user + times.system
-    return seconds
+@dataclass(frozen=True)
+class Case:
+    workload: str
+    scenario: str
+    system: str
+    workers: Workers
+
+    @property
+    def name(self) -> str:
+        return system_class(self.system).case_name(self.workers)
 
 
-def _epochs(loader: Iterable[Any]) -> Generator[Any, None, None]:
-    """Batches from epoch after epoch, so a run may be longer than the dataset."""
-    while True:
-        yield from loader
+def chosen_systems(config: BenchConfig) -> tuple[list[str], dict[str, str]]:
+    """The systems to run, and the skipped ones with why."""
+    if config.systems is not None:
+        for name in config.systems:
+            reason = system_class(name).unavailable()
+            if reason is not None:
+                raise ValueError(f"system {name!r} cannot run here: {reason}")
+        return list(config.systems), {}
+    run, skipped = [], {}
+    for name, system in SYSTEMS.items():
+        reason = system.unavailable()
+        if reason is None:
+            run.append(name)
+        else:
+            skipped[name] = reason
+    return run, skipped
 
 
-def warm_page_cache(dataset: ImageFolder) -> None:
-    """Read every file once, so runs start alike instead of whichever finds a warm cache.
-
-    On a machine that reclaims page cache aggressively (DAMON, small RAM), random reads of a
-    cold file cost several times the decode; the benchmark measures loaders, not the disk.
-    """
-    for path, _ in dataset.samples:
-        with open(path, "rb") as file:
-            file.read()
-
-
-def _burn_a_core() -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-c", "while True: pass"])
-
-
-def run_case(
-    system: str, workers: int | str, dataset: ImageFolder, config: BenchConfig
-) -> dict[str, Any]:
-    """One timed run of one case."""
-    resizing = system == RESIZE_CASE
-    consume = make_consumer(config.consumer, config.step_ms)
-    loader = _open("torch" if system == "torch" else "drapps", workers, dataset, config)
-    started = time.perf_counter()
-    it = _epochs(loader)
-    next(it)
-    first_batch_s = time.perf_counter() - started
-    for _ in range(config.warmup_batches - 1):
-        next(it)
-    waits, after_resize = [], []
-    samples = 0
-    third = config.measure_batches // 3
-    hog: subprocess.Popen[bytes] | None = None
-    cpu_before = _cpu_seconds()
-    t0 = time.perf_counter()
-    try:
-        for b in range(config.measure_batches):
-            if resizing and b % config.resize_every == 0:
-                loader.resize(3 if (b // config.resize_every) % 2 == 0 else 2)
-            if config.scenario == "cpu-hog" and b in (third, 2 * third):
-                if hog is None:
-                    hog = _burn_a_core()
-                else:
-                    hog.kill()
-            before = time.perf_counter()
-            images, labels = next(it)
-            waited = time.perf_counter() - before
-            waits.append(waited)
-            if resizing and b % config.resize_every < 2:
-                after_resize.append(waited)
-            samples += len(images)
-            consume(images, labels)
-    finally:
-        if hog is not None:
-            hog.kill()
-            hog.wait()
-    elapsed = time.perf_counter() - t0
-    cpu_after = _cpu_seconds()
-    # Processes alive at both ends: the workers (a resized-away worker's last share is lost).
-    cpu_s = sum(cpu_after[p] - cpu_before[p] for p in cpu_after.keys() & cpu_before.keys())
-    final_workers = workers
-    if isinstance(loader, drapps.Loader):
-        final_workers = loader.stats().workers
-    it.close()
-    if isinstance(loader, drapps.Loader):
-        loader.close()
-    del loader
-    gc.collect()
-    waits.sort()
-    result = {
-        "system": system,
-        "workers": workers,
-        "samples_per_s": samples / elapsed,
-        "cpu_ms_per_batch": 1000 * cpu_s / config.measure_batches,
-        "wait_fraction": sum(waits) / elapsed,
-        "final_workers": final_workers,
-        "first_batch_s": first_batch_s,
-        "wait_p50_ms": 1000 * waits[len(waits) // 2],
-        "wait_p99_ms": 1000 * waits[min(len(waits) - 1, int(0.99 * len(waits)))],
-        "wait_max_ms": 1000 * waits[-1],
-    }
-    if resizing:
-        result["wait_after_resize_max_ms"] = 1000 * max(after_resize)
-    return result
-
-
-def _cases(config: BenchConfig) -> list[tuple[str, int | str]]:
-    cases: list[tuple[str, int | str]] = [
-        (system, n) for system in config.systems for n in config.workers
-    ]
-    if config.resize_probe and "drapps" in config.systems:
-        cases.append((RESIZE_CASE, 2))
-    if config.auto:
-        cases.append((AUTO_CASE, "auto"))
+def plan_cases(config: BenchConfig, systems: list[str], cores: int) -> list[Case]:
+    cases = []
+    for workload in config.workloads:
+        for scenario in config.scenarios:
+            for system in systems:
+                variants = system_class(system).variants(cores)
+                if system == "dataloader" and config.workers is not None:
+                    variants = list(config.workers)
+                cases += [Case(workload, scenario, system, w) for w in variants]
     return cases
 
 
+class Progress:
+    """A progress bar on stderr: redrawn in place on a terminal, a line per run otherwise."""
+
+    def __init__(self, total: int, stream: TextIO | None = None, enabled: bool = True) -> None:
+        self.total, self.done = total, 0
+        self.stream = stream or sys.stderr
+        self.enabled = enabled
+        self.tty = self.stream.isatty()
+        self.started = time.monotonic()
+
+    def update(self, text: str) -> None:
+        self.done += 1
+        if not self.enabled:
+            return
+        elapsed = time.monotonic() - self.started
+        eta = elapsed / self.done * (self.total - self.done)
+        filled = round(20 * self.done / self.total)
+        line = (
+            f"bench [{'#' * filled}{'.' * (20 - filled)}] {self.done}/{self.total} "
+            f"{int(elapsed) // 60}m{int(elapsed) % 60:02d}s elapsed, ~{int(eta) // 60}m"
+            f"{int(eta) % 60:02d}s left | {text}"
+        )
+        if self.tty:
+            end = "\n" if self.done == self.total else ""
+            self.stream.write(f"\r\x1b[2K{line}{end}")
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+
+def run_one(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """Run one case in a fresh Python process and return its measurements."""
+    with tempfile.TemporaryDirectory(prefix="drapps-bench-") as tmp:
+        spec_path, result_path = Path(tmp) / "spec.json", Path(tmp) / "result.json"
+        spec_path.write_text(json.dumps(spec))
+        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONWARNINGS": "ignore"}
+        command = [sys.executable, "-m", "drapps.bench.case", str(spec_path), str(result_path)]
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(
+                f"case {spec['case']} ({spec['workload']}, {spec['scenario']}) ran past "
+                f"{timeout:g} s"
+            ) from None
+        if done.returncode != 0 or not result_path.exists():
+            tail = "\n".join(done.stderr.strip().splitlines()[-15:])
+            raise RuntimeError(
+                f"case {spec['case']} ({spec['workload']}, {spec['scenario']}) failed with "
+                f"exit code {done.returncode}:\n{tail}"
+            )
+        result: dict[str, Any] = json.loads(result_path.read_text())
+        return result
+
+
 def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Median and spread per case over its repeats."""
-    grouped: dict[tuple[str, Any], list[dict[str, Any]]] = {}
+    """Median and min-max per case over its repeats."""
+    grouped: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for run in runs:
-        grouped.setdefault((run["system"], run["workers"]), []).append(run)
+        grouped.setdefault((run["workload"], run["scenario"], run["case"]), []).append(run)
     summary = []
-    for (system, workers), group in grouped.items():
+    for (workload, scenario, case), group in grouped.items():
         row: dict[str, Any] = {
-            "system": system,
-            "workers": workers,
+            "workload": workload,
+            "scenario": scenario,
+            "case": case,
+            "system": group[0]["system"],
+            "workers": group[0]["workers"],
             "repeats": len(group),
             "final_workers": [r["final_workers"] for r in group],
         }
-        for metric in group[0]:
-            if metric in ("system", "workers", "final_workers"):
+        for metric, value in group[0].items():
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                continue
+            if metric in ("repeat", "samples", "expected_samples", "workers", "final_workers"):
                 continue
             values = [r[metric] for r in group]
             row[metric] = statistics.median(values)
@@ -275,39 +249,62 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def run_benchmark(config: BenchConfig, progress: bool = True) -> dict[str, Any]:
-    """Run every case ``repeats`` times, interleaved; returns runs, summary and environment."""
-    dataset = image_dataset(config)
-    cases = _cases(config)
-    warm_page_cache(dataset)
+    """Prepare the data, run every case ``repeats`` times interleaved, summarise."""
+    cores = usable_cores()
+    systems, skipped = chosen_systems(config)
+    for name, reason in skipped.items():
+        logger.warning("skipping %s: %s", name, reason)
+    warmup, measure = config.window
+    params = {}
+    for name in config.workloads:
+        workload = workload_class(name)
+        params[name] = workload.prepare(config.data_dir, config.size, config.seed)
+        workload(params[name]).warm()
+    cases = plan_cases(config, systems, cores)
+    bar = Progress(len(cases) * config.repeats, enabled=progress)
     order = random.Random(config.seed)
     runs = []
-    total = len(cases) * config.repeats
     for repeat in range(config.repeats):
         shuffled = cases[:]
         order.shuffle(shuffled)
-        for system, workers in shuffled:
-            run = run_case(system, workers, dataset, config)
-            run["repeat"] = repeat
-            runs.append(run)
-            if progress:
-                print(
-                    f"[{len(runs):3d}/{total}] {system:16s} workers={workers}: "
-                    f"{run['samples_per_s']:7.1f} samples/s",
-                    file=sys.stderr,
-                    flush=True,
-                )
-    summary = summarize([{k: v for k, v in r.items() if k != "repeat"} for r in runs])
+        for case in shuffled:
+            workload = workload_class(case.workload)
+            step_ms = config.step_ms if config.step_ms is not None else workload.step_ms
+            spec = {
+                **asdict(case),
+                "case": case.name,
+                "params": params[case.workload],
+                "batch_size": workload.batch_size,
+                "warmup_batches": warmup,
+                "measure_batches": measure,
+                "consumer": config.consumer,
+                "step_ms": step_ms,
+                "seed": config.seed,
+                "cores": cores,
+            }
+            result = run_one(spec, config.case_timeout_s)
+            runs.append({**asdict(case), "case": case.name, "repeat": repeat, **result})
+            bar.update(
+                f"{case.workload}/{case.scenario} {case.name}: "
+                f"{result['samples_per_s']:.0f} samples/s"
+            )
     config_record = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()}
+    config_record.update(
+        warmup_batches=warmup,
+        measure_batches=measure,
+        systems=systems,
+        step_ms={w: config.step_ms or workload_class(w).step_ms for w in config.workloads},
+    )
     return {
-        "benchmark": "image-loader",
-        "workload": "ImageFolder JPEG 500x400 q90 -> decode -> RandomResizedCrop(224) -> flip "
-        "-> CHW uint8",
+        "benchmark": "drapps-bench",
+        "version": 2,
+        "workloads": {w: workload_class(w).summary for w in config.workloads},
+        "scenarios": {s: SCENARIOS[s].summary for s in config.scenarios},
+        "systems": {s: SYSTEMS[s].summary for s in systems},
+        "skipped": skipped,
+        "params": params,
         "config": config_record,
         "environment": describe_environment(),
         "runs": runs,
-        "summary": summary,
+        "summary": summarize(runs),
     }
-
-
-def with_overrides(config: BenchConfig, **overrides: Any) -> BenchConfig:
-    return replace(config, **{k: v for k, v in overrides.items() if v is not None})

@@ -18,6 +18,13 @@ class ImageFolder:
         classes: sorted class folder names; a sample's target is its index here.
         samples: ``(path, target)`` per sample, in sorted order (also used to name a
             failing sample's file in loader errors).
+
+    Args:
+        root: the folder of class folders.
+        transform: applied to each decoded image.
+        decode: JPEG bytes -> image (HWC uint8 RGB by default).
+        read: path -> bytes; a plain file read by default (the benchmark passes a throttled
+            one to model slow storage).
     """
 
     def __init__(
@@ -25,6 +32,7 @@ class ImageFolder:
         root: str | os.PathLike[str],
         transform: Callable[[Any], Any] | None = None,
         decode: Callable[[bytes], Any] = decode_jpeg,
+        read: Callable[[str], bytes] | None = None,
     ) -> None:
         self.root = os.fspath(root)
         if not os.path.isdir(self.root):
@@ -40,14 +48,19 @@ class ImageFolder:
             raise ValueError(f"found no {'/'.join(IMAGE_EXTENSIONS)} files under {self.root!r}")
         self.transform = transform
         self.decode = decode
+        self.read = read
 
     def __len__(self) -> int:
         return len(self.samples)
 
     def __getitem__(self, index: int) -> tuple[Any, int]:
         path, target = self.samples[index]
-        with open(path, "rb") as file:
-            image = self.decode(file.read())
+        if self.read is not None:
+            data = self.read(path)
+        else:
+            with open(path, "rb") as file:
+                data = file.read()
+        image = self.decode(data)
         if self.transform is not None:
             image = self.transform(image)
         return image, target

@@ -1,0 +1,186 @@
+"""One timed run of one case, in a process of its own.
+
+``python -m drapps.bench.case SPEC.json RESULT.json``. A fresh process per run keeps cases
+apart: TensorFlow's threads and memory never sit beside a DataLoader's forked workers, peak
+memory is each case's own, and nothing one run warms or leaks carries into the next.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psutil
+import torch
+
+from drapps.bench.scenarios import Scenario, scenario_class
+from drapps.bench.systems import system_class
+from drapps.bench.workloads import Workload, workload_class
+
+Step = Callable[[torch.Tensor, torch.Tensor, float], None]
+
+
+class TreeMemory:
+    """Samples the summed RSS of this process and its descendants; keeps the peak.
+
+    RSS counts a shared page once per process that maps it, so shared-memory batches and
+    copy-on-write pages after fork are counted in each worker: an upper bound, the same for
+    every system.
+    """
+
+    def __init__(self, exclude: Callable[[], set[int]], interval: float = 0.05) -> None:
+        self._exclude, self._interval = exclude, interval
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench-rss", daemon=True)
+        self._thread.start()
+
+    def sample(self) -> None:
+        me = psutil.Process()
+        total = 0
+        skip = self._exclude()
+        for process in [me, *me.children(recursive=True)]:
+            if process.pid in skip:
+                continue
+            try:
+                total += process.memory_info().rss
+            except psutil.Error:
+                continue
+        self.peak = max(self.peak, total)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            self.sample()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.sample()
+
+
+def tree_cpu_seconds(exclude: set[int]) -> dict[int, float]:
+    """User + system CPU seconds of this process and each live descendant, by pid."""
+    me = psutil.Process()
+    seconds = {}
+    for process in [me, *me.children(recursive=True)]:
+        if process.pid in exclude:
+            continue
+        try:
+            times = process.cpu_times()
+        except psutil.Error:
+            continue
+        seconds[process.pid] = times.user + times.system
+    return seconds
+
+
+def make_step(name: str, workload: Workload, step_ms: float) -> Step:
+    """The training step on each batch: ``factor`` scales its time (consumer-shift).
+
+    ``cpu-model`` runs the workload's batched step (``model_input``) and a small model on the
+    host's own cores, competing with the loader for them.
+    """
+    if name == "none":
+        return lambda x, y, factor: None
+    if name == "sleep":
+        # An accelerator's step: the batched work after the loader (normalisation, the model)
+        # runs on the device, so the host only waits.
+        return lambda x, y, factor: time.sleep(step_ms * factor / 1000)
+    if name == "cpu-model":
+        model = workload.cpu_model()
+        return lambda x, y, factor: model(workload.model_input(x), y)
+    raise ValueError(f"consumer must be one of ['none', 'sleep', 'cpu-model'], got {name!r}")
+
+
+def _mismatch(batch: Any, expected: list[tuple[tuple[int, ...], torch.dtype]]) -> str | None:
+    got = [(tuple(t.shape), t.dtype) for t in batch] if isinstance(batch, list | tuple) else []
+    if got != expected:
+        return f"expected {expected}, got {got or type(batch).__name__}"
+    return None
+
+
+def run_case(spec: dict[str, Any]) -> dict[str, Any]:
+    """Open the system on the workload, draw warm-up then timed batches, measure."""
+    workload = workload_class(spec["workload"])(spec["params"])
+    scenario: Scenario = scenario_class(spec["scenario"])()
+    system = system_class(spec["system"])()
+    system.load()
+    batch_size, warmup, n = spec["batch_size"], spec["warmup_batches"], spec["measure_batches"]
+    step = make_step(spec["consumer"], workload, spec["step_ms"])
+    expected = workload.expected(batch_size)
+    memory = TreeMemory(scenario.helper_pids)
+    source = None
+    try:
+        opened = time.perf_counter()
+        source = system.open(
+            workload, spec["workers"], batch_size, spec["seed"], scenario.throttle()
+        )
+        it = iter(source)
+        mismatch = None
+        samples, waits, ends = 0, [], []
+        first_batch_s = 0.0
+        for b in range(warmup):
+            batch = next(it)
+            if b == 0:
+                first_batch_s = time.perf_counter() - opened
+            mismatch = mismatch or _mismatch(batch, expected)
+            samples += len(batch[0])
+            step(batch[0], batch[1], 1.0)
+        cpu_before = tree_cpu_seconds(scenario.helper_pids())
+        start = time.perf_counter()
+        for b in range(n):
+            factor = scenario.before_batch(b, n)
+            asked = time.perf_counter()
+            batch = next(it)
+            waits.append(time.perf_counter() - asked)
+            mismatch = mismatch or _mismatch(batch, expected)
+            samples += len(batch[0])
+            step(batch[0], batch[1], factor)
+            ends.append(time.perf_counter() - start)
+        elapsed = time.perf_counter() - start
+        end_to_end = time.perf_counter() - opened
+        cpu_after = tree_cpu_seconds(scenario.helper_pids())
+        final_workers = source.workers()
+    finally:
+        if source is not None:
+            source.close()
+        scenario.stop()
+        memory.stop()
+    # Processes alive at both ends (a worker resized away mid-run takes its last share along).
+    cpu_s = sum(cpu_after[p] - cpu_before[p] for p in cpu_after.keys() & cpu_before.keys())
+    ordered = sorted(waits)
+    return {
+        "batch_size": batch_size,
+        "samples": samples,
+        "expected_samples": (warmup + n) * batch_size,
+        "shape_mismatch": mismatch,
+        "samples_per_s": n * batch_size / elapsed,
+        "wait_fraction": sum(waits) / elapsed,
+        "wait_p50_ms": 1000 * ordered[len(ordered) // 2],
+        "wait_p99_ms": 1000 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))],
+        "cpu_util": cpu_s / (elapsed * spec["cores"]),
+        "peak_rss_mib": memory.peak / 2**20,
+        "first_batch_s": first_batch_s,
+        "end_to_end_s": end_to_end,
+        "final_workers": final_workers,
+        "timeline": [[round(t, 4), round(w, 5)] for t, w in zip(ends, waits, strict=True)],
+    }
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: python -m drapps.bench.case SPEC.json RESULT.json", file=sys.stderr)
+        return 2
+    with open(argv[0]) as file:
+        spec = json.load(file)
+    result = run_case(spec)
+    with open(argv[1], "w") as file:
+        json.dump(result, file)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

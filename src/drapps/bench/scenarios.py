@@ -1,0 +1,123 @@
+"""Benchmark scenarios: named, reproducible recipes for what changes during a timed run.
+
+Each recipe acts on the timed window of ``n`` batches, split in thirds by batch index (not by
+seconds, so every system meets the change at the same point of its work):
+
+- ``steady``: nothing changes.
+- ``cpu-contention``: a separate process burns one core (a busy loop) for the middle third.
+- ``consumer-shift``: the training step takes 2x as long in the middle third, then half as
+  long (2x faster than at the start) in the last third; needs a ``sleep`` consumer.
+- ``slow-io``: every file read goes through a throttle shared by all processes: 20 MB/s in
+  all plus 5 ms per read (a network file system or a cold, busy disk); for workloads that
+  read files.
+
+The recipes live in one module, not one file each, because each is a few lines.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import ClassVar
+
+from drapps.bench.throttle import IoThrottle
+
+SLOW_IO_MB_PER_S = 20.0
+SLOW_IO_LATENCY_MS = 5.0
+
+
+class Scenario:
+    """Steady load; subclasses change something mid-run."""
+
+    name: ClassVar[str] = "steady"
+    summary: ClassVar[str] = "nothing changes"
+    needs_sleep_consumer: ClassVar[bool] = False
+    needs_file_reads: ClassVar[bool] = False
+
+    def throttle(self) -> IoThrottle | None:
+        """The read throttle the workload's dataset goes through, if this scenario has one."""
+        return None
+
+    def before_batch(self, b: int, n: int) -> float:
+        """Called before timed batch ``b`` of ``n``; returns the consumer step's factor."""
+        return 1.0
+
+    def helper_pids(self) -> set[int]:
+        """Processes this scenario started (left out of the loaders' CPU and memory)."""
+        return set()
+
+    def stop(self) -> None:
+        """Undo whatever the scenario started; safe to call twice."""
+
+
+class Steady(Scenario):
+    pass
+
+
+class CpuContention(Scenario):
+    name = "cpu-contention"
+    summary = "a separate process burns one core for the middle third of the timed batches"
+
+    def __init__(self) -> None:
+        self._hog: subprocess.Popen[bytes] | None = None
+
+    def before_batch(self, b: int, n: int) -> float:
+        if b == n // 3 and self._hog is None:
+            self._hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        elif b == 2 * n // 3:
+            self.stop()
+        return 1.0
+
+    def helper_pids(self) -> set[int]:
+        return {self._hog.pid} if self._hog is not None else set()
+
+    def stop(self) -> None:
+        if self._hog is not None:
+            self._hog.kill()
+            self._hog.wait()
+            self._hog = None
+
+
+class ConsumerShift(Scenario):
+    name = "consumer-shift"
+    summary = "the training step gets 2x slower for the middle third, then 2x faster than at first"
+    needs_sleep_consumer = True
+
+    def before_batch(self, b: int, n: int) -> float:
+        if b < n // 3:
+            return 1.0
+        return 2.0 if b < 2 * n // 3 else 0.5
+
+
+class SlowIo(Scenario):
+    name = "slow-io"
+    summary = (
+        f"file reads throttled to {SLOW_IO_MB_PER_S:g} MB/s shared by all readers, "
+        f"plus {SLOW_IO_LATENCY_MS:g} ms per read"
+    )
+    needs_file_reads = True
+
+    def __init__(self) -> None:
+        self._throttle: IoThrottle | None = None
+
+    def throttle(self) -> IoThrottle | None:
+        if self._throttle is None:
+            self._throttle = IoThrottle(SLOW_IO_MB_PER_S, SLOW_IO_LATENCY_MS)
+        return self._throttle
+
+    def stop(self) -> None:
+        if self._throttle is not None:
+            self._throttle.close()
+            self._throttle = None
+
+
+SCENARIOS: dict[str, type[Scenario]] = {
+    s.name: s for s in (Steady, CpuContention, ConsumerShift, SlowIo)
+}
+
+
+def scenario_class(name: str) -> type[Scenario]:
+    """The scenario registered as ``name``; the error lists the valid names."""
+    if name not in SCENARIOS:
+        raise ValueError(f"scenario must be one of {list(SCENARIOS)}, got {name!r}")
+    return SCENARIOS[name]

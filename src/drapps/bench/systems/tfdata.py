@@ -1,0 +1,57 @@
+"""``tf-autotune``: the workload's tf.data pipeline with AUTOTUNE parallelism and prefetch."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from drapps._optional import require
+from drapps.bench.systems._base import Source, System, Workers
+from drapps.bench.throttle import IoThrottle
+from drapps.bench.workloads import Workload
+
+
+class _TfSource(Source):
+    def __init__(self, dataset: Any) -> None:
+        self._batches = iter(dataset.as_numpy_iterator())
+
+    def __iter__(self) -> Iterator[Any]:
+        for x, y in self._batches:
+            yield torch.from_numpy(x), torch.from_numpy(y)
+
+    def workers(self) -> Workers:
+        return "AUTOTUNE"
+
+    def close(self) -> None:
+        self._batches = iter(())  # drops tf's iterator; its threads stop with it
+
+
+class TfDataSystem(System):
+    name = "tf-autotune"
+    summary = (
+        "tf.data: map(num_parallel_calls=AUTOTUNE) + prefetch(AUTOTUNE), TensorFlow's own "
+        "ops where it has them (extra 'tf')"
+    )
+
+    @classmethod
+    def unavailable(cls) -> str | None:
+        if importlib.util.find_spec("tensorflow") is None:
+            return "TensorFlow is not installed: pip install 'drapps[tf]'"
+        return None
+
+    @classmethod
+    def load(cls) -> None:
+        require("tensorflow")
+
+    def open(
+        self,
+        workload: Workload,
+        workers: Workers,
+        batch_size: int,
+        seed: int,
+        throttle: IoThrottle | None,
+    ) -> Source:
+        return _TfSource(workload.tf_dataset(batch_size, seed, throttle))

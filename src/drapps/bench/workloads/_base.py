@@ -1,0 +1,70 @@
+"""What every benchmark workload provides, so each system runs the same logical pipeline."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+
+from drapps.bench.throttle import IoThrottle
+
+SIZES = ("smoke", "quick", "default")
+"""Data sizes: ``smoke`` for the tests, ``quick`` for ``--quick``, ``default`` otherwise."""
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+class Workload(ABC):
+    """One pipeline, made three ways: a map-style dataset (for DataLoader and drapps), a
+    tf.data pipeline in TensorFlow's own ops, and what the training step does with a batch.
+
+    A workload is built in two steps: ``prepare`` (in the benchmark's process, once) makes or
+    finds the data and returns JSON-able ``params``; each timed case, in its own process,
+    rebuilds the workload from those params.
+    """
+
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    """One line for ``drapps bench --list`` and the report."""
+    batch_size: ClassVar[int]
+    step_ms: ClassVar[float]
+    """The ``sleep`` consumer's step per batch: roughly what 2 cores of workers can feed."""
+    reads_files: ClassVar[bool] = True
+    """Whether samples come from files (the ``slow-io`` scenario throttles those reads)."""
+
+    def __init__(self, params: dict[str, Any]) -> None:
+        self.params = params
+
+    @classmethod
+    @abstractmethod
+    def prepare(cls, data_dir: Path, size: str, seed: int) -> dict[str, Any]:
+        """Make (or find cached) data for ``size``; return the params cases rebuild from."""
+
+    @abstractmethod
+    def dataset(self, throttle: IoThrottle | None) -> Any:
+        """A map-style dataset of ``(x, y)`` samples; reads go through ``throttle`` if given."""
+
+    @abstractmethod
+    def tf_dataset(self, batch_size: int, seed: int, throttle: IoThrottle | None) -> Any:
+        """An endless ``tf.data.Dataset`` of batches shaped like the torch ones, AUTOTUNEd."""
+
+    @abstractmethod
+    def expected(self, batch_size: int) -> list[tuple[tuple[int, ...], torch.dtype]]:
+        """Shape and dtype of each tensor in a batch; every system must deliver exactly these."""
+
+    def model_input(self, x: torch.Tensor) -> torch.Tensor:
+        """The batched step on the training side before the model (e.g. normalisation)."""
+        return x
+
+    @abstractmethod
+    def cpu_model(self) -> Callable[[torch.Tensor, torch.Tensor], None]:
+        """A small real model's forward and backward on one batch, for the cpu-model consumer."""
+
+    def warm(self) -> None:  # noqa: B027 - synthetic data has nothing to warm
+        """Read the data once so runs start alike, not whichever finds a warm page cache."""
+
+    def __len__(self) -> int:
+        return int(self.params["samples"])

@@ -1,0 +1,123 @@
+"""``image``: the ImageNet-style pipeline on generated JPEGs.
+
+Read a ~500x400 quality-90 JPEG, decode, random-resized-crop to 224, random flip; batches
+cross to the training side as uint8 NCHW, where they are normalised (ImageNet mean and std).
+DataLoader and drapps run drapps' ops (simplejpeg + OpenCV); tf.data runs TensorFlow's own
+(``decode_and_crop_jpeg`` with ``sample_distorted_bounding_box``, ``resize``,
+``random_flip_left_right``), the idiomatic tf.data recipe for the same augmentation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from drapps.bench.data import make_jpeg_folder
+from drapps.bench.throttle import IoThrottle
+from drapps.bench.workloads._base import Workload
+from drapps.datasets import ImageFolder
+from drapps.ops import Compose, RandomHorizontalFlip, RandomResizedCrop, ToCHWTensor
+
+_IMAGES = {"smoke": 48, "quick": 1024, "default": 2400}
+_MEAN = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1) * 255
+_STD = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1) * 255
+SIZE = 224
+
+
+class ImageWorkload(Workload):
+    name = "image"
+    summary = (
+        "JPEG 500x400 q90 from disk -> decode -> RandomResizedCrop 224 -> flip -> uint8 NCHW "
+        "-> normalise on the training side; batch 32"
+    )
+    batch_size = 32
+    step_ms = 40.0
+
+    @classmethod
+    def prepare(cls, data_dir: Path, size: str, seed: int) -> dict[str, Any]:
+        folder = make_jpeg_folder(data_dir, _IMAGES[size], seed=seed)
+        return {"folder": str(folder), "samples": _IMAGES[size]}
+
+    def dataset(self, throttle: IoThrottle | None) -> ImageFolder:
+        transform = Compose([RandomResizedCrop(SIZE), RandomHorizontalFlip(), ToCHWTensor()])
+        read = throttle.read if throttle is not None else None
+        return ImageFolder(self.params["folder"], transform=transform, read=read)
+
+    def tf_dataset(self, batch_size: int, seed: int, throttle: IoThrottle | None) -> Any:
+        import tensorflow as tf
+
+        folder = ImageFolder(self.params["folder"])
+        paths = [path for path, _ in folder.samples]
+        labels = [target for _, target in folder.samples]
+
+        def read(path: Any) -> Any:
+            if throttle is None:
+                return tf.io.read_file(path)
+            data = tf.numpy_function(lambda p: throttle.read(p.decode()), [path], tf.string)
+            return tf.ensure_shape(data, [])
+
+        def load(path: Any, label: Any) -> tuple[Any, Any]:
+            data = read(path)
+            box_start, box_size, _ = tf.image.sample_distorted_bounding_box(
+                tf.image.extract_jpeg_shape(data),
+                bounding_boxes=tf.zeros([1, 0, 4]),
+                min_object_covered=0.0,
+                aspect_ratio_range=(3 / 4, 4 / 3),
+                area_range=(0.08, 1.0),
+                max_attempts=10,
+                use_image_if_no_bounding_boxes=True,
+            )
+            window = tf.stack([box_start[0], box_start[1], box_size[0], box_size[1]])
+            image = tf.image.decode_and_crop_jpeg(data, window, channels=3)
+            image = tf.image.resize(image, [SIZE, SIZE])
+            image = tf.image.random_flip_left_right(image)
+            image = tf.transpose(tf.cast(tf.clip_by_value(image, 0, 255), tf.uint8), [2, 0, 1])
+            return image, tf.cast(label, tf.int64)
+
+        return (
+            tf.data.Dataset.from_tensor_slices((paths, labels))
+            .shuffle(len(paths), seed=seed, reshuffle_each_iteration=True)
+            .repeat()
+            .map(load, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
+            .batch(batch_size, drop_remainder=True)
+            .prefetch(tf.data.AUTOTUNE)
+        )
+
+    def expected(self, batch_size: int) -> list[tuple[tuple[int, ...], torch.dtype]]:
+        return [((batch_size, 3, SIZE, SIZE), torch.uint8), ((batch_size,), torch.int64)]
+
+    def model_input(self, x: torch.Tensor) -> torch.Tensor:
+        return (x.float() - _MEAN) / _STD
+
+    def cpu_model(self) -> Callable[[torch.Tensor, torch.Tensor], None]:
+        return SmallCnn()
+
+    def warm(self) -> None:
+        for path, _ in ImageFolder(self.params["folder"]).samples:
+            with open(path, "rb") as file:
+                file.read()
+
+
+class SmallCnn:
+    """A small CNN trained on each batch: conv -> pool -> linear, SGD."""
+
+    def __init__(self, classes: int = 9, seed: int = 0) -> None:
+        torch.manual_seed(seed)
+        self.model = nn.Sequential(
+            nn.Conv2d(3, 16, kernel_size=7, stride=4),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(8),
+            nn.Flatten(),
+            nn.Linear(16 * 8 * 8, classes),
+        )
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01)
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        loss = nn.functional.cross_entropy(self.model(x), y)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
