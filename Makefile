@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: bench test lint clean
+.PHONY: bench corpus test lint clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -15,8 +15,15 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
-bench: $(STAMP)
-	$(VENV)/bin/drapps bench --quick
+# The text workload's corpus (Debian's python3.11-doc); skipped with a note where apt is not ours.
+CORPUS := /usr/share/doc/python3.11/html/_sources
+corpus:
+	@test -d $(CORPUS) || (apt-get update -q && apt-get install -y -q python3.11-doc) \
+	  || echo "note: could not install python3.11-doc; the text workload needs it (or DRAPPS_TEXT_CORPUS)"
+
+bench: $(STAMP) corpus
+	$(VENV)/bin/drapps bench --quick --out bench-results/quick
+	$(VENV)/bin/drapps bench-plot bench-results/quick/results.json
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests

@@ -72,3 +72,62 @@ def test_profile_names_bad_datasets(
 ) -> None:
     assert main(["profile", "--dataset", spec]) == 2
     assert re.search(message, capsys.readouterr().err)
+
+
+def test_bench_list_names_every_choice(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--list"]) == 0
+    out = capsys.readouterr().out
+    for name in ("image", "text", "synthetic", "steady", "cpu-contention", "consumer-shift"):
+        assert f"  {name} " in out
+    for name in ("slow-io", "dataloader", "tf-autotune", "drapps-static", "drapps-heuristic"):
+        assert f"  {name} " in out
+    assert "drapps-rl" in out
+
+
+def test_bench_rejects_unknown_names_listing_valid_ones(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["bench", "--workload", "imagenet"]) == 2
+    assert "workload must be one of ['image', 'text', 'synthetic'], got 'imagenet'" in (
+        capsys.readouterr().err
+    )
+    assert main(["bench", "--scenario", "steady,flood"]) == 2
+    assert "scenario must be one of ['steady', 'cpu-contention', 'consumer-shift', 'slow-io']" in (
+        capsys.readouterr().err
+    )
+    assert main(["bench", "--consumer", "gpu"]) == 2
+    assert "consumer must be one of ['none', 'sleep', 'cpu-model'], got 'gpu'" in (
+        capsys.readouterr().err
+    )
+    with pytest.raises(SystemExit):
+        main(["bench", "--workers", "two"])
+    assert "expected comma-separated ints" in capsys.readouterr().err
+
+
+def test_bench_plot_rejects_a_file_that_is_not_results(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["bench-plot", str(tmp_path / "none.json")]) == 2
+    assert "cannot read" in capsys.readouterr().err
+    other = tmp_path / "other.json"
+    other.write_text('{"benchmark": "image-loader"}')
+    assert main(["bench-plot", str(other)]) == 2
+    assert "not a results.json written by this version" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(600)
+def test_bench_writes_json_and_markdown_then_plots(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    args = ["bench", "--size", "smoke", "--systems", "dataloader,drapps-static", "--workers", "1"]
+    args += ["--static-workers", "1"]
+    args += ["--batches", "4", "--repeats", "1", "--data-dir", str(tmp_path), "--out", str(out)]
+    assert main([*args, "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert "#### `image`, `steady`" in printed and "| **dataloader-1** |" in printed
+    assert "| drapps-static-1 |" in printed
+    assert (out / "results.md").read_text().strip() == printed.strip()
+    assert main(["bench-plot", str(out / "results.json")]) == 0
+    assert (out / "image-steady-over-time.png").exists()
+    assert (out / "image-end-to-end.png").exists()

@@ -61,10 +61,12 @@ def _bench(args: argparse.Namespace) -> int:
             scenarios=args.scenario,
             systems=args.systems,
             workers=args.workers,
+            static_workers=args.static_workers,
             measure_batches=args.batches,
             repeats=args.repeats,
             step_ms=args.step_ms,
             consumer=args.consumer,
+            size=args.size,
             data_dir=args.data_dir,
         )
         results = run_benchmark(config, progress=not args.no_progress)
@@ -201,10 +203,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--systems", type=_name_list, help="default: every available one")
     bench.add_argument("--workers", type=_int_list, help="DataLoader counts (default 0..2x cores)")
+    bench.add_argument(
+        "--static-workers", type=_int_list, help="drapps-static counts (default: usable cores)"
+    )
     bench.add_argument("--repeats", type=int, help="interleaved repeats per case (3)")
     bench.add_argument("--batches", type=int, help="timed batches per run")
     bench.add_argument("--consumer", help="sleep (default), cpu-model or none")
     bench.add_argument("--step-ms", type=float, help="the sleep consumer's step per batch")
+    bench.add_argument("--size", help="data and run size: smoke, quick or default")
     bench.add_argument("--data-dir", type=Path, help="data cache (default ~/.cache/drapps)")
     bench.add_argument("--out", help="output folder (default bench-results/<UTC time>)")
     bench.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -1,87 +1,128 @@
-"""Smoke size of the benchmark harness: correctness only, never a speed."""
+"""Smoke size of the benchmark harness: every system delivers the expected batches; never a
+speed (timings never decide a test)."""
 
+from __future__ import annotations
+
+import io
+import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from drapps.bench import BenchConfig, run_benchmark
+from drapps.bench.plots import plot
 from drapps.bench.report import markdown
-from drapps.bench.runner import BenchConfig, run_benchmark
-from drapps.cli import main
+from drapps.bench.runner import Progress
+from drapps.bench.systems import SYSTEMS
+from drapps.runtime.config import usable_cores
+
+AVAILABLE = [name for name, system in SYSTEMS.items() if system.unavailable() is None]
 
 
-def test_every_case_runs_and_delivers_full_batches(tmp_path: Path) -> None:
-    config = BenchConfig(
-        workers=(0, 2),
-        batch_size=4,
-        warmup_batches=2,
-        measure_batches=4,
-        repeats=2,
-        images=32,
-        resize_every=2,
-        data_dir=tmp_path,
-    )
-    results = run_benchmark(config, progress=False)
-    cases = {(r["system"], r["workers"]) for r in results["summary"]}
-    assert cases == {
-        ("torch", 0),
-        ("torch", 2),
-        ("drapps", 0),
-        ("drapps", 2),
-        ("drapps-resizing", 2),
-    }
-    assert len(results["runs"]) == 2 * len(cases)
+def check_runs(results: dict[str, Any], cases: set[tuple[str, str, str]], repeats: int) -> None:
+    assert {(r["workload"], r["scenario"], r["case"]) for r in results["runs"]} == cases
+    assert len(results["runs"]) == repeats * len(cases)
     for run in results["runs"]:
-        assert run["samples_per_s"] > 0 and run["wait_p50_ms"] >= 0
-    assert results["environment"]["torch"]
-    table = markdown(results)
-    assert "| 2 |" in table and "Resize probe" in table
+        assert run["shape_mismatch"] is None, run["case"]
+        assert run["samples"] == run["expected_samples"], run["case"]
+        assert len(run["timeline"]) == results["config"]["measure_batches"]
+        assert run["samples_per_s"] > 0 and 0 <= run["wait_fraction"] <= 1
+        assert run["peak_rss_mib"] > 0 and run["first_batch_s"] > 0
+        assert run["end_to_end_s"] >= run["first_batch_s"]
+    json.dumps(results)  # the record must be JSON as it stands
 
 
-def test_config_errors_are_named(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"systems must be among \['torch', 'drapps'\]"):
-        BenchConfig(systems=("tf",), data_dir=tmp_path)
-    with pytest.raises(ValueError, match=r"images=10 is fewer than one batch \(batch_size=32\)"):
-        BenchConfig(images=10, data_dir=tmp_path)
-
-
-def test_cli_reports_bad_options(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    assert main(["bench", "--images", "10", "--data-dir", str(tmp_path)]) == 2
-    assert "images=10 is fewer than one batch" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        main(["bench", "--workers", "two"])
-    assert "expected comma-separated ints" in capsys.readouterr().err
-
-
-def test_scenario_consumers_and_auto_run(tmp_path: Path) -> None:
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("workload", ["image", "text", "synthetic"])
+def test_every_available_system_runs_each_workload(
+    workload: str, tmp_path: Path, corpus: Path
+) -> None:
     config = BenchConfig(
-        workers=(1,),
-        systems=("torch",),
-        batch_size=4,
-        warmup_batches=1,
-        measure_batches=12,  # 8 batches an epoch: the run crosses into the next epoch
+        workloads=(workload,),
+        scenarios=("steady",),
+        workers=(0, 2),
+        size="smoke",
         repeats=1,
-        images=32,
-        consumer="cpu-model",
-        scenario="cpu-hog",
-        auto=True,
-        resize_probe=False,
         data_dir=tmp_path,
     )
     results = run_benchmark(config, progress=False)
-    cases = {(r["system"], r["workers"]) for r in results["runs"]}
-    assert cases == {("torch", 1), ("drapps-auto", "auto")}
-    assert all(0 <= r["wait_fraction"] <= 1 for r in results["runs"])
+    others = [SYSTEMS[n] for n in AVAILABLE if n != "dataloader"]
+    cases = {"dataloader-0", "dataloader-2"}
+    cases |= {s.case_name(w) for s in others for w in s.variants(usable_cores())}
+    check_runs(results, {(workload, "steady", c) for c in cases}, repeats=1)
+    assert "tf-autotune" in cases, "the tests run with the tf extra installed"
+    assert f"drapps-static-{usable_cores()}" in cases
     table = markdown(results)
-    assert "Scenario `cpu-hog`, consumer `cpu-model`" in table
-    assert 'drapps, workers="auto"' in table and "x the best static" in table
+    assert f"#### `{workload}`, `steady`" in table and "Oracle static" in table
+    assert "skipped `drapps-rl`" in table or "drapps-rl" in cases
 
 
-def test_scenario_options_are_checked(tmp_path: Path) -> None:
-    with pytest.raises(
-        ValueError, match=r"consumer must be one of \['none', 'sleep', 'cpu-model'\]"
-    ):
-        BenchConfig(consumer="gpu", data_dir=tmp_path)
-    with pytest.raises(ValueError, match="scenario must be one of"):
-        BenchConfig(scenario="earthquake", data_dir=tmp_path)
-    with pytest.raises(ValueError, match="the sleep consumer needs step_ms > 0"):
-        BenchConfig(consumer="sleep", data_dir=tmp_path)
+@pytest.mark.timeout(900)
+def test_every_scenario_runs_and_is_recorded(tmp_path: Path) -> None:
+    scenarios = ("cpu-contention", "consumer-shift", "slow-io")
+    config = BenchConfig(
+        workloads=("image",),
+        scenarios=scenarios,
+        systems=("dataloader", "drapps-heuristic"),
+        workers=(1,),
+        size="smoke",
+        repeats=2,
+        measure_batches=9,
+        data_dir=tmp_path,
+    )
+    results = run_benchmark(config, progress=False)
+    cases = {("image", s, c) for s in scenarios for c in ("dataloader-1", "drapps-heuristic")}
+    check_runs(results, cases, repeats=2)
+    summary = {(r["scenario"], r["case"]): r for r in results["summary"]}
+    assert summary["slow-io", "dataloader-1"]["repeats"] == 2
+    assert set(results["scenarios"]) == set(scenarios)
+    pngs = plot(results, tmp_path / "plots")
+    names = {p.name for p in pngs}
+    assert names == {f"image-{s}-over-time.png" for s in scenarios} | {"image-end-to-end.png"}
+    assert all(p.read_bytes().startswith(b"\x89PNG") for p in pngs)
+
+
+def test_bad_configs_are_named() -> None:
+    with pytest.raises(ValueError, match=r"workload must be one of \['image', 'text', 'synth"):
+        BenchConfig(workloads=("imagenet",))
+    with pytest.raises(ValueError, match=r"scenario must be one of \['steady', 'cpu-contention'"):
+        BenchConfig(scenarios=("earthquake",))
+    with pytest.raises(ValueError, match=r"systems must be among \['dataloader', 'tf-autotune'"):
+        BenchConfig(systems=("tf",))
+    with pytest.raises(ValueError, match="'consumer-shift' changes the step time"):
+        BenchConfig(scenarios=("consumer-shift",), consumer="cpu-model")
+    with pytest.raises(ValueError, match="workload 'synthetic' reads no files"):
+        BenchConfig(workloads=("synthetic",), scenarios=("slow-io",))
+    with pytest.raises(ValueError, match="repeats must be >= 1, got 0"):
+        BenchConfig(repeats=0)
+    with pytest.raises(ValueError, match="size must be one of"):
+        BenchConfig(size="huge")
+
+
+def test_an_unavailable_system_named_outright_is_an_error(tmp_path: Path) -> None:
+    if SYSTEMS["drapps-rl"].unavailable() is None:
+        pytest.skip("an rl policy is registered")
+    config = BenchConfig(systems=("drapps-rl",), size="smoke", data_dir=tmp_path)
+    with pytest.raises(ValueError, match="system 'drapps-rl' cannot run here: no policy"):
+        run_benchmark(config, progress=False)
+
+
+def test_a_missing_corpus_says_how_to_get_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DRAPPS_TEXT_CORPUS", str(tmp_path / "missing"))
+    config = BenchConfig(workloads=("text",), size="smoke", data_dir=tmp_path)
+    with pytest.raises(FileNotFoundError, match=r"apt-get install python3\.11-doc"):
+        run_benchmark(config, progress=False)
+
+
+def test_progress_bar_counts_and_estimates() -> None:
+    stream = io.StringIO()
+    bar = Progress(4, stream=stream)
+    for i in range(4):
+        bar.update(f"case {i}")
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 4  # not a terminal: one line per run
+    assert lines[0].startswith("bench [#####...............] 1/4") and "case 0" in lines[0]
+    assert lines[-1].startswith("bench [####################] 4/4") and "0m00s left" in lines[-1]

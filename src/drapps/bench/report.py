@@ -53,6 +53,39 @@ def scenario_table(results: dict[str, Any], workload: str, scenario: str) -> lis
     return lines
 
 
+def headline(results: dict[str, Any]) -> list[str]:
+    """One row per workload and scenario: each system's throughput over the oracle static."""
+    others = sorted(
+        {r["case"] for r in results["summary"] if r["system"] != "dataloader"},
+        key=lambda c: (not c.startswith("tf"), c),
+    )
+    lines = [
+        "| workload, scenario | oracle static samples/s | "
+        + " | ".join(f"{c} / oracle" for c in others)
+        + " |",
+        "|---|---:|" + "---:|" * len(others),
+    ]
+    for workload in results["workloads"]:
+        for scenario in results["scenarios"]:
+            rows = {
+                r["case"]: r
+                for r in results["summary"]
+                if r["workload"] == workload and r["scenario"] == scenario
+            }
+            best = oracle_static(list(rows.values()))
+            if best is None:
+                continue
+            cells = [
+                f"{rows[c]['samples_per_s'] / best['samples_per_s']:.2f}x" if c in rows else "-"
+                for c in others
+            ]
+            lines.append(
+                f"| `{workload}`, `{scenario}` | {best['samples_per_s']:.0f} "
+                f"({best['case']}) | " + " | ".join(cells) + " |"
+            )
+    return lines if len(lines) > 2 else []
+
+
 def markdown(results: dict[str, Any]) -> str:
     """Every workload and scenario's table, with the method and machine they ran on."""
     config, env = results["config"], results["environment"]
@@ -78,6 +111,9 @@ def markdown(results: dict[str, Any]) -> str:
         lines.append(f"- scenario `{name}`: {summary}")
     for name, reason in results.get("skipped", {}).items():
         lines.append(f"- skipped `{name}`: {reason}")
+    summary = headline(results)
+    if summary:
+        lines += ["", *summary]
     for workload in results["workloads"]:
         for scenario in results["scenarios"]:
             lines += ["", *scenario_table(results, workload, scenario)]

@@ -49,6 +49,8 @@ class BenchConfig:
     the reason in the results). Naming an unavailable one is an error."""
     workers: tuple[int, ...] | None = None
     """DataLoader worker counts; None means 0..2x usable cores."""
+    static_workers: tuple[int, ...] | None = None
+    """drapps-static worker counts; None means one worker per usable core."""
     size: str = "default"
     """Data and run size: "smoke" (tests), "quick" (--quick) or "default"."""
     repeats: int = 3
@@ -85,8 +87,10 @@ class BenchConfig:
             raise ValueError(f"size must be one of {list(SIZES)}, got {self.size!r}")
         if self.consumer not in CONSUMERS:
             raise ValueError(f"consumer must be one of {list(CONSUMERS)}, got {self.consumer!r}")
-        if self.workers is not None and (not self.workers or min(self.workers) < 0):
-            raise ValueError(f"workers must be ints >= 0, got {self.workers}")
+        for name in ("workers", "static_workers"):
+            counts = getattr(self, name)
+            if counts is not None and (not counts or min(counts) < 0):
+                raise ValueError(f"{name} must be ints >= 0, got {counts}")
         if self.step_ms is not None and self.step_ms <= 0:
             raise ValueError(f"step_ms must be > 0, got {self.step_ms!r}")
         for name in ("repeats", "warmup_batches", "measure_batches"):
@@ -162,6 +166,8 @@ def plan_cases(config: BenchConfig, systems: list[str], cores: int) -> list[Case
                 variants = system_class(system).variants(cores)
                 if system == "dataloader" and config.workers is not None:
                     variants = list(config.workers)
+                if system == "drapps-static" and config.static_workers is not None:
+                    variants = list(config.static_workers)
                 cases += [Case(workload, scenario, system, w) for w in variants]
     return cases
 

@@ -69,8 +69,12 @@ class DrappsSystem(System):
 
 class DrappsStatic(DrappsSystem):
     name = "drapps-static"
-    summary = "drapps.Loader with one worker per usable core, fixed"
+    summary = "drapps.Loader with one worker per usable core (or --static-workers), fixed"
     policy = "static"
+
+    @classmethod
+    def case_name(cls, workers: Workers) -> str:
+        return f"drapps-static-{workers}"
 
 
 class DrappsHeuristic(DrappsSystem):
