@@ -126,3 +126,21 @@ def test_progress_bar_counts_and_estimates() -> None:
     assert len(lines) == 4  # not a terminal: one line per run
     assert lines[0].startswith("bench [#####...............] 1/4") and "case 0" in lines[0]
     assert lines[-1].startswith("bench [####################] 4/4") and "0m00s left" in lines[-1]
+
+
+@pytest.mark.timeout(600)
+def test_cpu_model_consumer_trains_on_every_workload(tmp_path: Path, corpus: Path) -> None:
+    config = BenchConfig(
+        workloads=("image", "text", "synthetic"),
+        scenarios=("steady",),
+        systems=("dataloader",),
+        workers=(0,),
+        consumer="cpu-model",
+        size="smoke",
+        repeats=1,
+        data_dir=tmp_path,
+    )
+    results = run_benchmark(config, progress=False)
+    cases = {(w, "steady", "dataloader-0") for w in ("image", "text", "synthetic")}
+    check_runs(results, cases, repeats=1)
+    assert "Consumer `cpu-model`" in markdown(results)

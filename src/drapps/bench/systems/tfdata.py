@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import Any
 
 import torch
@@ -16,17 +16,22 @@ from drapps.bench.workloads import Workload
 
 class _TfSource(Source):
     def __init__(self, dataset: Any) -> None:
-        self._batches = iter(dataset.as_numpy_iterator())
+        self._batches: Any = dataset.as_numpy_iterator()
+        self._it = self._torch_batches()
 
-    def __iter__(self) -> Iterator[Any]:
+    def _torch_batches(self) -> Generator[Any, None, None]:
         for x, y in self._batches:
             yield torch.from_numpy(x), torch.from_numpy(y)
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._it
 
     def workers(self) -> Workers:
         return "AUTOTUNE"
 
     def close(self) -> None:
-        self._batches = iter(())  # drops tf's iterator; its threads stop with it
+        self._it.close()
+        self._batches = None  # drops tf's iterator; its threads stop with it
 
 
 class TfDataSystem(System):
