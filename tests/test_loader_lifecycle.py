@@ -67,7 +67,10 @@ def test_exception_in_the_training_loop() -> None:
 def run_script(body: str) -> subprocess.Popen[str]:
     script = textwrap.dedent(
         f"""
-        import sys, time
+        import signal, sys, time
+        # As when started from a terminal, even if our own launcher ignored SIGINT (a shell
+        # starting a job in the background does): Ctrl-C must raise KeyboardInterrupt.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         sys.path[:0] = [{SRC!r}, {TESTS!r}]
         import drapps
         from helpers import SlowDataset
