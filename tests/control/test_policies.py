@@ -89,6 +89,19 @@ def test_shrinks_when_workers_sit_idle() -> None:
     assert world.settled() == 3 and min(world.history[-60:]) >= 2
 
 
+def test_a_shrink_that_starves_the_loop_is_undone_at_once() -> None:
+    world = World(per_worker=100, consumer=250, cores=8, workers=3)
+    actions = world.run(HeuristicPolicy(), ticks=200)
+    tries = [i for i, a in enumerate(actions) if a.workers < 0 and "trying 2" in a.reason]
+    undone = [i for i, a in enumerate(actions) if a.workers > 0 and "back to 3" in a.reason]
+    assert tries and len(undone) == len(tries)
+    # Each try at 2 workers (200 samples/s for a 250 consumer) is undone on the next tick,
+    # not after settle + window (6 ticks) of a starving loop.
+    assert all(u - t == 1 for t, u in zip(tries, undone, strict=True))
+    assert "the training loop waited 20%" in actions[undone[0]].reason
+    assert world.settled() == 3
+
+
 def test_readapts_when_the_consumer_gets_faster() -> None:
     world = World(per_worker=100, consumer=250, cores=8, workers=3)
     policy = HeuristicPolicy()

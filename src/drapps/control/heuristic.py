@@ -201,6 +201,15 @@ class HeuristicPolicy:
             self._recent.clear()
             return NOOP
         elapsed = self._tick - probe.started
+        if probe.direction < 0 and state.wait_fraction > c.wait_high:
+            # The shrink was tried because the loop did not wait; a tick in which it starves
+            # is answer enough. Waiting out settle + window would starve it for seconds
+            # (a quarter of the throughput lost for ~3 s a probe, measured by the bench).
+            summary = (
+                f"{probe.workers} workers: the training loop waited {state.wait_fraction:.0%} "
+                f"(with {probe.workers + 1}: {probe.wait:.0%})"
+            )
+            return self._fail(probe, summary)
         if elapsed <= c.settle:
             self._recent.clear()
             return NOOP
@@ -221,13 +230,20 @@ class HeuristicPolicy:
             f"{probe.workers} workers: {throughput:.0f} samples/s, waited {wait:.0%} "
             f"(with {before}: {probe.throughput:.0f} samples/s, waited {probe.wait:.0%})"
         )
-        backoff = self._backoff[probe.direction]
         if kept:
-            backoff.length = 0
+            self._backoff[probe.direction].length = 0
             return Action(reason=f"kept {summary}")
+        return self._fail(probe, summary)
+
+    def _fail(self, probe: _Probe, summary: str) -> Action:
+        """Undo a probe and back off from its direction (doubling on each failure)."""
+        c = self.config
+        self._probe = None
+        backoff = self._backoff[probe.direction]
         backoff.length = min(c.max_backoff, max(c.backoff, 2 * backoff.length))
         backoff.until = self._tick + backoff.length
         # Conditions as they were where we return to: a later change from these re-opens the try.
         backoff.wait, backoff.idle_share = probe.wait, probe.idle_share
         self._recent.clear()
+        before = probe.workers - probe.direction
         return Action(workers=-probe.direction, reason=f"back to {before}: {summary}")
