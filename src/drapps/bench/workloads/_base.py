@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
+from torch import nn
 
 from drapps.bench.throttle import IoThrottle
 
@@ -68,3 +69,44 @@ class Workload(ABC):
 
     def __len__(self) -> int:
         return int(self.params["samples"])
+
+
+def autotuned(dataset: Any, load: Callable[..., Any], size: int, batch_size: int, seed: int) -> Any:
+    """The tf.data recipe every workload uses on its ``size`` elements: reshuffled each epoch,
+    repeated, ``load`` mapped in parallel and batches prefetched, both AUTOTUNEd, whole batches
+    only (as ``drop_last=True`` on the torch side)."""
+    import tensorflow as tf
+
+    return (
+        dataset.shuffle(size, seed=seed, reshuffle_each_iteration=True)
+        .repeat()
+        .map(load, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
+        .batch(batch_size, drop_remainder=True)
+        .prefetch(tf.data.AUTOTUNE)
+    )
+
+
+class SgdStep:
+    """One SGD step of ``model`` on a batch: the ``cpu-model`` consumer's training step.
+
+    Args:
+        model: built after ``torch.manual_seed(seed)``, so every case trains the same weights.
+        loss: ``(output, y) -> loss``; cross-entropy by default.
+    """
+
+    def __init__(
+        self,
+        model: Callable[[], nn.Module],
+        loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = nn.functional.cross_entropy,
+        seed: int = 0,
+    ) -> None:
+        torch.manual_seed(seed)
+        self.model = model()
+        self.loss = loss
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01)
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        loss = self.loss(self.model(x), y)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()

@@ -18,7 +18,7 @@ from torch import nn
 
 from drapps.bench.data import make_jpeg_folder
 from drapps.bench.throttle import IoThrottle
-from drapps.bench.workloads._base import Workload
+from drapps.bench.workloads._base import SgdStep, Workload, autotuned
 from drapps.datasets import ImageFolder
 from drapps.ops import Compose, RandomHorizontalFlip, RandomResizedCrop, ToCHWTensor
 
@@ -78,14 +78,8 @@ class ImageWorkload(Workload):
             image = tf.transpose(tf.cast(tf.clip_by_value(image, 0, 255), tf.uint8), [2, 0, 1])
             return image, tf.cast(label, tf.int64)
 
-        return (
-            tf.data.Dataset.from_tensor_slices((paths, labels))
-            .shuffle(len(paths), seed=seed, reshuffle_each_iteration=True)
-            .repeat()
-            .map(load, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
-            .batch(batch_size, drop_remainder=True)
-            .prefetch(tf.data.AUTOTUNE)
-        )
+        slices = tf.data.Dataset.from_tensor_slices((paths, labels))
+        return autotuned(slices, load, len(paths), batch_size, seed)
 
     def expected(self, batch_size: int) -> list[tuple[tuple[int, ...], torch.dtype]]:
         return [((batch_size, 3, SIZE, SIZE), torch.uint8), ((batch_size,), torch.int64)]
@@ -94,7 +88,7 @@ class ImageWorkload(Workload):
         return (x.float() - _MEAN) / _STD
 
     def cpu_model(self) -> Callable[[torch.Tensor, torch.Tensor], None]:
-        return SmallCnn()
+        return SgdStep(small_cnn)
 
     def warm(self) -> None:
         for path, _ in ImageFolder(self.params["folder"]).samples:
@@ -102,22 +96,12 @@ class ImageWorkload(Workload):
                 file.read()
 
 
-class SmallCnn:
-    """A small CNN trained on each batch: conv -> pool -> linear, SGD."""
-
-    def __init__(self, classes: int = 9, seed: int = 0) -> None:
-        torch.manual_seed(seed)
-        self.model = nn.Sequential(
-            nn.Conv2d(3, 16, kernel_size=7, stride=4),
-            nn.ReLU(),
-            nn.AdaptiveAvgPool2d(8),
-            nn.Flatten(),
-            nn.Linear(16 * 8 * 8, classes),
-        )
-        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01)
-
-    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        loss = nn.functional.cross_entropy(self.model(x), y)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        self.optimizer.step()
+def small_cnn(classes: int = 9) -> nn.Module:
+    """A small CNN for the cpu-model consumer: conv -> pool -> linear."""
+    return nn.Sequential(
+        nn.Conv2d(3, 16, kernel_size=7, stride=4),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(8),
+        nn.Flatten(),
+        nn.Linear(16 * 8 * 8, classes),
+    )

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from drapps.bench.throttle import IoThrottle
-from drapps.bench.workloads._base import Workload
+from drapps.bench.workloads._base import SgdStep, Workload, autotuned
 
 _SAMPLES = {"smoke": 64, "quick": 4096, "default": 8192}
 COST_MS = 2.0
@@ -102,14 +102,8 @@ class SyntheticWorkload(Workload):
             data = tf.numpy_function(lambda i: samples.array(int(i)), [index], tf.uint8)
             return tf.ensure_shape(data, [samples.size]), index % 10
 
-        return (
-            tf.data.Dataset.range(len(samples))
-            .shuffle(len(samples), seed=seed, reshuffle_each_iteration=True)
-            .repeat()
-            .map(load, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
-            .batch(batch_size, drop_remainder=True)
-            .prefetch(tf.data.AUTOTUNE)
-        )
+        indices = tf.data.Dataset.range(len(samples))
+        return autotuned(indices, load, len(samples), batch_size, seed)
 
     def expected(self, batch_size: int) -> list[tuple[tuple[int, ...], torch.dtype]]:
         return [((batch_size, self.params["bytes"]), torch.uint8), ((batch_size,), torch.int64)]
@@ -118,19 +112,9 @@ class SyntheticWorkload(Workload):
         return x.float().div_(255.0)
 
     def cpu_model(self) -> Callable[[torch.Tensor, torch.Tensor], None]:
-        return _Mlp(self.params["bytes"])
-
-
-class _Mlp:
-    def __init__(self, inputs: int, seed: int = 0) -> None:
-        torch.manual_seed(seed)
-        self.model = torch.nn.Sequential(
-            torch.nn.Linear(inputs, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10)
+        inputs = self.params["bytes"]
+        return SgdStep(
+            lambda: torch.nn.Sequential(
+                torch.nn.Linear(inputs, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10)
+            )
         )
-        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01)
-
-    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        loss = torch.nn.functional.cross_entropy(self.model(x), y)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        self.optimizer.step()

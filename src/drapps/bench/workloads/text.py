@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from drapps.bench.throttle import IoThrottle
-from drapps.bench.workloads._base import Workload
+from drapps.bench.workloads._base import SgdStep, Workload, autotuned
 from drapps.ops.text import PackedText, write_corpus
 
 DEBIAN_DOCS = Path("/usr/share/doc/python3.11/html/_sources")
@@ -78,44 +78,33 @@ class TextWorkload(Workload):
             ids = tf.ensure_shape(tf.numpy_function(tokens, [index], tf.int64), [SEQ_LEN + 1])
             return ids[:-1], ids[1:]
 
-        return (
-            tf.data.Dataset.range(len(packed))
-            .shuffle(len(packed), seed=seed, reshuffle_each_iteration=True)
-            .repeat()
-            .map(load, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
-            .batch(batch_size, drop_remainder=True)
-            .prefetch(tf.data.AUTOTUNE)
-        )
+        indices = tf.data.Dataset.range(len(packed))
+        return autotuned(indices, load, len(packed), batch_size, seed)
 
     def expected(self, batch_size: int) -> list[tuple[tuple[int, ...], torch.dtype]]:
         return [((batch_size, SEQ_LEN), torch.int64), ((batch_size, SEQ_LEN), torch.int64)]
 
     def cpu_model(self) -> Callable[[torch.Tensor, torch.Tensor], None]:
-        return TinyLm()
+        return SgdStep(tiny_lm, loss=hashed_next_token_loss)
 
     def warm(self) -> None:
         Path(self.params["corpus"]).read_bytes()
 
 
-class TinyLm:
-    """Embedding -> MLP -> a hashed 1,024-way output, trained with SGD: a language model's
-    step in miniature (GPT-2's 50,257-way output would not fit 2 cores' time budget)."""
+HASHED_CLASSES = 1024
+"""The tiny LM predicts token ids modulo this: GPT-2's 50,257-way output would not fit 2 cores'
+time budget."""
 
-    classes = 1024
 
-    def __init__(self, dim: int = 64, seed: int = 0) -> None:
-        torch.manual_seed(seed)
-        self.model = nn.Sequential(
-            nn.Embedding(50257, dim),
-            nn.Linear(dim, dim),
-            nn.ReLU(),
-            nn.Linear(dim, self.classes),
-        )
-        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01)
+def tiny_lm(dim: int = 64) -> nn.Module:
+    """Embedding -> MLP -> a hashed 1,024-way output: a language model's step in miniature."""
+    return nn.Sequential(
+        nn.Embedding(50257, dim),
+        nn.Linear(dim, dim),
+        nn.ReLU(),
+        nn.Linear(dim, HASHED_CLASSES),
+    )
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        logits = self.model(x)
-        loss = nn.functional.cross_entropy(logits.flatten(0, 1), (y % self.classes).flatten())
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        self.optimizer.step()
+
+def hashed_next_token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return nn.functional.cross_entropy(logits.flatten(0, 1), (labels % HASHED_CLASSES).flatten())
