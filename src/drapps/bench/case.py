@@ -24,6 +24,12 @@ from drapps.bench.workloads import Workload, workload_class
 Step = Callable[[torch.Tensor, torch.Tensor, float], None]
 
 
+def process_tree(exclude: set[int]) -> list[psutil.Process]:
+    """This process and its live descendants, less the pids in ``exclude``."""
+    me = psutil.Process()
+    return [p for p in [me, *me.children(recursive=True)] if p.pid not in exclude]
+
+
 class TreeMemory:
     """Samples the summed RSS of this process and its descendants; keeps the peak.
 
@@ -40,12 +46,8 @@ class TreeMemory:
         self._thread.start()
 
     def sample(self) -> None:
-        me = psutil.Process()
         total = 0
-        skip = self._exclude()
-        for process in [me, *me.children(recursive=True)]:
-            if process.pid in skip:
-                continue
+        for process in process_tree(self._exclude()):
             try:
                 total += process.memory_info().rss
             except psutil.Error:
@@ -64,11 +66,8 @@ class TreeMemory:
 
 def tree_cpu_seconds(exclude: set[int]) -> dict[int, float]:
     """User + system CPU seconds of this process and each live descendant, by pid."""
-    me = psutil.Process()
     seconds = {}
-    for process in [me, *me.children(recursive=True)]:
-        if process.pid in exclude:
-            continue
+    for process in process_tree(exclude):
         try:
             times = process.cpu_times()
         except psutil.Error:

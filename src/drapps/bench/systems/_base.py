@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any, ClassVar
 
 from drapps.bench.throttle import IoThrottle
@@ -24,6 +24,38 @@ class Source(ABC):
 
     def close(self) -> None:  # noqa: B027 - most sources have nothing to release
         """Release workers, threads and shared memory."""
+
+
+class EpochSource(Source):
+    """A torch-style loader read epoch after epoch, so a run may be longer than the dataset.
+
+    Args:
+        loader: a re-iterable loader; each ``iter()`` is one epoch.
+        workers: reports the loader's worker count at the end of the run.
+    """
+
+    def __init__(self, loader: Any, workers: Callable[[], Workers]) -> None:
+        self.loader: Any = loader
+        self._workers = workers
+        self._it = self._epochs()
+
+    def _epochs(self) -> Generator[Any, None, None]:
+        while True:
+            yield from self.loader
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._it
+
+    def workers(self) -> Workers:
+        return self._workers()
+
+    def close(self) -> None:
+        self._it.close()
+        close = getattr(self.loader, "close", None)
+        if close is not None:
+            close()
+        # DataLoader has no close(): its persistent workers stop with the last reference.
+        self.loader = None
 
 
 class System(ABC):

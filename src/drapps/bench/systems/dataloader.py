@@ -2,37 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterator
-from typing import Any
-
 import torch
 from torch.utils.data import DataLoader
 
-from drapps.bench.systems._base import Source, System, Workers
+from drapps.bench.systems._base import EpochSource, Source, System, Workers
 from drapps.bench.throttle import IoThrottle
 from drapps.bench.workloads import Workload
-
-
-def epochs(loader: Any) -> Generator[Any, None, None]:
-    """Batches from epoch after epoch, so a run may be longer than the dataset."""
-    while True:
-        yield from loader
-
-
-class _DataLoaderSource(Source):
-    def __init__(self, loader: DataLoader[Any], workers: int) -> None:
-        self.loader, self._workers = loader, workers
-        self._it: Generator[Any, None, None] = epochs(loader)
-
-    def __iter__(self) -> Iterator[Any]:
-        return self._it
-
-    def workers(self) -> Workers:
-        return self._workers
-
-    def close(self) -> None:
-        self._it.close()
-        del self.loader  # persistent workers shut down with the last reference
 
 
 class DataLoaderSystem(System):
@@ -70,4 +45,4 @@ class DataLoaderSystem(System):
             # Runs span epochs; re-forking workers every epoch would be an unfair baseline.
             persistent_workers=workers > 0,
         )
-        return _DataLoaderSource(loader, workers)
+        return EpochSource(loader, lambda: workers)

@@ -7,31 +7,13 @@ workers and prefetch. ``drapps-rl`` is listed once a policy named "rl" is regist
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterator
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import drapps
-from drapps.bench.systems._base import Source, System, Workers
-from drapps.bench.systems.dataloader import epochs
+from drapps.bench.systems._base import EpochSource, Source, System, Workers
 from drapps.bench.throttle import IoThrottle
 from drapps.bench.workloads import Workload
 from drapps.control.policy import policy_names
-
-
-class _LoaderSource(Source):
-    def __init__(self, loader: drapps.Loader) -> None:
-        self.loader = loader
-        self._it: Generator[Any, None, None] = epochs(loader)
-
-    def __iter__(self) -> Iterator[Any]:
-        return self._it
-
-    def workers(self) -> Workers:
-        return self.loader.stats().workers
-
-    def close(self) -> None:
-        self._it.close()
-        self.loader.close()
 
 
 class DrappsSystem(System):
@@ -64,7 +46,7 @@ class DrappsSystem(System):
             workers=workers,  # type: ignore[arg-type]
             policy=self.policy,
         )
-        return _LoaderSource(loader)
+        return EpochSource(loader, lambda: loader.stats().workers)
 
 
 class DrappsStatic(DrappsSystem):
