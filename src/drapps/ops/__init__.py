@@ -2,10 +2,18 @@
 
 from drapps.ops.image import (
     Compose,
+    RandomCrop,
     RandomHorizontalFlip,
     RandomResizedCrop,
     ToCHWTensor,
     decode_jpeg,
 )
 
-__all__ = ["Compose", "RandomHorizontalFlip", "RandomResizedCrop", "ToCHWTensor", "decode_jpeg"]
+__all__ = [
+    "Compose",
+    "RandomCrop",
+    "RandomHorizontalFlip",
+    "RandomResizedCrop",
+    "ToCHWTensor",
+    "decode_jpeg",
+]

@@ -94,6 +94,38 @@ class RandomResizedCrop:
         return f"RandomResizedCrop(size={self.size}, scale={self.scale}, ratio={self.ratio})"
 
 
+class RandomCrop:
+    """Pad by ``padding`` pixels of zeros on every side, then crop a random ``size`` x ``size``.
+
+    The CIFAR augmentation (32x32 images, ``padding=4``).
+    """
+
+    def __init__(self, size: int, padding: int = 0) -> None:
+        if size < 1:
+            raise ValueError(f"size must be >= 1, got {size!r}")
+        if padding < 0:
+            raise ValueError(f"padding must be >= 0, got {padding!r}")
+        self.size, self.padding = size, padding
+
+    def __call__(self, image: np.ndarray) -> np.ndarray:
+        p = self.padding
+        if p:
+            pad = ((p, p), (p, p)) + ((0, 0),) * (image.ndim - 2)
+            image = np.pad(image, pad)
+        height, width = image.shape[:2]
+        if height < self.size or width < self.size:
+            raise ValueError(
+                f"cannot crop {self.size}x{self.size} from a padded {height}x{width} image"
+            )
+        rng = active_rng()
+        top = int(rng.integers(0, height - self.size + 1))
+        left = int(rng.integers(0, width - self.size + 1))
+        return image[top : top + self.size, left : left + self.size]
+
+    def __repr__(self) -> str:
+        return f"RandomCrop(size={self.size}, padding={self.padding})"
+
+
 class RandomHorizontalFlip:
     """Mirror left-right with probability ``p``."""
 

@@ -1,0 +1,352 @@
+"""Gradient accumulation whose factor k follows the gradient noise scale.
+
+The optimal batch size to train at is about B_noise (McCandlish et al. 2018): smaller batches
+waste steps on noise, bigger ones waste samples. :class:`AdaptiveAccumulation` measures B_noise
+from the micro-batches it already runs (each micro-batch's own gradient, read by a hook as
+autograd produces it, against the accumulated gradient of the whole step) and picks the number of
+micro-batches per optimizer step so that the effective batch tracks it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from drapps.train.noise_scale import GradientNoiseScale
+from drapps.train.precision import MixedPrecision
+
+logger = logging.getLogger(__name__)
+
+
+class BatchSizeFollower(Protocol):
+    """Anything told the effective batch size when it changes (e.g. :class:`WarmupCosine`)."""
+
+    def set_batch_size(self, batch_size: int) -> None: ...
+
+
+class AdaptiveAccumulation:
+    """Owns the accumulation factor ``k`` and sets it from a live estimate of B_noise.
+
+    Loss normalisation is the caller's, and it must make the accumulated gradient the mean over
+    every item of the step: sum the per-item losses of each micro-batch and divide by the items of
+    the whole step (see the example). Then micro-batches of unequal sizes (a short last one, or
+    variable token counts) weigh exactly as in one big batch.
+
+    With k = 1 there is only one micro-batch per step, so consecutive steps are paired instead:
+    the two steps' gradients are the small batches and their mean the big one (biased only by the
+    one parameter update between them).
+
+    Args:
+        model: the module whose parameters' gradients are measured.
+        micro_batch_size: items (samples or tokens) in a full micro-batch; ``k * micro_batch_size``
+            is the effective batch the noise scale is compared with.
+        min_k: fewest micro-batches per step.
+        max_k: most micro-batches per step.
+        k: the starting factor (``min_k`` by default).
+        tolerance: hysteresis; k changes only when the wanted factor differs from the current one
+            by at least this ratio ...
+        patience: ... for this many consecutive steps.
+        estimator: the :class:`GradientNoiseScale` to feed (a fresh one by default).
+        follower: told the new effective batch size whenever k changes, e.g. a
+            :class:`~drapps.train.WarmupCosine` that scales the learning rate with it.
+        max_overhead: the measurement's share of step time above which it switches itself off
+            (k then stays where it is); checked once, after ``patience`` steps.
+        measure: False for plain fixed-k accumulation: no hooks, no estimate, k never changes.
+
+    Example:
+        >>> import torch
+        >>> from torch import nn
+        >>> model = nn.Linear(4, 1)
+        >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        >>> acc = AdaptiveAccumulation(model, micro_batch_size=8, max_k=4)
+        >>> data = [(torch.randn(8, 4), torch.randn(8, 1)) for _ in range(6)]
+        >>> for group in acc.groups(data):
+        ...     items = sum(len(y) for _, y in group)
+        ...     for x, y in group:
+        ...         with acc.micro_batch(len(y)):
+        ...             loss = ((model(x) - y) ** 2).sum() / items
+        ...             loss.backward()
+        ...     stepped = acc.step(opt)
+        >>> acc.k
+        1
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        micro_batch_size: int,
+        *,
+        min_k: int = 1,
+        max_k: int = 16,
+        k: int | None = None,
+        tolerance: float = 1.5,
+        patience: int = 10,
+        estimator: GradientNoiseScale | None = None,
+        follower: BatchSizeFollower | None = None,
+        max_overhead: float = 0.1,
+        measure: bool = True,
+    ) -> None:
+        if micro_batch_size < 1:
+            raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size!r}")
+        if not 1 <= min_k <= max_k:
+            raise ValueError(f"need 1 <= min_k <= max_k, got min_k={min_k!r}, max_k={max_k!r}")
+        k = min_k if k is None else k
+        if not min_k <= k <= max_k:
+            raise ValueError(f"k must be in [{min_k}, {max_k}], got {k!r}")
+        if tolerance <= 1.0:
+            raise ValueError(f"tolerance must be > 1, got {tolerance!r}")
+        if patience < 1:
+            raise ValueError(f"patience must be >= 1, got {patience!r}")
+        if not max_overhead > 0.0:
+            raise ValueError(f"max_overhead must be > 0, got {max_overhead!r}")
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        if not self.params:
+            raise ValueError("model has no parameters that require gradients")
+        self.micro_batch_size = micro_batch_size
+        self.min_k, self.max_k, self._k = min_k, max_k, k
+        self.tolerance, self.patience = tolerance, patience
+        self.estimator = estimator if estimator is not None else GradientNoiseScale()
+        self.follower = follower
+        self.max_overhead = max_overhead
+        self.measuring = measure
+        self.steps = 0
+        self.history: list[tuple[int, int]] = [(0, k)]  # (step, k) at each change
+        self._want_streak = 0
+        self._items: list[int] = []  # item count of each micro-batch this step
+        self._sq_norms: list[torch.Tensor] = []  # raw squared norm of each micro-batch gradient
+        self._current: torch.Tensor | None = None
+        self._previous: tuple[torch.Tensor, float, int] | None = None  # for k == 1 pairing
+        self._measure_seconds = 0.0
+        self._step_started: float | None = None
+        self._step_seconds = 0.0
+        self._handles = [p.register_hook(self._on_grad) for p in self.params] if measure else []
+        if follower is not None:
+            follower.set_batch_size(self.batch_size)
+
+    @property
+    def k(self) -> int:
+        """Micro-batches per optimizer step."""
+        return self._k
+
+    @property
+    def noise_scale(self) -> float | None:
+        """The current B_noise estimate in items, or None before enough steps."""
+        return self.estimator.estimate
+
+    @property
+    def batch_size(self) -> int:
+        """The effective batch size in items: ``k * micro_batch_size``."""
+        return self._k * self.micro_batch_size
+
+    def groups(self, micro_batches: Iterable[Any]) -> Iterator[list[Any]]:
+        """Group an iterable of micro-batches into lists of ``k`` (the last may be shorter).
+
+        ``k`` is read again before each group, so a change made by :meth:`step` applies to the
+        next group.
+        """
+        group: list[Any] = []
+        for item in micro_batches:
+            group.append(item)
+            if len(group) >= self._k:
+                yield group
+                group = []
+        if group:
+            yield group
+
+    @contextlib.contextmanager
+    def micro_batch(self, items: int) -> Iterator[None]:
+        """Wrap one micro-batch's forward and backward; ``items`` is its sample or token count."""
+        if items < 1:
+            raise ValueError(f"items must be >= 1, got {items!r}")
+        if self._current is not None:
+            raise RuntimeError("micro_batch() contexts cannot be nested")
+        if self._step_started is None:
+            self._step_started = time.perf_counter()
+        self._current = torch.zeros((), dtype=torch.float64, device=self.params[0].device)
+        try:
+            yield
+        finally:
+            sq_norm, self._current = self._current, None
+        self._items.append(items)
+        self._sq_norms.append(sq_norm)
+
+    def _on_grad(self, grad: torch.Tensor) -> None:
+        # Autograd hands the hook this backward's gradient for one parameter, before it is added
+        # into .grad: exactly the micro-batch's contribution.
+        if self._current is not None and self.measuring:
+            start = time.perf_counter()
+            norm = torch.linalg.vector_norm(grad.detach(), dtype=torch.float32)
+            self._current += norm.double() ** 2
+            self._measure_seconds += time.perf_counter() - start
+
+    def step(self, optimizer: torch.optim.Optimizer, scaler: Any = None) -> bool:
+        """Finish the step: measure, step the optimizer, zero the gradients, maybe change k.
+
+        Args:
+            optimizer: the optimizer to step.
+            scaler: for fp16, a :class:`~drapps.train.MixedPrecision` or a
+                ``torch.amp.GradScaler``. The gradients are unscaled before they are measured,
+                and a step whose gradients overflowed is skipped (by the scaler), not measured.
+
+        Returns:
+            Whether the optimizer stepped (False for an overflowed fp16 step).
+        """
+        if not self._items:
+            raise RuntimeError("step() called with no micro_batch() since the last step")
+        amp = scaler if isinstance(scaler, MixedPrecision) else None
+        grad_scaler = amp.scaler if amp is not None else scaler
+        scaled = grad_scaler is not None and grad_scaler.is_enabled()
+        scale = float(grad_scaler.get_scale()) if scaled else 1.0
+        if scaled:
+            grad_scaler.unscale_(optimizer)
+        start = time.perf_counter()
+        finite = self._measure(scale) if self.measuring else True
+        self._measure_seconds += time.perf_counter() - start
+        if amp is not None:
+            stepped = amp.step(optimizer)
+        elif scaled:
+            before = grad_scaler.get_scale()
+            grad_scaler.step(optimizer)
+            grad_scaler.update()
+            stepped = grad_scaler.get_scale() >= before
+        else:
+            # Unscaled non-finite gradients would corrupt the weights: skip, like GradScaler.
+            stepped = finite
+            if finite:
+                optimizer.step()
+            else:
+                logger.warning(
+                    "accumulation: non-finite gradients at step %d; step skipped", self.steps
+                )
+        optimizer.zero_grad(set_to_none=True)
+        self._items, self._sq_norms = [], []
+        self.steps += 1
+        if self._step_started is not None:
+            self._step_seconds += time.perf_counter() - self._step_started
+            self._step_started = None
+        self._check_overhead()
+        if self.measuring:
+            self._adapt()
+        return stepped
+
+    def _grad_sq_norm(self) -> torch.Tensor:
+        total = torch.zeros((), dtype=torch.float64, device=self.params[0].device)
+        for p in self.params:
+            if p.grad is not None:
+                total += (
+                    torch.linalg.vector_norm(p.grad.detach(), dtype=torch.float32).double() ** 2
+                )
+        return total
+
+    def _measure(self, scale: float) -> bool:
+        items = self._items
+        total = sum(items)
+        big = float(self._grad_sq_norm())
+        if not math.isfinite(big):
+            self._previous = None
+            return False
+        # The hooks saw gradients of sum(losses) / total, scaled by the loss scale: micro-batch
+        # i's mean gradient is its raw gradient times total / n_i, divided by the scale.
+        raw = torch.stack(self._sq_norms).tolist()
+        means = [r * (total / n) ** 2 / scale**2 for r, n in zip(raw, items, strict=True)]
+        if not all(math.isfinite(m) for m in means):
+            self._previous = None
+            return False
+        if len(items) >= 2:
+            small_batch = len(items) / sum(1.0 / n for n in items)
+            self.estimator.update(sum(means) / len(means), small_batch, big, total)
+        else:
+            self._pair_with_previous(big, total)
+        return True
+
+    def _pair_with_previous(self, sq_norm: float, items: int) -> None:
+        flat = torch.cat(
+            [p.grad.detach().double().flatten() for p in self.params if p.grad is not None]
+        )
+        if self._previous is None:
+            self._previous = (flat, sq_norm, items)
+            return
+        prev_flat, prev_sq_norm, prev_items = self._previous
+        self._previous = None
+        if prev_flat.shape != flat.shape:
+            return
+        both = prev_items + items
+        mean = (prev_flat * prev_items + flat * items) / both
+        small_batch = 2.0 / (1.0 / prev_items + 1.0 / items)
+        self.estimator.update(
+            (prev_sq_norm + sq_norm) / 2.0, small_batch, float(mean.pow(2).sum()), both
+        )
+
+    def _adapt(self) -> None:
+        estimate = self.estimator.estimate
+        if estimate is None:
+            return
+        wanted = self.max_k if math.isinf(estimate) else round(estimate / self.micro_batch_size)
+        wanted = min(self.max_k, max(self.min_k, wanted))
+        ratio = wanted / self._k
+        if ratio >= self.tolerance or ratio <= 1.0 / self.tolerance:
+            self._want_streak += 1
+        else:
+            self._want_streak = 0
+        if self._want_streak >= self.patience:
+            logger.info(
+                "accumulation: k %d -> %d (B_noise ~ %.0f items, micro-batch %d)",
+                self._k,
+                wanted,
+                estimate,
+                self.micro_batch_size,
+            )
+            self._k, self._want_streak = wanted, 0
+            self._previous = None
+            self.history.append((self.steps, wanted))
+            if self.follower is not None:
+                self.follower.set_batch_size(self.batch_size)
+
+    def _check_overhead(self) -> None:
+        if self.steps != self.patience or not self.measuring or self._step_seconds <= 0.0:
+            return
+        share = self._measure_seconds / self._step_seconds
+        if share > self.max_overhead:
+            logger.warning(
+                "accumulation: measuring the noise scale took %.0f%% of step time "
+                "(limit %.0f%%); switched off, k stays %d",
+                100 * share,
+                100 * self.max_overhead,
+                self._k,
+            )
+            self.measuring = False
+
+    @property
+    def overhead(self) -> float:
+        """Share of step time spent measuring the noise scale so far."""
+        return self._measure_seconds / self._step_seconds if self._step_seconds > 0 else 0.0
+
+    def close(self) -> None:
+        """Remove the gradient hooks; the object then only groups and steps."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        self.measuring = False
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "k": self._k,
+            "steps": self.steps,
+            "measuring": self.measuring,
+            "estimator": self.estimator.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._k = int(state["k"])
+        self.steps = int(state["steps"])
+        self.measuring = bool(state["measuring"])
+        self.estimator.load_state_dict(state["estimator"])
+        if self.follower is not None:
+            self.follower.set_batch_size(self.batch_size)

@@ -1,0 +1,110 @@
+"""The gradient noise scale B_noise = tr(Sigma) / |G|^2 (McCandlish et al. 2018, appendix A).
+
+Two gradient estimates of the same parameters from different batch sizes suffice: with
+``E|G_B|^2 = |G|^2 + tr(Sigma) / B``, the squared norms at a small size ``b`` and a big size
+``B`` give unbiased estimates of both terms:
+
+    |G|^2     ~ (B |G_B|^2 - b |G_b|^2) / (B - b)
+    tr(Sigma) ~ (|G_b|^2 - |G_B|^2) / (1/b - 1/B)
+
+Each single estimate is very noisy, so the numerator and the denominator are averaged separately
+(an exponential moving average of each) and the estimate is the ratio of the averages, never the
+average of ratios, which would be biased by the noisy denominator.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+class GradientNoiseScale:
+    """Running estimate of the critical batch size from pairs of small- and big-batch gradients.
+
+    Sizes are in whatever unit the loss is averaged over: samples for classification, tokens for a
+    language model. The estimate is then in the same unit.
+
+    Args:
+        beta: EMA decay of the two averaged terms; ``0.95`` averages about the last 20 updates.
+        min_updates: updates before :attr:`estimate` reports a value.
+
+    Example:
+        >>> gns = GradientNoiseScale(min_updates=1)
+        >>> gns.update(small_sq_norm=3.0, small_batch=1, big_sq_norm=1.5, big_batch=4)
+        >>> round(gns.estimate, 3)  # |G|^2 = 1.0, tr(Sigma) = 2.0
+        2.0
+    """
+
+    def __init__(self, beta: float = 0.95, min_updates: int = 5) -> None:
+        if not 0.0 <= beta < 1.0:
+            raise ValueError(f"beta must be in [0, 1), got {beta!r}")
+        if min_updates < 1:
+            raise ValueError(f"min_updates must be >= 1, got {min_updates!r}")
+        self.beta = beta
+        self.min_updates = min_updates
+        self.updates = 0
+        self._sq_norm = 0.0  # EMA of the |G|^2 estimates (bias-corrected on read)
+        self._trace = 0.0  # EMA of the tr(Sigma) estimates
+
+    def update(
+        self, small_sq_norm: float, small_batch: float, big_sq_norm: float, big_batch: float
+    ) -> None:
+        """Add one pair of measurements.
+
+        Args:
+            small_sq_norm: mean squared norm of the small-batch mean gradients (e.g. the mean over
+                the micro-batches of one accumulated step).
+            small_batch: the small batch size; for micro-batches of unequal sizes ``n_i``, their
+                harmonic mean ``1 / mean(1 / n_i)``, which keeps the estimator unbiased.
+            big_sq_norm: squared norm of the big-batch mean gradient (the accumulated gradient).
+            big_batch: the big batch size (all items of the step).
+        """
+        if not (0 < small_batch < big_batch):
+            raise ValueError(
+                f"need 0 < small_batch < big_batch, got small_batch={small_batch!r}, "
+                f"big_batch={big_batch!r}"
+            )
+        if not (math.isfinite(small_sq_norm) and math.isfinite(big_sq_norm)):
+            raise ValueError(
+                f"gradient norms must be finite, got small_sq_norm={small_sq_norm!r}, "
+                f"big_sq_norm={big_sq_norm!r}; skip non-finite (overflowed) steps"
+            )
+        sq_norm = (big_batch * big_sq_norm - small_batch * small_sq_norm) / (
+            big_batch - small_batch
+        )
+        trace = (small_sq_norm - big_sq_norm) / (1.0 / small_batch - 1.0 / big_batch)
+        self._sq_norm = self.beta * self._sq_norm + (1.0 - self.beta) * sq_norm
+        self._trace = self.beta * self._trace + (1.0 - self.beta) * trace
+        self.updates += 1
+
+    @property
+    def gradient_sq_norm(self) -> float | None:
+        """Averaged estimate of the true gradient's squared norm ``|G|^2``."""
+        return None if self.updates == 0 else self._sq_norm / (1.0 - self.beta**self.updates)
+
+    @property
+    def trace(self) -> float | None:
+        """Averaged estimate of the per-item gradient covariance trace ``tr(Sigma)``."""
+        return None if self.updates == 0 else self._trace / (1.0 - self.beta**self.updates)
+
+    @property
+    def estimate(self) -> float | None:
+        """The current B_noise, or None before ``min_updates`` updates.
+
+        ``math.inf`` when the averaged ``|G|^2`` is not positive: the noise swamps the signal,
+        so any batch size is too small to resolve it.
+        """
+        if self.updates < self.min_updates:
+            return None
+        # The bias corrections of numerator and denominator cancel in the ratio.
+        if self._sq_norm <= 0.0:
+            return math.inf
+        return max(self._trace, 0.0) / self._sq_norm
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"updates": self.updates, "sq_norm": self._sq_norm, "trace": self._trace}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.updates = int(state["updates"])
+        self._sq_norm = float(state["sq_norm"])
+        self._trace = float(state["trace"])
