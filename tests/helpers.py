@@ -232,3 +232,61 @@ class BusyDataset:
         while time.process_time() - start < self.cpu_s:
             pass
         return torch.tensor(i)
+
+
+# ------------------------------------------------------------------------- training toolkit
+
+
+def linear_regression_batches(
+    generator: torch.Generator, sizes: list[int], dim: int = 10
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Micro-batches of x ~ N(0, I), y = noise ~ N(0, 1): pure noise targets for a known B_noise."""
+    return [
+        (torch.randn(n, dim, generator=generator), torch.randn(n, 1, generator=generator))
+        for n in sizes
+    ]
+
+
+def regression_b_noise(distance_sq: float, noise_var: float, dim: int) -> float:
+    """Analytic B_noise of 0.5 (w.x - y)^2 with x ~ N(0, I_dim), y = w*.x + N(0, noise_var).
+
+    With d = w - w*: G = d, per-item gradient covariance Sigma = (|d|^2 + s^2) I + d d^T, so
+    tr(Sigma) / |G|^2 = (dim (|d|^2 + s^2) + |d|^2) / |d|^2.
+    """
+    return (dim * (distance_sq + noise_var) + distance_sq) / distance_sq
+
+
+def tiny_mlp(seed: int = 0) -> torch.nn.Sequential:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(
+        torch.nn.Linear(6, 16),
+        torch.nn.Tanh(),
+        torch.nn.Linear(16, 16),
+        torch.nn.Tanh(),
+        torch.nn.Linear(16, 3),
+    )
+
+
+def zero_rank_training(rank: int, world: int, zero: int, steps: int, out: str) -> None:
+    """One rank of a ZeRO run: tiny_mlp, AdamW, each rank half of a fixed global batch."""
+    from drapps.train import full_state_dict, make_optimizer, shard
+
+    model = tiny_mlp()
+    model = shard(model, zero, blocks=[model[0], model[2]] if zero == 2 else None)
+    optimizer = make_optimizer(model, zero, torch.optim.AdamW, lr=1e-2, weight_decay=0.01)
+    for step in range(steps):
+        x, y = zero_batch(step)
+        share = len(x) // world
+        xs, ys = x[rank * share : (rank + 1) * share], y[rank * share : (rank + 1) * share]
+        loss = torch.nn.functional.cross_entropy(model(xs), ys)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    state = full_state_dict(model)
+    if rank == 0:
+        torch.save(state, out)
+
+
+def zero_batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(100 + step)
+    return torch.randn(16, 6, generator=g), torch.randint(0, 3, (16,), generator=g)

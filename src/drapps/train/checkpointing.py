@@ -162,7 +162,8 @@ def saved_activations() -> Iterator[_SavedBytes]:
     counter = _SavedBytes()
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
-        if not isinstance(tensor, nn.Parameter):
+        # Weights are not activations, also when saved as a view (a Linear saves weight.t()).
+        if not isinstance(tensor, nn.Parameter) and not isinstance(tensor._base, nn.Parameter):
             storage = tensor.untyped_storage()
             key = (storage.data_ptr(), storage.nbytes())
             if key not in counter._seen:

@@ -1,0 +1,234 @@
+"""AdaptiveAccumulation: exact gradients for any micro-batching, k with hysteresis, AMP."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+import torch
+from helpers import tiny_mlp
+
+from drapps.train import AdaptiveAccumulation, GradientNoiseScale, MixedPrecision
+
+
+def grads(model: torch.nn.Module) -> list[torch.Tensor]:
+    return [p.grad.detach().clone() for p in model.parameters()]
+
+
+class GradRecorder(torch.optim.SGD):
+    """An optimizer that records the gradients it is stepped with and changes nothing."""
+
+    def __init__(self, params: Any) -> None:
+        super().__init__(params, lr=0.0)
+        self.seen: list[list[torch.Tensor]] = []
+
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+        self.seen.append([p.grad.detach().clone() for g in self.param_groups for p in g["params"]])
+
+
+def test_k_micro_batches_give_the_big_batch_gradient_with_an_uneven_last_one() -> None:
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(21, 6, generator=g), torch.randint(0, 3, (21,), generator=g)
+    big = tiny_mlp()
+    torch.nn.functional.cross_entropy(big(x), y).backward()
+    model = tiny_mlp()
+    optimizer = GradRecorder(model.parameters())
+    acc = AdaptiveAccumulation(model, micro_batch_size=8, min_k=3, max_k=3)
+    micro = [(x[i : i + 8], y[i : i + 8]) for i in range(0, 21, 8)]  # 8, 8, 5
+    (group,) = list(acc.groups(micro))
+    items = sum(len(t) for _, t in group)
+    for xb, yb in group:
+        with acc.micro_batch(len(yb)):
+            loss = torch.nn.functional.cross_entropy(model(xb), yb, reduction="sum") / items
+            loss.backward()
+    assert acc.step(optimizer)
+    for ours, want in zip(optimizer.seen[0], grads(big), strict=True):
+        torch.testing.assert_close(ours, want, rtol=1e-5, atol=1e-6)
+    assert all(p.grad is None for p in model.parameters())  # zeroed for the next step
+
+
+def test_token_count_normalisation_matches_one_padded_batch() -> None:
+    # Language-model micro-batches with different numbers of real (unpadded) tokens.
+    torch.manual_seed(1)
+    vocab, dim = 11, 8
+    embed = torch.nn.Sequential(torch.nn.Embedding(vocab, dim), torch.nn.Linear(dim, vocab))
+    ids = torch.randint(0, vocab, (6, 5))
+    labels = torch.randint(0, vocab, (6, 5))
+    labels[0, 2:] = -100  # padding, ignored
+    labels[4, 1:] = -100
+    reference = torch.nn.Sequential(torch.nn.Embedding(vocab, dim), torch.nn.Linear(dim, vocab))
+    reference.load_state_dict(embed.state_dict())
+    logits = reference(ids)
+    torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten()).backward()
+    optimizer = GradRecorder(embed.parameters())
+    acc = AdaptiveAccumulation(embed, micro_batch_size=10, min_k=3, max_k=3)
+    micro = [(ids[i : i + 2], labels[i : i + 2]) for i in range(0, 6, 2)]
+    tokens = [int((lb != -100).sum()) for _, lb in micro]
+    assert len(set(tokens)) > 1
+    for (xb, lb), n in zip(micro, tokens, strict=True):
+        with acc.micro_batch(n):
+            out = embed(xb).flatten(0, 1)
+            loss = torch.nn.functional.cross_entropy(out, lb.flatten(), reduction="sum")
+            (loss / sum(tokens)).backward()
+    acc.step(optimizer)
+    for ours, want in zip(optimizer.seen[0], grads(reference), strict=True):
+        torch.testing.assert_close(ours, want, rtol=1e-5, atol=1e-6)
+
+
+class FixedEstimate(GradientNoiseScale):
+    """An estimator whose B_noise is set by the test."""
+
+    def __init__(self, value: float | None) -> None:
+        super().__init__()
+        self.value = value
+
+    def update(self, *args: float) -> None:
+        self.updates += 1
+
+    @property
+    def estimate(self) -> float | None:
+        return self.value
+
+
+class BatchLog:
+    def __init__(self) -> None:
+        self.sizes: list[int] = []
+
+    def set_batch_size(self, batch_size: int) -> None:
+        self.sizes.append(batch_size)
+
+
+def run_steps(acc: AdaptiveAccumulation, model: torch.nn.Module, steps: int) -> list[int]:
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    g = torch.Generator().manual_seed(0)
+    ks = []
+    for _ in range(steps):
+        for _ in range(acc.k):
+            with acc.micro_batch(4):
+                model(torch.randn(4, 6, generator=g)).square().mean().backward()
+        acc.step(optimizer)
+        ks.append(acc.k)
+    return ks
+
+
+def test_k_follows_the_noise_scale_only_after_patience_and_within_bounds() -> None:
+    model = tiny_mlp()
+    estimator = FixedEstimate(40.0)  # wants 40 / 4 = 10 micro-batches
+    follower = BatchLog()
+    acc = AdaptiveAccumulation(
+        model, 4, max_k=8, patience=3, estimator=estimator, follower=follower, max_overhead=math.inf
+    )
+    assert follower.sizes == [4]
+    assert run_steps(acc, model, 4) == [1, 1, 8, 8]  # clipped to max_k on the third step
+    assert follower.sizes == [4, 32]
+    estimator.value = 36.0  # wants 9 -> 8: within tolerance, no change
+    assert run_steps(acc, model, 5) == [8] * 5
+    estimator.value = 8.0  # wants 2: a 4x drop
+    assert run_steps(acc, model, 3) == [8, 8, 2]
+    assert acc.history == [(0, 1), (3, 8), (12, 2)]
+
+
+def test_a_single_step_away_does_not_move_k() -> None:
+    model = tiny_mlp()
+    estimator = FixedEstimate(4.0)
+    acc = AdaptiveAccumulation(
+        model, 4, k=4, max_k=8, patience=3, estimator=estimator, max_overhead=math.inf
+    )
+    ks = []
+    for value in [40.0, 40.0, 16.0, 40.0, 40.0, 16.0]:  # never 3 steps in a row away from 4
+        estimator.value = value
+        ks += run_steps(acc, model, 1)
+    assert ks == [4] * 6
+
+
+def test_fp16_loss_scaling_is_measured_unscaled_and_overflow_steps_are_skipped() -> None:
+    def estimate(amp: MixedPrecision | None) -> tuple[float | None, list[bool]]:
+        model = tiny_mlp()
+        acc = AdaptiveAccumulation(
+            model,
+            4,
+            min_k=2,
+            max_k=2,
+            estimator=GradientNoiseScale(min_updates=1),
+            max_overhead=math.inf,
+        )
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+        g = torch.Generator().manual_seed(0)
+        stepped = []
+        for step in range(4):
+            for _ in range(2):
+                with acc.micro_batch(4):
+                    loss = model(torch.randn(4, 6, generator=g)).square().sum() / 8
+                    if amp is None:
+                        loss.backward()
+                    else:
+                        amp.backward(loss)
+            if step == 2 and amp is not None:
+                next(model.parameters()).grad[0, 0] = math.inf  # an fp16 overflow
+            stepped.append(acc.step(optimizer, amp))
+        return acc.noise_scale, stepped
+
+    plain, plain_steps = estimate(None)
+    scaled, scaled_steps = estimate(MixedPrecision("fp16", "cpu", init_scale=2.0**10))
+    assert plain_steps == [True] * 4
+    assert scaled_steps == [True, True, False, True]
+    assert scaled is not None and plain is not None
+    # The overflowed step is left out of the scaled run's average, so compare loosely; a missed
+    # unscale would be off by the scale squared (2**20).
+    assert scaled == pytest.approx(plain, rel=0.5)
+
+
+def test_measurement_switches_itself_off_when_it_costs_too_much() -> None:
+    model = tiny_mlp()
+    acc = AdaptiveAccumulation(model, 4, min_k=2, max_k=4, patience=3, max_overhead=1e-9)
+    run_steps(acc, model, 5)
+    assert not acc.measuring
+    assert acc.overhead > 1e-9
+    k = acc.k
+    run_steps(acc, model, 3)
+    assert acc.k == k
+
+
+def test_fixed_accumulation_registers_no_hooks() -> None:
+    model = tiny_mlp()
+    acc = AdaptiveAccumulation(model, 4, min_k=2, max_k=2, measure=False)
+    assert run_steps(acc, model, 3) == [2, 2, 2]
+    assert acc.noise_scale is None
+
+
+def test_misuse_is_named() -> None:
+    model = tiny_mlp()
+    with pytest.raises(ValueError, match="micro_batch_size"):
+        AdaptiveAccumulation(model, 0)
+    with pytest.raises(ValueError, match="min_k"):
+        AdaptiveAccumulation(model, 4, min_k=3, max_k=2)
+    with pytest.raises(ValueError, match="tolerance"):
+        AdaptiveAccumulation(model, 4, tolerance=1.0)
+    with pytest.raises(ValueError, match="no parameters"):
+        AdaptiveAccumulation(torch.nn.ReLU(), 4)
+    acc = AdaptiveAccumulation(model, 4)
+    with pytest.raises(RuntimeError, match="no micro_batch"):
+        acc.step(torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(ValueError, match="items"), acc.micro_batch(0):
+        pass
+    with acc.micro_batch(4), pytest.raises(RuntimeError, match="nested"), acc.micro_batch(4):
+        pass
+
+
+def test_state_dict_round_trip_restores_k_and_the_estimate() -> None:
+    model = tiny_mlp()
+    acc = AdaptiveAccumulation(
+        model,
+        4,
+        min_k=2,
+        max_k=2,
+        estimator=GradientNoiseScale(min_updates=1),
+        max_overhead=math.inf,
+    )
+    run_steps(acc, model, 3)
+    other = AdaptiveAccumulation(
+        tiny_mlp(), 4, min_k=1, max_k=4, estimator=GradientNoiseScale(min_updates=1)
+    )
+    other.load_state_dict(acc.state_dict())
+    assert (other.k, other.noise_scale, other.steps) == (acc.k, acc.noise_scale, acc.steps)

@@ -1,0 +1,105 @@
+"""GradientNoiseScale: the two-batch estimator, alone and fed by AdaptiveAccumulation's hooks."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from helpers import linear_regression_batches, regression_b_noise
+
+from drapps.train import AdaptiveAccumulation, GradientNoiseScale
+
+
+def test_one_exact_pair_recovers_both_terms() -> None:
+    gns = GradientNoiseScale(min_updates=1)
+    # |G|^2 = 1, tr(Sigma) = 2: E|G_b|^2 = 1 + 2/b gives 3.0 at b=1 and 1.5 at B=4.
+    gns.update(small_sq_norm=3.0, small_batch=1, big_sq_norm=1.5, big_batch=4)
+    assert gns.gradient_sq_norm == pytest.approx(1.0)
+    assert gns.trace == pytest.approx(2.0)
+    assert gns.estimate == pytest.approx(2.0)
+
+
+def test_no_estimate_before_min_updates_and_inf_when_noise_swamps_signal() -> None:
+    gns = GradientNoiseScale(min_updates=2)
+    gns.update(3.0, 1, 1.5, 4)
+    assert gns.estimate is None
+    gns.update(1.0, 1, 2.0, 4)  # the big batch's norm exceeds the small: |G|^2 estimate > 0
+    assert gns.estimate is not None
+    swamped = GradientNoiseScale(min_updates=1)
+    swamped.update(small_sq_norm=1.0, small_batch=1, big_sq_norm=0.1, big_batch=2)
+    assert swamped.estimate == math.inf
+
+
+def test_ratio_of_averages_not_average_of_ratios() -> None:
+    gns = GradientNoiseScale(beta=0.5, min_updates=1)
+    gns.update(3.0, 1, 1.5, 4)  # |G|^2 1, trace 2: ratio 2
+    gns.update(5.0, 1, 3.5, 4)  # |G|^2 3, trace 2: ratio 2/3
+    # EMA weights 1/3 and 2/3: |G|^2 averages 7/3, the trace 2, so the estimate is 6/7; the
+    # average of the two ratios would be 10/9.
+    assert gns.estimate == pytest.approx(6 / 7)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (
+            {"small_sq_norm": 1.0, "small_batch": 4, "big_sq_norm": 1.0, "big_batch": 4},
+            "small_batch",
+        ),
+        (
+            {"small_sq_norm": math.nan, "small_batch": 1, "big_sq_norm": 1.0, "big_batch": 4},
+            "finite",
+        ),
+    ],
+)
+def test_bad_updates_are_named(kwargs: dict[str, float], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        GradientNoiseScale().update(**kwargs)
+
+
+def test_bad_settings_are_named() -> None:
+    with pytest.raises(ValueError, match="beta"):
+        GradientNoiseScale(beta=1.0)
+    with pytest.raises(ValueError, match="min_updates"):
+        GradientNoiseScale(min_updates=0)
+
+
+def test_state_dict_round_trip() -> None:
+    gns = GradientNoiseScale(min_updates=1)
+    gns.update(3.0, 1, 1.5, 4)
+    other = GradientNoiseScale(min_updates=1)
+    other.load_state_dict(gns.state_dict())
+    assert other.estimate == gns.estimate
+
+
+@pytest.mark.parametrize(
+    "sizes",
+    [[8, 8, 8, 8], [8, 8, 5], [8]],
+    ids=["k4", "uneven-last", "k1-paired-steps"],
+)
+def test_estimate_lands_within_20_percent_of_analytic_b_noise(sizes: list[int]) -> None:
+    dim, distance_sq, noise_var = 10, 1.0, 1.0
+    expected = regression_b_noise(distance_sq, noise_var, dim)  # 21 items
+    model = torch.nn.Linear(dim, 1, bias=False)
+    with torch.no_grad():
+        model.weight.zero_()
+        model.weight[0, 0] = math.sqrt(distance_sq)  # w* = 0, so d = w
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # hold w: the true B_noise is fixed
+    acc = AdaptiveAccumulation(
+        model,
+        micro_batch_size=8,
+        min_k=len(sizes),
+        max_k=len(sizes),
+        estimator=GradientNoiseScale(beta=0.995),
+        max_overhead=math.inf,
+    )
+    g = torch.Generator().manual_seed(0)
+    for _ in range(1000):
+        group = linear_regression_batches(g, sizes, dim)
+        items = sum(len(y) for _, y in group)
+        for x, y in group:
+            with acc.micro_batch(len(y)):
+                (0.5 * (model(x) - y).square().sum() / items).backward()
+        acc.step(optimizer)
+    assert acc.noise_scale == pytest.approx(expected, rel=0.2)

@@ -1,0 +1,48 @@
+"""ZeRO-2 (FSDP2), ZeRO-1 and DDP on 2 gloo processes match single-process training."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import tiny_mlp, zero_batch, zero_rank_training
+
+from drapps.train import make_optimizer, shard, spawn
+
+
+def single_process(steps: int) -> dict[str, torch.Tensor]:
+    model = tiny_mlp()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
+    for step in range(steps):
+        x, y = zero_batch(step)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return model.state_dict()
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("zero", [2, 1, 0])
+def test_two_gloo_ranks_match_one_process(zero: int, tmp_path: Path) -> None:
+    steps = 4
+    out = tmp_path / "state.pt"
+    spawn(zero_rank_training, 2, zero, steps, str(out))
+    sharded = torch.load(out)
+    want = single_process(steps)
+    assert sharded.keys() == want.keys()
+    start = tiny_mlp().state_dict()
+    for name, value in want.items():
+        assert not torch.equal(value, start[name])  # training moved every tensor
+        torch.testing.assert_close(sharded[name], value, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_bad_stage_and_missing_process_group_are_named() -> None:
+    with pytest.raises(ValueError, match="zero"):
+        shard(tiny_mlp(), zero=3)
+    with pytest.raises(RuntimeError, match="torchrun"):
+        shard(tiny_mlp(), zero=2)
+    with pytest.raises(ValueError, match="zero"):
+        make_optimizer(tiny_mlp(), 4, torch.optim.SGD, lr=0.1)
+    with pytest.raises(ValueError, match="nprocs"):
+        spawn(zero_rank_training, 0)

@@ -1,0 +1,175 @@
+"""The reference trainer and `drapps train`, end to end on tiny files in the real formats."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from drapps.cli import main
+from drapps.datasets import write_cifar10, write_wikitext
+from drapps.train import TrainConfig, train
+from drapps.train.standin import write_cifar10_standin, write_wikitext2_standin
+
+PROSE = (
+    " = Robert Boulter = \n\n Robert Boulter is an English film , television and theatre actor . "
+    "He had a guest @-@ starring role on the television series The Bill in 2000 . \n"
+)
+
+
+@pytest.fixture(scope="module")
+def cifar(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two easy classes (dark and bright images) in CIFAR-10's python format."""
+    root = tmp_path_factory.mktemp("cifar")
+    rng = np.random.default_rng(0)
+
+    def split(n: int) -> tuple[np.ndarray, np.ndarray]:
+        labels = rng.integers(0, 2, n)
+        images = rng.integers(0, 96, (n, 3, 32, 32)) + 150 * labels[:, None, None, None]
+        return images.astype(np.uint8), labels
+
+    write_cifar10(root, split(160), split(32), format="python")
+    return root
+
+
+@pytest.fixture(scope="module")
+def wikitext(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("wikitext")
+    write_wikitext(root, {"train": PROSE * 60, "valid": PROSE * 4, "test": PROSE * 4})
+    return root
+
+
+def test_resnet_recipe_with_every_single_process_piece(cifar: Path) -> None:
+    config = TrainConfig(
+        recipe="resnet-cifar10",
+        data=str(cifar),
+        model="resnet18-w4",
+        amp="bf16",
+        accumulate="gns",
+        max_k=4,
+        checkpointing="sqrt",
+        schedule="warmup-cosine",
+        lr=3e-3,
+        micro_batch=16,
+        max_steps=12,
+        eval_every=6,
+        target=0.0,
+        workers=1,
+        log_every=4,
+    )
+    report = train(config)
+    assert report.steps == 12 and report.items >= 12 * 16
+    assert [step for step, _, _ in report.evaluations] == [6, 12]
+    assert report.final_quality is not None and 0.0 <= report.final_quality <= 100.0
+    assert report.time_to_target is not None  # 0% is reached at the first evaluation
+    assert report.throughput > 0 and report.peak_memory_bytes > 0
+    assert 1 <= report.final_k <= 4
+    # The amp and checkpointing trials (2 warm-up + 2 x 4 timed steps each) both ended.
+    assert len(report.decisions) == 2
+    assert report.decisions[0].startswith("amp bf16: ")
+    assert report.decisions[1].startswith("checkpointing: ")
+
+
+def test_gpt2_recipe_learns_and_an_unreached_target_is_reported(
+    wikitext: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = TrainConfig(
+        recipe="gpt2-wikitext2",
+        data=str(wikitext),
+        model="gpt2-tiny",
+        accumulate="2",
+        lr=3e-3,
+        micro_batch=4,
+        max_steps=20,
+        eval_every=20,
+        target=1.0,
+        workers=0,
+    )
+    report = train(config)
+    assert report.items_unit == "tokens" and report.items == 20 * 2 * 4 * 64
+    assert report.final_quality is not None and report.final_quality < 2000  # from ~50,257
+    assert report.time_to_target is None
+    out = capsys.readouterr().out
+    assert "step    20" in out and "eval step 20: perplexity" in out
+    assert "not reached" in report.describe()
+
+
+@pytest.mark.timeout(240)
+def test_zero2_over_two_processes(wikitext: Path) -> None:
+    config = TrainConfig(
+        recipe="gpt2-wikitext2",
+        data=str(wikitext),
+        model="gpt2-tiny",
+        zero=2,
+        nproc=2,
+        micro_batch=4,
+        max_steps=4,
+        eval_every=4,
+        eval_batches=2,
+        workers=0,
+    )
+    report = train(config)
+    assert report.steps == 4
+    assert report.items == 4 * 2 * 4 * 64  # both ranks' tokens
+    assert report.final_quality is not None
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        ({"recipe": "bert-squad"}, "unknown recipe"),
+        ({"model": "resnet152"}, "has models"),
+        ({"amp": "fp8"}, "amp"),
+        ({"accumulate": "lots"}, "accumulate"),
+        ({"checkpointing": "half"}, "checkpointing"),
+        ({"zero": 3}, "zero"),
+        ({"zero": 2, "accumulate": "gns"}, "not supported"),
+        ({"nproc": 2}, "nproc"),
+        ({"schedule": "step"}, "schedule"),
+        ({"max_steps": 0}, "max_steps"),
+        ({"workers": -1}, "workers"),
+        ({"data": "/no/such/folder"}, "does not exist"),
+    ],
+)
+def test_bad_configs_are_named(cifar: Path, overrides: dict[str, object], match: str) -> None:
+    settings: dict[str, object] = {"recipe": "resnet-cifar10", "data": str(cifar)}
+    settings.update(overrides)
+    with pytest.raises((ValueError, FileNotFoundError), match=match):
+        TrainConfig(**settings)  # type: ignore[arg-type]
+
+
+def test_cli_trains_and_writes_the_report(
+    cifar: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "report.json"
+    args = ["train", "--recipe", "resnet-cifar10", "--data", str(cifar), "--model", "resnet18-w4"]
+    args += ["--micro-batch", "16", "--max-steps", "3", "--workers", "0", "--out", str(out)]
+    assert main(args) == 0
+    assert "final accuracy" in capsys.readouterr().out
+    report = json.loads(out.read_text())
+    assert report["steps"] == 3 and report["settings"]["amp"] == "fp32"
+
+
+def test_cli_names_bad_input(cifar: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "--recipe", "nope", "--data", str(cifar)]) == 2
+    assert "unknown recipe 'nope'" in capsys.readouterr().err
+    empty = cifar.parent / "empty"
+    empty.mkdir(exist_ok=True)
+    assert main(["train", "--recipe", "resnet-cifar10", "--data", str(empty)]) == 2
+    assert "no CIFAR-10 batches" in capsys.readouterr().err
+
+
+def test_standins_are_in_the_real_formats(tmp_path: Path) -> None:
+    folder = write_cifar10_standin(tmp_path / "cifar", train_per_class=5, test_per_class=2)
+    assert (folder / "data_batch_5.bin").stat().st_size == 10 * 3073  # 50 images over 5 files
+    assert main(["train-data", "cifar10", str(tmp_path / "cli"), "--small"]) == 0
+    sources = tmp_path / "docs"
+    sources.mkdir()
+    for i in range(40):
+        (sources / f"page{i}.rst.txt").write_text(f"Page {i}\n======\n\n{PROSE}")
+    wiki = write_wikitext2_standin(tmp_path / "wiki", sources=sources)
+    assert {p.name for p in wiki.iterdir()} == {"wiki.train.raw", "wiki.valid.raw", "wiki.test.raw"}
+    with pytest.raises(FileNotFoundError, match=r"python3\.11-doc"):
+        write_wikitext2_standin(tmp_path / "none", sources=tmp_path / "missing")
