@@ -237,6 +237,29 @@ def _train_data(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train_ablation(args: argparse.Namespace) -> int:
+    from drapps.train.ablation import ARMS, markdown, run_ablation
+
+    common = [a for a in args.train_args if a != "--"]
+    if not common:
+        print("drapps train-ablation: give the drapps train options after --", file=sys.stderr)
+        return 2
+    try:
+        results = run_ablation(
+            common, arms=args.arms or tuple(ARMS), repeats=args.repeats, seed=args.seed
+        )
+    except (ValueError, RuntimeError) as exc:
+        print(f"drapps train-ablation: {exc}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    table = markdown(results)
+    (out / "results.md").write_text(table)
+    print(table)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="drapps", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
@@ -352,6 +375,20 @@ def _add_train_parsers(commands: Any) -> None:
     data.add_argument("out", help="folder to write")
     data.add_argument("--small", action="store_true", help="a tenth of the size")
     data.set_defaults(run=_train_data)
+    ablation = commands.add_parser(
+        "train-ablation",
+        help="the toolkit's ablation: baseline, each piece alone, all together",
+        description="Run `drapps train` with the options after -- once per arm (baseline, "
+        "warmup-cosine, accumulate-gns, amp-bf16, checkpointing, all), each in a fresh "
+        "process with the off-switches disabled, repeats interleaved; writes results.json "
+        "and results.md (medians, each arm against the baseline).",
+    )
+    ablation.add_argument("--arms", type=_name_list, help="subset of arms (default all)")
+    ablation.add_argument("--repeats", type=int, default=1, help="interleaved repeats (1)")
+    ablation.add_argument("--seed", type=int, default=0, help="shuffle seed of the run order")
+    ablation.add_argument("--out", default="train-ablation", help="output folder")
+    ablation.add_argument("train_args", nargs=argparse.REMAINDER, help="-- drapps train options")
+    ablation.set_defaults(run=_train_ablation)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -159,6 +159,8 @@ class TrainReport:
     time_to_target: float | None
     """Training seconds until the target quality was first reached; None if never."""
     final_k: int
+    activation_bytes: int
+    """Bytes autograd kept for backward on one micro-batch at step 1 (device independent)."""
     noise_scale: float | None
     decisions: list[str] = field(default_factory=list)
     evaluations: list[tuple[int, float, float]] = field(default_factory=list)
@@ -171,6 +173,8 @@ class TrainReport:
             f"{self.items:,} {self.items_unit} in {self.train_seconds:.1f} s",
             f"  throughput      {self.throughput:,.0f} {self.items_unit}/s",
             f"  peak memory     {self.peak_memory_bytes / 2**20:,.0f} MiB ({self.memory_kind})",
+            f"  activations     {self.activation_bytes / 2**20:,.1f} MiB kept for backward "
+            "per micro-batch",
         ]
         if self.final_quality is not None:
             lines.append(f"  final {self.quality_name:9s} {self.final_quality:.3f}")
@@ -395,7 +399,7 @@ class Trainer:
         def trial() -> OffSwitch | None:
             return next((s for s in switches.values() if s.decided is None), None)
 
-        train_seconds, total_items = 0.0, 0
+        train_seconds, total_items, activation_bytes = 0.0, 0, 0
         time_to_target: float | None = None
         evaluations: list[tuple[int, float, float]] = []
         losses: list[float] = []
@@ -420,8 +424,12 @@ class Trainer:
             total = sum(counts)
             for batch, count in zip(group, counts, strict=True):
                 with accumulation.micro_batch(count):
-                    with amp.autocast() if use_amp else contextlib.nullcontext():
+                    # The first micro-batch also counts what autograd keeps for backward.
+                    probe = saved_activations() if step == 1 else contextlib.nullcontext()
+                    with probe as counter, amp.autocast() if use_amp else contextlib.nullcontext():
                         loss_sum, _ = recipe.loss_sum(model, batch, device)
+                    if counter is not None:
+                        activation_bytes = max(activation_bytes, counter.bytes)
                     amp.backward(loss_sum / total)
                 sums.append(float(loss_sum.detach()))
                 step_items += count
@@ -481,6 +489,7 @@ class Trainer:
             final_quality=quality,
             time_to_target=time_to_target,
             final_k=accumulation.k,
+            activation_bytes=activation_bytes,
             noise_scale=accumulation.noise_scale,
             decisions=decisions,
             evaluations=evaluations,
