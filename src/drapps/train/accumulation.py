@@ -268,7 +268,7 @@ class AdaptiveAccumulation:
 
     def _pair_with_previous(self, sq_norm: float, items: int) -> None:
         flat = torch.cat(
-            [p.grad.detach().double().flatten() for p in self.params if p.grad is not None]
+            [p.grad.detach().float().flatten() for p in self.params if p.grad is not None]
         )
         if self._previous is None:
             self._previous = (flat, sq_norm, items)
@@ -278,7 +278,7 @@ class AdaptiveAccumulation:
         if prev_flat.shape != flat.shape:
             return
         both = prev_items + items
-        mean = (prev_flat * prev_items + flat * items) / both
+        mean = (prev_flat * prev_items + flat * items).double() / both
         small_batch = 2.0 / (1.0 / prev_items + 1.0 / items)
         self.estimator.update(
             (prev_sq_norm + sq_norm) / 2.0, small_batch, float(mean.pow(2).sum()), both

@@ -268,63 +268,67 @@ class Trainer:
             workers=config.workers,
         )
         eval_loader = Loader(eval_set, batch_size=micro, workers=0)
-        if len(loader) == 0:
-            raise ValueError(f"the training split has fewer than {micro} items (one micro-batch)")
-        model = recipe.model(self.model_name).to(device)
-        stack: CheckpointedSequential | None = None
-        if config.checkpointing != "none":
-            text = config.checkpointing
-            stack = checkpoint_blocks(_blocks(model), int(text) if text.isdigit() else text)
-            model.blocks = stack
-        blocks = list(_blocks(model)) if config.zero == 2 else None
-        if config.zero is not None:
-            model = shard(model, config.zero, blocks=blocks)
-        optimizer = make_optimizer(
-            model, config.zero or 0, torch.optim.AdamW, lr=config.lr, weight_decay=0.01
-        )
-        amp = MixedPrecision(config.amp, device.type)  # type: ignore[arg-type]
-        gns = config.accumulate == "gns"
-        k0 = 1 if gns else int(config.accumulate)
-        items_per_micro = micro if recipe.items_unit == "samples" else None
-        # The first batch tells how many items (tokens) a micro-batch holds.
-        batches = _forever(loader)
-        first = next(batches)
-        if items_per_micro is None:
-            items_per_micro = int(first[1].numel())
-        batches = itertools.chain([first], batches)
-        scheduler: WarmupCosine | None = None
-        if config.schedule == "warmup-cosine":
-            scheduler = WarmupCosine(
-                optimizer,
-                warmup=int(config.warmup * config.max_steps),
-                total=config.max_steps,
-                base_batch_size=k0 * items_per_micro * self.world,
-                scaling=config.scaling,  # type: ignore[arg-type]
+        try:
+            if len(loader) == 0:
+                raise ValueError(
+                    f"the training split has fewer than {micro} items (one micro-batch)"
+                )
+            model = recipe.model(self.model_name).to(device)
+            stack: CheckpointedSequential | None = None
+            if config.checkpointing != "none":
+                text = config.checkpointing
+                stack = checkpoint_blocks(_blocks(model), int(text) if text.isdigit() else text)
+                model.blocks = stack
+            blocks = list(_blocks(model)) if config.zero == 2 else None
+            if config.zero is not None:
+                model = shard(model, config.zero, blocks=blocks)
+            optimizer = make_optimizer(
+                model, config.zero or 0, torch.optim.AdamW, lr=config.lr, weight_decay=0.01
             )
-        accumulation = AdaptiveAccumulation(
-            model,
-            items_per_micro,
-            min_k=1 if gns else k0,
-            max_k=config.max_k if gns else k0,
-            follower=scheduler,
-            measure=gns,
-        )
-        switches = self._switches(config, amp, stack, model, first, device)
-        report = self._loop(
-            model,
-            optimizer,
-            scheduler,
-            amp,
-            accumulation,
-            switches,
-            stack,
-            batches,
-            eval_loader,
-            device,
-            items_per_micro,
-        )
-        loader.close()
-        eval_loader.close()
+            amp = MixedPrecision(config.amp, device.type)  # type: ignore[arg-type]
+            gns = config.accumulate == "gns"
+            k0 = 1 if gns else int(config.accumulate)
+            items_per_micro = micro if recipe.items_unit == "samples" else None
+            # The first batch tells how many items (tokens) a micro-batch holds.
+            batches = _forever(loader)
+            first = next(batches)
+            if items_per_micro is None:
+                items_per_micro = int(first[1].numel())
+            batches = itertools.chain([first], batches)
+            scheduler: WarmupCosine | None = None
+            if config.schedule == "warmup-cosine":
+                scheduler = WarmupCosine(
+                    optimizer,
+                    warmup=int(config.warmup * config.max_steps),
+                    total=config.max_steps,
+                    base_batch_size=k0 * items_per_micro * self.world,
+                    scaling=config.scaling,  # type: ignore[arg-type]
+                )
+            accumulation = AdaptiveAccumulation(
+                model,
+                items_per_micro,
+                min_k=1 if gns else k0,
+                max_k=config.max_k if gns else k0,
+                follower=scheduler,
+                measure=gns,
+            )
+            switches = self._switches(config, amp, stack, model, first, device)
+            report = self._loop(
+                model,
+                optimizer,
+                scheduler,
+                amp,
+                accumulation,
+                switches,
+                stack,
+                batches,
+                eval_loader,
+                device,
+                items_per_micro,
+            )
+        finally:
+            loader.close()
+            eval_loader.close()
         return report
 
     def _switches(
