@@ -142,17 +142,22 @@ def test_a_single_step_away_does_not_move_k() -> None:
     assert ks == [4] * 6
 
 
+def measuring_k2(model: torch.nn.Module) -> AdaptiveAccumulation:
+    """k fixed at 2 micro-batches of 4, estimating from the first step, never switched off."""
+    return AdaptiveAccumulation(
+        model,
+        4,
+        min_k=2,
+        max_k=2,
+        estimator=GradientNoiseScale(min_updates=1),
+        max_overhead=math.inf,
+    )
+
+
 def test_fp16_loss_scaling_is_measured_unscaled_and_overflow_steps_are_skipped() -> None:
     def estimate(amp: MixedPrecision | None) -> tuple[float | None, list[bool]]:
         model = tiny_mlp()
-        acc = AdaptiveAccumulation(
-            model,
-            4,
-            min_k=2,
-            max_k=2,
-            estimator=GradientNoiseScale(min_updates=1),
-            max_overhead=math.inf,
-        )
+        acc = measuring_k2(model)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
         g = torch.Generator().manual_seed(0)
         stepped = []
@@ -218,14 +223,7 @@ def test_misuse_is_named() -> None:
 
 def test_state_dict_round_trip_restores_k_and_the_estimate() -> None:
     model = tiny_mlp()
-    acc = AdaptiveAccumulation(
-        model,
-        4,
-        min_k=2,
-        max_k=2,
-        estimator=GradientNoiseScale(min_updates=1),
-        max_overhead=math.inf,
-    )
+    acc = measuring_k2(model)
     run_steps(acc, model, 3)
     other = AdaptiveAccumulation(
         tiny_mlp(), 4, min_k=1, max_k=4, estimator=GradientNoiseScale(min_updates=1)
