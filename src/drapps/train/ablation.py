@@ -80,12 +80,16 @@ def _median(values: list[float | None]) -> float | None:
 
 
 def _medians(reports: list[dict[str, Any]]) -> dict[str, float | None]:
-    keys = ("time_to_target", "throughput", "peak_memory_bytes", "activation_bytes")
-    medians = {key: _median([r[key] for r in reports]) for key in keys}
-    medians["final_quality"] = _median([r["final_quality"] for r in reports])
-    medians["train_seconds"] = _median([r["train_seconds"] for r in reports])
-    medians["final_k"] = _median([r["final_k"] for r in reports])
-    return medians
+    keys = (
+        "time_to_target",
+        "throughput",
+        "peak_memory_bytes",
+        "activation_bytes",
+        "final_quality",
+        "train_seconds",
+        "final_k",
+    )
+    return {key: _median([r[key] for r in reports]) for key in keys}
 
 
 def markdown(results: dict[str, Any]) -> str:

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from drapps.train.noise_scale import GradientNoiseScale
-from drapps.train.precision import MixedPrecision
+from drapps.train.precision import MixedPrecision, step_scaler
 
 logger = logging.getLogger(__name__)
 
@@ -212,10 +212,7 @@ class AdaptiveAccumulation:
         if amp is not None:
             stepped = amp.step(optimizer)
         elif scaled:
-            before = grad_scaler.get_scale()
-            grad_scaler.step(optimizer)
-            grad_scaler.update()
-            stepped = grad_scaler.get_scale() >= before
+            stepped = step_scaler(grad_scaler, optimizer)
         else:
             # Unscaled non-finite gradients would corrupt the weights: skip, like GradScaler.
             stepped = finite

@@ -24,6 +24,18 @@ PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def step_scaler(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> bool:
+    """``scaler.step`` then ``scaler.update``; whether the optimizer stepped.
+
+    GradScaler skips a step whose gradients overflowed and lowers its scale for it, so a lower
+    scale after the update is exactly a skipped step.
+    """
+    before = scaler.get_scale()
+    scaler.step(optimizer)
+    scaler.update()
+    return scaler.get_scale() >= before
+
+
 class LossScaleCollapseError(RuntimeError):
     """fp16 loss scaling collapsed: gradients overflow at every scale, so no step is taken."""
 
@@ -121,10 +133,7 @@ class MixedPrecision:
         if not self.scaler.is_enabled():
             optimizer.step()
             return True
-        before = self.scaler.get_scale()
-        self.scaler.step(optimizer)
-        self.scaler.update()
-        stepped = self.scaler.get_scale() >= before
+        stepped = step_scaler(self.scaler, optimizer)
         self.record(stepped)
         return stepped
 

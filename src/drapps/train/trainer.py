@@ -288,12 +288,10 @@ class Trainer:
             amp = MixedPrecision(config.amp, device.type)  # type: ignore[arg-type]
             gns = config.accumulate == "gns"
             k0 = 1 if gns else int(config.accumulate)
-            items_per_micro = micro if recipe.items_unit == "samples" else None
-            # The first batch tells how many items (tokens) a micro-batch holds.
+            # The first batch tells how many items (samples or tokens) a micro-batch holds.
             batches = _forever(loader)
             first = next(batches)
-            if items_per_micro is None:
-                items_per_micro = int(first[1].numel())
+            items_per_micro = recipe.items(first)
             batches = itertools.chain([first], batches)
             scheduler: WarmupCosine | None = None
             if config.schedule == "warmup-cosine":
@@ -367,7 +365,7 @@ class Trainer:
         stack.enabled = False
         try:
             with saved_activations() as counter:
-                loss, _ = self.recipe.loss_sum(model, batch, device)
+                loss = self.recipe.loss_sum(model, batch, device)
             del loss
         finally:
             stack.enabled = True
@@ -422,21 +420,19 @@ class Trainer:
                 stack.enabled = setting(ckpt_switch)
             on_trial = trial()
             start = time.perf_counter()
-            step_items = 0
             sums = []
-            counts = [self._items(batch) for batch in group]
+            counts = [recipe.items(batch) for batch in group]
             total = sum(counts)
             for batch, count in zip(group, counts, strict=True):
                 with accumulation.micro_batch(count):
                     # The first micro-batch also counts what autograd keeps for backward.
                     probe = saved_activations() if step == 1 else contextlib.nullcontext()
                     with probe as counter, amp.autocast() if use_amp else contextlib.nullcontext():
-                        loss_sum, _ = recipe.loss_sum(model, batch, device)
+                        loss_sum = recipe.loss_sum(model, batch, device)
                     if counter is not None:
                         activation_bytes = max(activation_bytes, counter.bytes)
                     amp.backward(loss_sum / total)
                 sums.append(float(loss_sum.detach()))
-                step_items += count
             accumulation.step(optimizer, amp)
             if scheduler is not None:
                 scheduler.step()
@@ -449,11 +445,11 @@ class Trainer:
                     slowest = torch.tensor([seconds], device=device)
                     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
                     seconds = float(slowest)
-                on_trial.record(seconds, step_items)
+                on_trial.record(seconds, total)
             train_seconds += seconds
-            total_items += step_items * self.world
+            total_items += total * self.world
             losses.append(sum(sums) / total)
-            times.append((seconds, step_items * self.world))
+            times.append((seconds, total * self.world))
             if step % config.log_every == 0 or step == 1:
                 self._progress(step, losses, times, accumulation, optimizer, device)
             if step % config.eval_every == 0 or step == config.max_steps:
@@ -498,10 +494,6 @@ class Trainer:
             decisions=decisions,
             evaluations=evaluations,
         )
-
-    def _items(self, batch: Any) -> int:
-        labels = batch[1]
-        return int(labels.numel()) if self.recipe.items_unit == "tokens" else len(labels)
 
     def _progress(
         self,

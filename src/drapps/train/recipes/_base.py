@@ -34,10 +34,13 @@ class Recipe(abc.ABC):
         """A fresh model; it keeps its residual blocks in ``model.blocks`` (an nn.Sequential)."""
 
     @abc.abstractmethod
-    def loss_sum(
-        self, model: nn.Module, batch: Any, device: torch.device
-    ) -> tuple[torch.Tensor, int]:
-        """Summed (not averaged) loss over the batch's items, and the item count."""
+    def loss_sum(self, model: nn.Module, batch: Any, device: torch.device) -> torch.Tensor:
+        """Summed (not averaged) loss over the batch's items."""
+
+    def items(self, batch: Any) -> int:
+        """What the loss sums over in ``batch``: its samples, or its label tokens."""
+        labels = batch[1]
+        return int(labels.numel()) if self.items_unit == "tokens" else len(labels)
 
     @abc.abstractmethod
     def score(self, loss_sum: float, correct: int, items: int) -> float:

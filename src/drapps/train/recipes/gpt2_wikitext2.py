@@ -41,20 +41,17 @@ class GPT2WikiText2(Recipe):
         self.check_model(name)
         return GPT2(_MODELS[name])
 
-    def loss_sum(
-        self, model: nn.Module, batch: Any, device: torch.device
-    ) -> tuple[torch.Tensor, int]:
+    def loss_sum(self, model: nn.Module, batch: Any, device: torch.device) -> torch.Tensor:
         ids, labels = batch
         labels = labels.to(device, non_blocking=True)
         logits = model(ids.to(device, non_blocking=True))
         loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), reduction="sum")
-        return loss, labels.numel()
+        return loss
 
     def evaluate_batch(
         self, model: nn.Module, batch: Any, device: torch.device
     ) -> tuple[float, int, int]:
-        loss, items = self.loss_sum(model, batch, device)
-        return float(loss), 0, items
+        return float(self.loss_sum(model, batch, device)), 0, self.items(batch)
 
     def score(self, loss_sum: float, correct: int, items: int) -> float:
         return math.exp(min(loss_sum / items, 50.0))

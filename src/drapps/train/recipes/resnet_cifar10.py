@@ -50,13 +50,10 @@ class ResNetCIFAR10(Recipe):
         std = torch.tensor(STD, device=device).view(1, 3, 1, 1)
         return (images.to(device, non_blocking=True).float() / 255.0 - mean) / std
 
-    def loss_sum(
-        self, model: nn.Module, batch: Any, device: torch.device
-    ) -> tuple[torch.Tensor, int]:
+    def loss_sum(self, model: nn.Module, batch: Any, device: torch.device) -> torch.Tensor:
         images, labels = batch
         logits = model(self._inputs(images, device))
-        loss = F.cross_entropy(logits.float(), labels.to(device), reduction="sum")
-        return loss, len(labels)
+        return F.cross_entropy(logits.float(), labels.to(device), reduction="sum")
 
     def evaluate_batch(
         self, model: nn.Module, batch: Any, device: torch.device
@@ -66,7 +63,7 @@ class ResNetCIFAR10(Recipe):
         logits = model(self._inputs(images, device)).float()
         loss = F.cross_entropy(logits, labels, reduction="sum")
         correct = int((logits.argmax(1) == labels).sum())
-        return float(loss), correct, len(labels)
+        return float(loss), correct, self.items(batch)
 
     def score(self, loss_sum: float, correct: int, items: int) -> float:
         return 100.0 * correct / items
