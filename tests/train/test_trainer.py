@@ -173,3 +173,38 @@ def test_standins_are_in_the_real_formats(tmp_path: Path) -> None:
     assert {p.name for p in wiki.iterdir()} == {"wiki.train.raw", "wiki.valid.raw", "wiki.test.raw"}
     with pytest.raises(FileNotFoundError, match=r"python3\.11-doc"):
         write_wikitext2_standin(tmp_path / "none", sources=tmp_path / "missing")
+
+
+def test_a_split_smaller_than_one_micro_batch_is_named(cifar: Path) -> None:
+    config = TrainConfig(
+        recipe="resnet-cifar10", data=str(cifar), model="resnet18-w4", micro_batch=1000
+    )
+    with pytest.raises(ValueError, match="fewer than 1000 items"):
+        train(config)
+
+
+@pytest.mark.timeout(240)
+def test_ablation_runs_each_arm_in_a_fresh_process_and_tabulates(
+    cifar: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "ablation"
+    args = ["train-ablation", "--arms", "baseline,checkpointing", "--out", str(out), "--"]
+    args += ["--recipe", "resnet-cifar10", "--data", str(cifar), "--model", "resnet18-w4"]
+    args += ["--micro-batch", "16", "--max-steps", "2", "--workers", "0", "--target", "0"]
+    assert main(args) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert set(results["runs"]) == {"baseline", "checkpointing"}
+    assert results["runs"]["checkpointing"][0]["settings"]["checkpointing"] == "sqrt"
+    assert results["runs"]["checkpointing"][0]["settings"]["adaptive"] is False
+    medians = results["medians"]
+    assert medians["checkpointing"]["activation_bytes"] < medians["baseline"]["activation_bytes"]
+    table = (out / "results.md").read_text()
+    assert "| baseline |" in table and "| checkpointing |" in table
+    assert table in capsys.readouterr().out
+
+
+def test_ablation_names_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train-ablation", "--arms", "turbo"]) == 2
+    assert "give the drapps train options" in capsys.readouterr().err
+    assert main(["train-ablation", "--arms", "turbo", "--", "--recipe", "x"]) == 2
+    assert "unknown arms ['turbo']" in capsys.readouterr().err
