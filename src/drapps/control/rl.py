@@ -1,0 +1,148 @@
+"""The learned policy: a small MLP trained in the simulator, run with NumPy.
+
+Training needs the ``rl`` extra (``drapps train-policy``); running a trained policy needs
+nothing but NumPy. The package ships one (``policies/rl.npz``), which ``Loader(policy="rl")``
+uses. A policy file holds the layers and the feature and action lists it was trained on, so a
+file from an incompatible drapps is refused instead of misread.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from drapps.control.action import Action
+from drapps.control.policy import register_policy
+from drapps.control.state import State
+
+FORMAT = 1
+ACTIONS = Action.space()
+
+
+def _action_names() -> list[str]:
+    return [f"workers{a.workers:+d} prefetch{a.prefetch:+d}" for a in ACTIONS]
+
+
+class MlpPolicy:
+    """Picks the action with the highest score from ``State.vector()`` through tanh layers.
+
+    Args:
+        layers: ``(weight, bias)`` per layer, weight shaped (inputs, outputs); the last layer
+            has one output per action of :meth:`Action.space`.
+        meta: anything worth keeping with the weights (how it was trained, its evaluation).
+
+    Example:
+        >>> import numpy as np
+        >>> from drapps.control.rl import MlpPolicy
+        >>> policy = MlpPolicy.shipped()
+        >>> policy.scores(np.zeros(14, dtype=np.float32)).shape
+        (9,)
+    """
+
+    def __init__(
+        self, layers: Sequence[tuple[np.ndarray, np.ndarray]], meta: dict[str, Any] | None = None
+    ) -> None:
+        if not layers:
+            raise ValueError("an MlpPolicy needs at least one layer")
+        checked = []
+        width = len(State.FEATURES)
+        for k, (weight, bias) in enumerate(layers):
+            weight = np.asarray(weight, dtype=np.float32)
+            bias = np.asarray(bias, dtype=np.float32)
+            if weight.ndim != 2 or weight.shape[0] != width or bias.shape != (weight.shape[1],):
+                raise ValueError(
+                    f"layer {k}: expected a ({width}, n) weight and an (n,) bias, got "
+                    f"{weight.shape} and {bias.shape}"
+                )
+            checked.append((weight, bias))
+            width = weight.shape[1]
+        if width != len(ACTIONS):
+            raise ValueError(f"the last layer must have {len(ACTIONS)} outputs, got {width}")
+        self.layers = checked
+        self.meta = dict(meta or {})
+
+    def scores(self, features: np.ndarray) -> np.ndarray:
+        """One score per action (logits or Q-values) for a feature vector, or a batch of them."""
+        x = np.asarray(features, dtype=np.float32)
+        last = len(self.layers) - 1
+        for k, (weight, bias) in enumerate(self.layers):
+            x = x @ weight + bias
+            if k < last:
+                np.tanh(x, out=x)
+        return x
+
+    def decide(self, state: State) -> Action:
+        scores = self.scores(state.vector())
+        best = int(np.argmax(scores))
+        action = ACTIONS[best]
+        if action.is_noop:
+            return action
+        return Action(
+            action.workers,
+            action.prefetch,
+            reason=(
+                f"learned policy: {_action_names()[best]} (waited {state.wait_fraction:.0%}, "
+                f"{state.idle_cores:.1f} idle cores, {state.queue_batches}/{state.prefetch} "
+                "ready)"
+            ),
+        )
+
+    # ------------------------------------------------------------------ files
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the policy as a ``.npz`` (weights plus a JSON header)."""
+        header = {
+            "format": FORMAT,
+            "features": list(State.FEATURES),
+            "actions": _action_names(),
+            "meta": self.meta,
+        }
+        arrays: dict[str, Any] = {"header": np.asarray(json.dumps(header))}
+        for k, (weight, bias) in enumerate(self.layers):
+            arrays[f"w{k}"], arrays[f"b{k}"] = weight, bias
+        with open(path, "wb") as file:
+            np.savez(file, **arrays)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> MlpPolicy:
+        """Read a policy written by :meth:`save`.
+
+        Raises:
+            ValueError: the file is not a drapps policy, or was trained on other features or
+                actions than this drapps has (naming the file and the difference).
+        """
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                header = json.loads(str(data["header"]))
+                count = sum(1 for name in data.files if name.startswith("w"))
+                layers = [(data[f"w{k}"], data[f"b{k}"]) for k in range(count)]
+        except (OSError, KeyError, ValueError) as exc:
+            raise ValueError(f"{path}: not a drapps policy file ({exc})") from exc
+        if header.get("format") != FORMAT:
+            raise ValueError(f"{path}: policy format {header.get('format')!r}, expected {FORMAT}")
+        for key, ours in (("features", list(State.FEATURES)), ("actions", _action_names())):
+            if header.get(key) != ours:
+                raise ValueError(
+                    f"{path}: trained on {key} {header.get(key)!r}, this drapps has {ours!r}"
+                )
+        return cls(layers, header.get("meta"))
+
+    @classmethod
+    def shipped(cls) -> MlpPolicy:
+        """The policy that ships with drapps (trained by ``drapps train-policy``)."""
+        return cls.load(shipped_path())
+
+
+def shipped_path() -> Path:
+    return Path(str(resources.files("drapps.control") / "policies" / "rl.npz"))
+
+
+@register_policy("rl")
+def _shipped() -> MlpPolicy:
+    return MlpPolicy.shipped()

@@ -1,0 +1,287 @@
+"""``drapps simulate`` and ``drapps train-policy``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from drapps.control.policy import Policy, policy_names
+from drapps.sim.scenario import Scenario
+
+POLICY_HELP = (
+    "heuristic (default), rl (the shipped learned policy), static (one worker per core), "
+    "static-N, dataloader (num_workers=0), oracle-static, or a policy .npz file"
+)
+
+
+def resolve_policy(spec: str) -> tuple[Policy | str, int | str]:
+    """(policy, workers) for a --policy value; ``oracle-static`` is handled by the caller.
+
+    Raises:
+        ValueError: an unknown name (listing the valid ones) or an unreadable file.
+    """
+    if spec.endswith(".npz"):
+        from drapps.control.rl import MlpPolicy
+
+        return MlpPolicy.load(spec), "auto"
+    if spec == "dataloader":
+        return "static", 0
+    if spec.startswith("static-"):
+        count = spec.removeprefix("static-")
+        if not count.isdigit() or int(count) < 1:
+            raise ValueError(f"static-N needs a worker count N >= 1, got {spec!r}")
+        return "static", int(count)
+    if spec == "static":
+        return "static", -1  # one per core, resolved against the scenario
+    if spec not in policy_names():
+        valid = [*policy_names(), "static-N", "dataloader", "oracle-static", "<file>.npz"]
+        raise ValueError(f"policy must be one of {valid}, got {spec!r}")
+    return spec, "auto"
+
+
+def _scenario(args: argparse.Namespace) -> tuple[Scenario, str]:
+    """The scenario to run and a line saying where it came from."""
+    import numpy as np
+
+    from drapps.sim import calibrate as cal
+    from drapps.sim.families import draw, family_names
+
+    source = args.scenario
+    if Path(source).suffix == ".jsonl" or Path(source).is_file():
+        if not Path(source).is_file():
+            raise ValueError(f"--scenario {source!r}: no such trace file")
+        pipeline = cal.calibrate(source)
+        recorded = cal.record(source)
+        check = cal.replay(pipeline, recorded, seed=args.seed)
+        line = (
+            f"calibrated from {source}: replaying it gives {check.run.throughput:.0f} samples/s "
+            f"vs {recorded.throughput:.0f} measured ({check.throughput_error:.1%} off), "
+            f"waited {check.run.wait_fraction:.0%} vs {recorded.wait_fraction:.0%}"
+        )
+        return Scenario(pipeline, recorded.outside, "trace"), line
+    if source not in family_names():
+        raise ValueError(
+            f"--scenario must be a trace .jsonl or one of {family_names()}, got {source!r}"
+        )
+    rng = np.random.default_rng(args.seed)
+    return draw(source, rng, args.duration), f"drawn from family {source!r} (seed {args.seed})"
+
+
+def _describe(scenario: Scenario) -> str:
+    p = scenario.pipeline
+    parts = [
+        f"{p.cores} cores",
+        f"batch {p.batch_size}",
+        f"worker CPU {1000 * p.cpu_s:.1f} ms/batch",
+        f"read wait {1000 * p.read_s:.1f} ms/batch",
+        f"step {1000 * p.step_s:.1f} ms + {1000 * p.step_cpu_s:.1f} ms CPU",
+    ]
+    if p.read_bytes:
+        parts.append(
+            f"{p.read_bytes / 2**20:.1f} MiB/batch from a {p.disk_bps / 1e6:.0f} MB/s disk"
+        )
+    if p.outside_load:
+        parts.append(f"{p.outside_load:g} cores busy elsewhere")
+    changes = []
+    for c in scenario.changes:
+        when = f"t={c.at:.1f}s" if c.at is not None else f"batch {c.at_batch}"
+        what = {
+            k: v
+            for k, v in (
+                ("outside_load", c.outside_load),
+                ("cpu_factor", c.cpu_factor),
+                ("read_factor", c.read_factor),
+                ("step_factor", c.step_factor),
+            )
+            if v is not None
+        }
+        changes.append(f"{when}: " + ", ".join(f"{k}={v:g}" for k, v in what.items()))
+    text = ", ".join(parts)
+    if changes:
+        shown = changes if len(changes) <= 6 else [*changes[:5], f"... {len(changes) - 5} more"]
+        text += "\n  changes: " + "; ".join(shown)
+    return text
+
+
+def _run(scenario: Scenario, spec: str, args: argparse.Namespace) -> Any:
+    from drapps.sim.run import oracle_static, simulate
+
+    if spec == "oracle-static":
+        return oracle_static(
+            scenario, duration=args.duration, interval=args.interval, seed=args.seed
+        )
+    policy, workers = resolve_policy(spec)
+    if workers == -1:
+        workers = min(scenario.pipeline.cores, scenario.pipeline.worker_limit)
+    return simulate(
+        scenario,
+        policy,
+        duration=args.duration,
+        interval=args.interval,
+        seed=args.seed,
+        workers=workers,
+    )
+
+
+def simulate_command(args: argparse.Namespace) -> int:
+    if not args.duration > 0 or not args.interval > 0:
+        raise SystemExit(
+            f"--duration and --interval must be > 0, got {args.duration}, {args.interval}"
+        )
+    for name in ("disk_slowdown", "cpu_slowdown", "step_slowdown"):
+        if not getattr(args, name) > 0:
+            raise SystemExit(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
+    if args.cores is not None and args.cores < 1:
+        raise SystemExit(f"--cores must be >= 1, got {args.cores}")
+    try:
+        scenario, origin = _scenario(args)
+        resolve_policy(args.policy) if args.policy != "oracle-static" else None
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    print(f"scenario: {origin}")
+    print(f"  {_describe(scenario)}")
+    variants = [("as is", scenario)]
+    what_if = scenario.what_if(
+        cores=args.cores,
+        read_factor=args.disk_slowdown,
+        cpu_factor=args.cpu_slowdown,
+        step_factor=args.step_slowdown,
+    )
+    asked = [
+        text
+        for text, on in (
+            (f"{args.cores} cores", args.cores is not None),
+            (f"a {args.disk_slowdown:g}x slower disk", args.disk_slowdown != 1),
+            (f"{args.cpu_slowdown:g}x slower CPUs", args.cpu_slowdown != 1),
+            (f"a {args.step_slowdown:g}x slower training step", args.step_slowdown != 1),
+        )
+        if on
+    ]
+    if asked:
+        variants.append(("with " + " and ".join(asked), what_if))
+    summaries = []
+    for label, variant in variants:
+        run = _run(variant, args.policy, args)
+        summaries.append((label, run))
+        print(f"\n{label}: policy {args.policy} ({run.policy}), {args.duration:g} s simulated")
+        print("      t  workers  prefetch  samples/s  waited   cpu")
+        every = max(1, round(args.print_every / args.interval))
+        for k, tick in enumerate(run.ticks):
+            if (k + 1) % every == 0:
+                s = tick.state
+                print(
+                    f"  {s.t:5.1f}  {tick.workers:7d}  {tick.prefetch:8d}  {s.throughput:9.0f}  "
+                    f"{s.wait_fraction:6.0%}  {s.cpu_util:4.0%}"
+                )
+        summary = run.summary()
+        print(
+            f"  => {summary['throughput']:.0f} samples/s, training loop waited "
+            f"{summary['wait_fraction']:.0%}, {summary['final_workers']} workers at the end"
+        )
+    if len(summaries) == 2:
+        (_, before), (label, after) = summaries
+        change = after.throughput / max(before.throughput, 1e-9) - 1
+        print(
+            f"\n{label}: {change:+.0%} samples/s "
+            f"({before.throughput:.0f} -> {after.throughput:.0f})"
+        )
+    if args.out:
+        Path(args.out).write_text(
+            json.dumps([{"variant": label, **run.summary()} for label, run in summaries], indent=2)
+        )
+    return 0
+
+
+def train_policy_command(args: argparse.Namespace) -> int:
+    from drapps.sim.evaluate import evaluate
+    from drapps.sim.families import family_names
+
+    if args.steps < 1:
+        raise SystemExit(f"--steps must be >= 1, got {args.steps}")
+    families = list(args.families) if args.families else family_names(held_out=False)
+    held_out = list(args.evaluate_on) if args.evaluate_on else family_names(held_out=True)
+    try:
+        from drapps.sim.env import PipelineEnv
+        from drapps.sim.learners import make_learner
+
+        learner = make_learner(args.learner)
+        env = PipelineEnv(families, duration=args.duration)
+        for name in held_out:
+            if name not in family_names():
+                raise ValueError(
+                    f"--evaluate-on: family must be one of {family_names()}, got {name!r}"
+                )
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    print(f"training {args.learner} for {args.steps} steps on {', '.join(families)}")
+    start = time.perf_counter()
+    policy = learner.train(env, args.steps, args.seed)
+    trained_s = time.perf_counter() - start
+    print(f"trained in {trained_s:.0f} s")
+    policy.meta.update({"families": families, "train_s": round(trained_s, 1)})
+    if args.episodes > 0:
+        result = evaluate(
+            {"heuristic": "heuristic", "learned": policy},
+            held_out,
+            episodes=args.episodes,
+            duration=args.duration,
+            seed=args.seed + 1,
+        )
+        print(f"\nheld-out families, {args.episodes} episodes each:")
+        print(result.markdown())
+        policy.meta["evaluation"] = result.table()
+    policy.save(args.out)
+    print(f"\nwrote {args.out}")
+    return 0
+
+
+def add_parsers(commands: Any) -> None:
+    simulate = commands.add_parser(
+        "simulate",
+        help="run a policy in the pipeline simulator; what-if questions from a trace",
+        description="Simulate a pipeline drawn from a scenario family, or one calibrated from "
+        "a real run's trace (Loader(trace=...)), under a policy; print the run. --cores, "
+        "--disk-slowdown, --cpu-slowdown and --step-slowdown ask what would change on other "
+        "hardware: the run is shown as is and with the change.",
+    )
+    from drapps.sim.families import family_names
+
+    simulate.add_argument(
+        "--scenario",
+        required=True,
+        help="a trace .jsonl, or a scenario family: " + ", ".join(family_names()),
+    )
+    simulate.add_argument("--policy", default="heuristic", help=POLICY_HELP)
+    simulate.add_argument("--cores", type=int, help="what if the machine had this many cores")
+    simulate.add_argument("--disk-slowdown", type=float, default=1.0, help="2 = twice as slow")
+    simulate.add_argument("--cpu-slowdown", type=float, default=1.0, help="2 = twice as slow")
+    simulate.add_argument("--step-slowdown", type=float, default=1.0, help="0.5 = twice as fast")
+    simulate.add_argument("--duration", type=float, default=60.0, help="simulated seconds (60)")
+    simulate.add_argument("--interval", type=float, default=0.5, help="controller tick (0.5 s)")
+    simulate.add_argument("--seed", type=int, default=0, help="scenario draw and costs (0)")
+    simulate.add_argument("--print-every", type=float, default=5.0, help="seconds per line (5)")
+    simulate.add_argument("--out", help="write the summaries as JSON here")
+    simulate.set_defaults(run=simulate_command)
+    train = commands.add_parser(
+        "train-policy",
+        help="train the learned policy in the simulator (needs the 'rl' extra)",
+        description="Train a policy on the simulator's training scenario families, evaluate "
+        "it against the heuristic on the held-out families, and write it as a .npz that "
+        "drapps runs with NumPy (MlpPolicy.load, or Loader(policy=MlpPolicy.load(path))).",
+    )
+    train.add_argument("--learner", default="ppo", help="ppo (default) or ddqn")
+    train.add_argument("--steps", type=int, default=100_000, help="environment steps (100000)")
+    train.add_argument("--seed", type=int, default=0, help="seed (0)")
+    train.add_argument("--families", type=_names, help="training families (default: all)")
+    train.add_argument("--evaluate-on", type=_names, help="default: the held-out families")
+    train.add_argument("--episodes", type=int, default=6, help="per held-out family (6)")
+    train.add_argument("--duration", type=float, default=60.0, help="episode seconds (60)")
+    train.add_argument("--out", default="drapps-policy.npz", help="policy file to write")
+    train.set_defaults(run=train_policy_command)
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())

@@ -1,0 +1,499 @@
+"""The discrete-event simulator: a worker pool, a disk, a ready buffer and a training loop.
+
+Time advances from event to event. CPU work and disk reads are shared resources in
+processor-sharing: every CPU job (a worker making a batch, the training process receiving a
+batch or stepping) gets ``demand * min(1, cores / total demand)`` of a core, where outside load
+adds to the demand; every disk read gets an equal share of the bandwidth. Because all jobs on a
+resource run at one common speed, each resource keeps a *virtual clock* that advances at that
+speed, and a job finishes when the clock reaches its start plus its work: an event costs
+O(log jobs), so a 64-core pipeline simulates as fast as a 2-core one.
+
+The simulator mirrors ``drapps.Loader``'s dispatcher: tasks are dispatched in batch order while
+in-flight plus ready batches stay under the prefetch depth and the memory budget; idle workers
+take them first come first served; the training loop takes batches in order. It reports the
+same :class:`~drapps.control.State` the real monitor does, and is driven through the same
+``resize`` / ``set_prefetch`` / ``batch_bytes`` actuators by the same Controller.
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+import itertools
+import math
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from drapps.control.state import State
+from drapps.sim.scenario import Change, Scenario
+
+_Callback = Callable[[], None]
+
+
+class _SharedResource:
+    """Jobs that all progress at one speed; finish order is kept in virtual time."""
+
+    def __init__(self) -> None:
+        self.virtual = 0.0
+        self.speed = 1.0
+        self.jobs: list[tuple[float, int, str, _Callback]] = []
+
+    def add(self, work: float, owner: str, seq: int, done: _Callback) -> None:
+        heapq.heappush(self.jobs, (self.virtual + work, seq, owner, done))
+
+    def next_time(self, now: float) -> float:
+        if not self.jobs or self.speed <= 0:
+            return math.inf
+        return now + max(0.0, self.jobs[0][0] - self.virtual) / self.speed
+
+
+@dataclass
+class _Worker:
+    parked: bool = False
+    """Finishing its current task, then exits (a shrink)."""
+    busy: bool = False
+    started: bool = False
+
+
+@dataclass
+class _Interval:
+    """Integrals since the last observation."""
+
+    cpu_busy: float = 0.0
+    worker_cpu: float = 0.0
+    main_cpu: float = 0.0
+    wait: float = 0.0
+    gpu_busy: float = 0.0
+    read_bytes: float = 0.0
+    samples: int = 0
+    latencies: list[float] = field(default_factory=list)
+
+
+@dataclass
+class Totals:
+    """Counters over the whole run (for invariants and summaries)."""
+
+    dispatched: int = 0
+    arrived: int = 0
+    consumed: int = 0
+    samples: int = 0
+    wait_s: float = 0.0
+    ready_integral: float = 0.0
+    """Integral of the ready-buffer length over time (Little's law: L)."""
+    ready_residence: float = 0.0
+    """Summed seconds consumed batches spent in the ready buffer (Little's law: W)."""
+
+
+class Simulator:
+    """Runs one :class:`Scenario`. ``workers=0`` makes batches in the training loop itself
+    (``torch.utils.data.DataLoader``'s default).
+
+    Example:
+        >>> from drapps.sim import Pipeline, Scenario, Simulator
+        >>> sim = Simulator(Scenario(Pipeline(cores=2, cpu_s=0.05)), workers=2, seed=0)
+        >>> sim.run_until(10.0)
+        >>> 300 < sim.totals.samples / 10.0 < 1300
+        True
+    """
+
+    def __init__(
+        self, scenario: Scenario, *, workers: int, prefetch: int | None = None, seed: int = 0
+    ) -> None:
+        p = scenario.pipeline
+        if isinstance(workers, bool) or not isinstance(workers, int):
+            raise ValueError(f"workers must be an int, got {workers!r}")
+        if not 0 <= workers <= p.worker_limit:
+            raise ValueError(f"workers must be in [0, {p.worker_limit}], got {workers!r}")
+        if prefetch is not None and (not isinstance(prefetch, int) or prefetch < 1):
+            raise ValueError(f"prefetch must be None or an int >= 1, got {prefetch!r}")
+        self.scenario = scenario
+        self.pipeline = p
+        self.now = 0.0
+        self.totals = Totals()
+        self._rng = np.random.default_rng(seed)
+        self._draws: deque[float] = deque()
+        self._seq = itertools.count()
+        self._events: list[tuple[float, int, _Callback]] = []
+        self._cpu = _SharedResource()
+        self._disk = _SharedResource()
+        self._owners = {"worker": 0, "main": 0}
+        self._outside = p.outside_load
+        self._factors = {"cpu": 1.0, "read": 1.0, "step": 1.0}
+        self._inline = workers == 0
+        self._workers: list[_Worker] = []
+        self._target = 0
+        self._prefetch = prefetch
+        self._tasks: deque[int] = deque()
+        self._in_flight: dict[int, float] = {}  # batch id -> dispatch time
+        self._ready: dict[int, float] = {}  # batch id -> arrival time
+        self._next_dispatch = 0
+        self._next_consume = 0
+        self._seen_batch = False
+        self._waiting = False
+        self._in_step = 0
+        self._stepping_gpu = False
+        self._interval = _Interval()
+        self._last_observed = 0.0
+        self._batch_changes = sorted(
+            (c for c in scenario.changes if c.at_batch is not None),
+            key=lambda c: c.at_batch or 0,
+        )
+        for change in scenario.changes:
+            if change.at is not None:
+                self._at(change.at, functools.partial(self._apply, change))
+        self._apply_batch_changes()
+        if not self._inline:
+            self._grow(workers, start_cost=False)
+        self._consume()
+
+    # ------------------------------------------------------------------ actuators
+
+    def resize(self, workers: int) -> None:
+        """Target ``workers`` workers: new ones start (paying ``worker_start_s``), surplus
+        ones finish their task and exit."""
+        if self._inline:
+            raise RuntimeError("a simulator made with workers=0 has no pool to resize")
+        if not 1 <= workers <= self.pipeline.worker_limit:
+            raise ValueError(f"workers must be in [1, {self.pipeline.worker_limit}], got {workers}")
+        if workers > self._target:
+            self._grow(workers - self._target, start_cost=True)
+        elif workers < self._target:
+            self._shrink(self._target - workers)
+        self._dispatch()
+
+    def set_prefetch(self, depth: int | None) -> None:
+        """Batches in flight plus ready (None: twice the target workers)."""
+        if depth is not None and depth < 1:
+            raise ValueError(f"prefetch depth must be >= 1, got {depth}")
+        self._prefetch = depth
+        self._dispatch()
+
+    def batch_bytes(self) -> int:
+        return self.pipeline.batch_bytes if self._seen_batch else 0
+
+    @property
+    def workers(self) -> int:
+        return self._target
+
+    @property
+    def prefetch(self) -> int:
+        if self._inline:
+            return 0
+        return self._prefetch if self._prefetch is not None else max(1, 2 * self._target)
+
+    # ------------------------------------------------------------------ running
+
+    def run_until(self, t: float) -> None:
+        """Advance simulated time to ``t`` seconds."""
+        while True:
+            t_event = self._events[0][0] if self._events else math.inf
+            t_cpu = self._cpu.next_time(self.now)
+            t_disk = self._disk.next_time(self.now)
+            t_next = min(t_event, t_cpu, t_disk)
+            if t_next > t:
+                self._advance(t - self.now)
+                return
+            self._advance(t_next - self.now)
+            if t_next == t_event:
+                heapq.heappop(self._events)[2]()
+            elif t_next == t_cpu:
+                self._finish(self._cpu)
+            else:
+                self._finish(self._disk)
+
+    def observe(self) -> State:
+        """The State over the interval since the last observation (as the real Monitor)."""
+        p, i = self.pipeline, self._interval
+        dt = max(self.now - self._last_observed, 1e-9)
+        cpu_util = min(1.0, i.cpu_busy / (p.cores * dt))
+        latencies = sorted(i.latencies)
+        live = len(self._workers)
+        ready_bytes = len(self._ready) * p.batch_bytes
+        rss = p.main_rss + live * p.worker_rss + ready_bytes
+        state = State(
+            t=self.now,
+            cores=p.cores,
+            cpu_util=cpu_util,
+            idle_cores=p.cores * (1.0 - cpu_util),
+            main_cpu=i.main_cpu / dt,
+            workers_cpu=i.worker_cpu / dt,
+            rss_bytes=rss,
+            available_bytes=max(0, p.total_memory - p.other_memory - rss),
+            total_bytes=p.total_memory,
+            disk_read_bps=i.read_bytes / dt,
+            net_bps=0.0,
+            gpu_util=min(1.0, i.gpu_busy / dt) if p.gpu else None,
+            gpu_memory_bytes=0 if p.gpu else None,
+            queue_batches=len(self._ready),
+            queue_bytes=ready_bytes,
+            memory_budget=p.memory_budget,
+            wait_fraction=min(1.0, i.wait / dt),
+            latency_p50_s=_percentile(latencies, 0.5),
+            latency_p99_s=_percentile(latencies, 0.99),
+            throughput=i.samples / dt,
+            workers=self._target,
+            max_workers=p.worker_limit,
+            prefetch=self.prefetch,
+        )
+        self._interval = _Interval()
+        self._last_observed = self.now
+        return state
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._in_flight)
+
+    @property
+    def ready(self) -> int:
+        return len(self._ready)
+
+    @property
+    def in_step(self) -> int:
+        """Batches the training loop has taken and not finished with (0 or 1)."""
+        return self._in_step
+
+    # ------------------------------------------------------------------ internals: time
+
+    def _at(self, t: float, callback: _Callback) -> None:
+        heapq.heappush(self._events, (t, next(self._seq), callback))
+
+    def _advance(self, dt: float) -> None:
+        if dt <= 0:
+            return
+        self.now += dt
+        cpu, disk, i = self._cpu, self._disk, self._interval
+        cpu.virtual += cpu.speed * dt
+        disk.virtual += disk.speed * dt
+        demand = self._owners["worker"] + self._owners["main"] + self._outside
+        i.cpu_busy += min(float(self.pipeline.cores), demand) * dt
+        i.worker_cpu += self._owners["worker"] * cpu.speed * dt
+        i.main_cpu += self._owners["main"] * cpu.speed * dt
+        if self._waiting:
+            i.wait += dt
+            self.totals.wait_s += dt
+        if self._stepping_gpu:
+            i.gpu_busy += dt
+        if disk.jobs and math.isfinite(self.pipeline.disk_bps):
+            i.read_bytes += self.pipeline.disk_bps * dt
+        self.totals.ready_integral += len(self._ready) * dt
+
+    def _speeds(self) -> None:
+        demand = self._owners["worker"] + self._owners["main"] + self._outside
+        self._cpu.speed = min(1.0, self.pipeline.cores / demand) if demand > 0 else 1.0
+        self._disk.speed = 1.0 / max(1, len(self._disk.jobs))
+
+    def _cpu_job(self, work: float, owner: str, done: _Callback) -> None:
+        self._owners[owner] += 1
+        self._cpu.add(work, owner, next(self._seq), done)
+        self._speeds()
+
+    def _read(self, nbytes: float, done: _Callback) -> None:
+        self._disk.add(nbytes / self.pipeline.disk_bps, "disk", next(self._seq), done)
+        self._speeds()
+
+    def _finish(self, resource: _SharedResource) -> None:
+        _, _, owner, done = heapq.heappop(resource.jobs)
+        if owner in self._owners:
+            self._owners[owner] -= 1
+        self._speeds()
+        done()
+
+    def _draw(self, cv: float) -> float:
+        """A lognormal factor with mean 1 and coefficient of variation ``cv``."""
+        if cv <= 0:
+            return 1.0
+        if not self._draws:
+            self._draws.extend(self._rng.standard_normal(1024).tolist())
+        sigma2 = math.log1p(cv * cv)
+        return math.exp(math.sqrt(sigma2) * self._draws.popleft() - sigma2 / 2)
+
+    # ------------------------------------------------------------------ internals: changes
+
+    def _apply(self, change: Change) -> None:
+        if change.outside_load is not None:
+            self._outside = change.outside_load
+            self._speeds()
+        for key, value in (
+            ("cpu", change.cpu_factor),
+            ("read", change.read_factor),
+            ("step", change.step_factor),
+        ):
+            if value is not None:
+                self._factors[key] = value
+
+    def _apply_batch_changes(self) -> None:
+        while (
+            self._batch_changes and (self._batch_changes[0].at_batch or 0) <= self.totals.consumed
+        ):
+            self._apply(self._batch_changes.pop(0))
+
+    # ------------------------------------------------------------------ internals: pool
+
+    def _grow(self, count: int, *, start_cost: bool) -> None:
+        for worker in self._workers:  # reuse workers parked by a recent shrink first
+            if count and worker.parked:
+                worker.parked = False
+                self._target += 1
+                count -= 1
+        for _ in range(count):
+            worker = _Worker()
+            self._workers.append(worker)
+            self._target += 1
+            if start_cost and self.pipeline.worker_start_s > 0:
+                started = functools.partial(self._started, worker)
+                self._cpu_job(self.pipeline.worker_start_s, "worker", started)
+            else:
+                worker.started = True
+        self._dispatch()
+
+    def _started(self, worker: _Worker) -> None:
+        worker.started = True
+        if worker.parked:
+            self._workers.remove(worker)
+        else:
+            self._work(worker)
+
+    def _shrink(self, count: int) -> None:
+        # Idle workers go first, then starting ones, then busy ones (after their task).
+        order = sorted(
+            (w for w in self._workers if not w.parked),
+            key=lambda w: (w.busy, not w.started),
+        )
+        for worker in order[:count]:
+            worker.parked = True
+            self._target -= 1
+            if worker.started and not worker.busy:
+                self._workers.remove(worker)
+
+    def _dispatch(self) -> None:
+        if self._inline:
+            return
+        p = self.pipeline
+        while True:
+            outstanding = len(self._in_flight) + len(self._ready)
+            if outstanding >= self.prefetch:
+                break
+            if not self._seen_batch:
+                if outstanding >= max(1, self._target):
+                    break
+            elif (len(self._ready) + len(self._in_flight) + 1) * p.batch_bytes > p.memory_budget:
+                break
+            batch = self._next_dispatch
+            self._next_dispatch += 1
+            self._in_flight[batch] = self.now
+            self._tasks.append(batch)
+            self.totals.dispatched += 1
+        for worker in self._workers:
+            if not self._tasks:
+                break
+            if worker.started and not worker.busy and not worker.parked:
+                self._work(worker)
+
+    def _work(self, worker: _Worker) -> None:
+        if not self._tasks or worker.busy:
+            return
+        batch = self._tasks.popleft()
+        worker.busy = True
+        self._make_batch("worker", lambda: self._arrived(worker, batch))
+
+    def _make_batch(self, owner: str, done: _Callback) -> None:
+        """Read (latency, then bytes through the shared disk), then the CPU work."""
+        p, f = self.pipeline, self._factors
+        cost = self._draw(p.cost_cv)
+
+        def compute() -> None:
+            self._cpu_job(p.cpu_s * f["cpu"] * cost, owner, done)
+
+        def read_bytes() -> None:
+            if p.read_bytes > 0:
+                self._read(p.read_bytes * f["read"] * cost, compute)
+            else:
+                compute()
+
+        if p.read_s > 0:
+            self._at(self.now + p.read_s * f["read"] * cost, read_bytes)
+        else:
+            read_bytes()
+
+    def _arrived(self, worker: _Worker, batch: int) -> None:
+        worker.busy = False
+        self._seen_batch = True
+        dispatched = self._in_flight.pop(batch)
+        self._ready[batch] = self.now
+        self.totals.arrived += 1
+        self._interval.latencies.append(self.now - dispatched)
+        if worker.parked:
+            self._workers.remove(worker)
+        else:
+            self._work(worker)
+        if self._waiting and batch == self._next_consume:
+            self._consume()
+
+    # ------------------------------------------------------------------ internals: consumer
+
+    def _consume(self) -> None:
+        """The training loop asks for the next batch in order."""
+        if self._inline:
+            self._waiting = True  # the real loader counts inline batch making as waiting
+            started = self.now
+
+            def made() -> None:
+                self._interval.latencies.append(self.now - started)
+                self.totals.dispatched += 1
+                self.totals.arrived += 1
+                self._take(None)
+
+            self._make_batch("main", made)
+            return
+        batch = self._next_consume
+        if batch not in self._ready:
+            self._waiting = True
+            return
+        self._take(batch)
+
+    def _take(self, batch: int | None) -> None:
+        self._waiting = False
+        self._in_step = 1
+        if batch is not None:
+            self.totals.ready_residence += self.now - self._ready.pop(batch)
+            self._next_consume += 1
+            self._dispatch()
+        p = self.pipeline
+        if p.transport_s > 0 and batch is not None:
+            self._cpu_job(p.transport_s, "main", self._step)
+        else:
+            self._step()
+
+    def _step(self) -> None:
+        p = self.pipeline
+        factor = self._factors["step"] * self._draw(p.step_cv)
+
+        def accelerator() -> None:
+            if p.step_s + p.gpu_s > 0:
+                self._stepping_gpu = p.gpu
+                self._at(self.now + p.step_s * factor + p.gpu_s, self._stepped)
+            else:
+                self._stepped()
+
+        if p.step_cpu_s > 0:
+            self._cpu_job(p.step_cpu_s * factor, "main", accelerator)
+        else:
+            accelerator()
+
+    def _stepped(self) -> None:
+        self._stepping_gpu = False
+        self._in_step = 0
+        self.totals.consumed += 1
+        self.totals.samples += self.pipeline.batch_size
+        self._interval.samples += self.pipeline.batch_size
+        self._apply_batch_changes()
+        self._consume()
+
+
+def _percentile(ordered: list[float], q: float) -> float:
+    if not ordered:
+        return 0.0
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]

@@ -1,0 +1,132 @@
+"""A gymnasium environment over the simulator: the real State, Action and Reward.
+
+Observation: ``State.vector()``. Action: an index into ``Action.space()`` (workers and prefetch
+steps), clipped by the same Controller code as the real loader. Reward: the shared
+``drapps.control.reward``. Each episode draws a scenario from the given families.
+Needs the ``rl`` extra (gymnasium).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from drapps._optional import require
+from drapps.control.action import Action
+from drapps.control.controller import Bounds, Controller
+from drapps.control.reward import RewardWeights, reward
+from drapps.control.state import State
+from drapps.control.static import StaticPolicy
+from drapps.sim.engine import Simulator
+from drapps.sim.families import draw, family_names
+from drapps.sim.scenario import Scenario
+
+gym = require("gymnasium")
+ACTIONS = Action.space()
+
+
+class PipelineEnv(gym.Env):  # type: ignore[name-defined]
+    """One episode: one scenario from ``families``, ``duration`` simulated seconds, one step
+    per controller ``interval``.
+
+    Args:
+        families: scenario family names to draw from (default: the training families).
+        duration: simulated seconds per episode.
+        interval: seconds between decisions (the Loader's ``control_interval``).
+        random_start: start each episode at a random worker count (training explores more);
+            False starts at one per core, as ``Loader(workers="auto")``.
+        weights: reward weights.
+
+    ``reset(options={"scenario": s})`` runs a given :class:`Scenario` instead of drawing one.
+
+    Example:
+        >>> from drapps.sim.env import PipelineEnv
+        >>> env = PipelineEnv(duration=5.0)
+        >>> obs, info = env.reset(seed=0)
+        >>> obs.shape
+        (14,)
+    """
+
+    metadata: dict[str, Any] = {"render_modes": []}
+
+    def __init__(
+        self,
+        families: Sequence[str] | None = None,
+        *,
+        duration: float = 60.0,
+        interval: float = 0.5,
+        random_start: bool = True,
+        weights: RewardWeights | None = None,
+    ) -> None:
+        super().__init__()
+        self.families = list(families) if families is not None else family_names(held_out=False)
+        for name in self.families:
+            if name not in family_names():
+                raise ValueError(f"scenario family must be one of {family_names()}, got {name!r}")
+        if not self.families:
+            raise ValueError("families must name at least one scenario family")
+        if not duration >= interval > 0:
+            raise ValueError(f"need duration >= interval > 0, got {duration!r}, {interval!r}")
+        self.duration, self.interval = duration, interval
+        self.random_start = random_start
+        self.weights = weights or RewardWeights()
+        self.observation_space = gym.spaces.Box(0.0, 1.0, (len(State.FEATURES),), np.float32)
+        self.action_space = gym.spaces.Discrete(len(ACTIONS))
+        self.scenario: Scenario | None = None
+        self._sim: Simulator | None = None
+        self._controller: Controller | None = None
+        self._state: State | None = None
+        self._steps = 0
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        rng = self.np_random
+        scenario = (options or {}).get("scenario")
+        if scenario is None:
+            family = self.families[int(rng.integers(len(self.families)))]
+            scenario = draw(family, rng, self.duration)
+        elif not isinstance(scenario, Scenario):
+            raise ValueError(f"options['scenario'] must be a Scenario, got {scenario!r}")
+        p = scenario.pipeline
+        limit = p.worker_limit
+        start = int(rng.integers(1, limit + 1)) if self.random_start else min(p.cores, limit)
+        self.scenario = scenario
+        self._sim = Simulator(scenario, workers=start, seed=int(rng.integers(2**31)))
+        self._controller = Controller(
+            self._sim.observe,
+            StaticPolicy(),
+            self._sim,
+            Bounds(min_workers=1, max_workers=limit, max_prefetch=4 * limit),
+            interval=self.interval,
+        )
+        self._steps = 1
+        self._sim.run_until(self.interval)
+        self._state = self._sim.observe()
+        return self._state.vector(), {"scenario": scenario.name, "workers": start}
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        if self._sim is None or self._controller is None or self._state is None:
+            raise RuntimeError("call reset() before step()")
+        if not self.action_space.contains(action):
+            raise ValueError(f"action must be an int in [0, {len(ACTIONS)}), got {action!r}")
+        workers, prefetch = self._controller.clip(self._state, ACTIONS[int(action)])
+        if workers != self._sim.workers:
+            self._sim.resize(workers)
+        if prefetch != self._sim.prefetch:
+            self._sim.set_prefetch(prefetch)
+        self._steps += 1
+        self._sim.run_until(self._steps * self.interval)
+        self._state = self._sim.observe()
+        value = reward(self._state, self.weights)
+        truncated = self._steps * self.interval >= self.duration - 1e-9
+        info = {"throughput": self._state.throughput, "workers": workers}
+        return self._state.vector(), value, False, truncated, info
+
+    @property
+    def state(self) -> State | None:
+        """The last State observed."""
+        return self._state

@@ -1,0 +1,195 @@
+"""Scenario families: seeded generators of random pipelines, for training and evaluation.
+
+Each family draws a :class:`Scenario` from a random generator: cores from 2 to 64, stage costs,
+consumer speeds, and the changes the run goes through. Training draws from the training
+families; the held-out families (never seen in training) measure whether a policy generalises.
+A family is a function ``(rng, duration) -> Scenario`` registered by name.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from drapps.sim.scenario import Change, GiB, Pipeline, Scenario
+
+Family = Callable[[np.random.Generator, float], Scenario]
+
+_FAMILIES: dict[str, Family] = {}
+_HELD_OUT: set[str] = set()
+MiB = 2**20
+
+
+def register_family(name: str, *, held_out: bool = False) -> Callable[[Family], Family]:
+    """Decorator: make a scenario generator available by name."""
+
+    def add(family: Family) -> Family:
+        if name in _FAMILIES:
+            raise ValueError(f"a scenario family named {name!r} is already registered")
+        _FAMILIES[name] = family
+        if held_out:
+            _HELD_OUT.add(name)
+        return family
+
+    return add
+
+
+def family_names(*, held_out: bool | None = None) -> list[str]:
+    """All families, or only the training (``held_out=False``) or held-out ones."""
+    return sorted(n for n in _FAMILIES if held_out is None or (n in _HELD_OUT) == held_out)
+
+
+def draw(name: str, rng: np.random.Generator, duration: float = 60.0) -> Scenario:
+    """One scenario of family ``name``.
+
+    Raises:
+        ValueError: no family has that name (the message lists them).
+    """
+    if name not in _FAMILIES:
+        raise ValueError(f"scenario family must be one of {family_names()}, got {name!r}")
+    scenario = _FAMILIES[name](rng, duration)
+    return Scenario(scenario.pipeline, scenario.changes, name)
+
+
+# ---------------------------------------------------------------------------- building blocks
+
+
+def _log_uniform(rng: np.random.Generator, low: float, high: float) -> float:
+    return float(math.exp(rng.uniform(math.log(low), math.log(high))))
+
+
+def _machine(rng: np.random.Generator, *, cost_cv: tuple[float, float] = (0.1, 0.4)) -> Pipeline:
+    """A machine and a CPU-bound pipeline needing between 0.2x and 1.6x its cores in workers
+    to keep up with an accelerator-bound training step."""
+    cores = int(rng.choice([2, 2, 4, 4, 8, 16, 32, 64]))
+    step_s = _log_uniform(rng, 0.01, 0.3)
+    need = cores * rng.uniform(0.2, 1.6)  # worker-seconds of CPU per step
+    total = int(max(16, 4 * cores) * GiB * rng.choice([1, 2, 4]))
+    batch_bytes = int(_log_uniform(rng, 0.2, 16) * MiB)
+    return Pipeline(
+        cores=cores,
+        batch_size=int(rng.choice([32, 64, 128, 256])),
+        cpu_s=need * step_s,
+        cost_cv=rng.uniform(*cost_cv),
+        step_s=step_s,
+        step_cv=rng.uniform(0.0, 0.15),
+        transport_s=min(0.2 * step_s, batch_bytes / (4 * GiB)),  # ~4 GB/s through shared memory
+        worker_start_s=rng.uniform(0.1, 1.0),
+        batch_bytes=batch_bytes,
+        memory_budget=total // 4,
+        worker_rss=int(_log_uniform(rng, 100, 800) * MiB),
+        main_rss=int(rng.uniform(1, 4) * GiB),
+        total_memory=total,
+        other_memory=int(total * rng.uniform(0.05, 0.3)),
+    )
+
+
+def _change_window(rng: np.random.Generator, duration: float) -> tuple[float, float]:
+    start = rng.uniform(0.2, 0.45) * duration
+    return start, start + rng.uniform(0.2, 0.35) * duration
+
+
+# ---------------------------------------------------------------------------- training families
+
+
+@register_family("cpu-bound")
+def cpu_bound(rng: np.random.Generator, duration: float) -> Scenario:
+    """Workers decode and transform on the CPU; the training step runs on an accelerator."""
+    return Scenario(_machine(rng))
+
+
+@register_family("io-latency")
+def io_latency(rng: np.random.Generator, duration: float) -> Scenario:
+    """Reads wait on storage latency (a network file system): more workers than cores pay."""
+    p = _machine(rng)
+    read_s = p.cpu_s * rng.uniform(1.0, 4.0)
+    return Scenario(p.replace(read_s=read_s, cpu_s=p.cpu_s * rng.uniform(0.1, 0.4)))
+
+
+@register_family("disk-bandwidth")
+def disk_bandwidth(rng: np.random.Generator, duration: float) -> Scenario:
+    """Reads share a disk's bandwidth: past its saturation more workers only cost memory."""
+    p = _machine(rng)
+    read_bytes = int(_log_uniform(rng, 1, 32) * MiB)
+    batches_per_s = rng.uniform(0.5, 1.5) / p.step_s  # the disk sustains about the step rate
+    return Scenario(
+        p.replace(read_bytes=read_bytes, disk_bps=read_bytes * batches_per_s, read_s=0.002)
+    )
+
+
+@register_family("cpu-consumer")
+def cpu_consumer(rng: np.random.Generator, duration: float) -> Scenario:
+    """The training step itself uses a core (a CPU model): workers compete with it."""
+    p = _machine(rng)
+    cpu_share = rng.uniform(0.3, 1.0)
+    return Scenario(p.replace(step_cpu_s=p.step_s * cpu_share, step_s=p.step_s * (1 - cpu_share)))
+
+
+@register_family("contention")
+def contention(rng: np.random.Generator, duration: float) -> Scenario:
+    """Another process takes cores for a while (a CPU hog), then leaves."""
+    p = _machine(rng)
+    start, end = _change_window(rng, duration)
+    hog = float(max(1, round(p.cores * rng.uniform(0.25, 0.75))))
+    return Scenario(p, (Change(at=start, outside_load=hog), Change(at=end, outside_load=0.0)))
+
+
+@register_family("consumer-shift")
+def consumer_shift(rng: np.random.Generator, duration: float) -> Scenario:
+    """The training step gets slower, then faster (another model phase, a new sequence length)."""
+    p = _machine(rng)
+    start, end = _change_window(rng, duration)
+    slow = rng.uniform(1.5, 3.0)
+    return Scenario(
+        p, (Change(at=start, step_factor=slow), Change(at=end, step_factor=1 / rng.uniform(1.5, 3)))
+    )
+
+
+# ---------------------------------------------------------------------------- held-out families
+
+
+@register_family("bursty", held_out=True)
+def bursty(rng: np.random.Generator, duration: float) -> Scenario:
+    """Batch costs vary wildly (variable-size images, long documents) under contention."""
+    p = _machine(rng, cost_cv=(0.8, 1.5))
+    start, end = _change_window(rng, duration)
+    hog = float(max(1, round(p.cores * rng.uniform(0.2, 0.5))))
+    return Scenario(p, (Change(at=start, outside_load=hog), Change(at=end, outside_load=0.0)))
+
+
+@register_family("slow-disk", held_out=True)
+def slow_disk(rng: np.random.Generator, duration: float) -> Scenario:
+    """Storage latency rises mid-run (a busy network file system) and recovers."""
+    p = _machine(rng)
+    p = p.replace(read_s=p.cpu_s * rng.uniform(0.3, 1.0), cpu_s=p.cpu_s * rng.uniform(0.3, 0.7))
+    start, end = _change_window(rng, duration)
+    return Scenario(
+        p, (Change(at=start, read_factor=rng.uniform(2, 4)), Change(at=end, read_factor=1.0))
+    )
+
+
+@register_family("gpu-stage", held_out=True)
+def gpu_stage(rng: np.random.Generator, duration: float) -> Scenario:
+    """A GPU transform stage before the step and a CPU-hungry training loop, with a hog."""
+    p = _machine(rng)
+    gpu_s = p.step_s * rng.uniform(0.1, 0.5)
+    p = p.replace(gpu=True, gpu_s=gpu_s, step_cpu_s=p.step_s * rng.uniform(0.1, 0.4))
+    start, end = _change_window(rng, duration)
+    hog = float(max(1, round(p.cores * rng.uniform(0.25, 0.5))))
+    return Scenario(p, (Change(at=start, outside_load=hog), Change(at=end, outside_load=0.0)))
+
+
+@register_family("memory-tight", held_out=True)
+def memory_tight(rng: np.random.Generator, duration: float) -> Scenario:
+    """Big workers on a small machine: too many of them starve memory; the step slows mid-run."""
+    p = _machine(rng)
+    total = p.total_memory
+    free = total - p.other_memory - p.main_rss
+    worker_rss = int(free / (p.cores * rng.uniform(1.0, 2.0)))  # 2x cores workers do not fit
+    start, _ = _change_window(rng, duration)
+    return Scenario(
+        p.replace(worker_rss=worker_rss),
+        (Change(at=start, step_factor=rng.uniform(0.4, 0.7)),),
+    )

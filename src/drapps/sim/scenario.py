@@ -1,0 +1,185 @@
+"""What the simulator simulates: a pipeline's parameters, and the changes a run goes through.
+
+Costs are per batch and in seconds at full speed on one free core (CPU) or with the disk to
+itself (reads): the simulator slows them down when cores or the disk are shared.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+GiB = 2**30
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """A data pipeline on one machine, feeding one training loop."""
+
+    cores: int
+    """Cores the pipeline and the training loop share."""
+    batch_size: int = 32
+    """Samples per batch."""
+    cpu_s: float = 0.05
+    """CPU seconds a worker spends making one batch (fetch, decode, transform, collate)."""
+    read_s: float = 0.0
+    """Seconds a worker waits on storage per batch that no other reader slows down
+    (per-read latency: a network file system, a cold disk)."""
+    read_bytes: int = 0
+    """Bytes read from disk per batch (they share ``disk_bps`` with the other readers)."""
+    disk_bps: float = math.inf
+    """Disk bandwidth, bytes/s, shared by all reading workers."""
+    cost_cv: float = 0.2
+    """Coefficient of variation of a batch's CPU and read cost (lognormal)."""
+    step_s: float = 0.04
+    """Seconds per training step the training process does not use a CPU core for (the
+    accelerator's share, or sleeping)."""
+    step_cpu_s: float = 0.0
+    """CPU seconds per training step on the training process's own thread (a CPU model, the
+    Python loop); it competes with the workers for cores."""
+    step_cv: float = 0.05
+    """Coefficient of variation of the step time."""
+    transport_s: float = 0.002
+    """CPU seconds the training process spends receiving one batch from a worker."""
+    gpu: bool = False
+    """Whether the machine has an accelerator whose utilisation the State reports."""
+    gpu_s: float = 0.0
+    """Seconds per batch of a GPU transform stage run before the step (0: none)."""
+    outside_load: float = 0.0
+    """Cores kept busy by other processes."""
+    worker_start_s: float = 0.3
+    """CPU seconds a new worker spends starting before it takes tasks."""
+    batch_bytes: int = 4 * 2**20
+    """Bytes of one ready batch."""
+    memory_budget: int = 1 * GiB
+    """Bytes ready and in-flight batches may hold."""
+    worker_rss: int = 300 * 2**20
+    """Resident memory of one worker."""
+    main_rss: int = 2 * GiB
+    """Resident memory of the training process."""
+    total_memory: int = 64 * GiB
+    """Physical memory of the machine."""
+    other_memory: int = 4 * GiB
+    """Memory used by everything else on the machine."""
+    max_workers: int = 0
+    """Upper bound on workers (0: twice the cores, as ``drapps.Loader`` does)."""
+
+    def __post_init__(self) -> None:
+        _check_int(self, "cores", 1)
+        _check_int(self, "batch_size", 1)
+        _check_int(self, "read_bytes", 0)
+        _check_int(self, "batch_bytes", 1)
+        _check_int(self, "memory_budget", 1)
+        _check_int(self, "max_workers", 0)
+        for name in ("worker_rss", "main_rss", "total_memory", "other_memory"):
+            _check_int(self, name, 0)
+        for name in (
+            "cpu_s",
+            "read_s",
+            "cost_cv",
+            "step_s",
+            "step_cpu_s",
+            "step_cv",
+            "transport_s",
+            "gpu_s",
+            "outside_load",
+            "worker_start_s",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or not value >= 0 or math.isinf(value):
+                raise ValueError(f"Pipeline.{name} must be a finite number >= 0, got {value!r}")
+        if not (isinstance(self.disk_bps, int | float) and self.disk_bps > 0):
+            raise ValueError(
+                f"Pipeline.disk_bps must be > 0 (inf: no limit), got {self.disk_bps!r}"
+            )
+        if self.step_s + self.step_cpu_s <= 0:
+            raise ValueError("a training step must take time: step_s + step_cpu_s must be > 0")
+        if self.cpu_s + self.read_s + self.read_bytes <= 0:
+            raise ValueError("making a batch must cost something: cpu_s, read_s or read_bytes > 0")
+
+    @property
+    def worker_limit(self) -> int:
+        return self.max_workers or 2 * self.cores
+
+    def replace(self, **changes: Any) -> Pipeline:
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class Change:
+    """Something that changes mid-run, at a time or after a number of consumed batches."""
+
+    at: float | None = None
+    """Simulated seconds since the start."""
+    at_batch: int | None = None
+    """Batches consumed since the start (the benchmark's scenarios change by batch index)."""
+    outside_load: float | None = None
+    """Cores other processes keep busy from now on."""
+    cpu_factor: float | None = None
+    """Multiplier on every batch's CPU cost from now on (relative to the pipeline's)."""
+    read_factor: float | None = None
+    """Multiplier on read latency and bytes' time from now on (a slower disk: 2.0)."""
+    step_factor: float | None = None
+    """Multiplier on the training step from now on (a slower model: 2.0)."""
+
+    def __post_init__(self) -> None:
+        if (self.at is None) == (self.at_batch is None):
+            raise ValueError(f"a Change needs exactly one of at= or at_batch=, got {self!r}")
+        if self.at is not None and not self.at >= 0:
+            raise ValueError(f"Change.at must be >= 0 seconds, got {self.at!r}")
+        if self.at_batch is not None and self.at_batch < 0:
+            raise ValueError(f"Change.at_batch must be >= 0, got {self.at_batch!r}")
+        for name in ("cpu_factor", "read_factor", "step_factor"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"Change.{name} must be > 0, got {value!r}")
+        if self.outside_load is not None and not self.outside_load >= 0:
+            raise ValueError(f"Change.outside_load must be >= 0 cores, got {self.outside_load!r}")
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A pipeline and what happens to it during a run."""
+
+    pipeline: Pipeline
+    changes: tuple[Change, ...] = ()
+    name: str = "custom"
+
+    def what_if(
+        self,
+        *,
+        cores: int | None = None,
+        read_factor: float = 1.0,
+        cpu_factor: float = 1.0,
+        step_factor: float = 1.0,
+    ) -> Scenario:
+        """The same scenario on other hardware: more cores, a slower disk, slower CPUs, a
+        faster or slower model (factors multiply times: 2.0 is twice as slow)."""
+        for name, value in (
+            ("read_factor", read_factor),
+            ("cpu_factor", cpu_factor),
+            ("step_factor", step_factor),
+        ):
+            if not value > 0:
+                raise ValueError(f"{name} must be > 0, got {value!r}")
+        p = self.pipeline
+        pipeline = p.replace(
+            cores=p.cores if cores is None else cores,
+            max_workers=0 if cores is not None else p.max_workers,
+            read_s=p.read_s * read_factor,
+            disk_bps=p.disk_bps / read_factor,
+            cpu_s=p.cpu_s * cpu_factor,
+            worker_start_s=p.worker_start_s * cpu_factor,
+            transport_s=p.transport_s * cpu_factor,
+            step_s=p.step_s * step_factor,
+            step_cpu_s=p.step_cpu_s * step_factor,
+        )
+        return Scenario(pipeline, self.changes, self.name)
+
+
+def _check_int(obj: object, name: str, minimum: int) -> None:
+    value = getattr(obj, name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{type(obj).__name__}.{name} must be an int >= {minimum}, got {value!r}")
