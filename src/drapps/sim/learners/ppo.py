@@ -7,6 +7,7 @@ The actor is the shipped policy's shape (tanh MLP, 64x64 by default); the determ
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from torch import nn
 
@@ -39,6 +40,8 @@ class Ppo(Learner):
 
     def __init__(self, config: PpoConfig | None = None) -> None:
         self.config = config or PpoConfig()
+        self.model: Any = None
+        """The stable-baselines3 model of the last training run."""
 
     def train(self, env: PipelineEnv, steps: int, seed: int) -> MlpPolicy:
         sb3 = require("stable_baselines3")
@@ -61,6 +64,7 @@ class Ppo(Learner):
             verbose=0,
         )
         model.learn(total_timesteps=steps)
+        self.model = model
         actor = [m for m in model.policy.mlp_extractor.policy_net if isinstance(m, nn.Linear)]
         return export_mlp(
             [*actor, model.policy.action_net], {"learner": "ppo", "steps": steps, "seed": seed}

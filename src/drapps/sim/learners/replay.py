@@ -17,14 +17,18 @@ class SumTree:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity!r}")
         self.capacity = capacity
-        self.nodes = np.zeros(2 * capacity - 1, dtype=np.float64)
+        # Leaves padded to a power of two keep them in order, all at the same depth.
+        self._leaves = 1 << (capacity - 1).bit_length()
+        self.nodes = np.zeros(2 * self._leaves - 1, dtype=np.float64)
 
     @property
     def total(self) -> float:
         return float(self.nodes[0])
 
     def update(self, leaf: int, priority: float) -> None:
-        node = leaf + self.capacity - 1
+        if not 0 <= leaf < self.capacity:
+            raise IndexError(f"leaf must be in [0, {self.capacity}), got {leaf}")
+        node = leaf + self._leaves - 1
         change = priority - self.nodes[node]
         while True:
             self.nodes[node] += change
@@ -35,17 +39,17 @@ class SumTree:
     def find(self, value: float) -> int:
         """The leaf whose cumulative range holds ``value`` (0 <= value < total)."""
         node = 0
-        while node < self.capacity - 1:
+        while node < self._leaves - 1:
             left = 2 * node + 1
             if value < self.nodes[left] or self.nodes[left + 1] <= 0:
                 node = left
             else:
                 value -= self.nodes[left]
                 node = left + 1
-        return node - (self.capacity - 1)
+        return min(node - (self._leaves - 1), self.capacity - 1)
 
     def priority(self, leaf: int) -> float:
-        return float(self.nodes[leaf + self.capacity - 1])
+        return float(self.nodes[leaf + self._leaves - 1])
 
 
 class PrioritizedReplay:

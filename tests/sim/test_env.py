@@ -1,0 +1,84 @@
+"""The gymnasium environment: API conformance, determinism, and the shared reward."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("gymnasium")
+
+from gymnasium.utils.env_checker import check_env  # noqa: E402
+
+from drapps.control.action import Action  # noqa: E402
+from drapps.control.reward import reward  # noqa: E402
+from drapps.control.state import State  # noqa: E402
+from drapps.sim import Pipeline, Scenario  # noqa: E402
+from drapps.sim.env import PipelineEnv  # noqa: E402
+
+
+def test_passes_gymnasiums_env_checker() -> None:
+    env = PipelineEnv(duration=10.0)
+    check_env(env, skip_render_check=True)
+    assert env.observation_space.shape == (len(State.FEATURES),)
+    assert env.action_space.n == len(Action.space())
+
+
+def _rollout(seed: int, actions: list[int]) -> list[tuple[np.ndarray, float]]:
+    env = PipelineEnv(duration=10.0)
+    obs, _ = env.reset(seed=seed)
+    out = [(obs, 0.0)]
+    for a in actions:
+        obs, r, _, _, _ = env.step(a)
+        out.append((obs, r))
+    return out
+
+
+def test_same_seed_same_episode() -> None:
+    actions = [int(a) for a in np.random.default_rng(0).integers(9, size=19)]
+    a, b, c = _rollout(3, actions), _rollout(3, actions), _rollout(4, actions)
+    assert all(np.array_equal(x[0], y[0]) and x[1] == y[1] for x, y in zip(a, b, strict=True))
+    assert any(not np.array_equal(x[0], y[0]) for x, y in zip(a, c, strict=True))
+
+
+def test_reward_is_the_shared_reward_and_episodes_truncate() -> None:
+    env = PipelineEnv(duration=5.0, interval=0.5)
+    env.reset(seed=1)
+    steps = 0
+    while True:
+        obs, r, terminated, truncated, info = env.step(4)  # the no-op: (0, 0)
+        steps += 1
+        assert env.state is not None and r == reward(env.state)
+        assert np.array_equal(obs, env.state.vector())
+        assert not terminated
+        if truncated:
+            break
+    assert steps == 9  # reset observed the first interval
+
+
+def test_actions_move_the_simulated_pool_within_bounds() -> None:
+    env = PipelineEnv(random_start=False)
+    scenario = Scenario(Pipeline(cores=2, cpu_s=0.05, step_s=0.01))
+    env.reset(seed=0, options={"scenario": scenario})
+    add = Action.space().index(Action(1, 0))
+    for _ in range(5):
+        _, _, _, _, info = env.step(add)
+    assert info["workers"] == 4  # started at one per core, clipped at 2x cores
+    remove = Action.space().index(Action(-1, 0))
+    for _ in range(6):
+        _, _, _, _, info = env.step(remove)
+    assert info["workers"] == 1
+
+
+def test_bad_input_is_named() -> None:
+    with pytest.raises(ValueError, match="scenario family must be one of"):
+        PipelineEnv(["no-such-family"])
+    with pytest.raises(ValueError, match="duration >= interval"):
+        PipelineEnv(duration=0.1, interval=0.5)
+    env = PipelineEnv()
+    with pytest.raises(RuntimeError, match="reset"):
+        env.step(0)
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match=r"action must be an int in \[0, 9\)"):
+        env.step(9)
+    with pytest.raises(ValueError, match="must be a Scenario"):
+        env.reset(options={"scenario": "cpu-bound"})
