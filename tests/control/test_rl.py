@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
 import time
@@ -21,7 +22,7 @@ def _random_policy(seed: int = 0) -> MlpPolicy:
     rng = np.random.default_rng(seed)
     sizes = [len(State.FEATURES), 16, len(Action.space())]
     return MlpPolicy(
-        [(rng.normal(size=(a, b)), rng.normal(size=b)) for a, b in zip(sizes, sizes[1:])],
+        [(rng.normal(size=(a, b)), rng.normal(size=b)) for a, b in itertools.pairwise(sizes)],
         {"note": "random"},
     )
 
@@ -88,7 +89,8 @@ sys.modules["stable_baselines3"] = None
 import torch
 import drapps
 data = list(range(64))
-with drapps.Loader(data, batch_size=4, workers="auto", policy="rl", control_interval=0.05) as loader:
+kw = dict(batch_size=4, workers="auto", policy="rl", control_interval=0.05)
+with drapps.Loader(data, **kw) as loader:
     assert sum(len(b) for b in loader) == 64
 from drapps.control.policy import make_policy
 assert type(make_policy("rl")).__name__ == "MlpPolicy"

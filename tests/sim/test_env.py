@@ -7,13 +7,13 @@ import pytest
 
 pytest.importorskip("gymnasium")
 
-from gymnasium.utils.env_checker import check_env  # noqa: E402
+from gymnasium.utils.env_checker import check_env
 
-from drapps.control.action import Action  # noqa: E402
-from drapps.control.reward import reward  # noqa: E402
-from drapps.control.state import State  # noqa: E402
-from drapps.sim import Pipeline, Scenario  # noqa: E402
-from drapps.sim.env import PipelineEnv  # noqa: E402
+from drapps.control.action import Action
+from drapps.control.reward import reward
+from drapps.control.state import State
+from drapps.sim import Pipeline, Scenario
+from drapps.sim.env import PipelineEnv
 
 
 def test_passes_gymnasiums_env_checker() -> None:
@@ -45,7 +45,7 @@ def test_reward_is_the_shared_reward_and_episodes_truncate() -> None:
     env.reset(seed=1)
     steps = 0
     while True:
-        obs, r, terminated, truncated, info = env.step(4)  # the no-op: (0, 0)
+        obs, r, terminated, truncated, _ = env.step(4)  # the no-op: (0, 0)
         steps += 1
         assert env.state is not None and r == reward(env.state)
         assert np.array_equal(obs, env.state.vector())

@@ -238,6 +238,34 @@ def train_policy_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def evaluate_command(args: argparse.Namespace) -> int:
+    from drapps.sim.evaluate import evaluate
+    from drapps.sim.families import family_names
+
+    families = list(args.families) if args.families else family_names()
+    if args.episodes < 1:
+        raise SystemExit(f"--episodes must be >= 1, got {args.episodes}")
+    try:
+        policies = {name: resolve_policy(name)[0] for name in args.policies}
+        for name in families:
+            if name not in family_names():
+                raise ValueError(f"family must be one of {family_names()}, got {name!r}")
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    start = time.perf_counter()
+    result = evaluate(policies, families, episodes=args.episodes, seed=args.seed)
+    table = result.markdown()
+    print(table)
+    elapsed = time.perf_counter() - start
+    print(f"\n{args.episodes} episodes per family, seed {args.seed}, {elapsed:.0f} s")
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "results.json").write_text(json.dumps(result.table(), indent=2))
+        (out / "results.md").write_text(table + "\n")
+    return 0
+
+
 def add_parsers(commands: Any) -> None:
     simulate = commands.add_parser(
         "simulate",
@@ -265,6 +293,21 @@ def add_parsers(commands: Any) -> None:
     simulate.add_argument("--print-every", type=float, default=5.0, help="seconds per line (5)")
     simulate.add_argument("--out", help="write the summaries as JSON here")
     simulate.set_defaults(run=simulate_command)
+    evaluation = commands.add_parser(
+        "evaluate-policy",
+        help="compare policies on simulated scenario families",
+        description="Run each policy, the oracle-static and the DataLoader default on the "
+        "same scenarios of each family; print throughput relative to the oracle, wait, reward "
+        "and time to settle after changes.",
+    )
+    evaluation.add_argument(
+        "--policies", type=_names, default=("heuristic", "rl"), help="default heuristic,rl"
+    )
+    evaluation.add_argument("--families", type=_names, help="default: every family")
+    evaluation.add_argument("--episodes", type=int, default=8, help="per family (8)")
+    evaluation.add_argument("--seed", type=int, default=0, help="scenario draws (0)")
+    evaluation.add_argument("--out", help="folder for results.json and results.md")
+    evaluation.set_defaults(run=evaluate_command)
     train = commands.add_parser(
         "train-policy",
         help="train the learned policy in the simulator (needs the 'rl' extra)",

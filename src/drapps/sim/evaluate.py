@@ -54,13 +54,15 @@ class Evaluation:
         ]
         for family, policies in table.items():
             cells = [
-                f"{p['relative']:.1%} / {p['wait']:.0%} / {p['convergence_s']:.1f} s"
+                f"{p['relative']:.1%} / {p['wait']:.0%} / {p['reward']:.2f} / "
+                f"{p['convergence_s']:.1f} s"
                 for p in policies.values()
             ]
             lines.append(f"| {family} | " + " | ".join(cells) + " |")
         lines.append(
             "\nEach cell: throughput relative to oracle-static (mean over episodes) / share of "
-            "time the training loop waited / median seconds to settle after a change."
+            "time the training loop waited / mean reward per tick (the shared reward: it also "
+            "charges memory) / median seconds to settle after a change."
         )
         return "\n".join(lines)
 

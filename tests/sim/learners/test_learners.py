@@ -7,10 +7,10 @@ import pytest
 
 pytest.importorskip("gymnasium")
 
-from drapps.control.rl import MlpPolicy  # noqa: E402
-from drapps.sim.env import PipelineEnv  # noqa: E402
-from drapps.sim.learners import learner_names, make_learner  # noqa: E402
-from drapps.sim.learners.replay import PrioritizedReplay, SumTree  # noqa: E402
+from drapps.control.rl import MlpPolicy
+from drapps.sim.env import PipelineEnv
+from drapps.sim.learners import learner_names, make_learner
+from drapps.sim.learners.replay import PrioritizedReplay, SumTree
 
 
 def test_sum_tree_finds_leaves_by_cumulative_priority() -> None:
