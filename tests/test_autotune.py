@@ -139,7 +139,7 @@ def test_heuristic_policy_object_is_accepted() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"policy": "magic"}, r"policy must be one of \['heuristic', 'static'\]"),
+        ({"policy": "magic"}, r"policy must be one of \['heuristic', 'rl', 'static'\]"),
         ({"policy": 3}, "policy must be a registered name or an object with decide"),
         ({"min_workers": 0}, "min_workers must be an int >= 1, got 0"),
         ({"min_workers": 9, "max_workers": 4}, "min_workers=9 exceeds max_workers=4"),

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import state
 
 from drapps.control.action import Action
 from drapps.control.policy import make_policy
 from drapps.control.rl import MlpPolicy, shipped_path
 from drapps.control.state import State
-from tests.helpers import state
 
 
 def _random_policy(seed: int = 0) -> MlpPolicy:

@@ -14,11 +14,11 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import BusyDataset
 
 import drapps
 from drapps.sim.calibrate import calibrate, record, replay
 from drapps.telemetry.trace import read_trace
-from tests.helpers import BusyDataset
 
 
 def _traced_run(path: Path, workers: int, seconds: float, hog: tuple[float, float] | None) -> None:
