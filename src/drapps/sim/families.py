@@ -91,6 +91,15 @@ def _change_window(rng: np.random.Generator, duration: float) -> tuple[float, fl
     return start, start + rng.uniform(0.2, 0.35) * duration
 
 
+def _hogged(
+    rng: np.random.Generator, p: Pipeline, duration: float, share: tuple[float, float]
+) -> Scenario:
+    """``p`` with another process taking a share of its cores (at least one) for a while."""
+    start, end = _change_window(rng, duration)
+    hog = float(max(1, round(p.cores * rng.uniform(*share))))
+    return Scenario(p, (Change(at=start, outside_load=hog), Change(at=end, outside_load=0.0)))
+
+
 # ---------------------------------------------------------------------------- training families
 
 
@@ -131,9 +140,7 @@ def cpu_consumer(rng: np.random.Generator, duration: float) -> Scenario:
 def contention(rng: np.random.Generator, duration: float) -> Scenario:
     """Another process takes cores for a while (a CPU hog), then leaves."""
     p = _machine(rng)
-    start, end = _change_window(rng, duration)
-    hog = float(max(1, round(p.cores * rng.uniform(0.25, 0.75))))
-    return Scenario(p, (Change(at=start, outside_load=hog), Change(at=end, outside_load=0.0)))
+    return _hogged(rng, p, duration, (0.25, 0.75))
 
 
 @register_family("consumer-shift")
@@ -154,9 +161,7 @@ def consumer_shift(rng: np.random.Generator, duration: float) -> Scenario:
 def bursty(rng: np.random.Generator, duration: float) -> Scenario:
     """Batch costs vary wildly (variable-size images, long documents) under contention."""
     p = _machine(rng, cost_cv=(0.8, 1.5))
-    start, end = _change_window(rng, duration)
-    hog = float(max(1, round(p.cores * rng.uniform(0.2, 0.5))))
-    return Scenario(p, (Change(at=start, outside_load=hog), Change(at=end, outside_load=0.0)))
+    return _hogged(rng, p, duration, (0.2, 0.5))
 
 
 @register_family("slow-disk", held_out=True)
@@ -176,14 +181,13 @@ def gpu_stage(rng: np.random.Generator, duration: float) -> Scenario:
     p = _machine(rng)
     gpu_s = p.step_s * rng.uniform(0.1, 0.5)
     p = p.replace(gpu=True, gpu_s=gpu_s, step_cpu_s=p.step_s * rng.uniform(0.1, 0.4))
-    start, end = _change_window(rng, duration)
-    hog = float(max(1, round(p.cores * rng.uniform(0.25, 0.5))))
-    return Scenario(p, (Change(at=start, outside_load=hog), Change(at=end, outside_load=0.0)))
+    return _hogged(rng, p, duration, (0.25, 0.5))
 
 
 @register_family("memory-tight", held_out=True)
 def memory_tight(rng: np.random.Generator, duration: float) -> Scenario:
-    """Big workers on a small machine: too many of them starve memory; the step slows mid-run."""
+    """Big workers on a small machine: too many of them starve memory; the step speeds up
+    mid-run."""
     p = _machine(rng)
     total = p.total_memory
     free = total - p.other_memory - p.main_rss
