@@ -144,5 +144,16 @@ def shipped_path() -> Path:
 
 
 @register_policy("rl")
-def _shipped() -> MlpPolicy:
-    return MlpPolicy.shipped()
+def _shipped(online: bool | Any = False) -> Any:
+    """The shipped policy; ``online=True`` (or an ``OnlineConfig``) wraps it in an
+    :class:`~drapps.control.online.OnlineTuner` that keeps learning within bounds."""
+    policy = MlpPolicy.shipped()
+    if online is False:
+        return policy
+    from drapps.control.online import OnlineConfig, OnlineTuner
+
+    if online is True:
+        return OnlineTuner(policy)
+    if isinstance(online, OnlineConfig):
+        return OnlineTuner(policy, online)
+    raise ValueError(f"online must be a bool or an OnlineConfig, got {online!r}")
