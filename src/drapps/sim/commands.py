@@ -46,7 +46,7 @@ def _scenario(args: argparse.Namespace) -> tuple[Scenario, str]:
     """The scenario to run and a line saying where it came from."""
     import numpy as np
 
-    from drapps.sim import calibrate as cal
+    from drapps.sim import calibration as cal
     from drapps.sim.families import draw, family_names
 
     source = args.scenario

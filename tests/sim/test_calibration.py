@@ -17,7 +17,7 @@ import pytest
 from helpers import BusyDataset
 
 import drapps
-from drapps.sim.calibrate import calibrate, record, replay
+from drapps.sim.calibration import calibrate, record, replay
 from drapps.telemetry.trace import read_trace
 
 
