@@ -63,7 +63,8 @@ class Loader:
         max_attempts: attempts at a batch whose worker keeps dying or hanging.
         multiprocessing_context: "fork", "spawn" or "forkserver" (default: platform's).
         policy: with ``workers="auto"``, the controller's policy: "heuristic" (default),
-            "static", or any object with ``decide(state) -> Action``.
+            "rl" (the learned policy shipped with drapps), "static", or any object with
+            ``decide(state) -> Action``.
         min_workers: the fewest workers the controller may go down to.
         control_interval: seconds between controller ticks.
         trace: write every tick's State, Action and Reward to this JSONL file.
