@@ -46,7 +46,10 @@ def test_off_by_default_and_on_by_request() -> None:
 
 def test_it_learns_which_action_pays() -> None:
     # A bandit on a live-like loop: the state after the target action shows 4x throughput.
-    tuner = OnlineTuner(_small_policy(), OnlineConfig(lr=0.05, max_drift=5.0), seed=1)
+    # Generous time budgets in these tests: a GC pause on a busy machine must not switch tuning
+    # off mid-test (the budget itself is tested below).
+    config = OnlineConfig(lr=0.05, max_drift=5.0, budget_s=1.0)
+    tuner = OnlineTuner(_small_policy(), config, seed=1)
     s = state(wait_fraction=0.2)
     before = _probability(tuner.policy, s, tuner.config.temperature)
     action = tuner.decide(s)
@@ -61,7 +64,8 @@ def test_it_learns_which_action_pays() -> None:
 def test_it_stays_bounded_and_can_be_switched_off() -> None:
     policy = _small_policy()
     shipped = [w.copy() for layer in policy.layers for w in layer]
-    tuner = OnlineTuner(policy, OnlineConfig(lr=1.0, max_drift=0.1, max_updates=50), seed=0)
+    config = OnlineConfig(lr=1.0, max_drift=0.1, max_updates=50, budget_s=1.0)
+    tuner = OnlineTuner(policy, config, seed=0)
     for k in range(200):
         tuner.decide(state(throughput=float(1000 + 900 * (k % 2)), wait_fraction=0.1))
         assert tuner.drift <= 0.1 + 1e-5

@@ -7,10 +7,21 @@ The same definition drives the real loader and the simulator, so it depends on n
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any, ClassVar
 
 import numpy as np
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile of ``values`` as ``latency_p50_s`` / ``latency_p99_s`` define it (the
+    value at rank ``q * n``, 0 when there are none); the real monitor and the simulator both
+    use it, so their States agree."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from drapps.control.state import State
+from drapps.control.state import State, percentile
 from drapps.sim.scenario import Change, Scenario
 
 _Callback = Callable[[], None]
@@ -159,10 +159,9 @@ class Simulator:
         if not 1 <= workers <= self.pipeline.worker_limit:
             raise ValueError(f"workers must be in [1, {self.pipeline.worker_limit}], got {workers}")
         if workers > self._target:
-            self._grow(workers - self._target, start_cost=True)
+            self._grow(workers - self._target, start_cost=True)  # dispatches to the new room
         elif workers < self._target:
-            self._shrink(self._target - workers)
-        self._dispatch()
+            self._shrink(self._target - workers)  # lowers the limits: nothing to dispatch
 
     def set_prefetch(self, depth: int | None) -> None:
         """Batches in flight plus ready (None: twice the target workers)."""
@@ -209,7 +208,6 @@ class Simulator:
         p, i = self.pipeline, self._interval
         dt = max(self.now - self._last_observed, 1e-9)
         cpu_util = min(1.0, i.cpu_busy / (p.cores * dt))
-        latencies = sorted(i.latencies)
         live = len(self._workers)
         ready_bytes = len(self._ready) * p.batch_bytes
         rss = p.main_rss + live * p.worker_rss + ready_bytes
@@ -231,8 +229,8 @@ class Simulator:
             queue_bytes=ready_bytes,
             memory_budget=p.memory_budget,
             wait_fraction=min(1.0, i.wait / dt),
-            latency_p50_s=_percentile(latencies, 0.5),
-            latency_p99_s=_percentile(latencies, 0.99),
+            latency_p50_s=percentile(i.latencies, 0.5),
+            latency_p99_s=percentile(i.latencies, 0.99),
             throughput=i.samples / dt,
             workers=self._target,
             max_workers=p.worker_limit,
@@ -267,8 +265,7 @@ class Simulator:
         cpu, disk, i = self._cpu, self._disk, self._interval
         cpu.virtual += cpu.speed * dt
         disk.virtual += disk.speed * dt
-        demand = self._owners["worker"] + self._owners["main"] + self._outside
-        i.cpu_busy += min(float(self.pipeline.cores), demand) * dt
+        i.cpu_busy += min(float(self.pipeline.cores), self._demand()) * dt
         i.worker_cpu += self._owners["worker"] * cpu.speed * dt
         i.main_cpu += self._owners["main"] * cpu.speed * dt
         if self._waiting:
@@ -280,8 +277,12 @@ class Simulator:
             i.read_bytes += self.pipeline.disk_bps * dt
         self.totals.ready_integral += len(self._ready) * dt
 
+    def _demand(self) -> float:
+        """Cores wanted now: one per running CPU job, plus other processes' load."""
+        return self._owners["worker"] + self._owners["main"] + self._outside
+
     def _speeds(self) -> None:
-        demand = self._owners["worker"] + self._owners["main"] + self._outside
+        demand = self._demand()
         self._cpu.speed = min(1.0, self.pipeline.cores / demand) if demand > 0 else 1.0
         self._disk.speed = 1.0 / max(1, len(self._disk.jobs))
 
@@ -379,7 +380,7 @@ class Simulator:
             if not self._seen_batch:
                 if outstanding >= max(1, self._target):
                     break
-            elif (len(self._ready) + len(self._in_flight) + 1) * p.batch_bytes > p.memory_budget:
+            elif (outstanding + 1) * p.batch_bytes > p.memory_budget:
                 break
             batch = self._next_dispatch
             self._next_dispatch += 1
@@ -491,9 +492,3 @@ class Simulator:
         self._interval.samples += self.pipeline.batch_size
         self._apply_batch_changes()
         self._consume()
-
-
-def _percentile(ordered: list[float], q: float) -> float:
-    if not ordered:
-        return 0.0
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]

@@ -15,8 +15,8 @@ from drapps.sim.engine import Simulator
 from drapps.sim.scenario import Scenario
 
 CONVERGED = 0.10
-"""A run has converged after a change once its throughput (mean of 4 ticks) stays within this
-share of where it settles (the mean of the segment's last 30%)."""
+"""A run has converged after a change once its smoothed throughput stays within this share of
+where it settles (the mean of the segment's last 30%); see :meth:`SimRun.convergence_s`."""
 
 
 @dataclass(frozen=True)
@@ -144,8 +144,8 @@ def simulate(
             min_workers=1,
             max_workers=p.worker_limit,
             max_prefetch=4 * p.worker_limit,
-            adjust_workers=controlled and start > 0,
-            adjust_prefetch=controlled and start > 0,
+            adjust_workers=controlled,
+            adjust_prefetch=controlled,
         ),
         interval=interval,
         weights=weights,
@@ -156,7 +156,7 @@ def simulate(
         sim.run_until((k + 1) * interval)
         tick = controller.step()
         ticks.append(tick)
-        if schedule is not None and start > 0:
+        if schedule is not None:
             target, depth = schedule[min(k, len(schedule) - 1)]
             if target != sim.workers:
                 sim.resize(target)

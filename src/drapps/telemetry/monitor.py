@@ -16,7 +16,7 @@ from typing import Any
 
 import psutil
 
-from drapps.control.state import State
+from drapps.control.state import State, percentile
 
 logger = logging.getLogger(__name__)
 
@@ -40,13 +40,6 @@ class PipelineSnapshot:
     """Recent (monotonic arrival time, dispatch-to-arrival seconds) per batch."""
     stage_s: dict[str, float] = field(default_factory=dict)
     """Cumulative seconds per stage: fetch, transform, collate, transport."""
-
-
-def _percentile(values: list[float], q: float) -> float:
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 class _Gpu:
@@ -167,8 +160,8 @@ class Monitor:
             queue_bytes=pipe.queue_bytes,
             memory_budget=pipe.memory_budget,
             wait_fraction=min(1.0, max(0.0, (pipe.wait_s - last.wait_s) / dt)),
-            latency_p50_s=_percentile(recent, 0.5),
-            latency_p99_s=_percentile(recent, 0.99),
+            latency_p50_s=percentile(recent, 0.5),
+            latency_p99_s=percentile(recent, 0.99),
             throughput=max(0, pipe.samples - last.samples) / dt,
             workers=pipe.workers,
             max_workers=pipe.max_workers,
