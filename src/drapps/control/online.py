@@ -97,16 +97,14 @@ class OnlineTuner:
         return np.vstack([weight, bias[None, :]]).astype(np.float32)
 
     def decide(self, state: State) -> Action:
-        features = state.vector()
-        hidden = self._hidden(features)
-        weight, bias = self.policy.layers[-1]
-        scores = hidden @ weight + bias
-        tuning = self.enabled and self.updates < self.config.max_updates
-        if tuning and self._last is not None:
-            self._learn(reward(state, self.weights))
-        if not tuning:
+        if not (self.enabled and self.updates < self.config.max_updates):
             self._last = None
             return self.policy.decide(state)
+        hidden = self.policy.hidden(state.vector())
+        weight, bias = self.policy.layers[-1]
+        scores = hidden @ weight + bias  # this tick acts on the weights before the update
+        if self._last is not None:
+            self._learn(reward(state, self.weights))
         logits = scores / self.config.temperature
         probs = np.exp(logits - logits.max())
         probs /= probs.sum()
@@ -116,12 +114,6 @@ class OnlineTuner:
         if action.is_noop:
             return action
         return Action(action.workers, action.prefetch, reason="learned policy (tuning online)")
-
-    def _hidden(self, features: np.ndarray) -> np.ndarray:
-        x = features.astype(np.float32)
-        for weight, bias in self.policy.layers[:-1]:
-            x = np.tanh(x @ weight + bias)
-        return x
 
     def _learn(self, value: float) -> None:
         assert self._last is not None

@@ -13,7 +13,7 @@ import os
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -21,12 +21,15 @@ from drapps.control.action import Action
 from drapps.control.policy import register_policy
 from drapps.control.state import State
 
+if TYPE_CHECKING:
+    from drapps.control.online import OnlineConfig, OnlineTuner
+
 FORMAT = 1
 ACTIONS = Action.space()
 
 
-def _action_names() -> list[str]:
-    return [f"workers{a.workers:+d} prefetch{a.prefetch:+d}" for a in ACTIONS]
+ACTION_NAMES = [f"workers{a.workers:+d} prefetch{a.prefetch:+d}" for a in ACTIONS]
+"""How a policy file names the actions it scores, in :data:`ACTIONS` order."""
 
 
 class MlpPolicy:
@@ -67,15 +70,18 @@ class MlpPolicy:
         self.layers = checked
         self.meta = dict(meta or {})
 
+    def hidden(self, features: np.ndarray) -> np.ndarray:
+        """The last hidden layer's activations: what the output layer scores."""
+        x = np.asarray(features, dtype=np.float32)
+        for weight, bias in self.layers[:-1]:
+            x = x @ weight + bias
+            np.tanh(x, out=x)
+        return x
+
     def scores(self, features: np.ndarray) -> np.ndarray:
         """One score per action (logits or Q-values) for a feature vector, or a batch of them."""
-        x = np.asarray(features, dtype=np.float32)
-        last = len(self.layers) - 1
-        for k, (weight, bias) in enumerate(self.layers):
-            x = x @ weight + bias
-            if k < last:
-                np.tanh(x, out=x)
-        return x
+        weight, bias = self.layers[-1]
+        return self.hidden(features) @ weight + bias
 
     def decide(self, state: State) -> Action:
         scores = self.scores(state.vector())
@@ -87,7 +93,7 @@ class MlpPolicy:
             action.workers,
             action.prefetch,
             reason=(
-                f"learned policy: {_action_names()[best]} (waited {state.wait_fraction:.0%}, "
+                f"learned policy: {ACTION_NAMES[best]} (waited {state.wait_fraction:.0%}, "
                 f"{state.idle_cores:.1f} idle cores, {state.queue_batches}/{state.prefetch} "
                 "ready)"
             ),
@@ -100,7 +106,7 @@ class MlpPolicy:
         header = {
             "format": FORMAT,
             "features": list(State.FEATURES),
-            "actions": _action_names(),
+            "actions": ACTION_NAMES,
             "meta": self.meta,
         }
         arrays: dict[str, Any] = {"header": np.asarray(json.dumps(header))}
@@ -126,7 +132,7 @@ class MlpPolicy:
             raise ValueError(f"{path}: not a drapps policy file ({exc})") from exc
         if header.get("format") != FORMAT:
             raise ValueError(f"{path}: policy format {header.get('format')!r}, expected {FORMAT}")
-        for key, ours in (("features", list(State.FEATURES)), ("actions", _action_names())):
+        for key, ours in (("features", list(State.FEATURES)), ("actions", ACTION_NAMES)):
             if header.get(key) != ours:
                 raise ValueError(
                     f"{path}: trained on {key} {header.get(key)!r}, this drapps has {ours!r}"
@@ -144,13 +150,13 @@ def shipped_path() -> Path:
 
 
 @register_policy("rl")
-def _shipped(online: bool | Any = False) -> Any:
+def _shipped(online: bool | OnlineConfig = False) -> MlpPolicy | OnlineTuner:
     """The shipped policy; ``online=True`` (or an ``OnlineConfig``) wraps it in an
     :class:`~drapps.control.online.OnlineTuner` that keeps learning within bounds."""
     policy = MlpPolicy.shipped()
     if online is False:
         return policy
-    from drapps.control.online import OnlineConfig, OnlineTuner
+    from drapps.control.online import OnlineConfig, OnlineTuner  # imports this module: late
 
     if online is True:
         return OnlineTuner(policy)
