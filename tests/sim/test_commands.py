@@ -75,6 +75,10 @@ def test_evaluate_policy_writes_its_table(
     assert "| cpu-bound |" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="family must be one of"):
         main(["evaluate-policy", "--families", "nope"])
+    # a fixed count would have run as "static" under its name; baselines are always there
+    for fixed in ("static-3", "dataloader", "oracle-static"):
+        with pytest.raises(SystemExit, match="--policies takes policies that move the workers"):
+            main(["evaluate-policy", "--policies", f"heuristic,{fixed}"])
 
 
 def test_train_policy_writes_a_loadable_policy(tmp_path: Path) -> None:

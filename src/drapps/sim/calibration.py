@@ -120,7 +120,7 @@ def calibrate(trace: Trace | str | os.PathLike[str], *, refine: bool = True) -> 
     rows = data.rows
     recorded = record(data)
     pairs = list(itertools.pairwise(rows))
-    batches = sum(b.state.throughput * (b.t - a.t) for a, b in pairs) / recorded.batch_size
+    batches = recorded.throughput * recorded.duration / recorded.batch_size
     if batches < 4:
         raise ValueError(f"the trace shows {batches:.1f} batches delivered: too few to calibrate")
 
@@ -136,7 +136,7 @@ def calibrate(trace: Trace | str | os.PathLike[str], *, refine: bool = True) -> 
     stage_wall = (total("fetch_s") + total("transform_s") + total("collate_s")) / batches
     transport = total("transport_s") / batches
     main_cpu = integral("main_cpu") / batches
-    busy = (recorded.duration - integral("wait_fraction")) / batches  # loop time per batch
+    busy = recorded.duration * (1 - recorded.wait_fraction) / batches  # loop time per batch
     step_cpu = max(0.0, main_cpu - transport)
     last = rows[-1].state
     worker_rss = [float(w.get("rss", 0.0)) for w in rows[-1].workers.values()]
@@ -192,7 +192,9 @@ def _refine(pipeline: Pipeline, recorded: RecordedRun) -> Pipeline:
     best, best_error = pipeline, math.inf
     factors = (0.5, 0.7, 0.85, 1.0, 1.15, 1.3, 1.6)
     # Under contention the wall time also holds CPU slowdown: the read wait may be none at all.
-    for read_f, step_f in itertools.product((0.0, *factors), factors):
+    # With no read wait to scale, every read factor gives the same candidate: try it once.
+    read_factors = (0.0, *factors) if pipeline.read_s > 0 else (1.0,)
+    for read_f, step_f in itertools.product(read_factors, factors):
         candidate = pipeline.replace(
             read_s=pipeline.read_s * read_f, step_s=max(1e-4, pipeline.step_s * step_f)
         )

@@ -6,10 +6,17 @@ import argparse
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from drapps.cli import _name_list
 from drapps.control.policy import Policy, policy_names
 from drapps.sim.scenario import Scenario
+
+if TYPE_CHECKING:
+    from drapps.sim.run import SimRun
+
+ONE_PER_CORE = -1
+"""The worker count of ``--policy static``: one per core of the scenario's machine."""
 
 POLICY_HELP = (
     "heuristic (default), rl (the shipped learned policy), static (one worker per core), "
@@ -35,7 +42,7 @@ def resolve_policy(spec: str) -> tuple[Policy | str, int | str]:
             raise ValueError(f"static-N needs a worker count N >= 1, got {spec!r}")
         return "static", int(count)
     if spec == "static":
-        return "static", -1  # one per core, resolved against the scenario
+        return "static", ONE_PER_CORE
     if spec not in policy_names():
         valid = [*policy_names(), "static-N", "dataloader", "oracle-static", "<file>.npz"]
         raise ValueError(f"policy must be one of {valid}, got {spec!r}")
@@ -53,8 +60,9 @@ def _scenario(args: argparse.Namespace) -> tuple[Scenario, str]:
     if Path(source).suffix == ".jsonl" or Path(source).is_file():
         if not Path(source).is_file():
             raise ValueError(f"--scenario {source!r}: no such trace file")
-        pipeline = cal.calibrate(source)
-        recorded = cal.record(source)
+        trace = cal.load(source)  # read once: calibrate and record both use it
+        pipeline = cal.calibrate(trace)
+        recorded = cal.record(trace)
         check = cal.replay(pipeline, recorded, seed=args.seed)
         line = (
             f"calibrated from {source}: replaying it gives {check.run.throughput:.0f} samples/s "
@@ -106,15 +114,18 @@ def _describe(scenario: Scenario) -> str:
     return text
 
 
-def _run(scenario: Scenario, spec: str, args: argparse.Namespace) -> Any:
+def _run(
+    scenario: Scenario, resolved: tuple[Policy | str, int | str] | None, args: argparse.Namespace
+) -> SimRun:
+    """Run a resolved --policy on ``scenario`` (None: the oracle-static search)."""
     from drapps.sim.run import oracle_static, simulate
 
-    if spec == "oracle-static":
+    if resolved is None:
         return oracle_static(
             scenario, duration=args.duration, interval=args.interval, seed=args.seed
         )
-    policy, workers = resolve_policy(spec)
-    if workers == -1:
+    policy, workers = resolved
+    if workers == ONE_PER_CORE:
         workers = min(scenario.pipeline.cores, scenario.pipeline.worker_limit)
     return simulate(
         scenario,
@@ -138,7 +149,7 @@ def simulate_command(args: argparse.Namespace) -> int:
         raise SystemExit(f"--cores must be >= 1, got {args.cores}")
     try:
         scenario, origin = _scenario(args)
-        resolve_policy(args.policy) if args.policy != "oracle-static" else None
+        resolved = None if args.policy == "oracle-static" else resolve_policy(args.policy)
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
     print(f"scenario: {origin}")
@@ -164,7 +175,7 @@ def simulate_command(args: argparse.Namespace) -> int:
         variants.append(("with " + " and ".join(asked), what_if))
     summaries = []
     for label, variant in variants:
-        run = _run(variant, args.policy, args)
+        run = _run(variant, resolved, args)
         summaries.append((label, run))
         print(f"\n{label}: policy {args.policy} ({run.policy}), {args.duration:g} s simulated")
         print("      t  workers  prefetch  samples/s  waited   cpu")
@@ -197,23 +208,18 @@ def simulate_command(args: argparse.Namespace) -> int:
 
 def train_policy_command(args: argparse.Namespace) -> int:
     from drapps.sim.evaluate import evaluate
-    from drapps.sim.families import family_names
+    from drapps.sim.families import check_families, family_names
 
     if args.steps < 1:
         raise SystemExit(f"--steps must be >= 1, got {args.steps}")
-    families = list(args.families) if args.families else family_names(held_out=False)
-    held_out = list(args.evaluate_on) if args.evaluate_on else family_names(held_out=True)
     try:
         from drapps.sim.env import PipelineEnv
         from drapps.sim.learners import make_learner
 
         learner = make_learner(args.learner)
+        families = check_families(args.families or family_names(held_out=False))
+        held_out = check_families(args.evaluate_on or family_names(held_out=True))
         env = PipelineEnv(families, duration=args.duration)
-        for name in held_out:
-            if name not in family_names():
-                raise ValueError(
-                    f"--evaluate-on: family must be one of {family_names()}, got {name!r}"
-                )
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
     print(f"training {args.learner} for {args.steps} steps on {', '.join(families)}")
@@ -239,17 +245,24 @@ def train_policy_command(args: argparse.Namespace) -> int:
 
 
 def evaluate_command(args: argparse.Namespace) -> int:
-    from drapps.sim.evaluate import evaluate
-    from drapps.sim.families import family_names
+    from drapps.sim.evaluate import BASELINES, evaluate
+    from drapps.sim.families import check_families, family_names
 
-    families = list(args.families) if args.families else family_names()
     if args.episodes < 1:
         raise SystemExit(f"--episodes must be >= 1, got {args.episodes}")
     try:
-        policies = {name: resolve_policy(name)[0] for name in args.policies}
-        for name in families:
-            if name not in family_names():
-                raise ValueError(f"family must be one of {family_names()}, got {name!r}")
+        families = check_families(args.families or family_names())
+        policies = {}
+        for name in args.policies:
+            policy, workers = resolve_policy(name) if name not in BASELINES else (name, None)
+            if workers not in ("auto", ONE_PER_CORE):
+                # The table compares policies that run a Loader(workers="auto"); fixed counts
+                # would be run as "static" under a wrong name.
+                raise ValueError(
+                    f"--policies takes policies that move the workers (heuristic, rl, static, "
+                    f"a .npz); {', '.join(BASELINES)} are always in the table, got {name!r}"
+                )
+            policies[name] = policy
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
     start = time.perf_counter()
@@ -301,9 +314,9 @@ def add_parsers(commands: Any) -> None:
         "and time to settle after changes.",
     )
     evaluation.add_argument(
-        "--policies", type=_names, default=("heuristic", "rl"), help="default heuristic,rl"
+        "--policies", type=_name_list, default=("heuristic", "rl"), help="default heuristic,rl"
     )
-    evaluation.add_argument("--families", type=_names, help="default: every family")
+    evaluation.add_argument("--families", type=_name_list, help="default: every family")
     evaluation.add_argument("--episodes", type=int, default=8, help="per family (8)")
     evaluation.add_argument("--seed", type=int, default=0, help="scenario draws (0)")
     evaluation.add_argument("--out", help="folder for results.json and results.md")
@@ -318,13 +331,9 @@ def add_parsers(commands: Any) -> None:
     train.add_argument("--learner", default="ppo", help="ppo (default) or ddqn")
     train.add_argument("--steps", type=int, default=100_000, help="environment steps (100000)")
     train.add_argument("--seed", type=int, default=0, help="seed (0)")
-    train.add_argument("--families", type=_names, help="training families (default: all)")
-    train.add_argument("--evaluate-on", type=_names, help="default: the held-out families")
+    train.add_argument("--families", type=_name_list, help="training families (default: all)")
+    train.add_argument("--evaluate-on", type=_name_list, help="default: the held-out families")
     train.add_argument("--episodes", type=int, default=6, help="per held-out family (6)")
     train.add_argument("--duration", type=float, default=60.0, help="episode seconds (60)")
     train.add_argument("--out", default="drapps-policy.npz", help="policy file to write")
     train.set_defaults(run=train_policy_command)
-
-
-def _names(text: str) -> tuple[str, ...]:
-    return tuple(part.strip() for part in text.split(",") if part.strip())

@@ -20,7 +20,7 @@ from drapps.control.reward import RewardWeights, reward
 from drapps.control.state import State
 from drapps.control.static import StaticPolicy
 from drapps.sim.engine import Simulator
-from drapps.sim.families import draw, family_names
+from drapps.sim.families import check_families, draw, family_names
 from drapps.sim.scenario import Scenario
 
 gym = require("gymnasium")
@@ -61,10 +61,9 @@ class PipelineEnv(gym.Env):  # type: ignore[name-defined]
         weights: RewardWeights | None = None,
     ) -> None:
         super().__init__()
-        self.families = list(families) if families is not None else family_names(held_out=False)
-        for name in self.families:
-            if name not in family_names():
-                raise ValueError(f"scenario family must be one of {family_names()}, got {name!r}")
+        self.families = check_families(
+            families if families is not None else family_names(held_out=False)
+        )
         if not self.families:
             raise ValueError("families must name at least one scenario family")
         if not duration >= interval > 0:

@@ -9,7 +9,7 @@ A family is a function ``(rng, duration) -> Scenario`` registered by name.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -41,14 +41,25 @@ def family_names(*, held_out: bool | None = None) -> list[str]:
     return sorted(n for n in _FAMILIES if held_out is None or (n in _HELD_OUT) == held_out)
 
 
+def check_families(names: Sequence[str]) -> list[str]:
+    """``names`` as a list, once each is known to be a family.
+
+    Raises:
+        ValueError: a name is not a family (the message lists them).
+    """
+    for name in names:
+        if name not in _FAMILIES:
+            raise ValueError(f"scenario family must be one of {family_names()}, got {name!r}")
+    return list(names)
+
+
 def draw(name: str, rng: np.random.Generator, duration: float = 60.0) -> Scenario:
     """One scenario of family ``name``.
 
     Raises:
         ValueError: no family has that name (the message lists them).
     """
-    if name not in _FAMILIES:
-        raise ValueError(f"scenario family must be one of {family_names()}, got {name!r}")
+    check_families([name])
     scenario = _FAMILIES[name](rng, duration)
     return Scenario(scenario.pipeline, scenario.changes, name)
 
