@@ -67,11 +67,18 @@ class AutoTuner:
         trace_path: str | None,
         progress: bool,
         config: dict[str, Any],
+        grant: Callable[[int, int], int] | None = None,
     ) -> None:
         self.monitor = Monitor(snapshot)
         actuators = _DispatcherActuators(dispatcher) if dispatcher else _NoActuators()
         self.controller = Controller(
-            self.monitor.sample, policy, actuators, bounds, interval=interval, on_tick=self._record
+            self.monitor.sample,
+            policy,
+            actuators,
+            bounds,
+            interval=interval,
+            on_tick=self._record,
+            grant=grant,
         )
         self.rows: deque[TraceRow] = deque(maxlen=_KEPT_ROWS)
         self.writer = TraceWriter(trace_path, config) if trace_path else None
@@ -167,6 +174,7 @@ def make_tuner(loader: Loader) -> AutoTuner | None:
         trace_path=c.trace,
         progress=c.progress,
         config={f.name: _plain(getattr(c, f.name)) for f in fields(c)},
+        grant=loader._budget.grant if auto and loader._budget is not None else None,
     )
 
 

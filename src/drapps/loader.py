@@ -3,72 +3,111 @@
 Example:
     >>> import torch, drapps
     >>> data = [torch.full((2,), i) for i in range(10)]
-    >>> with drapps.Loader(data, batch_size=4, workers=0) as loader:
+    >>> with drapps.Loader(data, batch_size=4, num_workers=0) as loader:
     ...     [batch.shape for batch in loader]
     [torch.Size([4, 2]), torch.Size([4, 2]), torch.Size([2, 2])]
 """
 
 from __future__ import annotations
 
-import multiprocessing
+import logging
+import operator
 import os
-import secrets
 import threading
 import time
+import warnings
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Literal
 
-from torch.utils.data import default_collate
+import torch
+from torch.utils.data import BatchSampler, default_collate, default_convert
 
 from drapps._autotune import AutoTuner, make_tuner
 from drapps.control.policy import Policy
 from drapps.runtime.config import LoaderConfig
+from drapps.runtime.cores import CoreBudget
 from drapps.runtime.dispatcher import Dispatcher
 from drapps.runtime.errors import SampleError
-from drapps.runtime.plan import Plan
+from drapps.runtime.plan import EpochPlan, Plan, SampledPlan
+from drapps.runtime.sampling import (
+    check_dataset,
+    check_sampling,
+    default_sampler,
+    draw_base_seed,
+    draw_batches,
+    is_distributed,
+    is_iterable_dataset,
+    plain_key,
+    rank_shard,
+    stream_length,
+    world,
+)
 from drapps.runtime.seeding import preserved_global_rngs
 from drapps.runtime.stats import LoaderStats
+from drapps.runtime.stream import StreamBatcher, StreamPool, StreamRecipe
 from drapps.runtime.worker import BatchRecipe, make_batch
 
-_STATE_VERSION = 1
+logger = logging.getLogger(__name__)
+
+_STATE_VERSION = 2
 _KEPT_SKIPS = 100
+_warned: set[str] = set()
 
 
 class Loader:
-    """Batches from a map-style dataset, made by a worker pool whose size may change mid-epoch.
+    """Batches from a dataset, made by a worker pool whose size may change mid-epoch.
 
-    Batch ``b`` of epoch ``e`` holds the same samples, in the same order, with the same
-    augmentation randomness whatever the worker count, resizes or worker restarts: before sample
-    ``i`` is fetched, Python's ``random``, NumPy's global RNG and torch's default generator are
-    seeded from ``(seed, e, i)``, and :func:`drapps.sample_rng` gives an explicit generator. Each
-    ``iter(loader)`` is the next epoch (:meth:`set_epoch` overrides). Workers persist across
-    epochs until :meth:`close` (or garbage collection, or the end of the with-block).
+    The arguments up to ``in_order`` are ``torch.utils.data.DataLoader``'s, in its order and
+    with its meaning, so ``DataLoader(`` can be replaced by ``drapps.Loader(``. With the same
+    ``torch.manual_seed`` (or ``generator``) and sampler the batches are the ones DataLoader
+    gives. On top of that, batch ``b`` of an epoch holds the same samples with the same
+    augmentation randomness whatever the worker count, resizes or worker restarts: before
+    sample ``i`` is fetched, Python's ``random``, NumPy's global RNG and torch's default
+    generator are seeded from ``(seed, epoch, i)``, and :func:`drapps.sample_rng` gives an
+    explicit generator. Each ``iter(loader)`` is the next epoch (:meth:`set_epoch` overrides).
 
     Args:
-        dataset: any map-style dataset (``__len__`` and ``__getitem__``).
-        batch_size: samples per batch.
-        shuffle: visit the dataset in an order drawn from (seed, epoch).
-        seed: seeds order and augmentation; None draws one at random (kept in ``state_dict``).
-        drop_last: drop a last batch shorter than ``batch_size``.
+        dataset: a map-style dataset (``__getitem__``; ``__len__`` for the default samplers)
+            or an iterable one (``IterableDataset``, or any object with ``__iter__`` and no
+            ``__getitem__``): each worker iterates its own copy, sharding through
+            ``torch.utils.data.get_worker_info()``.
+        batch_size: samples per batch; None turns auto-batching off (each sample is passed
+            to ``collate_fn`` alone, by default ``default_convert``).
+        shuffle: visit the dataset in a random order (from ``seed``, or as DataLoader's
+            ``RandomSampler`` draws it).
+        sampler: yields the dataset keys of an epoch (e.g. ``DistributedSampler``).
+        batch_sampler: yields lists of keys, one per batch.
+        num_workers: DataLoader's name for ``workers``: 0, an int, or "auto".
         collate_fn: list of samples -> batch; default ``torch.utils.data.default_collate``.
+        pin_memory: deliver batches in page-locked memory when an accelerator is present.
+        drop_last: drop a last batch shorter than ``batch_size``.
+        timeout: seconds a worker may spend on one batch before it is replaced and the batch
+            retried (0 or None: no limit). Worker processes only.
+        worker_init_fn: called with the worker id in each new worker process.
+        multiprocessing_context: "fork", "spawn", "forkserver" or a context object.
+        generator: the torch generator for the base seed and ``RandomSampler``.
+        prefetch_factor: batches made ahead per worker (default 2).
+        persistent_workers: keep workers between epochs (False: new workers every epoch).
+        pin_memory_device: deprecated in torch; the current accelerator is used.
+        in_order: accepted; drapps always delivers batches in order (determinism).
+        seed: an int makes order and augmentation the same in every run (and lets
+            :meth:`set_epoch` replay an epoch); None draws from torch's RNG as DataLoader does.
         transform: callable applied to each sample in the worker (must pickle for spawn).
-        workers: 0 (calling process), an int (fixed), or "auto".
+        workers: 0 (calling process), an int (fixed), or "auto" (the default).
         max_workers: bound on ``workers`` and :meth:`resize` (default twice the usable cores).
-        prefetch: batches made ahead in total, or "auto" (two per worker).
+        prefetch: batches made ahead in total, or "auto" (``prefetch_factor`` per worker).
         memory_budget: bytes ready batches may hold ("auto", an int, or "512MB"/"2GiB").
         on_error: "raise" (error names the index) or "skip" (skipped and counted).
-        timeout: seconds before a worker stuck on one batch is replaced and the batch retried
-            (worker processes only: with ``workers=0`` nothing can replace the caller).
         max_attempts: attempts at a batch whose worker keeps dying or hanging.
-        multiprocessing_context: "fork", "spawn" or "forkserver" (default: platform's).
         policy: with ``workers="auto"``, the controller's policy: "heuristic" (default),
-            "rl" (the learned policy shipped with drapps), "static", or any object with
-            ``decide(state) -> Action``.
+            "rl", "static", or any object with ``decide(state) -> Action``.
         min_workers: the fewest workers the controller may go down to.
         control_interval: seconds between controller ticks.
         trace: write every tick's State, Action and Reward to this JSONL file.
         progress: show a live one-line status on stderr.
+        shard_by_rank: under ``torch.distributed`` with no distributed sampler, give each
+            rank its own shard, as ``DistributedSampler(shuffle, seed, drop_last)`` would.
 
     Raises:
         ValueError: for any invalid argument, naming it and what it received.
@@ -77,42 +116,53 @@ class Loader:
     def __init__(
         self,
         dataset: Any,
-        batch_size: int = 1,
-        shuffle: bool = False,
-        seed: int | None = 0,
+        batch_size: int | None = 1,
+        shuffle: bool | None = None,
+        sampler: Iterable[Any] | None = None,
+        batch_sampler: Iterable[list[Any]] | None = None,
+        num_workers: int | Literal["auto"] | None = None,
+        collate_fn: Callable[[Any], Any] | None = None,
+        pin_memory: bool = False,
         drop_last: bool = False,
-        collate_fn: Callable[[list[Any]], Any] | None = None,
+        timeout: float | None = 60.0,
+        worker_init_fn: Callable[[int], None] | None = None,
+        multiprocessing_context: Any = None,
+        generator: torch.Generator | None = None,
+        *,
+        prefetch_factor: int | None = None,
+        persistent_workers: bool = False,
+        pin_memory_device: str = "",
+        in_order: bool = True,
+        seed: int | None = None,
         transform: Callable[[Any], Any] | None = None,
-        workers: int | Literal["auto"] = "auto",
+        workers: int | Literal["auto"] | None = None,
         max_workers: int | None = None,
         prefetch: int | Literal["auto"] = "auto",
         memory_budget: int | str = "auto",
         on_error: Literal["raise", "skip"] = "raise",
-        timeout: float | None = 60.0,
-        *,
         max_attempts: int = 3,
-        multiprocessing_context: str | None = None,
         policy: str | Policy = "heuristic",
         min_workers: int = 1,
         control_interval: float = 0.5,
         trace: str | os.PathLike[str] | None = None,
         progress: bool = False,
+        shard_by_rank: bool = True,
     ) -> None:
-        if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
-            raise ValueError(
-                "dataset must be a map-style dataset with __len__ and __getitem__, "
-                f"got {type(dataset).__name__}"
-            )
-        if seed is None:
-            seed = secrets.randbits(63)
+        check_dataset(dataset)
+        check_sampling(dataset, batch_size, shuffle, sampler, batch_sampler, drop_last)
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise ValueError(f"generator must be a torch.Generator or None, got {generator!r}")
+        for name, flag in (("pin_memory", pin_memory), ("in_order", in_order)):
+            if not isinstance(flag, bool):
+                raise ValueError(f"{name} must be a bool, got {flag!r}")
         self.config = LoaderConfig(
-            batch_size=batch_size,
-            shuffle=shuffle,
+            batch_size=batch_size if batch_sampler is None else None,
+            shuffle=bool(shuffle),
             seed=seed,
             drop_last=drop_last,
             collate_fn=collate_fn,
             transform=transform,
-            workers=workers,
+            workers=_resolve_workers(num_workers, workers),
             max_workers=max_workers,
             prefetch=prefetch,
             memory_budget=memory_budget,
@@ -125,95 +175,284 @@ class Loader:
             control_interval=control_interval,
             trace=None if trace is None else os.fspath(trace),
             progress=progress,
+            prefetch_factor=prefetch_factor,
+            persistent_workers=persistent_workers,
+            pin_memory=pin_memory,
+            shard_by_rank=shard_by_rank,
         )
+        c = self.config
+        # DataLoader's attributes, which frameworks read.
         self.dataset = dataset
-        self._recipe = BatchRecipe(
-            dataset, transform, collate_fn or default_collate, seed, on_error
-        )
-        self._memory_budget = self.config.resolved_memory_budget
-        self._dispatcher: Dispatcher | None = None
-        workers_now = self.config.initial_workers
-        if workers_now > 0:
-            context = None
-            if multiprocessing_context is not None:
-                context = multiprocessing.get_context(multiprocessing_context)
-            self._dispatcher = Dispatcher(
-                self._recipe,
-                workers=workers_now,
-                prefetch=None if prefetch == "auto" else prefetch,
-                memory_budget=self._memory_budget,
-                timeout=timeout,
-                max_attempts=max_attempts,
-                context=context,
+        self.batch_size = c.batch_size
+        self.drop_last = drop_last if batch_sampler is None else False
+        self.generator = generator
+        self._user_sampler = batch_sampler if batch_sampler is not None else sampler
+        if sampler is None:
+            sampler = default_sampler(dataset, c.shuffle, generator)
+        self.sampler: Any = sampler
+        if batch_sampler is None and batch_size is not None:
+            batch_sampler = BatchSampler(sampler, batch_size, drop_last)
+        self.batch_sampler: Any = batch_sampler
+        self._auto_collation = batch_sampler is not None
+        default = default_collate if self._auto_collation else default_convert
+        self.collate_fn = collate_fn or default
+        self.pin_memory = pin_memory
+        self.pin_memory_device = pin_memory_device
+        self.timeout = timeout
+        self.worker_init_fn = worker_init_fn
+        self.multiprocessing_context = c.context
+        self.prefetch_factor = prefetch_factor if prefetch_factor or c.workers == 0 else 2
+        self.persistent_workers = persistent_workers
+        self.in_order = in_order
+        if not in_order:
+            _warn_once(
+                "in_order",
+                "drapps delivers batches in order always (in_order=False "
+                "is accepted and changes nothing): that is what keeps them deterministic",
             )
+        self._iterable = is_iterable_dataset(dataset)
+        self._memory_budget = c.resolved_memory_budget
+        finish = _pinner(pin_memory, pin_memory_device)
+        self._finish = finish
+        self._dispatcher: Dispatcher | None = None
+        self._stream: StreamPool | None = None
+        self._stream_workers = c.initial_workers
+        session = f"{os.getpid()}_{os.urandom(4).hex()}"
+        per_worker = prefetch_factor or 2
+        if self._iterable:
+            self._stream_recipe = StreamRecipe(
+                dataset,
+                transform,
+                self.collate_fn,
+                c.batch_size,
+                self.drop_last,
+                on_error,
+                worker_init_fn,
+            )
+            if c.initial_workers > 0:
+                self._stream = StreamPool(
+                    self._stream_recipe,
+                    session=session,
+                    context=c.context,
+                    prefetch_per_worker=per_worker,
+                    timeout=c.resolved_timeout,
+                    finish=finish,
+                )
+        else:
+            self._recipe = BatchRecipe(
+                dataset,
+                transform,
+                self.collate_fn,
+                on_error,
+                self._auto_collation,
+                worker_init_fn,
+            )
+            if c.initial_workers > 0:
+                self._dispatcher = Dispatcher(
+                    self._recipe,
+                    workers=c.initial_workers,
+                    prefetch=None if prefetch == "auto" else prefetch,
+                    prefetch_per_worker=per_worker,
+                    memory_budget=self._memory_budget,
+                    timeout=c.resolved_timeout,
+                    max_attempts=max_attempts,
+                    context=c.context,
+                    finish=finish,
+                )
+        self._budget = _HostShare() if c.workers == "auto" else None
         self._tuner = make_tuner(self)
         # Runs on close(), garbage collection or interpreter exit, whichever comes first; it
-        # holds the tuner and dispatcher, never the loader, so the loader stays collectable.
-        self._finalizer = weakref.finalize(self, _shutdown, self._tuner, self._dispatcher)
+        # holds the tuner and the pools, never the loader, so the loader stays collectable.
+        self._finalizer = weakref.finalize(
+            self, _shutdown, self._tuner, self._dispatcher, self._stream, self._budget
+        )
         self._lock = threading.Lock()
         self._closed = False
         self._next_epoch = 0
         self._next_batch = 0
-        self._active: _EpochIterator | None = None
+        self._pending: SampledPlan | None = None
+        self._base_seed: int | None = None
+        self._epochs_started = 0
+        # A weak reference: the iterator holds the loader, not the other way round, so a
+        # dropped loader is freed at once rather than by the cyclic collector.
+        self._active: Callable[[], _EpochIterator | _StreamIterator | None] = lambda: None
         self._epoch = -1
         self._batches = 0
         self._samples = 0
-        self._skipped: list[tuple[int, str]] = []
+        self._skipped: list[tuple[Any, str]] = []
         self._skipped_total = 0
         self._inline_wait_s = 0.0
+        self._warned_shard = False
 
     # -------------------------------------------------------------------------- iteration
 
+    @property
+    def num_workers(self) -> int:
+        """Worker processes asked for now (the controller changes it under "auto")."""
+        if self._dispatcher is not None:
+            return self._dispatcher.target_workers
+        return self._stream_workers if self._stream is not None else 0
+
+    @property
+    def _index_sampler(self) -> Iterable[Any]:
+        return self.batch_sampler if self.batch_sampler is not None else self.sampler
+
     def __len__(self) -> int:
-        return len(self._plan(0))
+        if self._iterable:
+            return stream_length(self.dataset, self.batch_size, self.drop_last)
+        shard = self._rank_shard(0, warn=False)
+        return len(shard if shard is not None else self._index_sampler)  # type: ignore[arg-type]
 
     def __iter__(self) -> Iterator[Any]:
         if self._closed:
             raise RuntimeError("this drapps.Loader is closed")
         if self._tuner is not None:
             self._tuner.start()
+        self._claim_cores()
         with self._lock:
-            plan = self._plan(self._next_epoch)
-            start = self._next_batch
-            self._next_epoch, self._next_batch = plan.epoch + 1, 0
-            self._epoch = plan.epoch
-            iterator = _EpochIterator(self, plan, start)
-            self._active = iterator
+            fresh = not self.persistent_workers and self._epochs_started > 0
+            self._epochs_started += 1
+            iterator: _EpochIterator | _StreamIterator
+            if self._iterable:
+                epoch, start = self._next_epoch, self._next_batch
+                self._next_epoch, self._next_batch = epoch + 1, 0
+                iterator = _StreamIterator(self, epoch, self._epoch_seed(), start, fresh)
+            else:
+                plan, start = self._next_plan()
+                iterator = _EpochIterator(self, plan, start, fresh)
+            self._epoch = iterator.epoch
+            self._active = weakref.ref(iterator)
         return iterator
 
+    def _next_plan(self) -> tuple[EpochPlan, int]:
+        plan: EpochPlan
+        if self._pending is not None:
+            plan, self._pending = self._pending, None
+            start = plan.first
+        else:
+            plan, start = self._make_plan(self._next_epoch), self._next_batch
+        self._next_epoch, self._next_batch = plan.epoch + 1, 0
+        return plan, start
+
+    def _make_plan(self, epoch: int) -> EpochPlan:
+        c = self.config
+        seed = self._epoch_seed()
+        shard = self._rank_shard(epoch, warn=True)
+        if shard is not None:
+            return SampledPlan(draw_batches(shard, self._auto_collation), seed, epoch)
+        if self._user_sampler is None and (c.seed is not None or not c.shuffle):
+            size = c.batch_size or 1
+            return Plan(len(self.dataset), size, c.shuffle, self.drop_last, seed, epoch)
+        return SampledPlan(draw_batches(self._index_sampler, self._auto_collation), seed, epoch)
+
+    def _epoch_seed(self) -> int:
+        """The seed of the epoch about to start, drawn as DataLoader draws its base seed (once
+        per iterator, so once in all with persistent workers) unless ``seed`` was given."""
+        if self.config.seed is not None:
+            return self.config.seed
+        if self._base_seed is None or not self.persistent_workers:
+            self._base_seed = draw_base_seed(self.generator)
+        return self._base_seed
+
+    def _rank_shard(self, epoch: int, *, warn: bool) -> Iterable[Any] | None:
+        """This rank's share under torch.distributed, when drapps shards for the user."""
+        if not self.config.shard_by_rank or self._iterable:
+            return None
+        ranks = world()
+        if ranks is None:
+            return None
+        rank, size = ranks
+        if self._user_sampler is not None:
+            if warn and not is_distributed(self._user_sampler):
+                _warn_once(
+                    "sampler-not-distributed",
+                    f"torch.distributed runs {size} ranks but the sampler "
+                    f"{type(self._user_sampler).__name__} is not a distributed one: every "
+                    "rank iterates all of it (use DistributedSampler to split it)",
+                )
+            return None
+        c = self.config
+        if warn and not self._warned_shard:
+            self._warned_shard = True
+            logger.warning(
+                "drapps: torch.distributed runs %d ranks and no DistributedSampler was given: "
+                "rank %d reads its own shard, as DistributedSampler(shuffle=%s, seed=%s, "
+                "drop_last=%s) would (shard_by_rank=False turns this off)",
+                size,
+                rank,
+                c.shuffle,
+                (c.seed or 0) % 2**62,
+                self.drop_last,
+            )
+        return rank_shard(
+            self.dataset,
+            rank,
+            size,
+            shuffle=c.shuffle,
+            seed=(c.seed or 0) % 2**62,
+            epoch=epoch,
+            batch_size=self.batch_size,
+            drop_last=self.drop_last,
+        )
+
+    def _claim_cores(self) -> None:
+        """Under torch.distributed, keep this loader's workers within its share of the host."""
+        if self._budget is None or self._dispatcher is None:
+            return
+        granted = self._budget.grant(self._dispatcher.target_workers, self.config.min_workers)
+        if granted != self._dispatcher.target_workers:
+            self._dispatcher.resize(granted)
+
     def set_epoch(self, epoch: int) -> None:
-        """Make the next ``iter(loader)`` run ``epoch`` (from its first batch)."""
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
+        """Make the next ``iter(loader)`` run ``epoch`` from its first batch; passed on to the
+        sampler's own ``set_epoch`` (e.g. ``DistributedSampler``) when it has one."""
+        epoch = _index("epoch", epoch)
+        samplers = (self.sampler, self.batch_sampler, getattr(self.batch_sampler, "sampler", None))
+        for sampler in {id(s): s for s in samplers if s is not None}.values():
+            if callable(getattr(sampler, "set_epoch", None)):
+                sampler.set_epoch(epoch)
         with self._lock:
             self._next_epoch, self._next_batch = epoch, 0
-            self._active = None
-
-    def _plan(self, epoch: int) -> Plan:
-        c = self.config
-        return Plan(len(self.dataset), c.batch_size, c.shuffle, c.drop_last, c.seed, epoch)
+            self._pending = None
+            self._active = lambda: None
 
     # ------------------------------------------------------------------------------ resume
 
     def state_dict(self) -> dict[str, Any]:
-        """Where iteration stands: loading it into a new loader resumes at the next batch."""
+        """Where iteration stands: loading it into a new loader resumes at the next batch.
+
+        Plain data (JSON-serialisable for integer keys). An epoch whose order the loader's
+        own ``seed`` determines is stored as (epoch, next batch); an epoch a sampler drew is
+        stored with its remaining batches, since a sampler cannot in general redraw them.
+        """
         with self._lock:
-            active = self._active
+            active = self._active()
+            plan: EpochPlan | None = None
             if active is not None and not active.finished:
-                epoch, next_batch = active.plan.epoch, active.position
+                epoch, next_batch = active.epoch, active.position
+                plan = active.plan
+            elif self._pending is not None:
+                plan = self._pending
+                epoch, next_batch = plan.epoch, plan.first
             else:
                 epoch, next_batch = self._next_epoch, self._next_batch
         c = self.config
-        return {
+        state: dict[str, Any] = {
             "version": _STATE_VERSION,
             "epoch": epoch,
             "next_batch": next_batch,
             "seed": c.seed,
-            "num_samples": len(self.dataset),
-            "batch_size": c.batch_size,
+            "num_samples": len(self.dataset) if hasattr(self.dataset, "__len__") else None,
+            "batch_size": self.batch_size,
             "shuffle": c.shuffle,
-            "drop_last": c.drop_last,
+            "drop_last": self.drop_last,
         }
+        if plan is not None and (isinstance(plan, SampledPlan) or c.seed is None):
+            state["seed"] = plan.seed
+            state["batches"] = [
+                [plain_key(key) for key in plan.batch(b)] for b in range(next_batch, len(plan))
+            ]
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict`: the next ``iter(loader)`` yields the remaining batches.
@@ -224,27 +463,41 @@ class Loader:
         """
         if not isinstance(state, dict):
             raise ValueError(f"state must be a dict from Loader.state_dict(), got {state!r}")
-        if state.get("version") != _STATE_VERSION:
+        if state.get("version") not in (1, _STATE_VERSION):
             raise ValueError(
-                f"state version must be {_STATE_VERSION}, got {state.get('version')!r}"
+                f"state version must be 1 or {_STATE_VERSION}, got {state.get('version')!r}"
             )
+        epoch = _index("state epoch", state.get("epoch"))
+        next_batch = _index("state next_batch", state.get("next_batch"))
         current = self.state_dict()
-        for key in ("seed", "num_samples", "batch_size", "shuffle", "drop_last"):
+        batches = state.get("batches")
+        keys: tuple[str, ...] = ("num_samples", "batch_size")
+        if batches is None:
+            keys = ("seed", "num_samples", "batch_size", "shuffle", "drop_last")
+        for key in keys:
             if state.get(key) != current[key]:
                 raise ValueError(
                     f"state was saved with {key}={state.get(key)!r} but this loader has "
                     f"{key}={current[key]!r}"
                 )
-        epoch, next_batch = state.get("epoch"), state.get("next_batch")
-        if not isinstance(epoch, int) or epoch < 0:
-            raise ValueError(f"state epoch must be an int >= 0, got {epoch!r}")
-        if not isinstance(next_batch, int) or not 0 <= next_batch <= len(self._plan(epoch)):
-            raise ValueError(
-                f"state next_batch must be in [0, {len(self._plan(epoch))}], got {next_batch!r}"
-            )
+        pending = None
+        if batches is not None:
+            if not isinstance(batches, list) or not all(isinstance(b, list) for b in batches):
+                raise ValueError("state batches must be a list of lists of dataset keys")
+            seed = _index("state seed", state.get("seed"))
+            pending = SampledPlan(tuple(batches), seed, epoch, first=next_batch)
+        elif not self._iterable:
+            length = len(self._make_plan_for_check(epoch))
+            if next_batch > length:
+                raise ValueError(f"state next_batch must be in [0, {length}], got {next_batch!r}")
         with self._lock:
             self._next_epoch, self._next_batch = epoch, next_batch
-            self._active = None
+            self._pending = pending
+            self._active = lambda: None
+
+    def _make_plan_for_check(self, epoch: int) -> Plan:
+        c = self.config
+        return Plan(len(self.dataset), c.batch_size or 1, c.shuffle, self.drop_last, 0, epoch)
 
     # ----------------------------------------------------------------------------- control
 
@@ -253,7 +506,8 @@ class Loader:
 
         Growing reuses workers parked by a recent shrink, else starts processes at once.
         Shrinking parks the surplus workers: they finish the batches they hold and take no
-        more; a parked worker not reused within 5 seconds exits.
+        more; a parked worker not reused within 5 seconds exits. An iterable dataset's
+        streams cannot move between workers: its new count applies from the next epoch.
 
         Raises:
             ValueError: ``workers`` is not in [1, max_workers], or this loader has no pool
@@ -262,43 +516,51 @@ class Loader:
         limit = self.config.resolved_max_workers
         if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= limit:
             raise ValueError(f"workers must be an int in [1, {limit}], got {workers!r}")
-        if self._dispatcher is None:
+        if self._dispatcher is None and self._stream is None:
             raise ValueError("resize() needs worker processes; this loader was made with workers=0")
+        if self._stream is not None:
+            self._stream_workers = workers
+            return
+        assert self._dispatcher is not None
         self._dispatcher.resize(workers)
 
     def stats(self) -> LoaderStats:
         """Counters of what the loader has done so far."""
-        d = self._dispatcher
-        if d is None:
-            counters: dict[str, float] = {}
-            pids: tuple[int, ...] = ()
-            target = depth = 0
-        else:
-            counters = d.snapshot()
-            pids = d.pool.pids()
-            target, depth = d.target_workers, d.prefetch_depth
+        d, stream = self._dispatcher, self._stream
+        counters: dict[str, float] = d.snapshot() if d is not None else {}
         buffer = d.buffer if d is not None else None
+        if d is not None:
+            workers, pids = len(d.pool.live()), d.pool.pids()
+        elif stream is not None:
+            workers, pids = len(stream.workers), stream.pids()
+        else:
+            workers, pids = 0, ()
+        wait_s = self._inline_wait_s
+        if buffer is not None:
+            wait_s = buffer.wait_s
+        elif stream is not None:
+            wait_s = stream.wait_s
         return LoaderStats(
             epoch=self._epoch,
             batches=self._batches,
             samples=self._samples,
             samples_skipped=self._skipped_total,
             skipped=tuple(self._skipped),
-            workers=len(d.pool.live()) if d is not None else 0,
-            target_workers=target,
+            workers=workers,
+            target_workers=self.num_workers,
             worker_pids=pids,
-            prefetch_depth=depth,
+            prefetch_depth=d.prefetch_depth if d is not None else 0,
             ready_batches=len(buffer) if buffer is not None else 0,
             ready_bytes=buffer.bytes if buffer is not None else 0,
             peak_ready_bytes=buffer.peak_bytes if buffer is not None else 0,
             memory_budget=self._memory_budget,
             in_flight=d.in_flight() if d is not None else 0,
-            wait_s=buffer.wait_s if buffer is not None else self._inline_wait_s,
+            wait_s=wait_s,
             worker_restarts=int(counters.get("worker_restarts", 0)),
             timeouts=int(counters.get("timeouts", 0)),
             retries=int(counters.get("retries", 0)),
             pickled_bytes=int(counters.get("pickled_bytes", 0)),
-            shared_bytes=int(counters.get("shared_bytes", 0)),
+            shared_bytes=int(counters.get("shared_bytes", stream.shared_bytes if stream else 0)),
             fetch_s=counters.get("fetch_s", 0.0),
             transform_s=counters.get("transform_s", 0.0),
             collate_s=counters.get("collate_s", 0.0),
@@ -314,7 +576,7 @@ class Loader:
         rows = list(self._tuner.rows) if self._tuner is not None else []
         return bottleneck_report(rows, self.stats().as_dict())
 
-    def _record(self, batch_samples: int, skipped: list[tuple[int, str]]) -> None:
+    def _record(self, batch_samples: int, skipped: list[tuple[Any, str]]) -> None:
         self._batches += batch_samples > 0
         self._samples += batch_samples
         if skipped:
@@ -335,23 +597,109 @@ class Loader:
         self.close()
 
 
-def _shutdown(tuner: AutoTuner | None, dispatcher: Dispatcher | None) -> None:
+class _HostShare:
+    """A loader's share of the host's cores, active only under torch.distributed (where every
+    rank of a host runs a loader of its own)."""
+
+    def __init__(self) -> None:
+        self._budget: CoreBudget | None = None
+
+    def grant(self, wanted: int, floor: int) -> int:
+        if self._budget is None:
+            if world() is None:
+                return wanted
+            from drapps.runtime.config import usable_cores
+
+            self._budget = CoreBudget(usable_cores())
+        return self._budget.grant(wanted, floor)
+
+    def release(self) -> None:
+        if self._budget is not None:
+            self._budget.release()
+
+
+def _shutdown(
+    tuner: AutoTuner | None,
+    dispatcher: Dispatcher | None,
+    stream: StreamPool | None,
+    budget: _HostShare | None,
+) -> None:
     if tuner is not None:
         tuner.stop()
     if dispatcher is not None:
         dispatcher.shutdown()
+    if stream is not None:
+        stream.shutdown()
+    if budget is not None:
+        budget.release()
+
+
+def _resolve_workers(num_workers: Any, workers: Any) -> Any:
+    if num_workers is not None and workers is not None and num_workers != workers:
+        raise ValueError(
+            f"num_workers and workers name the same setting; got num_workers={num_workers!r} "
+            f"and workers={workers!r}"
+        )
+    chosen = workers if workers is not None else num_workers
+    return "auto" if chosen is None else chosen
+
+
+def _index(name: str, value: Any) -> int:
+    """An int >= 0 from an int or NumPy integer; booleans and out-of-range values refused."""
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name} must be an int >= 0, got {value!r}") from None
+    if number < 0:
+        raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+    if number >= 2**63:
+        raise ValueError(f"{name} must be below 2**63, got {value!r}")
+    return number
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, stacklevel=3)
+
+
+def _pinner(pin_memory: bool, device: str) -> Callable[[Any], Any] | None:
+    """The function that pins each batch, or None (with torch's warning when nothing can)."""
+    if not pin_memory:
+        return None
+    accelerator = getattr(torch, "accelerator", None)
+    available = accelerator.is_available() if accelerator is not None else torch.cuda.is_available()
+    if not available:
+        warnings.warn(
+            "'pin_memory' argument is set as true but no accelerator is found, then device "
+            "pinned memory won't be used.",
+            stacklevel=3,
+        )
+        return None
+    if device:
+        warnings.warn(
+            "pin_memory_device is deprecated, the current accelerator will be used as the "
+            f"device, ignore pin_memory_device='{device}'.",
+            stacklevel=3,
+        )
+    from torch.utils.data._utils.pin_memory import pin_memory as pin
+
+    return pin
 
 
 class _EpochIterator:
     """Yields one epoch's batches in order; superseded by the loader's next ``iter()``."""
 
-    def __init__(self, loader: Loader, plan: Plan, start: int) -> None:
+    def __init__(self, loader: Loader, plan: EpochPlan, start: int, fresh: bool) -> None:
         self.loader = loader
         self.plan = plan
+        self.epoch = plan.epoch
         self.position = start
         self.finished = start >= len(plan)
         if loader._dispatcher is not None and not self.finished:
-            loader._dispatcher.start_epoch(plan, start)
+            loader._dispatcher.start_epoch(plan, start, fresh_workers=fresh)
 
     def __iter__(self) -> _EpochIterator:
         return self
@@ -361,7 +709,7 @@ class _EpochIterator:
 
     def __next__(self) -> Any:
         loader = self.loader
-        if loader._active is not self:
+        if loader._active() is not self:
             raise RuntimeError(
                 "this epoch's iterator was superseded by a newer iter(loader), set_epoch() or "
                 "load_state_dict()"
@@ -369,11 +717,11 @@ class _EpochIterator:
         while not self.finished:
             batch, samples, skipped = self._make_next()
             loader._record(samples, skipped)
-            if batch is not None:
+            if batch is not None or (samples and not loader._auto_collation):
                 return batch
         raise StopIteration
 
-    def _make_next(self) -> tuple[Any, int, list[tuple[int, str]]]:
+    def _make_next(self) -> tuple[Any, int, list[tuple[Any, str]]]:
         loader = self.loader
         dispatcher = loader._dispatcher
         if self.position >= len(self.plan):
@@ -385,11 +733,14 @@ class _EpochIterator:
             start = time.perf_counter()
             try:
                 with preserved_global_rngs():
-                    made = make_batch(loader._recipe, self.plan.epoch, indices)
+                    made = make_batch(loader._recipe, self.plan.seed, self.epoch, indices)
             finally:
                 self._advance()
                 loader._inline_wait_s += time.perf_counter() - start
-            return made.batch, len(indices) - len(made.skipped), made.skipped
+            batch = made.batch
+            if batch is not None and loader._finish is not None:
+                batch = loader._finish(batch)
+            return batch, len(indices) - len(made.skipped), made.skipped
         entry = dispatcher.buffer.get(alive=dispatcher.alive)
         if entry is None:
             self.finished = True
@@ -407,3 +758,79 @@ class _EpochIterator:
         self.position += 1
         if self.position >= len(self.plan):
             self.finished = True
+
+
+class _StreamIterator:
+    """One epoch over an iterable dataset: in the calling process, or round-robin over the
+    stream workers. A resumed epoch replays its first ``start`` batches and drops them."""
+
+    plan = None
+
+    def __init__(self, loader: Loader, epoch: int, seed: int, start: int, fresh: bool) -> None:
+        self.loader = loader
+        self.epoch = epoch
+        self.position = 0
+        self.finished = False
+        stream = loader._stream
+        if stream is None:
+            self._batches = self._inline()
+        else:
+            generation = stream.start_epoch(loader._stream_workers, seed, fresh=fresh)
+            self._batches = stream.batches(generation)
+        for _ in range(start):
+            if next(self._batches, None) is None:
+                self.finished = True
+                break
+            self.position += 1
+
+    def _inline(self) -> Iterator[tuple[Any, list[tuple[Any, str]]]]:
+        batcher = StreamBatcher(self.loader._stream_recipe)
+        finish = self.loader._finish
+        while True:
+            try:
+                batch = batcher.next_batch()
+            except StopIteration:
+                return
+            skipped, batcher.skipped = batcher.skipped, []
+            yield (finish(batch) if finish is not None else batch), skipped
+
+    def __iter__(self) -> _StreamIterator:
+        return self
+
+    def __next__(self) -> Any:
+        loader = self.loader
+        if loader._active() is not self:
+            raise RuntimeError(
+                "this epoch's iterator was superseded by a newer iter(loader), set_epoch() or "
+                "load_state_dict()"
+            )
+        if self.finished:
+            raise StopIteration
+        start = time.perf_counter()
+        try:
+            batch, skipped = next(self._batches)
+        except StopIteration:
+            self.finished = True
+            raise
+        except BaseException:
+            self.finished = True
+            raise
+        finally:
+            if loader._stream is None:
+                loader._inline_wait_s += time.perf_counter() - start
+        self.position += 1
+        size = loader.batch_size or 1
+        loader._record(_batch_len(batch, size), skipped)
+        return batch
+
+
+def _batch_len(batch: Any, default: int) -> int:
+    """Samples in a collated batch (the first tensor's length), else ``default``."""
+    probe = batch
+    while isinstance(probe, list | tuple) and probe:
+        probe = probe[0]
+    if isinstance(probe, dict) and probe:
+        probe = next(iter(probe.values()))
+    if isinstance(probe, torch.Tensor) and probe.dim() > 0:
+        return int(probe.shape[0])
+    return default

@@ -81,13 +81,21 @@ class Controller:
         on_tick: Callable[[Tick], None] | None = None,
         weights: RewardWeights | None = None,
         name: str = "drapps-controller",
+        grant: Callable[[int, int], int] | None = None,
     ) -> None:
+        """
+        Args:
+            grant: ``grant(wanted, floor) -> workers``: a share of cores held with other
+                loaders (:class:`drapps.runtime.cores.CoreBudget`); the worker count is
+                clipped to it every tick, so a loader over its share shrinks.
+        """
         if not interval > 0:
             raise ValueError(f"interval must be > 0 seconds, got {interval!r}")
         self.observe, self.policy, self.actuators, self.bounds = observe, policy, actuators, bounds
         self.interval = interval
         self.on_tick = on_tick
         self.weights = weights or RewardWeights()
+        self.grant = grant
         self._extra_prefetch = 0  # depth beyond two batches per worker
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -99,6 +107,8 @@ class Controller:
         workers = state.workers
         if b.adjust_workers:
             workers = min(b.max_workers, max(b.min_workers, state.workers + action.workers))
+            if self.grant is not None:
+                workers = self.grant(workers, b.min_workers)
         if not b.adjust_prefetch:
             return workers, state.prefetch
         extra = self._extra_prefetch + action.prefetch

@@ -7,6 +7,7 @@ import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from multiprocessing.context import BaseContext
 from typing import Any, Literal
 
 import psutil
@@ -73,12 +74,15 @@ def _is_seconds(value: Any) -> bool:
 class LoaderConfig:
     """How a :class:`drapps.Loader` makes batches. Every field is checked when it is made."""
 
-    batch_size: int = 1
-    """Samples per batch (>= 1)."""
+    batch_size: int | None = 1
+    """Samples per batch (>= 1); None when batches come from a batch sampler or auto-batching
+    is off."""
     shuffle: bool = False
     """Visit the dataset in a random order drawn from (seed, epoch)."""
-    seed: int = 0
-    """Seeds the epoch order and every sample's augmentation randomness (>= 0)."""
+    seed: int | None = None
+    """Seeds the epoch order and every sample's augmentation randomness (>= 0), the same in
+    every run. None: as DataLoader, each epoch draws a base seed from torch's global generator
+    (or ``generator``), and the sampler draws the order from it too."""
     drop_last: bool = False
     """Drop the last batch when it is shorter than ``batch_size``."""
     collate_fn: Callable[[list[Any]], Any] | None = None
@@ -98,11 +102,13 @@ class LoaderConfig:
     """A failing sample raises in the training loop ("raise") or is skipped and counted."""
     timeout: float | None = 60.0
     """Seconds a worker may spend on one batch before it is deemed hung, killed and the batch
-    retried elsewhere (None: never). Worker processes only; ``workers=0`` cannot be replaced."""
+    retried elsewhere (None or 0: never, as DataLoader's 0). Worker processes only; ``workers=0``
+    cannot be replaced."""
     max_attempts: int = 3
     """Attempts at a batch whose worker dies or hangs before the batch is given up on."""
-    multiprocessing_context: str | None = None
-    """Start method for workers ("fork", "spawn", "forkserver"); None: the platform default."""
+    multiprocessing_context: str | BaseContext | None = None
+    """Start method for workers ("fork", "spawn", "forkserver") or a context object; None: the
+    platform default."""
     policy: Any = "heuristic"
     """With ``workers="auto"``: the controller's policy, a registered name or an object with
     ``decide(state) -> Action``."""
@@ -114,15 +120,25 @@ class LoaderConfig:
     """Write every tick's State, Action and Reward to this JSONL file."""
     progress: bool = False
     """Show a live one-line status on stderr."""
+    prefetch_factor: int | None = None
+    """DataLoader's name for batches made ahead per worker (needs workers); None: 2."""
+    persistent_workers: bool = False
+    """Keep worker processes between epochs. False (DataLoader's default) starts each epoch
+    with new workers, which see the dataset as it is then."""
+    pin_memory: bool = False
+    """Deliver batches in page-locked memory (when an accelerator is present)."""
+    shard_by_rank: bool = True
+    """Under ``torch.distributed`` without a distributed sampler, give each rank its own shard
+    (as ``DistributedSampler`` would) instead of the whole dataset."""
 
     def __post_init__(self) -> None:
-        if not _is_int(self.batch_size) or self.batch_size < 1:
-            raise ValueError(f"batch_size must be an int >= 1, got {self.batch_size!r}")
+        if self.batch_size is not None and (not _is_int(self.batch_size) or self.batch_size < 1):
+            raise ValueError(f"batch_size must be an int >= 1 or None, got {self.batch_size!r}")
         for name in ("shuffle", "drop_last"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
-        if not _is_int(self.seed) or self.seed < 0:
-            raise ValueError(f"seed must be an int >= 0 or None, got {self.seed!r}")
+        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < 2**64):
+            raise ValueError(f"seed must be an int in [0, 2**64) or None, got {self.seed!r}")
         for name in ("collate_fn", "transform"):
             value = getattr(self, name)
             if value is not None and not callable(value):
@@ -142,10 +158,31 @@ class LoaderConfig:
             parse_bytes(self.memory_budget)
         if self.on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {self.on_error!r}")
-        if self.timeout is not None and not _is_seconds(self.timeout):
+        if self.timeout is not None and not (self.timeout == 0 or _is_seconds(self.timeout)):
             raise ValueError(
-                f"timeout must be a number of seconds > 0 or None, got {self.timeout!r}"
+                f"timeout must be a number of seconds >= 0 (0: no limit) or None, "
+                f"got {self.timeout!r}"
             )
+        for name in ("persistent_workers", "pin_memory", "shard_by_rank"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if self.prefetch_factor is not None:
+            if not _is_int(self.prefetch_factor) or self.prefetch_factor < 1:
+                raise ValueError(
+                    f"prefetch_factor must be an int >= 1 or None, got {self.prefetch_factor!r}"
+                )
+            if self.workers == 0:
+                raise ValueError(
+                    "prefetch_factor needs worker processes (as in DataLoader): set num_workers "
+                    "> 0 or 'auto', or leave prefetch_factor as None"
+                )
+            if self.prefetch != "auto":
+                raise ValueError(
+                    "give prefetch (batches in total) or prefetch_factor (per worker), not both: "
+                    f"got prefetch={self.prefetch!r}, prefetch_factor={self.prefetch_factor!r}"
+                )
+        if self.persistent_workers and self.workers == 0:
+            raise ValueError("persistent_workers=True needs num_workers > 0 (as in DataLoader)")
         if not _is_int(self.max_attempts) or self.max_attempts < 1:
             raise ValueError(f"max_attempts must be an int >= 1, got {self.max_attempts!r}")
         if not _is_int(self.min_workers) or not self.min_workers >= 1:
@@ -173,11 +210,22 @@ class LoaderConfig:
                 f"policy must be a registered name or an object with decide(state), "
                 f"got {self.policy!r}"
             )
+        context = self.multiprocessing_context
         methods = multiprocessing.get_all_start_methods()
-        if self.multiprocessing_context is not None and self.multiprocessing_context not in methods:
+        if isinstance(context, str) and context not in methods:
             raise ValueError(
-                f"multiprocessing_context must be one of {methods} or None, "
-                f"got {self.multiprocessing_context!r}"
+                f"multiprocessing_context must be one of {methods}, a context object or None, "
+                f"got {context!r}"
+            )
+        if context is not None and not isinstance(context, str | BaseContext):
+            raise TypeError(
+                "multiprocessing_context must be a start method name or a "
+                f"multiprocessing context object, got {context!r}"
+            )
+        if context is not None and self.workers == 0:
+            raise ValueError(
+                "multiprocessing_context needs worker processes (as in DataLoader), "
+                f"got workers=0 and multiprocessing_context={context!r}"
             )
 
     @property
@@ -191,6 +239,18 @@ class LoaderConfig:
         if self.workers == "auto":
             return min(max(usable_cores(), self.min_workers), self.resolved_max_workers)
         return self.workers
+
+    @property
+    def resolved_timeout(self) -> float | None:
+        """Seconds per batch before a worker counts as hung; None for no limit."""
+        return None if not self.timeout else float(self.timeout)
+
+    @property
+    def context(self) -> BaseContext | None:
+        """The multiprocessing context workers start from (None: the platform default)."""
+        if isinstance(self.multiprocessing_context, str):
+            return multiprocessing.get_context(self.multiprocessing_context)
+        return self.multiprocessing_context
 
     @property
     def resolved_memory_budget(self) -> int:

@@ -18,12 +18,13 @@ import secrets
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from multiprocessing.connection import wait
 from multiprocessing.context import BaseContext
 from typing import Any
 
 from drapps.runtime.errors import WorkerTimeoutError
-from drapps.runtime.plan import Plan
+from drapps.runtime.plan import EpochPlan
 from drapps.runtime.pool import Task, Worker, WorkerPool
 from drapps.runtime.reorder import Entry, ReorderBuffer
 from drapps.runtime.transport import Packed, discard, unpack
@@ -53,13 +54,23 @@ class Dispatcher:
         timeout: float | None,
         max_attempts: int,
         context: BaseContext | None,
+        prefetch_per_worker: int = 2,
+        finish: Callable[[Any], Any] | None = None,
     ) -> None:
+        """
+        Args:
+            prefetch: batches made ahead in total; None: ``prefetch_per_worker`` per worker.
+            finish: applied to each batch in this thread as it arrives (e.g. pinning it), so
+                the training loop does not pay for it.
+        """
         self.session = f"{os.getpid()}_{secrets.token_hex(4)}"
         self.buffer = ReorderBuffer(on_consumed=self._wake)
         self.pool = WorkerPool(recipe, self.session, context)
         self._on_error = recipe.on_error
         self._target = workers
         self._prefetch = prefetch
+        self._per_worker = prefetch_per_worker
+        self._finish = finish
         self._budget = memory_budget
         self._timeout = timeout
         self._max_attempts = max_attempts
@@ -74,7 +85,7 @@ class Dispatcher:
         self._stopped = False
         self._released = False
         # Epoch state, owned by the dispatcher thread.
-        self._plan: Plan | None = None
+        self._plan: EpochPlan | None = None
         self._generation = 0
         self._generation_now = 0
         self._fresh = 0
@@ -99,14 +110,18 @@ class Dispatcher:
 
     # ----------------------------------------------------------------- calls from other threads
 
-    def start_epoch(self, plan: Plan, start: int) -> int:
-        """Begin delivering batches ``start..`` of ``plan``; returns the epoch's generation."""
+    def start_epoch(self, plan: EpochPlan, start: int, *, fresh_workers: bool = False) -> int:
+        """Begin delivering batches ``start..`` of ``plan``; returns the epoch's generation.
+
+        ``fresh_workers`` replaces every worker process first (DataLoader's
+        ``persistent_workers=False``: each epoch's workers see the dataset as it is now).
+        """
         with self._lock:
             self._generation += 1
             generation = self._generation
         # The previous epoch's held batches are dropped here, outside the buffer's lock.
         self.buffer.reset(generation, start, len(plan))
-        self._command("epoch", (generation, plan, start), wait_applied=False)
+        self._command("epoch", (generation, plan, start, fresh_workers), wait_applied=False)
         return generation
 
     def resize(self, workers: int) -> None:
@@ -123,7 +138,9 @@ class Dispatcher:
 
     @property
     def prefetch_depth(self) -> int:
-        return self._prefetch if self._prefetch is not None else max(1, 2 * self._target)
+        if self._prefetch is not None:
+            return self._prefetch
+        return max(1, self._per_worker * self._target)
 
     def in_flight(self) -> int:
         return len(self._in_flight)
@@ -228,9 +245,13 @@ class Dispatcher:
 
     def _set(self, name: str, value: Any) -> None:
         if name == "epoch":
-            self._generation_now, self._plan, self._fresh = value
+            self._generation_now, self._plan, self._fresh, fresh_workers = value
             self._retry, self._attempts = [], {}
             self._in_flight.clear()
+            if fresh_workers:
+                for worker in list(self.pool.workers):
+                    self.pool.kill(worker)
+                    self.pool.reap(worker)
         elif name == "resize":
             self._target = value
         elif name == "prefetch":
@@ -243,8 +264,9 @@ class Dispatcher:
         for worker in self.pool.parked()[: max(0, missing)]:
             worker.parked_at = None
             missing -= 1
+        seed = self._plan.seed if self._plan is not None else 0
         for _ in range(missing):
-            self.pool.spawn()
+            self.pool.spawn(self._target, seed)
         surplus = len(live) - self._target
         for worker in sorted(live, key=lambda w: len(w.assigned))[: max(0, surplus)]:
             worker.parked_at = now
@@ -291,8 +313,9 @@ class Dispatcher:
             task = Task(self._generation_now, plan.epoch, batch_id, indices, time.monotonic())
             worker.assigned.append(task)
             self._in_flight[batch_id] = worker
+            message = (task.generation, plan.seed, task.epoch, batch_id, indices, self._target)
             try:
-                worker.tasks.send((task.generation, task.epoch, batch_id, task.indices))
+                worker.tasks.send(message)
             except OSError:
                 worker.broken = True  # re-queued when its sentinel fires
                 worker.process.kill()
@@ -357,6 +380,8 @@ class Dispatcher:
             batch, nbytes = None, 0
             if packed is not None:
                 batch, nbytes = unpack(packed), packed.nbytes
+                if self._finish is not None:
+                    batch = self._finish(batch)
                 self.counters["transport_s"] += time.monotonic() - now
                 self.counters["pickled_bytes"] += len(packed.skeleton)
                 self.counters["shared_bytes"] += nbytes

@@ -10,13 +10,20 @@ from typing import Any
 class SampleError(RuntimeError):
     """A sample failed in ``__getitem__``, the transform, or collation.
 
+    As with ``torch.utils.data.DataLoader``, the error raised in the training loop is also an
+    instance of the original exception's type: a ``KeyError`` in ``__getitem__`` arrives as a
+    ``SampleError`` that ``except KeyError`` catches too (see :func:`sample_error`).
+
     Attributes:
         index: the dataset index that failed (None when a whole batch failed, e.g. in collate).
         stage: ``"__getitem__"``, ``"transform"``, ``"collate_fn"`` or ``"worker"``.
         path: the file behind the sample, when the dataset exposes one.
         indices: the batch's indices, for batch-level failures.
         detail: the original exception's type and message (and traceback text from a worker).
+        original_type: the type of the exception that failed the sample, when there was one.
     """
+
+    original_type: type[BaseException] | None = None
 
     def __init__(
         self,
@@ -35,6 +42,10 @@ class SampleError(RuntimeError):
         self.indices = indices
         self.detail = detail
 
+    def __str__(self) -> str:
+        # KeyError's own __str__ would print the message as a quoted repr.
+        return str(self.args[0]) if self.args else ""
+
     def __reduce__(self) -> Any:
         kwargs = {
             "index": self.index,
@@ -43,15 +54,79 @@ class SampleError(RuntimeError):
             "indices": self.indices,
             "detail": self.detail,
         }
-        return (_rebuild_sample_error, (self.args[0], kwargs, _picklable(self.__cause__)))
+        original = self.original_type if _picklable_type(self.original_type) else None
+        return (
+            _rebuild_sample_error,
+            (self.args[0], kwargs, _picklable(self.__cause__), original, type(self).__name__),
+        )
 
 
 def _rebuild_sample_error(
-    message: str, kwargs: dict[str, Any], cause: BaseException | None
+    message: str,
+    kwargs: dict[str, Any],
+    cause: BaseException | None,
+    original: type[BaseException] | None = None,
+    kind: str = "SampleError",
 ) -> SampleError:
-    error = SampleError(message, **kwargs)
+    base = WorkerTimeoutError if kind == WorkerTimeoutError.__name__ else SampleError
+    error = sample_error(message, original, base=base, **kwargs)
     error.__cause__ = cause
     return error
+
+
+_COMBINED: dict[tuple[type[SampleError], type[BaseException]], type[SampleError]] = {}
+
+
+def sample_error(
+    message: str,
+    original: type[BaseException] | None,
+    *,
+    base: type[SampleError] | None = None,
+    **kwargs: Any,
+) -> SampleError:
+    """A :class:`SampleError` that is also an instance of ``original`` (when it can be).
+
+    ``sample_error("...", KeyError)`` is caught by ``except KeyError`` and by
+    ``except drapps.SampleError``, as DataLoader re-raises a worker's exception as its own type.
+    Types that cannot be combined (a conflicting C layout, a final class) give a plain
+    :class:`SampleError` whose ``original_type`` still names them, and so does
+    ``StopIteration``, which would otherwise end the training loop's ``for`` silently.
+    """
+    base = base or SampleError
+    cls: type[SampleError] = base
+    if (
+        original is not None
+        and issubclass(original, Exception)
+        and not issubclass(original, (base, StopIteration, StopAsyncIteration))
+    ):
+        key = (base, original)
+        combined = _COMBINED.get(key)
+        if combined is None:
+            try:
+                combined = type(
+                    f"{base.__name__}[{original.__name__}]",
+                    (base, original),
+                    {"__module__": __name__, "__reduce__": base.__reduce__},
+                )
+            except TypeError:
+                combined = base
+            _COMBINED[key] = combined
+        cls = combined
+    try:
+        error = cls(message, **kwargs)
+    except Exception:  # the original type's __new__ wants other arguments
+        error = base(message, **kwargs)
+    error.original_type = original
+    return error
+
+
+def _picklable_type(cls: type[BaseException] | None) -> bool:
+    if cls is None:
+        return False
+    try:
+        return pickle.loads(pickle.dumps(cls)) is cls
+    except Exception:
+        return False
 
 
 def _picklable(exc: BaseException | None) -> BaseException | None:

@@ -1,6 +1,7 @@
 """The epoch plan: which indices make batch ``b`` of epoch ``e``.
 
-The plan depends only on (dataset length, batch size, shuffle, drop_last, seed, epoch), never on
+A :class:`Plan` depends only on (dataset length, batch size, shuffle, drop_last, seed, epoch);
+a :class:`SampledPlan` holds the batches a sampler drew when the epoch began. Neither depends on
 the worker count, so batch ``b`` is the same list of indices however the pool is sized.
 """
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 import numpy as np
 
@@ -58,3 +60,35 @@ class Plan:
             raise IndexError(f"batch_id must be in [0, {len(self)}), got {batch_id!r}")
         start = batch_id * self.batch_size
         return self.order[start : start + self.batch_size].tolist()
+
+
+@dataclass(frozen=True)
+class SampledPlan:
+    """An epoch whose batches a sampler drew: the batches, as lists of dataset keys.
+
+    A sampler's order cannot be recomputed from a seed in general (it may draw from torch's
+    global generator, or hold state), so the epoch's batches are drawn once, when the epoch
+    starts, and kept; workers, resizes and retries then all see the same list.
+    """
+
+    batches: tuple[list[Any], ...]
+    """Batch ``b`` is ``batches[b]``: the keys the sampler gave, in order."""
+    seed: int
+    """Seeds each sample's augmentation with (seed, epoch, index)."""
+    epoch: int
+    """Epoch number."""
+    first: int = 0
+    """Batch id of ``batches[0]``: a resumed epoch keeps its ids."""
+
+    def __len__(self) -> int:
+        return self.first + len(self.batches)
+
+    def batch(self, batch_id: int) -> list[Any]:
+        """The keys of batch ``batch_id``, in delivery order."""
+        if not self.first <= batch_id < len(self):
+            raise IndexError(f"batch_id must be in [{self.first}, {len(self)}), got {batch_id!r}")
+        return self.batches[batch_id - self.first]
+
+
+EpochPlan = Plan | SampledPlan
+"""What a loader iterates: its own seeded order, or a sampler's."""

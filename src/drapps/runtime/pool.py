@@ -53,6 +53,8 @@ class Worker:
     reused by a grow (no fork, no cold start); retired once parked for long enough."""
     broken: bool = False
     """Its result pipe failed; only its exit is awaited."""
+    slot: int = 0
+    """Its id as ``torch.utils.data.get_worker_info()`` reports it."""
 
     def head_started(self) -> float | None:
         """When the worker began its current task, or None when it has none."""
@@ -84,21 +86,31 @@ class WorkerPool:
         parked = [w for w in self.workers if w.parked_at is not None and not w.retiring]
         return sorted(parked, key=lambda w: w.parked_at or 0.0, reverse=True)
 
-    def spawn(self) -> Worker:
+    def spawn(self, num_workers: int = 1, seed: int = 0) -> Worker:
+        """Start a worker; it takes the lowest id (``get_worker_info().id``) not in use.
+
+        Args:
+            num_workers: the pool's size as the new worker's ``get_worker_info()`` first says.
+            seed: the epoch's base seed; the worker's global RNGs start from it as
+                DataLoader's do.
+        """
         wid = self._next_wid
         self._next_wid += 1
+        taken = {w.slot for w in self.workers if not w.retiring}
+        slot = next(i for i in range(len(taken) + 1) if i not in taken)
         task_recv, task_send = self._context.Pipe(duplex=False)
         result_recv, result_send = self._context.Pipe(duplex=False)
         process = self._context.Process(  # type: ignore[attr-defined]
             target=run_worker,
             args=(self._recipe, self._session, wid, task_recv, result_send, os.getpid()),
-            name=f"drapps-worker-{wid}",
+            kwargs={"slot": slot, "num_workers": num_workers, "base_seed": seed},
+            name=f"drapps-worker-{slot}",
             daemon=True,
         )
         process.start()
         task_recv.close()
         result_send.close()
-        worker = Worker(wid, process, task_send, result_recv)
+        worker = Worker(wid, process, task_send, result_recv, slot=slot)
         self.workers.append(worker)
         logger.debug("started worker %d (pid %s)", wid, process.pid)
         return worker

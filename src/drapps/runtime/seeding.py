@@ -140,6 +140,33 @@ _fallback: np.random.Generator | None = None
 _fallback_pid = -1
 
 
+def seed_worker(base_seed: int, worker_id: int) -> None:
+    """Seed a new worker's global RNGs as DataLoader seeds its workers.
+
+    ``torch``'s and Python's generators get ``base_seed + worker_id``; NumPy's gets the state
+    torch derives from both, so code that draws outside a sample (``worker_init_fn``, an
+    iterable dataset's stream) sees the numbers it would see under DataLoader.
+    """
+    from torch.utils.data._utils.worker import _generate_state
+
+    seed = (base_seed + worker_id) & _MASK64
+    random.seed(seed)
+    torch.manual_seed(seed)
+    np.random.seed(_generate_state(base_seed, worker_id))
+
+
+def set_worker_info(worker_id: int, num_workers: int, base_seed: int, dataset: object) -> None:
+    """Make ``torch.utils.data.get_worker_info()`` describe this worker process."""
+    from torch.utils.data._utils import worker as torch_worker
+
+    torch_worker._worker_info = torch_worker.WorkerInfo(
+        id=worker_id,
+        num_workers=num_workers,
+        seed=(base_seed + worker_id) & _MASK64,
+        dataset=dataset,  # type: ignore[arg-type]
+    )
+
+
 def in_sample() -> bool:
     """Whether the caller runs inside a drapps sample."""
     return _context.seed is not None

@@ -13,8 +13,15 @@ from typing import Any
 
 import torch
 
-from drapps.runtime.errors import SampleError, describe_failure, sample_path
-from drapps.runtime.seeding import clear_sample, sample_seed_for, seed_sample
+from drapps.runtime.errors import SampleError, describe_failure, sample_error, sample_path
+from drapps.runtime.sampling import key_of
+from drapps.runtime.seeding import (
+    clear_sample,
+    sample_seed_for,
+    seed_sample,
+    seed_worker,
+    set_worker_info,
+)
 from drapps.runtime.transport import SharedMemoryFullError, pack, remove_slabs, slab_prefix
 
 # How often an idle worker checks that the process that started it is still alive.
@@ -27,9 +34,12 @@ class BatchRecipe:
 
     dataset: Any
     transform: Callable[[Any], Any] | None
-    collate_fn: Callable[[list[Any]], Any]
-    seed: int
+    collate_fn: Callable[[Any], Any]
     on_error: str
+    auto_collation: bool = True
+    """False for ``batch_size=None``: each task is one sample, passed to ``collate_fn`` alone."""
+    worker_init_fn: Callable[[int], None] | None = None
+    """Called with the worker's id in each new worker process, as DataLoader does."""
 
 
 @dataclass
@@ -44,8 +54,8 @@ class Made:
     """Time spent in __getitem__, the transform and collate_fn."""
 
 
-def make_batch(recipe: BatchRecipe, epoch: int, indices: list[int]) -> Made:
-    """Fetch, transform and collate ``indices`` with per-sample seeding.
+def make_batch(recipe: BatchRecipe, seed: int, epoch: int, indices: list[Any]) -> Made:
+    """Fetch, transform and collate ``indices``, seeding each sample from (seed, epoch, index).
 
     Raises:
         SampleError: a sample failed and ``on_error="raise"``, or collate_fn failed.
@@ -54,7 +64,7 @@ def make_batch(recipe: BatchRecipe, epoch: int, indices: list[int]) -> Made:
     skipped: list[tuple[int, str]] = []
     fetch_s = transform_s = 0.0
     for index in indices:
-        seed_sample(sample_seed_for(recipe.seed, epoch, index))
+        seed_sample(sample_seed_for(seed, epoch, key_of(index)))
         stage = "__getitem__"
         try:
             t0 = time.perf_counter()
@@ -72,8 +82,14 @@ def make_batch(recipe: BatchRecipe, epoch: int, indices: list[int]) -> Made:
                 skipped.append((index, message))
                 continue
             detail = "".join(traceback.format_exception(exc))
-            raise SampleError(
-                message, index=index, stage=stage, path=path, indices=indices, detail=detail
+            raise sample_error(
+                message,
+                type(exc),
+                index=index,
+                stage=stage,
+                path=path,
+                indices=indices,
+                detail=detail,
             ) from exc
         finally:
             clear_sample()
@@ -82,10 +98,11 @@ def make_batch(recipe: BatchRecipe, epoch: int, indices: list[int]) -> Made:
         return Made(None, skipped, (fetch_s, transform_s, 0.0))
     t2 = time.perf_counter()
     try:
-        batch = recipe.collate_fn(samples)
+        batch = recipe.collate_fn(samples if recipe.auto_collation else samples[0])
     except Exception as exc:
-        raise SampleError(
+        raise sample_error(
             f"collate_fn failed on the batch of indices {indices}: {type(exc).__name__}: {exc}",
+            type(exc),
             stage="collate_fn",
             indices=indices,
             detail="".join(traceback.format_exception(exc)),
@@ -100,8 +117,15 @@ def run_worker(
     tasks: Connection,
     results: Connection,
     parent_pid: int,
+    slot: int = 0,
+    num_workers: int = 1,
+    base_seed: int = 0,
 ) -> None:
-    """The worker process: take ``(generation, epoch, batch_id, indices)`` tasks until ``None``.
+    """The worker process: take ``(generation, seed, epoch, batch_id, indices, num_workers)``
+    tasks until ``None``.
+
+    ``slot`` is the worker's id as ``torch.utils.data.get_worker_info()`` reports it (0 to
+    ``num_workers - 1``; a replacement takes the id of the worker it replaces).
 
     Replies ``("ok", generation, batch_id, packed, skipped, seconds)`` or
     ``("err", generation, batch_id, SampleError)``. Exits by itself when its parent dies.
@@ -112,6 +136,19 @@ def run_worker(
     torch.set_num_threads(1)
     prefix = slab_prefix(session, worker_id)
     sequence = 0
+    seed_worker(base_seed, slot)
+    set_worker_info(slot, num_workers, base_seed, recipe.dataset)
+    init_error: SampleError | None = None
+    if recipe.worker_init_fn is not None:
+        try:
+            recipe.worker_init_fn(slot)
+        except Exception as exc:
+            init_error = sample_error(
+                f"worker_init_fn failed in worker {slot}: {type(exc).__name__}: {exc}",
+                type(exc),
+                stage="worker_init_fn",
+                detail="".join(traceback.format_exception(exc)),
+            )
     try:
         while True:
             if not tasks.poll(_PARENT_CHECK_S):
@@ -121,10 +158,16 @@ def run_worker(
             task = tasks.recv()
             if task is None:
                 return
-            generation, epoch, batch_id, indices = task
+            generation, seed, epoch, batch_id, indices, workers_now = task
+            if (workers_now, seed) != (num_workers, base_seed):
+                num_workers, base_seed = workers_now, seed
+                set_worker_info(slot, num_workers, base_seed, recipe.dataset)
             reply: tuple[Any, ...]
+            if init_error is not None:
+                results.send(("err", generation, batch_id, init_error))
+                continue
             try:
-                made = make_batch(recipe, epoch, indices)
+                made = make_batch(recipe, seed, epoch, indices)
                 packed = None
                 if made.batch is not None:
                     packed = pack(made.batch, f"{prefix}{sequence}")

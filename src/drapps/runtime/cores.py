@@ -1,0 +1,123 @@
+"""A host-wide core budget shared by the auto-tuned loaders of one machine.
+
+Under data-parallel training every rank of a host runs its own loader, and each controller,
+alone, would grow to one worker per core: eight ranks would oversubscribe the host eight times.
+The loaders of a host therefore share one budget, kept in a small file in ``/dev/shm`` (no
+service, no network) and updated under an exclusive ``flock``: each loader records the workers
+it holds, and may hold at most
+
+    max(fair share, cores - what the others hold),  fair share = cores // loaders (at least 1)
+
+so a loader whose training loop waits can take cores that the others do not use, every loader is
+always granted its fair share, and a loader above its share shrinks when a newcomer claims its
+own. Entries of processes that have exited are dropped on every update.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import psutil
+
+from drapps.runtime.transport import SHM_DIR
+
+_ids = iter(range(1, 1 << 62))
+_ids_lock = threading.Lock()
+
+
+def default_budget_path() -> str:
+    """The budget file of this user on this host."""
+    return os.path.join(SHM_DIR, f"drapps_cores_{os.getuid()}.json")
+
+
+class CoreBudget:
+    """One loader's share of the host's cores.
+
+    Args:
+        cores: the cores the loaders of this host share.
+        path: the budget file (default: one per user in ``/dev/shm``).
+    """
+
+    def __init__(self, cores: int, path: str | None = None) -> None:
+        if isinstance(cores, bool) or not isinstance(cores, int) or cores < 1:
+            raise ValueError(f"cores must be an int >= 1, got {cores!r}")
+        self.cores = cores
+        self.path = path or default_budget_path()
+        with _ids_lock:
+            self.key = f"{os.getpid()}:{next(_ids)}"
+        self._closed = False
+
+    def grant(self, wanted: int, floor: int = 1) -> int:
+        """Record that this loader holds ``min(wanted, allowance)`` workers, but never fewer
+        than ``floor`` (the loader's own lower bound); return that count."""
+        with self._locked() as claims:
+            granted = max(floor, min(wanted, self._allowance(claims)))
+            claims[self.key] = granted
+        return granted
+
+    def allowance(self) -> int:
+        """The most workers this loader may hold now."""
+        with self._locked() as claims:
+            return self._allowance(claims)
+
+    def claims(self) -> dict[str, int]:
+        """Workers held by each live loader of the host (``"pid:n"`` -> workers)."""
+        with self._locked() as claims:
+            return dict(claims)
+
+    def release(self) -> None:
+        """Give this loader's share back. Idempotent; only acts in the process that made it."""
+        if self._closed or not self.key.startswith(f"{os.getpid()}:"):
+            return
+        self._closed = True
+        with contextlib.suppress(OSError), self._locked() as claims:
+            claims.pop(self.key, None)
+
+    def _allowance(self, claims: dict[str, int]) -> int:
+        others = {k: v for k, v in claims.items() if k != self.key}
+        fair = max(1, self.cores // (len(others) + 1))
+        return max(fair, self.cores - sum(others.values()))
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[dict[str, int]]:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            with os.fdopen(os.dup(fd), "r+", encoding="utf-8") as file:
+                claims = _live(_parse(file.read()))
+                if self._closed:
+                    claims.pop(self.key, None)
+                yield claims
+                file.seek(0)
+                file.truncate()
+                file.write(json.dumps(claims))
+        finally:
+            os.close(fd)  # closing the last descriptor releases the lock
+
+
+def _parse(text: str) -> dict[str, int]:
+    try:
+        data: Any = json.loads(text) if text.strip() else {}
+    except ValueError:
+        return {}  # a file cut short by a killed writer: start over
+    if not isinstance(data, dict):
+        return {}
+    return {str(k): int(v) for k, v in data.items() if isinstance(v, int) and v >= 0}
+
+
+def _live(claims: dict[str, int]) -> dict[str, int]:
+    alive: dict[str, bool] = {}
+    kept = {}
+    for key, workers in claims.items():
+        pid = key.split(":", 1)[0]
+        if pid not in alive:
+            alive[pid] = pid.isdigit() and psutil.pid_exists(int(pid))
+        if alive[pid]:
+            kept[key] = workers
+    return kept

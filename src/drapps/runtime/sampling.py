@@ -1,0 +1,195 @@
+"""Where an epoch's order comes from: DataLoader's sampler rules, seeds, and rank sharding.
+
+``drapps.Loader`` accepts DataLoader's ``sampler``, ``batch_sampler``, ``shuffle``,
+``batch_size=None`` and ``generator`` with DataLoader's meaning and DataLoader's checks. Without an
+explicit ``seed`` the epoch's base seed and the default samplers draw from torch's global
+generator (or ``generator``) in the order DataLoader draws them, so the same
+``torch.manual_seed`` gives the same batches. The epoch's batches are drawn from the sampler once,
+when the epoch starts (:class:`~drapps.runtime.plan.SampledPlan`), which is what keeps them the same
+whatever the worker pool does.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import operator
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch.utils.data import (
+    BatchSampler,
+    DistributedSampler,
+    IterableDataset,
+    RandomSampler,
+    Sampler,
+    SequentialSampler,
+)
+
+logger = logging.getLogger(__name__)
+
+
+def is_iterable_dataset(dataset: Any) -> bool:
+    """An ``IterableDataset``, or any object that can be iterated but not indexed.
+
+    A class with ``__iter__`` and ``__len__`` but no ``__getitem__`` is a stream, never a
+    map-style dataset.
+    """
+    if isinstance(dataset, IterableDataset):
+        return True
+    return hasattr(dataset, "__iter__") and not hasattr(dataset, "__getitem__")
+
+
+def check_dataset(dataset: Any) -> None:
+    """Raise ValueError when ``dataset`` is neither map-style nor iterable."""
+    if not (hasattr(dataset, "__getitem__") or hasattr(dataset, "__iter__")):
+        raise ValueError(
+            "dataset must be a map-style dataset (__getitem__, and __len__ for the default "
+            f"samplers) or an iterable dataset (__iter__), got {type(dataset).__name__}"
+        )
+
+
+def check_sampling(
+    dataset: Any,
+    batch_size: int | None,
+    shuffle: bool | None,
+    sampler: Any,
+    batch_sampler: Any,
+    drop_last: bool,
+) -> None:
+    """DataLoader's rules for combining these arguments, with its wording where it has one."""
+    if shuffle is not None and not isinstance(shuffle, bool):
+        raise ValueError(f"shuffle must be a bool or None, got {shuffle!r}")
+    if is_iterable_dataset(dataset):
+        if shuffle not in (False, None):
+            raise ValueError(
+                "Loader with an iterable dataset: expected unspecified shuffle option, "
+                f"but got shuffle={shuffle}"
+            )
+        if sampler is not None:
+            raise ValueError(
+                "Loader with an iterable dataset: expected unspecified sampler option, "
+                f"but got sampler={sampler}"
+            )
+        if batch_sampler is not None:
+            raise ValueError(
+                "Loader with an iterable dataset: expected unspecified batch_sampler option, "
+                f"but got batch_sampler={batch_sampler}"
+            )
+    if sampler is not None and shuffle:
+        raise ValueError("sampler option is mutually exclusive with shuffle")
+    if batch_sampler is not None:
+        if batch_size != 1 or shuffle or sampler is not None or drop_last:
+            raise ValueError(
+                "batch_sampler option is mutually exclusive with batch_size, shuffle, sampler, "
+                "and drop_last"
+            )
+    elif batch_size is None:
+        if drop_last:
+            raise ValueError(
+                "batch_size=None option disables auto-batching and is mutually exclusive "
+                "with drop_last"
+            )
+    elif isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be an int >= 1 or None, got {batch_size!r}")
+    for name, value in (("sampler", sampler), ("batch_sampler", batch_sampler)):
+        if value is not None and not hasattr(value, "__iter__"):
+            raise ValueError(f"{name} must be an iterable (a Sampler), got {value!r}")
+    no_sampler = sampler is None and batch_sampler is None
+    if no_sampler and not is_iterable_dataset(dataset) and not hasattr(dataset, "__len__"):
+        raise ValueError(
+            f"dataset {type(dataset).__name__} has no __len__: give a sampler or "
+            "batch_sampler that yields its keys"
+        )
+
+
+def default_sampler(dataset: Any, shuffle: bool, generator: torch.Generator | None) -> Sampler:
+    """The sampler DataLoader builds when none is given."""
+    if is_iterable_dataset(dataset):
+        from torch.utils.data.dataloader import _InfiniteConstantSampler
+
+        return _InfiniteConstantSampler()
+    if shuffle:
+        return RandomSampler(dataset, generator=generator)
+    return SequentialSampler(dataset)
+
+
+def draw_base_seed(generator: torch.Generator | None) -> int:
+    """An epoch's base seed, drawn exactly as DataLoader's iterator draws it."""
+    return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
+
+
+def key_of(index: Any) -> int:
+    """An integer for seeding from whatever the sampler yields (ints, NumPy or 0-d tensors)."""
+    try:
+        return operator.index(index)
+    except TypeError:
+        import zlib
+
+        return zlib.crc32(repr(index).encode())
+
+
+def plain_key(index: Any) -> Any:
+    """A sampler's key as plain data for a checkpoint (ints stay ints)."""
+    try:
+        return operator.index(index)
+    except TypeError:
+        return index
+
+
+def draw_batches(index_sampler: Iterable[Any], auto_collation: bool) -> tuple[list[Any], ...]:
+    """Every batch of one pass over ``index_sampler`` (a batch sampler, or a sampler of keys)."""
+    if auto_collation:
+        return tuple(list(batch) for batch in index_sampler)
+    return tuple([key] for key in index_sampler)
+
+
+def world() -> tuple[int, int] | None:
+    """(rank, world size) under an initialised ``torch.distributed`` of several ranks, else None."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    size = dist.get_world_size()
+    return (dist.get_rank(), size) if size > 1 else None
+
+
+def is_distributed(sampler: Any) -> bool:
+    """Whether ``sampler`` (or a batch sampler's sampler) already picks this rank's share."""
+    for candidate in (sampler, getattr(sampler, "sampler", None)):
+        if isinstance(candidate, DistributedSampler):
+            return True
+        if hasattr(candidate, "num_replicas") and hasattr(candidate, "rank"):
+            return True
+    return False
+
+
+def rank_shard(
+    dataset: Any,
+    rank: int,
+    size: int,
+    *,
+    shuffle: bool,
+    seed: int,
+    epoch: int,
+    batch_size: int | None,
+    drop_last: bool,
+) -> BatchSampler | DistributedSampler:
+    """This rank's share: what ``DistributedSampler(shuffle, seed, drop_last)`` at ``epoch``
+    gives, batched as the loader batches."""
+    sampler: DistributedSampler[Any] = DistributedSampler(
+        dataset, num_replicas=size, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last
+    )
+    sampler.set_epoch(epoch)
+    if batch_size is None:
+        return sampler
+    return BatchSampler(sampler, batch_size, drop_last)
+
+
+def stream_length(dataset: Any, batch_size: int | None, drop_last: bool) -> int:
+    """``len()`` of a loader over an iterable dataset, as DataLoader computes it."""
+    length = len(dataset)
+    if batch_size is None:
+        return length
+    return length // batch_size if drop_last else math.ceil(length / batch_size)

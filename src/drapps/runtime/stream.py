@@ -1,0 +1,345 @@
+"""Iterable datasets: each worker iterates its own copy of the dataset, as under DataLoader.
+
+An ``IterableDataset``'s position lives inside the iterator of each worker, so a batch cannot be
+handed to whichever worker is free, retried elsewhere, or made by a resized pool mid-epoch. The
+stream pool therefore keeps its worker count fixed for an epoch (chosen when the epoch starts),
+and the training loop takes batches round-robin over the workers that still have data, skipping
+a worker once its stream ends: the order DataLoader delivers. Each worker reads its id and the
+worker count from ``torch.utils.data.get_worker_info()`` to pick its shard, and its global RNGs
+are seeded as DataLoader seeds them (``base_seed + worker id``), so the same base seed and worker
+count give the same batches.
+
+Batches cross processes through the same shared-memory slabs as map-style batches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import multiprocessing
+import os
+import signal
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from multiprocessing.context import BaseContext
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+import torch
+
+from drapps.runtime.errors import SampleError, sample_error
+from drapps.runtime.seeding import seed_worker, set_worker_info
+from drapps.runtime.transport import (
+    Packed,
+    SharedMemoryFullError,
+    discard,
+    pack,
+    remove_slabs,
+    slab_prefix,
+    unpack,
+)
+
+logger = logging.getLogger(__name__)
+
+_PARENT_CHECK_S = 1.0
+
+
+@dataclass(frozen=True)
+class StreamRecipe:
+    """What a stream worker needs: the dataset and how to batch what it yields."""
+
+    dataset: Any
+    transform: Callable[[Any], Any] | None
+    collate_fn: Callable[[Any], Any]
+    batch_size: int | None
+    """Items per batch; None: each item is passed to ``collate_fn`` alone."""
+    drop_last: bool
+    on_error: str
+    worker_init_fn: Callable[[int], None] | None = None
+
+
+class StreamBatcher:
+    """Turns one iterator over the dataset into batches (in a worker or the calling process)."""
+
+    def __init__(self, recipe: StreamRecipe) -> None:
+        self.recipe = recipe
+        self.items: Iterator[Any] = iter(recipe.dataset)
+        self.position = 0  # items taken from the stream so far
+        self.skipped: list[tuple[int, str]] = []
+
+    def next_batch(self) -> Any:
+        """The next batch; raises StopIteration at the end of the stream."""
+        r = self.recipe
+        size = 1 if r.batch_size is None else r.batch_size
+        samples: list[Any] = []
+        while len(samples) < size:
+            try:
+                item = next(self.items)
+            except StopIteration:
+                break
+            except Exception as exc:
+                raise sample_error(
+                    f"the dataset's stream failed after {self.position} items: "
+                    f"{type(exc).__name__}: {exc}",
+                    type(exc),
+                    stage="__iter__",
+                    detail="".join(traceback.format_exception(exc)),
+                ) from exc
+            position, self.position = self.position, self.position + 1
+            if r.transform is not None:
+                try:
+                    item = r.transform(item)
+                except Exception as exc:
+                    message = (
+                        f"item {position} of the stream failed in transform: "
+                        f"{type(exc).__name__}: {exc}"
+                    )
+                    if r.on_error == "skip":
+                        self.skipped.append((position, message))
+                        continue
+                    raise sample_error(
+                        message,
+                        type(exc),
+                        index=position,
+                        stage="transform",
+                        detail="".join(traceback.format_exception(exc)),
+                    ) from exc
+            samples.append(item)
+        if not samples or (r.drop_last and len(samples) < size):
+            raise StopIteration
+        try:
+            return r.collate_fn(samples if r.batch_size is not None else samples[0])
+        except Exception as exc:
+            raise sample_error(
+                f"collate_fn failed on a batch of the stream: {type(exc).__name__}: {exc}",
+                type(exc),
+                stage="collate_fn",
+                detail="".join(traceback.format_exception(exc)),
+            ) from exc
+
+
+def run_stream_worker(
+    recipe: StreamRecipe,
+    session: str,
+    slot: int,
+    tasks: Connection,
+    results: Connection,
+    parent_pid: int,
+) -> None:
+    """A stream worker: ``("start", generation, seed, num_workers)`` begins a new pass over the
+    dataset; each ``("next", generation)`` is answered with ``("ok", generation, packed,
+    skipped)``, ``("end", generation)`` or ``("err", generation, SampleError)``; ``None`` stops.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    torch.set_num_threads(1)
+    prefix = slab_prefix(session, slot)
+    sequence = 0
+    batcher: StreamBatcher | None = None
+    generation = -1
+    failed: SampleError | None = None
+    initialised = False
+    try:
+        while True:
+            if not tasks.poll(_PARENT_CHECK_S):
+                if os.getppid() != parent_pid:
+                    break
+                continue
+            task = tasks.recv()
+            if task is None:
+                return
+            if task[0] == "start":
+                _, generation, seed, num_workers = task
+                seed_worker(seed, slot)
+                set_worker_info(slot, num_workers, seed, recipe.dataset)
+                batcher, failed = None, None
+                try:
+                    if not initialised and recipe.worker_init_fn is not None:
+                        recipe.worker_init_fn(slot)
+                    initialised = True
+                    batcher = StreamBatcher(recipe)
+                except Exception as exc:
+                    failed = sample_error(
+                        f"starting the stream in worker {slot} failed: {type(exc).__name__}: {exc}",
+                        type(exc),
+                        stage="worker_init_fn" if not initialised else "__iter__",
+                        detail="".join(traceback.format_exception(exc)),
+                    )
+                continue
+            if task[1] != generation:
+                continue  # a request for a pass that has been replaced
+            reply: tuple[Any, ...]
+            if failed is not None or batcher is None:
+                reply = ("err", generation, failed)
+            else:
+                try:
+                    batch = batcher.next_batch()
+                    packed = pack(batch, f"{prefix}{sequence}")
+                    sequence += 1
+                    reply = ("ok", generation, packed, batcher.skipped)
+                    batcher.skipped = []
+                except StopIteration:
+                    reply = ("end", generation)
+                except SampleError as exc:
+                    reply = ("err", generation, exc)
+                except SharedMemoryFullError as exc:
+                    reply = ("err", generation, SampleError(str(exc), stage="transport"))
+                except Exception as exc:  # the batch cannot be pickled for the transport
+                    reply = (
+                        "err",
+                        generation,
+                        sample_error(
+                            f"worker {slot} could not send its batch: {type(exc).__name__}: {exc}",
+                            type(exc),
+                            stage="transport",
+                        ),
+                    )
+            results.send(reply)
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        pass
+    remove_slabs(prefix)
+
+
+@dataclass(eq=False)
+class _StreamWorker:
+    slot: int
+    process: BaseProcess
+    tasks: Connection
+    results: Connection
+    requested: int = 0
+    """Requests sent in the current pass and not yet answered."""
+    active: bool = True
+    """Its stream has not ended in the current pass."""
+
+
+class StreamPool:
+    """Worker processes for an iterable dataset; their count is fixed within an epoch."""
+
+    def __init__(
+        self,
+        recipe: StreamRecipe,
+        *,
+        session: str,
+        context: BaseContext | None,
+        prefetch_per_worker: int,
+        timeout: float | None,
+        finish: Callable[[Any], Any] | None = None,
+    ) -> None:
+        self.recipe = recipe
+        self.session = session
+        self._context = context or multiprocessing.get_context()
+        self._per_worker = prefetch_per_worker
+        self._timeout = timeout
+        self._finish = finish
+        self.workers: list[_StreamWorker] = []
+        self._generation = 0
+        self.wait_s = 0.0
+        self.shared_bytes = 0
+
+    def pids(self) -> tuple[int, ...]:
+        return tuple(p for w in self.workers if (p := w.process.pid) is not None)
+
+    def start_epoch(self, workers: int, seed: int, *, fresh: bool) -> int:
+        """Begin a pass over the dataset with ``workers`` processes; returns its generation."""
+        if fresh or len(self.workers) != workers:
+            self.shutdown(grace_s=0.0)  # nothing of the old streams is worth waiting for
+        while len(self.workers) < workers:
+            self._spawn(len(self.workers))
+        self._generation += 1
+        for worker in self.workers:
+            worker.requested, worker.active = 0, True
+            worker.tasks.send(("start", self._generation, seed, workers))
+        return self._generation
+
+    def batches(self, generation: int) -> Iterator[tuple[Any, list[tuple[int, str]]]]:
+        """The pass's batches, round-robin over the workers whose streams have not ended."""
+        for worker in itertools.cycle(self.workers):
+            if generation != self._generation:
+                raise RuntimeError("this epoch's iterator was superseded by a newer iter(loader)")
+            if not any(w.active for w in self.workers):
+                return
+            if not worker.active:
+                continue
+            self._top_up(worker, generation)
+            reply = self._receive(worker, generation)
+            worker.requested -= 1
+            if reply[0] == "end":
+                worker.active = False
+                continue
+            if reply[0] == "err":
+                raise reply[2]
+            self._top_up(worker, generation)
+            packed: Packed = reply[2]
+            batch = unpack(packed)
+            self.shared_bytes += packed.nbytes
+            if self._finish is not None:
+                batch = self._finish(batch)
+            yield batch, reply[3]
+
+    def _top_up(self, worker: _StreamWorker, generation: int) -> None:
+        while worker.requested < self._per_worker:
+            worker.tasks.send(("next", generation))
+            worker.requested += 1
+
+    def _receive(self, worker: _StreamWorker, generation: int) -> tuple[Any, ...]:
+        start = time.perf_counter()
+        try:
+            while True:
+                ready = wait([worker.results, worker.process.sentinel], timeout=self._timeout)
+                if not ready:
+                    raise RuntimeError(
+                        f"drapps stream worker {worker.slot} (pid {worker.process.pid}) gave no "
+                        f"batch in timeout={self._timeout}s"
+                    )
+                if worker.results in ready or worker.results.poll():
+                    try:
+                        reply: tuple[Any, ...] = worker.results.recv()
+                    except (EOFError, OSError):
+                        reply = ("dead",)
+                    if reply[0] != "dead":
+                        if reply[1] == generation:
+                            return reply
+                        if reply[0] == "ok":
+                            discard(reply[2])  # an earlier pass's batch
+                        continue
+                worker.process.join(timeout=1.0)
+                raise RuntimeError(
+                    f"drapps stream worker {worker.slot} (pid {worker.process.pid}) exited "
+                    f"unexpectedly with exit code {worker.process.exitcode}; an iterable "
+                    "dataset's stream cannot be resumed in another worker"
+                )
+        finally:
+            self.wait_s += time.perf_counter() - start
+
+    def _spawn(self, slot: int) -> None:
+        task_recv, task_send = self._context.Pipe(duplex=False)
+        result_recv, result_send = self._context.Pipe(duplex=False)
+        process = self._context.Process(  # type: ignore[attr-defined]
+            target=run_stream_worker,
+            args=(self.recipe, self.session, slot, task_recv, result_send, os.getpid()),
+            name=f"drapps-stream-worker-{slot}",
+            daemon=True,
+        )
+        process.start()
+        task_recv.close()
+        result_send.close()
+        self.workers.append(_StreamWorker(slot, process, task_send, result_recv))
+
+    def shutdown(self, grace_s: float = 2.0) -> None:
+        """Stop every worker (ask, wait up to ``grace_s``, kill) and remove their slabs."""
+        for worker in self.workers:
+            with contextlib.suppress(OSError):
+                worker.tasks.send(None)
+        deadline = time.monotonic() + grace_s
+        for worker in self.workers:
+            worker.process.join(timeout=max(0.0, deadline - time.monotonic()))
+            if worker.process.is_alive():
+                worker.process.kill()
+                worker.process.join(timeout=5.0)
+            worker.tasks.close()
+            worker.results.close()
+        self.workers = []
+        remove_slabs(slab_prefix(self.session))
