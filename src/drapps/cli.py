@@ -151,6 +151,7 @@ def _profile(args: argparse.Namespace) -> int:
             batch_size=args.batch_size,
             shuffle=True,
             workers=workers,  # type: ignore[arg-type]
+            persistent_workers=workers != 0,
             trace=args.trace,
             control_interval=args.interval,
             progress=args.progress,

@@ -150,6 +150,8 @@ def chosen_systems(config: BenchConfig) -> tuple[list[str], dict[str, str]]:
         return list(config.systems), {}
     run, skipped = [], {}
     for name, system in SYSTEMS.items():
+        if system.opt_in:
+            continue  # runs only when named
         reason = system.unavailable()
         if reason is None:
             run.append(name)
@@ -166,7 +168,7 @@ def plan_cases(config: BenchConfig, systems: list[str], cores: int) -> list[Case
                 variants = system_class(system).variants(cores)
                 if system == "dataloader" and config.workers is not None:
                     variants = list(config.workers)
-                if system == "drapps-static" and config.static_workers is not None:
+                if system.startswith("drapps-static") and config.static_workers is not None:
                     variants = list(config.static_workers)
                 cases += [Case(workload, scenario, system, w) for w in variants]
     return cases

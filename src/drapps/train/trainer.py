@@ -266,8 +266,9 @@ class Trainer:
             seed=config.seed,
             drop_last=True,
             workers=config.workers,
+            persistent_workers=config.workers != 0,
         )
-        eval_loader = Loader(eval_set, batch_size=micro, workers=0)
+        eval_loader = Loader(eval_set, batch_size=micro, seed=config.seed, workers=0)
         try:
             if len(loader) == 0:
                 raise ValueError(

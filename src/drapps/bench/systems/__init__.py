@@ -4,11 +4,26 @@ from __future__ import annotations
 
 from drapps.bench.systems._base import Source, System, Workers
 from drapps.bench.systems.dataloader import DataLoaderSystem
-from drapps.bench.systems.drapps_loader import DrappsHeuristic, DrappsRl, DrappsStatic
+from drapps.bench.systems.drapps_loader import (
+    DrappsHeuristic,
+    DrappsRl,
+    DrappsStatic,
+    DrappsStaticPinned,
+    DrappsStaticSampler,
+)
 from drapps.bench.systems.tfdata import TfDataSystem
 
 SYSTEMS: dict[str, type[System]] = {
-    s.name: s for s in (DataLoaderSystem, TfDataSystem, DrappsStatic, DrappsHeuristic, DrappsRl)
+    s.name: s
+    for s in (
+        DataLoaderSystem,
+        TfDataSystem,
+        DrappsStatic,
+        DrappsHeuristic,
+        DrappsRl,
+        DrappsStaticSampler,
+        DrappsStaticPinned,
+    )
 }
 
 

@@ -64,6 +64,8 @@ class System(ABC):
     name: ClassVar[str]
     summary: ClassVar[str]
     """One line for ``drapps bench --list`` and the report."""
+    opt_in: ClassVar[bool] = False
+    """Runs only when named with ``--systems`` (variants that measure one path's cost)."""
 
     @classmethod
     def unavailable(cls) -> str | None:

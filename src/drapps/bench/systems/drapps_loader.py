@@ -3,11 +3,18 @@
 One class, because the three differ only in the policy they hand the Loader: static runs one
 worker per usable core (what ``workers="auto"`` starts from), the others let the controller move
 workers and prefetch. ``drapps-rl`` is listed once a policy named "rl" is registered.
+
+``drapps-static-sampler`` and ``drapps-static-pinned`` are ``drapps-static`` through the
+DataLoader-compatible paths (a user's ``RandomSampler``; ``pin_memory=True``), to measure what
+those paths cost; they run only when named with ``--systems``.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
+
+import torch
+from torch.utils.data import RandomSampler
 
 import drapps
 from drapps.bench.systems._base import EpochSource, Source, System, Workers
@@ -37,16 +44,21 @@ class DrappsSystem(System):
         seed: int,
         throttle: IoThrottle | None,
     ) -> Source:
+        dataset = workload.dataset(throttle)
         loader = drapps.Loader(
-            workload.dataset(throttle),
+            dataset,
             batch_size=batch_size,
-            shuffle=True,
-            seed=seed,
             drop_last=True,
             workers=workers,  # type: ignore[arg-type]
+            persistent_workers=workers != 0,
             policy=self.policy,
+            **self.order_and_options(dataset, seed),
         )
         return EpochSource(loader, lambda: loader.stats().workers)
+
+    def order_and_options(self, dataset: Any, seed: int) -> dict[str, Any]:
+        """How the epoch order is given, and any other Loader options of this system."""
+        return {"shuffle": True, "seed": seed}
 
 
 class DrappsStatic(DrappsSystem):
@@ -69,3 +81,30 @@ class DrappsRl(DrappsSystem):
     name = "drapps-rl"
     summary = 'drapps.Loader(workers="auto", policy="rl"): the learned policy'
     policy = "rl"
+
+
+class DrappsStaticSampler(DrappsStatic):
+    name = "drapps-static-sampler"
+    summary = "drapps-static with the order from a user's RandomSampler (opt-in)"
+    opt_in = True
+
+    @classmethod
+    def case_name(cls, workers: Workers) -> str:
+        return f"drapps-static-sampler-{workers}"
+
+    def order_and_options(self, dataset: Any, seed: int) -> dict[str, Any]:
+        generator = torch.Generator().manual_seed(seed)
+        return {"sampler": RandomSampler(dataset, generator=generator), "seed": seed}
+
+
+class DrappsStaticPinned(DrappsStatic):
+    name = "drapps-static-pinned"
+    summary = "drapps-static with pin_memory=True (opt-in; a no-op without an accelerator)"
+    opt_in = True
+
+    @classmethod
+    def case_name(cls, workers: Workers) -> str:
+        return f"drapps-static-pinned-{workers}"
+
+    def order_and_options(self, dataset: Any, seed: int) -> dict[str, Any]:
+        return {"shuffle": True, "seed": seed, "pin_memory": True}
