@@ -11,10 +11,8 @@ Example:
 from __future__ import annotations
 
 import logging
-import operator
 import os
 import threading
-import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator
@@ -24,11 +22,11 @@ import torch
 from torch.utils.data import BatchSampler, default_collate, default_convert
 
 from drapps._autotune import AutoTuner, make_tuner
+from drapps._epoch import MapEpoch, StreamEpoch
 from drapps.control.policy import Policy
-from drapps.runtime.config import LoaderConfig
-from drapps.runtime.cores import CoreBudget
+from drapps.runtime.config import LoaderConfig, checked_index, resolve_workers
+from drapps.runtime.cores import HostShare
 from drapps.runtime.dispatcher import Dispatcher
-from drapps.runtime.errors import SampleError
 from drapps.runtime.plan import EpochPlan, Plan, SampledPlan
 from drapps.runtime.sampling import (
     check_dataset,
@@ -43,10 +41,10 @@ from drapps.runtime.sampling import (
     stream_length,
     world,
 )
-from drapps.runtime.seeding import preserved_global_rngs
 from drapps.runtime.stats import LoaderStats
-from drapps.runtime.stream import StreamBatcher, StreamPool, StreamRecipe
-from drapps.runtime.worker import BatchRecipe, make_batch
+from drapps.runtime.stream import StreamPool
+from drapps.runtime.transport import pinner
+from drapps.runtime.worker import BatchRecipe
 
 logger = logging.getLogger(__name__)
 
@@ -162,7 +160,7 @@ class Loader:
             drop_last=drop_last,
             collate_fn=collate_fn,
             transform=transform,
-            workers=_resolve_workers(num_workers, workers),
+            workers=resolve_workers(num_workers, workers),
             max_workers=max_workers,
             prefetch=prefetch,
             memory_budget=memory_budget,
@@ -212,54 +210,39 @@ class Loader:
             )
         self._iterable = is_iterable_dataset(dataset)
         self._memory_budget = c.resolved_memory_budget
-        finish = _pinner(pin_memory, pin_memory_device)
+        finish = pinner(pin_memory, pin_memory_device)
         self._finish = finish
         self._dispatcher: Dispatcher | None = None
         self._stream: StreamPool | None = None
         self._stream_workers = c.initial_workers
-        session = f"{os.getpid()}_{os.urandom(4).hex()}"
         per_worker = prefetch_factor or 2
-        if self._iterable:
-            self._stream_recipe = StreamRecipe(
-                dataset,
-                transform,
-                self.collate_fn,
-                c.batch_size,
+        self._recipe = BatchRecipe(
+            dataset, transform, self.collate_fn, on_error, self._auto_collation, worker_init_fn
+        )
+        if self._iterable and c.initial_workers > 0:
+            self._stream = StreamPool(
+                self._recipe,
+                self.batch_size,
                 self.drop_last,
-                on_error,
-                worker_init_fn,
+                session=f"{os.getpid()}_{os.urandom(4).hex()}",
+                context=c.context,
+                prefetch_per_worker=per_worker,
+                timeout=c.resolved_timeout,
+                finish=finish,
             )
-            if c.initial_workers > 0:
-                self._stream = StreamPool(
-                    self._stream_recipe,
-                    session=session,
-                    context=c.context,
-                    prefetch_per_worker=per_worker,
-                    timeout=c.resolved_timeout,
-                    finish=finish,
-                )
-        else:
-            self._recipe = BatchRecipe(
-                dataset,
-                transform,
-                self.collate_fn,
-                on_error,
-                self._auto_collation,
-                worker_init_fn,
+        elif not self._iterable and c.initial_workers > 0:
+            self._dispatcher = Dispatcher(
+                self._recipe,
+                workers=c.initial_workers,
+                prefetch=None if prefetch == "auto" else prefetch,
+                prefetch_per_worker=per_worker,
+                memory_budget=self._memory_budget,
+                timeout=c.resolved_timeout,
+                max_attempts=max_attempts,
+                context=c.context,
+                finish=finish,
             )
-            if c.initial_workers > 0:
-                self._dispatcher = Dispatcher(
-                    self._recipe,
-                    workers=c.initial_workers,
-                    prefetch=None if prefetch == "auto" else prefetch,
-                    prefetch_per_worker=per_worker,
-                    memory_budget=self._memory_budget,
-                    timeout=c.resolved_timeout,
-                    max_attempts=max_attempts,
-                    context=c.context,
-                    finish=finish,
-                )
-        self._budget = _HostShare() if c.workers == "auto" else None
+        self._budget = HostShare() if c.workers == "auto" else None
         self._tuner = make_tuner(self)
         # Runs on close(), garbage collection or interpreter exit, whichever comes first; it
         # holds the tuner and the pools, never the loader, so the loader stays collectable.
@@ -275,7 +258,7 @@ class Loader:
         self._epochs_started = 0
         # A weak reference: the iterator holds the loader, not the other way round, so a
         # dropped loader is freed at once rather than by the cyclic collector.
-        self._active: Callable[[], _EpochIterator | _StreamIterator | None] = lambda: None
+        self._active: Callable[[], MapEpoch | StreamEpoch | None] = lambda: None
         self._epoch = -1
         self._batches = 0
         self._samples = 0
@@ -312,14 +295,14 @@ class Loader:
         with self._lock:
             fresh = not self.persistent_workers and self._epochs_started > 0
             self._epochs_started += 1
-            iterator: _EpochIterator | _StreamIterator
+            iterator: MapEpoch | StreamEpoch
             if self._iterable:
                 epoch, start = self._next_epoch, self._next_batch
                 self._next_epoch, self._next_batch = epoch + 1, 0
-                iterator = _StreamIterator(self, epoch, self._epoch_seed(), start, fresh)
+                iterator = StreamEpoch(self, epoch, self._epoch_seed(), start, fresh)
             else:
                 plan, start = self._next_plan()
-                iterator = _EpochIterator(self, plan, start, fresh)
+                iterator = MapEpoch(self, plan, start, fresh)
             self._epoch = iterator.epoch
             self._active = weakref.ref(iterator)
         return iterator
@@ -406,7 +389,7 @@ class Loader:
     def set_epoch(self, epoch: int) -> None:
         """Make the next ``iter(loader)`` run ``epoch`` from its first batch; passed on to the
         sampler's own ``set_epoch`` (e.g. ``DistributedSampler``) when it has one."""
-        epoch = _index("epoch", epoch)
+        epoch = checked_index("epoch", epoch)
         samplers = (self.sampler, self.batch_sampler, getattr(self.batch_sampler, "sampler", None))
         for sampler in {id(s): s for s in samplers if s is not None}.values():
             if callable(getattr(sampler, "set_epoch", None)):
@@ -467,8 +450,8 @@ class Loader:
             raise ValueError(
                 f"state version must be 1 or {_STATE_VERSION}, got {state.get('version')!r}"
             )
-        epoch = _index("state epoch", state.get("epoch"))
-        next_batch = _index("state next_batch", state.get("next_batch"))
+        epoch = checked_index("state epoch", state.get("epoch"))
+        next_batch = checked_index("state next_batch", state.get("next_batch"))
         current = self.state_dict()
         batches = state.get("batches")
         keys: tuple[str, ...] = ("num_samples", "batch_size")
@@ -484,7 +467,7 @@ class Loader:
         if batches is not None:
             if not isinstance(batches, list) or not all(isinstance(b, list) for b in batches):
                 raise ValueError("state batches must be a list of lists of dataset keys")
-            seed = _index("state seed", state.get("seed"))
+            seed = checked_index("state seed", state.get("seed"))
             pending = SampledPlan(tuple(batches), seed, epoch, first=next_batch)
         elif not self._iterable:
             length = len(self._make_plan_for_check(epoch))
@@ -597,32 +580,11 @@ class Loader:
         self.close()
 
 
-class _HostShare:
-    """A loader's share of the host's cores, active only under torch.distributed (where every
-    rank of a host runs a loader of its own)."""
-
-    def __init__(self) -> None:
-        self._budget: CoreBudget | None = None
-
-    def grant(self, wanted: int, floor: int) -> int:
-        if self._budget is None:
-            if world() is None:
-                return wanted
-            from drapps.runtime.config import usable_cores
-
-            self._budget = CoreBudget(usable_cores())
-        return self._budget.grant(wanted, floor)
-
-    def release(self) -> None:
-        if self._budget is not None:
-            self._budget.release()
-
-
 def _shutdown(
     tuner: AutoTuner | None,
     dispatcher: Dispatcher | None,
     stream: StreamPool | None,
-    budget: _HostShare | None,
+    budget: HostShare | None,
 ) -> None:
     if tuner is not None:
         tuner.stop()
@@ -634,203 +596,7 @@ def _shutdown(
         budget.release()
 
 
-def _resolve_workers(num_workers: Any, workers: Any) -> Any:
-    if num_workers is not None and workers is not None and num_workers != workers:
-        raise ValueError(
-            f"num_workers and workers name the same setting; got num_workers={num_workers!r} "
-            f"and workers={workers!r}"
-        )
-    chosen = workers if workers is not None else num_workers
-    return "auto" if chosen is None else chosen
-
-
-def _index(name: str, value: Any) -> int:
-    """An int >= 0 from an int or NumPy integer; booleans and out-of-range values refused."""
-    if isinstance(value, bool):
-        raise ValueError(f"{name} must be an int >= 0, got {value!r}")
-    try:
-        number = operator.index(value)
-    except TypeError:
-        raise ValueError(f"{name} must be an int >= 0, got {value!r}") from None
-    if number < 0:
-        raise ValueError(f"{name} must be an int >= 0, got {value!r}")
-    if number >= 2**63:
-        raise ValueError(f"{name} must be below 2**63, got {value!r}")
-    return number
-
-
 def _warn_once(key: str, message: str) -> None:
     if key not in _warned:
         _warned.add(key)
         warnings.warn(message, stacklevel=3)
-
-
-def _pinner(pin_memory: bool, device: str) -> Callable[[Any], Any] | None:
-    """The function that pins each batch, or None (with torch's warning when nothing can)."""
-    if not pin_memory:
-        return None
-    accelerator = getattr(torch, "accelerator", None)
-    available = accelerator.is_available() if accelerator is not None else torch.cuda.is_available()
-    if not available:
-        warnings.warn(
-            "'pin_memory' argument is set as true but no accelerator is found, then device "
-            "pinned memory won't be used.",
-            stacklevel=3,
-        )
-        return None
-    if device:
-        warnings.warn(
-            "pin_memory_device is deprecated, the current accelerator will be used as the "
-            f"device, ignore pin_memory_device='{device}'.",
-            stacklevel=3,
-        )
-    from torch.utils.data._utils.pin_memory import pin_memory as pin
-
-    return pin
-
-
-class _EpochIterator:
-    """Yields one epoch's batches in order; superseded by the loader's next ``iter()``."""
-
-    def __init__(self, loader: Loader, plan: EpochPlan, start: int, fresh: bool) -> None:
-        self.loader = loader
-        self.plan = plan
-        self.epoch = plan.epoch
-        self.position = start
-        self.finished = start >= len(plan)
-        if loader._dispatcher is not None and not self.finished:
-            loader._dispatcher.start_epoch(plan, start, fresh_workers=fresh)
-
-    def __iter__(self) -> _EpochIterator:
-        return self
-
-    def __len__(self) -> int:
-        return len(self.plan) - self.position
-
-    def __next__(self) -> Any:
-        loader = self.loader
-        if loader._active() is not self:
-            raise RuntimeError(
-                "this epoch's iterator was superseded by a newer iter(loader), set_epoch() or "
-                "load_state_dict()"
-            )
-        while not self.finished:
-            batch, samples, skipped = self._make_next()
-            loader._record(samples, skipped)
-            if batch is not None or (samples and not loader._auto_collation):
-                return batch
-        raise StopIteration
-
-    def _make_next(self) -> tuple[Any, int, list[tuple[Any, str]]]:
-        loader = self.loader
-        dispatcher = loader._dispatcher
-        if self.position >= len(self.plan):
-            self.finished = True
-            return None, 0, []
-        batch_id = self.position
-        if dispatcher is None:
-            indices = self.plan.batch(batch_id)
-            start = time.perf_counter()
-            try:
-                with preserved_global_rngs():
-                    made = make_batch(loader._recipe, self.plan.seed, self.epoch, indices)
-            finally:
-                self._advance()
-                loader._inline_wait_s += time.perf_counter() - start
-            batch = made.batch
-            if batch is not None and loader._finish is not None:
-                batch = loader._finish(batch)
-            return batch, len(indices) - len(made.skipped), made.skipped
-        entry = dispatcher.buffer.get(alive=dispatcher.alive)
-        if entry is None:
-            self.finished = True
-            return None, 0, []
-        self._advance()
-        if entry.error is not None:
-            error = entry.error
-            if isinstance(error, SampleError) and error.detail and hasattr(error, "add_note"):
-                error.add_note(f"worker traceback:\n{error.detail}")
-            raise error
-        indices = self.plan.batch(batch_id)
-        return entry.batch, len(indices) - len(entry.skipped), entry.skipped
-
-    def _advance(self) -> None:
-        self.position += 1
-        if self.position >= len(self.plan):
-            self.finished = True
-
-
-class _StreamIterator:
-    """One epoch over an iterable dataset: in the calling process, or round-robin over the
-    stream workers. A resumed epoch replays its first ``start`` batches and drops them."""
-
-    plan = None
-
-    def __init__(self, loader: Loader, epoch: int, seed: int, start: int, fresh: bool) -> None:
-        self.loader = loader
-        self.epoch = epoch
-        self.position = 0
-        self.finished = False
-        stream = loader._stream
-        if stream is None:
-            self._batches = self._inline()
-        else:
-            generation = stream.start_epoch(loader._stream_workers, seed, fresh=fresh)
-            self._batches = stream.batches(generation)
-        for _ in range(start):
-            if next(self._batches, None) is None:
-                self.finished = True
-                break
-            self.position += 1
-
-    def _inline(self) -> Iterator[tuple[Any, list[tuple[Any, str]]]]:
-        batcher = StreamBatcher(self.loader._stream_recipe)
-        finish = self.loader._finish
-        while True:
-            try:
-                batch = batcher.next_batch()
-            except StopIteration:
-                return
-            skipped, batcher.skipped = batcher.skipped, []
-            yield (finish(batch) if finish is not None else batch), skipped
-
-    def __iter__(self) -> _StreamIterator:
-        return self
-
-    def __next__(self) -> Any:
-        loader = self.loader
-        if loader._active() is not self:
-            raise RuntimeError(
-                "this epoch's iterator was superseded by a newer iter(loader), set_epoch() or "
-                "load_state_dict()"
-            )
-        if self.finished:
-            raise StopIteration
-        start = time.perf_counter()
-        try:
-            batch, skipped = next(self._batches)
-        except StopIteration:
-            self.finished = True
-            raise
-        except BaseException:
-            self.finished = True
-            raise
-        finally:
-            if loader._stream is None:
-                loader._inline_wait_s += time.perf_counter() - start
-        self.position += 1
-        size = loader.batch_size or 1
-        loader._record(_batch_len(batch, size), skipped)
-        return batch
-
-
-def _batch_len(batch: Any, default: int) -> int:
-    """Samples in a collated batch (the first tensor's length), else ``default``."""
-    probe = batch
-    while isinstance(probe, list | tuple) and probe:
-        probe = probe[0]
-    if isinstance(probe, dict) and probe:
-        probe = next(iter(probe.values()))
-    if isinstance(probe, torch.Tensor) and probe.dim() > 0:
-        return int(probe.shape[0])
-    return default

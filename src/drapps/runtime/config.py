@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import operator
 import os
 import re
 from collections.abc import Callable
@@ -257,3 +258,29 @@ class LoaderConfig:
         if self.memory_budget == "auto":
             return auto_memory_budget()
         return parse_bytes(self.memory_budget)
+
+
+def resolve_workers(num_workers: Any, workers: Any) -> Any:
+    """One worker setting from DataLoader's ``num_workers`` and drapps' ``workers``."""
+    if num_workers is not None and workers is not None and num_workers != workers:
+        raise ValueError(
+            f"num_workers and workers name the same setting; got num_workers={num_workers!r} "
+            f"and workers={workers!r}"
+        )
+    chosen = workers if workers is not None else num_workers
+    return "auto" if chosen is None else chosen
+
+
+def checked_index(name: str, value: Any) -> int:
+    """An int >= 0 from an int or NumPy integer; booleans and out-of-range values refused."""
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name} must be an int >= 0, got {value!r}") from None
+    if number < 0:
+        raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+    if number >= 2**63:
+        raise ValueError(f"{name} must be below 2**63, got {value!r}")
+    return number

@@ -121,3 +121,26 @@ def _live(claims: dict[str, int]) -> dict[str, int]:
         if alive[pid]:
             kept[key] = workers
     return kept
+
+
+class HostShare:
+    """A loader's share of the host's cores, active only under ``torch.distributed`` (where
+    every rank of a host runs a loader of its own); elsewhere every request is granted."""
+
+    def __init__(self) -> None:
+        self._budget: CoreBudget | None = None
+
+    def grant(self, wanted: int, floor: int) -> int:
+        """As :meth:`CoreBudget.grant`, once torch.distributed runs several ranks."""
+        if self._budget is None:
+            from drapps.runtime.config import usable_cores
+            from drapps.runtime.sampling import world
+
+            if world() is None:
+                return wanted
+            self._budget = CoreBudget(usable_cores())
+        return self._budget.grant(wanted, floor)
+
+    def release(self) -> None:
+        if self._budget is not None:
+            self._budget.release()

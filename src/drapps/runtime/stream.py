@@ -42,31 +42,25 @@ from drapps.runtime.transport import (
     slab_prefix,
     unpack,
 )
+from drapps.runtime.worker import BatchRecipe, collate
 
 logger = logging.getLogger(__name__)
 
 _PARENT_CHECK_S = 1.0
 
 
-@dataclass(frozen=True)
-class StreamRecipe:
-    """What a stream worker needs: the dataset and how to batch what it yields."""
-
-    dataset: Any
-    transform: Callable[[Any], Any] | None
-    collate_fn: Callable[[Any], Any]
-    batch_size: int | None
-    """Items per batch; None: each item is passed to ``collate_fn`` alone."""
-    drop_last: bool
-    on_error: str
-    worker_init_fn: Callable[[int], None] | None = None
-
-
 class StreamBatcher:
-    """Turns one iterator over the dataset into batches (in a worker or the calling process)."""
+    """Turns one iterator over the dataset into batches (in a worker or the calling process).
 
-    def __init__(self, recipe: StreamRecipe) -> None:
+    Args:
+        recipe: the dataset, transform, collate_fn and on_error.
+        batch_size: items per batch; None passes each item to ``collate_fn`` alone.
+        drop_last: drop a last batch shorter than ``batch_size``.
+    """
+
+    def __init__(self, recipe: BatchRecipe, batch_size: int | None, drop_last: bool) -> None:
         self.recipe = recipe
+        self.batch_size, self.drop_last = batch_size, drop_last
         self.items: Iterator[Any] = iter(recipe.dataset)
         self.position = 0  # items taken from the stream so far
         self.skipped: list[tuple[int, str]] = []
@@ -74,7 +68,7 @@ class StreamBatcher:
     def next_batch(self) -> Any:
         """The next batch; raises StopIteration at the end of the stream."""
         r = self.recipe
-        size = 1 if r.batch_size is None else r.batch_size
+        size = 1 if self.batch_size is None else self.batch_size
         samples: list[Any] = []
         while len(samples) < size:
             try:
@@ -109,10 +103,10 @@ class StreamBatcher:
                         detail="".join(traceback.format_exception(exc)),
                     ) from exc
             samples.append(item)
-        if not samples or (r.drop_last and len(samples) < size):
+        if not samples or (self.drop_last and len(samples) < size):
             raise StopIteration
         try:
-            return r.collate_fn(samples if r.batch_size is not None else samples[0])
+            return collate(r, samples)
         except Exception as exc:
             raise sample_error(
                 f"collate_fn failed on a batch of the stream: {type(exc).__name__}: {exc}",
@@ -123,7 +117,9 @@ class StreamBatcher:
 
 
 def run_stream_worker(
-    recipe: StreamRecipe,
+    recipe: BatchRecipe,
+    batch_size: int | None,
+    drop_last: bool,
     session: str,
     slot: int,
     tasks: Connection,
@@ -160,7 +156,7 @@ def run_stream_worker(
                     if not initialised and recipe.worker_init_fn is not None:
                         recipe.worker_init_fn(slot)
                     initialised = True
-                    batcher = StreamBatcher(recipe)
+                    batcher = StreamBatcher(recipe, batch_size, drop_last)
                 except Exception as exc:
                     failed = sample_error(
                         f"starting the stream in worker {slot} failed: {type(exc).__name__}: {exc}",
@@ -220,7 +216,9 @@ class StreamPool:
 
     def __init__(
         self,
-        recipe: StreamRecipe,
+        recipe: BatchRecipe,
+        batch_size: int | None,
+        drop_last: bool,
         *,
         session: str,
         context: BaseContext | None,
@@ -229,6 +227,7 @@ class StreamPool:
         finish: Callable[[Any], Any] | None = None,
     ) -> None:
         self.recipe = recipe
+        self._batching = (batch_size, drop_last)
         self.session = session
         self._context = context or multiprocessing.get_context()
         self._per_worker = prefetch_per_worker
@@ -319,7 +318,15 @@ class StreamPool:
         result_recv, result_send = self._context.Pipe(duplex=False)
         process = self._context.Process(  # type: ignore[attr-defined]
             target=run_stream_worker,
-            args=(self.recipe, self.session, slot, task_recv, result_send, os.getpid()),
+            args=(
+                self.recipe,
+                *self._batching,
+                self.session,
+                slot,
+                task_recv,
+                result_send,
+                os.getpid(),
+            ),
             name=f"drapps-stream-worker-{slot}",
             daemon=True,
         )

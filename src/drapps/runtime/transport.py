@@ -20,6 +20,8 @@ import mmap
 import os
 import pickle
 import tempfile
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -181,3 +183,28 @@ def discard(packed: Packed) -> None:
     if packed.path is not None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(packed.path)
+
+
+def pinner(pin_memory: bool, device: str = "") -> Callable[[Any], Any] | None:
+    """The function that pins each received batch, or None (with torch's own warning when
+    ``pin_memory`` is asked for and no accelerator can use it)."""
+    if not pin_memory:
+        return None
+    accelerator = getattr(torch, "accelerator", None)
+    available = accelerator.is_available() if accelerator is not None else torch.cuda.is_available()
+    if not available:
+        warnings.warn(
+            "'pin_memory' argument is set as true but no accelerator is found, then device "
+            "pinned memory won't be used.",
+            stacklevel=3,
+        )
+        return None
+    if device:
+        warnings.warn(
+            "pin_memory_device is deprecated, the current accelerator will be used as the "
+            f"device, ignore pin_memory_device='{device}'.",
+            stacklevel=3,
+        )
+    from torch.utils.data._utils.pin_memory import pin_memory as pin
+
+    return pin

@@ -12,6 +12,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 import torch
+from torch.utils.data import default_collate
 
 from drapps.runtime.errors import SampleError, describe_failure, sample_error, sample_path
 from drapps.runtime.sampling import key_of
@@ -21,6 +22,7 @@ from drapps.runtime.seeding import (
     seed_sample,
     seed_worker,
     set_worker_info,
+    worker_info_hidden,
 )
 from drapps.runtime.transport import SharedMemoryFullError, pack, remove_slabs, slab_prefix
 
@@ -52,6 +54,19 @@ class Made:
     """(index, failure) of each sample skipped under ``on_error="skip"``."""
     seconds: tuple[float, float, float] = (0.0, 0.0, 0.0)
     """Time spent in __getitem__, the transform and collate_fn."""
+
+
+def collate(recipe: BatchRecipe, samples: list[Any]) -> Any:
+    """``collate_fn`` over the samples (or over the one sample when auto-batching is off).
+
+    torch's ``default_collate`` runs with ``get_worker_info()`` hidden, so that it does not
+    allocate its output in shared memory (see :func:`worker_info_hidden`).
+    """
+    batch = samples if recipe.auto_collation else samples[0]
+    if recipe.collate_fn is default_collate:
+        with worker_info_hidden():
+            return default_collate(batch)
+    return recipe.collate_fn(batch)
 
 
 def make_batch(recipe: BatchRecipe, seed: int, epoch: int, indices: list[Any]) -> Made:
@@ -98,7 +113,7 @@ def make_batch(recipe: BatchRecipe, seed: int, epoch: int, indices: list[Any]) -
         return Made(None, skipped, (fetch_s, transform_s, 0.0))
     t2 = time.perf_counter()
     try:
-        batch = recipe.collate_fn(samples if recipe.auto_collation else samples[0])
+        batch = collate(recipe, samples)
     except Exception as exc:
         raise sample_error(
             f"collate_fn failed on the batch of indices {indices}: {type(exc).__name__}: {exc}",

@@ -1,0 +1,178 @@
+"""One epoch of a Loader: the iterator ``iter(loader)`` returns.
+
+A map-style epoch delivers the batches of a plan in order (from the reorder buffer, or made in
+the calling process with ``workers=0``); an iterable dataset's epoch reads the stream pool
+round-robin (or iterates the dataset in the calling process). Both are superseded by the
+loader's next ``iter()``, ``set_epoch()`` or ``load_state_dict()``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from drapps.runtime.errors import SampleError
+from drapps.runtime.plan import EpochPlan
+from drapps.runtime.seeding import preserved_global_rngs
+from drapps.runtime.stream import StreamBatcher
+from drapps.runtime.worker import make_batch
+
+if TYPE_CHECKING:
+    from drapps.loader import Loader
+
+Skipped = list[tuple[Any, str]]
+
+
+class Epoch:
+    """What both kinds of epoch share: position, the supersession check, the counters."""
+
+    plan: EpochPlan | None = None
+
+    def __init__(self, loader: Loader, epoch: int, position: int) -> None:
+        self.loader = loader
+        self.epoch = epoch
+        self.position = position
+        self.finished = False
+
+    def __iter__(self) -> Epoch:
+        return self
+
+    def __next__(self) -> Any:
+        raise NotImplementedError
+
+    def check_current(self) -> None:
+        if self.loader._active() is not self:
+            raise RuntimeError(
+                "this epoch's iterator was superseded by a newer iter(loader), set_epoch() or "
+                "load_state_dict()"
+            )
+
+
+class MapEpoch(Epoch):
+    """Yields one epoch's batches of a map-style dataset, in order."""
+
+    def __init__(self, loader: Loader, plan: EpochPlan, start: int, fresh: bool) -> None:
+        super().__init__(loader, plan.epoch, start)
+        self.plan = plan
+        self.finished = start >= len(plan)
+        if loader._dispatcher is not None and not self.finished:
+            loader._dispatcher.start_epoch(plan, start, fresh_workers=fresh)
+
+    def __len__(self) -> int:
+        assert self.plan is not None
+        return len(self.plan) - self.position
+
+    def __next__(self) -> Any:
+        self.check_current()
+        loader = self.loader
+        while not self.finished:
+            batch, samples, skipped = self._make_next()
+            loader._record(samples, skipped)
+            # With batch_size=None a sample may itself be None; a skipped one is not delivered.
+            if batch is not None or (samples and not loader._auto_collation):
+                return batch
+        raise StopIteration
+
+    def _make_next(self) -> tuple[Any, int, Skipped]:
+        loader, plan = self.loader, self.plan
+        assert plan is not None
+        dispatcher = loader._dispatcher
+        if self.position >= len(plan):
+            self.finished = True
+            return None, 0, []
+        batch_id = self.position
+        if dispatcher is None:
+            indices = plan.batch(batch_id)
+            start = time.perf_counter()
+            try:
+                with preserved_global_rngs():
+                    made = make_batch(loader._recipe, plan.seed, self.epoch, indices)
+            finally:
+                self._advance()
+                loader._inline_wait_s += time.perf_counter() - start
+            batch = made.batch
+            if batch is not None and loader._finish is not None:
+                batch = loader._finish(batch)
+            return batch, len(indices) - len(made.skipped), made.skipped
+        entry = dispatcher.buffer.get(alive=dispatcher.alive)
+        if entry is None:
+            self.finished = True
+            return None, 0, []
+        self._advance()
+        if entry.error is not None:
+            error = entry.error
+            if isinstance(error, SampleError) and error.detail and hasattr(error, "add_note"):
+                error.add_note(f"worker traceback:\n{error.detail}")
+            raise error
+        indices = plan.batch(batch_id)
+        return entry.batch, len(indices) - len(entry.skipped), entry.skipped
+
+    def _advance(self) -> None:
+        assert self.plan is not None
+        self.position += 1
+        if self.position >= len(self.plan):
+            self.finished = True
+
+
+class StreamEpoch(Epoch):
+    """One epoch over an iterable dataset: in the calling process, or round-robin over the
+    stream workers. A resumed epoch replays its first ``start`` batches and drops them."""
+
+    def __init__(self, loader: Loader, epoch: int, seed: int, start: int, fresh: bool) -> None:
+        super().__init__(loader, epoch, 0)
+        stream = loader._stream
+        self._batches: Iterator[tuple[Any, Skipped]]
+        if stream is None:
+            self._batches = self._inline()
+        else:
+            generation = stream.start_epoch(loader._stream_workers, seed, fresh=fresh)
+            self._batches = stream.batches(generation)
+        for _ in range(start):
+            if next(self._batches, None) is None:
+                self.finished = True
+                break
+            self.position += 1
+
+    def _inline(self) -> Iterator[tuple[Any, Skipped]]:
+        loader = self.loader
+        batcher = StreamBatcher(loader._recipe, loader.batch_size, loader.drop_last)
+        while True:
+            try:
+                batch = batcher.next_batch()
+            except StopIteration:
+                return
+            skipped, batcher.skipped = batcher.skipped, []
+            yield (loader._finish(batch) if loader._finish is not None else batch), skipped
+
+    def __next__(self) -> Any:
+        self.check_current()
+        loader = self.loader
+        if self.finished:
+            raise StopIteration
+        start = time.perf_counter()
+        try:
+            batch, skipped = next(self._batches)
+        except BaseException:  # the end of the stream, or its failure: this epoch is over
+            self.finished = True
+            raise
+        finally:
+            if loader._stream is None:
+                loader._inline_wait_s += time.perf_counter() - start
+        self.position += 1
+        loader._record(_batch_len(batch, loader.batch_size or 1), skipped)
+        return batch
+
+
+def _batch_len(batch: Any, default: int) -> int:
+    """Samples in a collated batch (the first tensor's length), else ``default``."""
+    probe = batch
+    while isinstance(probe, list | tuple) and probe:
+        probe = probe[0]
+    if isinstance(probe, dict) and probe:
+        probe = next(iter(probe.values()))
+    if isinstance(probe, torch.Tensor) and probe.dim() > 0:
+        return int(probe.shape[0])
+    return default
