@@ -134,9 +134,17 @@ def _assert_equal(x: Any, y: Any, where: str) -> None:
         for key in x:
             _assert_equal(x[key], y[key], f"{where}[{key!r}]")
     elif isinstance(x, torch.Tensor):
+        assert isinstance(y, torch.Tensor), f"{where}: {type(y).__name__} is not a tensor"
         assert x.dtype == y.dtype and torch.equal(x, y), f"{where}: {x} != {y}"
+    elif isinstance(x, np.ndarray):
+        assert isinstance(y, np.ndarray) and x.dtype == y.dtype, where
+        assert np.array_equal(x, y), f"{where}: {x} != {y}"
+    elif isinstance(x, list | tuple):
+        assert type(x) is type(y) and len(x) == len(y), f"{where}: {x!r} != {y!r}"
+        for i, (a, b) in enumerate(zip(x, y, strict=True)):
+            _assert_equal(a, b, f"{where}[{i}]")
     else:
-        assert x == y, f"{where}: {x} != {y}"
+        assert type(x) is type(y) and x == y, f"{where}: {x!r} != {y!r}"
 
 
 # ---------------------------------------------------------------------------- leak probes

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import signal
 import time
 from pathlib import Path
@@ -155,10 +156,10 @@ def test_sample_error_survives_pickling() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"batch_size": 0}, "batch_size must be an int >= 1, got 0"),
-        ({"batch_size": 2.5}, "batch_size must be an int >= 1, got 2.5"),
-        ({"shuffle": "yes"}, "shuffle must be a bool"),
-        ({"seed": -1}, "seed must be an int >= 0"),
+        ({"batch_size": 0}, "batch_size must be an int >= 1 or None, got 0"),
+        ({"batch_size": 2.5}, "batch_size must be an int >= 1 or None, got 2.5"),
+        ({"shuffle": "yes"}, "shuffle must be a bool or None"),
+        ({"seed": -1}, "seed must be an int in [0, 2**64) or None"),
         ({"workers": -1}, "workers must be 'auto' or an int >= 0, got -1"),
         ({"workers": "many"}, "workers must be 'auto' or an int >= 0"),
         ({"workers": 5, "max_workers": 4}, "workers=5 exceeds max_workers=4"),
@@ -167,19 +168,19 @@ def test_sample_error_survives_pickling() -> None:
         ({"memory_budget": "lots"}, "memory_budget must be 'auto', a byte count or a size"),
         ({"memory_budget": 0}, "memory_budget must be > 0 bytes"),
         ({"on_error": "ignore"}, "on_error must be 'raise' or 'skip', got 'ignore'"),
-        ({"timeout": 0}, "timeout must be a number of seconds > 0 or None, got 0"),
+        ({"timeout": -1}, "timeout must be a number of seconds >= 0 (0: no limit) or None"),
         ({"collate_fn": 3}, "collate_fn must be callable"),
         ({"transform": "flip"}, "transform must be callable"),
         ({"multiprocessing_context": "thread"}, "multiprocessing_context must be one of"),
     ],
 )
 def test_invalid_arguments_are_named(kwargs: dict[str, object], message: str) -> None:
-    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(ValueError, match=re.escape(message)):
         drapps.Loader(SlowDataset(4), **kwargs)  # type: ignore[arg-type]
 
 
 def test_invalid_dataset_resize_and_epoch_are_named() -> None:
-    with pytest.raises(ValueError, match="map-style dataset with __len__ and __getitem__, got int"):
+    with pytest.raises(ValueError, match=r"map-style dataset \(__getitem__.*got int"):
         drapps.Loader(3)
     with drapps.Loader(SlowDataset(4), workers=0) as inline:
         with pytest.raises(ValueError, match="made with workers=0"):

@@ -17,7 +17,9 @@ from drapps.bench.runner import Progress
 from drapps.bench.systems import SYSTEMS
 from drapps.runtime.config import usable_cores
 
-AVAILABLE = [name for name, system in SYSTEMS.items() if system.unavailable() is None]
+AVAILABLE = [
+    name for name, system in SYSTEMS.items() if system.unavailable() is None and not system.opt_in
+]
 
 
 def check_runs(results: dict[str, Any], cases: set[tuple[str, str, str]], repeats: int) -> None:
@@ -31,6 +33,24 @@ def check_runs(results: dict[str, Any], cases: set[tuple[str, str, str]], repeat
         assert run["peak_rss_mib"] > 0 and run["first_batch_s"] > 0
         assert run["end_to_end_s"] >= run["first_batch_s"]
     json.dumps(results)  # the record must be JSON as it stands
+
+
+@pytest.mark.timeout(300)
+def test_opt_in_systems_run_only_when_named(tmp_path: Path) -> None:
+    opt_in = [name for name, system in SYSTEMS.items() if system.opt_in]
+    assert set(opt_in) == {"drapps-static-sampler", "drapps-static-pinned"}
+    config = BenchConfig(
+        workloads=("synthetic",),
+        scenarios=("steady",),
+        systems=tuple(opt_in),
+        static_workers=(1,),
+        size="smoke",
+        repeats=1,
+        data_dir=tmp_path,
+    )
+    results = run_benchmark(config, progress=False)
+    cases = {("synthetic", "steady", f"{name}-1") for name in opt_in}
+    check_runs(results, cases, repeats=1)
 
 
 @pytest.mark.timeout(900)

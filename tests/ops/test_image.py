@@ -80,7 +80,7 @@ def test_pipeline_in_a_loader_is_deterministic_across_worker_counts(image: np.nd
     outs = []
     for workers in (0, 2):
         with drapps.Loader(
-            Images(image), batch_size=4, transform=transform, workers=workers
+            Images(image), batch_size=4, transform=transform, seed=0, workers=workers
         ) as loader:
             outs.append(torch.cat(list(loader)))
     assert torch.equal(outs[0], outs[1])

@@ -1,0 +1,465 @@
+"""The same cases through torch's DataLoader and drapps.Loader: the batches must be the same."""
+
+from __future__ import annotations
+
+import collections
+import multiprocessing
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from helpers import assert_batches_equal
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    DistributedSampler,
+    IterableDataset,
+    RandomSampler,
+    SequentialSampler,
+    SubsetRandomSampler,
+    WeightedRandomSampler,
+    get_worker_info,
+)
+
+import drapps
+
+Pair = collections.namedtuple("Pair", ["image", "label"])
+
+
+class Mixed:
+    """Samples of every kind default_collate handles."""
+
+    def __init__(self, n: int = 11) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        return {
+            "tuple": (torch.full((2,), i), float(i) / 2),
+            "pair": Pair(np.full((2, 2), i, dtype=np.uint8), i),
+            "nested": [[i, i + 1], ["s", f"name-{i}"]],
+            "array": np.arange(3, dtype=np.float32) + i,
+            "text": f"sample {i}",
+            "number": i,
+            "flag": i % 2 == 0,
+        }
+
+
+class Indexed:
+    """Returns its index (a tensor), so the order is visible."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: Any) -> torch.Tensor:
+        return torch.tensor(int(i))
+
+
+class Keyed:
+    """A map-style dataset keyed by strings: only a sampler knows its keys."""
+
+    def __init__(self, keys: list[str]) -> None:
+        self.values = {k: torch.tensor(len(k)) for k in keys}
+
+    def __getitem__(self, key: str) -> Any:
+        return {"key": key, "value": self.values[key]}
+
+
+class KeySampler:
+    def __init__(self, keys: list[str]) -> None:
+        self.keys = keys
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.keys)
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+class Shards(IterableDataset):  # type: ignore[type-arg]
+    """Worker k of n yields the items k, k+n, ... of its range, with worker-seeded noise."""
+
+    def __init__(self, n: int, noise: bool = False, uneven: bool = False) -> None:
+        self.n, self.noise, self.uneven = n, noise, uneven
+
+    def __iter__(self) -> Iterator[Any]:
+        info = get_worker_info()
+        start, step = (0, 1) if info is None else (info.id, info.num_workers)
+        stop = self.n - (5 * start if self.uneven else 0)
+        for i in range(start, stop, step):
+            yield {"i": i, "noise": torch.rand(1)} if self.noise else torch.tensor(i)
+
+    def __len__(self) -> int:
+        return self.n
+
+
+class StreamOnly:
+    """__iter__ and __len__ but no __getitem__: an iterable dataset, never map-style."""
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(7))
+
+    def __len__(self) -> int:
+        return 7
+
+
+class WorkerProbe:
+    """Reports what get_worker_info() says inside the worker."""
+
+    def __len__(self) -> int:
+        return 24
+
+    def __getitem__(self, i: int) -> Any:
+        info = get_worker_info()
+        if info is None:
+            return {"i": i, "id": -1, "workers": 0, "same": True}
+        return {"i": i, "id": info.id, "workers": info.num_workers, "same": info.dataset is self}
+
+
+class KeyErrorAt:
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if i == 5:
+            raise KeyError(f"no sample {i}")
+        return torch.tensor(i)
+
+
+def both(
+    dataset: Any, drapps_kwargs: dict[str, Any] | None = None, *, seed: int = 0, **kwargs: Any
+) -> tuple[list[Any], list[Any]]:
+    """One epoch through DataLoader and one through drapps.Loader, from the same torch seed."""
+    torch.manual_seed(seed)
+    expected = list(DataLoader(dataset, **kwargs))
+    after_torch = torch.rand(1)
+    torch.manual_seed(seed)
+    with drapps.Loader(dataset, **kwargs, **(drapps_kwargs or {})) as loader:
+        got = list(loader)
+    assert torch.equal(torch.rand(1), after_torch), "drapps drew from torch's RNG differently"
+    return expected, got
+
+
+WORKERS = [0, 2]
+
+
+@pytest.mark.parametrize("workers", WORKERS)
+def test_default_collate_of_every_kind_of_sample(workers: int) -> None:
+    expected, got = both(Mixed(), batch_size=4, num_workers=workers)
+    assert_batches_equal(got, expected)
+    assert isinstance(got[0]["pair"], Pair)
+
+
+@pytest.mark.parametrize("workers", WORKERS)
+@pytest.mark.parametrize("persistent", [False, True])
+def test_shuffle_follows_torch_manual_seed_like_dataloader(workers: int, persistent: bool) -> None:
+    if persistent and workers == 0:
+        pytest.skip("persistent_workers needs workers, in both loaders")
+    kwargs = {"batch_size": 5, "shuffle": True, "num_workers": workers}
+    kwargs["persistent_workers"] = persistent
+    data = Indexed(37)
+    torch.manual_seed(3)
+    reference = DataLoader(data, **kwargs)  # type: ignore[arg-type]
+    expected = [list(reference), list(reference)]  # two epochs: the RNG moves on between them
+    torch.manual_seed(3)
+    with drapps.Loader(data, **kwargs) as loader:  # type: ignore[arg-type]
+        got = [list(loader), list(loader)]
+    for e in range(2):
+        assert_batches_equal(got[e], expected[e])
+    assert not torch.equal(torch.cat(got[0]), torch.cat(got[1]))
+    torch.manual_seed(4)
+    with drapps.Loader(data, **kwargs) as other:  # type: ignore[arg-type]
+        assert not torch.equal(torch.cat(list(other)), torch.cat(got[0]))
+
+
+def test_generator_drives_the_order_as_in_dataloader() -> None:
+    data = Indexed(30)
+    expected = list(
+        DataLoader(data, batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(9))
+    )
+    with drapps.Loader(
+        data, batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(9), workers=2
+    ) as loader:
+        assert_batches_equal(list(loader), expected)
+
+
+@pytest.mark.parametrize(
+    "make_sampler",
+    [
+        lambda: SequentialSampler(range(20)),
+        lambda: RandomSampler(range(20), replacement=True, num_samples=13),
+        lambda: SubsetRandomSampler([3, 1, 4, 15, 9, 2, 6]),
+        lambda: WeightedRandomSampler([0.1] * 10 + [1.0] * 10, num_samples=25),
+    ],
+    ids=["sequential", "random-replacement", "subset", "weighted"],
+)
+@pytest.mark.parametrize("workers", WORKERS)
+def test_samplers(make_sampler: Callable[[], Any], workers: int) -> None:
+    torch.manual_seed(1)
+    expected = list(DataLoader(Indexed(20), batch_size=3, sampler=make_sampler()))
+    torch.manual_seed(1)
+    with drapps.Loader(Indexed(20), batch_size=3, sampler=make_sampler(), workers=workers) as ld:
+        assert len(ld) == len(expected)
+        assert_batches_equal(list(ld), expected)
+
+
+@pytest.mark.parametrize("workers", WORKERS)
+def test_a_user_sampler_of_string_keys(workers: int) -> None:
+    keys = ["a", "bb", "ccc", "dddd", "ee"]
+    data, sampler = Keyed(keys), KeySampler(keys)
+    expected = list(DataLoader(data, batch_size=2, sampler=sampler))
+    with drapps.Loader(data, batch_size=2, sampler=sampler, workers=workers) as loader:
+        assert_batches_equal(list(loader), expected)
+
+
+@pytest.mark.parametrize("workers", WORKERS)
+def test_batch_sampler_with_uneven_batches(workers: int) -> None:
+    batches = [[0, 1, 2], [9], [4, 3], [7, 8, 5, 6]]
+    expected, got = both(Indexed(10), batch_sampler=batches, num_workers=workers)
+    assert_batches_equal(got, expected)
+    expected, got = both(
+        Indexed(10),
+        batch_sampler=BatchSampler(RandomSampler(range(10)), 3, True),
+        num_workers=workers,
+    )
+    assert_batches_equal(got, expected)
+
+
+@pytest.mark.parametrize("workers", WORKERS)
+def test_batch_size_none_turns_auto_batching_off(workers: int) -> None:
+    expected, got = both(Mixed(5), batch_size=None, num_workers=workers)
+    assert_batches_equal(got, expected)
+    assert isinstance(got[0]["array"], torch.Tensor)  # default_convert, as DataLoader
+
+
+@pytest.mark.parametrize("workers", WORKERS)
+def test_drop_last_and_len(workers: int) -> None:
+    for drop_last in (False, True):
+        expected, got = both(Indexed(10), batch_size=4, drop_last=drop_last, num_workers=workers)
+        assert_batches_equal(got, expected)
+        with drapps.Loader(Indexed(10), batch_size=4, drop_last=drop_last) as loader:
+            assert len(loader) == len(DataLoader(Indexed(10), batch_size=4, drop_last=drop_last))
+
+
+def test_the_rest_of_dataloaders_arguments_are_accepted() -> None:
+    context = multiprocessing.get_context("spawn")
+    kwargs: dict[str, Any] = {
+        "batch_size": 4,
+        "shuffle": True,
+        "num_workers": 2,
+        "timeout": 0,
+        "prefetch_factor": 3,
+        "persistent_workers": True,
+        "in_order": True,
+        "multiprocessing_context": context,
+    }
+    expected, got = both(Indexed(17), **kwargs)
+    assert_batches_equal(got, expected)
+    # The positional order is DataLoader's.
+    with drapps.Loader(Indexed(8), 4, False, None, None, 0, None, False, True, 0) as loader:
+        assert [b.tolist() for b in loader] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+def test_attributes_frameworks_read_match_dataloaders() -> None:
+    data = Indexed(10)
+    gen = torch.Generator()
+    reference = DataLoader(data, batch_size=3, shuffle=True, num_workers=2, generator=gen)
+    with drapps.Loader(data, batch_size=3, shuffle=True, num_workers=2, generator=gen) as loader:
+        # timeout differs on purpose: drapps' default (60 s) replaces a hung worker.
+        for name in ("dataset", "batch_size", "drop_last", "num_workers", "pin_memory",
+                     "worker_init_fn", "generator", "prefetch_factor",
+                     "persistent_workers", "in_order", "collate_fn"):  # fmt: skip
+            assert getattr(loader, name) == getattr(reference, name), name
+        assert type(loader.sampler) is type(reference.sampler)
+        assert type(loader.batch_sampler) is type(reference.batch_sampler)
+        assert loader.batch_sampler.batch_size == 3
+    with drapps.Loader(data, batch_sampler=[[0, 1]], workers=0) as loader:
+        assert loader.batch_size is None and loader.drop_last is False
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            {"sampler": SequentialSampler(range(4)), "shuffle": True},
+            "mutually exclusive with shuffle",
+        ),
+        ({"batch_sampler": [[0]], "batch_size": 2}, "batch_sampler option is mutually exclusive"),
+        ({"batch_sampler": [[0]], "drop_last": True}, "batch_sampler option is mutually exclusive"),
+        ({"batch_size": None, "drop_last": True}, "mutually exclusive with drop_last"),
+        (
+            {"num_workers": 0, "persistent_workers": True},
+            "persistent_workers=True needs num_workers > 0",
+        ),
+        ({"num_workers": 0, "prefetch_factor": 2}, "prefetch_factor needs worker processes"),
+        ({"num_workers": 2, "workers": 3}, "num_workers and workers name the same setting"),
+        ({"timeout": -1}, "timeout must be a number of seconds >= 0"),
+        ({"generator": 3}, "generator must be a torch.Generator"),
+        ({"num_workers": -1}, "workers must be 'auto' or an int >= 0"),
+    ],
+)
+def test_invalid_combinations_are_refused_as_in_dataloader(
+    kwargs: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        drapps.Loader(Indexed(4), **kwargs)
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_worker_info_and_worker_init_fn(workers: int, tmp_path: Any) -> None:
+    with drapps.Loader(
+        WorkerProbe(), batch_size=2, workers=workers, worker_init_fn=_mark_worker(tmp_path)
+    ) as loader:
+        batches = list(loader)
+    ids = {int(i) for b in batches for i in b["id"]}
+    assert ids <= set(range(workers)) and len(ids) >= 1
+    assert {int(n) for b in batches for n in b["workers"]} == {workers}
+    assert all(bool(s) for b in batches for s in b["same"])  # its own copy of the dataset
+    started = sorted(int(p.name.split("-")[1]) for p in tmp_path.glob("init-*"))
+    assert started == list(range(workers))
+    with drapps.Loader(WorkerProbe(), batch_size=2, workers=0) as inline:
+        assert {int(i) for b in inline for i in b["id"]} == {-1}  # no worker: None
+
+
+class _mark_worker:
+    def __init__(self, directory: Any) -> None:
+        self.directory = str(directory)
+
+    def __call__(self, worker_id: int) -> None:
+        assert get_worker_info() is not None and get_worker_info().id == worker_id
+        open(f"{self.directory}/init-{worker_id}", "w").close()
+
+
+@pytest.mark.parametrize("workers", WORKERS)
+def test_a_workers_exception_keeps_its_type(workers: int) -> None:
+    with pytest.raises(KeyError):
+        list(DataLoader(KeyErrorAt(), batch_size=2, num_workers=workers))
+    with drapps.Loader(KeyErrorAt(), batch_size=2, workers=workers) as loader:
+        with pytest.raises(KeyError, match="sample 5") as caught:
+            list(loader)
+    assert isinstance(caught.value, drapps.SampleError)
+    assert caught.value.index == 5 and caught.value.original_type is KeyError
+
+
+def test_pin_memory_without_an_accelerator_warns_like_dataloader() -> None:
+    if torch.accelerator.is_available():
+        pytest.skip("an accelerator is present: tests/gpu covers pinning")
+    with pytest.warns(UserWarning, match="no accelerator is found"):
+        list(DataLoader(Indexed(4), batch_size=2, pin_memory=True))
+    with pytest.warns(UserWarning, match="no accelerator is found"):
+        with drapps.Loader(Indexed(4), batch_size=2, pin_memory=True, workers=1) as loader:
+            assert [b.tolist() for b in loader] == [[0, 1], [2, 3]]
+
+
+def test_in_order_false_is_accepted_and_still_ordered() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with drapps.Loader(Indexed(9), batch_size=2, workers=2, in_order=False) as loader:
+            assert [int(i) for b in loader for i in b] == list(range(9))
+
+
+def test_set_epoch_reaches_a_distributed_sampler() -> None:
+    sampler = DistributedSampler(Indexed(12), num_replicas=2, rank=1, shuffle=True, seed=5)
+    with drapps.Loader(Indexed(12), batch_size=2, sampler=sampler, workers=2) as loader:
+        loader.set_epoch(3)
+        got = [int(i) for b in loader for i in b]
+    sampler.set_epoch(3)
+    assert got == list(sampler)
+
+
+@pytest.mark.parametrize("workers", [0, 2, 3])
+@pytest.mark.parametrize("uneven", [False, True])
+def test_iterable_datasets_stream_as_in_dataloader(workers: int, uneven: bool) -> None:
+    expected, got = both(Shards(23, uneven=uneven), batch_size=4, num_workers=workers)
+    assert_batches_equal(got, expected)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_iterable_randomness_is_seeded_per_worker_as_in_dataloader(workers: int) -> None:
+    expected, got = both(Shards(12, noise=True), seed=7, batch_size=3, num_workers=workers)
+    assert_batches_equal(got, expected)
+
+
+def test_iterable_len_drop_last_batch_none_and_stream_only_classes() -> None:
+    for kwargs in ({"batch_size": 4}, {"batch_size": 4, "drop_last": True}, {"batch_size": None}):
+        expected, got = both(Shards(10), num_workers=2, **kwargs)  # type: ignore[arg-type]
+        assert_batches_equal(got, expected)
+        with drapps.Loader(Shards(10), workers=2, **kwargs) as loader:  # type: ignore[arg-type]
+            assert len(loader) == len(DataLoader(Shards(10), **kwargs))  # type: ignore[arg-type]
+            assert len(iter(loader)) == len(loader)
+    with drapps.Loader(StreamOnly(), batch_size=3, workers=2) as loader:
+        # Each of the two workers iterates its own copy; batches alternate between them.
+        assert [b.tolist() for b in loader] == [
+            [0, 1, 2],
+            [0, 1, 2],
+            [3, 4, 5],
+            [3, 4, 5],
+            [6],
+            [6],
+        ]
+        assert len(loader) == 3
+
+
+def test_iterable_datasets_refuse_samplers_and_shuffle() -> None:
+    for kwargs in ({"shuffle": True}, {"sampler": [0, 1]}, {"batch_sampler": [[0]]}):
+        with pytest.raises(ValueError, match="iterable dataset: expected unspecified"):
+            drapps.Loader(Shards(4), **kwargs)  # type: ignore[arg-type]
+
+
+def test_iterable_epochs_resume_and_persistent_workers() -> None:
+    with drapps.Loader(Shards(20), batch_size=3, workers=2, persistent_workers=True) as loader:
+        first = [b.tolist() for b in loader]
+        pids = loader.stats().worker_pids
+        second = [b.tolist() for b in loader]
+        assert loader.stats().worker_pids == pids  # the same processes ran both epochs
+        iterator = iter(loader)
+        head = [next(iterator).tolist() for _ in range(3)]
+        state = loader.state_dict()
+    assert first == second and head == first[:3]
+    with drapps.Loader(Shards(20), batch_size=3, workers=2) as resumed:
+        resumed.load_state_dict(state)
+        assert [b.tolist() for b in resumed] == first[3:]
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_non_persistent_workers_see_the_dataset_as_it_is_each_epoch(persistent: bool) -> None:
+    data = Indexed(6)
+    with drapps.Loader(
+        data, batch_size=3, workers=2, seed=0, persistent_workers=persistent
+    ) as loader:
+        list(loader)
+        data.n = 3  # a curriculum step between epochs; len() is read in the training process
+        pids = set(loader.stats().worker_pids)
+        assert [b.tolist() for b in loader] == [[0, 1, 2]]
+        assert (set(loader.stats().worker_pids) == pids) is persistent
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resume_mid_epoch_with_a_sampler_and_torch_seeding(workers: int) -> None:
+    torch.manual_seed(11)
+    with drapps.Loader(Indexed(30), batch_size=4, shuffle=True, workers=workers) as loader:
+        iterator = iter(loader)
+        head = [next(iterator) for _ in range(3)]
+        state = loader.state_dict()
+        rest = list(iterator)
+    assert len(head) + len(rest) == 8
+    with drapps.Loader(Indexed(30), batch_size=4, shuffle=True, workers=workers) as resumed:
+        resumed.load_state_dict(state)
+        assert_batches_equal(list(resumed), rest)
+    weighted = WeightedRandomSampler([1.0] * 30, num_samples=20)
+    with drapps.Loader(Indexed(30), batch_size=4, sampler=weighted, workers=workers) as loader:
+        iterator = iter(loader)
+        next(iterator)
+        state = loader.state_dict()
+        rest = list(iterator)
+    with drapps.Loader(Indexed(30), batch_size=4, sampler=weighted, workers=workers) as resumed:
+        resumed.load_state_dict(state)
+        assert_batches_equal(list(resumed), rest)
