@@ -136,6 +136,10 @@ class StreamEpoch(Epoch):
                 break
             self.position += 1
 
+    def __len__(self) -> int:
+        """Batches left, from the dataset's ``__len__`` (TypeError without one, as in torch)."""
+        return max(0, len(self.loader) - self.position)
+
     def _inline(self) -> Iterator[tuple[Any, Skipped]]:
         loader = self.loader
         batcher = StreamBatcher(loader._recipe, loader.batch_size, loader.drop_last)
