@@ -43,7 +43,7 @@ from drapps.runtime.sampling import (
 )
 from drapps.runtime.stats import LoaderStats
 from drapps.runtime.stream import StreamPool
-from drapps.runtime.transport import pinner
+from drapps.runtime.transport import pinner, remove_orphan_slabs
 from drapps.runtime.worker import BatchRecipe
 
 logger = logging.getLogger(__name__)
@@ -243,11 +243,18 @@ class Loader:
                 finish=finish,
             )
         self._budget = HostShare() if c.workers == "auto" else None
-        self._tuner = make_tuner(self)
+        self._owner = os.getpid()
+        try:
+            self._tuner = make_tuner(self)
+        except BaseException:  # e.g. an unwritable trace path: free what was set up
+            _shutdown(self._owner, None, self._dispatcher, self._stream, self._budget)
+            raise
+        if self._dispatcher is not None or self._stream is not None:
+            remove_orphan_slabs()  # left by loaders killed with their whole process group
         # Runs on close(), garbage collection or interpreter exit, whichever comes first; it
         # holds the tuner and the pools, never the loader, so the loader stays collectable.
         self._finalizer = weakref.finalize(
-            self, _shutdown, self._tuner, self._dispatcher, self._stream, self._budget
+            self, _shutdown, self._owner, self._tuner, self._dispatcher, self._stream, self._budget
         )
         self._lock = threading.Lock()
         self._closed = False
@@ -289,6 +296,11 @@ class Loader:
     def __iter__(self) -> Iterator[Any]:
         if self._closed:
             raise RuntimeError("this drapps.Loader is closed")
+        if os.getpid() != self._owner:
+            raise RuntimeError(
+                f"this drapps.Loader belongs to process {self._owner}; a forked child "
+                f"(pid {os.getpid()}) cannot iterate it: make a new Loader in the child"
+            )
         if self._tuner is not None:
             self._tuner.start()
         self._claim_cores()
@@ -581,11 +593,16 @@ class Loader:
 
 
 def _shutdown(
+    owner: int,
     tuner: AutoTuner | None,
     dispatcher: Dispatcher | None,
     stream: StreamPool | None,
     budget: HostShare | None,
 ) -> None:
+    # Only the process that made the loader acts: a forked child inherits this finalizer (and
+    # may collect its copy of the loader), and must not stop its parent's workers.
+    if os.getpid() != owner:
+        return
     if tuner is not None:
         tuner.stop()
     if dispatcher is not None:

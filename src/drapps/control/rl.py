@@ -124,12 +124,19 @@ class MlpPolicy:
                 actions than this drapps has (naming the file and the difference).
         """
         try:
+            # Never unpickles: a policy file is arrays and a JSON header only.
             with np.load(path, allow_pickle=False) as data:
                 header = json.loads(str(data["header"]))
                 count = sum(1 for name in data.files if name.startswith("w"))
                 layers = [(data[f"w{k}"], data[f"b{k}"]) for k in range(count)]
-        except (OSError, KeyError, ValueError) as exc:
-            raise ValueError(f"{path}: not a drapps policy file ({exc})") from exc
+        except (
+            Exception
+        ) as exc:  # missing, truncated, empty, not a zip, missing arrays, bad JSON ...
+            raise ValueError(
+                f"{path}: not a drapps policy file ({type(exc).__name__}: {exc})"
+            ) from exc
+        if not isinstance(header, dict):
+            raise ValueError(f"{path}: not a drapps policy file (its header is not a mapping)")
         if header.get("format") != FORMAT:
             raise ValueError(f"{path}: policy format {header.get('format')!r}, expected {FORMAT}")
         for key, ours in (("features", list(State.FEATURES)), ("actions", ACTION_NAMES)):
@@ -137,7 +144,11 @@ class MlpPolicy:
                 raise ValueError(
                     f"{path}: trained on {key} {header.get(key)!r}, this drapps has {ours!r}"
                 )
-        return cls(layers, header.get("meta"))
+        meta = header.get("meta")
+        try:
+            return cls(layers, meta if isinstance(meta, dict) else None)
+        except ValueError as exc:
+            raise ValueError(f"{path}: malformed policy: {exc}") from exc
 
     @classmethod
     def shipped(cls) -> MlpPolicy:

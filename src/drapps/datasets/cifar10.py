@@ -49,9 +49,37 @@ def _find(root: Path) -> tuple[Path, Literal["python", "binary"]]:
     )
 
 
+# What a CIFAR-10 python batch holds besides dicts, lists, bytes, strings and numbers: NumPy
+# arrays (the published files store ``data`` as one), rebuilt through these names only.
+_ALLOWED_GLOBALS = {
+    ("numpy.core.multiarray", "_reconstruct"),
+    ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy.core.numeric", "_frombuffer"),  # pickle protocol 5
+    ("numpy._core.numeric", "_frombuffer"),
+    ("numpy", "ndarray"),
+    ("numpy", "dtype"),
+    ("_codecs", "encode"),  # how Python 3 writes bytes at pickle protocol 2
+}
+
+
+class _BatchUnpickler(pickle.Unpickler):
+    """Admits only what the CIFAR-10 python format holds: a crafted file cannot run code."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _ALLOWED_GLOBALS:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(
+            f"a CIFAR-10 batch holds dicts, lists, bytes, numbers and NumPy arrays; this file "
+            f"asks for {module}.{name}, which is refused"
+        )
+
+
 def _read_python(path: Path) -> tuple[np.ndarray, np.ndarray]:
     with open(path, "rb") as file:
-        batch = pickle.load(file, encoding="bytes")
+        try:
+            batch = _BatchUnpickler(file, encoding="bytes").load()
+        except (pickle.UnpicklingError, EOFError, ValueError) as exc:
+            raise ValueError(f"{path} is not a CIFAR-10 python batch: {exc}") from exc
     try:
         data = np.asarray(batch[b"data"], dtype=np.uint8)
         labels = np.asarray(batch[b"labels"], dtype=np.int64)
@@ -82,8 +110,13 @@ class CIFAR10:
             ``ToCHWTensor``).
 
     Example:
-        >>> ds = CIFAR10("data/cifar10", train=False)  # doctest: +SKIP
-        >>> image, label = ds[0]
+        >>> import tempfile, numpy as np
+        >>> images = np.zeros((5, 3, 32, 32), np.uint8)  # five training batches of one
+        >>> root = write_cifar10(tempfile.mkdtemp(), (images, range(5)), (images[:2], [3, 4]))
+        >>> ds = CIFAR10(root, train=False)  # or the folder of the published files
+        >>> image, label = ds[1]
+        >>> image.shape, label
+        ((32, 32, 3), 4)
     """
 
     def __init__(

@@ -40,8 +40,12 @@ class WikiText:
         seq_len: tokens per window.
 
     Example:
-        >>> ds = WikiText("data/wikitext-2-raw", "valid", seq_len=1024)  # doctest: +SKIP
+        >>> import tempfile
+        >>> root = write_wikitext(tempfile.mkdtemp(), {"valid": " = Intro = \\n" * 200})
+        >>> ds = WikiText(root, "valid", seq_len=16)  # or the folder of the published files
         >>> x, y = ds[0]
+        >>> x.shape, bool((x[1:] == y[:-1]).all())
+        (torch.Size([16]), True)
     """
 
     def __init__(self, root: str | os.PathLike[str], split: str = "train", seq_len: int = 1024):

@@ -52,14 +52,16 @@ def parse_bytes(value: int | str, name: str = "memory_budget") -> int:
 
 
 def auto_memory_budget() -> int:
-    """A quarter of available RAM, and no more than half the shared-memory filesystem's space."""
-    budget = psutil.virtual_memory().available // 4
+    """A quarter of available RAM (at least 64 MiB), and never more than half the free space of
+    the shared-memory filesystem: Docker's default 64 MiB ``/dev/shm`` gives 32 MiB. The other
+    half is head room for the batches the training loop still holds."""
+    budget = max(psutil.virtual_memory().available // 4, 64 * 2**20)
     try:
         stat = os.statvfs(SHM_DIR)
         budget = min(budget, stat.f_bavail * stat.f_frsize // 2)
     except OSError:
         pass
-    return max(budget, 64 * 2**20)
+    return max(budget, 1)
 
 
 def _is_int(value: Any) -> bool:

@@ -15,6 +15,7 @@ import logging
 import os
 import pickle
 import secrets
+import signal
 import threading
 import time
 from collections import deque
@@ -39,6 +40,20 @@ _TICK_S = 0.5
 # A worker parked by a shrink is kept this long for a grow to reuse before it is retired:
 # controllers oscillate, and a fork of a large training process costs tens of milliseconds.
 _PARK_S = 5.0
+# A wait that returns this much later than its timeout means the process was not running.
+_PAUSE_S = 2.0
+
+
+def describe_exit(code: int | None) -> str:
+    """How a worker process ended, in words: its exit code, or the signal that killed it."""
+    if code is None:
+        return "did not exit"
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
 
 
 class Dispatcher:
@@ -93,6 +108,8 @@ class Dispatcher:
         self._attempts: dict[int, int] = {}
         self._in_flight: dict[int, Worker] = {}
         self._batch_bytes = 0
+        self._live_bytes = 0
+        self._bytes_lock = threading.Lock()
         # Counters read by stats().
         self.counters: dict[str, float] = {
             "worker_restarts": 0,
@@ -290,8 +307,14 @@ class Dispatcher:
         if self._batch_bytes == 0:
             # Size unknown until the first batch lands: one task per worker until then.
             return outstanding < max(1, len(self.pool.live()))
-        projected = self.buffer.bytes + (len(self._in_flight) + 1) * self._batch_bytes
+        # Live bytes: batches in the buffer and those the training loop still holds, whose
+        # pages stay in shared memory until their last tensor is gone.
+        projected = self._live_bytes + (len(self._in_flight) + 1) * self._batch_bytes
         return projected <= self._budget
+
+    def _on_release(self, nbytes: int) -> None:
+        with self._bytes_lock:
+            self._live_bytes -= nbytes
 
     def _dispatch(self) -> None:
         plan = self._plan
@@ -326,7 +349,11 @@ class Dispatcher:
             waitables[worker.process.sentinel] = ("exit", worker)
             if not worker.broken:
                 waitables[worker.results] = ("result", worker)
-        for ready in wait(list(waitables), timeout=self._wait_timeout()):
+        timeout = self._wait_timeout()
+        before = time.monotonic()
+        ready_list = wait(list(waitables), timeout=timeout)
+        self._credit_pause(time.monotonic() - before - timeout)
+        for ready in ready_list:
             kind, owner = waitables[ready]
             if kind == "wake":
                 os.read(self._wake_r, 4096)
@@ -334,6 +361,19 @@ class Dispatcher:
                 self._drain(owner)
         for ready_worker in [w for w in self.pool.workers if not w.process.is_alive()]:
             self._on_exit(ready_worker, "died")
+
+    def _credit_pause(self, overrun_s: float) -> None:
+        """A wait that overran its timeout by far means this process was not running (Ctrl-Z,
+        SIGSTOP, a paused VM): that time does not count against the workers' ``timeout``."""
+        if overrun_s < _PAUSE_S:
+            return
+        logger.info(
+            "the loader's process was paused for %.1fs; workers' clocks credited", overrun_s
+        )
+        for worker in self.pool.workers:
+            started = worker.head_started()
+            if started is not None:
+                worker.last_progress = started + overrun_s
 
     def _wait_timeout(self) -> float:
         if self._timeout is None:
@@ -359,6 +399,9 @@ class Dispatcher:
 
     def _on_reply(self, worker: Worker, reply: tuple[Any, ...]) -> None:
         kind, generation, batch_id = reply[:3]
+        if kind == "fatal":  # the worker's last words before it dies
+            worker.last_error = str(reply[3]).strip().splitlines()[-1]
+            return
         now = time.monotonic()
         for task in worker.assigned:
             if task.generation == generation and task.batch_id == batch_id:
@@ -379,7 +422,18 @@ class Dispatcher:
                 return
             batch, nbytes = None, 0
             if packed is not None:
-                batch, nbytes = unpack(packed), packed.nbytes
+                try:
+                    batch, nbytes = unpack(packed, self._on_release), packed.nbytes
+                    if packed.path is not None:
+                        with self._bytes_lock:
+                            self._live_bytes += nbytes
+                except OSError as exc:  # its slab vanished or is not ours: make it again
+                    logger.warning(
+                        "batch %d could not be read back (%s); retrying it", batch_id, exc
+                    )
+                    if current:
+                        self._retry_task(batch_id, f"could not be read back ({exc})")
+                    return
                 if self._finish is not None:
                     batch = self._finish(batch)
                 self.counters["transport_s"] += time.monotonic() - now
@@ -415,6 +469,10 @@ class Dispatcher:
         if not worker.broken:
             self._drain(worker)  # replies sent before it exited still count
         unanswered = self.pool.reap(worker)
+        if reason == "died":
+            reason = describe_exit(worker.process.exitcode)
+        if worker.last_error:
+            reason = f"{reason} (its last error: {worker.last_error})"
         expected = worker.retiring and not unanswered
         if not expected:
             self.counters["worker_restarts"] += 1
@@ -432,6 +490,17 @@ class Dispatcher:
                     continue
             self.counters["retries"] += 1
             heapq.heappush(self._retry, task.batch_id)
+
+    def _retry_task(self, batch_id: int, reason: str) -> None:
+        """Make ``batch_id`` again, or give up on it after ``max_attempts``."""
+        self._attempts[batch_id] = self._attempts.get(batch_id, 1) + 1
+        if self._attempts[batch_id] > self._max_attempts and self._plan is not None:
+            indices = self._plan.batch(batch_id)
+            task = Task(self._generation_now, self._plan.epoch, batch_id, indices, 0.0)
+            self._give_up(task, reason)
+            return
+        self.counters["retries"] += 1
+        heapq.heappush(self._retry, batch_id)
 
     def _give_up(self, task: Task, reason: str) -> None:
         message = (

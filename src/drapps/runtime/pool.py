@@ -11,6 +11,7 @@ import logging
 import multiprocessing
 import os
 import time
+import weakref
 from collections import deque
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
@@ -21,6 +22,28 @@ from drapps.runtime.transport import remove_slabs, slab_prefix
 from drapps.runtime.worker import BatchRecipe, run_worker
 
 logger = logging.getLogger(__name__)
+
+# Every worker process drapps started in this process. multiprocessing lists them as children of
+# this process, and a plain os.fork() child inherits that list: when such a child exits, its
+# atexit handler would terminate our workers as if they were its own. The fork hook below makes
+# the child forget them.
+_started: weakref.WeakSet[BaseProcess] = weakref.WeakSet()
+
+
+def _forget_workers_after_fork() -> None:
+    children = getattr(multiprocessing.process, "_children", None)
+    if children is not None:
+        for process in list(_started):
+            children.discard(process)
+    _started.clear()
+
+
+os.register_at_fork(after_in_child=_forget_workers_after_fork)
+
+
+def remember_worker(process: BaseProcess) -> None:
+    """Count ``process`` among the workers a forked child must not terminate."""
+    _started.add(process)
 
 
 @dataclass(frozen=True)
@@ -55,6 +78,8 @@ class Worker:
     """Its result pipe failed; only its exit is awaited."""
     slot: int = 0
     """Its id as ``torch.utils.data.get_worker_info()`` reports it."""
+    last_error: str | None = None
+    """The last line of the error that killed it, when it could say."""
 
     def head_started(self) -> float | None:
         """When the worker began its current task, or None when it has none."""
@@ -108,6 +133,7 @@ class WorkerPool:
             daemon=True,
         )
         process.start()
+        remember_worker(process)
         task_recv.close()
         result_send.close()
         worker = Worker(wid, process, task_send, result_recv, slot=slot)

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from drapps.runtime.errors import SampleError, sample_error
+from drapps.runtime.pool import remember_worker
 from drapps.runtime.seeding import seed_worker, set_worker_info
 from drapps.runtime.transport import (
     Packed,
@@ -331,6 +332,7 @@ class StreamPool:
             daemon=True,
         )
         process.start()
+        remember_worker(process)
         task_recv.close()
         result_send.close()
         self.workers.append(_StreamWorker(slot, process, task_send, result_recv))

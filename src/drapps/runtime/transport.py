@@ -19,8 +19,11 @@ import io
 import mmap
 import os
 import pickle
+import secrets
 import tempfile
+import time
 import warnings
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -29,8 +32,12 @@ import numpy as np
 import torch
 
 _ALIGN = 64
-SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+SHM_DIR = os.environ.get("DRAPPS_SHM_DIR") or (
+    "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+)
+"""Where slabs live: ``$DRAPPS_SHM_DIR``, else ``/dev/shm``, else the temporary directory."""
 SLAB_PREFIX = "drapps_"
+_NO_FOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
 class SharedMemoryFullError(OSError):
@@ -55,21 +62,68 @@ def slab_prefix(session: str, worker_id: int | None = None) -> str:
     return base if worker_id is None else f"{base}w{worker_id}_"
 
 
+def slab_name(prefix: str) -> str:
+    """A new slab path under ``prefix``: a random suffix, so no other user can guess it."""
+    return f"{prefix}{secrets.token_hex(8)}"
+
+
 def remove_slabs(prefix: str) -> int:
-    """Unlink every slab whose path starts with ``prefix``; returns how many were removed."""
+    """Unlink every slab of ours whose path starts with ``prefix``; returns how many.
+
+    Files of other users (``/dev/shm`` is world-writable) are never touched.
+    """
     directory, name = os.path.split(prefix)
     removed = 0
     try:
         entries = os.listdir(directory)
     except FileNotFoundError:
         return 0
+    uid = os.getuid()
     for entry in entries:
         if entry.startswith(name):
+            path = os.path.join(directory, entry)
             try:
-                os.unlink(os.path.join(directory, entry))
+                if os.lstat(path).st_uid != uid:
+                    continue
+                os.unlink(path)
                 removed += 1
             except FileNotFoundError:
                 pass
+    return removed
+
+
+def remove_orphan_slabs(min_age_s: float = 60.0) -> int:
+    """Unlink our slabs whose loader process is gone (killed with its whole process group,
+    so nobody removed them); returns how many.
+
+    A slab lives as a file only between a worker's write and the loader's read (well under a
+    second), so one older than ``min_age_s`` whose pid is not running is an orphan even if
+    another PID namespace shares this ``/dev/shm``.
+    """
+    import psutil
+
+    removed = 0
+    now = time.time()
+    alive: dict[int, bool] = {}
+    try:
+        entries = os.listdir(SHM_DIR)
+    except FileNotFoundError:
+        return 0
+    for entry in entries:
+        # drapps_<pid>_<hex>_...: the owning loader's pid comes first.
+        pid_text = entry[len(SLAB_PREFIX) :].split("_", 1)[0]
+        if not entry.startswith(SLAB_PREFIX) or not pid_text.isdigit():
+            continue
+        pid = int(pid_text)
+        if pid not in alive:
+            alive[pid] = psutil.pid_exists(pid)
+        path = os.path.join(SHM_DIR, entry)
+        try:
+            old = now - os.lstat(path).st_mtime > min_age_s
+        except FileNotFoundError:
+            continue
+        if old and not alive[pid]:
+            removed += remove_slabs(path)
     return removed
 
 
@@ -140,7 +194,14 @@ def pack(batch: Any, path: str) -> Packed:
     pickler.dump(batch)
     if not pickler.buffers:
         return Packed(file.getvalue(), None, 0)
-    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    for _ in range(8):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | _NO_FOLLOW, 0o600)
+            break
+        except FileExistsError:  # taken (by chance, or planted by someone else): a new name
+            path = f"{path}_{secrets.token_hex(4)}"
+    else:
+        raise FileExistsError(errno.EEXIST, "no free slab name after 8 tries", path)
     try:
         os.ftruncate(fd, pickler.nbytes)
         for offset, view in pickler.buffers:
@@ -164,17 +225,31 @@ def pack(batch: Any, path: str) -> Packed:
     return Packed(file.getvalue(), path, pickler.nbytes)
 
 
-def unpack(packed: Packed) -> Any:
-    """Map a slab written by :func:`pack`, unlink its name and rebuild the batch (zero-copy)."""
+def pack_inline(batch: Any) -> Packed:
+    """The whole batch pickled for the pipe: the fallback when shared memory is full."""
+    return Packed(pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL), None, 0)
+
+
+def unpack(packed: Packed, on_release: Callable[[int], None] | None = None) -> Any:
+    """Map a slab written by :func:`pack`, unlink its name and rebuild the batch (zero-copy).
+
+    Args:
+        on_release: called with the slab's size once the last tensor over it is gone, which is
+            when its pages return to the shared-memory filesystem.
+    """
     slab = None
     if packed.path is not None:
-        fd = os.open(packed.path, os.O_RDWR)
+        fd = os.open(packed.path, os.O_RDWR | _NO_FOLLOW)
         try:
+            if os.fstat(fd).st_uid != os.getuid():
+                raise PermissionError(f"slab {packed.path} is not ours; refusing to map it")
             flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
             slab = mmap.mmap(fd, packed.nbytes, flags=flags)
         finally:
             os.close(fd)
             os.unlink(packed.path)
+        if on_release is not None:
+            weakref.finalize(slab, on_release, packed.nbytes)
     return _SlabUnpickler(io.BytesIO(packed.skeleton), slab).load()
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import signal
 import time
@@ -24,7 +26,17 @@ from drapps.runtime.seeding import (
     set_worker_info,
     worker_info_hidden,
 )
-from drapps.runtime.transport import SharedMemoryFullError, pack, remove_slabs, slab_prefix
+from drapps.runtime.transport import (
+    Packed,
+    SharedMemoryFullError,
+    pack,
+    pack_inline,
+    remove_slabs,
+    slab_name,
+    slab_prefix,
+)
+
+logger = logging.getLogger(__name__)
 
 # How often an idle worker checks that the process that started it is still alive.
 _PARENT_CHECK_S = 1.0
@@ -147,23 +159,15 @@ def run_worker(
     """
     # Ctrl-C reaches the whole process group; the training process decides what happens.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # SIGTERM to the job's process group (timeout, systemd, scancel) kills the training process
+    # too, so nobody else would remove our slabs: leave through the cleanup below.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     # Intra-op threads in every worker would oversubscribe the cores the pool is sized for.
     torch.set_num_threads(1)
     prefix = slab_prefix(session, worker_id)
-    sequence = 0
     seed_worker(base_seed, slot)
     set_worker_info(slot, num_workers, base_seed, recipe.dataset)
-    init_error: SampleError | None = None
-    if recipe.worker_init_fn is not None:
-        try:
-            recipe.worker_init_fn(slot)
-        except Exception as exc:
-            init_error = sample_error(
-                f"worker_init_fn failed in worker {slot}: {type(exc).__name__}: {exc}",
-                type(exc),
-                stage="worker_init_fn",
-                detail="".join(traceback.format_exception(exc)),
-            )
+    init_error = _run_init(recipe, slot)
     try:
         while True:
             if not tasks.poll(_PARENT_CHECK_S):
@@ -172,29 +176,81 @@ def run_worker(
                 continue
             task = tasks.recv()
             if task is None:
+                # Asked to stop: slabs already sent are the training process's to unlink.
+                prefix = ""
                 return
             generation, seed, epoch, batch_id, indices, workers_now = task
             if (workers_now, seed) != (num_workers, base_seed):
                 num_workers, base_seed = workers_now, seed
                 set_worker_info(slot, num_workers, base_seed, recipe.dataset)
-            reply: tuple[Any, ...]
             if init_error is not None:
                 results.send(("err", generation, batch_id, init_error))
                 continue
             try:
                 made = make_batch(recipe, seed, epoch, indices)
-                packed = None
-                if made.batch is not None:
-                    packed = pack(made.batch, f"{prefix}{sequence}")
-                    sequence += 1
-                reply = ("ok", generation, batch_id, packed, made.skipped, made.seconds)
             except SampleError as exc:
-                reply = ("err", generation, batch_id, exc)
-            except SharedMemoryFullError as exc:
-                error = SampleError(str(exc), stage="transport", indices=indices)
+                results.send(("err", generation, batch_id, exc))
+                continue
+            try:
+                packed = None if made.batch is None else _pack(made.batch, prefix)
+                reply: tuple[Any, ...] = (
+                    "ok", generation, batch_id, packed, made.skipped, made.seconds
+                )  # fmt: skip
+            except Exception as exc:  # the batch cannot cross: unpicklable, slab unwritable
+                error = sample_error(
+                    f"batch {batch_id} (indices {indices}) was made but could not be sent to "
+                    f"the training process: {type(exc).__name__}: {exc}",
+                    type(exc),
+                    stage="transport",
+                    indices=indices,
+                    detail="".join(traceback.format_exception(exc)),
+                )
                 reply = ("err", generation, batch_id, error)
             results.send(reply)
     except (EOFError, BrokenPipeError, ConnectionResetError):
         pass  # the parent closed our pipes: it is gone or shutting down
-    # Leaving without a stop message means the parent is gone: nobody else will unlink our slabs.
-    remove_slabs(prefix)
+    except SystemExit:
+        raise  # SIGTERM: exit with its code, after the cleanup below
+    except BaseException:
+        # Tell the dispatcher why we die (it names this in the error it raises), then die.
+        with contextlib.suppress(Exception):
+            results.send(("fatal", -1, -1, traceback.format_exc()))
+        raise
+    finally:
+        if prefix:  # leaving without a stop message: nobody else will unlink our slabs
+            remove_slabs(prefix)
+
+
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _run_init(recipe: BatchRecipe, slot: int) -> SampleError | None:
+    """Run ``worker_init_fn``; its failure is answered to every task instead of a crash."""
+    if recipe.worker_init_fn is None:
+        return None
+    try:
+        recipe.worker_init_fn(slot)
+    except Exception as exc:
+        return sample_error(
+            f"worker_init_fn failed in worker {slot}: {type(exc).__name__}: {exc}",
+            type(exc),
+            stage="worker_init_fn",
+            detail="".join(traceback.format_exception(exc)),
+        )
+    return None
+
+
+_warned_full = False
+
+
+def _pack(batch: Any, prefix: str) -> Packed:
+    """The batch in a new slab; through the pipe instead when shared memory is full."""
+    global _warned_full
+    try:
+        return pack(batch, slab_name(prefix))
+    except SharedMemoryFullError as exc:
+        if not _warned_full:
+            _warned_full = True
+            logger.warning("%s; sending batches through the worker's pipe meanwhile", exc)
+        return pack_inline(batch)
