@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: bench corpus test lint clean
+.PHONY: bench corpus test lint core clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -26,12 +26,21 @@ bench: $(STAMP) corpus
 	$(VENV)/bin/drapps bench-plot bench-results/quick/results.json
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests
-	$(VENV)/bin/ruff format --check src tests
+	$(VENV)/bin/ruff check src tests .ci
+	$(VENV)/bin/ruff format --check src tests .ci
 	$(VENV)/bin/mypy
 
-test: lint
+# The package with no extras: every module imports, or says which extra it needs.
+CORE := .venv-core
+core:
+	test -x $(CORE)/bin/python || $(PYTHON) -m venv $(CORE)
+	$(CORE)/bin/python -m pip install -q -c constraints.txt torch==2.13.0
+	$(CORE)/bin/python -m pip install -q -c constraints.txt -e .
+	$(CORE)/bin/python .ci/import_every_module.py
+
+test: lint core
+	$(VENV)/bin/pytest -q --doctest-modules src/drapps
 	$(VENV)/bin/pytest -q
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(CORE) .pytest_cache .mypy_cache .ruff_cache

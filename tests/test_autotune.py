@@ -58,6 +58,8 @@ def cpu_hog() -> Iterator[list[subprocess.Popen[bytes]]]:
         burner.wait()
 
 
+# Assumes how many samples/s a core makes: machine-dependent, so behind -m slow.
+@pytest.mark.slow
 def test_a_cpu_hog_mid_run_makes_it_re_decide(cpu_hog: list[subprocess.Popen[bytes]]) -> None:
     # One worker feeds this consumer on idle cores; with three CPU burners it cannot.
     with drapps.Loader(

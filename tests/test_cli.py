@@ -115,7 +115,7 @@ def test_bench_plot_rejects_a_file_that_is_not_results(
     assert "not a results.json written by this version" in capsys.readouterr().err
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(300)
 def test_bench_writes_json_and_markdown_then_plots(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

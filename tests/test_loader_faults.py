@@ -9,6 +9,7 @@ import signal
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from helpers import (
@@ -190,3 +191,25 @@ def test_invalid_dataset_resize_and_epoch_are_named() -> None:
     with drapps.Loader(SlowDataset(4), workers=1, max_workers=2) as loader:
         with pytest.raises(ValueError, match=r"workers must be an int in \[1, 2\], got 3"):
             loader.resize(3)
+
+
+def test_load_state_dict_refuses_booleans_and_out_of_range_and_takes_numpy_ints() -> None:
+    with drapps.Loader(SlowDataset(8), batch_size=2, seed=1, workers=0) as loader:
+        good = loader.state_dict()
+        for key, value in (
+            ("next_batch", True),
+            ("epoch", True),
+            ("epoch", 2**64),
+            ("epoch", -1),
+            ("next_batch", 1.0),
+        ):
+            with pytest.raises(ValueError, match=f"state {key} must be"):
+                loader.load_state_dict({**good, key: value})
+        loader.load_state_dict({**good, "epoch": np.int64(3), "next_batch": np.int32(2)})
+        assert loader.state_dict()["epoch"] == 3 and len(list(loader)) == 2
+        loader.set_epoch(np.int64(1))
+        with pytest.raises(ValueError, match="epoch must be an int >= 0, got True"):
+            loader.set_epoch(True)
+    for seed in (2**64, True, -1):
+        with pytest.raises(ValueError, match="seed must be an int in"):
+            drapps.Loader(SlowDataset(4), seed=seed)

@@ -64,7 +64,9 @@ def test_exception_in_the_training_loop() -> None:
     assert not leaks()
 
 
-def run_script(body: str) -> subprocess.Popen[str]:
+def run_script(
+    body: str, env: dict[str, str] | None = None, stdin: bool = False
+) -> subprocess.Popen[str]:
     script = textwrap.dedent(
         f"""
         import signal, sys, time
@@ -80,7 +82,9 @@ def run_script(body: str) -> subprocess.Popen[str]:
         [sys.executable, "-c", script],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        stdin=subprocess.PIPE if stdin else None,
         text=True,
+        env=env,
         start_new_session=True,  # our SIGINT reaches the script's group only
     )
 

@@ -53,6 +53,9 @@ def test_opt_in_systems_run_only_when_named(tmp_path: Path) -> None:
     check_runs(results, cases, repeats=1)
 
 
+# Minutes each (every system at smoke size): behind -m slow; the opt-in test above is the
+# default run's smoke check of the harness.
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("workload", ["image", "text", "synthetic"])
 def test_every_available_system_runs_each_workload(
@@ -78,6 +81,8 @@ def test_every_available_system_runs_each_workload(
     assert "skipped `drapps-rl`" in table or "drapps-rl" in cases
 
 
+# Minutes: behind -m slow.
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_every_scenario_runs_and_is_recorded(tmp_path: Path) -> None:
     scenarios = ("cpu-contention", "consumer-shift", "slow-io")
@@ -148,6 +153,8 @@ def test_progress_bar_counts_and_estimates() -> None:
     assert lines[-1].startswith("bench [####################] 4/4") and "0m00s left" in lines[-1]
 
 
+# Minutes: behind -m slow.
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_cpu_model_consumer_trains_on_every_workload(tmp_path: Path, corpus: Path) -> None:
     config = BenchConfig(

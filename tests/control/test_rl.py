@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -66,18 +65,14 @@ def test_files_from_another_feature_set_or_not_policies_are_refused(tmp_path: Pa
         MlpPolicy([(np.zeros((14, 4)), np.zeros(4))])
 
 
-def test_the_shipped_policy_loads_and_decides_fast() -> None:
+def test_the_shipped_policy_loads_and_decides() -> None:
     assert shipped_path().is_file()
     policy = make_policy("rl")
     assert isinstance(policy, MlpPolicy) and policy.meta.get("learner") in ("ppo", "ddqn")
     states = [state(wait_fraction=w, idle_cores=i) for w in (0.0, 0.5) for i in (0.0, 6.0)]
     for s in states:
         assert isinstance(policy.decide(s), Action)
-    # < 100 us a decision is the goal; measured in docs/sim.md. Here only a loose sanity bound.
-    start = time.perf_counter()
-    for _ in range(1000):
-        policy.decide(states[1])
-    assert (time.perf_counter() - start) / 1000 < 0.005
+    # Its speed (about 25 us a decision) is measured in docs/sim.md, never asserted here.
 
 
 def test_the_shipped_policy_runs_without_the_rl_extra() -> None:
@@ -102,3 +97,30 @@ print("ok")
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"", b"PK\x03\x04truncated", None],
+    ids=["empty", "truncated", "wrong-shapes"],
+)
+def test_malformed_policy_files_raise_value_errors(content: bytes | None, tmp_path: Path) -> None:
+    path = tmp_path / "bad.npz"
+    if content is None:  # a real npz whose layers do not chain
+        good = _random_policy()
+        good.save(path)
+        with np.load(path) as data:
+            arrays = dict(data)
+        arrays["w0"] = np.zeros((3, 5), np.float32)
+        np.savez(path, **arrays)
+    else:
+        path.write_bytes(content)
+    with pytest.raises(ValueError, match=r"bad\.npz"):
+        MlpPolicy.load(path)
+    done = subprocess.run(
+        [sys.executable, "-m", "drapps.cli", "simulate", "--scenario", "cpu-bound",
+         "--policy", str(path)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
+    assert "bad.npz" in done.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pickle
 from pathlib import Path
 
@@ -69,3 +70,31 @@ def test_random_crop_pads_and_crops() -> None:
     assert any((c == 0).any() for c in crops)  # some crops reach into the zero padding
     with pytest.raises(ValueError, match="cannot crop"):
         RandomCrop(40)(image)
+
+
+class _RunsCode:
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (os.system, ("touch /tmp/drapps-cifar-pwned",))
+
+
+def test_a_crafted_python_batch_cannot_run_code(tmp_path: Path) -> None:
+    folder = tmp_path / "cifar-10-batches-py"
+    folder.mkdir()
+    marker = Path("/tmp/drapps-cifar-pwned")
+    marker.unlink(missing_ok=True)
+    crafted = {b"data": np.zeros((1, 3072), np.uint8), b"labels": [0], b"x": _RunsCode()}
+    (folder / "test_batch").write_bytes(pickle.dumps(crafted))
+    with pytest.raises(ValueError, match=r"asks for posix\.system, which is refused"):
+        CIFAR10(tmp_path, train=False)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("protocol", [2, 4, 5])
+def test_python_batches_of_every_pickle_protocol_read(protocol: int, tmp_path: Path) -> None:
+    folder = tmp_path / "cifar-10-batches-py"
+    folder.mkdir()
+    data = np.arange(2 * 3072, dtype=np.uint8).reshape(2, 3072)
+    batch = {b"data": data, b"labels": [3, 7], b"batch_label": b"testing batch 1 of 1"}
+    (folder / "test_batch").write_bytes(pickle.dumps(batch, protocol=protocol))
+    images = CIFAR10(tmp_path, train=False)
+    assert len(images) == 2 and images[1][1] == 7

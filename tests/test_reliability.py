@@ -1,0 +1,244 @@
+"""How real jobs end, fork, suspend and share a machine: each defect of issue 14 as a test."""
+
+from __future__ import annotations
+
+import atexit
+import gc
+import os
+import pickle
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import psutil
+import pytest
+import torch
+from helpers import SlowDataset, drapps_children, shm_slabs
+from test_loader_lifecycle import read_pids, run_script, wait_gone
+
+import drapps
+from drapps.runtime import config, transport
+from drapps.runtime.transport import SHM_DIR, pack, remove_slabs, unpack
+
+
+def test_a_dropped_loader_stops_its_workers_without_the_cyclic_collector() -> None:
+    fds = psutil.Process().num_fds()
+    gc.disable()
+    try:
+        for _ in range(20):
+            loader = drapps.Loader(SlowDataset(8), batch_size=4, workers=2, seed=0)
+            assert len(list(loader)) == 2
+            del loader  # the last reference: its workers stop now, not at some gc pass
+            assert len(drapps_children()) <= 2
+    finally:
+        gc.enable()
+    assert psutil.Process().num_fds() <= fds + 4
+
+
+def _forked(body: Any) -> int:
+    """Run ``body`` in a plain os.fork() child that exits normally (atexit handlers run)."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 0
+        try:
+            body()
+        except BaseException:
+            code = 1
+        atexit._run_exitfuncs()
+        os._exit(code)
+    return os.waitpid(pid, 0)[1]
+
+
+def test_a_forked_child_that_exits_leaves_the_parents_loader_alone() -> None:
+    with drapps.Loader(SlowDataset(64, 0.002), batch_size=4, workers=2, seed=0) as loader:
+        iterator = iter(loader)
+        seen = [int(i) for i in next(iterator)]
+        for _ in range(5):
+            assert _forked(lambda: None) == 0
+        seen += [int(i) for b in iterator for i in b]
+        stats = loader.stats()
+    assert seen == list(range(64))
+    assert stats.worker_restarts == 0 and stats.retries == 0
+
+
+def test_a_forked_child_cannot_iterate_the_parents_loader(tmp_path: Path) -> None:
+    marker = tmp_path / "message"
+
+    def child() -> None:
+        try:
+            iter(loader)
+        except RuntimeError as exc:
+            marker.write_text(str(exc))
+
+    with drapps.Loader(SlowDataset(8), batch_size=4, workers=1) as loader:
+        assert _forked(child) == 0
+        assert len(list(loader)) == 2
+    assert "a forked child" in marker.read_text()
+
+
+KILLED = """
+loader = drapps.Loader(SlowDataset(10**6, 0.001), batch_size=64, workers=2)
+it = iter(loader)
+next(it)
+print("pids", *loader.stats().worker_pids, flush=True)
+for batch in it:
+    pass
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_killing_the_process_group_leaves_no_slabs_for_long(sig: signal.Signals) -> None:
+    proc = run_script(KILLED)
+    pids = read_pids(proc)
+    time.sleep(0.3)
+    os.killpg(proc.pid, sig)  # what timeout, systemd and scancel do
+    proc.communicate(timeout=30)
+    assert not wait_gone(pids)
+    # A worker killed mid-write cannot clean up after itself; the next loader does.
+    planted = Path(SHM_DIR) / f"drapps_{proc.pid}_0123abcd_w0_x"
+    planted.write_bytes(b"left by a killed worker")
+    for name in shm_slabs(proc.pid):  # a minute later: slabs live well under a second
+        os.utime(Path(SHM_DIR) / name, (time.time() - 120, time.time() - 120))
+    with drapps.Loader(SlowDataset(4), batch_size=2, workers=1):
+        assert not shm_slabs(proc.pid)
+
+
+def test_auto_memory_budget_fits_a_64_mib_shared_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    shm = os.statvfs_result((4096, 4096, 16384, 16384, 16384, 0, 0, 0, 0, 255))  # 64 MiB free
+    monkeypatch.setattr(config.os, "statvfs", lambda path: shm)
+    assert config.auto_memory_budget() == 32 * 2**20
+
+
+@pytest.fixture()
+def small_tmpfs(tmp_path: Path) -> Any:
+    mount = tmp_path / "shm"
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount)], capture_output=True
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=True)
+
+
+SMALL_SHM = """
+loader = drapps.Loader(BigDataset(48, 2 * 2**20), batch_size=4, workers=2, prefetch=8)
+held = []
+for b, batch in enumerate(loader):
+    held = (held + [batch])[-2:]  # the loop keeps the last two batches alive
+print("ok", b + 1, loader.stats().memory_budget, flush=True)
+"""
+
+
+def test_the_default_budget_works_in_dockers_64_mib_shm(small_tmpfs: Path) -> None:
+    env = dict(os.environ, DRAPPS_SHM_DIR=str(small_tmpfs))
+    proc = run_script("from helpers import BigDataset\n" + SMALL_SHM, env=env)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    _, batches, budget = out.split()
+    assert int(batches) == 12 and int(budget) <= 32 * 2**20
+    assert os.listdir(small_tmpfs) == []
+
+
+def test_a_planted_slab_name_is_stepped_around_and_foreign_files_kept(tmp_path: Path) -> None:
+    path = str(tmp_path / "drapps_1_ab_w0_x")
+    Path(path).write_bytes(b"planted")
+    packed = pack(torch.arange(4), path)
+    assert packed.path != path and Path(path).read_bytes() == b"planted"
+    assert unpack(packed).tolist() == [0, 1, 2, 3]
+    if os.getuid() == 0:
+        os.chown(path, 65534, 65534)  # another user's file under our prefix
+        assert remove_slabs(str(tmp_path / "drapps_1_")) == 0
+        assert Path(path).exists()
+
+
+def test_worker_slab_names_are_not_guessable() -> None:
+    names = {transport.slab_name("/dev/shm/drapps_1_ab_w0_") for _ in range(100)}
+    assert len(names) == 100
+
+
+SUSPENDED = """
+loader = drapps.Loader(SlowDataset(48, 0.1), batch_size=4, workers=2, timeout=1.0)
+it = iter(loader)
+next(it)
+print("pids", *loader.stats().worker_pids, flush=True)
+sys.stdin.readline()  # the test suspends the job now
+rest = list(it)
+print("timeouts", loader.stats().timeouts, "restarts", loader.stats().worker_restarts, flush=True)
+"""
+
+
+def test_a_suspended_job_does_not_count_as_hung_workers() -> None:
+    proc = run_script(SUSPENDED, stdin=True)
+    read_pids(proc)
+    assert proc.stdin is not None
+    proc.stdin.write("\n")
+    proc.stdin.flush()
+    time.sleep(0.2)  # the workers are mid-batch
+    os.killpg(proc.pid, signal.SIGSTOP)  # Ctrl-Z, or a scheduler's suspend
+    time.sleep(3.0)  # three times the timeout
+    os.killpg(proc.pid, signal.SIGCONT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert out.split() == ["timeouts", "0", "restarts", "0"], out + err
+
+
+class _Unpicklable:
+    def __call__(self, samples: list[Any]) -> Any:
+        return {"x": torch.stack(samples), "fn": lambda: None}
+
+
+def test_an_unpicklable_batch_is_named_at_once() -> None:
+    with drapps.Loader(SlowDataset(8), batch_size=4, workers=2, collate_fn=_Unpicklable()) as ld:
+        with pytest.raises(drapps.SampleError, match="could not be sent") as caught:
+            list(ld)
+        assert ld.stats().worker_restarts == 0
+    assert caught.value.stage == "transport" and caught.value.indices == [0, 1, 2, 3]
+    assert isinstance(caught.value, (pickle.PicklingError, AttributeError, TypeError))
+
+
+def test_a_failed_constructor_leaks_no_file_descriptors(tmp_path: Path) -> None:
+    bad = tmp_path / "missing" / "trace.jsonl"
+    fds = psutil.Process().num_fds()
+    for _ in range(30):
+        with pytest.raises(OSError):
+            drapps.Loader(SlowDataset(4), workers=2, trace=bad)
+    assert psutil.Process().num_fds() <= fds + 2
+    assert not drapps_children()
+
+
+class _Crashes:
+    def __init__(self, how: str) -> None:
+        self.how = how
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if i == 5:
+            if self.how == "exit":
+                os._exit(3)
+            os.kill(os.getpid(), signal.SIGSEGV)
+        return torch.tensor(i)
+
+
+@pytest.mark.parametrize(
+    ("how", "words"), [("exit", "exited with code 3"), ("segv", "was killed by SIGSEGV")]
+)
+def test_a_dying_worker_is_reported_with_its_exit_code_or_signal(how: str, words: str) -> None:
+    with drapps.Loader(_Crashes(how), batch_size=2, workers=2, max_attempts=2) as loader:
+        with pytest.raises(drapps.WorkerTimeoutError, match=words):
+            list(loader)
+
+
+def test_a_worker_that_fails_outside_a_sample_says_why() -> None:
+    with mock.patch("drapps.runtime.worker.make_batch", side_effect=MemoryError("no room")):
+        with drapps.Loader(SlowDataset(4), batch_size=2, workers=1, max_attempts=1) as loader:
+            with pytest.raises(drapps.WorkerTimeoutError, match="its last error: MemoryError"):
+                list(loader)
