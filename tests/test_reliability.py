@@ -242,3 +242,22 @@ def test_a_worker_that_fails_outside_a_sample_says_why() -> None:
         with drapps.Loader(SlowDataset(4), batch_size=2, workers=1, max_attempts=1) as loader:
             with pytest.raises(drapps.WorkerTimeoutError, match="its last error: MemoryError"):
                 list(loader)
+
+
+def test_a_slab_that_vanishes_before_it_is_read_is_made_again() -> None:
+    real_unpack = transport.unpack
+    calls = {"n": 0}
+
+    def vanishing(packed: Any, on_release: Any = None) -> Any:
+        calls["n"] += 1
+        if calls["n"] in (2, 5):  # e.g. another process cleaned /dev/shm at the wrong moment
+            os.unlink(packed.path)
+            raise FileNotFoundError(2, "No such file or directory", packed.path)
+        return real_unpack(packed, on_release)
+
+    with mock.patch("drapps.runtime.dispatcher.unpack", vanishing):
+        with drapps.Loader(SlowDataset(40), batch_size=4, workers=2, seed=0) as loader:
+            seen = [int(i) for b in loader for i in b]
+            stats = loader.stats()
+    assert seen == list(range(40))  # every index once, in order
+    assert stats.retries == 2
