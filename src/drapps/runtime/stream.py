@@ -19,7 +19,6 @@ import itertools
 import logging
 import multiprocessing
 import os
-import signal
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -29,21 +28,24 @@ from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-import torch
-
 from drapps.runtime.errors import SampleError, sample_error
 from drapps.runtime.pool import remember_worker
 from drapps.runtime.seeding import seed_worker, set_worker_info
 from drapps.runtime.transport import (
     Packed,
-    SharedMemoryFullError,
     discard,
-    pack,
     remove_slabs,
     slab_prefix,
     unpack,
 )
-from drapps.runtime.worker import BatchRecipe, collate
+from drapps.runtime.worker import (
+    PARENT_GONE,
+    BatchRecipe,
+    collate,
+    enter_worker_process,
+    next_task,
+    pack_batch,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -131,22 +133,16 @@ def run_stream_worker(
     dataset; each ``("next", generation)`` is answered with ``("ok", generation, packed,
     skipped)``, ``("end", generation)`` or ``("err", generation, SampleError)``; ``None`` stops.
     """
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    torch.set_num_threads(1)
+    enter_worker_process()
     prefix = slab_prefix(session, slot)
-    sequence = 0
     batcher: StreamBatcher | None = None
     generation = -1
     failed: SampleError | None = None
     initialised = False
     try:
-        while True:
-            if not tasks.poll(_PARENT_CHECK_S):
-                if os.getppid() != parent_pid:
-                    break
-                continue
-            task = tasks.recv()
+        while (task := next_task(tasks, parent_pid)) is not PARENT_GONE:
             if task is None:
+                prefix = ""  # asked to stop: slabs already sent are the loader's to unlink
                 return
             if task[0] == "start":
                 _, generation, seed, num_workers = task
@@ -173,17 +169,13 @@ def run_stream_worker(
                 reply = ("err", generation, failed)
             else:
                 try:
-                    batch = batcher.next_batch()
-                    packed = pack(batch, f"{prefix}{sequence}")
-                    sequence += 1
+                    packed = pack_batch(batcher.next_batch(), prefix)
                     reply = ("ok", generation, packed, batcher.skipped)
                     batcher.skipped = []
                 except StopIteration:
                     reply = ("end", generation)
                 except SampleError as exc:
                     reply = ("err", generation, exc)
-                except SharedMemoryFullError as exc:
-                    reply = ("err", generation, SampleError(str(exc), stage="transport"))
                 except Exception as exc:  # the batch cannot be pickled for the transport
                     reply = (
                         "err",
@@ -196,8 +188,10 @@ def run_stream_worker(
                     )
             results.send(reply)
     except (EOFError, BrokenPipeError, ConnectionResetError):
-        pass
-    remove_slabs(prefix)
+        pass  # the training process closed our pipes
+    finally:
+        if prefix:  # leaving without a stop message: nobody else will unlink our slabs
+            remove_slabs(prefix)
 
 
 @dataclass(eq=False)

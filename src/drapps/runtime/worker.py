@@ -157,24 +157,13 @@ def run_worker(
     Replies ``("ok", generation, batch_id, packed, skipped, seconds)`` or
     ``("err", generation, batch_id, SampleError)``. Exits by itself when its parent dies.
     """
-    # Ctrl-C reaches the whole process group; the training process decides what happens.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # SIGTERM to the job's process group (timeout, systemd, scancel) kills the training process
-    # too, so nobody else would remove our slabs: leave through the cleanup below.
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    # Intra-op threads in every worker would oversubscribe the cores the pool is sized for.
-    torch.set_num_threads(1)
+    enter_worker_process()
     prefix = slab_prefix(session, worker_id)
     seed_worker(base_seed, slot)
     set_worker_info(slot, num_workers, base_seed, recipe.dataset)
     init_error = _run_init(recipe, slot)
     try:
-        while True:
-            if not tasks.poll(_PARENT_CHECK_S):
-                if os.getppid() != parent_pid:
-                    break
-                continue
-            task = tasks.recv()
+        while (task := next_task(tasks, parent_pid)) is not PARENT_GONE:
             if task is None:
                 # Asked to stop: slabs already sent are the training process's to unlink.
                 prefix = ""
@@ -192,7 +181,7 @@ def run_worker(
                 results.send(("err", generation, batch_id, exc))
                 continue
             try:
-                packed = None if made.batch is None else _pack(made.batch, prefix)
+                packed = None if made.batch is None else pack_batch(made.batch, prefix)
                 reply: tuple[Any, ...] = (
                     "ok", generation, batch_id, packed, made.skipped, made.seconds
                 )  # fmt: skip
@@ -221,6 +210,28 @@ def run_worker(
             remove_slabs(prefix)
 
 
+def enter_worker_process() -> None:
+    """What every drapps worker process does first."""
+    # Ctrl-C reaches the whole process group; the training process decides what happens.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # SIGTERM to the job's process group (timeout, systemd, scancel) kills the training process
+    # too, so nobody else would remove our slabs: leave through the caller's cleanup.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    # Intra-op threads in every worker would oversubscribe the cores the pool is sized for.
+    torch.set_num_threads(1)
+
+
+PARENT_GONE = object()
+
+
+def next_task(tasks: Connection, parent_pid: int) -> Any:
+    """The next message from the training process, or ``PARENT_GONE`` once it has died."""
+    while not tasks.poll(_PARENT_CHECK_S):
+        if os.getppid() != parent_pid:
+            return PARENT_GONE
+    return tasks.recv()
+
+
 def _exit_on_sigterm(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)
 
@@ -244,7 +255,7 @@ def _run_init(recipe: BatchRecipe, slot: int) -> SampleError | None:
 _warned_full = False
 
 
-def _pack(batch: Any, prefix: str) -> Packed:
+def pack_batch(batch: Any, prefix: str) -> Packed:
     """The batch in a new slab; through the pipe instead when shared memory is full."""
     global _warned_full
     try:
