@@ -367,6 +367,7 @@ class Loader:
                 )
             return None
         c = self.config
+        seed = (c.seed or 0) % 2**62  # DistributedSampler's default seed is 0
         if warn and not self._warned_shard:
             self._warned_shard = True
             logger.warning(
@@ -376,7 +377,7 @@ class Loader:
                 size,
                 rank,
                 c.shuffle,
-                (c.seed or 0) % 2**62,
+                seed,
                 self.drop_last,
             )
         return rank_shard(
@@ -384,7 +385,7 @@ class Loader:
             rank,
             size,
             shuffle=c.shuffle,
-            seed=(c.seed or 0) % 2**62,
+            seed=seed,
             epoch=epoch,
             batch_size=self.batch_size,
             drop_last=self.drop_last,
