@@ -13,10 +13,12 @@ import os
 import time
 import weakref
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
+from typing import Any
 
 from drapps.runtime.transport import remove_slabs, slab_prefix
 from drapps.runtime.worker import BatchRecipe, run_worker
@@ -41,9 +43,33 @@ def _forget_workers_after_fork() -> None:
 os.register_at_fork(after_in_child=_forget_workers_after_fork)
 
 
-def remember_worker(process: BaseProcess) -> None:
-    """Count ``process`` among the workers a forked child must not terminate."""
+def start_worker_process(
+    context: BaseContext,
+    target: Callable[..., None],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    *,
+    name: str,
+) -> tuple[BaseProcess, Connection, Connection]:
+    """Start ``target(*args, tasks, results, parent_pid, **kwargs)`` as a daemon worker with a
+    private task pipe and result pipe; returns the process and our ends of both pipes.
+
+    The process is also counted among the workers a forked child must not terminate.
+    """
+    task_recv, task_send = context.Pipe(duplex=False)
+    result_recv, result_send = context.Pipe(duplex=False)
+    process = context.Process(  # type: ignore[attr-defined]
+        target=target,
+        args=(*args, task_recv, result_send, os.getpid()),
+        kwargs=kwargs,
+        name=name,
+        daemon=True,
+    )
+    process.start()
     _started.add(process)
+    task_recv.close()
+    result_send.close()
+    return process, task_send, result_recv
 
 
 @dataclass(frozen=True)
@@ -123,19 +149,13 @@ class WorkerPool:
         self._next_wid += 1
         taken = {w.slot for w in self.workers if not w.retiring}
         slot = next(i for i in range(len(taken) + 1) if i not in taken)
-        task_recv, task_send = self._context.Pipe(duplex=False)
-        result_recv, result_send = self._context.Pipe(duplex=False)
-        process = self._context.Process(  # type: ignore[attr-defined]
-            target=run_worker,
-            args=(self._recipe, self._session, wid, task_recv, result_send, os.getpid()),
-            kwargs={"slot": slot, "num_workers": num_workers, "base_seed": seed},
+        process, task_send, result_recv = start_worker_process(
+            self._context,
+            run_worker,
+            (self._recipe, self._session, wid),
+            {"slot": slot, "num_workers": num_workers, "base_seed": seed},
             name=f"drapps-worker-{slot}",
-            daemon=True,
         )
-        process.start()
-        remember_worker(process)
-        task_recv.close()
-        result_send.close()
         worker = Worker(wid, process, task_send, result_recv, slot=slot)
         self.workers.append(worker)
         logger.debug("started worker %d (pid %s)", wid, process.pid)

@@ -18,7 +18,6 @@ import contextlib
 import itertools
 import logging
 import multiprocessing
-import os
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -29,7 +28,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from drapps.runtime.errors import SampleError, sample_error
-from drapps.runtime.pool import remember_worker
+from drapps.runtime.pool import start_worker_process
 from drapps.runtime.seeding import seed_worker, set_worker_info
 from drapps.runtime.transport import (
     Packed,
@@ -45,6 +44,7 @@ from drapps.runtime.worker import (
     enter_worker_process,
     next_task,
     pack_batch,
+    run_worker_init,
 )
 
 logger = logging.getLogger(__name__)
@@ -149,18 +149,20 @@ def run_stream_worker(
                 seed_worker(seed, slot)
                 set_worker_info(slot, num_workers, seed, recipe.dataset)
                 batcher, failed = None, None
-                try:
-                    if not initialised and recipe.worker_init_fn is not None:
-                        recipe.worker_init_fn(slot)
-                    initialised = True
-                    batcher = StreamBatcher(recipe, batch_size, drop_last)
-                except Exception as exc:
-                    failed = sample_error(
-                        f"starting the stream in worker {slot} failed: {type(exc).__name__}: {exc}",
-                        type(exc),
-                        stage="worker_init_fn" if not initialised else "__iter__",
-                        detail="".join(traceback.format_exception(exc)),
-                    )
+                if not initialised:  # a failed worker_init_fn is tried again next epoch
+                    failed = run_worker_init(recipe, slot)
+                    initialised = failed is None
+                if failed is None:
+                    try:
+                        batcher = StreamBatcher(recipe, batch_size, drop_last)
+                    except Exception as exc:
+                        failed = sample_error(
+                            f"starting the stream in worker {slot} failed: "
+                            f"{type(exc).__name__}: {exc}",
+                            type(exc),
+                            stage="__iter__",
+                            detail="".join(traceback.format_exception(exc)),
+                        )
                 continue
             if task[1] != generation:
                 continue  # a request for a pass that has been replaced
@@ -309,26 +311,13 @@ class StreamPool:
             self.wait_s += time.perf_counter() - start
 
     def _spawn(self, slot: int) -> None:
-        task_recv, task_send = self._context.Pipe(duplex=False)
-        result_recv, result_send = self._context.Pipe(duplex=False)
-        process = self._context.Process(  # type: ignore[attr-defined]
-            target=run_stream_worker,
-            args=(
-                self.recipe,
-                *self._batching,
-                self.session,
-                slot,
-                task_recv,
-                result_send,
-                os.getpid(),
-            ),
+        process, task_send, result_recv = start_worker_process(
+            self._context,
+            run_stream_worker,
+            (self.recipe, *self._batching, self.session, slot),
+            {},
             name=f"drapps-stream-worker-{slot}",
-            daemon=True,
         )
-        process.start()
-        remember_worker(process)
-        task_recv.close()
-        result_send.close()
         self.workers.append(_StreamWorker(slot, process, task_send, result_recv))
 
     def shutdown(self, grace_s: float = 2.0) -> None:

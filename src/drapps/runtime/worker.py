@@ -161,7 +161,7 @@ def run_worker(
     prefix = slab_prefix(session, worker_id)
     seed_worker(base_seed, slot)
     set_worker_info(slot, num_workers, base_seed, recipe.dataset)
-    init_error = _run_init(recipe, slot)
+    init_error = run_worker_init(recipe, slot)
     try:
         while (task := next_task(tasks, parent_pid)) is not PARENT_GONE:
             if task is None:
@@ -236,7 +236,7 @@ def _exit_on_sigterm(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)
 
 
-def _run_init(recipe: BatchRecipe, slot: int) -> SampleError | None:
+def run_worker_init(recipe: BatchRecipe, slot: int) -> SampleError | None:
     """Run ``worker_init_fn``; its failure is answered to every task instead of a crash."""
     if recipe.worker_init_fn is None:
         return None
