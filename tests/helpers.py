@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import random
+import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -298,3 +302,20 @@ def zero_rank_training(rank: int, world: int, zero: int, steps: int, out: str) -
 def zero_batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(100 + step)
     return torch.randn(16, 6, generator=g), torch.randint(0, 3, (16,), generator=g)
+
+
+@contextlib.contextmanager
+def mounted_tmpfs(mount: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` (e.g. "64m") at ``mount``; the test is skipped where none can be."""
+    import pytest
+
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)], capture_output=True
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=True)

@@ -7,7 +7,6 @@ import gc
 import os
 import pickle
 import signal
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ from unittest import mock
 import psutil
 import pytest
 import torch
-from helpers import SlowDataset, drapps_children, shm_slabs
+from helpers import SlowDataset, drapps_children, mounted_tmpfs, shm_slabs
 from test_loader_lifecycle import read_pids, run_script, wait_gone
 
 import drapps
@@ -114,17 +113,8 @@ def test_auto_memory_budget_fits_a_64_mib_shared_memory(monkeypatch: pytest.Monk
 
 @pytest.fixture()
 def small_tmpfs(tmp_path: Path) -> Any:
-    mount = tmp_path / "shm"
-    mount.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount)], capture_output=True
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
-    try:
+    with mounted_tmpfs(tmp_path / "shm", "64m") as mount:  # Docker's default /dev/shm
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=True)
 
 
 SMALL_SHM = """

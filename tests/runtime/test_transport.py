@@ -1,6 +1,5 @@
 import errno
 import os
-import subprocess
 from collections import namedtuple
 from collections.abc import Iterator
 from pathlib import Path
@@ -8,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import mounted_tmpfs
 
 from drapps.runtime import transport
 from drapps.runtime.transport import SharedMemoryFullError, pack, remove_slabs, unpack
@@ -75,17 +75,8 @@ def test_remove_slabs_by_prefix(slab_path: str) -> None:
 
 @pytest.fixture()
 def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
-    mount = tmp_path / "shm"
-    mount.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
-    try:
+    with mounted_tmpfs(tmp_path / "shm", "1m") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", str(mount)], check=True)
 
 
 def test_a_really_full_tmpfs_raises_shared_memory_full(tiny_tmpfs: Path) -> None:
