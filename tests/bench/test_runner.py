@@ -113,7 +113,7 @@ def test_bad_configs_are_named() -> None:
         BenchConfig(workloads=("imagenet",))
     with pytest.raises(ValueError, match=r"scenario must be one of \['steady', 'cpu-contention'"):
         BenchConfig(scenarios=("earthquake",))
-    with pytest.raises(ValueError, match=r"systems must be among \['dataloader', 'tf-autotune'"):
+    with pytest.raises(ValueError, match=r"system must be one of \['dataloader', 'tf-autotune'"):
         BenchConfig(systems=("tf",))
     with pytest.raises(ValueError, match="'consumer-shift' changes the step time"):
         BenchConfig(scenarios=("consumer-shift",), consumer="cpu-model")

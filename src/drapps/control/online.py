@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from drapps.control.action import Action
+from drapps.control.policy import register_policy
 from drapps.control.reward import RewardWeights, reward
 from drapps.control.rl import ACTIONS, MlpPolicy
 from drapps.control.state import State
@@ -139,3 +140,17 @@ class OnlineTuner:
         if time.perf_counter() - start > c.budget_s:
             logger.warning("online tuning took over %.1f ms: switched off", 1000 * c.budget_s)
             self.enabled = False
+
+
+@register_policy("rl")
+def shipped_policy(online: bool | OnlineConfig = False) -> MlpPolicy | OnlineTuner:
+    """The shipped RL policy; ``online=True`` (or an ``OnlineConfig``) wraps it in an
+    :class:`OnlineTuner` that keeps learning within bounds."""
+    policy = MlpPolicy.shipped()
+    if online is False:
+        return policy
+    if online is True:
+        return OnlineTuner(policy)
+    if isinstance(online, OnlineConfig):
+        return OnlineTuner(policy, online)
+    raise ValueError(f"online must be a bool or an OnlineConfig, got {online!r}")

@@ -1,4 +1,8 @@
-"""The Policy protocol and the registry of policies by name."""
+"""The Policy protocol and the registry of policies by name.
+
+The built-in policies register themselves when ``drapps.control`` is imported; a user's policy
+registers the same way (``@POLICIES.register("mine")``) and ``Loader(policy="mine")`` finds it.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from drapps.control.action import Action
 from drapps.control.state import State
+from drapps.registry import Registry
 
 
 @runtime_checkable
@@ -18,24 +23,19 @@ class Policy(Protocol):
         ...
 
 
-_REGISTRY: dict[str, Callable[..., Policy]] = {}
+POLICIES: Registry[Callable[..., Policy]] = Registry("policy")
+"""Policy factories by name: ``POLICIES.get(name)(**kwargs)`` builds one."""
 
 
 def register_policy(name: str) -> Callable[[Callable[..., Policy]], Callable[..., Policy]]:
-    """Class decorator: make a policy constructible by name (``Loader(policy=name)``)."""
-
-    def add(factory: Callable[..., Policy]) -> Callable[..., Policy]:
-        if name in _REGISTRY:
-            raise ValueError(f"a policy named {name!r} is already registered")
-        _REGISTRY[name] = factory
-        return factory
-
-    return add
+    """Decorator: make a policy constructible by name (``Loader(policy=name)``)."""
+    register: Callable[[Callable[..., Policy]], Callable[..., Policy]] = POLICIES.register(name)
+    return register
 
 
 def policy_names() -> list[str]:
-    _load_builtins()
-    return sorted(_REGISTRY)
+    """Names of the registered policies."""
+    return POLICIES.names()
 
 
 def make_policy(name: str, **kwargs: Any) -> Policy:
@@ -44,12 +44,4 @@ def make_policy(name: str, **kwargs: Any) -> Policy:
     Raises:
         ValueError: no policy has that name (the message lists the valid ones).
     """
-    _load_builtins()
-    if name not in _REGISTRY:
-        raise ValueError(f"policy must be one of {sorted(_REGISTRY)}, got {name!r}")
-    return _REGISTRY[name](**kwargs)
-
-
-def _load_builtins() -> None:
-    # Importing the modules registers them; done lazily to keep import order free of cycles.
-    from drapps.control import heuristic, rl, static  # noqa: F401
+    return POLICIES.get(name)(**kwargs)

@@ -13,16 +13,12 @@ import os
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from drapps.control.action import Action
-from drapps.control.policy import register_policy
 from drapps.control.state import State
-
-if TYPE_CHECKING:
-    from drapps.control.online import OnlineConfig, OnlineTuner
 
 FORMAT = 1
 ACTIONS = Action.space()
@@ -158,19 +154,3 @@ class MlpPolicy:
 
 def shipped_path() -> Path:
     return Path(str(resources.files("drapps.control") / "policies" / "rl.npz"))
-
-
-@register_policy("rl")
-def _shipped(online: bool | OnlineConfig = False) -> MlpPolicy | OnlineTuner:
-    """The shipped policy; ``online=True`` (or an ``OnlineConfig``) wraps it in an
-    :class:`~drapps.control.online.OnlineTuner` that keeps learning within bounds."""
-    policy = MlpPolicy.shipped()
-    if online is False:
-        return policy
-    from drapps.control.online import OnlineConfig, OnlineTuner  # imports this module: late
-
-    if online is True:
-        return OnlineTuner(policy)
-    if isinstance(online, OnlineConfig):
-        return OnlineTuner(policy, online)
-    raise ValueError(f"online must be a bool or an OnlineConfig, got {online!r}")

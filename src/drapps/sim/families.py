@@ -13,32 +13,28 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from drapps.registry import Registry
 from drapps.sim.scenario import Change, GiB, Pipeline, Scenario
 
 Family = Callable[[np.random.Generator, float], Scenario]
 
-_FAMILIES: dict[str, Family] = {}
-_HELD_OUT: set[str] = set()
+FAMILIES: Registry[Family] = Registry("scenario family")
+"""Scenario families by name, tagged ``held_out=True`` when training never sees them."""
 MiB = 2**20
 
 
 def register_family(name: str, *, held_out: bool = False) -> Callable[[Family], Family]:
     """Decorator: make a scenario generator available by name."""
 
-    def add(family: Family) -> Family:
-        if name in _FAMILIES:
-            raise ValueError(f"a scenario family named {name!r} is already registered")
-        _FAMILIES[name] = family
-        if held_out:
-            _HELD_OUT.add(name)
-        return family
-
-    return add
+    register: Callable[[Family], Family] = FAMILIES.register(name, held_out=held_out)
+    return register
 
 
 def family_names(*, held_out: bool | None = None) -> list[str]:
     """All families, or only the training (``held_out=False``) or held-out ones."""
-    return sorted(n for n in _FAMILIES if held_out is None or (n in _HELD_OUT) == held_out)
+    if held_out is None:
+        return sorted(FAMILIES.names())
+    return sorted(FAMILIES.names(held_out=held_out))
 
 
 def check_families(names: Sequence[str]) -> list[str]:
@@ -47,10 +43,7 @@ def check_families(names: Sequence[str]) -> list[str]:
     Raises:
         ValueError: a name is not a family (the message lists them).
     """
-    for name in names:
-        if name not in _FAMILIES:
-            raise ValueError(f"scenario family must be one of {family_names()}, got {name!r}")
-    return list(names)
+    return FAMILIES.check(list(names))
 
 
 def draw(name: str, rng: np.random.Generator, duration: float = 60.0) -> Scenario:
@@ -59,8 +52,7 @@ def draw(name: str, rng: np.random.Generator, duration: float = 60.0) -> Scenari
     Raises:
         ValueError: no family has that name (the message lists them).
     """
-    check_families([name])
-    scenario = _FAMILIES[name](rng, duration)
+    scenario = FAMILIES.get(name)(rng, duration)
     return Scenario(scenario.pipeline, scenario.changes, name)
 
 

@@ -12,26 +12,25 @@ from drapps.bench.systems.drapps_loader import (
     DrappsStaticSampler,
 )
 from drapps.bench.systems.tfdata import TfDataSystem
+from drapps.registry import Registry
 
-SYSTEMS: dict[str, type[System]] = {
-    s.name: s
-    for s in (
-        DataLoaderSystem,
-        TfDataSystem,
-        DrappsStatic,
-        DrappsHeuristic,
-        DrappsRl,
-        DrappsStaticSampler,
-        DrappsStaticPinned,
-    )
-}
+SYSTEMS: Registry[type[System]] = Registry("system")
+"""Loading systems by name (``drapps bench --systems``)."""
+for _system in (
+    DataLoaderSystem,
+    TfDataSystem,
+    DrappsStatic,
+    DrappsHeuristic,
+    DrappsRl,
+    DrappsStaticSampler,
+    DrappsStaticPinned,
+):
+    SYSTEMS.register(_system.name, _system)
 
 
 def system_class(name: str) -> type[System]:
     """The system registered as ``name``; the error lists the valid names."""
-    if name not in SYSTEMS:
-        raise ValueError(f"systems must be among {list(SYSTEMS)}, got {name!r}")
-    return SYSTEMS[name]
+    return SYSTEMS.get(name)
 
 
 __all__ = ["SYSTEMS", "Source", "System", "Workers", "system_class"]

@@ -1,4 +1,4 @@
-"""Benchmark workloads, registered by name; ``make_workload`` lists the valid names."""
+"""Benchmark workloads, registered by name in :data:`WORKLOADS`."""
 
 from __future__ import annotations
 
@@ -6,17 +6,17 @@ from drapps.bench.workloads._base import SIZES, Workload
 from drapps.bench.workloads.image import ImageWorkload
 from drapps.bench.workloads.synthetic import SyntheticWorkload
 from drapps.bench.workloads.text import TextWorkload
+from drapps.registry import Registry
 
-WORKLOADS: dict[str, type[Workload]] = {
-    w.name: w for w in (ImageWorkload, TextWorkload, SyntheticWorkload)
-}
+WORKLOADS: Registry[type[Workload]] = Registry("workload")
+"""Workload classes by name (``drapps bench --workloads``)."""
+for _workload in (ImageWorkload, TextWorkload, SyntheticWorkload):
+    WORKLOADS.register(_workload.name, _workload)
 
 
 def workload_class(name: str) -> type[Workload]:
     """The workload registered as ``name``; the error lists the valid names."""
-    if name not in WORKLOADS:
-        raise ValueError(f"workload must be one of {list(WORKLOADS)}, got {name!r}")
-    return WORKLOADS[name]
+    return WORKLOADS.get(name)
 
 
 __all__ = ["SIZES", "WORKLOADS", "Workload", "workload_class"]

@@ -9,9 +9,8 @@ from typing import Any
 from torch import nn
 
 from drapps.control.rl import MlpPolicy
+from drapps.registry import Registry
 from drapps.sim.env import PipelineEnv
-
-_REGISTRY: dict[str, Callable[[], Learner]] = {}
 
 
 class Learner(ABC):
@@ -22,18 +21,18 @@ class Learner(ABC):
         """Train for ``steps`` environment steps, seeded by ``seed``."""
 
 
-def register_learner(name: str) -> Callable[[type[Learner]], type[Learner]]:
-    def add(cls: type[Learner]) -> type[Learner]:
-        if name in _REGISTRY:
-            raise ValueError(f"a learner named {name!r} is already registered")
-        _REGISTRY[name] = cls
-        return cls
+LEARNERS: Registry[Callable[[], Learner]] = Registry("learner")
+"""Learner classes by name; the built-ins register when ``drapps.sim.learners`` is imported."""
 
-    return add
+
+def register_learner(name: str) -> Callable[[type[Learner]], type[Learner]]:
+    """Class decorator: make a learner available by name (``drapps train-policy --learner``)."""
+    register: Callable[[type[Learner]], type[Learner]] = LEARNERS.register(name)
+    return register
 
 
 def learner_names() -> list[str]:
-    return sorted(_REGISTRY)
+    return LEARNERS.names()
 
 
 def make_learner(name: str) -> Learner:
@@ -42,9 +41,7 @@ def make_learner(name: str) -> Learner:
     Raises:
         ValueError: no learner has that name (the message lists them).
     """
-    if name not in _REGISTRY:
-        raise ValueError(f"learner must be one of {learner_names()}, got {name!r}")
-    return _REGISTRY[name]()
+    return LEARNERS.get(name)()
 
 
 def export_mlp(linears: Sequence[nn.Linear], meta: dict[str, Any]) -> MlpPolicy:
