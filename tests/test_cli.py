@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -131,3 +133,25 @@ def test_bench_writes_json_and_markdown_then_plots(
     assert main(["bench-plot", str(out / "results.json")]) == 0
     assert (out / "image-steady-over-time.png").exists()
     assert (out / "image-end-to-end.png").exists()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["bench", "--workload", "imagenet"],
+        ["bench", "--workers", "two"],
+        ["profile", "--dataset", "nomodule"],
+        ["train", "--recipe", "nope", "--data", "."],
+        ["train-ablation"],
+        ["simulate", "--scenario", "cpu-bound", "--cores", "0"],
+        ["evaluate-policy", "--episodes", "0"],
+        ["nosuchcommand"],
+    ],
+)
+def test_every_usage_error_is_one_line_and_exit_code_2(argv: list[str]) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "drapps.cli", *argv], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert done.stderr.startswith("drapps") and done.stderr.count("\n") == 1, done.stderr

@@ -1,4 +1,4 @@
-"""``drapps simulate`` and ``drapps train-policy``."""
+"""``drapps simulate``, ``drapps evaluate-policy`` and ``drapps train-policy``."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import argparse
 import json
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from drapps.cli import _name_list
+from drapps.cli._args import Commands, UsageError, check_positive, name_list
 from drapps.control.policy import Policy, policy_names
 from drapps.sim.scenario import Scenario
 
@@ -138,20 +138,13 @@ def _run(
 
 
 def simulate_command(args: argparse.Namespace) -> int:
-    if not args.duration > 0 or not args.interval > 0:
-        raise SystemExit(
-            f"--duration and --interval must be > 0, got {args.duration}, {args.interval}"
-        )
-    for name in ("disk_slowdown", "cpu_slowdown", "step_slowdown"):
-        if not getattr(args, name) > 0:
-            raise SystemExit(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
-    if args.cores is not None and args.cores < 1:
-        raise SystemExit(f"--cores must be >= 1, got {args.cores}")
+    check_positive(args, "duration", "interval", "disk_slowdown", "cpu_slowdown", "step_slowdown")
+    check_positive(args, "cores", minimum=1)
     try:
         scenario, origin = _scenario(args)
         resolved = None if args.policy == "oracle-static" else resolve_policy(args.policy)
     except ValueError as exc:
-        raise SystemExit(str(exc)) from None
+        raise UsageError(str(exc)) from None
     print(f"scenario: {origin}")
     print(f"  {_describe(scenario)}")
     variants = [("as is", scenario)]
@@ -211,7 +204,7 @@ def train_policy_command(args: argparse.Namespace) -> int:
     from drapps.sim.families import check_families, family_names
 
     if args.steps < 1:
-        raise SystemExit(f"--steps must be >= 1, got {args.steps}")
+        raise UsageError(f"--steps must be >= 1, got {args.steps}")
     try:
         from drapps.sim.env import PipelineEnv
         from drapps.sim.learners import make_learner
@@ -221,7 +214,7 @@ def train_policy_command(args: argparse.Namespace) -> int:
         held_out = check_families(args.evaluate_on or family_names(held_out=True))
         env = PipelineEnv(families, duration=args.duration)
     except ValueError as exc:
-        raise SystemExit(str(exc)) from None
+        raise UsageError(str(exc)) from None
     print(f"training {args.learner} for {args.steps} steps on {', '.join(families)}")
     start = time.perf_counter()
     policy = learner.train(env, args.steps, args.seed)
@@ -249,7 +242,7 @@ def evaluate_command(args: argparse.Namespace) -> int:
     from drapps.sim.families import check_families, family_names
 
     if args.episodes < 1:
-        raise SystemExit(f"--episodes must be >= 1, got {args.episodes}")
+        raise UsageError(f"--episodes must be >= 1, got {args.episodes}")
     try:
         families = check_families(args.families or family_names())
         policies = {}
@@ -264,7 +257,7 @@ def evaluate_command(args: argparse.Namespace) -> int:
                 )
             policies[name] = policy
     except ValueError as exc:
-        raise SystemExit(str(exc)) from None
+        raise UsageError(str(exc)) from None
     start = time.perf_counter()
     result = evaluate(policies, families, episodes=args.episodes, seed=args.seed)
     table = result.markdown()
@@ -279,7 +272,8 @@ def evaluate_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parsers(commands: Any) -> None:
+def add_commands(commands: Commands) -> None:
+    """Add ``simulate``, ``evaluate-policy`` and ``train-policy``."""
     simulate = commands.add_parser(
         "simulate",
         help="run a policy in the pipeline simulator; what-if questions from a trace",
@@ -314,9 +308,9 @@ def add_parsers(commands: Any) -> None:
         "and time to settle after changes.",
     )
     evaluation.add_argument(
-        "--policies", type=_name_list, default=("heuristic", "rl"), help="default heuristic,rl"
+        "--policies", type=name_list, default=("heuristic", "rl"), help="default heuristic,rl"
     )
-    evaluation.add_argument("--families", type=_name_list, help="default: every family")
+    evaluation.add_argument("--families", type=name_list, help="default: every family")
     evaluation.add_argument("--episodes", type=int, default=8, help="per family (8)")
     evaluation.add_argument("--seed", type=int, default=0, help="scenario draws (0)")
     evaluation.add_argument("--out", help="folder for results.json and results.md")
@@ -331,8 +325,8 @@ def add_parsers(commands: Any) -> None:
     train.add_argument("--learner", default="ppo", help="ppo (default) or ddqn")
     train.add_argument("--steps", type=int, default=100_000, help="environment steps (100000)")
     train.add_argument("--seed", type=int, default=0, help="seed (0)")
-    train.add_argument("--families", type=_name_list, help="training families (default: all)")
-    train.add_argument("--evaluate-on", type=_name_list, help="default: the held-out families")
+    train.add_argument("--families", type=name_list, help="training families (default: all)")
+    train.add_argument("--evaluate-on", type=name_list, help="default: the held-out families")
     train.add_argument("--episodes", type=int, default=6, help="per held-out family (6)")
     train.add_argument("--duration", type=float, default=60.0, help="episode seconds (60)")
     train.add_argument("--out", default="drapps-policy.npz", help="policy file to write")

@@ -1,0 +1,56 @@
+"""What every command group shares: list arguments, the usage error, one-line argparse errors."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, NoReturn
+
+
+class UsageError(Exception):
+    """Bad input on the command line: ``drapps`` prints it on one line and exits with 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line on stderr and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"{self.prog}: {message} (see {self.prog} --help)\n")
+        raise SystemExit(2)
+
+
+def int_list(text: str) -> tuple[int, ...]:
+    """``"0,1,2"`` -> ``(0, 1, 2)``."""
+    try:
+        values = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated ints like 0,1,2, got {text!r}"
+        ) from None
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected at least one int, got {text!r}")
+    return values
+
+
+def name_list(text: str) -> tuple[str, ...]:
+    """``"a, b"`` -> ``("a", "b")``."""
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def check_positive(args: argparse.Namespace, *names: str, minimum: float = 0.0) -> None:
+    """Raise a UsageError naming the first option in ``names`` that is not above ``minimum``
+    (or, with an int ``minimum`` >= 1, not at least it)."""
+    for name in names:
+        value = getattr(args, name)
+        if value is None:
+            continue
+        flag = "--" + name.replace("_", "-")
+        if isinstance(minimum, int) and minimum >= 1:
+            if value < minimum:
+                raise UsageError(f"{flag} must be >= {minimum}, got {value}")
+        elif not value > minimum:
+            raise UsageError(f"{flag} must be > {minimum:g}, got {value}")
+
+
+Commands = Any
+"""The object ``ArgumentParser.add_subparsers()`` returns."""

@@ -1,0 +1,97 @@
+"""``drapps profile``: a user's dataset under telemetry, and its bottleneck report."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from drapps.cli._args import Commands, UsageError
+
+
+def load_dataset(spec: str) -> object:
+    """``module:factory`` -> the dataset (``factory()`` if callable, else the object itself)."""
+    import importlib
+
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise ValueError(f"--dataset must look like module:factory, got {spec!r}")
+    if "" not in sys.path and "." not in sys.path:
+        sys.path.insert(0, "")  # like `python -m`: modules in the current folder are found
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"cannot import {module_name!r} for --dataset: {exc}") from exc
+    try:
+        factory = getattr(module, attribute)
+    except AttributeError:
+        names = sorted(n for n in dir(module) if not n.startswith("_"))
+        raise ValueError(
+            f"{module_name!r} has no {attribute!r} for --dataset; it has {names}"
+        ) from None
+    dataset = factory() if callable(factory) and not hasattr(factory, "__getitem__") else factory
+    if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
+        raise ValueError(
+            f"--dataset {spec} gave a {type(dataset).__name__}, not a map-style dataset"
+        )
+    return dataset
+
+
+def profile_command(args: argparse.Namespace) -> int:
+    import drapps
+
+    try:
+        dataset = load_dataset(args.dataset)
+        workers: int | str = "auto" if args.workers == "auto" else int(args.workers)
+        loader = drapps.Loader(
+            dataset,
+            batch_size=args.batch_size,
+            shuffle=True,
+            workers=workers,  # type: ignore[arg-type]
+            persistent_workers=workers != 0,
+            trace=args.trace,
+            control_interval=args.interval,
+            progress=args.progress,
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    delivered = 0
+    with loader:
+        while delivered < args.batches:
+            for _ in loader:
+                delivered += 1
+                if args.step_ms:
+                    time.sleep(args.step_ms / 1000)
+                if delivered >= args.batches:
+                    break
+            if len(loader) == 0:
+                break
+    print(loader.report())
+    stats = loader.stats()
+    print(
+        f"\n{stats.batches} batches, {stats.samples} samples; final workers {stats.workers}; "
+        f"{stats.worker_restarts} worker restarts, {stats.samples_skipped} samples skipped."
+    )
+    if args.trace:
+        print(f"trace: {args.trace}", file=sys.stderr)
+    return 0
+
+
+def add_commands(commands: Commands) -> None:
+    """Add ``profile``."""
+    profile = commands.add_parser(
+        "profile",
+        help="run your dataset under telemetry and print a bottleneck report",
+        description="Load a map-style dataset from module:factory (factory() is called), run "
+        "a drapps.Loader over it for --batches batches with the controller on, and print "
+        "where the time went.",
+    )
+    profile.add_argument("--dataset", required=True, help="module:factory, e.g. mydata:make")
+    profile.add_argument("--batches", type=int, default=200, help="batches to run (200)")
+    profile.add_argument("--batch-size", type=int, default=32, help="samples per batch (32)")
+    profile.add_argument("--workers", default="auto", help="'auto' (default) or a count")
+    profile.add_argument("--step-ms", type=float, default=0.0, help="simulated training step")
+    profile.add_argument("--interval", type=float, default=0.5, help="controller tick seconds")
+    profile.add_argument("--trace", help="also write the JSONL trace here")
+    profile.add_argument("--progress", action="store_true", help="live status line")
+    profile.set_defaults(run=profile_command)
