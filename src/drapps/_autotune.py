@@ -117,7 +117,7 @@ class AutoTuner:
             t=tick.state.t,
             state=tick.state,
             action=tick.action,
-            applied={"workers": tick.workers, "prefetch": tick.prefetch},
+            applied=dict(tick.applied),
             reward=tick.reward,
             workers={str(pid): v for pid, v in self.monitor.per_worker.items()},
             stages=dict(snapshot.stage_s) if snapshot is not None else {},

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 STEPS = (-1, 0, 1)
@@ -18,11 +18,15 @@ class Action:
     prefetch: int = 0
     """-1, 0 or +1 batch of prefetch depth."""
     split: int = 0
-    """-1, 0 or +1 op moved across the CPU/GPU split (reserved for the GPU-stage issue)."""
+    """-1, 0 or +1 op moved across the split between the workers and the device stage (used
+    when the pipeline has a ``split`` knob)."""
     codec: str | None = None
-    """Codec to switch the cache to, None to keep it (reserved for the codec issue)."""
+    """Codec to switch the sample cache to, None to keep it (used when the pipeline has a
+    ``codec`` knob)."""
     reason: str = ""
     """Why the policy chose this, in words (shown in the report and the trace)."""
+    other: dict[str, Any] = field(default_factory=dict)
+    """Moves of knobs that have no field of their own, by knob name."""
 
     def __post_init__(self) -> None:
         for name in ("workers", "prefetch", "split"):
@@ -31,18 +35,32 @@ class Action:
                     f"Action.{name} must be one of {STEPS}, got {getattr(self, name)!r}"
                 )
 
+    def moves(self) -> dict[str, Any]:
+        """The move asked of each knob, by knob name (steps for step knobs, a value for
+        choice knobs); knobs not asked to move are absent."""
+        moves: dict[str, Any] = {
+            k: v for k, v in (("workers", self.workers), ("prefetch", self.prefetch),
+                              ("split", self.split)) if v != 0
+        }  # fmt: skip
+        if self.codec is not None:
+            moves["codec"] = self.codec
+        moves.update({k: v for k, v in self.other.items() if v not in (0, None)})
+        return moves
+
     @property
     def is_noop(self) -> bool:
-        return self.workers == 0 and self.prefetch == 0 and self.split == 0 and self.codec is None
+        return not self.moves()
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        if not data["other"]:
+            del data["other"]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Action:
-        return cls(
-            **{k: data[k] for k in ("workers", "prefetch", "split", "codec", "reason") if k in data}
-        )
+        keys = ("workers", "prefetch", "split", "codec", "reason", "other")
+        return cls(**{k: data[k] for k in keys if k in data})
 
     @staticmethod
     def space() -> tuple[Action, ...]:

@@ -1,19 +1,20 @@
 """The Controller: every tick, observe a State, ask the policy, clip, apply, and record.
 
-It knows the pipeline only through :class:`Actuators` and an ``observe`` function, so the same
-loop can drive the real loader or the simulator. A policy that raises is logged and the tick
-holds still: a policy can never stop the pipeline.
+It knows the pipeline only through its :class:`~drapps.control.knobs.Knob` list and an
+``observe`` function, so the same loop drives the real loader and the simulator. A policy that
+raises is logged and the tick holds still: a policy can never stop the pipeline.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from drapps.control.action import Action
+from drapps.control.knobs import Knob, PrefetchKnob, Value, WorkersKnob
 from drapps.control.policy import Policy
 from drapps.control.reward import RewardWeights, reward
 from drapps.control.state import State
@@ -22,7 +23,7 @@ logger = logging.getLogger(__name__)
 
 
 class Actuators(Protocol):
-    """The knobs a controller turns."""
+    """The pipeline's worker count and prefetch depth, as the default knobs turn them."""
 
     def resize(self, workers: int) -> None: ...
 
@@ -35,7 +36,7 @@ class Actuators(Protocol):
 
 @dataclass(frozen=True)
 class Bounds:
-    """Limits every applied action is clipped to."""
+    """Limits of the worker and prefetch knobs."""
 
     min_workers: int
     max_workers: int
@@ -53,6 +54,27 @@ class Bounds:
             raise ValueError(f"max_prefetch must be >= 1, got {self.max_prefetch!r}")
 
 
+def default_knobs(
+    actuators: Actuators, bounds: Bounds, grant: Callable[[int, int], int] | None = None
+) -> list[Knob]:
+    """The workers and prefetch knobs over ``actuators`` within ``bounds``."""
+    return [
+        WorkersKnob(
+            actuators.resize,
+            low=bounds.min_workers,
+            high=bounds.max_workers,
+            adjustable=bounds.adjust_workers,
+            grant=grant,
+        ),
+        PrefetchKnob(
+            actuators.set_prefetch,
+            high=bounds.max_prefetch,
+            batch_bytes=actuators.batch_bytes,
+            adjustable=bounds.adjust_prefetch,
+        ),
+    ]
+
+
 @dataclass(frozen=True)
 class Tick:
     """What one tick saw, decided and applied."""
@@ -60,11 +82,19 @@ class Tick:
     state: State
     action: Action
     """The policy's action, as it chose it."""
-    workers: int
-    """Worker count after clipping and applying."""
-    prefetch: int
-    """Prefetch depth after clipping and applying."""
+    applied: dict[str, Value]
+    """Every knob's value after clipping and applying, by knob name."""
     reward: float
+
+    @property
+    def workers(self) -> int:
+        """Worker count after clipping and applying."""
+        return int(self.applied.get("workers", self.state.workers))
+
+    @property
+    def prefetch(self) -> int:
+        """Prefetch depth after clipping and applying."""
+        return int(self.applied.get("prefetch", self.state.prefetch))
 
 
 class Controller:
@@ -74,50 +104,61 @@ class Controller:
         self,
         observe: Callable[[], State],
         policy: Policy,
-        actuators: Actuators,
-        bounds: Bounds,
+        actuators: Actuators | None,
+        bounds: Bounds | None,
         *,
         interval: float = 0.5,
         on_tick: Callable[[Tick], None] | None = None,
         weights: RewardWeights | None = None,
         name: str = "drapps-controller",
         grant: Callable[[int, int], int] | None = None,
+        knobs: Sequence[Knob] = (),
     ) -> None:
         """
         Args:
-            grant: ``grant(wanted, floor) -> workers``: a share of cores held with other
-                loaders (:class:`drapps.runtime.cores.CoreBudget`); the worker count is
-                clipped to it every tick, so a loader over its share shrinks.
+            actuators, bounds: the workers and prefetch knobs (:func:`default_knobs`); None
+                for a pipeline whose knobs all come from ``knobs``.
+            grant: ``grant(wanted, floor) -> workers``, see :class:`WorkersKnob`.
+            knobs: further knobs (``split``, ``codec``, or a new one), asked after the
+                default ones, in this order.
+
+        Raises:
+            ValueError: a bad interval, two knobs with one name, or a policy trained for
+                knobs this pipeline does not have.
         """
         if not interval > 0:
             raise ValueError(f"interval must be > 0 seconds, got {interval!r}")
-        self.observe, self.policy, self.actuators, self.bounds = observe, policy, actuators, bounds
+        self.observe, self.policy = observe, policy
         self.interval = interval
         self.on_tick = on_tick
         self.weights = weights or RewardWeights()
-        self.grant = grant
-        self._extra_prefetch = 0  # depth beyond two batches per worker
+        self.knobs: list[Knob] = []
+        if actuators is not None and bounds is not None:
+            self.knobs += default_knobs(actuators, bounds, grant)
+        self.knobs += list(knobs)
+        names = [knob.name for knob in self.knobs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"knob names must be unique, got {names}")
+        check_policy_knobs(policy, names)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._name = name
 
-    def clip(self, state: State, action: Action) -> tuple[int, int]:
-        """The (workers, prefetch) that ``action`` leads to within the bounds and the budget."""
-        b = self.bounds
-        workers = state.workers
-        if b.adjust_workers:
-            workers = min(b.max_workers, max(b.min_workers, state.workers + action.workers))
-            if self.grant is not None:
-                workers = self.grant(workers, b.min_workers)
-        if not b.adjust_prefetch:
-            return workers, state.prefetch
-        extra = self._extra_prefetch + action.prefetch
-        depth = min(b.max_prefetch, max(1, 2 * workers + extra))
-        batch_bytes = self.actuators.batch_bytes()
-        if batch_bytes > 0:
-            depth = min(depth, max(1, state.memory_budget // batch_bytes))
-        self._extra_prefetch = depth - 2 * workers
-        return workers, depth
+    def propose(self, state: State, action: Action) -> dict[str, Value]:
+        """Each knob's value that ``action`` leads to within its bounds (nothing applied)."""
+        moves = action.moves()
+        chosen: dict[str, Value] = {}
+        for knob in self.knobs:
+            chosen[knob.name] = knob.propose(state, moves.get(knob.name), chosen)
+        return chosen
+
+    def act(self, state: State, action: Action) -> dict[str, Value]:
+        """Clip ``action`` and apply every knob whose value changes; returns the values."""
+        chosen = self.propose(state, action)
+        for knob in self.knobs:
+            if chosen[knob.name] != knob.current(state):
+                knob.apply(chosen[knob.name])
+        return chosen
 
     def step(self) -> Tick:
         """One tick (the thread calls this; tests may call it directly)."""
@@ -127,12 +168,8 @@ class Controller:
         except Exception as exc:
             logger.exception("policy %r failed; holding the knobs", type(self.policy).__name__)
             action = Action(reason=f"policy failed ({type(exc).__name__}: {exc}); holding")
-        workers, prefetch = self.clip(state, action)
-        if workers != state.workers:
-            self.actuators.resize(workers)
-        if prefetch != state.prefetch:
-            self.actuators.set_prefetch(prefetch)
-        tick = Tick(state, action, workers, prefetch, reward(state, self.weights))
+        applied = self.act(state, action)
+        tick = Tick(state, action, applied, reward(state, self.weights))
         if self.on_tick is not None:
             try:
                 self.on_tick(tick)
@@ -161,3 +198,20 @@ class Controller:
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=timeout_s)
+
+
+def check_policy_knobs(policy: Policy, names: Sequence[str]) -> None:
+    """Refuse a policy that declares (``policy.knobs``) knobs the pipeline lacks.
+
+    Raises:
+        ValueError: naming the policy's knobs and the pipeline's.
+    """
+    wanted = getattr(policy, "knobs", None)
+    if wanted is None:
+        return
+    missing = [name for name in wanted if name not in names]
+    if missing:
+        raise ValueError(
+            f"policy {type(policy).__name__} was trained for the knobs {list(wanted)} but this "
+            f"pipeline has {list(names)} (missing: {missing})"
+        )

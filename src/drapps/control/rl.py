@@ -24,6 +24,9 @@ FORMAT = 1
 ACTIONS = Action.space()
 
 
+KNOBS = ("workers", "prefetch")
+"""The knobs :data:`ACTIONS` move; a policy file names them and is refused elsewhere."""
+
 ACTION_NAMES = [f"workers{a.workers:+d} prefetch{a.prefetch:+d}" for a in ACTIONS]
 """How a policy file names the actions it scores, in :data:`ACTIONS` order."""
 
@@ -65,6 +68,8 @@ class MlpPolicy:
             raise ValueError(f"the last layer must have {len(ACTIONS)} outputs, got {width}")
         self.layers = checked
         self.meta = dict(meta or {})
+        self.knobs = KNOBS
+        """The knobs this policy moves; a Controller without them refuses it."""
 
     def hidden(self, features: np.ndarray) -> np.ndarray:
         """The last hidden layer's activations: what the output layer scores."""
@@ -103,6 +108,7 @@ class MlpPolicy:
             "format": FORMAT,
             "features": list(State.FEATURES),
             "actions": ACTION_NAMES,
+            "knobs": list(self.knobs),
             "meta": self.meta,
         }
         arrays: dict[str, Any] = {"header": np.asarray(json.dumps(header))}
@@ -135,7 +141,10 @@ class MlpPolicy:
             raise ValueError(f"{path}: not a drapps policy file (its header is not a mapping)")
         if header.get("format") != FORMAT:
             raise ValueError(f"{path}: policy format {header.get('format')!r}, expected {FORMAT}")
-        for key, ours in (("features", list(State.FEATURES)), ("actions", ACTION_NAMES)):
+        header.setdefault("knobs", list(KNOBS))  # files from before knobs were named
+        checks = (("features", list(State.FEATURES)), ("actions", ACTION_NAMES),
+                  ("knobs", list(KNOBS)))  # fmt: skip
+        for key, ours in checks:
             if header.get(key) != ours:
                 raise ValueError(
                     f"{path}: trained on {key} {header.get(key)!r}, this drapps has {ours!r}"

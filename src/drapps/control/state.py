@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
 import numpy as np
@@ -74,10 +74,13 @@ class State:
     """Upper bound on workers."""
     prefetch: int
     """Prefetch depth (batches in flight + ready)."""
-    split_point: int = 0
-    """Index of the first op run on the GPU (0: none on the GPU). Reserved for that issue."""
-    codec: str = "none"
-    """Codec of the cache. Reserved for that issue."""
+    split_point: int | None = None
+    """Index of the first op run in the device stage after the reorder buffer, when the
+    pipeline has a ``split`` knob; None otherwise."""
+    codec: str | None = None
+    """Codec of the sample cache, when the pipeline has a ``codec`` knob; None otherwise."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Values of knobs that have no field of their own, by knob name."""
 
     FEATURES: ClassVar[tuple[str, ...]] = (
         "cpu_util",
@@ -118,11 +121,34 @@ class State:
         )
         return np.clip(np.asarray(values, dtype=np.float32), 0.0, 1.0)
 
+    def knob(self, name: str) -> Any:
+        """The current value of the knob called ``name``.
+
+        Raises:
+            ValueError: the pipeline this State describes has no such knob.
+        """
+        typed = _KNOB_FIELDS.get(name)
+        value = getattr(self, typed) if typed is not None else self.extra.get(name)
+        if value is None:
+            raise ValueError(f"this State has no knob named {name!r}")
+        return value
+
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        if not data["extra"]:
+            del data["extra"]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> State:
         """Inverse of :meth:`as_dict`; unknown keys are ignored (newer traces)."""
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})
+
+
+_KNOB_FIELDS = {
+    "workers": "workers",
+    "prefetch": "prefetch",
+    "split": "split_point",
+    "codec": "codec",
+}

@@ -100,7 +100,7 @@ def record(trace: Trace | str | os.PathLike[str]) -> RecordedRun:
         duration=duration,
         first_workers=max(1, rows[0].workers_after),
         schedule=tuple(
-            (r.workers_after, r.applied.get("prefetch", r.state.prefetch)) for r in window
+            (r.workers_after, int(r.applied.get("prefetch", r.state.prefetch))) for r in window
         ),
         outside=tuple(outside),
         throughput=samples / duration,

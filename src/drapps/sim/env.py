@@ -112,11 +112,7 @@ class PipelineEnv(gym.Env):  # type: ignore[name-defined]
             raise RuntimeError("call reset() before step()")
         if not self.action_space.contains(action):
             raise ValueError(f"action must be an int in [0, {len(ACTIONS)}), got {action!r}")
-        workers, prefetch = self._controller.clip(self._state, ACTIONS[int(action)])
-        if workers != self._sim.workers:
-            self._sim.resize(workers)
-        if prefetch != self._sim.prefetch:
-            self._sim.set_prefetch(prefetch)
+        workers = int(self._controller.act(self._state, ACTIONS[int(action)])["workers"])
         self._steps += 1
         self._sim.run_until(self._steps * self.interval)
         self._state = self._sim.observe()

@@ -35,15 +35,16 @@ class TraceRow:
     t: float
     state: State
     action: Action
-    applied: dict[str, int]
-    """{"workers": n, "prefetch": d} after the tick's action was clipped and applied."""
+    applied: dict[str, int | str]
+    """Every knob's value after the tick's action was clipped and applied, by knob name
+    (``{"workers": n, "prefetch": d}``, plus ``split`` / ``codec`` where they exist)."""
     reward: float
     workers: dict[str, dict[str, float]] = field(default_factory=dict)
     stages: dict[str, float] = field(default_factory=dict)
 
     @property
     def workers_after(self) -> int:
-        return self.applied.get("workers", self.state.workers)
+        return int(self.applied.get("workers", self.state.workers))
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -63,7 +64,7 @@ class TraceRow:
             t=float(data["t"]),
             state=State.from_dict(data["state"]),
             action=Action.from_dict(data["action"]),
-            applied={k: int(v) for k, v in data["applied"].items()},
+            applied={k: v if isinstance(v, str) else int(v) for k, v in data["applied"].items()},
             reward=float(data["reward"]),
             workers=data.get("workers", {}),
             stages=data.get("stages", {}),

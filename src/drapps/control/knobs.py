@@ -1,0 +1,180 @@
+"""Knobs: the named, bounded settings a controller turns.
+
+A knob knows its name, where its value sits in :class:`~drapps.control.state.State` and
+:class:`~drapps.control.action.Action`, how far it may go, and how to apply a new value. The
+controller asks each knob in turn what the policy's action leads to (:meth:`Knob.propose`, already
+clipped to its bounds), applies the values that changed, and records them under the knob's name
+in the tick and the trace. The real loader and the simulator build the same knobs over their own
+``apply`` functions, so a policy sees one contract in both.
+
+Example:
+    >>> from drapps.control.knobs import WorkersKnob
+    >>> knob = WorkersKnob(apply=print, low=1, high=4)
+    >>> knob.name, knob.bounds()
+    ('workers', (1, 4))
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from drapps.control.state import State
+
+Value = int | str
+
+
+class Knob(ABC):
+    """One setting the controller may change.
+
+    Subclasses set :attr:`name` and implement :meth:`propose`; ``apply`` is given by whoever
+    owns the setting (the dispatcher, the simulator, a cache).
+    """
+
+    name: str = ""
+    """Key of the knob in ``Action.moves()``, ``State.knob()``, ``Tick.applied`` and the trace."""
+
+    def __init__(self, apply: Callable[[Any], None], *, adjustable: bool = True) -> None:
+        """
+        Args:
+            apply: sets the knob's new value on the pipeline.
+            adjustable: False holds the knob at its value whatever the policy asks.
+        """
+        if not self.name:
+            raise TypeError(f"{type(self).__name__} must set a class attribute `name`")
+        self._apply = apply
+        self.adjustable = adjustable
+
+    def current(self, state: State) -> Value:
+        """The knob's value in ``state``."""
+        return state.knob(self.name)
+
+    @abstractmethod
+    def propose(self, state: State, move: Any, chosen: Mapping[str, Value]) -> Value:
+        """The value ``move`` (the action's entry for this knob, None when absent) leads to,
+        clipped to the knob's bounds. ``chosen`` holds what the knobs before it proposed."""
+
+    def apply(self, value: Value) -> None:
+        """Set the knob on the pipeline."""
+        self._apply(value)
+
+    @abstractmethod
+    def bounds(self) -> tuple[Any, ...]:
+        """(low, high) for a numeric knob, or the allowed values of a choice knob."""
+
+
+class StepKnob(Knob):
+    """An integer knob moved by -1, 0 or +1 per tick within ``[low, high]``."""
+
+    def __init__(
+        self, apply: Callable[[int], None], *, low: int, high: int, adjustable: bool = True
+    ) -> None:
+        super().__init__(apply, adjustable=adjustable)
+        if not low <= high:
+            raise ValueError(f"{self.name} bounds need low <= high, got {low}, {high}")
+        self.low, self.high = low, high
+
+    def propose(self, state: State, move: Any, chosen: Mapping[str, Value]) -> Value:
+        value = int(self.current(state))
+        if not self.adjustable:
+            return value
+        return min(self.high, max(self.low, value + int(move or 0)))
+
+    def bounds(self) -> tuple[int, int]:
+        return self.low, self.high
+
+
+class ChoiceKnob(Knob):
+    """A knob set to one of a fixed set of values (a codec name, for instance)."""
+
+    def __init__(
+        self, apply: Callable[[str], None], *, choices: tuple[str, ...], adjustable: bool = True
+    ) -> None:
+        super().__init__(apply, adjustable=adjustable)
+        if not choices:
+            raise ValueError(f"{self.name} needs at least one choice")
+        self.choices = tuple(choices)
+
+    def propose(self, state: State, move: Any, chosen: Mapping[str, Value]) -> Value:
+        value = self.current(state)
+        if not self.adjustable or move is None:
+            return value
+        if move not in self.choices:
+            raise ValueError(f"{self.name} must be one of {list(self.choices)}, got {move!r}")
+        return str(move)
+
+    def bounds(self) -> tuple[str, ...]:
+        return self.choices
+
+
+class WorkersKnob(StepKnob):
+    """Worker processes, within ``[low, high]`` and the host's share of cores (``grant``)."""
+
+    name = "workers"
+
+    def __init__(
+        self,
+        apply: Callable[[int], None],
+        *,
+        low: int,
+        high: int,
+        adjustable: bool = True,
+        grant: Callable[[int, int], int] | None = None,
+    ) -> None:
+        """
+        Args:
+            grant: ``grant(wanted, floor) -> workers``: a share of cores held with other
+                loaders (:class:`drapps.runtime.cores.CoreBudget`); the count is clipped to
+                it every tick, so a loader over its share shrinks.
+        """
+        if not 1 <= low <= high:
+            raise ValueError(f"need 1 <= min_workers <= max_workers, got {low}, {high}")
+        super().__init__(apply, low=low, high=high, adjustable=adjustable)
+        self.grant = grant
+
+    def propose(self, state: State, move: Any, chosen: Mapping[str, Value]) -> Value:
+        workers = super().propose(state, move, chosen)
+        if self.adjustable and self.grant is not None:
+            workers = self.grant(int(workers), self.low)
+        return workers
+
+
+class PrefetchKnob(StepKnob):
+    """Batches in flight + ready: two per worker plus a learned extra, within the memory budget.
+
+    The extra depth is kept across ticks, so the depth follows the worker count.
+    """
+
+    name = "prefetch"
+
+    def __init__(
+        self,
+        apply: Callable[[int], None],
+        *,
+        high: int,
+        batch_bytes: Callable[[], int] = lambda: 0,
+        adjustable: bool = True,
+    ) -> None:
+        """
+        Args:
+            high: most batches in flight + ready.
+            batch_bytes: bytes of the largest batch so far (0 before the first); the depth
+                is capped at ``memory_budget // batch_bytes``.
+        """
+        if high < 1:
+            raise ValueError(f"max_prefetch must be >= 1, got {high!r}")
+        super().__init__(apply, low=1, high=high, adjustable=adjustable)
+        self._batch_bytes = batch_bytes
+        self._extra = 0  # depth beyond two batches per worker
+
+    def propose(self, state: State, move: Any, chosen: Mapping[str, Value]) -> Value:
+        if not self.adjustable:
+            return state.prefetch
+        workers = int(chosen.get("workers", state.workers))
+        depth = min(self.high, max(1, 2 * workers + self._extra + int(move or 0)))
+        batch_bytes = self._batch_bytes()
+        if batch_bytes > 0:
+            depth = min(depth, max(1, state.memory_budget // batch_bytes))
+        self._extra = depth - 2 * workers
+        return depth
