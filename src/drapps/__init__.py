@@ -7,6 +7,7 @@ Example:
     [(4, 3), (4, 3)]
 """
 
+from drapps._version import __version__
 from drapps.loader import Loader
 from drapps.runtime import (
     LoaderConfig,
@@ -17,8 +18,6 @@ from drapps.runtime import (
     sample_seed,
 )
 from drapps.runtime.stats import LoaderStats
-
-__version__ = "0.1.0"
 
 __all__ = [
     "Loader",

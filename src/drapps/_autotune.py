@@ -1,53 +1,38 @@
-"""Wiring between a Loader and its telemetry and control: Monitor -> Controller -> actuators.
+"""Wiring between a loader's pipeline and its telemetry and control: Monitor -> Controller -> knobs.
 
-Holds the loader only through a weak reference, so a loader with a controller thread can still
-be garbage-collected (its finalizer stops this first).
+It is given a snapshot function and the knobs, never the loader, so a loader with a controller
+thread can still be garbage-collected (its finalizer stops this first).
 """
 
 from __future__ import annotations
 
 import sys
 import time
-import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import fields
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from drapps.control.controller import Bounds, Controller, Tick
+from drapps.control.controller import Bounds, Controller, Tick, default_knobs
+from drapps.control.knobs import Knob
 from drapps.control.policy import Policy, make_policy
+from drapps.runtime.config import LoaderConfig
 from drapps.runtime.dispatcher import Dispatcher
-from drapps.telemetry.monitor import Monitor, PipelineSnapshot
+from drapps.runtime.stats import PipelineSnapshot
+from drapps.telemetry.monitor import Monitor
 from drapps.telemetry.trace import TraceRow, TraceWriter
-
-if TYPE_CHECKING:
-    from drapps.loader import Loader
 
 _KEPT_ROWS = 20_000  # ~3 hours at the default 0.5 s tick
 
 
-class _DispatcherActuators:
-    def __init__(self, dispatcher: Dispatcher) -> None:
-        self._dispatcher = dispatcher
+class _Unactuated:
+    """For loaders without a pool (workers=0, iterable datasets): observed, never actuated."""
 
     def resize(self, workers: int) -> None:
-        self._dispatcher.resize(workers)
+        raise RuntimeError("this loader has no worker pool to resize")
 
     def set_prefetch(self, depth: int) -> None:
-        self._dispatcher.set_prefetch(depth)
-
-    def batch_bytes(self) -> int:
-        return self._dispatcher.batch_bytes()
-
-
-class _NoActuators:
-    """For loaders without a pool (workers=0): observed, never actuated."""
-
-    def resize(self, workers: int) -> None:
-        raise RuntimeError("a loader with workers=0 has no pool to resize")
-
-    def set_prefetch(self, depth: int) -> None:
-        raise RuntimeError("a loader with workers=0 has no prefetch to set")
+        raise RuntimeError("this loader has no prefetch depth to set")
 
     def batch_bytes(self) -> int:
         return 0
@@ -59,44 +44,29 @@ class AutoTuner:
     def __init__(
         self,
         snapshot: Callable[[], PipelineSnapshot],
-        dispatcher: Dispatcher | None,
+        knobs: Sequence[Knob],
         policy: Policy,
-        bounds: Bounds,
         *,
         interval: float,
         trace_path: str | None,
         progress: bool,
         config: dict[str, Any],
-        grant: Callable[[int, int], int] | None = None,
     ) -> None:
         self.monitor = Monitor(snapshot)
-        actuators = _DispatcherActuators(dispatcher) if dispatcher else _NoActuators()
         self.controller = Controller(
             self.monitor.sample,
             policy,
-            actuators,
-            bounds,
+            None,
+            None,
+            knobs=knobs,
             interval=interval,
             on_tick=self._record,
-            grant=grant,
         )
         self.rows: deque[TraceRow] = deque(maxlen=_KEPT_ROWS)
         self.writer = TraceWriter(trace_path, config) if trace_path else None
         self.progress = progress
         self._last_progress = 0.0
         self._stopped = False
-
-    @classmethod
-    def for_loader(cls, loader: Any, **kwargs: Any) -> AutoTuner:
-        ref = weakref.ref(loader)
-
-        def snapshot() -> PipelineSnapshot:
-            alive = ref()
-            if alive is None:
-                raise RuntimeError("the loader was garbage-collected")
-            return snapshot_of(alive)
-
-        return cls(snapshot, loader._dispatcher, **kwargs)
 
     def start(self) -> None:
         if not self._stopped:
@@ -145,11 +115,23 @@ class AutoTuner:
             self._last_progress = now
 
 
-def make_tuner(loader: Loader) -> AutoTuner | None:
+def make_tuner(
+    config: LoaderConfig,
+    snapshot: Callable[[], PipelineSnapshot],
+    dispatcher: Dispatcher | None,
+    grant: Callable[[int, int], int] | None = None,
+) -> AutoTuner | None:
     """The tuner a loader needs: a controller for workers="auto", else telemetry only if a
-    trace or progress line was asked for, else none."""
-    c = loader.config
-    auto = c.workers == "auto" and loader._dispatcher is not None
+    trace or progress line was asked for, else none.
+
+    Args:
+        snapshot: the loader's pipeline counters (hold the loader weakly: it must stay
+            collectable while the controller runs).
+        dispatcher: the pool the knobs turn; None for a loader without one.
+        grant: the host's share of cores, see :class:`~drapps.control.knobs.WorkersKnob`.
+    """
+    c = config
+    auto = c.workers == "auto" and dispatcher is not None
     if not (auto or c.trace or c.progress):
         return None
     if not auto:
@@ -166,46 +148,15 @@ def make_tuner(loader: Loader) -> AutoTuner | None:
         adjust_workers=auto,
         adjust_prefetch=auto and c.prefetch == "auto",
     )
-    return AutoTuner.for_loader(
-        loader,
-        policy=policy,
-        bounds=bounds,
+    actuators = dispatcher if dispatcher is not None else _Unactuated()
+    return AutoTuner(
+        snapshot,
+        default_knobs(actuators, bounds, grant if auto else None),
+        policy,
         interval=c.control_interval,
         trace_path=c.trace,
         progress=c.progress,
         config={f.name: _plain(getattr(c, f.name)) for f in fields(c)},
-        grant=loader._budget.grant if auto and loader._budget is not None else None,
-    )
-
-
-def snapshot_of(loader: Loader) -> PipelineSnapshot:
-    """The loader's pipeline counters now, for the Monitor."""
-    d = loader._dispatcher
-    if d is None:
-        return PipelineSnapshot(
-            samples=loader._samples,
-            wait_s=loader._inline_wait_s,
-            queue_batches=0,
-            queue_bytes=0,
-            memory_budget=loader._memory_budget,
-            workers=0,
-            max_workers=0,
-            prefetch=0,
-            worker_pids=(),
-        )
-    counters = d.snapshot()
-    return PipelineSnapshot(
-        samples=loader._samples,
-        wait_s=d.buffer.waited_s(),
-        queue_batches=len(d.buffer),
-        queue_bytes=d.buffer.bytes,
-        memory_budget=loader._memory_budget,
-        workers=len(d.pool.live()),
-        max_workers=loader.config.resolved_max_workers,
-        prefetch=d.prefetch_depth,
-        worker_pids=d.pool.pids(),
-        latencies=tuple(d.latencies),
-        stage_s={k: counters[k] for k in ("fetch_s", "transform_s", "collate_s", "transport_s")},
     )
 
 

@@ -9,21 +9,38 @@ loader's next ``iter()``, ``set_epoch()`` or ``load_state_dict()``.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
 
 import torch
 
+from drapps.runtime.dispatcher import Dispatcher
 from drapps.runtime.errors import SampleError
 from drapps.runtime.plan import EpochPlan
 from drapps.runtime.seeding import preserved_global_rngs
-from drapps.runtime.stream import StreamBatcher
-from drapps.runtime.worker import make_batch
-
-if TYPE_CHECKING:
-    from drapps.loader import Loader
+from drapps.runtime.stream import StreamBatcher, StreamPool
+from drapps.runtime.worker import BatchRecipe, make_batch
 
 Skipped = list[tuple[Any, str]]
+
+
+class Loader(Protocol):
+    """What an epoch reads and counts on the :class:`drapps.Loader` that made it."""
+
+    batch_size: int | None
+    drop_last: bool
+    _active: Callable[[], Epoch | None]
+    _dispatcher: Dispatcher | None
+    _stream: StreamPool | None
+    _stream_workers: int
+    _recipe: BatchRecipe
+    _finish: Callable[[Any], Any] | None
+    _auto_collation: bool
+    _inline_wait_s: float
+
+    def __len__(self) -> int: ...
+
+    def _record(self, batch_samples: int, skipped: Skipped) -> None: ...
 
 
 class Epoch:

@@ -16,13 +16,14 @@ import threading
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import replace
 from typing import Any, Literal
 
 import torch
 from torch.utils.data import BatchSampler, default_collate, default_convert
 
 from drapps._autotune import AutoTuner, make_tuner
-from drapps._epoch import MapEpoch, StreamEpoch
+from drapps._epoch import Epoch, MapEpoch, StreamEpoch
 from drapps.control.policy import Policy
 from drapps.runtime.config import LoaderConfig, checked_index, resolve_workers
 from drapps.runtime.cores import HostShare
@@ -41,7 +42,7 @@ from drapps.runtime.sampling import (
     stream_length,
     world,
 )
-from drapps.runtime.stats import LoaderStats
+from drapps.runtime.stats import LoaderStats, PipelineSnapshot, inline_snapshot
 from drapps.runtime.stream import StreamPool
 from drapps.runtime.transport import pinner, remove_orphan_slabs
 from drapps.runtime.worker import BatchRecipe
@@ -245,7 +246,12 @@ class Loader:
         self._budget = HostShare() if c.workers == "auto" else None
         self._owner = os.getpid()
         try:
-            self._tuner = make_tuner(self)
+            self._tuner = make_tuner(
+                c,
+                _weak_snapshot(self),
+                self._dispatcher,
+                self._budget.grant if self._budget is not None else None,
+            )
         except BaseException:  # e.g. an unwritable trace path: free what was set up
             _shutdown(self._owner, None, self._dispatcher, self._stream, self._budget)
             raise
@@ -265,7 +271,7 @@ class Loader:
         self._epochs_started = 0
         # A weak reference: the iterator holds the loader, not the other way round, so a
         # dropped loader is freed at once rather than by the cyclic collector.
-        self._active: Callable[[], MapEpoch | StreamEpoch | None] = lambda: None
+        self._active: Callable[[], Epoch | None] = lambda: None
         self._epoch = -1
         self._batches = 0
         self._samples = 0
@@ -522,45 +528,30 @@ class Loader:
 
     def stats(self) -> LoaderStats:
         """Counters of what the loader has done so far."""
-        d, stream = self._dispatcher, self._stream
-        counters: dict[str, float] = d.snapshot() if d is not None else {}
-        buffer = d.buffer if d is not None else None
-        if d is not None:
-            workers, pids = len(d.pool.live()), d.pool.pids()
-        elif stream is not None:
-            workers, pids = len(stream.workers), stream.pids()
-        else:
-            workers, pids = 0, ()
-        wait_s = self._inline_wait_s
-        if buffer is not None:
-            wait_s = buffer.wait_s
-        elif stream is not None:
-            wait_s = stream.wait_s
-        return LoaderStats(
+        return LoaderStats.of(
+            self.snapshot(),
             epoch=self._epoch,
             batches=self._batches,
-            samples=self._samples,
             samples_skipped=self._skipped_total,
             skipped=tuple(self._skipped),
-            workers=workers,
-            target_workers=self.num_workers,
-            worker_pids=pids,
-            prefetch_depth=d.prefetch_depth if d is not None else 0,
-            ready_batches=len(buffer) if buffer is not None else 0,
-            ready_bytes=buffer.bytes if buffer is not None else 0,
-            peak_ready_bytes=buffer.peak_bytes if buffer is not None else 0,
-            memory_budget=self._memory_budget,
-            in_flight=d.in_flight() if d is not None else 0,
-            wait_s=wait_s,
-            worker_restarts=int(counters.get("worker_restarts", 0)),
-            timeouts=int(counters.get("timeouts", 0)),
-            retries=int(counters.get("retries", 0)),
-            pickled_bytes=int(counters.get("pickled_bytes", 0)),
-            shared_bytes=int(counters.get("shared_bytes", stream.shared_bytes if stream else 0)),
-            fetch_s=counters.get("fetch_s", 0.0),
-            transform_s=counters.get("transform_s", 0.0),
-            collate_s=counters.get("collate_s", 0.0),
         )
+
+    def snapshot(self) -> PipelineSnapshot:
+        """The pipeline's counters now: what :meth:`stats`, the monitor and the controller read."""
+        limits = {"memory_budget": self._memory_budget}
+        max_workers = self.config.resolved_max_workers
+        if self._dispatcher is not None:
+            return self._dispatcher.snapshot(
+                samples=self._samples, max_workers=max_workers, **limits
+            )
+        if self._stream is not None:
+            return self._stream.snapshot(
+                samples=self._samples,
+                max_workers=max_workers,
+                target_workers=self._stream_workers,
+                **limits,
+            )
+        return replace(inline_snapshot(self._inline_wait_s, **limits), samples=self._samples)
 
     def report(self) -> str:
         """A bottleneck report in plain words and figures, from the controller's telemetry.
@@ -612,6 +603,19 @@ def _shutdown(
         stream.shutdown()
     if budget is not None:
         budget.release()
+
+
+def _weak_snapshot(loader: Loader) -> Callable[[], PipelineSnapshot]:
+    """``loader.snapshot`` through a weak reference, so the controller does not keep it alive."""
+    ref = weakref.ref(loader)
+
+    def snapshot() -> PipelineSnapshot:
+        alive = ref()
+        if alive is None:
+            raise RuntimeError("the loader was garbage-collected")
+        return alive.snapshot()
+
+    return snapshot
 
 
 def _warn_once(key: str, message: str) -> None:

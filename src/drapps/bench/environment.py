@@ -13,7 +13,7 @@ import numpy as np
 import psutil
 import torch
 
-import drapps
+from drapps._version import __version__
 from drapps.runtime.config import usable_cores
 
 
@@ -53,6 +53,6 @@ def describe_environment() -> dict[str, Any]:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "numpy": np.__version__,
-        "drapps": drapps.__version__,
+        "drapps": __version__,
         "commit": _commit(),
     }

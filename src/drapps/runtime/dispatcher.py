@@ -28,6 +28,7 @@ from drapps.runtime.errors import WorkerTimeoutError
 from drapps.runtime.plan import EpochPlan
 from drapps.runtime.pool import Task, Worker, WorkerPool
 from drapps.runtime.reorder import Entry, ReorderBuffer
+from drapps.runtime.stats import STAGES, PipelineSnapshot
 from drapps.runtime.transport import Packed, discard, unpack
 from drapps.runtime.worker import BatchRecipe
 
@@ -110,7 +111,7 @@ class Dispatcher:
         self._batch_bytes = 0
         self._live_bytes = 0
         self._bytes_lock = threading.Lock()
-        # Counters read by stats().
+        # Counters read by snapshot().
         self.counters: dict[str, float] = {
             "worker_restarts": 0,
             "timeouts": 0,
@@ -513,6 +514,33 @@ class Dispatcher:
             entry = Entry(error=WorkerTimeoutError(message, stage="worker", indices=task.indices))
         self.buffer.put(task.generation, task.batch_id, entry)
 
-    def snapshot(self) -> dict[str, Any]:
-        """Counters for :meth:`drapps.Loader.stats` (read without stopping the thread)."""
-        return dict(self.counters)
+    def snapshot(self, *, samples: int, memory_budget: int, max_workers: int) -> PipelineSnapshot:
+        """The pipeline's counters now (read without stopping the thread).
+
+        Args:
+            samples: samples the training loop has received (the loader counts them).
+            memory_budget, max_workers: the loader's limits, reported alongside.
+        """
+        counters = dict(self.counters)
+        return PipelineSnapshot(
+            samples=samples,
+            wait_s=self.buffer.waited_s(),
+            queue_batches=len(self.buffer),
+            queue_bytes=self.buffer.bytes,
+            memory_budget=memory_budget,
+            workers=len(self.pool.live()),
+            max_workers=max_workers,
+            prefetch=self.prefetch_depth,
+            worker_pids=self.pool.pids(),
+            latencies=tuple(self.latencies),
+            stage_s={name: counters[name] for name in STAGES},
+            target_workers=self._target,
+            peak_queue_bytes=self.buffer.peak_bytes,
+            in_flight=len(self._in_flight),
+            batch_bytes=self._batch_bytes,
+            worker_restarts=int(counters["worker_restarts"]),
+            timeouts=int(counters["timeouts"]),
+            retries=int(counters["retries"]),
+            pickled_bytes=int(counters["pickled_bytes"]),
+            shared_bytes=int(counters["shared_bytes"]),
+        )

@@ -1,9 +1,75 @@
-"""LoaderStats: the counters a loader reports through ``Loader.stats()``."""
+"""The pipeline's counters: one frozen snapshot per read, and the public LoaderStats.
+
+Whatever makes the batches (the dispatcher's worker pool, the stream pool of an iterable dataset,
+or the training process itself with ``workers=0``) reports a :class:`PipelineSnapshot`; the
+loader adds what it counts itself (samples delivered) in one place. ``Loader.stats()``, the
+monitor and the controller all read that snapshot, so they agree.
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
+
+STAGES = ("fetch_s", "transform_s", "collate_s", "transport_s")
+"""Stage timers, cumulative seconds over all workers."""
+
+
+@dataclass(frozen=True)
+class PipelineSnapshot:
+    """Cumulative pipeline counters at one instant."""
+
+    samples: int
+    """Samples delivered to the training loop so far."""
+    wait_s: float
+    """Seconds the training loop has spent blocked waiting for batches so far, a wait still
+    under way included."""
+    queue_batches: int
+    """Batches made and waiting for the training loop."""
+    queue_bytes: int
+    """Bytes those batches hold."""
+    memory_budget: int
+    """Bytes ready batches may hold."""
+    workers: int
+    """Workers taking tasks now."""
+    max_workers: int
+    """Upper bound on workers."""
+    prefetch: int
+    """Batches allowed in flight + ready."""
+    worker_pids: tuple[int, ...]
+    """Process ids of the worker processes alive now (parked ones included)."""
+    latencies: tuple[tuple[float, float], ...] = ()
+    """Recent (monotonic arrival time, dispatch-to-arrival seconds) per batch."""
+    stage_s: dict[str, float] = field(default_factory=dict)
+    """Cumulative seconds per stage (:data:`STAGES`)."""
+    target_workers: int = 0
+    """Worker count asked for."""
+    peak_queue_bytes: int = 0
+    """Most bytes the ready batches ever held."""
+    in_flight: int = 0
+    """Batches being made by workers now."""
+    batch_bytes: int = 0
+    """Bytes of the largest batch so far (0 before the first)."""
+    worker_restarts: int = 0
+    timeouts: int = 0
+    retries: int = 0
+    pickled_bytes: int = 0
+    shared_bytes: int = 0
+
+
+def inline_snapshot(wait_s: float, memory_budget: int) -> PipelineSnapshot:
+    """The snapshot of a loader that makes batches in the training process (``workers=0``)."""
+    return PipelineSnapshot(
+        samples=0,
+        wait_s=wait_s,
+        queue_batches=0,
+        queue_bytes=0,
+        memory_budget=memory_budget,
+        workers=0,
+        max_workers=0,
+        prefetch=0,
+        worker_pids=(),
+    )
 
 
 @dataclass(frozen=True)
@@ -60,3 +126,41 @@ class LoaderStats:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def of(
+        cls,
+        snapshot: PipelineSnapshot,
+        *,
+        epoch: int,
+        batches: int,
+        samples_skipped: int,
+        skipped: tuple[tuple[int, str], ...],
+    ) -> LoaderStats:
+        """The public counters from a pipeline snapshot and what the loader counted."""
+        stages = snapshot.stage_s
+        return cls(
+            epoch=epoch,
+            batches=batches,
+            samples=snapshot.samples,
+            samples_skipped=samples_skipped,
+            skipped=skipped,
+            workers=snapshot.workers,
+            target_workers=snapshot.target_workers,
+            worker_pids=snapshot.worker_pids,
+            prefetch_depth=snapshot.prefetch,
+            ready_batches=snapshot.queue_batches,
+            ready_bytes=snapshot.queue_bytes,
+            peak_ready_bytes=snapshot.peak_queue_bytes,
+            memory_budget=snapshot.memory_budget,
+            in_flight=snapshot.in_flight,
+            wait_s=snapshot.wait_s,
+            worker_restarts=snapshot.worker_restarts,
+            timeouts=snapshot.timeouts,
+            retries=snapshot.retries,
+            pickled_bytes=snapshot.pickled_bytes,
+            shared_bytes=snapshot.shared_bytes,
+            fetch_s=stages.get("fetch_s", 0.0),
+            transform_s=stages.get("transform_s", 0.0),
+            collate_s=stages.get("collate_s", 0.0),
+        )

@@ -30,6 +30,7 @@ from typing import Any
 from drapps.runtime.errors import SampleError, sample_error
 from drapps.runtime.pool import start_worker_process
 from drapps.runtime.seeding import seed_worker, set_worker_info
+from drapps.runtime.stats import PipelineSnapshot
 from drapps.runtime.transport import (
     Packed,
     discard,
@@ -237,6 +238,24 @@ class StreamPool:
 
     def pids(self) -> tuple[int, ...]:
         return tuple(p for w in self.workers if (p := w.process.pid) is not None)
+
+    def snapshot(
+        self, *, samples: int, memory_budget: int, max_workers: int, target_workers: int
+    ) -> PipelineSnapshot:
+        """The stream's counters now (streams are not prefetched by depth or budget)."""
+        return PipelineSnapshot(
+            samples=samples,
+            wait_s=self.wait_s,
+            queue_batches=0,
+            queue_bytes=0,
+            memory_budget=memory_budget,
+            workers=len(self.workers),
+            max_workers=max_workers,
+            prefetch=0,
+            worker_pids=self.pids(),
+            target_workers=target_workers,
+            shared_bytes=self.shared_bytes,
+        )
 
     def start_epoch(self, workers: int, seed: int, *, fresh: bool) -> int:
         """Begin a pass over the dataset with ``workers`` processes; returns its generation."""

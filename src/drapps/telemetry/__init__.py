@@ -1,6 +1,7 @@
 """Telemetry: the Monitor that makes States, JSONL traces, and the bottleneck report."""
 
-from drapps.telemetry.monitor import Monitor, PipelineSnapshot
+from drapps.runtime.stats import PipelineSnapshot
+from drapps.telemetry.monitor import Monitor
 from drapps.telemetry.report import bottleneck_report
 from drapps.telemetry.trace import TRACE_VERSION, Trace, TraceRow, TraceWriter, read_trace
 

@@ -2,7 +2,8 @@
 
 System figures come from psutil (and NVML when ``nvidia-ml-py`` is installed and a GPU is
 present; its absence is normal). Pipeline figures come from a snapshot function the loader
-provides, so this module knows nothing of the runtime's internals.
+provides (:class:`~drapps.runtime.stats.PipelineSnapshot`, the one snapshot ``Loader.stats()``
+reads too), so this module knows nothing of the runtime's internals.
 """
 
 from __future__ import annotations
@@ -11,35 +12,14 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import psutil
 
 from drapps.control.state import State, percentile
+from drapps.runtime.stats import PipelineSnapshot
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class PipelineSnapshot:
-    """Cumulative pipeline counters at one instant, as the loader reports them."""
-
-    samples: int
-    """Samples delivered to the training loop so far."""
-    wait_s: float
-    """Seconds the training loop has spent blocked waiting for batches so far."""
-    queue_batches: int
-    queue_bytes: int
-    memory_budget: int
-    workers: int
-    max_workers: int
-    prefetch: int
-    worker_pids: tuple[int, ...]
-    latencies: tuple[tuple[float, float], ...] = ()
-    """Recent (monotonic arrival time, dispatch-to-arrival seconds) per batch."""
-    stage_s: dict[str, float] = field(default_factory=dict)
-    """Cumulative seconds per stage: fetch, transform, collate, transport."""
 
 
 class _Gpu:

@@ -81,7 +81,7 @@ class TraceWriter:
     """Appends rows to a JSONL trace; flushes every row so a crash loses at most one."""
 
     def __init__(self, path: str | os.PathLike[str], config: dict[str, Any]) -> None:
-        from drapps import __version__
+        from drapps._version import __version__
 
         self.path = Path(path)
         self._file: IO[str] | None = open(self.path, "w", encoding="utf-8")  # noqa: SIM115

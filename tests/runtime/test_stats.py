@@ -1,0 +1,53 @@
+"""One pipeline snapshot: Loader.stats(), the monitor and the controller read the same counters."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from helpers import BusyDataset
+
+import drapps
+from drapps.runtime.stats import PipelineSnapshot
+from drapps.telemetry import Monitor
+
+
+class SlowDataset:
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, index: int) -> int:
+        time.sleep(1.5 if index == 0 else 0.0)
+        return index
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_wait_under_way_counts_in_every_reading(workers: int) -> None:
+    with drapps.Loader(SlowDataset(), batch_size=2, workers=workers, seed=0) as loader:
+        taken: list[object] = []
+        consumer = threading.Thread(target=lambda: taken.extend(loader), name="test-consumer")
+        consumer.start()
+        time.sleep(0.8)  # the first batch takes 1.5 s: the loop is blocked in next()
+        snapshot = loader.snapshot()
+        stats = loader.stats()
+        consumer.join(timeout=30)
+    if workers:  # a wait under way counts as soon as the loop blocks
+        assert snapshot.wait_s > 0.4 and stats.wait_s >= snapshot.wait_s
+    assert len(taken) == 2
+
+
+def test_stats_and_the_monitor_read_the_same_snapshot() -> None:
+    with drapps.Loader(BusyDataset(64, 0.001), batch_size=8, workers=2, seed=0) as loader:
+        batches = list(loader)
+        snapshot = loader.snapshot()
+        stats = loader.stats()
+        state = Monitor(loader.snapshot).sample()
+    assert isinstance(snapshot, PipelineSnapshot)
+    assert (stats.samples, stats.batches) == (snapshot.samples, len(batches)) == (64, 8)
+    assert stats.target_workers == snapshot.target_workers == 2
+    assert stats.worker_pids == snapshot.worker_pids and len(stats.worker_pids) == 2
+    assert stats.fetch_s == snapshot.stage_s["fetch_s"] > 0
+    assert stats.shared_bytes == snapshot.shared_bytes > 0
+    assert (state.workers, state.prefetch) == (snapshot.workers, snapshot.prefetch)
+    assert state.memory_budget == stats.memory_budget == snapshot.memory_budget
