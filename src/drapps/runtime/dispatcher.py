@@ -1,10 +1,10 @@
 """The dispatcher: one thread that owns the worker pool and feeds the reorder buffer.
 
 Every tick it applies commands (new epoch, resize, prefetch depth, stop), keeps the pool at its
-target size, hands out tasks while the prefetch depth and memory budget allow, and waits on all
-worker pipes and process sentinels at once. A worker that dies or overruns ``timeout`` is reaped
-and its unanswered tasks go back to the front of the queue; results are deduplicated by batch id in
-the reorder buffer, so every batch is delivered exactly once.
+target size, hands out tasks while the prefetch depth and memory budget allow, and waits for the
+pool's replies and exits at once (``WorkerPool.poll``). A worker that dies or overruns
+``timeout`` is reaped and its unanswered tasks go back to the front of the queue; results are
+deduplicated by batch id in the reorder buffer, so every batch is delivered exactly once.
 """
 
 from __future__ import annotations
@@ -13,20 +13,18 @@ import contextlib
 import heapq
 import logging
 import os
-import pickle
 import secrets
-import signal
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from multiprocessing.connection import wait
 from multiprocessing.context import BaseContext
 from typing import Any
 
 from drapps.runtime.errors import WorkerTimeoutError
 from drapps.runtime.plan import EpochPlan
-from drapps.runtime.pool import Task, Worker, WorkerPool
+from drapps.runtime.pool import Reply, Task, Worker, WorkerPool
+from drapps.runtime.process_pool import ProcessPool
 from drapps.runtime.reorder import Entry, ReorderBuffer
 from drapps.runtime.stats import STAGES, PipelineSnapshot
 from drapps.runtime.transport import Packed, discard, unpack
@@ -45,18 +43,6 @@ _PARK_S = 5.0
 _PAUSE_S = 2.0
 
 
-def describe_exit(code: int | None) -> str:
-    """How a worker process ended, in words: its exit code, or the signal that killed it."""
-    if code is None:
-        return "did not exit"
-    if code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with code {code}"
-
-
 class Dispatcher:
     """Runs the worker pool for a loader (started lazily, stopped by :meth:`shutdown`)."""
 
@@ -72,16 +58,19 @@ class Dispatcher:
         context: BaseContext | None,
         prefetch_per_worker: int = 2,
         finish: Callable[[Any], Any] | None = None,
+        pool: WorkerPool | None = None,
     ) -> None:
         """
         Args:
             prefetch: batches made ahead in total; None: ``prefetch_per_worker`` per worker.
             finish: applied to each batch in this thread as it arrives (e.g. pinning it), so
                 the training loop does not pay for it.
+            pool: the workers (default: a :class:`ProcessPool` of ``recipe`` in ``context``);
+                the dispatcher owns it from here and shuts it down.
         """
         self.session = f"{os.getpid()}_{secrets.token_hex(4)}"
         self.buffer = ReorderBuffer(on_consumed=self._wake)
-        self.pool = WorkerPool(recipe, self.session, context)
+        self.pool = pool if pool is not None else ProcessPool(recipe, self.session, context)
         self._on_error = recipe.on_error
         self._target = workers
         self._prefetch = prefetch
@@ -185,7 +174,7 @@ class Dispatcher:
                     "drapps dispatcher did not stop in %.0fs; killing workers", timeout_s
                 )
                 for worker in list(self.pool.workers):
-                    worker.process.kill()
+                    self.pool.kill(worker, wait_s=0.0)
         if thread is None or not thread.is_alive():
             self._release()
 
@@ -338,30 +327,19 @@ class Dispatcher:
             worker.assigned.append(task)
             self._in_flight[batch_id] = worker
             message = (task.generation, plan.seed, task.epoch, batch_id, indices, self._target)
-            try:
-                worker.tasks.send(message)
-            except OSError:
-                worker.broken = True  # re-queued when its sentinel fires
-                worker.process.kill()
+            self.pool.send(worker, message)  # a failed send shows as the worker's exit
 
     def _wait_and_receive(self) -> None:
-        waitables: dict[Any, tuple[str, Worker | None]] = {self._wake_r: ("wake", None)}
-        for worker in self.pool.workers:
-            waitables[worker.process.sentinel] = ("exit", worker)
-            if not worker.broken:
-                waitables[worker.results] = ("result", worker)
         timeout = self._wait_timeout()
         before = time.monotonic()
-        ready_list = wait(list(waitables), timeout=timeout)
+        polled = self.pool.poll(timeout, self._wake_r)
         self._credit_pause(time.monotonic() - before - timeout)
-        for ready in ready_list:
-            kind, owner = waitables[ready]
-            if kind == "wake":
-                os.read(self._wake_r, 4096)
-            elif kind == "result" and owner is not None and owner in self.pool.workers:
-                self._drain(owner)
-        for ready_worker in [w for w in self.pool.workers if not w.process.is_alive()]:
-            self._on_exit(ready_worker, "died")
+        if polled.woke:
+            os.read(self._wake_r, 4096)
+        self._on_replies(polled.replies)
+        for worker in polled.exited:
+            if worker in self.pool.workers:
+                self._on_exit(worker, "died")
 
     def _credit_pause(self, overrun_s: float) -> None:
         """A wait that overran its timeout by far means this process was not running (Ctrl-Z,
@@ -387,16 +365,9 @@ class Dispatcher:
         ]
         return max(0.01, min([_TICK_S, *deadlines]))
 
-    def _drain(self, worker: Worker) -> None:
-        try:
-            while worker.results.poll():
-                self._on_reply(worker, worker.results.recv())
-        except (EOFError, OSError, ValueError, pickle.UnpicklingError) as exc:
-            # EOF or a truncated message: the pipe is unusable. Make sure the process is gone
-            # too; its sentinel then fires and its tasks are re-queued.
-            logger.debug("worker %d result pipe broke: %r", worker.wid, exc)
-            worker.broken = True
-            worker.process.kill()
+    def _on_replies(self, replies: list[Reply]) -> None:
+        for worker, reply in replies:
+            self._on_reply(worker, reply)
 
     def _on_reply(self, worker: Worker, reply: tuple[Any, ...]) -> None:
         kind, generation, batch_id = reply[:3]
@@ -467,11 +438,10 @@ class Dispatcher:
                 self._on_exit(worker, f"exceeded timeout={self._timeout}s")
 
     def _on_exit(self, worker: Worker, reason: str) -> None:
-        if not worker.broken:
-            self._drain(worker)  # replies sent before it exited still count
+        self._on_replies(self.pool.drain(worker))  # replies sent before it exited still count
         unanswered = self.pool.reap(worker)
         if reason == "died":
-            reason = describe_exit(worker.process.exitcode)
+            reason = self.pool.exit_reason(worker)
         if worker.last_error:
             reason = f"{reason} (its last error: {worker.last_error})"
         expected = worker.retiring and not unanswered

@@ -1,75 +1,29 @@
-"""The worker pool: processes that make batches, each with its own pair of pipes.
+"""The pool protocol: what the dispatcher needs of a set of workers, whatever they run on.
 
-Each worker has a private task pipe and result pipe rather than sharing one queue: a worker killed
-mid-write can only corrupt its own pipe (a shared ``multiprocessing.Queue`` would leave its lock
-held and stall every other worker), and the pool always knows which tasks a dead worker took.
+A pool starts workers, sends each a task message, and reports what came back (replies and
+exits) in one :meth:`WorkerPool.poll`; it grows by :meth:`~WorkerPool.spawn`, shrinks by
+:meth:`~WorkerPool.retire`, and answers for every task it was given (:meth:`~WorkerPool.reap`
+returns those a dead worker left unanswered). Scheduling, retries, ordering and the memory
+budget stay in the dispatcher, so a new pool (threads, Ray actors) only moves messages.
+
+The lifecycle follows torchdata.nodes' ``BaseNode`` in spirit: start (``spawn``), next
+(``send`` + ``poll``), reset (the dispatcher's epochs re-seed workers through task messages),
+and ``shutdown``, which every pool makes idempotent and safe under garbage collection.
+
+Members: :class:`drapps.runtime.process_pool.ProcessPool` (the default).
 """
 
 from __future__ import annotations
 
-import logging
-import multiprocessing
-import os
+import signal
 import time
-import weakref
+from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection
-from multiprocessing.context import BaseContext
-from multiprocessing.process import BaseProcess
 from typing import Any
 
-from drapps.runtime.transport import remove_slabs, slab_prefix
-from drapps.runtime.worker import BatchRecipe, run_worker
-
-logger = logging.getLogger(__name__)
-
-# Every worker process drapps started in this process. multiprocessing lists them as children of
-# this process, and a plain os.fork() child inherits that list: when such a child exits, its
-# atexit handler would terminate our workers as if they were its own. The fork hook below makes
-# the child forget them.
-_started: weakref.WeakSet[BaseProcess] = weakref.WeakSet()
-
-
-def _forget_workers_after_fork() -> None:
-    children = getattr(multiprocessing.process, "_children", None)
-    if children is not None:
-        for process in list(_started):
-            children.discard(process)
-    _started.clear()
-
-
-os.register_at_fork(after_in_child=_forget_workers_after_fork)
-
-
-def start_worker_process(
-    context: BaseContext,
-    target: Callable[..., None],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    *,
-    name: str,
-) -> tuple[BaseProcess, Connection, Connection]:
-    """Start ``target(*args, tasks, results, parent_pid, **kwargs)`` as a daemon worker with a
-    private task pipe and result pipe; returns the process and our ends of both pipes.
-
-    The process is also counted among the workers a forked child must not terminate.
-    """
-    task_recv, task_send = context.Pipe(duplex=False)
-    result_recv, result_send = context.Pipe(duplex=False)
-    process = context.Process(  # type: ignore[attr-defined]
-        target=target,
-        args=(*args, task_recv, result_send, os.getpid()),
-        kwargs=kwargs,
-        name=name,
-        daemon=True,
-    )
-    process.start()
-    _started.add(process)
-    task_recv.close()
-    result_send.close()
-    return process, task_send, result_recv
+Reply = tuple["Worker", tuple[Any, ...]]
+"""A worker and one reply it sent (see :func:`drapps.runtime.worker.run_worker`)."""
 
 
 @dataclass(frozen=True)
@@ -85,12 +39,10 @@ class Task:
 
 @dataclass(eq=False)
 class Worker:
-    """The pool's view of one worker process."""
+    """The dispatcher's view of one worker, whatever it runs on."""
 
     wid: int
-    process: BaseProcess
-    tasks: Connection
-    results: Connection
+    """The pool's own id for it, never reused."""
     assigned: deque[Task] = field(default_factory=deque)
     """Tasks sent and not yet answered, oldest (the one being made) first."""
     last_progress: float = field(default_factory=time.monotonic)
@@ -114,87 +66,115 @@ class Worker:
         return max(self.assigned[0].assigned_at, self.last_progress)
 
 
-class WorkerPool:
-    """Starts, retires, kills and reaps worker processes; knows their unanswered tasks."""
+@dataclass
+class Polled:
+    """What one :meth:`WorkerPool.poll` found."""
 
-    def __init__(self, recipe: BatchRecipe, session: str, context: BaseContext | None) -> None:
-        self._recipe = recipe
-        self._session = session
-        self._context = context or multiprocessing.get_context()
-        self._next_wid = 0
+    replies: list[Reply] = field(default_factory=list)
+    """Replies in the order each worker sent them."""
+    exited: list[Worker] = field(default_factory=list)
+    """Workers that are gone (their replies sent before leaving are in ``replies``)."""
+    woke: bool = False
+    """The dispatcher's wake-up file descriptor was readable."""
+
+
+class WorkerPool(ABC):
+    """A set of workers that make batches from task messages.
+
+    A task message is ``(generation, seed, epoch, batch_id, indices, num_workers)``; a worker
+    answers each with a reply tuple as :func:`drapps.runtime.worker.run_worker` does, in the
+    order it received them, and ``None`` asks it to stop after what it holds.
+    """
+
+    def __init__(self) -> None:
         self.workers: list[Worker] = []
+        self._next_wid = 0
 
-    def live(self) -> list[Worker]:
-        """Workers that take new tasks (not parked, retiring or broken)."""
-        return [w for w in self.workers if not w.retiring and not w.broken and w.parked_at is None]
+    # --------------------------------------------------------------- what a member provides
 
-    def pids(self) -> tuple[int, ...]:
-        """Process ids of every started worker (parked and retiring ones included)."""
-        return tuple(p for w in list(self.workers) if (p := w.process.pid) is not None)
-
-    def parked(self) -> list[Worker]:
-        """Parked workers, most recently parked first."""
-        parked = [w for w in self.workers if w.parked_at is not None and not w.retiring]
-        return sorted(parked, key=lambda w: w.parked_at or 0.0, reverse=True)
-
+    @abstractmethod
     def spawn(self, num_workers: int = 1, seed: int = 0) -> Worker:
-        """Start a worker; it takes the lowest id (``get_worker_info().id``) not in use.
+        """Start a worker (its id from :meth:`next_ids`) and add it to :attr:`workers`.
 
         Args:
             num_workers: the pool's size as the new worker's ``get_worker_info()`` first says.
             seed: the epoch's base seed; the worker's global RNGs start from it as
                 DataLoader's do.
         """
+
+    @abstractmethod
+    def send(self, worker: Worker, message: Any) -> None:
+        """Send a task message; on failure mark ``worker.broken`` and make sure it exits."""
+
+    @abstractmethod
+    def poll(self, timeout: float, wake: int) -> Polled:
+        """Wait up to ``timeout`` seconds for replies, exits, or the file descriptor ``wake``
+        becoming readable (the dispatcher reads it); report what happened."""
+
+    @abstractmethod
+    def drain(self, worker: Worker) -> list[Reply]:
+        """Replies ``worker`` has sent and :meth:`poll` has not yet returned."""
+
+    @abstractmethod
+    def retire(self, worker: Worker) -> None:
+        """Let ``worker`` finish its assigned tasks, then exit; set ``worker.retiring``."""
+
+    @abstractmethod
+    def kill(self, worker: Worker, *, wait_s: float = 5.0) -> None:
+        """Stop ``worker`` now, waiting up to ``wait_s`` for it to be gone."""
+
+    @abstractmethod
+    def reap(self, worker: Worker) -> list[Task]:
+        """Release an exited worker (:meth:`forget`); returns its unanswered tasks."""
+
+    @abstractmethod
+    def exit_reason(self, worker: Worker) -> str:
+        """How an exited worker ended, in words (``exited with code 1``)."""
+
+    @abstractmethod
+    def shutdown(self, grace_s: float = 2.0) -> None:
+        """Stop every worker (ask, wait up to ``grace_s``, then force) and free what they
+        held. Idempotent."""
+
+    def pids(self) -> tuple[int, ...]:
+        """Process ids the monitor should measure (none for workers inside this process)."""
+        return ()
+
+    # -------------------------------------------------------------------- shared bookkeeping
+
+    def next_ids(self) -> tuple[int, int]:
+        """(wid, slot) for a new worker: a fresh wid, and the lowest ``get_worker_info().id``
+        not taken by a worker that stays."""
         wid = self._next_wid
         self._next_wid += 1
         taken = {w.slot for w in self.workers if not w.retiring}
         slot = next(i for i in range(len(taken) + 1) if i not in taken)
-        process, task_send, result_recv = start_worker_process(
-            self._context,
-            run_worker,
-            (self._recipe, self._session, wid),
-            {"slot": slot, "num_workers": num_workers, "base_seed": seed},
-            name=f"drapps-worker-{slot}",
-        )
-        worker = Worker(wid, process, task_send, result_recv, slot=slot)
-        self.workers.append(worker)
-        logger.debug("started worker %d (pid %s)", wid, process.pid)
-        return worker
+        return wid, slot
 
-    def retire(self, worker: Worker) -> None:
-        """Let ``worker`` finish its assigned tasks, then exit (the pipe keeps order)."""
-        worker.retiring = True
-        try:
-            worker.tasks.send(None)
-        except OSError:
-            worker.broken = True
-
-    def kill(self, worker: Worker) -> None:
-        if worker.process.is_alive():
-            worker.process.kill()
-        worker.process.join(timeout=5.0)
-
-    def reap(self, worker: Worker) -> list[Task]:
-        """Forget an exited worker; returns its unanswered tasks and removes its stray slabs."""
-        worker.process.join(timeout=5.0)
-        worker.tasks.close()
-        worker.results.close()
+    def forget(self, worker: Worker) -> list[Task]:
+        """Drop ``worker`` from the pool; returns its unanswered tasks."""
         self.workers.remove(worker)
-        # Whatever it sent was already mapped and unlinked; what is left was never delivered.
-        remove_slabs(slab_prefix(self._session, worker.wid))
         unanswered = list(worker.assigned)
         worker.assigned.clear()
         return unanswered
 
-    def shutdown(self, grace_s: float = 2.0) -> None:
-        """Stop every worker: ask, wait up to ``grace_s``, then kill; remove all our slabs."""
-        for worker in self.workers:
-            if not worker.retiring:
-                self.retire(worker)
-        deadline = time.monotonic() + grace_s
-        for worker in self.workers:
-            worker.process.join(timeout=max(0.0, deadline - time.monotonic()))
-        for worker in list(self.workers):
-            self.kill(worker)
-            self.reap(worker)
-        remove_slabs(slab_prefix(self._session))
+    def live(self) -> list[Worker]:
+        """Workers that take new tasks (not parked, retiring or broken)."""
+        return [w for w in self.workers if not w.retiring and not w.broken and w.parked_at is None]
+
+    def parked(self) -> list[Worker]:
+        """Parked workers, most recently parked first."""
+        parked = [w for w in self.workers if w.parked_at is not None and not w.retiring]
+        return sorted(parked, key=lambda w: w.parked_at or 0.0, reverse=True)
+
+
+def describe_exit(code: int | None) -> str:
+    """How a worker process ended, in words: its exit code, or the signal that killed it."""
+    if code is None:
+        return "did not exit"
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"

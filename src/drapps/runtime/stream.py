@@ -28,7 +28,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from drapps.runtime.errors import SampleError, sample_error
-from drapps.runtime.pool import start_worker_process
+from drapps.runtime.process_pool import start_worker_process
 from drapps.runtime.seeding import seed_worker, set_worker_info
 from drapps.runtime.stats import PipelineSnapshot
 from drapps.runtime.transport import (

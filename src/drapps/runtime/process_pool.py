@@ -1,0 +1,204 @@
+"""The process pool: worker processes that make batches, each with its own pair of pipes.
+
+Each worker has a private task pipe and result pipe rather than sharing one queue: a worker killed
+mid-write can only corrupt its own pipe (a shared ``multiprocessing.Queue`` would leave its lock
+held and stall every other worker), and the pool always knows which tasks a dead worker took.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import pickle
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from multiprocessing.context import BaseContext
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from drapps.runtime.pool import Polled, Reply, Task, Worker, WorkerPool, describe_exit
+from drapps.runtime.transport import remove_slabs, slab_prefix
+from drapps.runtime.worker import BatchRecipe, run_worker
+
+logger = logging.getLogger(__name__)
+
+# Every worker process drapps started in this process. multiprocessing lists them as children of
+# this process, and a plain os.fork() child inherits that list: when such a child exits, its
+# atexit handler would terminate our workers as if they were its own. The fork hook below makes
+# the child forget them.
+_started: weakref.WeakSet[BaseProcess] = weakref.WeakSet()
+
+
+def _forget_workers_after_fork() -> None:
+    children = getattr(multiprocessing.process, "_children", None)
+    if children is not None:
+        for process in list(_started):
+            children.discard(process)
+    _started.clear()
+
+
+os.register_at_fork(after_in_child=_forget_workers_after_fork)
+
+
+def start_worker_process(
+    context: BaseContext,
+    target: Callable[..., None],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    *,
+    name: str,
+) -> tuple[BaseProcess, Connection, Connection]:
+    """Start ``target(*args, tasks, results, parent_pid, **kwargs)`` as a daemon worker with a
+    private task pipe and result pipe; returns the process and our ends of both pipes.
+
+    The process is also counted among the workers a forked child must not terminate.
+    """
+    task_recv, task_send = context.Pipe(duplex=False)
+    result_recv, result_send = context.Pipe(duplex=False)
+    process = context.Process(  # type: ignore[attr-defined]
+        target=target,
+        args=(*args, task_recv, result_send, os.getpid()),
+        kwargs=kwargs,
+        name=name,
+        daemon=True,
+    )
+    process.start()
+    _started.add(process)
+    task_recv.close()
+    result_send.close()
+    return process, task_send, result_recv
+
+
+@dataclass(eq=False)
+class ProcessWorker(Worker):
+    """A worker process and our ends of its pipes."""
+
+    process: BaseProcess | None = None
+    tasks: Connection | None = None
+    results: Connection | None = None
+
+
+class ProcessPool(WorkerPool):
+    """Worker processes, started by ``multiprocessing`` (fork, spawn or forkserver).
+
+    Each worker has a private task pipe and result pipe; batches come back as shared-memory
+    slabs named after ``session`` and the worker, so a dead worker's strays can be removed.
+    """
+
+    def __init__(self, recipe: BatchRecipe, session: str, context: BaseContext | None) -> None:
+        super().__init__()
+        self._recipe = recipe
+        self._session = session
+        self._context = context or multiprocessing.get_context()
+
+    def pids(self) -> tuple[int, ...]:
+        return tuple(p for w in list(self.workers) if (p := _process(w).pid) is not None)
+
+    def spawn(self, num_workers: int = 1, seed: int = 0) -> Worker:
+        wid, slot = self.next_ids()
+        process, task_send, result_recv = start_worker_process(
+            self._context,
+            run_worker,
+            (self._recipe, self._session, wid),
+            {"slot": slot, "num_workers": num_workers, "base_seed": seed},
+            name=f"drapps-worker-{slot}",
+        )
+        worker = ProcessWorker(
+            wid, slot=slot, process=process, tasks=task_send, results=result_recv
+        )
+        self.workers.append(worker)
+        logger.debug("started worker %d (pid %s)", wid, process.pid)
+        return worker
+
+    def send(self, worker: Worker, message: Any) -> None:
+        try:
+            _connection(worker, "tasks").send(message)
+        except OSError:
+            worker.broken = True  # its tasks are re-queued when it exits
+            _process(worker).kill()
+
+    def poll(self, timeout: float, wake: int) -> Polled:
+        waitables: dict[Any, Worker | None] = {wake: None}
+        for worker in self.workers:
+            waitables[_process(worker).sentinel] = None  # its exit is checked below
+            if not worker.broken:
+                waitables[_connection(worker, "results")] = worker
+        ready = wait(list(waitables), timeout=timeout)
+        polled = Polled(woke=wake in ready)
+        for item in ready:
+            sender = waitables[item]
+            if sender is not None:
+                polled.replies += self.drain(sender)
+        polled.exited = [w for w in self.workers if not _process(w).is_alive()]
+        return polled
+
+    def drain(self, worker: Worker) -> list[Reply]:
+        replies: list[Reply] = []
+        if worker.broken or worker not in self.workers:
+            return replies
+        results = _connection(worker, "results")
+        try:
+            while results.poll():
+                replies.append((worker, results.recv()))
+        except (EOFError, OSError, ValueError, pickle.UnpicklingError) as exc:
+            # EOF or a truncated message: the pipe is unusable. Make sure the process is gone
+            # too; it then shows as exited and its tasks are re-queued.
+            logger.debug("worker %d result pipe broke: %r", worker.wid, exc)
+            worker.broken = True
+            _process(worker).kill()
+        return replies
+
+    def retire(self, worker: Worker) -> None:
+        worker.retiring = True
+        try:
+            _connection(worker, "tasks").send(None)  # after its assigned tasks: pipes keep order
+        except OSError:
+            worker.broken = True
+
+    def kill(self, worker: Worker, *, wait_s: float = 5.0) -> None:
+        process = _process(worker)
+        if process.is_alive():
+            process.kill()
+        process.join(timeout=wait_s)
+
+    def exit_reason(self, worker: Worker) -> str:
+        return describe_exit(_process(worker).exitcode)
+
+    def reap(self, worker: Worker) -> list[Task]:
+        _process(worker).join(timeout=5.0)
+        _connection(worker, "tasks").close()
+        _connection(worker, "results").close()
+        # Whatever it sent was already mapped and unlinked; what is left was never delivered.
+        remove_slabs(slab_prefix(self._session, worker.wid))
+        return self.forget(worker)
+
+    def shutdown(self, grace_s: float = 2.0) -> None:
+        """Stop every worker: ask, wait up to ``grace_s``, then kill; remove all our slabs."""
+        for worker in self.workers:
+            if not worker.retiring:
+                self.retire(worker)
+        deadline = time.monotonic() + grace_s
+        for worker in self.workers:
+            _process(worker).join(timeout=max(0.0, deadline - time.monotonic()))
+        for worker in list(self.workers):
+            self.kill(worker)
+            self.reap(worker)
+        remove_slabs(slab_prefix(self._session))
+
+
+def _process(worker: Worker) -> BaseProcess:
+    process = worker.process if isinstance(worker, ProcessWorker) else None
+    if process is None:
+        raise TypeError(f"worker {worker.wid} is not a ProcessPool worker")
+    return process
+
+
+def _connection(worker: Worker, name: str) -> Connection:
+    connection = getattr(worker, name, None)
+    if not isinstance(worker, ProcessWorker) or connection is None:
+        raise TypeError(f"worker {worker.wid} is not a ProcessPool worker")
+    return connection
