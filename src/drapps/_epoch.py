@@ -14,10 +14,12 @@ from typing import Any, Protocol
 
 import torch
 
+from drapps.ops.pipeline import BatchStage
 from drapps.runtime.dispatcher import Dispatcher
 from drapps.runtime.errors import SampleError
 from drapps.runtime.plan import EpochPlan
-from drapps.runtime.seeding import preserved_global_rngs
+from drapps.runtime.sampling import key_of
+from drapps.runtime.seeding import preserved_global_rngs, sample_seed_for
 from drapps.runtime.stream import StreamBatcher, StreamPool
 from drapps.runtime.worker import BatchRecipe, make_batch
 
@@ -37,6 +39,7 @@ class Loader(Protocol):
     _finish: Callable[[Any], Any] | None
     _auto_collation: bool
     _inline_wait_s: float
+    _stage: BatchStage | None
 
     def __len__(self) -> int: ...
 
@@ -113,7 +116,11 @@ class MapEpoch(Epoch):
             batch = made.batch
             if batch is not None and loader._finish is not None:
                 batch = loader._finish(batch)
-            return batch, len(indices) - len(made.skipped), made.skipped
+            return (
+                self._staged(batch, indices, made.skipped),
+                len(indices) - len(made.skipped),
+                made.skipped,
+            )
         entry = dispatcher.buffer.get(alive=dispatcher.alive)
         if entry is None:
             self.finished = True
@@ -125,7 +132,22 @@ class MapEpoch(Epoch):
                 error.add_note(f"worker traceback:\n{error.detail}")
             raise error
         indices = plan.batch(batch_id)
-        return entry.batch, len(indices) - len(entry.skipped), entry.skipped
+        batch = self._staged(entry.batch, indices, entry.skipped)
+        return batch, len(indices) - len(entry.skipped), entry.skipped
+
+    def _staged(self, batch: Any, indices: list[Any], skipped: Skipped) -> Any:
+        """``batch`` through the loader's batch stage (the ops after a Pipeline's split)."""
+        stage = self.loader._stage
+        if stage is None or batch is None:
+            return batch
+        assert self.plan is not None
+        dropped = {key_of(index) for index, _ in skipped}
+        seeds = [
+            sample_seed_for(self.plan.seed, self.epoch, key)
+            for key in map(key_of, indices)
+            if key not in dropped
+        ]
+        return stage(batch, seeds)
 
     def _advance(self) -> None:
         assert self.plan is not None

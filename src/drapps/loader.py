@@ -25,6 +25,7 @@ from torch.utils.data import BatchSampler, default_collate, default_convert
 from drapps._autotune import AutoTuner, make_tuner
 from drapps._epoch import Epoch, MapEpoch, StreamEpoch
 from drapps.control.policy import Policy
+from drapps.ops.pipeline import BatchStage, Pipeline
 from drapps.runtime.config import LoaderConfig, checked_index, resolve_workers
 from drapps.runtime.cores import HostShare
 from drapps.runtime.dispatcher import Dispatcher
@@ -92,7 +93,10 @@ class Loader:
         in_order: accepted; drapps always delivers batches in order (determinism).
         seed: an int makes order and augmentation the same in every run (and lets
             :meth:`set_epoch` replay an epoch); None draws from torch's RNG as DataLoader does.
-        transform: callable applied to each sample in the worker (must pickle for spawn).
+        transform: callable applied to each sample in the worker (must pickle for spawn). A
+            :class:`drapps.ops.Pipeline` with a ``split`` runs its ops before the split in
+            the workers and the rest on each batch after the reorder buffer, in the
+            training process.
         workers: 0 (calling process), an int (fixed), or "auto" (the default).
         max_workers: bound on ``workers`` and :meth:`resize` (default twice the usable cores).
         prefetch: batches made ahead in total, or "auto" (``prefetch_factor`` per worker).
@@ -217,9 +221,14 @@ class Loader:
         self._stream: StreamPool | None = None
         self._stream_workers = c.initial_workers
         per_worker = prefetch_factor or 2
-        self._recipe = BatchRecipe(
-            dataset, transform, self.collate_fn, on_error, self._auto_collation, worker_init_fn
+        self._stage = _batch_stage(transform, self._iterable, self._auto_collation)
+        worker_transform = (
+            transform.sample_stage() if isinstance(transform, Pipeline) else transform
         )
+        self._recipe = BatchRecipe(
+            dataset, worker_transform, self.collate_fn, on_error, self._auto_collation,
+            worker_init_fn,
+        )  # fmt: skip
         if self._iterable and c.initial_workers > 0:
             self._stream = StreamPool(
                 self._recipe,
@@ -603,6 +612,22 @@ def _shutdown(
         stream.shutdown()
     if budget is not None:
         budget.release()
+
+
+def _batch_stage(transform: Any, iterable: bool, batched: bool) -> BatchStage | None:
+    """The ops a Pipeline transform runs after the reorder buffer, checked against the loader."""
+    stage = transform.batch_stage() if isinstance(transform, Pipeline) else None
+    if stage is not None and iterable:
+        raise ValueError(
+            "transform: a Pipeline split before its end needs a map-style dataset (an "
+            "iterable dataset's samples have no index to seed the batch stage's ops from)"
+        )
+    if stage is not None and not batched:
+        raise ValueError(
+            "transform: a Pipeline split before its end needs batches; batch_size=None "
+            "turns batching off"
+        )
+    return stage
 
 
 def _weak_snapshot(loader: Loader) -> Callable[[], PipelineSnapshot]:

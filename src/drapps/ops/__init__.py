@@ -1,19 +1,36 @@
-"""Transform ops drapps ships (no torchvision needed); any picklable callable also works."""
+"""Transform ops that know where they may run, and the Pipeline that cuts them in two.
+
+drapps needs no torchvision; any picklable callable also works as an (opaque, per-sample) op.
+"""
 
 from drapps.ops.image import (
     Compose,
+    DecodeJPEG,
+    Normalize,
     RandomCrop,
     RandomHorizontalFlip,
     RandomResizedCrop,
     ToCHWTensor,
     decode_jpeg,
 )
+from drapps.ops.op import ANY, Op, Opaque, Spec, as_op
+from drapps.ops.pipeline import BatchStage, Pipeline, SampleStage
 
 __all__ = [
+    "ANY",
+    "BatchStage",
     "Compose",
+    "DecodeJPEG",
+    "Normalize",
+    "Op",
+    "Opaque",
+    "Pipeline",
     "RandomCrop",
     "RandomHorizontalFlip",
     "RandomResizedCrop",
+    "SampleStage",
+    "Spec",
     "ToCHWTensor",
+    "as_op",
     "decode_jpeg",
 ]

@@ -16,13 +16,27 @@ import numpy as np
 import torch
 
 from drapps._optional import require
+from drapps.ops.op import Op, Spec, expect
 from drapps.runtime.seeding import active_rng
+
+_IMAGE = Spec("array", "uint8", "HWC")
 
 
 def decode_jpeg(data: bytes) -> np.ndarray:
     """Decode JPEG bytes to an RGB HWC uint8 array (libjpeg-turbo through simplejpeg)."""
     simplejpeg = require("simplejpeg")
     return simplejpeg.decode_jpeg(data, colorspace="RGB")
+
+
+class DecodeJPEG(Op):
+    """JPEG bytes -> RGB HWC uint8 array (:func:`decode_jpeg` as an op)."""
+
+    def declare(self, takes: Spec) -> Spec:
+        expect(self, takes, kind="bytes")
+        return _IMAGE
+
+    def __call__(self, data: bytes) -> np.ndarray:
+        return decode_jpeg(data)
 
 
 class Compose:
@@ -42,7 +56,7 @@ class Compose:
         return f"Compose({self.ops!r})"
 
 
-class RandomResizedCrop:
+class RandomResizedCrop(Op):
     """Crop a random area and aspect ratio, then resize to ``size`` x ``size``.
 
     Same sampling as torchvision's RandomResizedCrop: 10 tries of (scale, log-uniform ratio),
@@ -62,6 +76,12 @@ class RandomResizedCrop:
         if not 0 < ratio[0] <= ratio[1]:
             raise ValueError(f"ratio must satisfy 0 < min <= max, got {ratio!r}")
         self.size, self.scale, self.ratio = size, scale, ratio
+
+    random = True
+
+    def declare(self, takes: Spec) -> Spec:
+        expect(self, takes, kind="array", layouts=("HWC", "HW"))
+        return takes if takes.known else _IMAGE
 
     def crop_box(self, height: int, width: int, rng: np.random.Generator) -> tuple[int, ...]:
         area = height * width
@@ -94,7 +114,7 @@ class RandomResizedCrop:
         return f"RandomResizedCrop(size={self.size}, scale={self.scale}, ratio={self.ratio})"
 
 
-class RandomCrop:
+class RandomCrop(Op):
     """Pad by ``padding`` pixels of zeros on every side, then crop a random ``size`` x ``size``.
 
     The CIFAR augmentation (32x32 images, ``padding=4``).
@@ -106,6 +126,12 @@ class RandomCrop:
         if padding < 0:
             raise ValueError(f"padding must be >= 0, got {padding!r}")
         self.size, self.padding = size, padding
+
+    random = True
+
+    def declare(self, takes: Spec) -> Spec:
+        expect(self, takes, kind="array", layouts=("HWC", "HW"))
+        return takes if takes.known else _IMAGE
 
     def __call__(self, image: np.ndarray) -> np.ndarray:
         p = self.padding
@@ -126,23 +152,50 @@ class RandomCrop:
         return f"RandomCrop(size={self.size}, padding={self.padding})"
 
 
-class RandomHorizontalFlip:
-    """Mirror left-right with probability ``p``."""
+class RandomHorizontalFlip(Op):
+    """Mirror left-right with probability ``p``: an HWC array, or a CHW tensor (batchable)."""
+
+    random = True
+    batchable = True
 
     def __init__(self, p: float = 0.5) -> None:
         if not 0.0 <= p <= 1.0:
             raise ValueError(f"p must be in [0, 1], got {p!r}")
         self.p = p
 
-    def __call__(self, image: np.ndarray) -> np.ndarray:
-        return image[:, ::-1] if active_rng().random() < self.p else image
+    def declare(self, takes: Spec) -> Spec:
+        if takes.kind == "tensor":
+            expect(self, takes, kind="tensor", layout="CHW")
+        else:
+            expect(self, takes, kind="array", layouts=("HWC", "HW"))
+        return takes
+
+    def __call__(self, image: Any) -> Any:
+        if active_rng().random() >= self.p:
+            return image
+        return image.flip(-1) if isinstance(image, torch.Tensor) else image[:, ::-1]
+
+    def apply_batch(self, batch: Any, rngs: Sequence[np.random.Generator] | None) -> Any:
+        """Flip the chosen samples of an NCHW batch, on the batch's device."""
+        assert rngs is not None
+        chosen = [k for k, rng in enumerate(rngs) if rng.random() < self.p]
+        if not chosen:
+            return batch
+        index = torch.tensor(chosen, device=batch.device)
+        out = batch.clone()
+        out[index] = batch[index].flip(-1)
+        return out
 
     def __repr__(self) -> str:
         return f"RandomHorizontalFlip(p={self.p})"
 
 
-class ToCHWTensor:
+class ToCHWTensor(Op):
     """HWC uint8 array -> contiguous CHW uint8 tensor (what default_collate stacks)."""
+
+    def declare(self, takes: Spec) -> Spec:
+        expect(self, takes, kind="array", layouts=("HWC", "HW"))
+        return Spec("tensor", takes.dtype or "uint8", "CHW")
 
     def __call__(self, image: np.ndarray) -> torch.Tensor:
         if image.ndim == 2:
@@ -151,3 +204,41 @@ class ToCHWTensor:
 
     def __repr__(self) -> str:
         return "ToCHWTensor()"
+
+
+class Normalize(Op):
+    """CHW tensor -> float32 ``(x * scale - mean) / std`` per channel (batchable: belongs after
+    the reorder buffer, where uint8 has crossed processes at a quarter of float32's bytes).
+
+    Args:
+        mean, std: per channel (one value each applies to every channel).
+        scale: applied first; the default maps uint8 to [0, 1].
+    """
+
+    batchable = True
+
+    def __init__(self, mean: Sequence[float], std: Sequence[float], scale: float = 1 / 255) -> None:
+        if len(mean) != len(std) or not mean:
+            raise ValueError(f"mean and std need the same length >= 1, got {mean!r}, {std!r}")
+        if any(s <= 0 for s in std):
+            raise ValueError(f"std must be > 0, got {std!r}")
+        self.mean, self.std, self.scale = tuple(mean), tuple(std), scale
+
+    def declare(self, takes: Spec) -> Spec:
+        expect(self, takes, kind="tensor", layout="CHW")
+        return Spec("tensor", "float32", "CHW", takes.device)
+
+    def _apply(self, x: torch.Tensor) -> torch.Tensor:
+        shape = (len(self.mean), 1, 1)
+        mean = torch.tensor(self.mean, dtype=torch.float32, device=x.device).view(shape)
+        std = torch.tensor(self.std, dtype=torch.float32, device=x.device).view(shape)
+        return (x.to(torch.float32) * self.scale - mean) / std
+
+    def __call__(self, image: torch.Tensor) -> torch.Tensor:
+        return self._apply(image)
+
+    def apply_batch(self, batch: Any, rngs: Sequence[np.random.Generator] | None) -> Any:
+        return self._apply(batch)
+
+    def __repr__(self) -> str:
+        return f"Normalize(mean={self.mean}, std={self.std}, scale={self.scale:g})"

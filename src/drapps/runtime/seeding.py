@@ -15,6 +15,7 @@ import random
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import numpy as np
 import torch
@@ -107,18 +108,38 @@ def sample_rng() -> np.random.Generator:
             _context.bits = np.random.PCG64(0)
         # Setting PCG64's 128-bit state from splitmix64 outputs costs ~3 us; PCG64(seed) runs
         # SeedSequence and costs ~20 us, which is noticeable per sample in a fast pipeline.
-        _context.bits.state = {
-            "bit_generator": "PCG64",
-            "state": {
-                "state": (_splitmix64(seed ^ 0x1) << 64) | _splitmix64(seed ^ 0x2),
-                "inc": (_splitmix64(seed ^ 0x3) << 64) | _splitmix64(seed ^ 0x4) | 1,
-            },
-            "has_uint32": 0,
-            "uinteger": 0,
-        }
+        _context.bits.state = _pcg64_state(seed)
         rng = np.random.Generator(_context.bits)
         _context.rng = rng
     return rng
+
+
+OP_STREAM = 0x6F70  # "op"
+
+
+def op_rng(sample_seed: int, op_index: int) -> np.random.Generator:
+    """The generator op ``op_index`` of a :class:`drapps.ops.Pipeline` draws from for the
+    sample seeded ``sample_seed``: its own stream, so an op draws the same parameters whether
+    it runs in a worker on one sample or after the reorder buffer on a batch."""
+    seed = mix_seed(sample_seed, OP_STREAM, op_index)
+    bits = np.random.PCG64(0)
+    bits.state = _pcg64_state(seed)
+    return np.random.Generator(bits)
+
+
+@contextmanager
+def op_stream(op_index: int) -> Iterator[None]:
+    """Inside a sample, make :func:`sample_rng` (and :func:`active_rng`) draw from
+    ``op_rng(sample seed, op_index)`` until the block ends; outside one, change nothing."""
+    if _context.seed is None:
+        yield
+        return
+    saved = _context.rng
+    _context.rng = op_rng(_context.seed, op_index)
+    try:
+        yield
+    finally:
+        _context.rng = saved
 
 
 def active_rng() -> np.random.Generator:
@@ -134,6 +155,18 @@ def active_rng() -> np.random.Generator:
         # Reseeded after fork so that forked workers do not repeat each other's draws.
         _fallback, _fallback_pid = np.random.default_rng(), os.getpid()
     return _fallback
+
+
+def _pcg64_state(seed: int) -> Any:
+    return {
+        "bit_generator": "PCG64",
+        "state": {
+            "state": (_splitmix64(seed ^ 0x1) << 64) | _splitmix64(seed ^ 0x2),
+            "inc": (_splitmix64(seed ^ 0x3) << 64) | _splitmix64(seed ^ 0x4) | 1,
+        },
+        "has_uint32": 0,
+        "uinteger": 0,
+    }
 
 
 _fallback: np.random.Generator | None = None
@@ -184,11 +217,6 @@ def worker_info_hidden() -> Iterator[None]:
         yield
     finally:
         torch_worker._worker_info = info
-
-
-def in_sample() -> bool:
-    """Whether the caller runs inside a drapps sample."""
-    return _context.seed is not None
 
 
 @contextmanager

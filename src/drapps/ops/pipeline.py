@@ -1,0 +1,159 @@
+"""Pipeline: ops in order, checked when built, cut at a split point into two stages.
+
+``ops[:split]`` run in the workers on each sample (the *sample stage*); ``ops[split:]``, which
+must all be batchable, run in the training process on each collated batch after the reorder
+buffer (the *batch stage*, on the batch's device). A split is valid where every op after it is
+batchable and what the op before it gives is a tensor that collation can stack. With
+``split=len(ops)`` (the default) everything runs in the workers, as a plain transform would.
+
+Every op draws its random parameters from its own per-sample stream (seed, epoch, index, op
+position), so batch ``b`` is the same whatever the split.
+
+Example:
+    >>> import numpy as np, torch, drapps
+    >>> from drapps.ops import Normalize, Pipeline, RandomHorizontalFlip, ToCHWTensor
+    >>> ops = Pipeline([ToCHWTensor(), RandomHorizontalFlip(), Normalize([0.5], [0.5])], split=1)
+    >>> ops.split_points()
+    [1, 2, 3]
+    >>> images = [np.full((2, 2, 1), i, dtype=np.uint8) for i in range(4)]
+    >>> with drapps.Loader(images, batch_size=2, transform=ops, workers=0, seed=0) as loader:
+    ...     [tuple(batch.shape) for batch in loader]
+    [(2, 1, 2, 2), (2, 1, 2, 2)]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+from drapps.ops.op import ANY, Op, Spec, as_op
+from drapps.runtime.seeding import op_rng, op_stream
+
+
+class Pipeline:
+    """Ops applied in order to each sample, or to the part ``key`` of it.
+
+    Args:
+        ops: :class:`~drapps.ops.op.Op` instances or any callables (opaque sample ops).
+        split: index of the first op run on batches after the reorder buffer; None: none.
+        key: apply the ops to ``sample[key]`` only (e.g. 0 for ``(image, label)`` pairs), and
+            to ``batch[key]`` in the batch stage; None: the whole sample.
+        takes: the spec of what the first op receives, when known (checks the first op).
+
+    Raises:
+        ValueError: an op cannot take what the op before it gives (naming both and the
+            position), or ``split`` is not a valid split point (listing the valid ones).
+    """
+
+    def __init__(
+        self,
+        ops: Sequence[Any],
+        *,
+        split: int | None = None,
+        key: Hashable | None = None,
+        takes: Spec = ANY,
+    ) -> None:
+        if isinstance(ops, (str, bytes)) or not isinstance(ops, Sequence):
+            raise ValueError(f"ops must be a sequence of ops or callables, got {ops!r}")
+        self.ops: list[Op] = [as_op(op) for op in ops]
+        self.key = key
+        self.specs = [takes]
+        """What flows into op ``i`` (``specs[i]``) and out of the last (``specs[-1]``)."""
+        for position, op in enumerate(self.ops):
+            try:
+                self.specs.append(op.declare(self.specs[-1]))
+            except ValueError as exc:
+                raise ValueError(f"op {position} of the pipeline: {exc}") from None
+        self.split = len(self.ops)
+        if split is not None:
+            self.set_split(split)
+
+    def split_points(self) -> list[int]:
+        """Every valid split, in increasing order (``len(ops)`` always is)."""
+        points = [len(self.ops)]
+        for k in range(len(self.ops) - 1, -1, -1):
+            # Collation stacks tensors as they are: a batched op must receive one.
+            if not self.ops[k].batchable or self.specs[k].kind != "tensor":
+                break
+            points.append(k)
+        return sorted(points)
+
+    def set_split(self, split: int) -> None:
+        """Move the split point.
+
+        Raises:
+            ValueError: ``split`` is not one of :meth:`split_points`.
+        """
+        valid = self.split_points()
+        if isinstance(split, bool) or split not in valid:
+            raise ValueError(f"split must be one of {valid} for this pipeline, got {split!r}")
+        self.split = split
+
+    def __call__(self, sample: Any) -> Any:
+        """Every op on one sample (the pipeline used as a plain transform)."""
+        return self.run_sample(sample, 0, len(self.ops))
+
+    def run_sample(self, sample: Any, start: int, stop: int) -> Any:
+        """Ops ``start..stop-1`` on one sample, each from its own random stream."""
+        value = sample if self.key is None else sample[self.key]
+        for position in range(start, stop):
+            with op_stream(position):
+                value = self.ops[position](value)
+        return value if self.key is None else _replace(sample, self.key, value)
+
+    def sample_stage(self) -> SampleStage:
+        """The ops before the split, as the workers' transform."""
+        return SampleStage(self, self.split)
+
+    def batch_stage(self) -> BatchStage | None:
+        """The ops from the split on, for the batches after the reorder buffer; None when
+        there are none."""
+        return BatchStage(self, self.split) if self.split < len(self.ops) else None
+
+    def __repr__(self) -> str:
+        return f"Pipeline({self.ops!r}, split={self.split}, key={self.key!r})"
+
+
+class SampleStage:
+    """``pipeline.ops[:stop]`` on one sample (picklable: sent to the workers)."""
+
+    def __init__(self, pipeline: Pipeline, stop: int) -> None:
+        self.pipeline, self.stop = pipeline, stop
+
+    def __call__(self, sample: Any) -> Any:
+        return self.pipeline.run_sample(sample, 0, self.stop)
+
+
+class BatchStage:
+    """``pipeline.ops[start:]`` on a collated batch, with per-sample random streams."""
+
+    def __init__(self, pipeline: Pipeline, start: int) -> None:
+        self.pipeline, self.start = pipeline, start
+
+    def __call__(self, batch: Any, sample_seeds: Sequence[int]) -> Any:
+        """Apply to ``batch`` whose samples were seeded ``sample_seeds`` (in batch order)."""
+        key = self.pipeline.key
+        value = batch if key is None else batch[key]
+        for position in range(self.start, len(self.pipeline.ops)):
+            op = self.pipeline.ops[position]
+            rngs = [op_rng(seed, position) for seed in sample_seeds] if op.random else None
+            value = op.apply_batch(value, rngs)
+        return value if key is None else _replace(batch, key, value)
+
+
+def _replace(container: Any, key: Hashable, value: Any) -> Any:
+    """``container`` with ``container[key]`` set to ``value`` (tuples and lists are copied)."""
+    if isinstance(container, tuple):
+        items = list(container)
+        items[key] = value  # type: ignore[call-overload]
+        return type(container)(*items) if hasattr(container, "_fields") else tuple(items)
+    if isinstance(container, list):
+        items = list(container)
+        items[key] = value  # type: ignore[call-overload]
+        return items
+    if isinstance(container, dict):
+        return {**container, key: value}
+    raise ValueError(
+        f"Pipeline(key={key!r}) needs samples that are tuples, lists or dicts, got "
+        f"{type(container).__name__}"
+    )
