@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import drapps
+from drapps.bench.scenarios import SCENARIOS
 from drapps.bench.systems import SYSTEMS
 from drapps.bench.workloads import WORKLOADS
 from drapps.control import NOOP, POLICIES, Action, State
@@ -51,6 +52,7 @@ def test_a_name_is_taken_once() -> None:
         (FAMILIES, "scenario family"),
         (WORKLOADS, "workload"),
         (SYSTEMS, "system"),
+        (SCENARIOS, "scenario"),
         (RECIPES, "recipe"),
     ],
 )
@@ -93,3 +95,10 @@ def test_a_policy_registered_from_outside_drives_a_loader() -> None:
         POLICIES.unregister("test-one-more")
     with pytest.raises(ValueError, match="policy must be one of"):
         drapps.Loader([1, 2], policy="test-one-more", workers="auto")
+
+
+def test_the_old_name_of_the_simulated_pipeline_still_works() -> None:
+    import drapps.sim
+
+    with pytest.warns(DeprecationWarning, match="now drapps.sim.PipelineModel"):
+        assert drapps.sim.Pipeline is drapps.sim.PipelineModel

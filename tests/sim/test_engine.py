@@ -6,10 +6,12 @@ import math
 
 import pytest
 
-from drapps.sim import Change, Pipeline, Scenario, Simulator
+from drapps.sim import Change, PipelineModel, Scenario, Simulator
 
 
-def _run(pipeline: Pipeline, workers: int, seconds: float = 60.0, seed: int = 0, **kw) -> Simulator:
+def _run(
+    pipeline: PipelineModel, workers: int, seconds: float = 60.0, seed: int = 0, **kw
+) -> Simulator:
     sim = Simulator(Scenario(pipeline, **kw), workers=workers, seed=seed)
     sim.run_until(seconds)
     return sim
@@ -17,7 +19,9 @@ def _run(pipeline: Pipeline, workers: int, seconds: float = 60.0, seed: int = 0,
 
 @pytest.mark.parametrize("workers", [0, 1, 3, 8])
 def test_conservation_samples_out_equal_samples_in(workers: int) -> None:
-    p = Pipeline(cores=4, cpu_s=0.02, read_s=0.01, read_bytes=2**20, disk_bps=200e6, step_s=0.01)
+    p = PipelineModel(
+        cores=4, cpu_s=0.02, read_s=0.01, read_bytes=2**20, disk_bps=200e6, step_s=0.01
+    )
     sim = Simulator(Scenario(p), workers=workers, seed=1)
     for t in range(1, 41):
         sim.run_until(t * 0.5)
@@ -32,7 +36,7 @@ def test_conservation_samples_out_equal_samples_in(workers: int) -> None:
 
 def test_littles_law_on_the_ready_buffer() -> None:
     # L = lambda * W: mean batches waiting = arrival rate * mean time each waits.
-    sim = _run(Pipeline(cores=8, cpu_s=0.05, step_s=0.01, cost_cv=0.5), workers=8, seconds=120)
+    sim = _run(PipelineModel(cores=8, cpu_s=0.05, step_s=0.01, cost_cv=0.5), workers=8, seconds=120)
     t = sim.now
     in_buffer_now = sim.totals.ready_integral - sim.totals.ready_residence  # still waiting
     length = sim.totals.ready_integral / t
@@ -46,39 +50,39 @@ def test_littles_law_on_the_ready_buffer() -> None:
 def test_more_cores_never_slower_for_a_cpu_bound_stage(seed: int) -> None:
     previous = 0
     for cores in (1, 2, 4, 8, 16, 32):
-        p = Pipeline(cores=cores, cpu_s=0.2, step_s=0.002, transport_s=0.0)
+        p = PipelineModel(cores=cores, cpu_s=0.2, step_s=0.002, transport_s=0.0)
         samples = _run(p, workers=cores, seed=seed).totals.samples
         assert samples >= previous, f"{cores} cores made {samples}, fewer than {previous}"
         previous = samples
     # and it is CPU-bound: 32 cores make far more than 1
-    assert previous > 20 * _run(Pipeline(cores=1, cpu_s=0.2, step_s=0.002), 1).totals.samples
+    assert previous > 20 * _run(PipelineModel(cores=1, cpu_s=0.2, step_s=0.002), 1).totals.samples
 
 
 def test_same_seed_same_run_other_seed_other_run() -> None:
-    p = Pipeline(cores=4, cpu_s=0.03, step_s=0.01, cost_cv=0.6)
+    p = PipelineModel(cores=4, cpu_s=0.03, step_s=0.01, cost_cv=0.6)
     a, b, c = (_run(p, 4, 20, seed=s) for s in (5, 5, 6))
     assert a.totals == b.totals
     assert a.totals != c.totals
 
 
 def test_throughput_matches_the_bottleneck() -> None:
-    # Consumer-bound: 10 ms steps, 32 samples -> 3200/s. Pipeline-bound: 4 cores / 0.1 s.
+    # Consumer-bound: 10 ms steps, 32 samples -> 3200/s. PipelineModel-bound: 4 cores / 0.1 s.
     consumer = _run(
-        Pipeline(cores=4, cpu_s=0.01, step_s=0.01, step_cv=0, cost_cv=0, transport_s=0), 4
+        PipelineModel(cores=4, cpu_s=0.01, step_s=0.01, step_cv=0, cost_cv=0, transport_s=0), 4
     )
     assert consumer.totals.samples / 60 == pytest.approx(3200, rel=0.02)
     workers = _run(
-        Pipeline(cores=4, cpu_s=0.1, step_s=0.001, step_cv=0, cost_cv=0, transport_s=0), 4
+        PipelineModel(cores=4, cpu_s=0.1, step_s=0.001, step_cv=0, cost_cv=0, transport_s=0), 4
     )
     assert workers.totals.samples / 60 == pytest.approx(4 / 0.1 * 32, rel=0.03)
     # Inline (workers=0): each batch costs make + step.
-    inline = _run(Pipeline(cores=4, cpu_s=0.03, step_s=0.01, step_cv=0, cost_cv=0), 0)
+    inline = _run(PipelineModel(cores=4, cpu_s=0.03, step_s=0.01, step_cv=0, cost_cv=0), 0)
     assert inline.totals.samples / 60 == pytest.approx(32 / 0.04, rel=0.02)
 
 
 def test_outside_load_shares_the_cores() -> None:
     # 2 workers + 2 cores of outside load on 2 cores: each gets half a core.
-    p = Pipeline(cores=2, cpu_s=0.1, step_s=0.001, cost_cv=0, step_cv=0, transport_s=0)
+    p = PipelineModel(cores=2, cpu_s=0.1, step_s=0.001, cost_cv=0, step_cv=0, transport_s=0)
     free = _run(p, 2).totals.samples
     hogged = _run(p.replace(outside_load=2.0), 2).totals.samples
     assert hogged / free == pytest.approx(0.5, rel=0.03)
@@ -87,16 +91,16 @@ def test_outside_load_shares_the_cores() -> None:
 
 
 def test_disk_bandwidth_is_shared_and_latency_is_not() -> None:
-    bandwidth = Pipeline(cores=16, cpu_s=0.001, read_bytes=10**6, disk_bps=100e6, step_s=0.001)
+    bandwidth = PipelineModel(cores=16, cpu_s=0.001, read_bytes=10**6, disk_bps=100e6, step_s=0.001)
     two, eight = (_run(bandwidth, w, 20).totals.samples for w in (2, 8))
     assert eight == pytest.approx(two, rel=0.05)  # saturated: 100 batches/s either way
-    latency = Pipeline(cores=16, cpu_s=0.001, read_s=0.05, step_s=0.001)
+    latency = PipelineModel(cores=16, cpu_s=0.001, read_s=0.05, step_s=0.001)
     two, eight = (_run(latency, w, 20).totals.samples for w in (2, 8))
     assert eight > 3.5 * two
 
 
 def test_changes_by_time_and_by_batch() -> None:
-    p = Pipeline(cores=2, cpu_s=0.001, step_s=0.01, step_cv=0, cost_cv=0, transport_s=0)
+    p = PipelineModel(cores=2, cpu_s=0.001, step_s=0.01, step_cv=0, cost_cv=0, transport_s=0)
     sim = Simulator(Scenario(p, (Change(at=10.0, step_factor=2.0),)), workers=2)
     sim.run_until(10.0)
     before = sim.observe().throughput
@@ -110,7 +114,7 @@ def test_changes_by_time_and_by_batch() -> None:
 
 
 def test_state_is_what_the_monitor_reports() -> None:
-    p = Pipeline(cores=4, cpu_s=0.2, step_s=0.01, gpu=True, gpu_s=0.005)
+    p = PipelineModel(cores=4, cpu_s=0.2, step_s=0.01, gpu=True, gpu_s=0.005)
     sim = Simulator(Scenario(p), workers=2, seed=3)
     sim.run_until(5.0)
     sim.observe()
@@ -129,7 +133,7 @@ def test_state_is_what_the_monitor_reports() -> None:
 
 
 def test_resize_grows_after_start_cost_and_shrinks_after_the_task() -> None:
-    p = Pipeline(cores=8, cpu_s=0.5, step_s=0.001, worker_start_s=1.0, cost_cv=0)
+    p = PipelineModel(cores=8, cpu_s=0.5, step_s=0.001, worker_start_s=1.0, cost_cv=0)
     sim = Simulator(Scenario(p), workers=1)
     sim.run_until(2.0)
     sim.resize(4)
@@ -149,16 +153,16 @@ def test_resize_grows_after_start_cost_and_shrinks_after_the_task() -> None:
 
 def test_bad_input_is_named() -> None:
     with pytest.raises(ValueError, match="cores"):
-        Pipeline(cores=0)
+        PipelineModel(cores=0)
     with pytest.raises(ValueError, match="cpu_s"):
-        Pipeline(cores=2, cpu_s=-1.0)
+        PipelineModel(cores=2, cpu_s=-1.0)
     with pytest.raises(ValueError, match="disk_bps"):
-        Pipeline(cores=2, disk_bps=0)
+        PipelineModel(cores=2, disk_bps=0)
     with pytest.raises(ValueError, match="at= or at_batch="):
         Change(outside_load=1.0)
     with pytest.raises(ValueError, match="step_factor"):
         Change(at=1.0, step_factor=0.0)
-    p = Pipeline(cores=2)
+    p = PipelineModel(cores=2)
     with pytest.raises(ValueError, match=r"workers must be in \[0, 4\]"):
         Simulator(Scenario(p), workers=5)
     with pytest.raises(RuntimeError, match="no pool"):
@@ -169,7 +173,7 @@ def test_bad_input_is_named() -> None:
 
 
 def test_what_if_changes_the_hardware() -> None:
-    base = Scenario(Pipeline(cores=2, cpu_s=0.1, read_s=0.02, step_s=0.001, max_workers=3))
+    base = Scenario(PipelineModel(cores=2, cpu_s=0.1, read_s=0.02, step_s=0.001, max_workers=3))
     bigger = base.what_if(cores=16, read_factor=2.0)
     assert bigger.pipeline.cores == 16 and bigger.pipeline.worker_limit == 32
     assert bigger.pipeline.read_s == pytest.approx(0.04)

@@ -12,7 +12,7 @@ from gymnasium.utils.env_checker import check_env
 from drapps.control.action import Action
 from drapps.control.reward import reward
 from drapps.control.state import State
-from drapps.sim import Pipeline, Scenario
+from drapps.sim import PipelineModel, Scenario
 from drapps.sim.env import PipelineEnv
 
 
@@ -57,7 +57,7 @@ def test_reward_is_the_shared_reward_and_episodes_truncate() -> None:
 
 def test_actions_move_the_simulated_pool_within_bounds() -> None:
     env = PipelineEnv(random_start=False)
-    scenario = Scenario(Pipeline(cores=2, cpu_s=0.05, step_s=0.01))
+    scenario = Scenario(PipelineModel(cores=2, cpu_s=0.05, step_s=0.01))
     env.reset(seed=0, options={"scenario": scenario})
     add = Action.space().index(Action(1, 0))
     for _ in range(5):

@@ -6,12 +6,12 @@ import pytest
 
 from drapps.control.action import Action
 from drapps.control.state import State
-from drapps.sim import Change, Pipeline, Scenario
+from drapps.sim import Change, PipelineModel, Scenario
 from drapps.sim.evaluate import evaluate
 from drapps.sim.run import oracle_static, simulate
 
 # 2 cores, workers need ~1.5 cores to feed the step: 1 worker starves the loop.
-PIPE = Pipeline(cores=2, cpu_s=0.06, step_s=0.04, cost_cv=0.1)
+PIPE = PipelineModel(cores=2, cpu_s=0.06, step_s=0.04, cost_cv=0.1)
 
 
 def test_heuristic_grows_a_starved_pool_like_the_real_loader() -> None:

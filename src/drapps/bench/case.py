@@ -17,7 +17,7 @@ from typing import Any
 import psutil
 import torch
 
-from drapps.bench.scenarios import Scenario, scenario_class
+from drapps.bench.scenarios import LoadScenario, scenario_class
 from drapps.bench.systems import system_class
 from drapps.bench.workloads import Workload, workload_class
 
@@ -104,7 +104,7 @@ def _mismatch(batch: Any, expected: list[tuple[tuple[int, ...], torch.dtype]]) -
 def run_case(spec: dict[str, Any]) -> dict[str, Any]:
     """Open the system on the workload, draw warm-up then timed batches, measure."""
     workload = workload_class(spec["workload"])(spec["params"])
-    scenario: Scenario = scenario_class(spec["scenario"])()
+    scenario: LoadScenario = scenario_class(spec["scenario"])()
     system = system_class(spec["system"])()
     system.load()
     batch_size, warmup, n = spec["batch_size"], spec["warmup_batches"], spec["measure_batches"]

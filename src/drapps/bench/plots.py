@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from drapps._optional import require
-from drapps.bench.report import oracle_static
+from drapps.bench.report import best_dataloader
 
 WINDOW_S = 1.0
 """Rolling window for the over-time curves."""
@@ -54,7 +54,7 @@ def plot(results: dict[str, Any], out: Path) -> list[Path]:
                 for r in results["summary"]
                 if r["workload"] == workload and r["scenario"] == scenario
             ]
-            best = oracle_static(rows)
+            best = best_dataloader(rows)
             shown = [r for r in rows if r["system"] != "dataloader" or r is best]
             figure, (top, bottom) = pyplot.subplots(2, 1, figsize=(9, 6), sharex=True)
             for row in shown:

@@ -12,7 +12,7 @@ def _spread(row: dict[str, Any], metric: str, scale: float = 1.0, digits: int = 
     return f"{fmt(row[metric])} ({fmt(row[f'{metric}_min'])}-{fmt(row[f'{metric}_max'])})"
 
 
-def oracle_static(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+def best_dataloader(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The DataLoader case with the highest median throughput: the best hand-tuned count."""
     static = [r for r in rows if r["system"] == "dataloader"]
     return max(static, key=lambda r: r["samples_per_s"]) if static else None
@@ -35,7 +35,7 @@ def scenario_table(results: dict[str, Any], workload: str, scenario: str) -> lis
         "| CPU busy | peak RSS MiB | first batch s | end-to-end s | workers at end |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    best = oracle_static(rows)
+    best = best_dataloader(rows)
     best_rate = best["samples_per_s"] if best is not None else None
     for row in rows:
         ratio = "-" if best_rate is None else f"{row['samples_per_s'] / best_rate:.2f}x"
@@ -72,7 +72,7 @@ def headline(results: dict[str, Any]) -> list[str]:
                 for r in results["summary"]
                 if r["workload"] == workload and r["scenario"] == scenario
             }
-            best = oracle_static(list(rows.values()))
+            best = best_dataloader(list(rows.values()))
             if best is None:
                 continue
             cells = [

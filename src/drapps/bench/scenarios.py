@@ -21,12 +21,13 @@ import sys
 from typing import ClassVar
 
 from drapps.bench.throttle import IoThrottle
+from drapps.registry import Registry
 
 SLOW_IO_MB_PER_S = 20.0
 SLOW_IO_LATENCY_MS = 5.0
 
 
-class Scenario:
+class LoadScenario:
     """Steady load; subclasses change something mid-run."""
 
     name: ClassVar[str] = "steady"
@@ -50,11 +51,11 @@ class Scenario:
         """Undo whatever the scenario started; safe to call twice."""
 
 
-class Steady(Scenario):
+class Steady(LoadScenario):
     pass
 
 
-class CpuContention(Scenario):
+class CpuContention(LoadScenario):
     name = "cpu-contention"
     summary = "a separate process burns one core for the middle third of the timed batches"
 
@@ -78,7 +79,7 @@ class CpuContention(Scenario):
             self._hog = None
 
 
-class ConsumerShift(Scenario):
+class ConsumerShift(LoadScenario):
     name = "consumer-shift"
     summary = "the training step gets 2x slower for the middle third, then 2x faster than at first"
     needs_sleep_consumer = True
@@ -89,7 +90,7 @@ class ConsumerShift(Scenario):
         return 2.0 if b < 2 * n // 3 else 0.5
 
 
-class SlowIo(Scenario):
+class SlowIo(LoadScenario):
     name = "slow-io"
     summary = (
         f"file reads throttled to {SLOW_IO_MB_PER_S:g} MB/s shared by all readers, "
@@ -111,13 +112,12 @@ class SlowIo(Scenario):
             self._throttle = None
 
 
-SCENARIOS: dict[str, type[Scenario]] = {
-    s.name: s for s in (Steady, CpuContention, ConsumerShift, SlowIo)
-}
+SCENARIOS: Registry[type[LoadScenario]] = Registry("scenario")
+"""Load scenarios by name (``drapps bench --scenario``)."""
+for _scenario in (Steady, CpuContention, ConsumerShift, SlowIo):
+    SCENARIOS.register(_scenario.name, _scenario)
 
 
-def scenario_class(name: str) -> type[Scenario]:
+def scenario_class(name: str) -> type[LoadScenario]:
     """The scenario registered as ``name``; the error lists the valid names."""
-    if name not in SCENARIOS:
-        raise ValueError(f"scenario must be one of {list(SCENARIOS)}, got {name!r}")
-    return SCENARIOS[name]
+    return SCENARIOS.get(name)

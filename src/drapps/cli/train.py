@@ -91,8 +91,8 @@ def add_commands(commands: Commands) -> None:
         "train",
         help="train a recipe with any mix of the training-efficiency toolkit",
         description="Train ResNet on CIFAR-10 or GPT-2 on WikiText-2 from a local copy in the "
-        "published format. With no options it is the founding proposal's baseline (fp32, AdamW "
-        "at a constant 1e-4); each option adds one optimisation. Prints progress and a final "
+        "published format. With no options it is the plain baseline (fp32, AdamW at a constant "
+        "1e-4); each option adds one optimisation. Prints progress and a final "
         "report: time to --target, peak memory, throughput, final quality.",
     )
     train.add_argument("--recipe", required=True, help="resnet-cifar10 or gpt2-wikitext2")

@@ -19,10 +19,6 @@ class Entry:
     skipped: list[tuple[int, str]] = field(default_factory=list)
 
 
-class BufferClosedError(RuntimeError):
-    """The loader was closed while the training loop waited for a batch."""
-
-
 class ReorderBuffer:
     """Thread-safe holding area between the dispatcher (producer) and the training loop.
 

@@ -9,12 +9,12 @@ from drapps.sim.engine import Simulator, Totals
 from drapps.sim.evaluate import Evaluation, evaluate
 from drapps.sim.families import draw, family_names, register_family
 from drapps.sim.run import SimRun, oracle_static, simulate
-from drapps.sim.scenario import Change, Pipeline, Scenario
+from drapps.sim.scenario import Change, PipelineModel, Scenario
 
 __all__ = [
     "Change",
     "Evaluation",
-    "Pipeline",
+    "PipelineModel",
     "RecordedRun",
     "Replay",
     "Scenario",
@@ -31,3 +31,16 @@ __all__ = [
     "replay",
     "simulate",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # The old name of PipelineModel, kept working for a while: `Pipeline` now means the op
+    # pipeline (drapps.ops.Pipeline).
+    if name == "Pipeline":
+        import warnings
+
+        warnings.warn(
+            "drapps.sim.Pipeline is now drapps.sim.PipelineModel", DeprecationWarning, stacklevel=2
+        )
+        return PipelineModel
+    raise AttributeError(f"module 'drapps.sim' has no attribute {name!r}")

@@ -26,7 +26,7 @@ import statistics
 from dataclasses import dataclass
 
 from drapps.sim.run import SimRun, simulate
-from drapps.sim.scenario import Change, Pipeline, Scenario
+from drapps.sim.scenario import Change, PipelineModel, Scenario
 from drapps.telemetry.trace import Trace, TraceRow, read_trace
 
 _OUTSIDE_STEP = 0.25  # cores: smaller moves of the outside load are measurement noise
@@ -109,8 +109,8 @@ def record(trace: Trace | str | os.PathLike[str]) -> RecordedRun:
     )
 
 
-def calibrate(trace: Trace | str | os.PathLike[str], *, refine: bool = True) -> Pipeline:
-    """Fit a :class:`Pipeline` to a traced run (see the module docstring for how).
+def calibrate(trace: Trace | str | os.PathLike[str], *, refine: bool = True) -> PipelineModel:
+    """Fit a :class:`PipelineModel` to a traced run (see the module docstring for how).
 
     Raises:
         ValueError: the trace is too short, or shows no batches delivered or no worker
@@ -145,7 +145,7 @@ def calibrate(trace: Trace | str | os.PathLike[str], *, refine: bool = True) -> 
         r.state.latency_p99_s / r.state.latency_p50_s for r in rows if r.state.latency_p50_s > 0
     ]
     sigma = math.log(max(1.0, statistics.median(spreads))) / 2.326 if spreads else 0.2
-    pipeline = Pipeline(
+    pipeline = PipelineModel(
         cores=last.cores,
         batch_size=recorded.batch_size,
         cpu_s=worker_cpu,
@@ -166,7 +166,7 @@ def calibrate(trace: Trace | str | os.PathLike[str], *, refine: bool = True) -> 
     return _refine(pipeline, recorded) if refine else pipeline
 
 
-def replay(pipeline: Pipeline, recorded: RecordedRun, *, seed: int = 0) -> Replay:
+def replay(pipeline: PipelineModel, recorded: RecordedRun, *, seed: int = 0) -> Replay:
     """Simulate ``pipeline`` under ``recorded``'s worker schedule and outside load."""
     scenario = Scenario(
         pipeline.replace(
@@ -186,7 +186,7 @@ def replay(pipeline: Pipeline, recorded: RecordedRun, *, seed: int = 0) -> Repla
     return Replay(run, recorded)
 
 
-def _refine(pipeline: Pipeline, recorded: RecordedRun) -> Pipeline:
+def _refine(pipeline: PipelineModel, recorded: RecordedRun) -> PipelineModel:
     """Scale the non-CPU waits (read latency, the step's non-CPU share) to the values whose
     replay matches the recorded throughput and wait best."""
     best, best_error = pipeline, math.inf

@@ -92,8 +92,8 @@ class Simulator:
     (``torch.utils.data.DataLoader``'s default).
 
     Example:
-        >>> from drapps.sim import Pipeline, Scenario, Simulator
-        >>> sim = Simulator(Scenario(Pipeline(cores=2, cpu_s=0.05)), workers=2, seed=0)
+        >>> from drapps.sim import PipelineModel, Scenario, Simulator
+        >>> sim = Simulator(Scenario(PipelineModel(cores=2, cpu_s=0.05)), workers=2, seed=0)
         >>> sim.run_until(10.0)
         >>> 300 < sim.totals.samples / 10.0 < 1300
         True

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from drapps.registry import Registry
-from drapps.sim.scenario import Change, GiB, Pipeline, Scenario
+from drapps.sim.scenario import Change, GiB, PipelineModel, Scenario
 
 Family = Callable[[np.random.Generator, float], Scenario]
 
@@ -63,7 +63,9 @@ def _log_uniform(rng: np.random.Generator, low: float, high: float) -> float:
     return float(math.exp(rng.uniform(math.log(low), math.log(high))))
 
 
-def _machine(rng: np.random.Generator, *, cost_cv: tuple[float, float] = (0.1, 0.4)) -> Pipeline:
+def _machine(
+    rng: np.random.Generator, *, cost_cv: tuple[float, float] = (0.1, 0.4)
+) -> PipelineModel:
     """A machine and a CPU-bound pipeline needing between 0.2x and 1.6x its cores in workers
     to keep up with an accelerator-bound training step."""
     cores = int(rng.choice([2, 2, 4, 4, 8, 16, 32, 64]))
@@ -71,7 +73,7 @@ def _machine(rng: np.random.Generator, *, cost_cv: tuple[float, float] = (0.1, 0
     need = cores * rng.uniform(0.2, 1.6)  # worker-seconds of CPU per step
     total = int(max(16, 4 * cores) * GiB * rng.choice([1, 2, 4]))
     batch_bytes = int(_log_uniform(rng, 0.2, 16) * MiB)
-    return Pipeline(
+    return PipelineModel(
         cores=cores,
         batch_size=int(rng.choice([32, 64, 128, 256])),
         cpu_s=need * step_s,
@@ -95,7 +97,7 @@ def _change_window(rng: np.random.Generator, duration: float) -> tuple[float, fl
 
 
 def _hogged(
-    rng: np.random.Generator, p: Pipeline, duration: float, share: tuple[float, float]
+    rng: np.random.Generator, p: PipelineModel, duration: float, share: tuple[float, float]
 ) -> Scenario:
     """``p`` with another process taking a share of its cores (at least one) for a while."""
     start, end = _change_window(rng, duration)

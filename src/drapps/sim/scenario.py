@@ -15,7 +15,7 @@ GiB = 2**30
 
 
 @dataclass(frozen=True)
-class Pipeline:
+class PipelineModel:
     """A data pipeline on one machine, feeding one training loop."""
 
     cores: int
@@ -89,10 +89,12 @@ class Pipeline:
         ):
             value = getattr(self, name)
             if not isinstance(value, int | float) or not value >= 0 or math.isinf(value):
-                raise ValueError(f"Pipeline.{name} must be a finite number >= 0, got {value!r}")
+                raise ValueError(
+                    f"PipelineModel.{name} must be a finite number >= 0, got {value!r}"
+                )
         if not (isinstance(self.disk_bps, int | float) and self.disk_bps > 0):
             raise ValueError(
-                f"Pipeline.disk_bps must be > 0 (inf: no limit), got {self.disk_bps!r}"
+                f"PipelineModel.disk_bps must be > 0 (inf: no limit), got {self.disk_bps!r}"
             )
         if self.step_s + self.step_cpu_s <= 0:
             raise ValueError("a training step must take time: step_s + step_cpu_s must be > 0")
@@ -103,7 +105,7 @@ class Pipeline:
     def worker_limit(self) -> int:
         return self.max_workers or 2 * self.cores
 
-    def replace(self, **changes: Any) -> Pipeline:
+    def replace(self, **changes: Any) -> PipelineModel:
         return dataclasses.replace(self, **changes)
 
 
@@ -143,7 +145,7 @@ class Change:
 class Scenario:
     """A pipeline and what happens to it during a run."""
 
-    pipeline: Pipeline
+    pipeline: PipelineModel
     changes: tuple[Change, ...] = ()
     name: str = "custom"
 

@@ -1,8 +1,8 @@
 """An optimisation that times itself on and off for a few steps and keeps itself only if it pays.
 
-The founding proposal's risk table names the risk plainly: an optimisation's overhead can exceed
-its benefit (fp16 autocast on a CPU, checkpointing a model that fits anyway). So each one is
-tried both ways on the real training steps, interleaved, and the verdict is logged.
+An optimisation's overhead can exceed its benefit (fp16 autocast on a CPU, checkpointing a model
+that fits anyway). So each one is tried both ways on the real training steps, interleaved, and
+the verdict is logged.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """A compact reference trainer that wires the toolkit's pieces around a recipe.
 
 It is what ``drapps train`` runs, and a worked example of composing the pieces in a plain loop:
-every piece is optional and off by default, so the default run is the founding proposal's
-baseline (fp32, AdamW at a constant 1e-4, no accumulation, no checkpointing).
+every piece is optional and off by default, so the default run is the plain baseline each
+optimisation is measured against (fp32, AdamW at a constant 1e-4, no accumulation, no
+checkpointing).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Double DQN with prioritized experience replay: the founding proposal's learner.
+"""Double DQN with prioritized experience replay: a value-based alternative to PPO.
 
 stable-baselines3's DQN has neither the double-Q target nor prioritized replay, so this is a
 compact implementation (van Hasselt et al. 2016; Schaul et al. 2016): an online and a target

@@ -21,7 +21,7 @@ class Recipe(abc.ABC):
     models: tuple[str, ...]
     """Model sizes ``--model`` accepts; the first is the default."""
     micro_batch: int
-    """Default micro-batch size (the founding proposal's batch sizes)."""
+    """Default micro-batch size (the usual published one for the model family)."""
     items_unit: str
     """What the loss averages over: ``samples`` or ``tokens``."""
 
