@@ -10,9 +10,9 @@ from drapps.bench.scenarios import SCENARIOS
 from drapps.bench.systems import SYSTEMS
 from drapps.bench.workloads import WORKLOADS
 from drapps.control import NOOP, POLICIES, Action, State
+from drapps.reference.recipes import RECIPES
 from drapps.registry import Registry
 from drapps.sim.families import FAMILIES
-from drapps.train.recipes import RECIPES
 
 
 def test_register_get_names_and_tags() -> None:

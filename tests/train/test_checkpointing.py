@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch import nn
 
+from drapps.reference.models import GPT2, GPT2Config, ResNet
 from drapps.train import activation_report, checkpoint_blocks, saved_activations
 from drapps.train.checkpointing import CheckpointedSequential, segment_bounds
-from drapps.train.models import GPT2, GPT2Config, ResNet
 
 
 def grads(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -12,7 +12,7 @@ from drapps.cli._args import Commands, UsageError, name_list
 def train_command(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
-    from drapps.train import TrainConfig, train
+    from drapps.reference import TrainConfig, train
 
     try:
         config = TrainConfig(
@@ -50,7 +50,7 @@ def train_command(args: argparse.Namespace) -> int:
 
 
 def train_data_command(args: argparse.Namespace) -> int:
-    from drapps.train.standin import write_cifar10_standin, write_wikitext2_standin
+    from drapps.reference.standin import write_cifar10_standin, write_wikitext2_standin
 
     try:
         if args.dataset == "cifar10":
@@ -65,7 +65,7 @@ def train_data_command(args: argparse.Namespace) -> int:
 
 
 def train_ablation_command(args: argparse.Namespace) -> int:
-    from drapps.train.ablation import ARMS, markdown, run_ablation
+    from drapps.reference.ablation import ARMS, markdown, run_ablation
 
     common = [a for a in args.train_args if a != "--"]
     if not common:

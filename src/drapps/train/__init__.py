@@ -1,4 +1,4 @@
-"""Training-efficiency toolkit: small pieces a plain PyTorch loop adds, and a reference trainer.
+"""Training-efficiency toolkit: small pieces a plain PyTorch loop adds.
 
 Each piece works alone:
 
@@ -12,8 +12,8 @@ Each piece works alone:
 - :func:`shard` gives ZeRO-2 (FSDP2), ZeRO-1 or DDP; :func:`spawn` starts local ranks.
 - :class:`OffSwitch` times an optimisation on and off and keeps it only if it pays.
 
-:func:`train` with a :class:`TrainConfig` runs the ResNet/CIFAR-10 and GPT-2/WikiText-2 recipes
-with any combination of them (``drapps train`` on the command line).
+The reference trainer that combines them (``drapps train``) lives beside this package, in
+:mod:`drapps.reference`; ``drapps.train.train`` and ``TrainConfig`` forward to it.
 """
 
 from drapps.train.accumulation import AdaptiveAccumulation
@@ -29,7 +29,6 @@ from drapps.train.precision import LossScaleCollapseError, MixedPrecision
 from drapps.train.schedule import WarmupCosine, scale_lr
 from drapps.train.sharding import full_state_dict, make_optimizer, shard, spawn
 from drapps.train.switch import OffSwitch
-from drapps.train.trainer import TrainConfig, Trainer, TrainReport, train
 
 __all__ = [
     "ActivationReport",
@@ -39,9 +38,6 @@ __all__ = [
     "LossScaleCollapseError",
     "MixedPrecision",
     "OffSwitch",
-    "TrainConfig",
-    "TrainReport",
-    "Trainer",
     "WarmupCosine",
     "activation_report",
     "checkpoint_blocks",
@@ -51,5 +47,16 @@ __all__ = [
     "scale_lr",
     "shard",
     "spawn",
-    "train",
 ]
+
+_REFERENCE = ("TrainConfig", "TrainReport", "Trainer", "train")
+
+
+def __getattr__(name: str) -> object:
+    # The reference trainer's names, forwarded from their package (imported on first use, so
+    # the toolkit itself never depends on it).
+    if name in _REFERENCE:
+        import drapps.reference
+
+        return getattr(drapps.reference, name)
+    raise AttributeError(f"module 'drapps.train' has no attribute {name!r}")

@@ -11,8 +11,8 @@ from torch.nn import functional as F
 
 from drapps.datasets.cifar10 import CIFAR10, MEAN, STD
 from drapps.ops.image import Compose, RandomCrop, RandomHorizontalFlip, ToCHWTensor
-from drapps.train.models.resnet import ResNet
-from drapps.train.recipes._base import Recipe
+from drapps.reference.models.resnet import ResNet
+from drapps.reference.recipes._base import Recipe
 
 # name -> (depth, width of the first stage)
 _MODELS = {

@@ -10,8 +10,8 @@ import pytest
 
 from drapps.cli import main
 from drapps.datasets import write_cifar10, write_wikitext
-from drapps.train import TrainConfig, train
-from drapps.train.standin import write_cifar10_standin, write_wikitext2_standin
+from drapps.reference import TrainConfig, train
+from drapps.reference.standin import write_cifar10_standin, write_wikitext2_standin
 
 PROSE = (
     " = Robert Boulter = \n\n Robert Boulter is an English film , television and theatre actor . "

@@ -1,9 +1,9 @@
 """Training recipes, one file per recipe, registered by name in :data:`RECIPES`."""
 
+from drapps.reference.recipes._base import Recipe
+from drapps.reference.recipes.gpt2_wikitext2 import GPT2WikiText2
+from drapps.reference.recipes.resnet_cifar10 import ResNetCIFAR10
 from drapps.registry import Registry
-from drapps.train.recipes._base import Recipe
-from drapps.train.recipes.gpt2_wikitext2 import GPT2WikiText2
-from drapps.train.recipes.resnet_cifar10 import ResNetCIFAR10
 
 RECIPES: Registry[Recipe] = Registry("recipe")
 """Recipes by name (``drapps train --recipe``)."""

@@ -11,8 +11,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from drapps.datasets.wikitext import WikiText
-from drapps.train.models.gpt2 import GPT2, GPT2Config
-from drapps.train.recipes._base import Recipe
+from drapps.reference.models.gpt2 import GPT2, GPT2Config
+from drapps.reference.recipes._base import Recipe
 
 _MODELS = {
     "gpt2-small": GPT2Config(),
