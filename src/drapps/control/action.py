@@ -25,7 +25,7 @@ class Action:
     ``codec`` knob)."""
     reason: str = ""
     """Why the policy chose this, in words (shown in the report and the trace)."""
-    other: dict[str, Any] = field(default_factory=dict)
+    other: dict[str, Any] = field(default_factory=dict, hash=False)
     """Moves of knobs that have no field of their own, by knob name."""
 
     def __post_init__(self) -> None:

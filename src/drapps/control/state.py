@@ -79,7 +79,7 @@ class State:
     pipeline has a ``split`` knob; None otherwise."""
     codec: str | None = None
     """Codec of the sample cache, when the pipeline has a ``codec`` knob; None otherwise."""
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict, hash=False)
     """Values of knobs that have no field of their own, by knob name."""
 
     FEATURES: ClassVar[tuple[str, ...]] = (
