@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import tiny_mlp
+from helpers import linear_regression_batches, regression_b_noise, tiny_mlp
 
 from drapps.train import AdaptiveAccumulation, GradientNoiseScale, MixedPrecision
 
@@ -230,3 +230,61 @@ def test_state_dict_round_trip_restores_k_and_the_estimate() -> None:
     )
     other.load_state_dict(acc.state_dict())
     assert (other.k, other.noise_scale, other.steps) == (acc.k, acc.noise_scale, acc.steps)
+
+
+class NormRecorder(torch.optim.SGD):
+    """An optimizer that records the norm of the gradient it is stepped with, changing nothing."""
+
+    def __init__(self, params: Any) -> None:
+        super().__init__(params, lr=0.0)
+        self.norms: list[float] = []
+
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+        grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
+        self.norms.append(float(torch.linalg.vector_norm(torch.cat([g.flatten() for g in grads]))))
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_clipping_leaves_the_noise_scale_exact_and_unscales_once(precision: str) -> None:
+    dim = 10
+    expected = regression_b_noise(1.0, 1.0, dim)  # 21 items
+    model = torch.nn.Linear(dim, 1, bias=False)
+    with torch.no_grad():
+        model.weight.zero_()
+        model.weight[0, 0] = 1.0
+    optimizer = NormRecorder(model.parameters())
+    amp = MixedPrecision(precision, "cpu", init_scale=2.0**8)  # type: ignore[arg-type]
+    acc = AdaptiveAccumulation(
+        model, micro_batch_size=8, min_k=4, max_k=4, max_overhead=math.inf,
+        estimator=GradientNoiseScale(beta=0.995), max_grad_norm=0.5,
+    )  # fmt: skip
+    g = torch.Generator().manual_seed(0)
+    for _ in range(600):
+        group = linear_regression_batches(g, [8, 8, 8, 8], dim)
+        for x, y in group:
+            with acc.micro_batch(len(y)):
+                amp.backward(0.5 * (model(x) - y).square().sum() / 32)
+        assert acc.step(optimizer, amp)
+    # The measured B_noise is that of the unclipped gradients (clipping binds on every step:
+    # |G_32| is about 1.3) ...
+    assert acc.noise_scale == pytest.approx(expected, rel=0.2)
+    assert acc.grad_norm is not None and acc.grad_norm > 1.0
+    # ... and the optimizer steps with the clipped, unscaled gradient.
+    assert max(optimizer.norms) == pytest.approx(0.5, rel=1e-3)
+
+
+def test_max_grad_norm_is_checked() -> None:
+    with pytest.raises(ValueError, match="max_grad_norm must be > 0 or None, got 0"):
+        AdaptiveAccumulation(tiny_mlp(), 4, max_grad_norm=0)
+
+
+def test_a_caller_that_unscaled_already_is_not_unscaled_twice() -> None:
+    model = tiny_mlp()
+    acc = measuring_k2(model)
+    amp = MixedPrecision("fp16", "cpu", init_scale=2.0**8)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    for _ in range(2):
+        with acc.micro_batch(4):
+            amp.backward(model(torch.randn(4, 6)).square().sum() / 8)
+    amp.unscale(optimizer)  # e.g. to look at the gradients
+    assert acc.step(optimizer, amp)  # GradScaler would refuse a second unscale_

@@ -59,6 +59,9 @@ class AdaptiveAccumulation:
         max_overhead: the measurement's share of step time above which it switches itself off
             (k then stays where it is); checked once, after ``patience`` steps.
         measure: False for plain fixed-k accumulation: no hooks, no estimate, k never changes.
+        max_grad_norm: clip the accumulated gradient to this norm in :meth:`step`, after it is
+            measured and unscaled (once). Clip here rather than before ``step()``: clipping
+            first would shrink only the big-batch half of the measurement and unscale twice.
 
     Example:
         >>> import torch
@@ -92,6 +95,7 @@ class AdaptiveAccumulation:
         follower: BatchSizeFollower | None = None,
         max_overhead: float = 0.1,
         measure: bool = True,
+        max_grad_norm: float | None = None,
     ) -> None:
         if micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size!r}")
@@ -106,6 +110,8 @@ class AdaptiveAccumulation:
             raise ValueError(f"patience must be >= 1, got {patience!r}")
         if not max_overhead > 0.0:
             raise ValueError(f"max_overhead must be > 0, got {max_overhead!r}")
+        if max_grad_norm is not None and not max_grad_norm > 0.0:
+            raise ValueError(f"max_grad_norm must be > 0 or None, got {max_grad_norm!r}")
         self.params = [p for p in model.parameters() if p.requires_grad]
         if not self.params:
             raise ValueError("model has no parameters that require gradients")
@@ -115,6 +121,9 @@ class AdaptiveAccumulation:
         self.estimator = estimator if estimator is not None else GradientNoiseScale()
         self.follower = follower
         self.max_overhead = max_overhead
+        self.max_grad_norm = max_grad_norm
+        self.grad_norm: float | None = None
+        """Norm of the last step's accumulated gradient before clipping (None before one)."""
         self.measuring = measure
         self.steps = 0
         self.history: list[tuple[int, int]] = [(0, k)]  # (step, k) at each change
@@ -187,7 +196,8 @@ class AdaptiveAccumulation:
             self._measure_seconds += time.perf_counter() - start
 
     def step(self, optimizer: torch.optim.Optimizer, scaler: Any = None) -> bool:
-        """Finish the step: measure, step the optimizer, zero the gradients, maybe change k.
+        """Finish the step: unscale, measure, clip, step the optimizer, zero the gradients, maybe
+        change k.
 
         Args:
             optimizer: the optimizer to step.
@@ -205,10 +215,13 @@ class AdaptiveAccumulation:
         scaled = grad_scaler is not None and grad_scaler.is_enabled()
         scale = float(grad_scaler.get_scale()) if scaled else 1.0
         if scaled:
-            grad_scaler.unscale_(optimizer)
+            _unscale_once(grad_scaler, optimizer)
         start = time.perf_counter()
         finite = self._measure(scale) if self.measuring else True
         self._measure_seconds += time.perf_counter() - start
+        if self.max_grad_norm is not None and finite:
+            norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
+            self.grad_norm = float(norm)
         if amp is not None:
             stepped = amp.step(optimizer)
         elif scaled:
@@ -347,3 +360,13 @@ class AdaptiveAccumulation:
         self.estimator.load_state_dict(state["estimator"])
         if self.follower is not None:
             self.follower.set_batch_size(self.batch_size)
+
+
+def _unscale_once(grad_scaler: Any, optimizer: torch.optim.Optimizer) -> None:
+    """Unscale the gradients unless the caller already did (GradScaler refuses a second time)."""
+    try:
+        grad_scaler.unscale_(optimizer)
+    except RuntimeError as exc:
+        if "already been called" not in str(exc):
+            raise
+        logger.debug("gradients were already unscaled for this step")
