@@ -29,6 +29,7 @@ def train_command(args: argparse.Namespace) -> int:
             warmup=args.warmup,
             scaling=args.scaling,
             lr=args.lr,
+            max_grad_norm=args.max_grad_norm,
             micro_batch=args.micro_batch,
             max_steps=args.max_steps,
             target=args.target,
@@ -113,6 +114,7 @@ def add_commands(commands: Commands) -> None:
         "--scaling", default="sqrt", help="lr rule when k changes: none, linear, sqrt"
     )
     train.add_argument("--lr", type=float, default=1e-4, help="peak learning rate (1e-4)")
+    train.add_argument("--max-grad-norm", type=float, help="clip gradients to this norm")
     train.add_argument("--micro-batch", type=int, help="samples per micro-batch")
     train.add_argument("--max-steps", type=int, default=200, help="optimizer steps (200)")
     train.add_argument("--target", type=float, help="quality for time-to-target")

@@ -44,6 +44,8 @@ class TrainConfig:
     """How the learning rate follows a changing batch: ``none``, ``linear``, ``sqrt``."""
     lr: float = 1e-4
     """Peak learning rate at the starting batch size (AdamW, weight decay 0.01)."""
+    max_grad_norm: float | None = None
+    """Clip the accumulated gradient to this norm (after the noise scale is measured)."""
     micro_batch: int | None = None
     """Samples per micro-batch (the recipe's default: 128 images, 32 sequences)."""
     max_steps: int = 200
@@ -67,6 +69,8 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         recipe = get_recipe(self.recipe)
+        if self.max_grad_norm is not None and not self.max_grad_norm > 0:
+            raise ValueError(f"max_grad_norm must be > 0, got {self.max_grad_norm!r}")
         if self.model is not None:
             recipe.check_model(self.model)
         if self.amp not in PRECISIONS:

@@ -155,6 +155,7 @@ class Trainer:
                 max_k=config.max_k if gns else k0,
                 follower=scheduler,
                 measure=gns,
+                max_grad_norm=config.max_grad_norm,
             )
             setup = Setup(
                 recipe=recipe,
