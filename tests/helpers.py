@@ -319,3 +319,10 @@ def mounted_tmpfs(mount: Path, size: str) -> Iterator[Path]:
         yield mount
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=True)
+
+
+def barrier_rank(rank: int, world: int) -> None:
+    """A rank that only meets the others (for process-group start-up tests)."""
+    import torch.distributed as dist
+
+    dist.barrier()

@@ -186,7 +186,9 @@ def test_fp16_loss_scaling_is_measured_unscaled_and_overflow_steps_are_skipped()
 
 def test_measurement_switches_itself_off_when_it_costs_too_much() -> None:
     model = tiny_mlp()
-    acc = AdaptiveAccumulation(model, 4, min_k=2, max_k=4, patience=3, max_overhead=1e-9)
+    acc = AdaptiveAccumulation(
+        model, 4, min_k=2, max_k=4, patience=3, max_overhead=1e-9, overhead_window=3
+    )
     run_steps(acc, model, 5)
     assert not acc.measuring
     assert acc.overhead > 1e-9
@@ -288,3 +290,63 @@ def test_a_caller_that_unscaled_already_is_not_unscaled_twice() -> None:
             amp.backward(model(torch.randn(4, 6)).square().sum() / 8)
     amp.unscale(optimizer)  # e.g. to look at the gradients
     assert acc.step(optimizer, amp)  # GradScaler would refuse a second unscale_
+
+
+class TickingClock:
+    """A clock that moves only when read (``tick`` seconds per read) or advanced by the test:
+    every timed interval inside the accumulator is then a known number of ticks."""
+
+    def __init__(self, tick: float) -> None:
+        self.now, self.tick = 0.0, tick
+
+    def __call__(self) -> float:
+        self.now += self.tick
+        return self.now
+
+
+def timed_run(tick: float, compute_s: list[float]) -> AdaptiveAccumulation:
+    """Steps of two micro-batches; micro-batch compute takes ``compute_s[step]`` of fake time."""
+    model = tiny_mlp()
+    clock = TickingClock(tick)
+    acc = AdaptiveAccumulation(
+        model, 4, min_k=2, max_k=2, max_overhead=0.1, overhead_window=20, clock=clock
+    )
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    for seconds in compute_s:
+        for _ in range(2):
+            with acc.micro_batch(4):
+                clock.now += seconds / 2
+                model(torch.randn(4, 6)).square().sum().backward()
+        acc.step(optimizer)
+    return acc
+
+
+def test_a_few_slow_steps_do_not_switch_the_measurement_off() -> None:
+    # 6 parameters: 7 timed intervals of one tick per step. With 1 s of compute per step the
+    # share is 0.7%; five steps where the machine stalls the measurement (compute 0.04 s: share
+    # ~15%) are a minority and must not decide.
+    steps = [1.0] * 30
+    for i in (2, 5, 9, 13, 17):
+        steps[i] = 0.04
+    acc = timed_run(tick=1e-3, compute_s=steps)
+    assert acc.measuring and acc.switched_off is None
+
+
+def test_a_measurement_that_always_costs_too_much_is_switched_off_with_its_reason() -> None:
+    # share ~26% on each of the 20 steps the guard watches; afterwards steps get 250x longer,
+    # which must not dilute the reported share (it explains the decision)
+    acc = timed_run(tick=1e-3, compute_s=[0.02] * 20 + [5.0] * 20)
+    assert not acc.measuring
+    assert acc.switched_off is not None and "over the 10% limit" in acc.switched_off
+    assert 0.2 < acc.overhead < 0.3
+
+
+def test_every_rank_reaches_the_same_verdict(monkeypatch: pytest.MonkeyPatch) -> None:
+    from drapps.train import overhead
+
+    # this rank's steps are cheap, but the ranks' mean is over the limit: all switch off
+    monkeypatch.setattr(overhead, "_mean_over_ranks", lambda value: (value + 0.5) / 2)
+    guard = overhead.OverheadGuard(limit=0.1, window=4)
+    for _ in range(4):
+        guard.record(0.01, 1.0)
+    assert guard.verdict() and guard.decided

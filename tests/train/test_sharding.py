@@ -46,3 +46,29 @@ def test_bad_stage_and_missing_process_group_are_named() -> None:
         make_optimizer(tiny_mlp(), 4, torch.optim.SGD, lr=0.1)
     with pytest.raises(ValueError, match="nprocs"):
         spawn(zero_rank_training, 0)
+
+
+def test_spawn_retries_when_its_port_is_taken_before_rank_0_binds_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import socket
+
+    from helpers import barrier_rank
+
+    from drapps.train import sharding
+
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    taken, real, calls = holder.getsockname()[1], sharding._free_port, []
+
+    def free_port() -> int:
+        calls.append(1)
+        return taken if len(calls) == 1 else real()
+
+    monkeypatch.setattr(sharding, "_free_port", free_port)
+    try:
+        spawn(barrier_rank, 2)
+    finally:
+        holder.close()
+    assert len(calls) == 2  # the taken port failed, the next one worked

@@ -189,7 +189,8 @@ def build_report(
         decisions.append("amp: fp16 loss scale collapsed; fell back to bf16")
     if not setup.accumulation.measuring and config.accumulate == "gns":
         decisions.append(
-            f"accumulation: noise scale measurement switched off at k={setup.accumulation.k}"
+            f"accumulation: noise scale measurement switched off at k={setup.accumulation.k} "
+            f"({setup.accumulation.switched_off or 'closed'})"
         )
     settings = {k: v for k, v in asdict(config).items() if k not in ("data", "recipe")}
     recipe = setup.recipe

@@ -25,6 +25,7 @@ from drapps.train.checkpointing import (
     saved_activations,
 )
 from drapps.train.noise_scale import GradientNoiseScale
+from drapps.train.overhead import OverheadGuard
 from drapps.train.precision import LossScaleCollapseError, MixedPrecision
 from drapps.train.schedule import WarmupCosine, scale_lr
 from drapps.train.sharding import full_state_dict, make_optimizer, shard, spawn
@@ -38,6 +39,7 @@ __all__ = [
     "LossScaleCollapseError",
     "MixedPrecision",
     "OffSwitch",
+    "OverheadGuard",
     "WarmupCosine",
     "activation_report",
     "checkpoint_blocks",

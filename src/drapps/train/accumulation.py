@@ -13,13 +13,14 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
 import torch
 from torch import nn
 
 from drapps.train.noise_scale import GradientNoiseScale
+from drapps.train.overhead import OverheadGuard
 from drapps.train.precision import MixedPrecision, step_scaler
 
 logger = logging.getLogger(__name__)
@@ -57,7 +58,11 @@ class AdaptiveAccumulation:
         follower: told the new effective batch size whenever k changes, e.g. a
             :class:`~drapps.train.WarmupCosine` that scales the learning rate with it.
         max_overhead: the measurement's share of step time above which it switches itself off
-            (k then stays where it is); checked once, after ``patience`` steps.
+            (k then stays where it is); decided once, after ``overhead_window`` steps, by an
+            :class:`~drapps.train.overhead.OverheadGuard` (robust to a few slow steps, the
+            same verdict on every rank).
+        overhead_window: steps timed before that decision.
+        clock: the time source for that decision (a test injects one).
         measure: False for plain fixed-k accumulation: no hooks, no estimate, k never changes.
         max_grad_norm: clip the accumulated gradient to this norm in :meth:`step`, after it is
             measured and unscaled (once). Clip here rather than before ``step()``: clipping
@@ -96,6 +101,8 @@ class AdaptiveAccumulation:
         max_overhead: float = 0.1,
         measure: bool = True,
         max_grad_norm: float | None = None,
+        overhead_window: int = 20,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         if micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size!r}")
@@ -132,9 +139,10 @@ class AdaptiveAccumulation:
         self._sq_norms: list[torch.Tensor] = []  # raw squared norm of each micro-batch gradient
         self._current: torch.Tensor | None = None
         self._previous: tuple[torch.Tensor, float, int] | None = None  # for k == 1 pairing
-        self._measure_seconds = 0.0
+        self.guard = OverheadGuard(max_overhead, overhead_window)
+        self._clock = clock
+        self._measure_seconds = 0.0  # this step's
         self._step_started: float | None = None
-        self._step_seconds = 0.0
         self._handles = [p.register_hook(self._on_grad) for p in self.params] if measure else []
         if follower is not None:
             follower.set_batch_size(self.batch_size)
@@ -177,7 +185,7 @@ class AdaptiveAccumulation:
         if self._current is not None:
             raise RuntimeError("micro_batch() contexts cannot be nested")
         if self._step_started is None:
-            self._step_started = time.perf_counter()
+            self._step_started = self._clock()
         self._current = torch.zeros((), dtype=torch.float64, device=self.params[0].device)
         try:
             yield
@@ -190,10 +198,10 @@ class AdaptiveAccumulation:
         # Autograd hands the hook this backward's gradient for one parameter, before it is added
         # into .grad: exactly the micro-batch's contribution.
         if self._current is not None and self.measuring:
-            start = time.perf_counter()
+            start = self._clock()
             norm = torch.linalg.vector_norm(grad.detach(), dtype=torch.float32)
             self._current += norm.double() ** 2
-            self._measure_seconds += time.perf_counter() - start
+            self._measure_seconds += self._clock() - start
 
     def step(self, optimizer: torch.optim.Optimizer, scaler: Any = None) -> bool:
         """Finish the step: unscale, measure, clip, step the optimizer, zero the gradients, maybe
@@ -216,9 +224,9 @@ class AdaptiveAccumulation:
         scale = float(grad_scaler.get_scale()) if scaled else 1.0
         if scaled:
             _unscale_once(grad_scaler, optimizer)
-        start = time.perf_counter()
+        start = self._clock()
         finite = self._measure(scale) if self.measuring else True
-        self._measure_seconds += time.perf_counter() - start
+        self._measure_seconds += self._clock() - start
         if self.max_grad_norm is not None and finite:
             norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
             self.grad_norm = float(norm)
@@ -238,9 +246,9 @@ class AdaptiveAccumulation:
         optimizer.zero_grad(set_to_none=True)
         self._items, self._sq_norms = [], []
         self.steps += 1
-        if self._step_started is not None:
-            self._step_seconds += time.perf_counter() - self._step_started
-            self._step_started = None
+        if self._step_started is not None and self.measuring:
+            self.guard.record(self._measure_seconds, self._clock() - self._step_started)
+        self._step_started, self._measure_seconds = None, 0.0
         self._check_overhead()
         if self.measuring:
             self._adapt()
@@ -320,23 +328,24 @@ class AdaptiveAccumulation:
                 self.follower.set_batch_size(self.batch_size)
 
     def _check_overhead(self) -> None:
-        if self.steps != self.patience or not self.measuring or self._step_seconds <= 0.0:
-            return
-        share = self._measure_seconds / self._step_seconds
-        if share > self.max_overhead:
+        if self.measuring and self.guard.verdict():
             logger.warning(
-                "accumulation: measuring the noise scale took %.0f%% of step time "
-                "(limit %.0f%%); switched off, k stays %d",
-                100 * share,
-                100 * self.max_overhead,
+                "accumulation: noise-scale measurement switched off, k stays %d: %s",
                 self._k,
+                self.guard.reason,
             )
             self.measuring = False
 
     @property
     def overhead(self) -> float:
-        """Share of step time spent measuring the noise scale so far."""
-        return self._measure_seconds / self._step_seconds if self._step_seconds > 0 else 0.0
+        """Share of step time spent measuring the noise scale, over the steps it was measured
+        (it stops changing once the measurement is switched off)."""
+        return self.guard.share
+
+    @property
+    def switched_off(self) -> str | None:
+        """Why the measurement switched itself off, in words; None while it is on."""
+        return self.guard.reason
 
     def close(self) -> None:
         """Remove the gradient hooks; the object then only groups and steps."""

@@ -10,6 +10,7 @@ are reduce-scattered, and each rank's optimizer steps only its shard.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
 from collections.abc import Callable, Iterable, Iterator
@@ -21,6 +22,8 @@ import torch.multiprocessing as mp
 from torch import nn
 
 ZERO_STAGES: tuple[int, ...] = (0, 1, 2)
+
+logger = logging.getLogger(__name__)
 
 
 def shard(model: nn.Module, zero: int = 2, blocks: Iterable[nn.Module] | None = None) -> nn.Module:
@@ -85,6 +88,9 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     return state
 
 
+_PORT_ATTEMPTS = 3
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -127,4 +133,14 @@ def spawn(fn: Callable[..., Any], nprocs: int, *args: Any) -> None:
     """
     if nprocs < 1:
         raise ValueError(f"nprocs must be >= 1, got {nprocs!r}")
-    mp.spawn(_worker, args=(fn, nprocs, _free_port(), args), nprocs=nprocs, join=True)
+    for attempt in range(_PORT_ATTEMPTS):
+        try:
+            mp.spawn(_worker, args=(fn, nprocs, _free_port(), args), nprocs=nprocs, join=True)
+            return
+        except mp.ProcessRaisedException as exc:
+            # The free port can be taken by another process between our probe and rank 0's
+            # bind; the ranks fail in init_process_group, before running fn, so try another.
+            taken = "EADDRINUSE" in str(exc) or "address already in use" in str(exc).lower()
+            if not taken or attempt == _PORT_ATTEMPTS - 1:
+                raise
+            logger.info("port taken before rank 0 could bind it; retrying on another")
