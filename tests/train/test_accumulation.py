@@ -90,6 +90,12 @@ class FixedEstimate(GradientNoiseScale):
     def estimate(self) -> float | None:
         return self.value
 
+    @property
+    def relative_error(self) -> float | None:
+        return None if self.value is None else self.error
+
+    error = 0.0
+
 
 class BatchLog:
     def __init__(self) -> None:
@@ -350,3 +356,23 @@ def test_every_rank_reaches_the_same_verdict(monkeypatch: pytest.MonkeyPatch) ->
     for _ in range(4):
         guard.record(0.01, 1.0)
     assert guard.verdict() and guard.decided
+
+
+def test_k_holds_while_the_estimate_is_unsure() -> None:
+    model = tiny_mlp()
+    estimator = FixedEstimate(40.0)  # wants 8 (max_k) micro-batches
+    estimator.error = 0.6
+    acc = AdaptiveAccumulation(
+        model, 4, max_k=8, patience=3, estimator=estimator, max_overhead=math.inf
+    )
+    assert run_steps(acc, model, 6) == [1] * 6  # +-60%: not evidence
+    estimator.error = 0.1
+    assert run_steps(acc, model, 3) == [1, 1, 8]
+
+
+def test_items_in_another_unit_than_the_micro_batch_size_are_refused() -> None:
+    acc = AdaptiveAccumulation(tiny_mlp(), micro_batch_size=32)  # 32 sequences ...
+    with pytest.raises(ValueError, match=r"micro_batch\(items=32768\) holds more than twice "
+                       r"micro_batch_size=32: count both in the same unit"):  # fmt: skip
+        with acc.micro_batch(32 * 1024):  # ... but 32 x 1,024 tokens counted
+            pass

