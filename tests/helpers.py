@@ -326,3 +326,45 @@ def barrier_rank(rank: int, world: int) -> None:
     import torch.distributed as dist
 
     dist.barrier()
+
+
+def noise_scale_rank(rank: int, world: int, steps: int, out: str) -> None:
+    """One DDP rank measuring B_noise on the regression problem: the global step is four
+    micro-batches of 8, rank r takes micro-batches r, r + world, ...; lr 0 holds w fixed."""
+    import json
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    estimate = regression_noise_scale(world, rank, steps, DistributedDataParallel)
+    if rank == 0:
+        Path(out).write_text(json.dumps(estimate))
+
+
+def regression_noise_scale(
+    world: int, rank: int, steps: int, wrap: Any = None
+) -> dict[str, float | None]:
+    """B_noise measured on this rank's share of the same global micro-batches."""
+    import math
+
+    from drapps.train import AdaptiveAccumulation, GradientNoiseScale
+
+    dim = 10
+    model = torch.nn.Linear(dim, 1, bias=False)
+    with torch.no_grad():
+        model.weight.zero_()
+        model.weight[0, 0] = 1.0
+    module = wrap(model) if wrap is not None else model
+    k = 4 // world
+    acc = AdaptiveAccumulation(
+        module, 8, min_k=k, max_k=k, max_overhead=math.inf,
+        estimator=GradientNoiseScale(beta=0.99, min_updates=1),
+    )  # fmt: skip
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.0)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(steps):
+        mine = linear_regression_batches(g, [8, 8, 8, 8], dim)[rank::world]
+        for x, y in mine:
+            with acc.micro_batch(8):
+                (0.5 * (module(x) - y).square().sum() / (8 * len(mine))).backward()
+        acc.step(optimizer)
+    return {"estimate": acc.noise_scale, "updates": acc.estimator.updates}

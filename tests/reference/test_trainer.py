@@ -131,6 +131,9 @@ def test_zero2_over_two_processes(wikitext: Path) -> None:
         ({"max_steps": 0}, "max_steps"),
         ({"workers": -1}, "workers"),
         ({"data": "/no/such/folder"}, "does not exist"),
+        ({"loader": "tfdata"}, r"loader must be one of \['drapps', 'dataloader'\]"),
+        ({"contention": (5, 5)}, "contention must be steps"),
+        ({"max_grad_norm": 0.0}, "max_grad_norm must be > 0"),
     ],
 )
 def test_bad_configs_are_named(cifar: Path, overrides: dict[str, object], match: str) -> None:
@@ -209,3 +212,34 @@ def test_ablation_names_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
     assert "give the drapps train options" in capsys.readouterr().err
     assert main(["train-ablation", "--arms", "turbo", "--", "--recipe", "x"]) == 2
     assert "unknown arms ['turbo']" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("loader", ["drapps", "dataloader"])
+def test_the_loader_is_an_arm_and_contention_runs_and_ends(cifar: Path, loader: str) -> None:
+    import psutil
+
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    config = TrainConfig(
+        recipe="resnet-cifar10", data=str(cifar), model="resnet18-w4", micro_batch=16,
+        max_steps=6, eval_every=6, workers=1, loader=loader, contention=(2, 4), seed=3,
+    )  # fmt: skip
+    report = train(config)
+    assert report.steps == 6 and report.settings["loader"] == loader
+    assert report.settings["contention"] == (2, 4)
+    left = {p.pid for p in psutil.Process().children(recursive=True)} - before
+    assert not [p for p in left if psutil.pid_exists(p) and "while True" in " ".join(
+        psutil.Process(p).cmdline())]  # fmt: skip
+
+
+def test_the_cli_takes_loader_and_contention(cifar: Path, tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    args = ["train", "--recipe", "resnet-cifar10", "--data", str(cifar), "--model", "resnet18-w4"]
+    args += ["--micro-batch", "16", "--max-steps", "3", "--workers", "0", "--loader"]
+    args += ["dataloader", "--contention", "1:2", "--max-grad-norm", "1.0", "--out", str(out)]
+    assert main(args) == 0
+    settings = json.loads(out.read_text())["settings"]
+    assert settings["loader"] == "dataloader" and settings["contention"] == [1, 2]
+    assert settings["max_grad_norm"] == 1.0
+    with pytest.raises(SystemExit) as exited:  # argparse's own error: one line, exit 2
+        main([*args[:-2], "--contention", "2"])
+    assert exited.value.code == 2

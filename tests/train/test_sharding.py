@@ -72,3 +72,23 @@ def test_spawn_retries_when_its_port_is_taken_before_rank_0_binds_it(
     finally:
         holder.close()
     assert len(calls) == 2  # the taken port failed, the next one worked
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("world", [2, 4])
+def test_the_noise_scale_across_ddp_ranks_is_the_single_process_one(
+    world: int, tmp_path: Path
+) -> None:
+    import json
+
+    from helpers import noise_scale_rank, regression_b_noise, regression_noise_scale
+
+    single = regression_noise_scale(1, 0, 300)
+    out = tmp_path / "rank0.json"
+    spawn(noise_scale_rank, world, 300, str(out))
+    ranked = json.loads(out.read_text())
+    # The same micro-batches as small batches, the same mean as the big one: the same pair
+    # every step (with world=4 each rank holds one micro-batch, so no step pairing is needed).
+    assert ranked["updates"] == single["updates"] == 300
+    assert ranked["estimate"] == pytest.approx(single["estimate"], rel=1e-4)
+    assert single["estimate"] == pytest.approx(regression_b_noise(1.0, 1.0, 10), rel=0.25)

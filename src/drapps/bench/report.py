@@ -18,6 +18,12 @@ def best_dataloader(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     return max(static, key=lambda r: r["samples_per_s"]) if static else None
 
 
+def _interval(row: dict[str, Any]) -> str:
+    if "samples_per_s_ci95" not in row:
+        return "-"
+    return f"{row['samples_per_s_mean']:.0f} +- {row['samples_per_s_ci95']:.0f}"
+
+
 def _ends(row: dict[str, Any]) -> str:
     ends = row["final_workers"]
     return str(ends[0]) if len(set(map(str, ends))) == 1 else ", ".join(map(str, ends))
@@ -31,9 +37,10 @@ def scenario_table(results: dict[str, Any], workload: str, scenario: str) -> lis
     lines = [
         f"#### `{workload}`, `{scenario}`",
         "",
-        "| system | samples/s | vs oracle static | loop waited | next() p50 / p99 ms "
-        "| CPU busy | peak RSS MiB | first batch s | end-to-end s | workers at end |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| system | samples/s | 95% CI of the mean | vs oracle static | loop waited "
+        "| next() p50 / p99 ms | CPU busy | peak RSS MiB | first batch s | end-to-end s "
+        "| workers at end |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     best = best_dataloader(rows)
     best_rate = best["samples_per_s"] if best is not None else None
@@ -42,7 +49,7 @@ def scenario_table(results: dict[str, Any], workload: str, scenario: str) -> lis
         case = row["case"]
         name = f"**{case}**" if row is best else case
         lines.append(
-            f"| {name} | {_spread(row, 'samples_per_s')} | {ratio} "
+            f"| {name} | {_spread(row, 'samples_per_s')} | {_interval(row)} | {ratio} "
             f"| {row['wait_fraction']:.0%} "
             f"| {row['wait_p50_ms']:.1f} / {row['wait_p99_ms']:.0f} "
             f"| {row['cpu_util']:.0%} | {row['peak_rss_mib']:.0f} "
@@ -123,6 +130,7 @@ def markdown(results: dict[str, Any]) -> str:
         "loop spent blocked in next(); CPU busy is all processes' CPU time over the usable "
         "cores (the scenario's own hog left out); peak RSS sums all processes (shared pages "
         "count once per process); end-to-end runs from opening the loader to the last batch. "
-        "Read a gap smaller than the min-max spreads as noise.",
+        "Read a gap smaller than the min-max spreads, or between overlapping 95% intervals of "
+        "the mean (Student t over the repeats), as noise.",
     ]
     return "\n".join(lines)

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
 
+from drapps.bench.confidence import mean_interval
 from drapps.bench.data import default_data_dir
 from drapps.bench.environment import describe_environment
 from drapps.bench.scenarios import SCENARIOS, scenario_class
@@ -229,7 +230,8 @@ def run_one(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
 
 
 def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Median and min-max per case over its repeats."""
+    """Median and min-max per case over its repeats; the 95% t interval of the mean
+    samples/s when there are 2 repeats or more."""
     grouped: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for run in runs:
         grouped.setdefault((run["workload"], run["scenario"], run["case"]), []).append(run)
@@ -252,6 +254,9 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             values = [r[metric] for r in group]
             row[metric] = statistics.median(values)
             row[f"{metric}_min"], row[f"{metric}_max"] = min(values), max(values)
+        interval = mean_interval([r["samples_per_s"] for r in group])
+        if interval is not None:
+            row["samples_per_s_mean"], row["samples_per_s_ci95"] = interval
         summary.append(row)
     return summary
 

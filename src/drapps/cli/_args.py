@@ -37,6 +37,14 @@ def name_list(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
+def step_range(text: str) -> tuple[int, int]:
+    """``"20:60"`` -> ``(20, 60)``."""
+    start, sep, stop = text.partition(":")
+    if not sep or not start.isdigit() or not stop.isdigit():
+        raise argparse.ArgumentTypeError(f"expected steps like 20:60, got {text!r}")
+    return int(start), int(stop)
+
+
 def check_positive(args: argparse.Namespace, *names: str, minimum: float = 0.0) -> None:
     """Raise a UsageError naming the first option in ``names`` that is not above ``minimum``
     (or, with an int ``minimum`` >= 1, not at least it)."""

@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from drapps.cli._args import Commands, UsageError, name_list
+from drapps.cli._args import Commands, UsageError, name_list, step_range
 
 
 def train_command(args: argparse.Namespace) -> int:
@@ -38,6 +38,8 @@ def train_command(args: argparse.Namespace) -> int:
             adaptive=not args.no_adaptive,
             device=args.device,
             workers=int(args.workers) if args.workers.isdigit() else args.workers,
+            loader=args.loader,
+            contention=args.contention,
             seed=args.seed,
             log_every=args.log_every,
         )
@@ -123,6 +125,10 @@ def add_commands(commands: Commands) -> None:
     train.add_argument("--no-adaptive", action="store_true", help="never switch pieces off")
     train.add_argument("--device", default="auto", help="auto, cpu or cuda")
     train.add_argument("--workers", default="auto", help="loader workers: auto or a count")
+    train.add_argument("--loader", default="drapps", help="drapps (default) or dataloader")
+    train.add_argument(
+        "--contention", type=step_range, help="steps A:B during which a process hogs a core"
+    )
     train.add_argument("--seed", type=int, default=0, help="model init and data order")
     train.add_argument("--log-every", type=int, default=10, help="steps between progress lines")
     train.add_argument("--out", help="write the report as JSON here")

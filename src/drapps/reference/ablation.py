@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from drapps.bench.confidence import describe_interval
+
 # Each piece's own flags. The scheduled arm warms up to a 10x higher peak: a warmup to the
 # baseline's 1e-4 would only be slower than the constant 1e-4.
 ARMS: dict[str, tuple[str, ...]] = {
@@ -27,6 +29,8 @@ ARMS: dict[str, tuple[str, ...]] = {
     "checkpointing": ("--checkpointing", "sqrt"),
 }
 ARMS["all"] = tuple(flag for name, flags in ARMS.items() if name != "baseline" for flag in flags)
+# The loader as an arm: the same run fed by torch's DataLoader instead of drapps.Loader.
+ARMS["loader-dataloader"] = ("--loader", "dataloader")
 
 
 def run_arm(common: Sequence[str], flags: Sequence[str], timeout: float) -> dict[str, Any]:
@@ -93,7 +97,9 @@ def _medians(reports: list[dict[str, Any]]) -> dict[str, float | None]:
 
 
 def markdown(results: dict[str, Any]) -> str:
-    """The ablation table: medians, and each arm relative to the baseline."""
+    """The ablation table: medians, each arm relative to the baseline, and the 95% t interval
+    of the mean time to target and throughput (two arms whose intervals overlap are not shown
+    to differ)."""
     medians = results["medians"]
     first = next(iter(results["runs"].values()))[0]
     unit, quality = first["items_unit"], first["quality_name"]
@@ -103,15 +109,19 @@ def markdown(results: dict[str, Any]) -> str:
         f"`drapps train {' '.join(results['common'])}`, {results['repeats']} interleaved "
         f"repeat(s), medians; off-switches disabled.",
         "",
-        f"| arm | time to {quality} {target} (s) | throughput ({unit}/s) | train time (s) | "
-        f"activations / micro-batch (MiB) | peak memory (MiB) | final {quality} | final k |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        f"| arm | time to {quality} {target} (s) | 95% CI of the mean | throughput ({unit}/s) "
+        f"| 95% CI of the mean | train time (s) | activations / micro-batch (MiB) "
+        f"| peak memory (MiB) | final {quality} | final k |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for arm, m in medians.items():
+        runs = results["runs"][arm]
         lines.append(
             f"| {arm} "
             f"| {_cell(m['time_to_target'], base.get('time_to_target'), '.1f', 'not reached')} "
+            f"| {describe_interval([r['time_to_target'] for r in runs], '.1f')} "
             f"| {_cell(m['throughput'], base.get('throughput'), ',.0f')} "
+            f"| {describe_interval([r['throughput'] for r in runs], ',.0f')} "
             f"| {_fmt(m['train_seconds'], '.1f')} "
             f"| {_cell(_mib(m['activation_bytes']), _mib(base.get('activation_bytes')), '.1f')} "
             f"| {_fmt(_mib(m['peak_memory_bytes']), ',.0f')} "

@@ -13,6 +13,8 @@ from drapps.train.precision import PRECISIONS
 from drapps.train.schedule import SCALING_RULES
 from drapps.train.sharding import ZERO_STAGES
 
+LOADERS = ("drapps", "dataloader")
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -61,7 +63,11 @@ class TrainConfig:
     device: str = "auto"
     """``auto`` (CUDA when present), ``cpu`` or ``cuda``."""
     workers: int | Literal["auto"] = "auto"
-    """``drapps.Loader`` workers."""
+    """Loader workers ("auto" under ``dataloader``: one per usable core)."""
+    loader: str = "drapps"
+    """``drapps`` (``drapps.Loader``) or ``dataloader`` (``torch.utils.data.DataLoader``)."""
+    contention: tuple[int, int] | None = None
+    """Steps ``[start, stop)`` during which another process keeps one core busy."""
     seed: int = 0
     """Seeds the model init and the data order."""
     log_every: int = 10
@@ -86,10 +92,11 @@ class TrainConfig:
             )
         if self.zero is not None and self.zero not in ZERO_STAGES:
             raise ValueError(f"zero must be one of {ZERO_STAGES}, got {self.zero!r}")
-        if self.zero is not None and self.accumulate == "gns":
+        if self.zero == 2 and self.accumulate == "gns":
             raise ValueError(
-                "accumulate='gns' measures one process's gradients; it is not supported with "
-                "zero yet (use a fixed --accumulate N)"
+                "accumulate='gns' is not supported with zero=2: FSDP2 shards each gradient as "
+                "it is made, so no rank sees a micro-batch's whole gradient (use --zero 0 or 1, "
+                "or a fixed --accumulate N)"
             )
         if self.nproc < 1 or (self.nproc > 1 and self.zero is None):
             raise ValueError(f"nproc > 1 needs --zero 0, 1 or 2; got nproc={self.nproc!r}")
@@ -114,6 +121,15 @@ class TrainConfig:
             raise ValueError(f"eval_batches must be >= 1, got {self.eval_batches!r}")
         if self.workers != "auto" and not (isinstance(self.workers, int) and self.workers >= 0):
             raise ValueError(f"workers must be 'auto' or an int >= 0, got {self.workers!r}")
+        if self.loader not in LOADERS:
+            raise ValueError(f"loader must be one of {list(LOADERS)}, got {self.loader!r}")
+        if self.contention is not None and not (
+            len(self.contention) == 2 and 1 <= self.contention[0] < self.contention[1]
+        ):
+            raise ValueError(
+                f"contention must be steps (start, stop) with 1 <= start < stop, got "
+                f"{self.contention!r}"
+            )
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {self.device!r}")
         if self.device == "cuda" and not torch.cuda.is_available():

@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import math
 import resource
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -228,3 +230,29 @@ def peak_memory(device: torch.device) -> tuple[int, str]:
         return torch.cuda.max_memory_allocated(device), "CUDA max allocated"
     # ru_maxrss is KiB on Linux: the training process's peak resident set (workers not included).
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "CPU peak RSS"
+
+
+class Contention:
+    """Another process that keeps one core busy during steps ``[start, stop)`` of a run (the
+    load a shared machine puts on the loader and the training step). Always stopped by
+    :meth:`close`."""
+
+    def __init__(self, steps: tuple[int, int] | None) -> None:
+        self.steps = steps
+        self._hog: subprocess.Popen[bytes] | None = None
+
+    def at(self, step: int) -> None:
+        """Start or stop the busy process as ``step`` begins."""
+        if self.steps is None:
+            return
+        start, stop = self.steps
+        if start <= step < stop and self._hog is None:
+            self._hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        elif step >= stop:
+            self.close()
+
+    def close(self) -> None:
+        if self._hog is not None:
+            self._hog.kill()
+            self._hog.wait()
+            self._hog = None

@@ -13,7 +13,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TextIO
@@ -24,6 +24,7 @@ import torch.distributed as dist
 from drapps.reference.config import TrainConfig, TrainReport
 from drapps.reference.recipes import RECIPES, Recipe, get_recipe
 from drapps.reference.steps import (
+    Contention,
     Evaluator,
     History,
     Setup,
@@ -104,15 +105,7 @@ class Trainer:
         eval_set = recipe.dataset(data, False, self.model_name)
         if self.world > 1:
             train_set = _Shard(train_set, self.rank, self.world)
-        loader = Loader(
-            train_set,
-            batch_size=micro,
-            shuffle=True,
-            seed=config.seed,
-            drop_last=True,
-            workers=config.workers,
-            persistent_workers=config.workers != 0,
-        )
+        loader = _train_loader(config, train_set, micro)
         eval_loader = Loader(eval_set, batch_size=micro, seed=config.seed, workers=0)
         try:
             if len(loader) == 0:
@@ -171,7 +164,8 @@ class Trainer:
             )
             report = self._loop(setup, batches, Evaluator(recipe, eval_loader, config.eval_batches))
         finally:
-            loader.close()
+            if isinstance(loader, Loader):
+                loader.close()
             eval_loader.close()
         return report
 
@@ -188,7 +182,26 @@ class Trainer:
         def reached(quality: float) -> bool:
             return config.target is not None and recipe.reached(quality, config.target)
 
+        contention = Contention(config.contention)
+        try:
+            self._steps(setup, runner, history, groups, evaluate, contention, reached)
+        finally:
+            contention.close()
+        return build_report(config, self.model_name, setup, history)
+
+    def _steps(
+        self,
+        setup: Setup,
+        runner: StepRunner,
+        history: History,
+        groups: Iterator[list[Any]],
+        evaluate: Evaluator,
+        contention: Contention,
+        reached: Callable[[float], bool],
+    ) -> None:
+        config, recipe = self.config, self.recipe
         for step in range(1, config.max_steps + 1):
+            contention.at(step)
             # The first step also counts what autograd keeps for backward.
             history.add(runner.run(next(groups), count_activations=step == 1), self.world)
             if step % config.log_every == 0 or step == 1:
@@ -199,7 +212,6 @@ class Trainer:
                 quality = evaluate(setup.model, setup.device, setup.amp)
                 history.evaluated(step, quality, reached)
                 self._print(f"  eval step {step}: {recipe.quality} {quality:.3f}")
-        return build_report(config, self.model_name, setup, history)
 
     def _switches(
         self,
@@ -243,6 +255,33 @@ class Trainer:
             stack.enabled = True
         model.zero_grad(set_to_none=True)
         return counter.bytes
+
+
+def _train_loader(config: TrainConfig, dataset: Any, micro: int) -> Any:
+    """The training loader the config asks for: drapps.Loader, or DataLoader with the same
+    order seed and ``workers`` ("auto": one per usable core, the usual hand setting)."""
+    from drapps.loader import Loader
+
+    if config.loader == "drapps":
+        return Loader(
+            dataset,
+            batch_size=micro,
+            shuffle=True,
+            seed=config.seed,
+            drop_last=True,
+            workers=config.workers,
+            persistent_workers=config.workers != 0,
+        )
+    workers = len(os.sched_getaffinity(0)) if config.workers == "auto" else int(config.workers)
+    return torch.utils.data.DataLoader(
+        dataset,
+        batch_size=micro,
+        shuffle=True,
+        drop_last=True,
+        num_workers=workers,
+        persistent_workers=workers > 0,
+        generator=torch.Generator().manual_seed(config.seed),
+    )
 
 
 def _free_memory(device: torch.device) -> int:

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from drapps.train.noise_scale import GradientNoiseScale
@@ -65,6 +66,12 @@ class AdaptiveAccumulation:
             :class:`~drapps.train.overhead.OverheadGuard` (robust to a few slow steps, the
             same verdict on every rank).
         overhead_window: steps timed before that decision.
+        distributed: measure across the ranks of ``torch.distributed`` (None: whenever a
+            process group of more than one rank is running). Each rank's micro-batch gradients
+            are the small batches and the gradient averaged over the ranks at ``step()`` (as
+            DDP and ZeRO-1 leave it) the big one, so every rank computes the same estimate, the
+            one a single process would on the same micro-batches. Not for FSDP2 (ZeRO-2): its
+            gradients are sharded as they are made, so no rank sees a micro-batch's whole one.
         clock: the time source for that decision (a test injects one).
         measure: False for plain fixed-k accumulation: no hooks, no estimate, k never changes.
         max_grad_norm: clip the accumulated gradient to this norm in :meth:`step`, after it is
@@ -107,6 +114,7 @@ class AdaptiveAccumulation:
         max_grad_norm: float | None = None,
         overhead_window: int = 20,
         clock: Callable[[], float] = time.perf_counter,
+        distributed: bool | None = None,
     ) -> None:
         if micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size!r}")
@@ -147,6 +155,7 @@ class AdaptiveAccumulation:
         self._current: torch.Tensor | None = None
         self._previous: tuple[torch.Tensor, float, int] | None = None  # for k == 1 pairing
         self.guard = OverheadGuard(max_overhead, overhead_window)
+        self.distributed = distributed
         self._clock = clock
         self._measure_seconds = 0.0  # this step's
         self._step_started: float | None = None
@@ -283,17 +292,25 @@ class AdaptiveAccumulation:
                 )
         return total
 
+    def _ranks(self) -> int:
+        if self.distributed is False or not (dist.is_available() and dist.is_initialized()):
+            return 1
+        return dist.get_world_size()
+
     def _measure(self, scale: float) -> bool:
         items = self._items
         total = sum(items)
         big = float(self._grad_sq_norm())
-        if not math.isfinite(big):
-            self._previous = None
-            return False
         # The hooks saw gradients of sum(losses) / total, scaled by the loss scale: micro-batch
         # i's mean gradient is its raw gradient times total / n_i, divided by the scale.
         raw = torch.stack(self._sq_norms).tolist()
         means = [r * (total / n) ** 2 / scale**2 for r, n in zip(raw, items, strict=True)]
+        world = self._ranks()
+        if world > 1:
+            return self._measure_across_ranks(big, means, items, world)
+        if not math.isfinite(big):
+            self._previous = None
+            return False
         if not all(math.isfinite(m) for m in means):
             self._previous = None
             return False
@@ -302,6 +319,34 @@ class AdaptiveAccumulation:
             self.estimator.update(sum(means) / len(means), small_batch, big, total)
         else:
             self._pair_with_previous(big, total)
+        return True
+
+    def _measure_across_ranks(
+        self, big: float, means: list[float], items: list[int], world: int
+    ) -> bool:
+        """Every rank's micro-batches are the small batches, the rank-averaged gradient the
+        big one; one all-reduce gives each rank the same pair (or the same skip)."""
+        finite = math.isfinite(big) and all(math.isfinite(m) for m in means)
+        totals = torch.tensor(
+            [
+                sum(means) if finite else 0.0,
+                sum(1.0 / n for n in items),
+                float(len(items)),
+                1.0 / sum(items),
+                0.0 if finite else 1.0,
+            ],
+            dtype=torch.float64,
+            device=self.params[0].device,
+        )
+        dist.all_reduce(totals, op=dist.ReduceOp.SUM)
+        small_sum, inverse_sizes, count, inverse_totals, skipped = totals.tolist()
+        if skipped > 0:
+            return False
+        # The big gradient is the equal-weight mean of the ranks' means: its noise is that of
+        # a batch of world^2 / sum(1 / N_r) items (world * N with equal shares).
+        self.estimator.update(
+            small_sum / count, count / inverse_sizes, big, world * world / inverse_totals
+        )
         return True
 
     def _pair_with_previous(self, sq_norm: float, items: int) -> None:
