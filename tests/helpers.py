@@ -328,14 +328,16 @@ def barrier_rank(rank: int, world: int) -> None:
     dist.barrier()
 
 
-def noise_scale_rank(rank: int, world: int, steps: int, out: str) -> None:
-    """One DDP rank measuring B_noise on the regression problem: the global step is four
-    micro-batches of 8, rank r takes micro-batches r, r + world, ...; lr 0 holds w fixed."""
+def noise_scale_rank(rank: int, world: int, steps: int, out: str, kind: str) -> None:
+    """One DDP or FSDP2 rank measuring B_noise on the regression problem: the global step is
+    four micro-batches of 8, rank r takes micro-batches r, r + world, ...; lr 0 holds w."""
     import json
 
+    from torch.distributed.fsdp import fully_shard
     from torch.nn.parallel import DistributedDataParallel
 
-    estimate = regression_noise_scale(world, rank, steps, DistributedDataParallel)
+    wrap = DistributedDataParallel if kind == "ddp" else fully_shard
+    estimate = regression_noise_scale(world, rank, steps, wrap)
     if rank == 0:
         Path(out).write_text(json.dumps(estimate))
 

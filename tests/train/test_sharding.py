@@ -75,9 +75,10 @@ def test_spawn_retries_when_its_port_is_taken_before_rank_0_binds_it(
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.parametrize("kind", ["ddp", "fsdp2"])
 @pytest.mark.parametrize("world", [2, 4])
-def test_the_noise_scale_across_ddp_ranks_is_the_single_process_one(
-    world: int, tmp_path: Path
+def test_the_noise_scale_across_ranks_is_the_single_process_one(
+    world: int, kind: str, tmp_path: Path
 ) -> None:
     import json
 
@@ -85,7 +86,7 @@ def test_the_noise_scale_across_ddp_ranks_is_the_single_process_one(
 
     single = regression_noise_scale(1, 0, 300)
     out = tmp_path / "rank0.json"
-    spawn(noise_scale_rank, world, 300, str(out))
+    spawn(noise_scale_rank, world, 300, str(out), kind)
     ranked = json.loads(out.read_text())
     # The same micro-batches as small batches, the same mean as the big one: the same pair
     # every step (with world=4 each rank holds one micro-batch, so no step pairing is needed).

@@ -92,12 +92,6 @@ class TrainConfig:
             )
         if self.zero is not None and self.zero not in ZERO_STAGES:
             raise ValueError(f"zero must be one of {ZERO_STAGES}, got {self.zero!r}")
-        if self.zero == 2 and self.accumulate == "gns":
-            raise ValueError(
-                "accumulate='gns' is not supported with zero=2: FSDP2 shards each gradient as "
-                "it is made, so no rank sees a micro-batch's whole gradient (use --zero 0 or 1, "
-                "or a fixed --accumulate N)"
-            )
         if self.nproc < 1 or (self.nproc > 1 and self.zero is None):
             raise ValueError(f"nproc > 1 needs --zero 0, 1 or 2; got nproc={self.nproc!r}")
         if self.schedule not in ("constant", "warmup-cosine"):

@@ -69,9 +69,10 @@ class AdaptiveAccumulation:
         distributed: measure across the ranks of ``torch.distributed`` (None: whenever a
             process group of more than one rank is running). Each rank's micro-batch gradients
             are the small batches and the gradient averaged over the ranks at ``step()`` (as
-            DDP and ZeRO-1 leave it) the big one, so every rank computes the same estimate, the
-            one a single process would on the same micro-batches. Not for FSDP2 (ZeRO-2): its
-            gradients are sharded as they are made, so no rank sees a micro-batch's whole one.
+            DDP, ZeRO-1 and FSDP2 leave it; FSDP2's shards are summed across the ranks) the big
+            one, so every rank computes the same estimate, the one a single process would on
+            the same micro-batches. Under FSDP2 the hooks go on the unsharded parameters that
+            ``fully_shard`` makes at the first forward (its private ``FSDPParam`` objects).
         clock: the time source for that decision (a test injects one).
         measure: False for plain fixed-k accumulation: no hooks, no estimate, k never changes.
         max_grad_norm: clip the accumulated gradient to this norm in :meth:`step`, after it is
@@ -159,7 +160,16 @@ class AdaptiveAccumulation:
         self._clock = clock
         self._measure_seconds = 0.0  # this step's
         self._step_started: float | None = None
-        self._handles = [p.register_hook(self._on_grad) for p in self.params] if measure else []
+        self._handles: list[Any] = []
+        # FSDP2 (ZeRO-2) computes each gradient on an unsharded copy of the parameter and
+        # reduce-scatters it at once: the micro-batch's whole local gradient exists only on that
+        # copy, which FSDP2 makes at the first forward and reuses. Its hooks go there.
+        self._fsdp_params = _fsdp_params(model) if measure else []
+        self._hooked: set[int] = set()
+        if self._fsdp_params:
+            self._handles.append(model.register_forward_hook(self._hook_unsharded))
+        elif measure:
+            self._handles = [p.register_hook(self._on_grad) for p in self.params]
         if follower is not None:
             follower.set_batch_size(self.batch_size)
 
@@ -283,13 +293,20 @@ class AdaptiveAccumulation:
             self._adapt()
         return stepped
 
+    def _hook_unsharded(self, *_: Any) -> None:
+        for fsdp_param in self._fsdp_params:
+            unsharded = getattr(fsdp_param, "_unsharded_param", None)
+            if unsharded is not None and id(unsharded) not in self._hooked:
+                self._hooked.add(id(unsharded))
+                self._handles.append(unsharded.register_hook(self._on_grad))
+
     def _grad_sq_norm(self) -> torch.Tensor:
+        """Squared norm of ``.grad``; of this rank's shards only where they are sharded."""
         total = torch.zeros((), dtype=torch.float64, device=self.params[0].device)
         for p in self.params:
             if p.grad is not None:
-                total += (
-                    torch.linalg.vector_norm(p.grad.detach(), dtype=torch.float32).double() ** 2
-                )
+                grad = _local(p.grad.detach())
+                total += torch.linalg.vector_norm(grad, dtype=torch.float32).double() ** 2
         return total
 
     def _ranks(self) -> int:
@@ -327,8 +344,12 @@ class AdaptiveAccumulation:
         """Every rank's micro-batches are the small batches, the rank-averaged gradient the
         big one; one all-reduce gives each rank the same pair (or the same skip)."""
         finite = math.isfinite(big) and all(math.isfinite(m) for m in means)
+        # Sharded gradients (FSDP2): each rank holds a part of the big norm; replicated ones
+        # (DDP): each holds all of it.
+        big_part = big if self._fsdp_params else big / world
         totals = torch.tensor(
             [
+                big_part if finite else 0.0,
                 sum(means) if finite else 0.0,
                 sum(1.0 / n for n in items),
                 float(len(items)),
@@ -339,7 +360,7 @@ class AdaptiveAccumulation:
             device=self.params[0].device,
         )
         dist.all_reduce(totals, op=dist.ReduceOp.SUM)
-        small_sum, inverse_sizes, count, inverse_totals, skipped = totals.tolist()
+        big, small_sum, inverse_sizes, count, inverse_totals, skipped = totals.tolist()
         if skipped > 0:
             return False
         # The big gradient is the equal-weight mean of the ranks' means: its noise is that of
@@ -446,3 +467,21 @@ def _unscale_once(grad_scaler: Any, optimizer: torch.optim.Optimizer) -> None:
         if "already been called" not in str(exc):
             raise
         logger.debug("gradients were already unscaled for this step")
+
+
+def _fsdp_params(model: nn.Module) -> list[Any]:
+    """The FSDP2 parameters of ``model`` (empty when it is not sharded by ``fully_shard``)."""
+    found: list[Any] = []
+    for module in model.modules():
+        state_of = getattr(module, "_get_fsdp_state", None)
+        if state_of is None:
+            continue
+        group = getattr(state_of(), "_fsdp_param_group", None)
+        found += list(getattr(group, "fsdp_params", ()) or ())
+    return found
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """The local part of a DTensor (a sharded gradient), else the tensor itself."""
+    to_local = getattr(tensor, "to_local", None)
+    return to_local() if callable(to_local) else tensor
