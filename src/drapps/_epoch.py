@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import torch
 
-from drapps.ops.pipeline import BatchStage
+from drapps.ops.pipeline import BatchStage, Pipeline
 from drapps.runtime.dispatcher import Dispatcher
 from drapps.runtime.errors import SampleError
 from drapps.runtime.plan import EpochPlan
@@ -39,7 +39,8 @@ class Loader(Protocol):
     _finish: Callable[[Any], Any] | None
     _auto_collation: bool
     _inline_wait_s: float
-    _stage: BatchStage | None
+    _pipeline: Pipeline | None
+    _split: int | None
 
     def __len__(self) -> int: ...
 
@@ -107,9 +108,10 @@ class MapEpoch(Epoch):
         if dispatcher is None:
             indices = plan.batch(batch_id)
             start = time.perf_counter()
+            stop = loader._split
             try:
                 with preserved_global_rngs():
-                    made = make_batch(loader._recipe, plan.seed, self.epoch, indices)
+                    made = make_batch(loader._recipe, plan.seed, self.epoch, indices, stop)
             finally:
                 self._advance()
                 loader._inline_wait_s += time.perf_counter() - start
@@ -117,7 +119,7 @@ class MapEpoch(Epoch):
             if batch is not None and loader._finish is not None:
                 batch = loader._finish(batch)
             return (
-                self._staged(batch, indices, made.skipped),
+                self._staged(batch, indices, made.skipped, stop),
                 len(indices) - len(made.skipped),
                 made.skipped,
             )
@@ -132,14 +134,16 @@ class MapEpoch(Epoch):
                 error.add_note(f"worker traceback:\n{error.detail}")
             raise error
         indices = plan.batch(batch_id)
-        batch = self._staged(entry.batch, indices, entry.skipped)
+        batch = self._staged(entry.batch, indices, entry.skipped, entry.stop)
         return batch, len(indices) - len(entry.skipped), entry.skipped
 
-    def _staged(self, batch: Any, indices: list[Any], skipped: Skipped) -> Any:
-        """``batch`` through the loader's batch stage (the ops after a Pipeline's split)."""
-        stage = self.loader._stage
-        if stage is None or batch is None:
+    def _staged(self, batch: Any, indices: list[Any], skipped: Skipped, stop: int | None) -> Any:
+        """``batch`` through the ops of the loader's Pipeline from ``stop``, the split it was
+        made with (nothing when it was made whole)."""
+        pipeline = self.loader._pipeline
+        if pipeline is None or stop is None or stop >= len(pipeline.ops) or batch is None:
             return batch
+        stage = BatchStage(pipeline, stop)
         assert self.plan is not None
         dropped = {key_of(index) for index, _ in skipped}
         seeds = [

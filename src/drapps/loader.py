@@ -25,7 +25,7 @@ from torch.utils.data import BatchSampler, default_collate, default_convert
 from drapps._autotune import AutoTuner, make_tuner
 from drapps._epoch import Epoch, MapEpoch, StreamEpoch
 from drapps.control.policy import Policy
-from drapps.ops.pipeline import BatchStage, Pipeline
+from drapps.ops.pipeline import Pipeline
 from drapps.runtime.config import LoaderConfig, checked_index, resolve_workers
 from drapps.runtime.cores import HostShare
 from drapps.runtime.dispatcher import Dispatcher
@@ -221,14 +221,13 @@ class Loader:
         self._stream: StreamPool | None = None
         self._stream_workers = c.initial_workers
         per_worker = prefetch_factor or 2
-        self._stage = _batch_stage(transform, self._iterable, self._auto_collation)
-        worker_transform = (
-            transform.sample_stage() if isinstance(transform, Pipeline) else transform
-        )
+        self._pipeline = transform if isinstance(transform, Pipeline) else None
+        self._split = self._pipeline.split if self._pipeline is not None else None
+        self._check_split(self._split)
+        # A Pipeline goes to the workers whole; each task says where to stop (set_split).
         self._recipe = BatchRecipe(
-            dataset, worker_transform, self.collate_fn, on_error, self._auto_collation,
-            worker_init_fn,
-        )  # fmt: skip
+            dataset, transform, self.collate_fn, on_error, self._auto_collation, worker_init_fn
+        )
         if self._iterable and c.initial_workers > 0:
             self._stream = StreamPool(
                 self._recipe,
@@ -251,6 +250,7 @@ class Loader:
                 max_attempts=max_attempts,
                 context=c.context,
                 finish=finish,
+                split=self._split,
             )
         self._budget = HostShare() if c.workers == "auto" else None
         self._owner = os.getpid()
@@ -535,6 +535,41 @@ class Loader:
         assert self._dispatcher is not None
         self._dispatcher.resize(workers)
 
+    def set_split(self, split: int) -> None:
+        """Move the split of a :class:`drapps.ops.Pipeline` transform: batches dispatched from
+        now on run its ops before ``split`` in the workers and the rest after the reorder
+        buffer. Batches already made keep the split they were made with, so every batch is
+        the same whatever the split and whenever it moves.
+
+        Raises:
+            ValueError: the transform is not a Pipeline, or ``split`` is not one of its
+                ``split_points()`` this loader can run (a split before the end needs batches
+                of a map-style dataset).
+        """
+        if self._pipeline is None:
+            raise ValueError("set_split() needs a drapps.ops.Pipeline as the transform")
+        valid = self._pipeline.split_points()
+        if isinstance(split, bool) or split not in valid:
+            raise ValueError(f"split must be one of {valid} for this pipeline, got {split!r}")
+        self._check_split(split)
+        self._split = split
+        if self._dispatcher is not None:
+            self._dispatcher.set_split(split)
+
+    def _check_split(self, split: int | None) -> None:
+        if self._pipeline is None or split is None or split >= len(self._pipeline.ops):
+            return
+        if self._iterable:
+            raise ValueError(
+                "transform: a Pipeline split before its end needs a map-style dataset (an "
+                "iterable dataset's samples have no index to seed the batch stage's ops from)"
+            )
+        if not self._auto_collation:
+            raise ValueError(
+                "transform: a Pipeline split before its end needs batches; batch_size=None "
+                "turns batching off"
+            )
+
     def stats(self) -> LoaderStats:
         """Counters of what the loader has done so far."""
         return LoaderStats.of(
@@ -612,22 +647,6 @@ def _shutdown(
         stream.shutdown()
     if budget is not None:
         budget.release()
-
-
-def _batch_stage(transform: Any, iterable: bool, batched: bool) -> BatchStage | None:
-    """The ops a Pipeline transform runs after the reorder buffer, checked against the loader."""
-    stage = transform.batch_stage() if isinstance(transform, Pipeline) else None
-    if stage is not None and iterable:
-        raise ValueError(
-            "transform: a Pipeline split before its end needs a map-style dataset (an "
-            "iterable dataset's samples have no index to seed the batch stage's ops from)"
-        )
-    if stage is not None and not batched:
-        raise ValueError(
-            "transform: a Pipeline split before its end needs batches; batch_size=None "
-            "turns batching off"
-        )
-    return stage
 
 
 def _weak_snapshot(loader: Loader) -> Callable[[], PipelineSnapshot]:

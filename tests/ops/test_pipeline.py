@@ -132,3 +132,31 @@ def test_a_split_needs_a_map_style_dataset_and_batches() -> None:
         drapps.Loader(Stream(), batch_size=2, transform=split)
     with pytest.raises(ValueError, match="batch_size=None turns batching off"):
         drapps.Loader(Photos(), batch_size=None, transform=split)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_moving_the_split_mid_epoch_keeps_every_batch(workers: int) -> None:
+    reference = _batches(5, workers)
+    with drapps.Loader(
+        Photos(), batch_size=5, shuffle=True, seed=7, workers=workers, transform=_pipeline(5)
+    ) as loader:
+        moved = []
+        for k, batch in enumerate(loader):
+            moved.append(batch)
+            loader.set_split((2, 4, 3, 5, 2)[k % 5])  # batches in flight keep their split
+    assert len(moved) == len(reference)
+    for (x, y), (rx, ry) in zip(moved, reference, strict=True):
+        assert torch.equal(y, ry)
+        torch.testing.assert_close(x, rx)
+
+
+def test_set_split_names_bad_input() -> None:
+    with drapps.Loader(Photos(), batch_size=5, workers=0, transform=_pipeline()) as loader:
+        with pytest.raises(ValueError, match=r"split must be one of \[2, 3, 4, 5\] for this"):
+            loader.set_split(1)
+    with drapps.Loader(Photos(), batch_size=5, workers=0) as plain:
+        with pytest.raises(ValueError, match=r"set_split\(\) needs a drapps\.ops\.Pipeline"):
+            plain.set_split(2)
+    with drapps.Loader(Stream(), batch_size=2, workers=0, transform=_pipeline()) as stream:
+        with pytest.raises(ValueError, match="needs a map-style dataset"):
+            stream.set_split(3)

@@ -37,9 +37,9 @@ class ThreadPool(WorkerPool):
 
     def _run(self, worker: Worker, inbox: queue.SimpleQueue[Any]) -> None:
         while (message := inbox.get()) is not None:
-            generation, seed, epoch, batch_id, indices, _ = message
+            generation, seed, epoch, batch_id, indices, _, stop = message
             try:
-                made = make_batch(self._recipe, seed, epoch, indices)
+                made = make_batch(self._recipe, seed, epoch, indices, stop)
                 packed = None if made.batch is None else pack_inline(made.batch)
                 reply = ("ok", generation, batch_id, packed, made.skipped, made.seconds)
             except SampleError as exc:

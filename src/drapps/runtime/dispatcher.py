@@ -59,6 +59,7 @@ class Dispatcher:
         prefetch_per_worker: int = 2,
         finish: Callable[[Any], Any] | None = None,
         pool: WorkerPool | None = None,
+        split: int | None = None,
     ) -> None:
         """
         Args:
@@ -67,6 +68,7 @@ class Dispatcher:
                 the training loop does not pay for it.
             pool: the workers (default: a :class:`ProcessPool` of ``recipe`` in ``context``);
                 the dispatcher owns it from here and shuts it down.
+            split: with a Pipeline transform, the split point to make batches with.
         """
         self.session = f"{os.getpid()}_{secrets.token_hex(4)}"
         self.buffer = ReorderBuffer(on_consumed=self._wake)
@@ -74,6 +76,7 @@ class Dispatcher:
         self._on_error = recipe.on_error
         self._target = workers
         self._prefetch = prefetch
+        self._split = split
         self._per_worker = prefetch_per_worker
         self._finish = finish
         self._budget = memory_budget
@@ -134,6 +137,11 @@ class Dispatcher:
     def resize(self, workers: int) -> None:
         """Set the worker count; returns once the dispatcher has acted on it."""
         self._command("resize", workers, wait_applied=True)
+
+    def set_split(self, stop: int | None) -> None:
+        """Make batches dispatched from now on with the transform pipeline's ops before
+        ``stop`` (batches already in flight keep the split they were sent with)."""
+        self._command("split", stop, wait_applied=True)
 
     def set_prefetch(self, depth: int | None) -> None:
         """Set the prefetch depth (None: twice the worker count)."""
@@ -263,6 +271,8 @@ class Dispatcher:
             self._target = value
         elif name == "prefetch":
             self._prefetch = value
+        elif name == "split":
+            self._split = value
 
     def _keep_pool_size(self) -> None:
         live = self.pool.live()
@@ -323,10 +333,14 @@ class Dispatcher:
             if batch_id < self.buffer.next_id or self.buffer.holds(batch_id):
                 continue  # already delivered or held: a late duplicate retry
             indices = plan.batch(batch_id)
-            task = Task(self._generation_now, plan.epoch, batch_id, indices, time.monotonic())
+            task = Task(
+                self._generation_now, plan.epoch, batch_id, indices, time.monotonic(), self._split
+            )
             worker.assigned.append(task)
             self._in_flight[batch_id] = worker
-            message = (task.generation, plan.seed, task.epoch, batch_id, indices, self._target)
+            message = (
+                task.generation, plan.seed, task.epoch, batch_id, indices, self._target, task.stop
+            )  # fmt: skip
             self.pool.send(worker, message)  # a failed send shows as the worker's exit
 
     def _wait_and_receive(self) -> None:
@@ -375,10 +389,12 @@ class Dispatcher:
             worker.last_error = str(reply[3]).strip().splitlines()[-1]
             return
         now = time.monotonic()
+        stop = self._split
         for task in worker.assigned:
             if task.generation == generation and task.batch_id == batch_id:
                 worker.assigned.remove(task)
                 self.latencies.append((now, now - task.assigned_at))
+                stop = task.stop
                 break
         worker.last_progress = now
         current = generation == self._generation_now
@@ -412,7 +428,7 @@ class Dispatcher:
                 self.counters["pickled_bytes"] += len(packed.skeleton)
                 self.counters["shared_bytes"] += nbytes
                 self._batch_bytes = max(self._batch_bytes, nbytes)
-            entry = Entry(batch=batch, nbytes=nbytes, skipped=reply[4])
+            entry = Entry(batch=batch, nbytes=nbytes, skipped=reply[4], stop=stop)
             for name, seconds in zip(
                 ("fetch_s", "transform_s", "collate_s"), reply[5], strict=True
             ):

@@ -81,8 +81,13 @@ def collate(recipe: BatchRecipe, samples: list[Any]) -> Any:
     return recipe.collate_fn(batch)
 
 
-def make_batch(recipe: BatchRecipe, seed: int, epoch: int, indices: list[Any]) -> Made:
+def make_batch(
+    recipe: BatchRecipe, seed: int, epoch: int, indices: list[Any], stop: int | None = None
+) -> Made:
     """Fetch, transform and collate ``indices``, seeding each sample from (seed, epoch, index).
+
+    ``stop``: with a :class:`drapps.ops.Pipeline` transform, run only its ops before this
+    split point (the rest run on the batch after the reorder buffer); None runs it whole.
 
     Raises:
         SampleError: a sample failed and ``on_error="raise"``, or collate_fn failed.
@@ -100,7 +105,10 @@ def make_batch(recipe: BatchRecipe, seed: int, epoch: int, indices: list[Any]) -
             fetch_s += t1 - t0
             if recipe.transform is not None:
                 stage = "transform"
-                sample = recipe.transform(sample)
+                if stop is None:
+                    sample = recipe.transform(sample)
+                else:
+                    sample = recipe.transform.run_sample(sample, 0, stop)  # type: ignore[attr-defined]
                 transform_s += time.perf_counter() - t1
         except Exception as exc:
             path = sample_path(recipe.dataset, index)
@@ -148,8 +156,8 @@ def run_worker(
     num_workers: int = 1,
     base_seed: int = 0,
 ) -> None:
-    """The worker process: take ``(generation, seed, epoch, batch_id, indices, num_workers)``
-    tasks until ``None``.
+    """The worker process: take ``(generation, seed, epoch, batch_id, indices, num_workers,
+    stop)`` tasks until ``None`` (``stop``: see :func:`make_batch`).
 
     ``slot`` is the worker's id as ``torch.utils.data.get_worker_info()`` reports it (0 to
     ``num_workers - 1``; a replacement takes the id of the worker it replaces).
@@ -168,7 +176,7 @@ def run_worker(
                 # Asked to stop: slabs already sent are the training process's to unlink.
                 prefix = ""
                 return
-            generation, seed, epoch, batch_id, indices, workers_now = task
+            generation, seed, epoch, batch_id, indices, workers_now, stop = task
             if (workers_now, seed) != (num_workers, base_seed):
                 num_workers, base_seed = workers_now, seed
                 set_worker_info(slot, num_workers, base_seed, recipe.dataset)
@@ -176,7 +184,7 @@ def run_worker(
                 results.send(("err", generation, batch_id, init_error))
                 continue
             try:
-                made = make_batch(recipe, seed, epoch, indices)
+                made = make_batch(recipe, seed, epoch, indices, stop)
             except SampleError as exc:
                 results.send(("err", generation, batch_id, exc))
                 continue
