@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -34,8 +35,19 @@ def torchrun(ranks: int, mode: str, out: Path) -> list[dict[str, Any]]:
         f"--nproc_per_node={ranks}", "--master_addr=127.0.0.1", f"--master_port={free_port()}",
         str(SCRIPTS / "ranks.py"), str(out), mode,
     ]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, timeout=240, env=loopback_env())
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    # A session of its own: on a timeout the ranks go too, not only torchrun (orphaned ranks
+    # would hold the host's core claims and stall every later test).
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=loopback_env(), start_new_session=True,
+    )  # fmt: skip
+    try:
+        stdout, stderr = process.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        stdout, stderr = process.communicate()
+        raise AssertionError(f"torchrun timed out; ranks' stacks:\n{stderr[-8000:]}") from None
+    assert process.returncode == 0, stdout[-3000:] + stderr[-5000:]
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(ranks)]
 
 

@@ -5,6 +5,7 @@ Usage: ``torchrun ... ranks.py OUT_DIR MODE`` with MODE ``shard``, ``sampler`` o
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import sys
 import time
@@ -89,6 +90,8 @@ def cores() -> dict[str, Any]:
 
 
 def main() -> None:
+    # A hang shows its stacks in the test's failure (the test kills the ranks at 240 s).
+    faulthandler.dump_traceback_later(200, exit=True)
     out, mode = sys.argv[1], sys.argv[2]
     dist.init_process_group("gloo")
     torch.manual_seed(100 + dist.get_rank())  # ranks' own RNGs differ, as in real jobs
