@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import torch
 
-from drapps.ops.pipeline import BatchStage, Pipeline
+from drapps.ops.pipeline import Pipeline
 from drapps.runtime.dispatcher import Dispatcher
 from drapps.runtime.errors import SampleError
 from drapps.runtime.plan import EpochPlan
@@ -143,7 +143,6 @@ class MapEpoch(Epoch):
         pipeline = self.loader._pipeline
         if pipeline is None or stop is None or stop >= len(pipeline.ops) or batch is None:
             return batch
-        stage = BatchStage(pipeline, stop)
         assert self.plan is not None
         dropped = {key_of(index) for index, _ in skipped}
         seeds = [
@@ -151,7 +150,7 @@ class MapEpoch(Epoch):
             for key in map(key_of, indices)
             if key not in dropped
         ]
-        return stage(batch, seeds)
+        return pipeline.run_batch(batch, seeds, stop)
 
     def _advance(self) -> None:
         assert self.plan is not None

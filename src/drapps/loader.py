@@ -16,7 +16,6 @@ import threading
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import replace
 from typing import Any, Literal
 
 import torch
@@ -595,7 +594,7 @@ class Loader:
                 target_workers=self._stream_workers,
                 **limits,
             )
-        return replace(inline_snapshot(self._inline_wait_s, **limits), samples=self._samples)
+        return inline_snapshot(self._samples, self._inline_wait_s, **limits)
 
     def report(self) -> str:
         """A bottleneck report in plain words and figures, from the controller's telemetry.

@@ -14,11 +14,10 @@ from drapps.ops.image import (
     decode_jpeg,
 )
 from drapps.ops.op import ANY, Op, Opaque, Spec, as_op
-from drapps.ops.pipeline import BatchStage, Pipeline, SampleStage
+from drapps.ops.pipeline import Pipeline
 
 __all__ = [
     "ANY",
-    "BatchStage",
     "Compose",
     "DecodeJPEG",
     "Normalize",
@@ -28,7 +27,6 @@ __all__ = [
     "RandomCrop",
     "RandomHorizontalFlip",
     "RandomResizedCrop",
-    "SampleStage",
     "Spec",
     "ToCHWTensor",
     "as_op",

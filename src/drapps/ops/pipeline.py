@@ -101,44 +101,19 @@ class Pipeline:
                 value = self.ops[position](value)
         return value if self.key is None else _replace(sample, self.key, value)
 
-    def sample_stage(self) -> SampleStage:
-        """The ops before the split, as the workers' transform."""
-        return SampleStage(self, self.split)
-
-    def batch_stage(self) -> BatchStage | None:
-        """The ops from the split on, for the batches after the reorder buffer; None when
-        there are none."""
-        return BatchStage(self, self.split) if self.split < len(self.ops) else None
+    def run_batch(self, batch: Any, sample_seeds: Sequence[int], start: int) -> Any:
+        """Ops ``start..`` on a collated batch whose samples were seeded ``sample_seeds`` (in
+        batch order); a random op draws sample ``i``'s parameters from the same stream
+        :meth:`run_sample` gives it."""
+        value = batch if self.key is None else batch[self.key]
+        for position in range(start, len(self.ops)):
+            op = self.ops[position]
+            rngs = [op_rng(seed, position) for seed in sample_seeds] if op.random else None
+            value = op.apply_batch(value, rngs)
+        return value if self.key is None else _replace(batch, self.key, value)
 
     def __repr__(self) -> str:
         return f"Pipeline({self.ops!r}, split={self.split}, key={self.key!r})"
-
-
-class SampleStage:
-    """``pipeline.ops[:stop]`` on one sample (picklable: sent to the workers)."""
-
-    def __init__(self, pipeline: Pipeline, stop: int) -> None:
-        self.pipeline, self.stop = pipeline, stop
-
-    def __call__(self, sample: Any) -> Any:
-        return self.pipeline.run_sample(sample, 0, self.stop)
-
-
-class BatchStage:
-    """``pipeline.ops[start:]`` on a collated batch, with per-sample random streams."""
-
-    def __init__(self, pipeline: Pipeline, start: int) -> None:
-        self.pipeline, self.start = pipeline, start
-
-    def __call__(self, batch: Any, sample_seeds: Sequence[int]) -> Any:
-        """Apply to ``batch`` whose samples were seeded ``sample_seeds`` (in batch order)."""
-        key = self.pipeline.key
-        value = batch if key is None else batch[key]
-        for position in range(self.start, len(self.pipeline.ops)):
-            op = self.pipeline.ops[position]
-            rngs = [op_rng(seed, position) for seed in sample_seeds] if op.random else None
-            value = op.apply_batch(value, rngs)
-        return value if key is None else _replace(batch, key, value)
 
 
 def _replace(container: Any, key: Hashable, value: Any) -> Any:

@@ -157,9 +157,6 @@ class Dispatcher:
             return self._prefetch
         return max(1, self._per_worker * self._target)
 
-    def in_flight(self) -> int:
-        return len(self._in_flight)
-
     def batch_bytes(self) -> int:
         """Bytes of the largest batch received so far (0 before the first)."""
         return self._batch_bytes

@@ -73,13 +73,13 @@ def start_worker_process(
     return process, task_send, result_recv
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, kw_only=True)
 class ProcessWorker(Worker):
     """A worker process and our ends of its pipes."""
 
-    process: BaseProcess | None = None
-    tasks: Connection | None = None
-    results: Connection | None = None
+    process: BaseProcess
+    tasks: Connection
+    results: Connection
 
 
 class ProcessPool(WorkerPool):
@@ -96,7 +96,7 @@ class ProcessPool(WorkerPool):
         self._context = context or multiprocessing.get_context()
 
     def pids(self) -> tuple[int, ...]:
-        return tuple(p for w in list(self.workers) if (p := _process(w).pid) is not None)
+        return tuple(p for w in list(self.workers) if (p := _own(w).process.pid) is not None)
 
     def spawn(self, num_workers: int = 1, seed: int = 0) -> Worker:
         wid, slot = self.next_ids()
@@ -116,31 +116,31 @@ class ProcessPool(WorkerPool):
 
     def send(self, worker: Worker, message: Any) -> None:
         try:
-            _connection(worker, "tasks").send(message)
+            _own(worker).tasks.send(message)
         except OSError:
             worker.broken = True  # its tasks are re-queued when it exits
-            _process(worker).kill()
+            _own(worker).process.kill()
 
     def poll(self, timeout: float, wake: int) -> Polled:
         waitables: dict[Any, Worker | None] = {wake: None}
         for worker in self.workers:
-            waitables[_process(worker).sentinel] = None  # its exit is checked below
+            waitables[_own(worker).process.sentinel] = None  # its exit is checked below
             if not worker.broken:
-                waitables[_connection(worker, "results")] = worker
+                waitables[_own(worker).results] = worker
         ready = wait(list(waitables), timeout=timeout)
         polled = Polled(woke=wake in ready)
         for item in ready:
             sender = waitables[item]
             if sender is not None:
                 polled.replies += self.drain(sender)
-        polled.exited = [w for w in self.workers if not _process(w).is_alive()]
+        polled.exited = [w for w in self.workers if not _own(w).process.is_alive()]
         return polled
 
     def drain(self, worker: Worker) -> list[Reply]:
         replies: list[Reply] = []
         if worker.broken or worker not in self.workers:
             return replies
-        results = _connection(worker, "results")
+        results = _own(worker).results
         try:
             while results.poll():
                 replies.append((worker, results.recv()))
@@ -149,29 +149,29 @@ class ProcessPool(WorkerPool):
             # too; it then shows as exited and its tasks are re-queued.
             logger.debug("worker %d result pipe broke: %r", worker.wid, exc)
             worker.broken = True
-            _process(worker).kill()
+            _own(worker).process.kill()
         return replies
 
     def retire(self, worker: Worker) -> None:
         worker.retiring = True
         try:
-            _connection(worker, "tasks").send(None)  # after its assigned tasks: pipes keep order
+            _own(worker).tasks.send(None)  # after its assigned tasks: pipes keep order
         except OSError:
             worker.broken = True
 
     def kill(self, worker: Worker, *, wait_s: float = 5.0) -> None:
-        process = _process(worker)
+        process = _own(worker).process
         if process.is_alive():
             process.kill()
         process.join(timeout=wait_s)
 
     def exit_reason(self, worker: Worker) -> str:
-        return describe_exit(_process(worker).exitcode)
+        return describe_exit(_own(worker).process.exitcode)
 
     def reap(self, worker: Worker) -> list[Task]:
-        _process(worker).join(timeout=5.0)
-        _connection(worker, "tasks").close()
-        _connection(worker, "results").close()
+        _own(worker).process.join(timeout=5.0)
+        _own(worker).tasks.close()
+        _own(worker).results.close()
         # Whatever it sent was already mapped and unlinked; what is left was never delivered.
         remove_slabs(slab_prefix(self._session, worker.wid))
         return self.forget(worker)
@@ -183,22 +183,15 @@ class ProcessPool(WorkerPool):
                 self.retire(worker)
         deadline = time.monotonic() + grace_s
         for worker in self.workers:
-            _process(worker).join(timeout=max(0.0, deadline - time.monotonic()))
+            _own(worker).process.join(timeout=max(0.0, deadline - time.monotonic()))
         for worker in list(self.workers):
             self.kill(worker)
             self.reap(worker)
         remove_slabs(slab_prefix(self._session))
 
 
-def _process(worker: Worker) -> BaseProcess:
-    process = worker.process if isinstance(worker, ProcessWorker) else None
-    if process is None:
+def _own(worker: Worker) -> ProcessWorker:
+    """``worker`` as one of this pool's (the dispatcher only hands back what we spawned)."""
+    if not isinstance(worker, ProcessWorker):
         raise TypeError(f"worker {worker.wid} is not a ProcessPool worker")
-    return process
-
-
-def _connection(worker: Worker, name: str) -> Connection:
-    connection = getattr(worker, name, None)
-    if not isinstance(worker, ProcessWorker) or connection is None:
-        raise TypeError(f"worker {worker.wid} is not a ProcessPool worker")
-    return connection
+    return worker

@@ -57,10 +57,10 @@ class PipelineSnapshot:
     shared_bytes: int = 0
 
 
-def inline_snapshot(wait_s: float, memory_budget: int) -> PipelineSnapshot:
+def inline_snapshot(samples: int, wait_s: float, memory_budget: int) -> PipelineSnapshot:
     """The snapshot of a loader that makes batches in the training process (``workers=0``)."""
     return PipelineSnapshot(
-        samples=0,
+        samples=samples,
         wait_s=wait_s,
         queue_batches=0,
         queue_bytes=0,
