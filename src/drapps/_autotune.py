@@ -120,6 +120,7 @@ def make_tuner(
     snapshot: Callable[[], PipelineSnapshot],
     dispatcher: Dispatcher | None,
     grant: Callable[[int, int], int] | None = None,
+    knobs: Sequence[Knob] = (),
 ) -> AutoTuner | None:
     """The tuner a loader needs: a controller for workers="auto", else telemetry only if a
     trace or progress line was asked for, else none.
@@ -129,9 +130,11 @@ def make_tuner(
             collectable while the controller runs).
         dispatcher: the pool the knobs turn; None for a loader without one.
         grant: the host's share of cores, see :class:`~drapps.control.knobs.WorkersKnob`.
+        knobs: further knobs (the split), asked after workers and prefetch.
     """
     c = config
-    auto = c.workers == "auto" and dispatcher is not None
+    auto_workers = c.workers == "auto" and dispatcher is not None
+    auto = (auto_workers or any(k.adjustable for k in knobs)) and dispatcher is not None
     if not (auto or c.trace or c.progress):
         return None
     if not auto:
@@ -142,16 +145,16 @@ def make_tuner(
         policy = c.policy
     limit = c.resolved_max_workers
     bounds = Bounds(
-        min_workers=c.min_workers if auto else 1,
+        min_workers=c.min_workers if auto_workers else 1,
         max_workers=limit,
         max_prefetch=4 * limit,
-        adjust_workers=auto,
-        adjust_prefetch=auto and c.prefetch == "auto",
+        adjust_workers=auto_workers,
+        adjust_prefetch=auto_workers and c.prefetch == "auto",
     )
     actuators = dispatcher if dispatcher is not None else _Unactuated()
     return AutoTuner(
         snapshot,
-        default_knobs(actuators, bounds, grant if auto else None),
+        [*default_knobs(actuators, bounds, grant if auto_workers else None), *knobs],
         policy,
         interval=c.control_interval,
         trace_path=c.trace,

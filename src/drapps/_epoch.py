@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 import torch
 
+from drapps.ops.device_stage import DeviceStage
 from drapps.ops.pipeline import Pipeline
 from drapps.runtime.dispatcher import Dispatcher
 from drapps.runtime.errors import SampleError
@@ -41,6 +42,7 @@ class Loader(Protocol):
     _inline_wait_s: float
     _pipeline: Pipeline | None
     _split: int | None
+    _device_stage: DeviceStage | None
 
     def __len__(self) -> int: ...
 
@@ -138,11 +140,13 @@ class MapEpoch(Epoch):
         return batch, len(indices) - len(entry.skipped), entry.skipped
 
     def _staged(self, batch: Any, indices: list[Any], skipped: Skipped, stop: int | None) -> Any:
-        """``batch`` through the ops of the loader's Pipeline from ``stop``, the split it was
-        made with (nothing when it was made whole)."""
-        pipeline = self.loader._pipeline
-        if pipeline is None or stop is None or stop >= len(pipeline.ops) or batch is None:
+        """``batch`` through the device stage: moved to the loader's device, and through the
+        ops of its Pipeline from ``stop``, the split it was made with."""
+        stage, pipeline = self.loader._device_stage, self.loader._pipeline
+        if stage is None or batch is None:
             return batch
+        if pipeline is None or stop is None or stop >= len(pipeline.ops):
+            return stage.run(batch, (), None)
         assert self.plan is not None
         dropped = {key_of(index) for index, _ in skipped}
         seeds = [
@@ -150,7 +154,7 @@ class MapEpoch(Epoch):
             for key in map(key_of, indices)
             if key not in dropped
         ]
-        return pipeline.run_batch(batch, seeds, stop)
+        return stage.run(batch, seeds, stop)
 
     def _advance(self) -> None:
         assert self.plan is not None
@@ -209,7 +213,8 @@ class StreamEpoch(Epoch):
                 loader._inline_wait_s += time.perf_counter() - start
         self.position += 1
         loader._record(_batch_len(batch, loader.batch_size or 1), skipped)
-        return batch
+        stage = loader._device_stage
+        return stage.run(batch, (), None) if stage is not None and batch is not None else batch
 
 
 def _batch_len(batch: Any, default: int) -> int:

@@ -10,6 +10,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -23,7 +24,9 @@ from torch.utils.data import BatchSampler, default_collate, default_convert
 
 from drapps._autotune import AutoTuner, make_tuner
 from drapps._epoch import Epoch, MapEpoch, StreamEpoch
+from drapps.control.knobs import Knob, SplitKnob
 from drapps.control.policy import Policy
+from drapps.ops.device_stage import DeviceStage, resolve_device
 from drapps.ops.pipeline import Pipeline
 from drapps.runtime.config import LoaderConfig, checked_index, resolve_workers
 from drapps.runtime.cores import HostShare
@@ -96,6 +99,13 @@ class Loader:
             :class:`drapps.ops.Pipeline` with a ``split`` runs its ops before the split in
             the workers and the rest on each batch after the reorder buffer, in the
             training process.
+        split: with a Pipeline transform, where to cut it: an int (fixed), "auto" (the
+            controller moves the cut one op at a time while training runs, keeping a move
+            only if throughput rose), or None (the Pipeline's own ``split``). Batches are the
+            same whatever the split (bit for bit on one device; see ``docs/device.md``).
+        device: where the device stage runs: "cuda" moves each batch there from pinned
+            memory on a side stream and runs the ops after the split on it, batched; None
+            or "cpu" runs them in the training process. Batches are delivered on ``device``.
         workers: 0 (calling process), an int (fixed), or "auto" (the default).
         max_workers: bound on ``workers`` and :meth:`resize` (default twice the usable cores).
         prefetch: batches made ahead in total, or "auto" (``prefetch_factor`` per worker).
@@ -137,6 +147,8 @@ class Loader:
         in_order: bool = True,
         seed: int | None = None,
         transform: Callable[[Any], Any] | None = None,
+        split: int | Literal["auto"] | None = None,
+        device: str | torch.device | None = None,
         workers: int | Literal["auto"] | None = None,
         max_workers: int | None = None,
         prefetch: int | Literal["auto"] = "auto",
@@ -164,6 +176,8 @@ class Loader:
             drop_last=drop_last,
             collate_fn=collate_fn,
             transform=transform,
+            split=split,
+            device=None if device is None else str(device),
             workers=resolve_workers(num_workers, workers),
             max_workers=max_workers,
             prefetch=prefetch,
@@ -214,15 +228,22 @@ class Loader:
             )
         self._iterable = is_iterable_dataset(dataset)
         self._memory_budget = c.resolved_memory_budget
-        finish = pinner(pin_memory, pin_memory_device)
+        resolved = resolve_device(device)
+        on_cuda = resolved is not None and resolved.type == "cuda"
+        # A non-blocking copy to the GPU needs page-locked memory: pin in the dispatcher.
+        finish = pinner(pin_memory or on_cuda, "" if on_cuda else pin_memory_device)
         self._finish = finish
         self._dispatcher: Dispatcher | None = None
         self._stream: StreamPool | None = None
         self._stream_workers = c.initial_workers
         per_worker = prefetch_factor or 2
         self._pipeline = transform if isinstance(transform, Pipeline) else None
-        self._split = self._pipeline.split if self._pipeline is not None else None
-        self._check_split(self._split)
+        self._split = self._initial_split(split)
+        self._device_stage = (
+            DeviceStage(self._pipeline, resolved or "cpu")
+            if self._pipeline is not None or resolved is not None
+            else None
+        )
         # A Pipeline goes to the workers whole; each task says where to stop (set_split).
         self._recipe = BatchRecipe(
             dataset, transform, self.collate_fn, on_error, self._auto_collation, worker_init_fn
@@ -259,6 +280,7 @@ class Loader:
                 _weak_snapshot(self),
                 self._dispatcher,
                 self._budget.grant if self._budget is not None else None,
+                knobs=self._split_knobs(),
             )
         except BaseException:  # e.g. an unwritable trace path: free what was set up
             _shutdown(self._owner, None, self._dispatcher, self._stream, self._budget)
@@ -555,6 +577,45 @@ class Loader:
         if self._dispatcher is not None:
             self._dispatcher.set_split(split)
 
+    def _initial_split(self, split: int | str | None) -> int | None:
+        """The split to start from, checked against the transform and the dataset."""
+        if self._pipeline is None:
+            if split is not None:
+                raise ValueError(
+                    f"split={split!r} needs a drapps.ops.Pipeline as the transform, got "
+                    f"{self.config.transform!r}"
+                )
+            return None
+        start = self._pipeline.split if split in (None, "auto") else split
+        valid = self._pipeline.split_points()
+        if start not in valid:
+            raise ValueError(f"split must be one of {valid} for this pipeline, got {start!r}")
+        self._check_split(start)
+        return start
+
+    def _split_points(self) -> list[int]:
+        """The splits this loader can run (a split before the end needs a map-style dataset
+        with batches)."""
+        assert self._pipeline is not None
+        end = len(self._pipeline.ops)
+        if self._iterable or not self._auto_collation:
+            return [end]
+        return self._pipeline.split_points()
+
+    def _split_knobs(self) -> list[Knob]:
+        """The split knob for the controller (adjustable with ``split="auto"``)."""
+        if self._pipeline is None or self._dispatcher is None:
+            return []
+        points = self._split_points()
+        return [
+            SplitKnob(
+                _weak_method(self, "set_split"),
+                low=points[0],
+                high=points[-1],
+                adjustable=self.config.split == "auto",
+            )
+        ]
+
     def _check_split(self, split: int | None) -> None:
         if self._pipeline is None or split is None or split >= len(self._pipeline.ops):
             return
@@ -583,18 +644,27 @@ class Loader:
         """The pipeline's counters now: what :meth:`stats`, the monitor and the controller read."""
         limits = {"memory_budget": self._memory_budget}
         max_workers = self.config.resolved_max_workers
+        snapshot: PipelineSnapshot
         if self._dispatcher is not None:
-            return self._dispatcher.snapshot(
+            snapshot = self._dispatcher.snapshot(
                 samples=self._samples, max_workers=max_workers, **limits
             )
-        if self._stream is not None:
-            return self._stream.snapshot(
+        elif self._stream is not None:
+            snapshot = self._stream.snapshot(
                 samples=self._samples,
                 max_workers=max_workers,
                 target_workers=self._stream_workers,
                 **limits,
             )
-        return inline_snapshot(self._samples, self._inline_wait_s, **limits)
+        else:
+            snapshot = inline_snapshot(self._samples, self._inline_wait_s, **limits)
+        stage = self._device_stage
+        if stage is None:
+            return snapshot
+        seconds, batches = stage.totals()
+        return dataclasses.replace(
+            snapshot, split=self._split, device_s=seconds, device_batches=batches
+        )
 
     def report(self) -> str:
         """A bottleneck report in plain words and figures, from the controller's telemetry.
@@ -659,6 +729,19 @@ def _weak_snapshot(loader: Loader) -> Callable[[], PipelineSnapshot]:
         return alive.snapshot()
 
     return snapshot
+
+
+def _weak_method(loader: Loader, name: str) -> Callable[[Any], None]:
+    """``loader.<name>`` through a weak reference (for knobs the controller thread holds)."""
+    ref = weakref.ref(loader)
+
+    def call(value: Any) -> None:
+        alive = ref()
+        if alive is None:
+            raise RuntimeError("the loader was garbage-collected")
+        getattr(alive, name)(value)
+
+    return call
 
 
 def _warn_once(key: str, message: str) -> None:

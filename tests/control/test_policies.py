@@ -208,3 +208,68 @@ def test_a_queue_that_stays_full_gives_extra_prefetch_back() -> None:
     assert actions[-1].prefetch == -1 and "queue stays full" in actions[-1].reason
     at_base = state(wait_fraction=0.0, workers=1, prefetch=2, queue_batches=2)
     assert all(policy.decide(at_base).prefetch == 0 for _ in range(8))  # 2 per worker is the floor
+
+
+class SplitWorld:
+    """One worker the controller may not add to; each op moved into the device stage takes
+    ``op_s`` off the worker's time per batch and adds ``stage_s`` to the loop's."""
+
+    def __init__(self, op_s: float = 0.01, stage_s: float = 0.004, gpu: float | None = None):
+        self.op_s, self.stage_s, self.gpu = op_s, stage_s, gpu
+        self.split, self.workers = 4, 1
+        self.history: list[int] = []
+
+    def observe(self) -> State:
+        moved = 4 - self.split
+        make = 0.04 - self.op_s * moved  # worker seconds per batch
+        loop = 0.02 + self.stage_s * moved  # the loop's seconds per batch (step + stage)
+        rate = 1 / max(make, loop)
+        return state(
+            cores=2,
+            cpu_util=0.75,
+            idle_cores=0.5,
+            wait_fraction=max(0.0, 1 - loop / make),
+            throughput=32 * rate,
+            workers=self.workers,
+            max_workers=4,
+            queue_batches=0,
+            prefetch=2,
+            split_point=self.split,
+            device_stage_share=self.stage_s * moved * rate,
+            gpu_util=self.gpu,
+        )
+
+    def run(self, policy: HeuristicPolicy, ticks: int) -> list[Action]:
+        actions = []
+        for _ in range(ticks):
+            action = policy.decide(self.observe())
+            self.split = max(1, min(4, self.split + action.split))  # workers stay fixed
+            actions.append(action)
+            self.history.append(self.split)
+        return actions
+
+
+def test_the_split_moves_into_the_device_stage_while_it_pays() -> None:
+    world = SplitWorld()
+    actions = world.run(HeuristicPolicy(), ticks=200)
+    # 4 -> 3 (+33%) and 3 -> 2 (+7%) pay; 2 -> 1 would starve nothing but slow the loop.
+    assert max(set(world.history[-60:]), key=world.history[-60:].count) == 2
+    moves = [a for a in actions if a.split == -1]
+    assert moves and "into the device stage on the CPU" in moves[0].reason
+    assert any(a.reason.startswith("kept split at op 3") for a in actions)
+
+
+def test_a_busy_gpu_takes_no_more_ops() -> None:
+    world = SplitWorld(gpu=0.8)
+    world.run(HeuristicPolicy(), ticks=100)
+    assert set(world.history) == {4}
+
+
+def test_a_device_stage_that_holds_the_loop_gives_an_op_back() -> None:
+    # The stage costs the loop more than the worker saves: nothing waits, the GPU is busy.
+    world = SplitWorld(op_s=0.002, stage_s=0.02, gpu=0.95)
+    world.split = 2
+    actions = world.run(HeuristicPolicy(), ticks=60)
+    back = [a for a in actions if a.split == +1]
+    assert back and "moving op 2 back to the workers" in back[0].reason
+    assert world.history[-1] > 2

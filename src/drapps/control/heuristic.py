@@ -1,10 +1,17 @@
-"""The heuristic policy: memory-aware hill climbing on the worker count, with hysteresis.
+"""The heuristic policy: memory-aware hill climbing on the worker count and the split point.
 
 Design and reasoning: ``docs/controller.md``. In short: while the training loop waits, try one
 more worker and keep it only if throughput rose (or the wait fell) by a margin; when the loop
 does not wait and batches pile up, try one fewer and keep that only if nothing got worse. A
 failed try backs off (doubling) before the same direction is tried again, unless conditions
 change markedly. Memory pressure overrides everything and sheds workers and prefetch.
+
+With a ``split`` knob (a Pipeline cut between the workers and the device stage) the same probe
+moves the cut: while the loop waits and another worker does not help (none left, or the last
+try failed) and the device has room (GPU under half busy, or no GPU: the training process's
+own idle CPU), one more op moves into the device stage; while the loop does not wait and the
+device stage holds a large share of the loop's time on a busy GPU (or with idle cores to take
+it back), one op moves back. Each move is kept only if throughput rose (or did not fall).
 """
 
 from __future__ import annotations
@@ -44,6 +51,14 @@ class HeuristicConfig:
     """p99/p50 batch latency above which arrivals count as bursty (prefetch absorbs bursts)."""
     max_prefetch_per_worker: int = 4
     """Most prefetch depth the policy asks for, per worker."""
+    device_room: float = 0.5
+    """GPU utilisation below which the device stage may take another op (the proposal's
+    "offload when the CPU is busy and the GPU under 50%")."""
+    device_busy: float = 0.9
+    """GPU utilisation above which a device stage that holds ``stage_share`` of the loop's
+    time gives an op back to the workers."""
+    stage_share: float = 0.2
+    """Share of wall time the device stage must take before an op is moved back out of it."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.wait_low < self.wait_high <= 1:
@@ -57,9 +72,12 @@ class HeuristicConfig:
 
 @dataclass
 class _Probe:
+    knob: str
+    """"workers" or "split"."""
     direction: int
     started: int
-    workers: int
+    value: int
+    """The knob's value the probe moved it to."""
     throughput: float
     wait: float
     idle_share: float
@@ -71,6 +89,8 @@ class _Backoff:
     length: int = 0
     wait: float = 0.0
     idle_share: float = 0.0
+    clipped: bool = False
+    """The last try was clipped by the controller: only the ceiling's wait re-opens it."""
 
 
 @register_policy("heuristic")
@@ -82,7 +102,7 @@ class HeuristicPolicy:
         self._tick = 0
         self._recent: deque[State] = deque(maxlen=self.config.window)
         self._probe: _Probe | None = None
-        self._backoff = {+1: _Backoff(), -1: _Backoff()}
+        self._backoff = {(knob, d): _Backoff() for knob in ("workers", "split") for d in (+1, -1)}
         self._flowing = 0  # ticks that delivered data since the start
 
     def decide(self, state: State) -> Action:
@@ -112,12 +132,10 @@ class HeuristicPolicy:
         wait = self._mean("wait_fraction")
         idle = self._mean("idle_cores")
         queue = self._mean("queue_batches")
-        if (
-            wait > c.wait_high
-            and state.workers < state.max_workers
-            and self._may_try(+1, state, wait)
-        ):
+        grow = state.workers < state.max_workers and self._may_try("workers", +1, state, wait)
+        if wait > c.wait_high and grow:
             return self._start(
+                "workers",
                 +1,
                 state,
                 f"training loop waited {wait:.0%} of the time with "
@@ -127,15 +145,54 @@ class HeuristicPolicy:
             wait < c.wait_low
             and state.workers > 1
             and queue >= 0.5 * state.prefetch
-            and self._may_try(-1, state, wait)
+            and self._may_try("workers", -1, state, wait)
         ):
             return self._start(
+                "workers",
                 -1,
                 state,
                 f"training loop waited {wait:.0%} with {queue:.1f} "
                 f"batches ready: trying {state.workers - 1} workers",
             )
+        if state.split_point is not None:
+            move = self._split_move(state, wait, idle, grow)
+            if move is not None:
+                return move
         return self._tune_prefetch(state, wait, queue)
+
+    def _split_move(self, state: State, wait: float, idle: float, grow: bool) -> Action | None:
+        """A probe of the split point, or None (see the module docstring for the rule)."""
+        c = self.config
+        split = int(state.split_point or 0)
+        readings = [s.gpu_util for s in self._recent if s.gpu_util is not None]
+        gpu = statistics.fmean(readings) if readings else None
+        if wait > c.wait_high and not grow:
+            room = gpu is None or gpu < c.device_room
+            where = "the CPU" if gpu is None else f"a GPU {gpu:.0%} busy"
+            if room and self._may_try("split", -1, state, wait):
+                return self._start(
+                    "split",
+                    -1,
+                    state,
+                    f"training loop waited {wait:.0%} and another worker does not help: "
+                    f"moving op {split - 1} into the device stage on {where}",
+                )
+        share = self._mean("device_stage_share")
+        busy = gpu >= c.device_busy if gpu is not None else idle >= 1.0
+        if (
+            wait < c.wait_low
+            and share > c.stage_share
+            and busy
+            and self._may_try("split", +1, state, wait)
+        ):
+            return self._start(
+                "split",
+                +1,
+                state,
+                f"the device stage takes {share:.0%} of the loop's time and the loop does not "
+                f"wait: moving op {split} back to the workers",
+            )
+        return None
 
     def _tune_prefetch(self, state: State, wait: float, queue: float) -> Action:
         """More prefetch absorbs bursty batch times; a queue that stays full needs less."""
@@ -168,10 +225,11 @@ class HeuristicPolicy:
         """Mean of a State field over the recent window."""
         return statistics.fmean(getattr(s, name) for s in self._recent)
 
-    def _may_try(self, direction: int, state: State, wait: float) -> bool:
-        """Whether a try in ``direction`` is allowed: its backoff is over, or ``wait`` (the
-        window's mean) or the idle share moved away from the failed try's baseline."""
-        backoff = self._backoff[direction]
+    def _may_try(self, knob: str, direction: int, state: State, wait: float) -> bool:
+        """Whether a try of ``knob`` in ``direction`` is allowed: its backoff is over, or
+        ``wait`` (the window's mean) or the idle share moved away from the failed try's
+        baseline."""
+        backoff = self._backoff[knob, direction]
         if self._tick >= backoff.until:
             return True
         idle_share = state.idle_cores / max(1, state.cores)
@@ -179,35 +237,42 @@ class HeuristicPolicy:
             abs(wait - backoff.wait) > self.config.context_change
             or abs(idle_share - backoff.idle_share) > self.config.context_change
         )
-        return changed
+        return changed and not backoff.clipped
 
-    def _start(self, direction: int, state: State, reason: str) -> Action:
+    def _start(self, knob: str, direction: int, state: State, reason: str) -> Action:
         self._probe = _Probe(
+            knob=knob,
             direction=direction,
             started=self._tick,
-            workers=state.workers + direction,
+            value=int(state.knob(knob)) + direction,
             throughput=self._mean("throughput"),
             wait=self._mean("wait_fraction"),
             idle_share=self._mean("idle_cores") / max(1, state.cores),
         )
         self._recent.clear()
-        return Action(workers=direction, reason=reason)
+        return _move(knob, direction, reason)
 
     def _judge_probe(self, state: State) -> Action:
         probe, c = self._probe, self.config
         assert probe is not None
-        if state.workers != probe.workers:
-            self._probe = None  # the controller clipped or overrode the step: nothing to judge
+        if int(state.knob(probe.knob)) != probe.value:
+            # The controller clipped the step (a bound, a fixed knob) or it was overridden:
+            # nothing to judge, and no use asking again until the backoff's ceiling.
+            self._probe = None
             self._recent.clear()
+            backoff = self._backoff[probe.knob, probe.direction]
+            backoff.until, backoff.clipped = self._tick + c.max_backoff, True
             return NOOP
+        # Workers +1 and split -1 add capacity to the pipeline; the others take it away.
+        adds = probe.direction * (1 if probe.knob == "workers" else -1) > 0
         elapsed = self._tick - probe.started
-        if probe.direction < 0 and state.wait_fraction > c.wait_high:
+        if not adds and state.wait_fraction > c.wait_high:
             # The shrink was tried because the loop did not wait; a tick in which it starves
             # is answer enough. Waiting out settle + window would starve it for seconds
             # (a quarter of the throughput lost for ~3 s a probe, measured by the bench).
             summary = (
-                f"{probe.workers} workers: the training loop waited {state.wait_fraction:.0%} "
-                f"(with {probe.workers + 1}: {probe.wait:.0%})"
+                f"{_describe(probe.knob, probe.value)}: the training loop waited "
+                f"{state.wait_fraction:.0%} (before: {probe.wait:.0%})"
             )
             return self._fail(probe, summary)
         if elapsed <= c.settle:
@@ -217,21 +282,22 @@ class HeuristicPolicy:
             return NOOP
         throughput = self._mean("throughput")
         wait = self._mean("wait_fraction")
-        before = probe.workers - probe.direction
         change = throughput / probe.throughput - 1 if probe.throughput > 0 else 0.0
-        if probe.direction > 0:
+        if adds:
             kept = change >= c.min_gain or (
                 wait <= probe.wait - c.context_change and change > -c.min_gain
             )
         else:
             kept = change > -c.min_gain and wait <= max(c.wait_low, probe.wait + c.wait_low)
         self._probe = None
+        before = _describe(probe.knob, probe.value - probe.direction)
         summary = (
-            f"{probe.workers} workers: {throughput:.0f} samples/s, waited {wait:.0%} "
-            f"(with {before}: {probe.throughput:.0f} samples/s, waited {probe.wait:.0%})"
+            f"{_describe(probe.knob, probe.value)}: {throughput:.0f} samples/s, waited "
+            f"{wait:.0%} ({before}: {probe.throughput:.0f} samples/s, waited {probe.wait:.0%})"
         )
         if kept:
-            self._backoff[probe.direction].length = 0
+            kept_backoff = self._backoff[probe.knob, probe.direction]
+            kept_backoff.length, kept_backoff.clipped = 0, False
             return Action(reason=f"kept {summary}")
         return self._fail(probe, summary)
 
@@ -239,11 +305,21 @@ class HeuristicPolicy:
         """Undo a probe and back off from its direction (doubling on each failure)."""
         c = self.config
         self._probe = None
-        backoff = self._backoff[probe.direction]
+        backoff = self._backoff[probe.knob, probe.direction]
         backoff.length = min(c.max_backoff, max(c.backoff, 2 * backoff.length))
-        backoff.until = self._tick + backoff.length
+        backoff.until, backoff.clipped = self._tick + backoff.length, False
         # Conditions as they were where we return to: a later change from these re-opens the try.
         backoff.wait, backoff.idle_share = probe.wait, probe.idle_share
         self._recent.clear()
-        before = probe.workers - probe.direction
-        return Action(workers=-probe.direction, reason=f"back to {before}: {summary}")
+        before = _describe(probe.knob, probe.value - probe.direction)
+        return _move(probe.knob, -probe.direction, f"back to {before}: {summary}")
+
+
+def _move(knob: str, direction: int, reason: str) -> Action:
+    if knob == "workers":
+        return Action(workers=direction, reason=reason)
+    return Action(split=direction, reason=reason)
+
+
+def _describe(knob: str, value: int) -> str:
+    return f"{value} workers" if knob == "workers" else f"split at op {value}"

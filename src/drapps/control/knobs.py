@@ -178,3 +178,22 @@ class PrefetchKnob(StepKnob):
             depth = min(depth, max(1, state.memory_budget // batch_bytes))
         self._extra = depth - 2 * workers
         return depth
+
+
+class SplitKnob(StepKnob):
+    """Where a Pipeline is cut: -1 moves one more op into the device stage (after the reorder
+    buffer, batched, on the training side), +1 moves one back into the workers."""
+
+    name = "split"
+
+    def __init__(
+        self, apply: Callable[[int], None], *, low: int, high: int, adjustable: bool = True
+    ) -> None:
+        """
+        Args:
+            low, high: the first and last valid split points (every one between is valid:
+                the ops a batch stage may run form a suffix of the pipeline).
+        """
+        if not 0 <= low <= high:
+            raise ValueError(f"split bounds need 0 <= low <= high, got {low}, {high}")
+        super().__init__(apply, low=low, high=high, adjustable=adjustable)

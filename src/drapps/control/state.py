@@ -79,6 +79,13 @@ class State:
     pipeline has a ``split`` knob; None otherwise."""
     codec: str | None = None
     """Codec of the sample cache, when the pipeline has a ``codec`` knob; None otherwise."""
+    device_stage_s: float = 0.0
+    """Mean seconds the device stage spent per batch over the interval (moving it to the
+    device and running the ops after the split; 0 without a device stage)."""
+    device_stage_share: float = 0.0
+    """Share of the interval the device stage was busy (on a GPU: its stream's time)."""
+    gpu_power_w: float | None = None
+    """GPU power draw in watts through NVML, None without a GPU or NVML."""
     extra: dict[str, Any] = field(default_factory=dict, hash=False)
     """Values of knobs that have no field of their own, by knob name."""
 

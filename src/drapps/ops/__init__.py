@@ -3,6 +3,9 @@
 drapps needs no torchvision; any picklable callable also works as an (opaque, per-sample) op.
 """
 
+from drapps.ops.color import ColorJitter
+from drapps.ops.device_stage import DeviceStage
+from drapps.ops.geometry import CenterCrop, Resize, resize_image
 from drapps.ops.image import (
     Compose,
     DecodeJPEG,
@@ -18,8 +21,11 @@ from drapps.ops.pipeline import Pipeline
 
 __all__ = [
     "ANY",
+    "CenterCrop",
+    "ColorJitter",
     "Compose",
     "DecodeJPEG",
+    "DeviceStage",
     "Normalize",
     "Op",
     "Opaque",
@@ -27,8 +33,10 @@ __all__ = [
     "RandomCrop",
     "RandomHorizontalFlip",
     "RandomResizedCrop",
+    "Resize",
     "Spec",
     "ToCHWTensor",
     "as_op",
     "decode_jpeg",
+    "resize_image",
 ]

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from drapps._optional import require
+from drapps.ops.geometry import map_batch, resize_image
 from drapps.ops.op import Op, Spec, expect
 from drapps.runtime.seeding import active_rng
 
@@ -78,10 +79,15 @@ class RandomResizedCrop(Op):
         self.size, self.scale, self.ratio = size, scale, ratio
 
     random = True
+    batchable = True
 
     def declare(self, takes: Spec) -> Spec:
+        if takes.kind == "tensor":
+            expect(self, takes, kind="tensor", layout="CHW")
+            return Spec("tensor", takes.dtype, "CHW", takes.device, uniform=True)
         expect(self, takes, kind="array", layouts=("HWC", "HW"))
-        return takes if takes.known else _IMAGE
+        given = takes if takes.known else _IMAGE
+        return Spec(given.kind, given.dtype, given.layout, given.device, uniform=True)
 
     def crop_box(self, height: int, width: int, rng: np.random.Generator) -> tuple[int, ...]:
         area = height * width
@@ -104,11 +110,24 @@ class RandomResizedCrop(Op):
             w, h = width, height
         return (height - h) // 2, (width - w) // 2, h, w
 
-    def __call__(self, image: np.ndarray) -> np.ndarray:
+    def __call__(self, image: Any) -> Any:
+        if isinstance(image, torch.Tensor):
+            return self._crop_tensor(image, active_rng())
         cv2 = require("cv2")
         top, left, h, w = self.crop_box(image.shape[0], image.shape[1], active_rng())
         crop = image[top : top + h, left : left + w]
         return cv2.resize(crop, (self.size, self.size), interpolation=cv2.INTER_LINEAR)
+
+    def _crop_tensor(self, image: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
+        # The tensor path resizes with resize_image (antialiased), in a worker and in the
+        # batch stage alike; the array path keeps OpenCV's faster INTER_LINEAR.
+        top, left, h, w = self.crop_box(image.shape[-2], image.shape[-1], rng)
+        return resize_image(image[:, top : top + h, left : left + w], (self.size, self.size))
+
+    def apply_batch(self, batch: Any, rngs: Sequence[np.random.Generator] | None) -> Any:
+        """Crop and resize each CHW sample of a list (or stacked batch); a stacked batch out."""
+        assert rngs is not None
+        return map_batch(batch, lambda x, i: self._crop_tensor(x, rngs[i]), stack=True)
 
     def __repr__(self) -> str:
         return f"RandomResizedCrop(size={self.size}, scale={self.scale}, ratio={self.ratio})"
@@ -128,25 +147,46 @@ class RandomCrop(Op):
         self.size, self.padding = size, padding
 
     random = True
+    batchable = True
 
     def declare(self, takes: Spec) -> Spec:
+        if takes.kind == "tensor":
+            expect(self, takes, kind="tensor", layout="CHW")
+            return Spec("tensor", takes.dtype, "CHW", takes.device, uniform=True)
         expect(self, takes, kind="array", layouts=("HWC", "HW"))
-        return takes if takes.known else _IMAGE
+        given = takes if takes.known else _IMAGE
+        return Spec(given.kind, given.dtype, given.layout, given.device, uniform=True)
 
-    def __call__(self, image: np.ndarray) -> np.ndarray:
-        p = self.padding
-        if p:
-            pad = ((p, p), (p, p)) + ((0, 0),) * (image.ndim - 2)
-            image = np.pad(image, pad)
-        height, width = image.shape[:2]
+    def _box(self, height: int, width: int, rng: np.random.Generator) -> tuple[int, int]:
         if height < self.size or width < self.size:
             raise ValueError(
                 f"cannot crop {self.size}x{self.size} from a padded {height}x{width} image"
             )
-        rng = active_rng()
         top = int(rng.integers(0, height - self.size + 1))
         left = int(rng.integers(0, width - self.size + 1))
+        return top, left
+
+    def _crop_tensor(self, image: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
+        p = self.padding
+        if p:
+            image = torch.nn.functional.pad(image, (p, p, p, p))
+        top, left = self._box(image.shape[-2], image.shape[-1], rng)
+        return image[..., top : top + self.size, left : left + self.size].contiguous()
+
+    def __call__(self, image: Any) -> Any:
+        if isinstance(image, torch.Tensor):
+            return self._crop_tensor(image, active_rng())
+        p = self.padding
+        if p:
+            pad = ((p, p), (p, p)) + ((0, 0),) * (image.ndim - 2)
+            image = np.pad(image, pad)
+        top, left = self._box(image.shape[0], image.shape[1], active_rng())
         return image[top : top + self.size, left : left + self.size]
+
+    def apply_batch(self, batch: Any, rngs: Sequence[np.random.Generator] | None) -> Any:
+        """Pad and crop each CHW sample of a list (or stacked batch); a stacked batch out."""
+        assert rngs is not None
+        return map_batch(batch, lambda x, i: self._crop_tensor(x, rngs[i]), stack=True)
 
     def __repr__(self) -> str:
         return f"RandomCrop(size={self.size}, padding={self.padding})"
@@ -179,6 +219,9 @@ class RandomHorizontalFlip(Op):
         """Flip the chosen samples of an NCHW batch, on the batch's device."""
         assert rngs is not None
         chosen = [k for k, rng in enumerate(rngs) if rng.random() < self.p]
+        if not isinstance(batch, torch.Tensor):  # a list of differently sized samples
+            picked = set(chosen)
+            return map_batch(batch, lambda x, i: x.flip(-1) if i in picked else x, stack=False)
         if not chosen:
             return batch
         index = torch.tensor(chosen, device=batch.device)
@@ -195,7 +238,7 @@ class ToCHWTensor(Op):
 
     def declare(self, takes: Spec) -> Spec:
         expect(self, takes, kind="array", layouts=("HWC", "HW"))
-        return Spec("tensor", takes.dtype or "uint8", "CHW")
+        return Spec("tensor", takes.dtype or "uint8", "CHW", uniform=takes.uniform)
 
     def __call__(self, image: np.ndarray) -> torch.Tensor:
         if image.ndim == 2:
@@ -226,7 +269,7 @@ class Normalize(Op):
 
     def declare(self, takes: Spec) -> Spec:
         expect(self, takes, kind="tensor", layout="CHW")
-        return Spec("tensor", "float32", "CHW", takes.device)
+        return Spec("tensor", "float32", "CHW", takes.device, uniform=takes.uniform)
 
     def _apply(self, x: torch.Tensor) -> torch.Tensor:
         shape = (len(self.mean), 1, 1)
@@ -238,7 +281,9 @@ class Normalize(Op):
         return self._apply(image)
 
     def apply_batch(self, batch: Any, rngs: Sequence[np.random.Generator] | None) -> Any:
-        return self._apply(batch)
+        if isinstance(batch, torch.Tensor):
+            return self._apply(batch)
+        return map_batch(batch, lambda x, _: self._apply(x), stack=False)
 
     def __repr__(self) -> str:
         return f"Normalize(mean={self.mean}, std={self.std}, scale={self.scale:g})"

@@ -29,7 +29,7 @@ class Spec:
 
     Example:
         >>> Spec("array", "uint8", "HWC")
-        Spec(kind='array', dtype='uint8', layout='HWC', device='cpu')
+        Spec(kind='array', dtype='uint8', layout='HWC', device='cpu', uniform=False)
     """
 
     kind: str = "any"
@@ -40,6 +40,10 @@ class Spec:
     """Axis names, e.g. "HWC" or "CHW"; None: any."""
     device: str = "cpu"
     """Where the data lives ("cpu", "cuda")."""
+    uniform: bool = False
+    """Every sample has the same shape, so collation can stack them (a decoded photo's size
+    varies; a crop to 224 x 224 does not). A split where samples are not uniform hands the
+    batch stage a list of per-sample tensors."""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -50,7 +54,7 @@ class Spec:
         return self.kind != "any"
 
     def __str__(self) -> str:
-        parts = [self.kind, self.dtype, self.layout]
+        parts = [self.kind, self.dtype, self.layout, "uniform" if self.uniform else None]
         return " ".join(p for p in parts if p) + (
             "" if self.device == "cpu" else f" on {self.device}"
         )

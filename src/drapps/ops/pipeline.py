@@ -2,8 +2,10 @@
 
 ``ops[:split]`` run in the workers on each sample (the *sample stage*); ``ops[split:]``, which
 must all be batchable, run in the training process on each collated batch after the reorder
-buffer (the *batch stage*, on the batch's device). A split is valid where every op after it is
-batchable and what the op before it gives is a tensor that collation can stack. With
+buffer (the *batch stage*, on the loader's ``device``, see :class:`~drapps.ops.DeviceStage`).
+A split is valid where every op after it is batchable and what reaches it is a tensor. Where
+the samples have one shape collation stacks them; where they differ (decoded photos) the batch
+stage gets a list of them (:meth:`Pipeline.gather`); a batch op takes either. With
 ``split=len(ops)`` (the default) everything runs in the workers, as a plain transform would.
 
 Every op draws its random parameters from its own per-sample stream (seed, epoch, index, op
@@ -23,7 +25,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 from drapps.ops.op import ANY, Op, Spec, as_op
@@ -88,6 +90,33 @@ class Pipeline:
         if isinstance(split, bool) or split not in valid:
             raise ValueError(f"split must be one of {valid} for this pipeline, got {split!r}")
         self.split = split
+
+    def ragged(self, split: int) -> bool:
+        """Whether samples cut at ``split`` may differ in shape (no op before it declares
+        them uniform)."""
+        return split < len(self.ops) and not self.specs[split].uniform
+
+    def collate(self, samples: list[Any], collate: Callable[[list[Any]], Any], split: int) -> Any:
+        """Collate samples cut at ``split``: by ``collate`` when the parts the ops transform
+        have one shape, else :meth:`gather`. Either kind of batch gives the same result in
+        the batch stage."""
+        if self.ragged(split):
+            shapes = {tuple(getattr(self._part(s), "shape", ())) for s in samples}
+            if len(shapes) > 1:
+                return self.gather(samples, collate)
+        return collate(samples)
+
+    def _part(self, sample: Any) -> Any:
+        return sample if self.key is None else sample[self.key]
+
+    def gather(self, samples: list[Any], collate: Callable[[list[Any]], Any]) -> Any:
+        """Collate samples whose transformed parts differ in shape: those parts become a list
+        (in batch order), the rest goes through ``collate``."""
+        if self.key is None:
+            return list(samples)
+        parts = [sample[self.key] for sample in samples]
+        rest = collate([_replace(sample, self.key, 0) for sample in samples])
+        return _replace(rest, self.key, parts)
 
     def __call__(self, sample: Any) -> Any:
         """Every op on one sample (the pipeline used as a plain transform)."""

@@ -92,6 +92,13 @@ class LoaderConfig:
     """Turns a list of samples into a batch; None means torch's ``default_collate``."""
     transform: Callable[[Any], Any] | None = None
     """Applied to each sample as ``dataset[i]`` returns it, inside the worker (picklable)."""
+    split: int | Literal["auto"] | None = None
+    """With a :class:`drapps.ops.Pipeline` transform: index of the first op run on batches in
+    the device stage (an int, fixed), "auto" (the controller moves it), or None (the
+    Pipeline's own ``split``)."""
+    device: str | None = None
+    """Where the device stage runs and batches are delivered ("cpu", "cuda", ...); None: the
+    CPU, batches stay where the workers made them."""
     workers: int | Literal["auto"] = "auto"
     """Worker processes: 0 makes batches in the calling process; "auto" lets drapps choose."""
     max_workers: int | None = None
@@ -146,6 +153,17 @@ class LoaderConfig:
             value = getattr(self, name)
             if value is not None and not callable(value):
                 raise ValueError(f"{name} must be callable or None, got {value!r}")
+        if (
+            self.split is not None
+            and self.split != "auto"
+            and (not _is_int(self.split) or self.split < 0)
+        ):
+            raise ValueError(f"split must be None, 'auto' or an int >= 0, got {self.split!r}")
+        if self.split == "auto" and self.workers == 0:
+            raise ValueError(
+                "split='auto' needs worker processes to move ops away from: set workers > 0 "
+                "or 'auto'"
+            )
         if self.max_workers is not None and (not _is_int(self.max_workers) or self.max_workers < 1):
             raise ValueError(f"max_workers must be an int >= 1 or None, got {self.max_workers!r}")
         if self.workers != "auto":

@@ -55,6 +55,12 @@ class PipelineSnapshot:
     retries: int = 0
     pickled_bytes: int = 0
     shared_bytes: int = 0
+    split: int | None = None
+    """The Pipeline's split now (None without a Pipeline transform)."""
+    device_s: float = 0.0
+    """Seconds the device stage has spent on batches (completed ones)."""
+    device_batches: int = 0
+    """Batches the device stage has run."""
 
 
 def inline_snapshot(samples: int, wait_s: float, memory_budget: int) -> PipelineSnapshot:
@@ -123,6 +129,13 @@ class LoaderStats:
     """Seconds spent in ``transform`` (all workers)."""
     collate_s: float
     """Seconds spent in ``collate_fn`` (all workers)."""
+    split: int | None = None
+    """Index of the first op of a Pipeline transform run in the device stage now (None
+    without a Pipeline)."""
+    device_s: float = 0.0
+    """Seconds the device stage spent moving batches and running the ops after the split."""
+    device_batches: int = 0
+    """Batches the device stage has run."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -163,4 +176,7 @@ class LoaderStats:
             fetch_s=stages.get("fetch_s", 0.0),
             transform_s=stages.get("transform_s", 0.0),
             collate_s=stages.get("collate_s", 0.0),
+            split=snapshot.split,
+            device_s=snapshot.device_s,
+            device_batches=snapshot.device_batches,
         )

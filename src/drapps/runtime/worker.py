@@ -133,7 +133,11 @@ def make_batch(
         return Made(None, skipped, (fetch_s, transform_s, 0.0))
     t2 = time.perf_counter()
     try:
-        batch = collate(recipe, samples)
+        if stop is not None:  # a Pipeline cut before its end: its parts may differ in shape
+            pipeline: Any = recipe.transform
+            batch = pipeline.collate(samples, lambda rest: collate(recipe, rest), stop)
+        else:
+            batch = collate(recipe, samples)
     except Exception as exc:
         raise sample_error(
             f"collate_fn failed on the batch of indices {indices}: {type(exc).__name__}: {exc}",

@@ -36,15 +36,20 @@ class _Gpu:
         except Exception as exc:  # no module, no driver, or no device: all normal
             logger.debug("no GPU telemetry: %r", exc)
 
-    def read(self) -> tuple[float | None, int | None]:
+    def read(self) -> tuple[float | None, int | None, float | None]:
+        """(utilisation 0..1, memory used in bytes, power in watts), each None if unknown."""
         if self._handle is None:
-            return None, None
+            return None, None, None
         try:
             util = self._nvml.nvmlDeviceGetUtilizationRates(self._handle)
             memory = self._nvml.nvmlDeviceGetMemoryInfo(self._handle)
         except Exception:
-            return None, None
-        return util.gpu / 100.0, int(memory.used)
+            return None, None, None
+        try:
+            power: float | None = self._nvml.nvmlDeviceGetPowerUsage(self._handle) / 1000.0
+        except Exception:  # not every board reports power
+            power = None
+        return util.gpu / 100.0, int(memory.used), power
 
 
 class Monitor:
@@ -120,7 +125,8 @@ class Monitor:
             self._processes.pop(gone, None)
         disk, net = self._io()
         memory = psutil.virtual_memory()
-        gpu_util, gpu_memory = self._gpu.read()
+        gpu_util, gpu_memory, gpu_power = self._gpu.read()
+        staged = pipe.device_batches - last.device_batches
         recent = [latency for arrived, latency in pipe.latencies if arrived > self._last_t]
         state = State(
             t=now - self._start,
@@ -146,6 +152,10 @@ class Monitor:
             workers=pipe.workers,
             max_workers=pipe.max_workers,
             prefetch=pipe.prefetch,
+            split_point=pipe.split,
+            device_stage_s=(pipe.device_s - last.device_s) / staged if staged > 0 else 0.0,
+            device_stage_share=min(1.0, max(0.0, pipe.device_s - last.device_s) / dt),
+            gpu_power_w=gpu_power,
         )
         self._last_t, self._last_io, self._last = now, (disk, net), pipe
         return state

@@ -1,0 +1,156 @@
+"""The device stage: a Pipeline's ops after its split, run on each batch where training runs.
+
+Each batch that leaves the reorder buffer is moved to ``device`` and the ops from the batch's
+split on run on it there, batched. On CUDA this happens on a side stream: the copy is
+non-blocking (the dispatcher pinned the batch), the ops are queued behind it, and an event
+recorded at the end makes the training loop's stream wait for them, so the host never blocks
+and the GPU overlaps the stage with whatever the loop queued before. Without CUDA the same
+stage runs on the CPU, in the training process: useful in itself when the workers are the
+bottleneck and the loop has idle CPU, and what the CPU tests exercise.
+
+The stage keeps its own time per batch (host wall time on the CPU; CUDA event time on a GPU,
+read once the events complete, never by synchronising), which the controller's State reports.
+
+Example:
+    >>> import torch
+    >>> from drapps.ops import DeviceStage, Normalize, Pipeline, ToCHWTensor
+    >>> pipeline = Pipeline([ToCHWTensor(), Normalize([0.0], [1.0], scale=1.0)], split=1)
+    >>> stage = DeviceStage(pipeline, "cpu")
+    >>> stage.run(torch.ones(2, 1, 2, 2, dtype=torch.uint8), [11, 12], 1).dtype
+    torch.float32
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from drapps.ops.pipeline import Pipeline
+
+
+def move(batch: Any, device: torch.device, *, non_blocking: bool = False) -> Any:
+    """Every tensor of ``batch`` (nested in lists, tuples and dicts) on ``device``."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=non_blocking)
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return type(batch)(*(move(x, device, non_blocking=non_blocking) for x in batch))
+    if isinstance(batch, list | tuple):
+        return type(batch)(move(x, device, non_blocking=non_blocking) for x in batch)
+    if isinstance(batch, dict):
+        return {k: move(v, device, non_blocking=non_blocking) for k, v in batch.items()}
+    return batch
+
+
+def _tensors(batch: Any) -> list[torch.Tensor]:
+    if isinstance(batch, torch.Tensor):
+        return [batch]
+    if isinstance(batch, list | tuple):
+        return [t for x in batch for t in _tensors(x)]
+    if isinstance(batch, dict):
+        return [t for x in batch.values() for t in _tensors(x)]
+    return []
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device | None:
+    """``device`` as a ``torch.device`` (an index added for "cuda"), None for None.
+
+    Raises:
+        ValueError: not a device name torch knows, or CUDA asked for and not available.
+    """
+    if device is None:
+        return None
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device must be None or a torch device name, got {device!r}") from None
+    if resolved.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device={device!r} needs CUDA, which this machine does not have")
+        if resolved.index is None:
+            resolved = torch.device("cuda", torch.cuda.current_device())
+    return resolved
+
+
+class DeviceStage:
+    """Moves batches to ``device`` and runs ``pipeline``'s ops from a split on them there.
+
+    Args:
+        pipeline: the loader's Pipeline (None: batches are only moved).
+        device: where the stage runs ("cpu", "cuda", "cuda:1", ...).
+    """
+
+    def __init__(self, pipeline: Pipeline | None, device: str | torch.device) -> None:
+        resolved = resolve_device(device)
+        assert resolved is not None
+        self.pipeline = pipeline
+        self.device = resolved
+        self.cuda = resolved.type == "cuda"
+        self._stream = torch.cuda.Stream(resolved) if self.cuda else None
+        self._timed: deque[tuple[Any, Any]] = deque()  # CUDA (start, end) events not yet read
+        self._lock = threading.Lock()  # the controller thread reads the timers too
+        self.seconds = 0.0
+        """Seconds spent in the stage so far (completed batches)."""
+        self.batches = 0
+        """Batches the stage has run."""
+
+    def run(self, batch: Any, sample_seeds: Sequence[int], start: int | None) -> Any:
+        """``batch`` on the device with ops ``start..`` applied (``start`` None or the
+        pipeline's length: moved only). ``sample_seeds``: the batch's samples' seeds, in order."""
+        if self._stream is None:
+            if self.device.type == "cpu" and self._idle(start):
+                return batch  # nothing to move, nothing to run
+            began = time.perf_counter()
+            out = self._apply(move(batch, self.device), sample_seeds, start)
+            self.seconds += time.perf_counter() - began
+            self.batches += 1
+            return out
+        return self._run_cuda(batch, sample_seeds, start)
+
+    def _idle(self, start: int | None) -> bool:
+        pipeline = self.pipeline
+        return pipeline is None or start is None or start >= len(pipeline.ops)
+
+    def _apply(self, batch: Any, sample_seeds: Sequence[int], start: int | None) -> Any:
+        if self._idle(start):
+            return batch
+        assert self.pipeline is not None and start is not None
+        return self.pipeline.run_batch(batch, sample_seeds, start)
+
+    def _run_cuda(self, batch: Any, sample_seeds: Sequence[int], start: int | None) -> Any:
+        assert self._stream is not None
+        consumer = torch.cuda.current_stream(self.device)
+        began, ended = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        with torch.cuda.stream(self._stream):
+            began.record()
+            out = self._apply(move(batch, self.device, non_blocking=True), sample_seeds, start)
+            ended.record()
+        consumer.wait_event(ended)
+        for tensor in _tensors(out):
+            if tensor.device.type == "cuda":
+                # Made on the side stream, used on the loop's: keep the allocator from
+                # reusing its memory before the loop's stream is done with it.
+                tensor.record_stream(consumer)
+        self._timed.append((began, ended))
+        self._read_timers()
+        return out
+
+    def _read_timers(self) -> None:
+        with self._lock:
+            while self._timed and self._timed[0][1].query():
+                began, ended = self._timed.popleft()
+                self.seconds += began.elapsed_time(ended) / 1000.0
+                self.batches += 1
+
+    def totals(self) -> tuple[float, int]:
+        """(seconds, batches) over the batches whose stage has completed."""
+        if self._timed:
+            self._read_timers()
+        return self.seconds, self.batches
+
+    def __repr__(self) -> str:
+        return f"DeviceStage(device={str(self.device)!r})"

@@ -1,0 +1,241 @@
+"""The device stage: ops after the split run on batches in the training process, and moving the
+split (by hand or by the controller) never changes a batch."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import drapps
+from drapps.control import Action, State
+from drapps.ops import (
+    CenterCrop,
+    ColorJitter,
+    DeviceStage,
+    Normalize,
+    Pipeline,
+    RandomCrop,
+    RandomHorizontalFlip,
+    RandomResizedCrop,
+    Resize,
+    Spec,
+    ToCHWTensor,
+)
+
+HWC = Spec("array", "uint8", "HWC")
+
+
+class Photos:
+    """Images of different sizes (as decoded photos are), labelled by index."""
+
+    def __len__(self) -> int:
+        return 24
+
+    def __getitem__(self, index: int) -> tuple[np.ndarray, int]:
+        rng = np.random.default_rng(index)
+        size = (40 + 7 * (index % 5), 36 + 5 * (index % 4), 3)
+        return rng.integers(0, 256, size, dtype=np.uint8), index
+
+
+def image_pipeline(split: int | None = None) -> Pipeline:
+    """The full augmentation: every op after ToCHWTensor may run in the device stage."""
+    ops = [
+        ToCHWTensor(),
+        RandomResizedCrop(24),
+        RandomHorizontalFlip(),
+        ColorJitter(0.4, 0.4, 0.4),
+        Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]),
+    ]
+    return Pipeline(ops, split=split, key=0, takes=HWC)
+
+
+def batches(split: Any, workers: int, **options: Any) -> list[Any]:
+    with drapps.Loader(
+        Photos(),
+        batch_size=5,
+        shuffle=True,
+        seed=11,
+        workers=workers,
+        transform=image_pipeline(),
+        split=split,
+        **options,
+    ) as loader:
+        return [list(batch) for batch in loader]
+
+
+def same(a: list[Any], b: list[Any]) -> bool:
+    return len(a) == len(b) and all(
+        torch.equal(x, y)
+        for one, two in zip(a, b, strict=True)
+        for x, y in zip(one, two, strict=True)
+    )
+
+
+def test_a_split_at_ragged_samples_hands_the_stage_a_list() -> None:
+    pipeline = image_pipeline()
+    assert pipeline.split_points() == [1, 2, 3, 4, 5]
+    assert pipeline.ragged(1) and not pipeline.ragged(2) and not pipeline.ragged(5)
+    collate = torch.utils.data.default_collate
+    samples = [(torch.zeros(3, 4 + i, 5), i) for i in range(3)]
+    gathered = pipeline.collate(samples, collate, 1)
+    assert [tuple(x.shape) for x in gathered[0]] == [(3, 4, 5), (3, 5, 5), (3, 6, 5)]
+    assert gathered[1].tolist() == [0, 1, 2]
+    # Samples that happen to share a shape are stacked: the batch ops take either kind.
+    stacked = pipeline.collate([(torch.zeros(3, 4, 5), i) for i in range(3)], collate, 1)
+    assert stacked[0].shape == (3, 3, 4, 5)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_every_split_of_the_image_pipeline_gives_the_same_batches(workers: int) -> None:
+    reference = batches(5, 0)
+    assert reference[0][0].shape == (5, 3, 24, 24) and reference[0][0].dtype == torch.float32
+    for split in (1, 2, 3, 4):
+        assert same(batches(split, workers), reference), f"split {split}, {workers} workers"
+
+
+def test_the_stage_counts_its_time_and_the_stats_show_the_split() -> None:
+    with drapps.Loader(
+        Photos(), batch_size=6, seed=0, workers=0, transform=image_pipeline(), split=2
+    ) as loader:
+        list(loader)
+        stats = loader.stats()
+    assert stats.split == 2 and stats.device_batches == 4 and stats.device_s > 0
+
+
+def test_batched_ops_equal_the_per_sample_ops() -> None:
+    rng = np.random.default_rng(0)
+    images = [
+        torch.from_numpy(rng.integers(0, 256, (3, 30 + i, 28), dtype=np.uint8)) for i in range(4)
+    ]
+    seeds = [101, 102, 103, 104]
+    for op in (
+        RandomResizedCrop(16),
+        RandomCrop(20, padding=2),
+        Resize((12, 10)),
+        CenterCrop(16),
+    ):
+        per_sample = [op._crop_tensor(x, np.random.default_rng(s)) if op.random else op(x)  # type: ignore[attr-defined]
+                      for x, s in zip(images, seeds, strict=True)]  # fmt: skip
+        rngs = [np.random.default_rng(s) for s in seeds]
+        assert torch.equal(op.apply_batch(images, rngs), torch.stack(per_sample)), op
+    uniform = torch.stack([x[:, :16, :16] for x in images])
+    jitter = ColorJitter(0.5, 0.5, 0.5)
+    batched = jitter.apply_batch(uniform, [np.random.default_rng(s) for s in seeds])
+    one_by_one = [
+        jitter._jitter(x[None], torch.tensor([jitter._factors(np.random.default_rng(s))]))[0]
+        for x, s in zip(uniform, seeds, strict=True)
+    ]
+    assert torch.equal(batched, torch.stack(one_by_one))
+
+
+def test_resize_is_antialiased_and_close_to_the_float_path() -> None:
+    stripes = torch.zeros(1, 64, 64, dtype=torch.uint8)
+    stripes[:, :, ::2] = 255  # one-pixel stripes: without antialiasing they alias to 0 or 255
+    small = Resize(16)(stripes)
+    assert small.shape == (1, 16, 16) and 120 <= int(small.float().mean()) <= 135
+    inside = small[:, :, 1:-1]  # the edge columns see one stripe less
+    assert int(inside.max()) - int(inside.min()) <= 2
+    # The float path (what a GPU runs) agrees with the CPU's uint8 kernel to within 2 levels.
+    image = torch.from_numpy(np.random.default_rng(1).integers(0, 256, (3, 97, 83), dtype=np.uint8))
+    exact = Resize((32, 30))(image)
+    floated = Resize((32, 30))(image.float()).round().clamp(0, 255).to(torch.uint8)
+    assert (exact.int() - floated.int()).abs().max() <= 2
+
+
+def test_color_jitter_changes_what_it_is_asked_to() -> None:
+    image = torch.from_numpy(np.random.default_rng(2).integers(0, 256, (3, 8, 8), dtype=np.uint8))
+    assert torch.equal(ColorJitter()(image), image)
+    bright = ColorJitter(brightness=0.5).apply_batch(image[None], [np.random.default_rng(0)])[0]
+    factor = np.random.default_rng(0).uniform(0.5, 1.5)
+    expected = (image.float() * np.float32(factor)).clamp(0, 255).trunc().to(torch.uint8)
+    assert torch.equal(bright, expected)
+    gray = ColorJitter(saturation=1.0)._jitter(image[None], torch.tensor([[1.0, 1.0, 0.0]]))[0]
+    assert torch.equal(gray[0], gray[1]) and torch.equal(gray[1], gray[2])
+    with pytest.raises(ValueError, match="brightness must be a number >= 0, got -1"):
+        ColorJitter(brightness=-1)
+    with pytest.raises(ValueError, match=r"ColorJitter\(.*\) takes tensor uint8 CHW"):
+        Pipeline([ToCHWTensor(), Normalize([0.5], [0.5]), ColorJitter(0.1)], takes=HWC)
+
+
+def test_bad_split_and_device_arguments_are_named() -> None:
+    with pytest.raises(ValueError, match=r"split=2 needs a drapps.ops.Pipeline as the transform"):
+        drapps.Loader(Photos(), transform=abs, split=2, workers=0)
+    with pytest.raises(ValueError, match=r"split must be one of \[1, 2, 3, 4, 5\] for this "
+                       r"pipeline, got 0"):  # fmt: skip
+        drapps.Loader(Photos(), transform=image_pipeline(), split=0, workers=0)
+    with pytest.raises(ValueError, match="split must be None, 'auto' or an int >= 0, got 'x'"):
+        drapps.Loader(Photos(), transform=image_pipeline(), split="x", workers=0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="split='auto' needs worker processes"):
+        drapps.Loader(Photos(), transform=image_pipeline(), split="auto", workers=0)
+    with pytest.raises(ValueError, match="device must be None or a torch device name, got 'gpu0'"):
+        drapps.Loader(Photos(), transform=image_pipeline(), device="gpu0", workers=0)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="device='cuda' needs CUDA"):
+            drapps.Loader(Photos(), transform=image_pipeline(), device="cuda", workers=0)
+
+
+def test_a_device_stage_without_a_pipeline_moves_batches_only() -> None:
+    stage = DeviceStage(None, "cpu")
+    batch = [torch.ones(2, 3), {"y": torch.zeros(2)}]
+    assert stage.run(batch, (), None) is batch and stage.totals() == (0.0, 0)
+    with drapps.Loader([torch.ones(3)] * 4, batch_size=2, workers=0, device="cpu") as loader:
+        assert [b.device.type for b in loader] == ["cpu", "cpu"]
+
+
+class Earlier:
+    """A policy that moves the cut one op earlier every tick."""
+
+    def decide(self, state: State) -> Action:
+        return Action(split=-1, reason="test: one more op to the device stage")
+
+
+def test_split_auto_lets_the_controller_move_the_cut_without_changing_batches(
+    tmp_path: Any,
+) -> None:
+    reference = batches(5, 0)
+    trace = tmp_path / "trace.jsonl"
+    with drapps.Loader(
+        Photos(),
+        batch_size=5,
+        shuffle=True,
+        seed=11,
+        workers=2,
+        transform=image_pipeline(),
+        split="auto",
+        policy=Earlier(),
+        control_interval=0.05,
+        trace=str(trace),
+    ) as loader:
+        got = []
+        for batch in loader:
+            got.append(list(batch))
+            time.sleep(0.1)  # a few controller ticks per batch
+        rows = list(loader._tuner.rows)  # type: ignore[union-attr]
+        assert loader.stats().split == 1
+    assert same(got, reference)
+    splits = [row.applied["split"] for row in rows]
+    assert splits[0] == 4 and min(splits) == 1 and splits == sorted(splits, reverse=True)
+    assert all(row.state.split_point == row.applied["split"] + 1 for row in rows[:3])
+    assert '"split_point"' in trace.read_text()
+
+
+def test_the_split_knob_is_clipped_to_the_valid_points() -> None:
+    from drapps.control.knobs import SplitKnob
+
+    moved: list[int] = []
+    knob = SplitKnob(moved.append, low=2, high=5)
+    base = State.from_dict({**_state_fields(), "split_point": 2})
+    assert knob.propose(base, -1, {}) == 2 and knob.propose(base, +1, {}) == 3
+    assert Action(split=-1).moves() == {"split": -1}
+    with pytest.raises(ValueError, match="split bounds need 0 <= low <= high, got 3, 2"):
+        SplitKnob(moved.append, low=3, high=2)
+
+
+def _state_fields() -> dict[str, Any]:
+    from helpers import state
+
+    return state().as_dict()
