@@ -124,3 +124,27 @@ def test_malformed_policy_files_raise_value_errors(content: bytes | None, tmp_pa
     )  # fmt: skip
     assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
     assert "bad.npz" in done.stderr
+
+
+def test_a_policy_for_the_split_reads_the_device_stage_and_moves_the_cut(tmp_path: Path) -> None:
+    knobs = ("workers", "prefetch", "split")
+    rng = np.random.default_rng(5)
+    sizes = [len(State.features(knobs)), 8, len(Action.space(knobs))]
+    assert sizes[0] == len(State.FEATURES) + 1 and sizes[-1] == 27
+    policy = MlpPolicy(
+        [(rng.normal(size=(a, b)), rng.normal(size=b)) for a, b in itertools.pairwise(sizes)],
+        knobs=knobs,
+    )
+    policy.save(tmp_path / "split.npz")
+    loaded = MlpPolicy.load(tmp_path / "split.npz")
+    assert loaded.knobs == knobs
+    moves = {loaded.decide(state(device_stage_share=k / 10, wait_fraction=k / 10)).split
+             for k in range(11)}  # fmt: skip
+    assert moves <= {-1, 0, 1}
+    s = state(split_point=3, device_stage_share=0.3)
+    assert loaded.decide(s) == policy.decide(s)
+    with pytest.raises(ValueError, match=r"layer 0: expected a \(14, n\) weight"):
+        MlpPolicy(policy.layers)  # the split policy's layers, for the default knobs
+    assert Action.space(("split",)) == (Action(split=-1), Action(), Action(split=1))
+    with pytest.raises(ValueError, match=r"knobs must be distinct names from \['workers', "):
+        Action.space(("codec",))

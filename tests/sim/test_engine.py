@@ -178,3 +178,39 @@ def test_what_if_changes_the_hardware() -> None:
     assert bigger.pipeline.cores == 16 and bigger.pipeline.worker_limit == 32
     assert bigger.pipeline.read_s == pytest.approx(0.04)
     assert bigger.pipeline.cpu_s == base.pipeline.cpu_s
+
+
+def test_moving_ops_into_the_device_stage_moves_their_cost() -> None:
+    # Workers short of cores: 3 ops of 0.02 s each on top of 0.04 s; on a GPU each costs 2 ms.
+    ops = ((0.02, 0.002),) * 3
+    p = PipelineModel(cores=2, cpu_s=0.04, cost_cv=0.0, step_s=0.02, step_cv=0.0,
+                      gpu=True, device_ops=ops, transport_s=0.0)  # fmt: skip
+    rates = {}
+    for split in (3, 0):
+        sim = Simulator(Scenario(p.replace(split=split)), workers=2, seed=0)
+        sim.run_until(20.0)
+        state = sim.observe()
+        rates[split] = sim.totals.samples / 20.0
+        assert state.split_point == split
+    # 2 workers at 0.1 s per batch -> 20 batches/s; at 0.04 s -> the step's (0.026 s) pace.
+    assert rates[3] == pytest.approx(20 * 32, rel=0.05)
+    assert rates[0] == pytest.approx(32 / 0.026, rel=0.05)
+    assert state.device_stage_s == pytest.approx(0.006) and state.gpu_util > 0.9
+    cpu = Simulator(Scenario(p.replace(gpu=False, split=0)), workers=1, seed=0)
+    cpu.run_until(10.0)
+    assert cpu.observe().main_cpu > 0.1  # without a GPU the stage is the loop's CPU work
+    with pytest.raises(ValueError, match=r"PipelineModel.split must be None or an int in \[0, 3\]"):
+        p.replace(split=4)
+    with pytest.raises(ValueError, match="device_ops must hold"):
+        p.replace(device_ops=((0.1,),))
+
+
+def test_the_heuristic_moves_the_split_when_workers_cannot_keep_up() -> None:
+    from drapps.sim import simulate
+
+    ops = ((0.03, 0.002),) * 3
+    p = PipelineModel(cores=2, cpu_s=0.03, step_s=0.03, gpu=True, device_ops=ops, max_workers=2)
+    moved = simulate(Scenario(p), "heuristic", duration=60.0, seed=1)
+    held = simulate(Scenario(p), "heuristic", duration=60.0, seed=1, move_split=False)
+    assert moved.summary()["final_split"] < 3 and held.summary()["final_split"] == 3
+    assert moved.throughput > 1.3 * held.throughput

@@ -82,3 +82,15 @@ def test_bad_input_is_named() -> None:
         env.step(9)
     with pytest.raises(ValueError, match="must be a Scenario"):
         env.reset(options={"scenario": "cpu-bound"})
+
+
+def test_the_split_is_an_action_where_the_scenario_has_movable_ops() -> None:
+    knobs = ("workers", "prefetch", "split")
+    env = PipelineEnv(["device-offload"], duration=10.0, knobs=knobs)
+    check_env(env, skip_render_check=True)
+    assert env.observation_space.shape == (len(State.FEATURES) + 1,)
+    assert env.action_space.n == 27
+    env.reset(seed=0)
+    earlier = env.actions.index(Action(split=-1))
+    splits = [env.step(earlier)[4]["split"] for _ in range(5)]
+    assert splits == [2, 1, 0, 0, 0]  # one op per step, clipped at the first movable op

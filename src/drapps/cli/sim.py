@@ -210,9 +210,11 @@ def train_policy_command(args: argparse.Namespace) -> int:
         from drapps.sim.learners import make_learner
 
         learner = make_learner(args.learner)
-        families = check_families(args.families or family_names(held_out=False))
-        held_out = check_families(args.evaluate_on or family_names(held_out=True))
-        env = PipelineEnv(families, duration=args.duration)
+        # Only scenarios with movable ops give a split policy something to learn from.
+        movable = ["device-offload"] if "split" in args.knobs else None
+        families = check_families(args.families or movable or family_names(held_out=False))
+        held_out = check_families(args.evaluate_on or movable or family_names(held_out=True))
+        env = PipelineEnv(families, duration=args.duration, knobs=args.knobs)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     print(f"training {args.learner} for {args.steps} steps on {', '.join(families)}")
@@ -330,4 +332,11 @@ def add_commands(commands: Commands) -> None:
     train.add_argument("--episodes", type=int, default=6, help="per held-out family (6)")
     train.add_argument("--duration", type=float, default=60.0, help="episode seconds (60)")
     train.add_argument("--out", default="drapps-policy.npz", help="policy file to write")
+    train.add_argument(
+        "--knobs",
+        type=name_list,
+        default=("workers", "prefetch"),
+        help="step knobs the policy moves (workers,prefetch; add split to learn the device "
+        "stage's cut, with --families device-offload or others with movable ops)",
+    )
     train.set_defaults(run=train_policy_command)

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 STEPS = (-1, 0, 1)
+STEP_KNOBS = ("workers", "prefetch", "split")
+"""The knobs an Action moves by steps (in :meth:`Action.space` order)."""
 
 
 @dataclass(frozen=True)
@@ -63,9 +66,25 @@ class Action:
         return cls(**{k: data[k] for k in keys if k in data})
 
     @staticmethod
-    def space() -> tuple[Action, ...]:
-        """The discrete actions a learned policy picks from (workers x prefetch steps)."""
-        return tuple(Action(w, p) for w, p in itertools.product(STEPS, STEPS))
+    def space(knobs: Sequence[str] = ("workers", "prefetch")) -> tuple[Action, ...]:
+        """The discrete actions a learned policy picks from: every combination of one step
+        of each of ``knobs`` (step knobs: workers, prefetch, split), the first knob varying
+        slowest.
+
+        Raises:
+            ValueError: a knob that is not a step knob, or one named twice.
+        """
+        unknown = [k for k in knobs if k not in STEP_KNOBS]
+        if unknown or len(set(knobs)) != len(knobs) or not knobs:
+            raise ValueError(f"knobs must be distinct names from {list(STEP_KNOBS)}, got {knobs!r}")
+        return tuple(
+            Action(**dict(zip(knobs, steps, strict=True)))  # type: ignore[arg-type]
+            for steps in itertools.product(STEPS, repeat=len(knobs))
+        )
+
+    def describe(self, knobs: Sequence[str]) -> str:
+        """The steps of ``knobs`` in words, e.g. ``"workers+1 prefetch+0"``."""
+        return " ".join(f"{k}{getattr(self, k):+d}" for k in knobs)
 
 
 NOOP = Action()

@@ -7,11 +7,12 @@ failed try backs off (doubling) before the same direction is tried again, unless
 change markedly. Memory pressure overrides everything and sheds workers and prefetch.
 
 With a ``split`` knob (a Pipeline cut between the workers and the device stage) the same probe
-moves the cut: while the loop waits and another worker does not help (none left, or the last
-try failed) and the device has room (GPU under half busy, or no GPU: the training process's
-own idle CPU), one more op moves into the device stage; while the loop does not wait and the
-device stage holds a large share of the loop's time on a busy GPU (or with idle cores to take
-it back), one op moves back. Each move is kept only if throughput rose (or did not fall).
+moves the cut: while the loop waits and the CPU is saturated (over 90%) or another worker does
+not help (none left, or the last try failed), and the device has room (GPU under half busy, or
+no GPU: the training process's own idle CPU), one more op moves into the device stage; while
+the loop does not wait and the device stage holds a large share of the loop's time on a busy
+GPU (or with idle cores to take it back), one op moves back. Each move is kept only if
+throughput rose (or did not fall).
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ class HeuristicConfig:
     """p99/p50 batch latency above which arrivals count as bursty (prefetch absorbs bursts)."""
     max_prefetch_per_worker: int = 4
     """Most prefetch depth the policy asks for, per worker."""
+    cpu_busy: float = 0.9
+    """CPU utilisation above which the device stage is tried before another worker."""
     device_room: float = 0.5
     """GPU utilisation below which the device stage may take another op (the proposal's
     "offload when the CPU is busy and the GPU under 50%")."""
@@ -133,6 +136,15 @@ class HeuristicPolicy:
         idle = self._mean("idle_cores")
         queue = self._mean("queue_batches")
         grow = state.workers < state.max_workers and self._may_try("workers", +1, state, wait)
+        if (
+            wait > c.wait_high
+            and state.split_point is not None
+            and self._mean("cpu_util") > c.cpu_busy
+        ):
+            # The proposal's rule: the CPU is saturated, so the device stage is tried first.
+            move = self._split_move(state, wait, idle, grow=False)
+            if move is not None:
+                return move
         if wait > c.wait_high and grow:
             return self._start(
                 "workers",

@@ -12,6 +12,7 @@ pipeline. ``tuner.enabled = False`` freezes it at any time.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -22,7 +23,7 @@ import numpy as np
 from drapps.control.action import Action
 from drapps.control.policy import register_policy
 from drapps.control.reward import RewardWeights, reward
-from drapps.control.rl import ACTIONS, MlpPolicy
+from drapps.control.rl import MlpPolicy
 from drapps.control.state import State
 
 logger = logging.getLogger(__name__)
@@ -101,7 +102,7 @@ class OnlineTuner:
         if not (self.enabled and self.updates < self.config.max_updates):
             self._last = None
             return self.policy.decide(state)
-        hidden = self.policy.hidden(state.vector())
+        hidden = self.policy.hidden(state.vector(self.policy.knobs))
         weight, bias = self.policy.layers[-1]
         scores = hidden @ weight + bias  # this tick acts on the weights before the update
         if self._last is not None:
@@ -109,12 +110,12 @@ class OnlineTuner:
         logits = scores / self.config.temperature
         probs = np.exp(logits - logits.max())
         probs /= probs.sum()
-        choice = int(self._rng.choice(len(ACTIONS), p=probs))
+        choice = int(self._rng.choice(len(probs), p=probs))
         self._last = (hidden, probs, choice)
-        action = ACTIONS[choice]
+        action = self.policy.actions[choice]
         if action.is_noop:
             return action
-        return Action(action.workers, action.prefetch, reason="learned policy (tuning online)")
+        return dataclasses.replace(action, reason="learned policy (tuning online)")
 
     def _learn(self, value: float) -> None:
         assert self._last is not None

@@ -8,6 +8,7 @@ file from an incompatible drapps is refused instead of misread.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Sequence
@@ -25,10 +26,16 @@ ACTIONS = Action.space()
 
 
 KNOBS = ("workers", "prefetch")
-"""The knobs :data:`ACTIONS` move; a policy file names them and is refused elsewhere."""
+"""The knobs :data:`ACTIONS` move (the shipped policy's); a policy file names its knobs and a
+pipeline without them refuses it."""
 
-ACTION_NAMES = [f"workers{a.workers:+d} prefetch{a.prefetch:+d}" for a in ACTIONS]
-"""How a policy file names the actions it scores, in :data:`ACTIONS` order."""
+
+def action_names(knobs: Sequence[str] = KNOBS) -> list[str]:
+    """How a policy file names the actions it scores, in ``Action.space(knobs)`` order."""
+    return [action.describe(knobs) for action in Action.space(knobs)]
+
+
+ACTION_NAMES = action_names()
 
 
 class MlpPolicy:
@@ -38,6 +45,8 @@ class MlpPolicy:
         layers: ``(weight, bias)`` per layer, weight shaped (inputs, outputs); the last layer
             has one output per action of :meth:`Action.space`.
         meta: anything worth keeping with the weights (how it was trained, its evaluation).
+        knobs: the step knobs it moves (``Action.space(knobs)`` is its output order; with
+            ``split`` it also reads ``State.SPLIT_FEATURES``).
 
     Example:
         >>> import numpy as np
@@ -48,12 +57,18 @@ class MlpPolicy:
     """
 
     def __init__(
-        self, layers: Sequence[tuple[np.ndarray, np.ndarray]], meta: dict[str, Any] | None = None
+        self,
+        layers: Sequence[tuple[np.ndarray, np.ndarray]],
+        meta: dict[str, Any] | None = None,
+        knobs: Sequence[str] = KNOBS,
     ) -> None:
         if not layers:
             raise ValueError("an MlpPolicy needs at least one layer")
+        self.knobs = tuple(knobs)
+        """The knobs this policy moves; a Controller without them refuses it."""
+        self.actions = Action.space(self.knobs)
         checked = []
-        width = len(State.FEATURES)
+        width = len(State.features(self.knobs))
         for k, (weight, bias) in enumerate(layers):
             weight = np.asarray(weight, dtype=np.float32)
             bias = np.asarray(bias, dtype=np.float32)
@@ -64,12 +79,10 @@ class MlpPolicy:
                 )
             checked.append((weight, bias))
             width = weight.shape[1]
-        if width != len(ACTIONS):
-            raise ValueError(f"the last layer must have {len(ACTIONS)} outputs, got {width}")
+        if width != len(self.actions):
+            raise ValueError(f"the last layer must have {len(self.actions)} outputs, got {width}")
         self.layers = checked
         self.meta = dict(meta or {})
-        self.knobs = KNOBS
-        """The knobs this policy moves; a Controller without them refuses it."""
 
     def hidden(self, features: np.ndarray) -> np.ndarray:
         """The last hidden layer's activations: what the output layer scores."""
@@ -85,18 +98,16 @@ class MlpPolicy:
         return self.hidden(features) @ weight + bias
 
     def decide(self, state: State) -> Action:
-        scores = self.scores(state.vector())
-        best = int(np.argmax(scores))
-        action = ACTIONS[best]
+        scores = self.scores(state.vector(self.knobs))
+        action = self.actions[int(np.argmax(scores))]
         if action.is_noop:
             return action
-        return Action(
-            action.workers,
-            action.prefetch,
+        return dataclasses.replace(
+            action,
             reason=(
-                f"learned policy: {ACTION_NAMES[best]} (waited {state.wait_fraction:.0%}, "
-                f"{state.idle_cores:.1f} idle cores, {state.queue_batches}/{state.prefetch} "
-                "ready)"
+                f"learned policy: {action.describe(self.knobs)} (waited "
+                f"{state.wait_fraction:.0%}, {state.idle_cores:.1f} idle cores, "
+                f"{state.queue_batches}/{state.prefetch} ready)"
             ),
         )
 
@@ -106,8 +117,8 @@ class MlpPolicy:
         """Write the policy as a ``.npz`` (weights plus a JSON header)."""
         header = {
             "format": FORMAT,
-            "features": list(State.FEATURES),
-            "actions": ACTION_NAMES,
+            "features": list(State.features(self.knobs)),
+            "actions": action_names(self.knobs),
             "knobs": list(self.knobs),
             "meta": self.meta,
         }
@@ -142,8 +153,13 @@ class MlpPolicy:
         if header.get("format") != FORMAT:
             raise ValueError(f"{path}: policy format {header.get('format')!r}, expected {FORMAT}")
         header.setdefault("knobs", list(KNOBS))  # files from before knobs were named
-        checks = (("features", list(State.FEATURES)), ("actions", ACTION_NAMES),
-                  ("knobs", list(KNOBS)))  # fmt: skip
+        knobs = header["knobs"]
+        try:
+            checks = (("features", list(State.features(knobs))), ("actions", action_names(knobs)))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(
+                f"{path}: trained on knobs {knobs!r}, which this drapps lacks: {exc}"
+            ) from None
         for key, ours in checks:
             if header.get(key) != ours:
                 raise ValueError(
@@ -151,7 +167,7 @@ class MlpPolicy:
                 )
         meta = header.get("meta")
         try:
-            return cls(layers, meta if isinstance(meta, dict) else None)
+            return cls(layers, meta if isinstance(meta, dict) else None, knobs)
         except ValueError as exc:
             raise ValueError(f"{path}: malformed policy: {exc}") from exc
 

@@ -106,11 +106,19 @@ class State:
         "prefetch_per_worker",
     )
 
-    def vector(self) -> np.ndarray:
-        """Features in :attr:`FEATURES` order, each scaled to roughly [0, 1] (float32)."""
+    SPLIT_FEATURES: ClassVar[tuple[str, ...]] = ("device_stage_share",)
+    """Appended to :attr:`FEATURES` for a policy that moves the ``split`` knob."""
+
+    @classmethod
+    def features(cls, knobs: Sequence[str] = ("workers", "prefetch")) -> tuple[str, ...]:
+        """The features a policy moving ``knobs`` reads, in :meth:`vector` order."""
+        return cls.FEATURES + (cls.SPLIT_FEATURES if "split" in knobs else ())
+
+    def vector(self, knobs: Sequence[str] = ("workers", "prefetch")) -> np.ndarray:
+        """Features in :meth:`features` order, each scaled to roughly [0, 1] (float32)."""
         cores = max(1, self.cores)
         p50 = max(self.latency_p50_s, 1e-4)
-        values = (
+        values: tuple[float, ...] = (
             self.cpu_util,
             self.idle_cores / cores,
             self.main_cpu / cores,
@@ -126,6 +134,8 @@ class State:
             self.workers / max(1, self.max_workers),
             self.prefetch / max(1, self.workers) / 8,
         )
+        if "split" in knobs:
+            values += (self.device_stage_share,)
         return np.clip(np.asarray(values, dtype=np.float32), 0.0, 1.0)
 
     def knob(self, name: str) -> Any:

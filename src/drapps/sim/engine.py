@@ -67,6 +67,8 @@ class _Interval:
     main_cpu: float = 0.0
     wait: float = 0.0
     gpu_busy: float = 0.0
+    device_s: float = 0.0
+    device_batches: int = 0
     read_bytes: float = 0.0
     samples: int = 0
     latencies: list[float] = field(default_factory=list)
@@ -135,6 +137,8 @@ class Simulator:
         self._waiting = False
         self._in_step = 0
         self._stepping_gpu = False
+        self._split = p.start_split
+        self._made_with: dict[int, int] = {}  # batch id -> the split its task was made with
         self._interval = _Interval()
         self._last_observed = 0.0
         self._batch_changes = sorted(
@@ -172,6 +176,19 @@ class Simulator:
 
     def batch_bytes(self) -> int:
         return self.pipeline.batch_bytes if self._seen_batch else 0
+
+    def set_split(self, split: int) -> None:
+        """Batches dispatched from now on run ``device_ops[:split]`` in the workers and the
+        rest in the device stage (batches already made keep their split, as in the loader)."""
+        if not 0 <= split <= len(self.pipeline.device_ops):
+            raise ValueError(
+                f"split must be in [0, {len(self.pipeline.device_ops)}], got {split!r}"
+            )
+        self._split = split
+
+    @property
+    def split(self) -> int:
+        return self._split
 
     @property
     def workers(self) -> int:
@@ -235,6 +252,9 @@ class Simulator:
             workers=self._target,
             max_workers=p.worker_limit,
             prefetch=self.prefetch,
+            split_point=self._split if p.device_ops else None,
+            device_stage_s=i.device_s / i.device_batches if i.device_batches else 0.0,
+            device_stage_share=min(1.0, i.device_s / dt),
         )
         self._interval = _Interval()
         self._last_observed = self.now
@@ -398,15 +418,18 @@ class Simulator:
             return
         batch = self._tasks.popleft()
         worker.busy = True
-        self._make_batch("worker", lambda: self._arrived(worker, batch))
+        self._made_with[batch] = self._split
+        self._make_batch("worker", lambda: self._arrived(worker, batch), self._split)
 
-    def _make_batch(self, owner: str, done: _Callback) -> None:
-        """Read (latency, then bytes through the shared disk), then the CPU work."""
+    def _make_batch(self, owner: str, done: _Callback, split: int) -> None:
+        """Read (latency, then bytes through the shared disk), then the CPU work (the fixed
+        part and the movable ops before ``split``)."""
         p, f = self.pipeline, self._factors
         cost = self._draw(p.cost_cv)
+        cpu_s = p.cpu_s + sum(worker_s for worker_s, _ in p.device_ops[:split])
 
         def compute() -> None:
-            self._cpu_job(p.cpu_s * f["cpu"] * cost, owner, done)
+            self._cpu_job(cpu_s * f["cpu"] * cost, owner, done)
 
         def read_bytes() -> None:
             if p.read_bytes > 0:
@@ -447,7 +470,8 @@ class Simulator:
                 self.totals.arrived += 1
                 self._take(None)
 
-            self._make_batch("main", made)
+            self._made_with[-1] = self._split
+            self._make_batch("main", made, self._split)
             return
         batch = self._next_consume
         if batch not in self._ready:
@@ -463,22 +487,41 @@ class Simulator:
             self._next_consume += 1
             self._dispatch()
         p = self.pipeline
+        split = self._made_with.pop(-1 if batch is None else batch, len(p.device_ops))
+        device_s = sum(op_s for _, op_s in p.device_ops[split:])
+        step = functools.partial(self._step, device_s)
         if p.transport_s > 0 and batch is not None:
-            self._cpu_job(p.transport_s, "main", self._step)
+            self._cpu_job(p.transport_s, "main", step)
         else:
-            self._step()
+            step()
 
-    def _step(self) -> None:
+    def _step(self, device_s: float = 0.0) -> None:
+        """The device stage (``device_s``: on the accelerator before the step, or CPU work
+        of the training process without one), then the step."""
         p = self.pipeline
         factor = self._factors["step"] * self._draw(p.step_cv)
+        i = self._interval
+        if device_s > 0:
+            i.device_batches += 1
+            i.device_s += device_s
+        gpu_stage = device_s if p.gpu else 0.0
 
         def accelerator() -> None:
-            if p.step_s + p.gpu_s > 0:
+            if p.step_s + p.gpu_s + gpu_stage > 0:
                 self._stepping_gpu = p.gpu
-                self._at(self.now + p.step_s * factor + p.gpu_s, self._stepped)
+                self._at(self.now + p.step_s * factor + p.gpu_s + gpu_stage, self._stepped)
             else:
                 self._stepped()
 
+        if device_s > 0 and not p.gpu:
+            cpu_stage = device_s * self._factors["cpu"]
+            after = functools.partial(self._cpu_step, factor, accelerator)
+            self._cpu_job(cpu_stage, "main", after)
+            return
+        self._cpu_step(factor, accelerator)
+
+    def _cpu_step(self, factor: float, accelerator: _Callback) -> None:
+        p = self.pipeline
         if p.step_cpu_s > 0:
             self._cpu_job(p.step_cpu_s * factor, "main", accelerator)
         else:

@@ -1,7 +1,8 @@
 """A gymnasium environment over the simulator: the real State, Action and Reward.
 
-Observation: ``State.vector()``. Action: an index into ``Action.space()`` (workers and prefetch
-steps), clipped by the same Controller code as the real loader. Reward: the shared
+Observation: ``State.vector(knobs)``. Action: an index into ``Action.space(knobs)`` (workers and
+prefetch steps by default; with ``split`` also the split of a pipeline with movable ops),
+clipped by the same Controller code as the real loader. Reward: the shared
 ``drapps.control.reward``. Each episode draws a scenario from the given families.
 Needs the ``rl`` extra (gymnasium).
 """
@@ -17,14 +18,15 @@ from drapps._optional import require
 from drapps.control.action import Action
 from drapps.control.controller import Bounds, Controller
 from drapps.control.reward import RewardWeights, reward
+from drapps.control.rl import KNOBS
 from drapps.control.state import State
 from drapps.control.static import StaticPolicy
 from drapps.sim.engine import Simulator
 from drapps.sim.families import check_families, draw, family_names
+from drapps.sim.run import split_knobs
 from drapps.sim.scenario import Scenario
 
 gym = require("gymnasium")
-ACTIONS = Action.space()
 
 
 class PipelineEnv(gym.Env):  # type: ignore[name-defined]
@@ -38,6 +40,9 @@ class PipelineEnv(gym.Env):  # type: ignore[name-defined]
         random_start: start each episode at a random worker count (training explores more);
             False starts at one per core, as ``Loader(workers="auto")``.
         weights: reward weights.
+        knobs: the step knobs the agent moves (``("workers", "prefetch", "split")`` to learn
+            the split: scenarios with ``device_ops``, such as the ``device-offload`` family,
+            give the split room to move).
 
     ``reset(options={"scenario": s})`` runs a given :class:`Scenario` instead of drawing one.
 
@@ -59,8 +64,11 @@ class PipelineEnv(gym.Env):  # type: ignore[name-defined]
         interval: float = 0.5,
         random_start: bool = True,
         weights: RewardWeights | None = None,
+        knobs: Sequence[str] = KNOBS,
     ) -> None:
         super().__init__()
+        self.knobs = tuple(knobs)
+        self.actions = Action.space(self.knobs)
         self.families = check_families(
             families if families is not None else family_names(held_out=False)
         )
@@ -71,8 +79,9 @@ class PipelineEnv(gym.Env):  # type: ignore[name-defined]
         self.duration, self.interval = duration, interval
         self.random_start = random_start
         self.weights = weights or RewardWeights()
-        self.observation_space = gym.spaces.Box(0.0, 1.0, (len(State.FEATURES),), np.float32)
-        self.action_space = gym.spaces.Discrete(len(ACTIONS))
+        width = len(State.features(self.knobs))
+        self.observation_space = gym.spaces.Box(0.0, 1.0, (width,), np.float32)
+        self.action_space = gym.spaces.Discrete(len(self.actions))
         self.scenario: Scenario | None = None
         self._sim: Simulator | None = None
         self._controller: Controller | None = None
@@ -101,25 +110,29 @@ class PipelineEnv(gym.Env):  # type: ignore[name-defined]
             self._sim,
             Bounds(min_workers=1, max_workers=limit, max_prefetch=4 * limit),
             interval=self.interval,
+            knobs=split_knobs(self._sim, adjustable="split" in self.knobs),
         )
         self._steps = 1
         self._sim.run_until(self.interval)
         self._state = self._sim.observe()
-        return self._state.vector(), {"scenario": scenario.name, "workers": start}
+        return self._state.vector(self.knobs), {"scenario": scenario.name, "workers": start}
 
     def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         if self._sim is None or self._controller is None or self._state is None:
             raise RuntimeError("call reset() before step()")
         if not self.action_space.contains(action):
-            raise ValueError(f"action must be an int in [0, {len(ACTIONS)}), got {action!r}")
-        workers = int(self._controller.act(self._state, ACTIONS[int(action)])["workers"])
+            raise ValueError(f"action must be an int in [0, {len(self.actions)}), got {action!r}")
+        applied = self._controller.act(self._state, self.actions[int(action)])
+        workers = int(applied["workers"])
         self._steps += 1
         self._sim.run_until(self._steps * self.interval)
         self._state = self._sim.observe()
         value = reward(self._state, self.weights)
         truncated = self._steps * self.interval >= self.duration - 1e-9
         info = {"throughput": self._state.throughput, "workers": workers}
-        return self._state.vector(), value, False, truncated, info
+        if "split" in applied:
+            info["split"] = int(applied["split"])
+        return self._state.vector(self.knobs), value, False, truncated, info
 
     @property
     def state(self) -> State | None:

@@ -202,3 +202,18 @@ def memory_tight(rng: np.random.Generator, duration: float) -> Scenario:
         p.replace(worker_rss=worker_rss),
         (Change(at=start, step_factor=rng.uniform(0.4, 0.7)),),
     )
+
+
+@register_family("device-offload", held_out=True)
+def device_offload(rng: np.random.Generator, duration: float) -> Scenario:
+    """Workers short of cores beside an accelerator with room: three augmentation ops that
+    cost the workers much and the accelerator little may move into the device stage; another
+    process takes cores for a while."""
+    p = _machine(rng)
+    need = p.cpu_s / p.step_s
+    if need < p.cores:  # short of cores without the move, so that moving can pay
+        p = p.replace(cpu_s=p.step_s * p.cores * rng.uniform(1.2, 2.0))
+    ops = tuple(
+        (p.cpu_s * rng.uniform(0.1, 0.25), p.step_s * rng.uniform(0.02, 0.1)) for _ in range(3)
+    )
+    return _hogged(rng, p.replace(gpu=True, device_ops=ops), duration, (0.25, 0.5))

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from drapps.control.controller import Bounds, Controller, Tick
+from drapps.control.knobs import Knob, SplitKnob
 from drapps.control.policy import Policy, make_policy
 from drapps.control.reward import RewardWeights
 from drapps.sim.engine import Simulator
@@ -87,6 +88,7 @@ class SimRun:
             "wait_fraction": self.wait_fraction,
             "mean_reward": self.mean_reward,
             "final_workers": self.final_workers,
+            "final_split": self.ticks[-1].applied.get("split") if self.ticks else None,
             "convergence_s": max(convergence) if convergence else None,
         }
 
@@ -102,6 +104,7 @@ def simulate(
     weights: RewardWeights | None = None,
     schedule: Sequence[tuple[int, int]] | None = None,
     on_tick: Callable[[Tick], None] | None = None,
+    move_split: bool = True,
 ) -> SimRun:
     """Run ``policy`` on ``scenario`` for ``duration`` simulated seconds.
 
@@ -118,6 +121,8 @@ def simulate(
         schedule: replay: the ``(workers, prefetch)`` a recorded run applied after each tick,
             applied in its place (``workers`` is then the run's first worker count).
         on_tick: called with every tick.
+        move_split: with ``workers="auto"`` and a pipeline with ``device_ops``, let the
+            policy move the split (False holds it where the pipeline starts it).
     """
     if not duration > 0 or not interval > 0:
         raise ValueError(f"duration and interval must be > 0, got {duration!r}, {interval!r}")
@@ -149,6 +154,7 @@ def simulate(
         ),
         interval=interval,
         weights=weights,
+        knobs=split_knobs(sim, adjustable=controlled and move_split),
     )
     ticks = []
     steps = round(duration / interval)
@@ -167,6 +173,14 @@ def simulate(
     return SimRun(
         scenario, name, tuple(ticks), steps * interval, sim.totals.samples, sim.totals.wait_s
     )
+
+
+def split_knobs(sim: Simulator, *, adjustable: bool) -> list[Knob]:
+    """The split knob of a simulated pipeline with movable ops (none without them)."""
+    movable = len(sim.pipeline.device_ops)
+    if not movable:
+        return []
+    return [SplitKnob(sim.set_split, low=0, high=movable, adjustable=adjustable)]
 
 
 def oracle_static(

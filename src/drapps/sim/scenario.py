@@ -47,6 +47,13 @@ class PipelineModel:
     """Whether the machine has an accelerator whose utilisation the State reports."""
     gpu_s: float = 0.0
     """Seconds per batch of a GPU transform stage run before the step (0: none)."""
+    device_ops: tuple[tuple[float, float], ...] = ()
+    """Ops the ``split`` knob may move, in pipeline order after the fixed part (``cpu_s``):
+    each ``(worker CPU seconds, device seconds)`` per batch. With split ``k`` the first ``k``
+    run in the workers (adding to ``cpu_s``) and the rest in the device stage before the
+    step: on the accelerator when ``gpu`` is set, else as CPU work of the training process."""
+    split: int | None = None
+    """The split to start from, 0..len(device_ops) (None: all ops in the workers)."""
     outside_load: float = 0.0
     """Cores kept busy by other processes."""
     worker_start_s: float = 0.3
@@ -96,10 +103,29 @@ class PipelineModel:
             raise ValueError(
                 f"PipelineModel.disk_bps must be > 0 (inf: no limit), got {self.disk_bps!r}"
             )
+        for op in self.device_ops:
+            if len(op) != 2 or not all(
+                isinstance(v, int | float) and 0 <= v < math.inf for v in op
+            ):
+                raise ValueError(
+                    "PipelineModel.device_ops must hold (worker seconds, device seconds) pairs "
+                    f"of finite numbers >= 0, got {self.device_ops!r}"
+                )
+        if self.split is not None and not (
+            isinstance(self.split, int) and 0 <= self.split <= len(self.device_ops)
+        ):
+            raise ValueError(
+                f"PipelineModel.split must be None or an int in [0, {len(self.device_ops)}], "
+                f"got {self.split!r}"
+            )
         if self.step_s + self.step_cpu_s <= 0:
             raise ValueError("a training step must take time: step_s + step_cpu_s must be > 0")
         if self.cpu_s + self.read_s + self.read_bytes <= 0:
             raise ValueError("making a batch must cost something: cpu_s, read_s or read_bytes > 0")
+
+    @property
+    def start_split(self) -> int:
+        return len(self.device_ops) if self.split is None else self.split
 
     @property
     def worker_limit(self) -> int:

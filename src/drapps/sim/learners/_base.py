@@ -8,7 +8,7 @@ from typing import Any
 
 from torch import nn
 
-from drapps.control.rl import MlpPolicy
+from drapps.control.rl import KNOBS, MlpPolicy
 from drapps.registry import Registry
 from drapps.sim.env import PipelineEnv
 
@@ -44,10 +44,13 @@ def make_learner(name: str) -> Learner:
     return LEARNERS.get(name)()
 
 
-def export_mlp(linears: Sequence[nn.Linear], meta: dict[str, Any]) -> MlpPolicy:
-    """The NumPy policy computing the same scores as ``linears`` with tanh between them."""
+def export_mlp(
+    linears: Sequence[nn.Linear], meta: dict[str, Any], knobs: Sequence[str] = KNOBS
+) -> MlpPolicy:
+    """The NumPy policy computing the same scores as ``linears`` with tanh between them, for
+    ``knobs`` (the environment's)."""
     layers = [
         (linear.weight.detach().cpu().numpy().T.copy(), linear.bias.detach().cpu().numpy().copy())
         for linear in linears
     ]
-    return MlpPolicy(layers, meta)
+    return MlpPolicy(layers, meta, knobs)

@@ -106,7 +106,7 @@ class Ddqn(Learner):
             if step % c.target_every == 0:
                 target.load_state_dict(online.state_dict())
         linears = [m for m in online if isinstance(m, nn.Linear)]
-        return export_mlp(linears, {"learner": "ddqn", "steps": steps, "seed": seed})
+        return export_mlp(linears, {"learner": "ddqn", "steps": steps, "seed": seed}, env.knobs)
 
     def _learn(
         self,

@@ -67,5 +67,7 @@ class Ppo(Learner):
         self.model = model
         actor = [m for m in model.policy.mlp_extractor.policy_net if isinstance(m, nn.Linear)]
         return export_mlp(
-            [*actor, model.policy.action_net], {"learner": "ppo", "steps": steps, "seed": seed}
+            [*actor, model.policy.action_net],
+            {"learner": "ppo", "steps": steps, "seed": seed},
+            env.knobs,
         )
