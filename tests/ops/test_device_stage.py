@@ -15,6 +15,7 @@ from drapps.control import Action, State
 from drapps.ops import (
     CenterCrop,
     ColorJitter,
+    DecodeJPEG,
     DeviceStage,
     Normalize,
     Pipeline,
@@ -77,7 +78,7 @@ def same(a: list[Any], b: list[Any]) -> bool:
 
 def test_a_split_at_ragged_samples_hands_the_stage_a_list() -> None:
     pipeline = image_pipeline()
-    assert pipeline.split_points() == [1, 2, 3, 4, 5]
+    assert pipeline.split_points() == [0, 1, 2, 3, 4, 5]  # 0: arrays reach the stage as a list
     assert pipeline.ragged(1) and not pipeline.ragged(2) and not pipeline.ragged(5)
     collate = torch.utils.data.default_collate
     samples = [(torch.zeros(3, 4 + i, 5), i) for i in range(3)]
@@ -93,7 +94,7 @@ def test_a_split_at_ragged_samples_hands_the_stage_a_list() -> None:
 def test_every_split_of_the_image_pipeline_gives_the_same_batches(workers: int) -> None:
     reference = batches(5, 0)
     assert reference[0][0].shape == (5, 3, 24, 24) and reference[0][0].dtype == torch.float32
-    for split in (1, 2, 3, 4):
+    for split in (0, 1, 2, 3, 4):
         assert same(batches(split, workers), reference), f"split {split}, {workers} workers"
 
 
@@ -164,9 +165,9 @@ def test_color_jitter_changes_what_it_is_asked_to() -> None:
 def test_bad_split_and_device_arguments_are_named() -> None:
     with pytest.raises(ValueError, match=r"split=2 needs a drapps.ops.Pipeline as the transform"):
         drapps.Loader(Photos(), transform=abs, split=2, workers=0)
-    with pytest.raises(ValueError, match=r"split must be one of \[1, 2, 3, 4, 5\] for this "
-                       r"pipeline, got 0"):  # fmt: skip
-        drapps.Loader(Photos(), transform=image_pipeline(), split=0, workers=0)
+    with pytest.raises(ValueError, match=r"split must be one of \[0, 1, 2, 3, 4, 5\] for this "
+                       r"pipeline, got 7"):  # fmt: skip
+        drapps.Loader(Photos(), transform=image_pipeline(), split=7, workers=0)
     with pytest.raises(ValueError, match="split must be None, 'auto' or an int >= 0, got 'x'"):
         drapps.Loader(Photos(), transform=image_pipeline(), split="x", workers=0)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="split='auto' needs worker processes"):
@@ -215,10 +216,10 @@ def test_split_auto_lets_the_controller_move_the_cut_without_changing_batches(
             got.append(list(batch))
             time.sleep(0.1)  # a few controller ticks per batch
         rows = list(loader._tuner.rows)  # type: ignore[union-attr]
-        assert loader.stats().split == 1
+        assert loader.stats().split == 0
     assert same(got, reference)
     splits = [row.applied["split"] for row in rows]
-    assert splits[0] == 4 and min(splits) == 1 and splits == sorted(splits, reverse=True)
+    assert splits[0] == 4 and min(splits) == 0 and splits == sorted(splits, reverse=True)
     assert all(row.state.split_point == row.applied["split"] + 1 for row in rows[:3])
     assert '"split_point"' in trace.read_text()
 
@@ -239,3 +240,36 @@ def _state_fields() -> dict[str, Any]:
     from helpers import state
 
     return state().as_dict()
+
+
+class Jpegs:
+    """JPEG files' bytes of differing sizes, as a dataset that leaves decoding to the ops."""
+
+    def __len__(self) -> int:
+        return 14
+
+    def __getitem__(self, index: int) -> tuple[bytes, int]:
+        simplejpeg = pytest.importorskip("simplejpeg")
+        image = Photos()[index][0]
+        return simplejpeg.encode_jpeg(np.ascontiguousarray(image), quality=90), index
+
+
+@pytest.mark.parametrize("crop_first", [False, True], ids=["tensor-crop", "array-crop"])
+def test_decoding_may_move_into_the_stage_too(crop_first: bool) -> None:
+    middle = [RandomResizedCrop(20), ToCHWTensor()] if crop_first else [
+        ToCHWTensor(), RandomResizedCrop(20)]  # fmt: skip
+    ops = [DecodeJPEG(), *middle, RandomHorizontalFlip()]
+
+    def run(split: int, workers: int) -> list[Any]:
+        pipeline = Pipeline(ops, key=0, takes=Spec("bytes"))
+        with drapps.Loader(
+            Jpegs(), batch_size=4, seed=2, workers=workers, transform=pipeline, split=split
+        ) as loader:
+            return [list(batch) for batch in loader]
+
+    assert Pipeline(ops, takes=Spec("bytes")).split_points() == [0, 1, 2, 3, 4]
+    reference = run(4, 0)
+    assert reference[0][0].shape == (4, 3, 20, 20)
+    for split in (0, 1, 2, 3):
+        for workers in (0, 2):
+            assert same(run(split, workers), reference), f"split {split}, {workers} workers"

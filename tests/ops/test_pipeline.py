@@ -86,9 +86,9 @@ def test_ops_declare_their_specs_and_the_valid_splits() -> None:
         "any", "array uint8 HWC uniform", "tensor uint8 CHW uniform", "tensor uint8 CHW uniform",
         "tensor float32 CHW uniform", "tensor float32 CHW uniform",
     ]  # fmt: skip
-    assert pipeline.split_points() == [2, 3, 4, 5] and pipeline.split == 5
-    with pytest.raises(ValueError, match=r"split must be one of \[2, 3, 4, 5\] for this pipeline"):
-        pipeline.set_split(1)
+    assert pipeline.split_points() == [1, 2, 3, 4, 5] and pipeline.split == 5
+    with pytest.raises(ValueError, match=r"split must be one of \[1, 2, 3, 4, 5\] for this pipeli"):
+        pipeline.set_split(0)
 
 
 def test_a_mismatch_is_named_when_the_pipeline_is_built() -> None:
@@ -153,8 +153,8 @@ def test_moving_the_split_mid_epoch_keeps_every_batch(workers: int) -> None:
 
 def test_set_split_names_bad_input() -> None:
     with drapps.Loader(Photos(), batch_size=5, workers=0, transform=_pipeline()) as loader:
-        with pytest.raises(ValueError, match=r"split must be one of \[2, 3, 4, 5\] for this"):
-            loader.set_split(1)
+        with pytest.raises(ValueError, match=r"split must be one of \[1, 2, 3, 4, 5\] for this"):
+            loader.set_split(0)
     with drapps.Loader(Photos(), batch_size=5, workers=0) as plain:
         with pytest.raises(ValueError, match=r"set_split\(\) needs a drapps\.ops\.Pipeline"):
             plain.set_split(2)

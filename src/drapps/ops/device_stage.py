@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from drapps.ops.op import running_on
 from drapps.ops.pipeline import Pipeline
 
 
@@ -119,7 +120,8 @@ class DeviceStage:
         if self._idle(start):
             return batch
         assert self.pipeline is not None and start is not None
-        return self.pipeline.run_batch(batch, sample_seeds, start)
+        with running_on(self.device):
+            return self.pipeline.run_batch(batch, sample_seeds, start)
 
     def _run_cuda(self, batch: Any, sample_seeds: Sequence[int], start: int | None) -> Any:
         assert self._stream is not None

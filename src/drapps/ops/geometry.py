@@ -45,27 +45,26 @@ def resize_image(image: torch.Tensor, size: Size) -> torch.Tensor:
     return out.round_().clamp_(info.min, info.max).to(image.dtype)
 
 
-def per_sample(batch: Any) -> list[torch.Tensor]:
-    """The samples of a stacked batch or of a list of tensors.
+def per_sample(batch: Any) -> list[Any]:
+    """The samples of a stacked batch, or of a list (tensors, arrays or bytes).
 
     Raises:
         ValueError: ``batch`` is neither.
     """
     if isinstance(batch, torch.Tensor) and batch.dim() >= 1:
         return list(batch.unbind(0))
-    if isinstance(batch, list | tuple) and all(isinstance(x, torch.Tensor) for x in batch):
+    if isinstance(batch, list | tuple):
         return list(batch)
-    raise ValueError(
-        f"a batch op needs a stacked tensor or a list of tensors, got {type(batch).__name__}"
-    )
+    raise ValueError(f"a batch op needs a stacked tensor or a list, got {type(batch).__name__}")
 
 
-def map_batch(batch: Any, fn: Callable[[torch.Tensor, int], torch.Tensor], *, stack: bool) -> Any:
-    """``fn(sample, i)`` on each sample. ``stack``: the results all have one shape, return them
-    stacked; otherwise return the kind of batch given (stacked stays stacked)."""
+def map_batch(batch: Any, fn: Callable[[Any, int], Any], *, stack: bool) -> Any:
+    """``fn(sample, i)`` on each sample. ``stack``: the results are tensors of one shape,
+    return them stacked; otherwise return the kind of batch given (stacked stays stacked)."""
     out = [fn(sample, i) for i, sample in enumerate(per_sample(batch))]
-    if stack or isinstance(batch, torch.Tensor):
-        return torch.stack(out) if out else batch
+    tensors = all(isinstance(x, torch.Tensor) for x in out)
+    if out and tensors and (stack or isinstance(batch, torch.Tensor)):
+        return torch.stack(out)
     return out
 
 
@@ -112,7 +111,7 @@ class Resize(Op):
         return resized if image.ndim == 3 else resized[:, :, 0]
 
     def apply_batch(self, batch: Any, rngs: Sequence[np.random.Generator] | None) -> Any:
-        return map_batch(batch, lambda x, _: resize_image(x, self.size), stack=True)
+        return map_batch(batch, lambda x, _: self(x), stack=True)
 
     def __repr__(self) -> str:
         return f"Resize(size={self.size})"

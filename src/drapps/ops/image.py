@@ -17,7 +17,7 @@ import torch
 
 from drapps._optional import require
 from drapps.ops.geometry import map_batch, resize_image
-from drapps.ops.op import Op, Spec, expect
+from drapps.ops.op import Op, Spec, expect, stage_device
 from drapps.runtime.seeding import active_rng
 
 _IMAGE = Spec("array", "uint8", "HWC")
@@ -30,7 +30,15 @@ def decode_jpeg(data: bytes) -> np.ndarray:
 
 
 class DecodeJPEG(Op):
-    """JPEG bytes -> RGB HWC uint8 array (:func:`decode_jpeg` as an op)."""
+    """JPEG bytes -> RGB HWC uint8 array (:func:`decode_jpeg` as an op).
+
+    Batchable: in the device stage it decodes a list of JPEGs, on the CPU with libjpeg-turbo,
+    or on a CUDA device with nvJPEG when torchvision is installed (one batched call; the
+    images come out as CHW uint8 tensors on the GPU, which :class:`ToCHWTensor` passes on).
+    nvJPEG's pixels may differ from libjpeg-turbo's by a few levels (its IDCT and upsampling).
+    """
+
+    batchable = True
 
     def declare(self, takes: Spec) -> Spec:
         expect(self, takes, kind="bytes")
@@ -38,6 +46,22 @@ class DecodeJPEG(Op):
 
     def __call__(self, data: bytes) -> np.ndarray:
         return decode_jpeg(data)
+
+    def apply_batch(self, batch: Any, rngs: Sequence[np.random.Generator] | None) -> Any:
+        device = stage_device()
+        if device is not None and device.type == "cuda" and _nvjpeg() is not None:
+            data = [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in batch]
+            return _nvjpeg()(data, device=device)
+        return [decode_jpeg(data) for data in batch]
+
+
+def _nvjpeg() -> Any:
+    """torchvision's ``decode_jpeg`` (batched, ``device="cuda"``: nvJPEG), or None."""
+    try:
+        from torchvision.io import decode_jpeg as tv_decode_jpeg
+    except Exception:  # torchvision is optional (and has no CPU wheel here)
+        return None
+    return tv_decode_jpeg
 
 
 class Compose:
@@ -111,10 +135,13 @@ class RandomResizedCrop(Op):
         return (height - h) // 2, (width - w) // 2, h, w
 
     def __call__(self, image: Any) -> Any:
+        return self._crop(image, active_rng())
+
+    def _crop(self, image: Any, rng: np.random.Generator) -> Any:
         if isinstance(image, torch.Tensor):
-            return self._crop_tensor(image, active_rng())
+            return self._crop_tensor(image, rng)
         cv2 = require("cv2")
-        top, left, h, w = self.crop_box(image.shape[0], image.shape[1], active_rng())
+        top, left, h, w = self.crop_box(image.shape[0], image.shape[1], rng)
         crop = image[top : top + h, left : left + w]
         return cv2.resize(crop, (self.size, self.size), interpolation=cv2.INTER_LINEAR)
 
@@ -125,9 +152,10 @@ class RandomResizedCrop(Op):
         return resize_image(image[:, top : top + h, left : left + w], (self.size, self.size))
 
     def apply_batch(self, batch: Any, rngs: Sequence[np.random.Generator] | None) -> Any:
-        """Crop and resize each CHW sample of a list (or stacked batch); a stacked batch out."""
+        """Crop and resize each sample of a list (or stacked batch): CHW tensors give a stacked
+        batch, HWC arrays a list."""
         assert rngs is not None
-        return map_batch(batch, lambda x, i: self._crop_tensor(x, rngs[i]), stack=True)
+        return map_batch(batch, lambda x, i: self._crop(x, rngs[i]), stack=True)
 
     def __repr__(self) -> str:
         return f"RandomResizedCrop(size={self.size}, scale={self.scale}, ratio={self.ratio})"
@@ -174,19 +202,23 @@ class RandomCrop(Op):
         return image[..., top : top + self.size, left : left + self.size].contiguous()
 
     def __call__(self, image: Any) -> Any:
+        return self._crop(image, active_rng())
+
+    def _crop(self, image: Any, rng: np.random.Generator) -> Any:
         if isinstance(image, torch.Tensor):
-            return self._crop_tensor(image, active_rng())
+            return self._crop_tensor(image, rng)
         p = self.padding
         if p:
             pad = ((p, p), (p, p)) + ((0, 0),) * (image.ndim - 2)
             image = np.pad(image, pad)
-        top, left = self._box(image.shape[0], image.shape[1], active_rng())
+        top, left = self._box(image.shape[0], image.shape[1], rng)
         return image[top : top + self.size, left : left + self.size]
 
     def apply_batch(self, batch: Any, rngs: Sequence[np.random.Generator] | None) -> Any:
-        """Pad and crop each CHW sample of a list (or stacked batch); a stacked batch out."""
+        """Pad and crop each sample of a list (or stacked batch): CHW tensors give a stacked
+        batch, HWC arrays a list."""
         assert rngs is not None
-        return map_batch(batch, lambda x, i: self._crop_tensor(x, rngs[i]), stack=True)
+        return map_batch(batch, lambda x, i: self._crop(x, rngs[i]), stack=True)
 
     def __repr__(self) -> str:
         return f"RandomCrop(size={self.size}, padding={self.padding})"
@@ -213,7 +245,7 @@ class RandomHorizontalFlip(Op):
     def __call__(self, image: Any) -> Any:
         if active_rng().random() >= self.p:
             return image
-        return image.flip(-1) if isinstance(image, torch.Tensor) else image[:, ::-1]
+        return _mirror(image)
 
     def apply_batch(self, batch: Any, rngs: Sequence[np.random.Generator] | None) -> Any:
         """Flip the chosen samples of an NCHW batch, on the batch's device."""
@@ -221,7 +253,7 @@ class RandomHorizontalFlip(Op):
         chosen = [k for k, rng in enumerate(rngs) if rng.random() < self.p]
         if not isinstance(batch, torch.Tensor):  # a list of differently sized samples
             picked = set(chosen)
-            return map_batch(batch, lambda x, i: x.flip(-1) if i in picked else x, stack=False)
+            return map_batch(batch, lambda x, i: _mirror(x) if i in picked else x, stack=False)
         if not chosen:
             return batch
         index = torch.tensor(chosen, device=batch.device)
@@ -233,8 +265,18 @@ class RandomHorizontalFlip(Op):
         return f"RandomHorizontalFlip(p={self.p})"
 
 
+def _mirror(image: Any) -> Any:
+    return image.flip(-1) if isinstance(image, torch.Tensor) else image[:, ::-1]
+
+
 class ToCHWTensor(Op):
-    """HWC uint8 array -> contiguous CHW uint8 tensor (what default_collate stacks)."""
+    """HWC uint8 array -> contiguous CHW uint8 tensor (what default_collate stacks).
+
+    Batchable on a list of arrays (a split before it); CHW tensors in such a list (what
+    nvJPEG decoding gives in a CUDA device stage) pass through.
+    """
+
+    batchable = True
 
     def declare(self, takes: Spec) -> Spec:
         expect(self, takes, kind="array", layouts=("HWC", "HW"))
@@ -244,6 +286,17 @@ class ToCHWTensor(Op):
         if image.ndim == 2:
             image = image[:, :, None]
         return torch.from_numpy(np.ascontiguousarray(image.transpose(2, 0, 1)))
+
+    def apply_batch(self, batch: Any, rngs: Sequence[np.random.Generator] | None) -> Any:
+        device = stage_device()
+
+        def convert(image: Any, _: int) -> torch.Tensor:
+            if isinstance(image, torch.Tensor):
+                return image
+            tensor = self(image)
+            return tensor if device is None else tensor.to(device, non_blocking=True)
+
+        return map_batch(batch, convert, stack=False)
 
     def __repr__(self) -> str:
         return "ToCHWTensor()"

@@ -14,7 +14,9 @@ takes and gives anything and never runs on a batch.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -111,6 +113,30 @@ class Opaque(Op):
 
     def __repr__(self) -> str:
         return f"Opaque({self.fn!r})"
+
+
+class _StageDevice(threading.local):
+    device: Any = None
+
+
+_stage = _StageDevice()
+
+
+@contextlib.contextmanager
+def running_on(device: Any) -> Iterator[None]:
+    """Within this block :func:`stage_device` is ``device`` (the device stage sets it)."""
+    previous, _stage.device = _stage.device, device
+    try:
+        yield
+    finally:
+        _stage.device = previous
+
+
+def stage_device() -> Any:
+    """The ``torch.device`` the batch stage runs on now (None outside it: the CPU). An op whose
+    batched form has a faster path on an accelerator (nvJPEG decoding) reads it, since a list
+    of bytes carries no device."""
+    return _stage.device
 
 
 def as_op(op: Any) -> Op:

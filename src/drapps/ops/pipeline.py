@@ -28,6 +28,8 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
+import torch
+
 from drapps.ops.op import ANY, Op, Spec, as_op
 from drapps.runtime.seeding import op_rng, op_stream
 
@@ -74,8 +76,11 @@ class Pipeline:
         """Every valid split, in increasing order (``len(ops)`` always is)."""
         points = [len(self.ops)]
         for k in range(len(self.ops) - 1, -1, -1):
-            # Collation stacks tensors as they are: a batched op must receive one.
-            if not self.ops[k].batchable or self.specs[k].kind != "tensor":
+            # What crosses must be known: tensors are stacked (or listed), bytes and arrays
+            # listed; and what leaves the stage must be a tensor collation would have made.
+            if not self.ops[k].batchable or not self.specs[k].known:
+                break
+            if self.specs[-1].kind != "tensor":
                 break
             points.append(k)
         return sorted(points)
@@ -100,6 +105,8 @@ class Pipeline:
         """Collate samples cut at ``split``: by ``collate`` when the parts the ops transform
         have one shape, else :meth:`gather`. Either kind of batch gives the same result in
         the batch stage."""
+        if split < len(self.ops) and self.specs[split].kind != "tensor":
+            return self.gather(samples, collate)  # bytes or arrays: the stage takes a list
         if self.ragged(split):
             shapes = {tuple(getattr(self._part(s), "shape", ())) for s in samples}
             if len(shapes) > 1:
@@ -139,10 +146,24 @@ class Pipeline:
             op = self.ops[position]
             rngs = [op_rng(seed, position) for seed in sample_seeds] if op.random else None
             value = op.apply_batch(value, rngs)
+        value = _stacked(value)
         return value if self.key is None else _replace(batch, self.key, value)
 
     def __repr__(self) -> str:
         return f"Pipeline({self.ops!r}, split={self.split}, key={self.key!r})"
+
+
+def _stacked(value: Any) -> Any:
+    """A list of same-shaped tensors stacked, as collation stacks them in the workers; anything
+    else as it is."""
+    if (
+        isinstance(value, list)
+        and value
+        and all(isinstance(x, torch.Tensor) for x in value)
+        and len({(x.shape, x.dtype, x.device) for x in value}) == 1
+    ):
+        return torch.stack(value)
+    return value
 
 
 def _replace(container: Any, key: Hashable, value: Any) -> Any:
