@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 
-from drapps.ops.device_stage import DeviceStage
+from drapps.ops.device_stage import DeviceStage, Staged
 from drapps.ops.pipeline import Pipeline
 from drapps.runtime.dispatcher import Dispatcher
 from drapps.runtime.errors import SampleError
 from drapps.runtime.plan import EpochPlan
+from drapps.runtime.reorder import Entry
 from drapps.runtime.sampling import key_of
 from drapps.runtime.seeding import preserved_global_rngs, sample_seed_for
 from drapps.runtime.stream import StreamBatcher, StreamPool
@@ -43,6 +46,7 @@ class Loader(Protocol):
     _pipeline: Pipeline | None
     _split: int | None
     _device_stage: DeviceStage | None
+    _stage_wait_s: float
 
     def __len__(self) -> int: ...
 
@@ -74,11 +78,26 @@ class Epoch:
             )
 
 
+@dataclass
+class _Ahead:
+    """The next batch, taken from the reorder buffer and being staged in the stage's thread."""
+
+    batch_id: int
+    entry: Entry
+    staged: Future[Staged]
+
+
 class MapEpoch(Epoch):
-    """Yields one epoch's batches of a map-style dataset, in order."""
+    """Yields one epoch's batches of a map-style dataset, in order.
+
+    With worker processes and a device stage that has work, batch ``b + 1`` is taken from the
+    reorder buffer as soon as it is there and staged in the stage's thread while the training
+    loop steps on batch ``b``; it still counts as undelivered (``position``) until returned.
+    """
 
     def __init__(self, loader: Loader, plan: EpochPlan, start: int, fresh: bool) -> None:
         super().__init__(loader, plan.epoch, start)
+        self._ahead: _Ahead | None = None
         self.plan = plan
         self.finished = start >= len(plan)
         if loader._dispatcher is not None and not self.finished:
@@ -125,7 +144,11 @@ class MapEpoch(Epoch):
                 len(indices) - len(made.skipped),
                 made.skipped,
             )
-        entry = dispatcher.buffer.get(alive=dispatcher.alive)
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead.batch_id == batch_id:
+            entry: Entry | None = ahead.entry
+        else:
+            entry = dispatcher.buffer.get(alive=dispatcher.alive)
         if entry is None:
             self.finished = True
             return None, 0, []
@@ -136,8 +159,41 @@ class MapEpoch(Epoch):
                 error.add_note(f"worker traceback:\n{error.detail}")
             raise error
         indices = plan.batch(batch_id)
-        batch = self._staged(entry.batch, indices, entry.skipped, entry.stop)
+        if ahead is not None and ahead.batch_id == batch_id:
+            batch = self._collect(ahead)
+        else:
+            batch = self._staged(entry.batch, indices, entry.skipped, entry.stop)
+        self._stage_next(dispatcher)
         return batch, len(indices) - len(entry.skipped), entry.skipped
+
+    def _stage_next(self, dispatcher: Dispatcher) -> None:
+        """Start staging the next batch in the stage's thread if it has arrived already."""
+        stage, plan = self.loader._device_stage, self.plan
+        assert plan is not None
+        if stage is None or self.finished:
+            return
+        entry = dispatcher.buffer.get_ready()
+        if entry is None:
+            return
+        batch_id = self.position
+        if entry.error is None and entry.batch is not None and not stage.idle(entry.stop):
+            seeds = self._seeds(plan.batch(batch_id), entry.skipped)
+            staged = stage.ahead(entry.batch, seeds, entry.stop)
+        else:  # an error to raise, or nothing to stage: handed over as it is
+            staged = Future()
+            staged.set_result(Staged(entry.batch))
+        self._ahead = _Ahead(batch_id, entry, staged)
+
+    def _collect(self, ahead: _Ahead) -> Any:
+        """The staged batch, waiting for its stage to finish (counted as the loop's wait)."""
+        stage = self.loader._device_stage
+        assert stage is not None
+        began = time.perf_counter()
+        try:
+            staged = ahead.staged.result()
+        finally:
+            self.loader._stage_wait_s += time.perf_counter() - began
+        return stage.finish(staged)
 
     def _staged(self, batch: Any, indices: list[Any], skipped: Skipped, stop: int | None) -> Any:
         """``batch`` through the device stage: moved to the loader's device, and through the
@@ -147,14 +203,17 @@ class MapEpoch(Epoch):
             return batch
         if pipeline is None or stop is None or stop >= len(pipeline.ops):
             return stage.run(batch, (), None)
+        return stage.run(batch, self._seeds(indices, skipped), stop)
+
+    def _seeds(self, indices: list[Any], skipped: Skipped) -> list[int]:
+        """The seeds of a batch's delivered samples, in batch order."""
         assert self.plan is not None
         dropped = {key_of(index) for index, _ in skipped}
-        seeds = [
+        return [
             sample_seed_for(self.plan.seed, self.epoch, key)
             for key in map(key_of, indices)
             if key not in dropped
         ]
-        return stage.run(batch, seeds, stop)
 
     def _advance(self) -> None:
         assert self.plan is not None

@@ -283,14 +283,23 @@ class Loader:
                 knobs=self._split_knobs(),
             )
         except BaseException:  # e.g. an unwritable trace path: free what was set up
-            _shutdown(self._owner, None, self._dispatcher, self._stream, self._budget)
+            _shutdown(
+                self._owner, None, self._dispatcher, self._stream, self._budget, self._device_stage
+            )
             raise
         if self._dispatcher is not None or self._stream is not None:
             remove_orphan_slabs()  # left by loaders killed with their whole process group
         # Runs on close(), garbage collection or interpreter exit, whichever comes first; it
         # holds the tuner and the pools, never the loader, so the loader stays collectable.
         self._finalizer = weakref.finalize(
-            self, _shutdown, self._owner, self._tuner, self._dispatcher, self._stream, self._budget
+            self,
+            _shutdown,
+            self._owner,
+            self._tuner,
+            self._dispatcher,
+            self._stream,
+            self._budget,
+            self._device_stage,
         )
         self._lock = threading.Lock()
         self._closed = False
@@ -308,6 +317,7 @@ class Loader:
         self._skipped: list[tuple[Any, str]] = []
         self._skipped_total = 0
         self._inline_wait_s = 0.0
+        self._stage_wait_s = 0.0  # the loop's wait for a batch staged ahead
         self._warned_shard = False
 
     # -------------------------------------------------------------------------- iteration
@@ -663,7 +673,11 @@ class Loader:
             return snapshot
         seconds, batches = stage.totals()
         return dataclasses.replace(
-            snapshot, split=self._split, device_s=seconds, device_batches=batches
+            snapshot,
+            wait_s=snapshot.wait_s + self._stage_wait_s,
+            split=self._split,
+            device_s=seconds,
+            device_batches=batches,
         )
 
     def report(self) -> str:
@@ -703,6 +717,7 @@ def _shutdown(
     dispatcher: Dispatcher | None,
     stream: StreamPool | None,
     budget: HostShare | None,
+    stage: DeviceStage | None,
 ) -> None:
     # Only the process that made the loader acts: a forked child inherits this finalizer (and
     # may collect its copy of the loader), and must not stop its parent's workers.
@@ -716,6 +731,8 @@ def _shutdown(
         stream.shutdown()
     if budget is not None:
         budget.release()
+    if stage is not None:
+        stage.close()
 
 
 def _weak_snapshot(loader: Loader) -> Callable[[], PipelineSnapshot]:

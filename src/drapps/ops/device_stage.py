@@ -8,6 +8,9 @@ and the GPU overlaps the stage with whatever the loop queued before. Without CUD
 stage runs on the CPU, in the training process: useful in itself when the workers are the
 bottleneck and the loop has idle CPU, and what the CPU tests exercise.
 
+The loader stages each batch one ahead in the stage's own thread (:meth:`DeviceStage.ahead`),
+so the stage overlaps the training step rather than adding to it.
+
 The stage keeps its own time per batch (host wall time on the CPU; CUDA event time on a GPU,
 read once the events complete, never by synchronising), which the controller's State reports.
 
@@ -26,6 +29,8 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -77,8 +82,22 @@ def resolve_device(device: str | torch.device | None) -> torch.device | None:
     return resolved
 
 
+@dataclass
+class Staged:
+    """A batch whose stage has been started (see :meth:`DeviceStage.start`)."""
+
+    batch: Any
+    ended: Any = None
+    """CUDA event recorded after the stage's work on the side stream (None on the CPU)."""
+
+
 class DeviceStage:
     """Moves batches to ``device`` and runs ``pipeline``'s ops from a split on them there.
+
+    :meth:`run` does it in the calling thread. :meth:`ahead` does it in the stage's own
+    thread (``drapps-device-stage``), so that the next batch is staged while the training loop
+    steps on this one: on the CPU, that is what lets the stage use the time the loop spends
+    waiting on its accelerator; on a GPU it takes the per-sample Python work off the loop.
 
     Args:
         pipeline: the loader's Pipeline (None: batches are only moved).
@@ -94,52 +113,80 @@ class DeviceStage:
         self._stream = torch.cuda.Stream(resolved) if self.cuda else None
         self._timed: deque[tuple[Any, Any]] = deque()  # CUDA (start, end) events not yet read
         self._lock = threading.Lock()  # the controller thread reads the timers too
+        self._executor: ThreadPoolExecutor | None = None
+        self._closed = False
         self.seconds = 0.0
         """Seconds spent in the stage so far (completed batches)."""
         self.batches = 0
         """Batches the stage has run."""
 
+    def idle(self, start: int | None) -> bool:
+        """Whether a batch made with split ``start`` needs nothing here (no op to run, and
+        the CPU is where it already is)."""
+        return self.device.type == "cpu" and self._no_ops(start)
+
     def run(self, batch: Any, sample_seeds: Sequence[int], start: int | None) -> Any:
         """``batch`` on the device with ops ``start..`` applied (``start`` None or the
         pipeline's length: moved only). ``sample_seeds``: the batch's samples' seeds, in order."""
-        if self._stream is None:
-            if self.device.type == "cpu" and self._idle(start):
-                return batch  # nothing to move, nothing to run
-            began = time.perf_counter()
-            out = self._apply(move(batch, self.device), sample_seeds, start)
-            self.seconds += time.perf_counter() - began
-            self.batches += 1
-            return out
-        return self._run_cuda(batch, sample_seeds, start)
-
-    def _idle(self, start: int | None) -> bool:
-        pipeline = self.pipeline
-        return pipeline is None or start is None or start >= len(pipeline.ops)
-
-    def _apply(self, batch: Any, sample_seeds: Sequence[int], start: int | None) -> Any:
-        if self._idle(start):
+        if self.idle(start):
             return batch
-        assert self.pipeline is not None and start is not None
-        with running_on(self.device):
-            return self.pipeline.run_batch(batch, sample_seeds, start)
+        return self.finish(self.start(batch, sample_seeds, start))
 
-    def _run_cuda(self, batch: Any, sample_seeds: Sequence[int], start: int | None) -> Any:
-        assert self._stream is not None
-        consumer = torch.cuda.current_stream(self.device)
+    def ahead(self, batch: Any, sample_seeds: Sequence[int], start: int | None) -> Future[Staged]:
+        """:meth:`start` in the stage's thread; pass the result to :meth:`finish` in the
+        thread that uses the batch.
+
+        Raises:
+            RuntimeError: the stage is closed.
+        """
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the device stage is closed")
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(1, thread_name_prefix="drapps-device-stage")
+            return self._executor.submit(self.start, batch, sample_seeds, start)
+
+    def start(self, batch: Any, sample_seeds: Sequence[int], start: int | None) -> Staged:
+        """Move ``batch`` and run the ops (on CUDA: queued on the side stream)."""
+        if self._stream is None:
+            t0 = time.perf_counter()
+            out = self._apply(move(batch, self.device), sample_seeds, start)
+            self.seconds += time.perf_counter() - t0
+            self.batches += 1
+            return Staged(out)
         began, ended = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         with torch.cuda.stream(self._stream):
             began.record()
             out = self._apply(move(batch, self.device, non_blocking=True), sample_seeds, start)
             ended.record()
-        consumer.wait_event(ended)
-        for tensor in _tensors(out):
+        with self._lock:
+            self._timed.append((began, ended))
+        return Staged(out, ended)
+
+    def finish(self, staged: Staged) -> Any:
+        """The staged batch, ready for the calling thread's current CUDA stream."""
+        if staged.ended is None:
+            return staged.batch
+        consumer = torch.cuda.current_stream(self.device)
+        consumer.wait_event(staged.ended)
+        for tensor in _tensors(staged.batch):
             if tensor.device.type == "cuda":
                 # Made on the side stream, used on the loop's: keep the allocator from
                 # reusing its memory before the loop's stream is done with it.
                 tensor.record_stream(consumer)
-        self._timed.append((began, ended))
         self._read_timers()
-        return out
+        return staged.batch
+
+    def _no_ops(self, start: int | None) -> bool:
+        pipeline = self.pipeline
+        return pipeline is None or start is None or start >= len(pipeline.ops)
+
+    def _apply(self, batch: Any, sample_seeds: Sequence[int], start: int | None) -> Any:
+        if self._no_ops(start):
+            return batch
+        assert self.pipeline is not None and start is not None
+        with running_on(self.device):
+            return self.pipeline.run_batch(batch, sample_seeds, start)
 
     def _read_timers(self) -> None:
         with self._lock:
@@ -153,6 +200,14 @@ class DeviceStage:
         if self._timed:
             self._read_timers()
         return self.seconds, self.batches
+
+    def close(self) -> None:
+        """Stop the stage's thread (a batch being staged finishes first). Idempotent."""
+        with self._lock:
+            self._closed = True
+            executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=True, cancel_futures=True)
 
     def __repr__(self) -> str:
         return f"DeviceStage(device={str(self.device)!r})"

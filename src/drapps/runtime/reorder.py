@@ -106,6 +106,20 @@ class ReorderBuffer:
             self._on_consumed()
         return entry
 
+    def get_ready(self) -> Entry | None:
+        """The next batch's entry if it is here now (never waits); None otherwise."""
+        with self._cond:
+            if self._failure is not None or self.next_id >= self.end_id:
+                return None
+            entry = self._entries.pop(self.next_id, None)
+            if entry is None:
+                return None
+            self.next_id += 1
+            self.bytes -= entry.nbytes
+        if self._on_consumed is not None:
+            self._on_consumed()
+        return entry
+
     def waited_s(self) -> float:
         """Seconds the consumer has waited so far, including a wait still under way."""
         since = self._waiting_since

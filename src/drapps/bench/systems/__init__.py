@@ -11,6 +11,7 @@ from drapps.bench.systems.drapps_loader import (
     DrappsStaticPinned,
     DrappsStaticSampler,
 )
+from drapps.bench.systems.drapps_split import DrappsSplit, DrappsSplitOneWorker
 from drapps.bench.systems.tfdata import TfDataSystem
 from drapps.registry import Registry
 
@@ -24,6 +25,8 @@ for _system in (
     DrappsRl,
     DrappsStaticSampler,
     DrappsStaticPinned,
+    DrappsSplit,
+    DrappsSplitOneWorker,
 ):
     SYSTEMS.register(_system.name, _system)
 

@@ -20,7 +20,15 @@ from drapps.bench.data import make_jpeg_folder
 from drapps.bench.throttle import IoThrottle
 from drapps.bench.workloads._base import SgdStep, Workload, autotuned
 from drapps.datasets import ImageFolder
-from drapps.ops import Compose, RandomHorizontalFlip, RandomResizedCrop, ToCHWTensor
+from drapps.ops import (
+    Compose,
+    DecodeJPEG,
+    Pipeline,
+    RandomHorizontalFlip,
+    RandomResizedCrop,
+    Spec,
+    ToCHWTensor,
+)
 
 _IMAGES = {"smoke": 48, "quick": 1024, "default": 2400}
 _MEAN = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1) * 255
@@ -46,6 +54,14 @@ class ImageWorkload(Workload):
         transform = Compose([RandomResizedCrop(SIZE), RandomHorizontalFlip(), ToCHWTensor()])
         read = throttle.read if throttle is not None else None
         return ImageFolder(self.params["folder"], transform=transform, read=read)
+
+    def pipeline_dataset(self, throttle: IoThrottle | None) -> tuple[ImageFolder, Pipeline]:
+        """The JPEG bytes, and the same augmentation as a :class:`Pipeline` whose every op may
+        run in the device stage (the crop on tensors: antialiased, not OpenCV's)."""
+        read = throttle.read if throttle is not None else None
+        folder = ImageFolder(self.params["folder"], decode=jpeg_bytes, read=read)
+        ops = [DecodeJPEG(), ToCHWTensor(), RandomResizedCrop(SIZE), RandomHorizontalFlip()]
+        return folder, Pipeline(ops, key=0, takes=Spec("bytes"))
 
     def tf_dataset(self, batch_size: int, seed: int, throttle: IoThrottle | None) -> Any:
         import tensorflow as tf
@@ -94,6 +110,11 @@ class ImageWorkload(Workload):
         for path, _ in ImageFolder(self.params["folder"]).samples:
             with open(path, "rb") as file:
                 file.read()
+
+
+def jpeg_bytes(data: bytes) -> bytes:
+    """The file's bytes as they are (decoding is left to the pipeline)."""
+    return data
 
 
 def small_cnn(classes: int = 9) -> nn.Module:
