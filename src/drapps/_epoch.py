@@ -170,8 +170,8 @@ class MapEpoch(Epoch):
         """Start staging the next batch in the stage's thread if it has arrived already."""
         stage, plan = self.loader._device_stage, self.plan
         assert plan is not None
-        if stage is None or self.finished:
-            return
+        if stage is None or self.finished or stage.idle(self.loader._split):
+            return  # nothing to overlap: leave the next batch in the buffer (and its budget)
         entry = dispatcher.buffer.get_ready()
         if entry is None:
             return

@@ -37,8 +37,10 @@ def check_runs(results: dict[str, Any], cases: set[tuple[str, str, str]], repeat
 
 @pytest.mark.timeout(300)
 def test_opt_in_systems_run_only_when_named(tmp_path: Path) -> None:
-    opt_in = [name for name, system in SYSTEMS.items() if system.opt_in]
-    assert set(opt_in) == {"drapps-static-sampler", "drapps-static-pinned"}
+    every = [name for name, system in SYSTEMS.items() if system.opt_in]
+    splits = {"drapps-split", "drapps-split-1w"}  # image only: run below
+    assert set(every) == {"drapps-static-sampler", "drapps-static-pinned", *splits}
+    opt_in = [name for name in every if name not in splits]
     config = BenchConfig(
         workloads=("synthetic",),
         scenarios=("steady",),
@@ -106,6 +108,25 @@ def test_every_scenario_runs_and_is_recorded(tmp_path: Path) -> None:
     names = {p.name for p in pngs}
     assert names == {f"image-{s}-over-time.png" for s in scenarios} | {"image-end-to-end.png"}
     assert all(p.read_bytes().startswith(b"\x89PNG") for p in pngs)
+
+
+@pytest.mark.timeout(300)
+def test_the_split_systems_run_every_split_and_record_where_it_ended(tmp_path: Path) -> None:
+    config = BenchConfig(
+        workloads=("image",),
+        scenarios=("steady",),
+        systems=("drapps-split-1w",),
+        size="smoke",
+        repeats=1,
+        data_dir=tmp_path,
+    )
+    results = run_benchmark(config, progress=False)
+    names = ["0", "1", "2", "3", "4", "auto", "auto-workers"]
+    check_runs(results, {("image", "steady", f"drapps-split-1w-{n}") for n in names}, repeats=1)
+    ends = {run["case"]: run["final_workers"] for run in results["runs"]}
+    assert ends["drapps-split-1w-2"] == "1@2" and ends["drapps-split-1w-4"] == "1@4"
+    with pytest.raises(ValueError, match="device must be None or a torch device name, got 'gpu0'"):
+        BenchConfig(device="gpu0")
 
 
 def test_bad_configs_are_named() -> None:

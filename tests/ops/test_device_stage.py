@@ -273,3 +273,22 @@ def test_decoding_may_move_into_the_stage_too(crop_first: bool) -> None:
     for split in (0, 1, 2, 3):
         for workers in (0, 2):
             assert same(run(split, workers), reference), f"split {split}, {workers} workers"
+
+
+def test_the_state_trace_and_report_show_the_device_stage(tmp_path: Any) -> None:
+    trace = tmp_path / "trace.jsonl"
+    with drapps.Loader(
+        Photos(), batch_size=4, shuffle=True, seed=0, workers=1, transform=image_pipeline(),
+        split=2, trace=str(trace), control_interval=0.05,
+    ) as loader:  # fmt: skip
+        for _ in range(3):
+            for _ in loader:
+                time.sleep(0.02)
+        rows = list(loader._tuner.rows)  # type: ignore[union-attr]
+        report = loader.report()
+    staged = [row.state for row in rows if row.state.device_stage_s > 0]
+    assert staged and all(s.split_point == 2 for s in staged)
+    assert all(0 < s.device_stage_share <= 1 for s in staged)
+    assert "Split: ops from 2 on ran in the device stage" in report
+    assert "ms a batch" in report
+    assert '"device_stage_s"' in trace.read_text()

@@ -106,6 +106,7 @@ def run_case(spec: dict[str, Any]) -> dict[str, Any]:
     workload = workload_class(spec["workload"])(spec["params"])
     scenario: LoadScenario = scenario_class(spec["scenario"])()
     system = system_class(spec["system"])()
+    system.device = spec.get("device")
     system.load()
     batch_size, warmup, n = spec["batch_size"], spec["warmup_batches"], spec["measure_batches"]
     step = make_step(spec["consumer"], workload, spec["step_ms"])

@@ -60,6 +60,9 @@ class BenchConfig:
     """Batches before timing starts; None takes the size's default."""
     measure_batches: int | None = None
     """Batches timed per run; None takes the size's default."""
+    device: str | None = None
+    """Where systems with a device stage (``drapps-split``) run it and deliver batches
+    ("cuda"); None: the training process's CPU."""
     consumer: str = "sleep"
     """The training step: "sleep" (a fixed step per batch, an accelerator stand-in),
     "cpu-model" (a small real model's forward and backward on the same CPU) or "none"."""
@@ -94,6 +97,10 @@ class BenchConfig:
                 raise ValueError(f"{name} must be ints >= 0, got {counts}")
         if self.step_ms is not None and self.step_ms <= 0:
             raise ValueError(f"step_ms must be > 0, got {self.step_ms!r}")
+        if self.device is not None:
+            from drapps.ops.device_stage import resolve_device
+
+            resolve_device(self.device)  # names a bad device, or CUDA that is not there
         for name in ("repeats", "warmup_batches", "measure_batches"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -291,6 +298,7 @@ def run_benchmark(config: BenchConfig, progress: bool = True) -> dict[str, Any]:
                 "warmup_batches": warmup,
                 "measure_batches": measure,
                 "consumer": config.consumer,
+                "device": config.device,
                 "step_ms": step_ms,
                 "seed": config.seed,
                 "cores": cores,

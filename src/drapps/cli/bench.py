@@ -50,6 +50,7 @@ def bench_command(args: argparse.Namespace) -> int:
             repeats=args.repeats,
             step_ms=args.step_ms,
             consumer=args.consumer,
+            device=args.device,
             size=args.size,
             data_dir=args.data_dir,
         )
@@ -119,6 +120,9 @@ def add_commands(commands: Commands) -> None:
     bench.add_argument("--batches", type=int, help="timed batches per run")
     bench.add_argument("--consumer", help="sleep (default), cpu-model or none")
     bench.add_argument("--step-ms", type=float, help="the sleep consumer's step per batch")
+    bench.add_argument(
+        "--device", help="where drapps-split's device stage runs (cuda; default: the CPU)"
+    )
     bench.add_argument("--size", help="data and run size: smoke, quick or default")
     bench.add_argument("--data-dir", type=Path, help="data cache (default ~/.cache/drapps)")
     bench.add_argument("--out", help="output folder (default bench-results/<UTC time>)")

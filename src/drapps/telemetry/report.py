@@ -86,7 +86,10 @@ def bottleneck_report(rows: Sequence[TraceRow], stats: dict[str, Any] | None = N
     )
     gpu = [s.gpu_util for s in states if s.gpu_util is not None]
     if gpu:
-        lines.append(f"GPU: {statistics.fmean(gpu):.0%} utilised on average.")
+        power = [float(s.gpu_power_w) for s in states if s.gpu_power_w is not None]
+        watts = f", drawing {statistics.fmean(power):.0f} W" if power else ""
+        lines.append(f"GPU: {statistics.fmean(gpu):.0%} utilised on average{watts}.")
+    lines += _device_stage_story(states)
     if stats:
         faults = [
             f"{stats[k]} {label}"
@@ -101,6 +104,22 @@ def bottleneck_report(rows: Sequence[TraceRow], stats: dict[str, Any] | None = N
             lines.append("Faults: " + ", ".join(faults) + ".")
     lines += _advice(wait, saturated is not None, states)
     return "\n".join(lines)
+
+
+def _device_stage_story(states: list[Any]) -> list[str]:
+    """Where the split sat and what the device stage cost, when the pipeline has one."""
+    splits = [s.split_point for s in states if s.split_point is not None]
+    if not splits:
+        return []
+    staged = [s for s in states if s.device_stage_s > 0]
+    line = f"Split: ops from {splits[-1]} on ran in the device stage at the end"
+    if len(set(splits)) > 1:
+        line += f" (it moved between {min(splits)} and {max(splits)})"
+    if staged:
+        per_batch = statistics.fmean(s.device_stage_s for s in staged)
+        share = statistics.fmean(s.device_stage_share for s in staged)
+        line += f"; the stage took {1000 * per_batch:.1f} ms a batch, {share:.0%} of the time"
+    return [line + "."]
 
 
 def _advice(wait: float, saturated: bool, states: list[Any]) -> list[str]:

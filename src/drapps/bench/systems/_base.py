@@ -64,6 +64,9 @@ class System(ABC):
     name: ClassVar[str]
     summary: ClassVar[str]
     """One line for ``drapps bench --list`` and the report."""
+    device: str | None = None
+    """Where a system with a device stage runs it (``drapps bench --device``); the others
+    ignore it."""
     opt_in: ClassVar[bool] = False
     """Runs only when named with ``--systems`` (variants that measure one path's cost)."""
 

@@ -7,7 +7,8 @@ split point, fixed (``drapps-split-0`` decodes in the training process, ``drapps
 all in the workers), plus ``auto`` (the controller moves the split; the workers stay fixed)
 and ``auto-workers`` (the controller moves both). ``drapps-split`` runs one worker per usable
 core, ``drapps-split-1w`` a single worker, which leaves the training process a core to use.
-Both run only when named with ``--systems``.
+Both run only when named with ``--systems``; ``drapps bench --device cuda`` runs their device
+stage on the GPU.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ class DrappsSplit(System):
             seed=seed,
             transform=pipeline,
             persistent_workers=True,
+            device=self.device,
             **options,
         )
         return EpochSource(loader, lambda: f"{loader.stats().workers}@{loader.stats().split}")
