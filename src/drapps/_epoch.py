@@ -9,6 +9,7 @@ loader's next ``iter()``, ``set_epoch()`` or ``load_state_dict()``.
 from __future__ import annotations
 
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ import torch
 from drapps.ops.device_stage import DeviceStage, Staged
 from drapps.ops.pipeline import Pipeline
 from drapps.runtime.dispatcher import Dispatcher
-from drapps.runtime.errors import SampleError
+from drapps.runtime.errors import SampleError, sample_error
 from drapps.runtime.plan import EpochPlan
 from drapps.runtime.reorder import Entry
 from drapps.runtime.sampling import key_of
@@ -139,8 +140,12 @@ class MapEpoch(Epoch):
             batch = made.batch
             if batch is not None and loader._finish is not None:
                 batch = loader._finish(batch)
+            try:
+                staged = self._staged(batch, indices, made.skipped, stop)
+            except Exception as exc:
+                raise _stage_error(exc, batch_id, indices) from exc
             return (
-                self._staged(batch, indices, made.skipped, stop),
+                staged,
                 len(indices) - len(made.skipped),
                 made.skipped,
             )
@@ -159,10 +164,13 @@ class MapEpoch(Epoch):
                 error.add_note(f"worker traceback:\n{error.detail}")
             raise error
         indices = plan.batch(batch_id)
-        if ahead is not None and ahead.batch_id == batch_id:
-            batch = self._collect(ahead)
-        else:
-            batch = self._staged(entry.batch, indices, entry.skipped, entry.stop)
+        try:
+            if ahead is not None and ahead.batch_id == batch_id:
+                batch = self._collect(ahead)
+            else:
+                batch = self._staged(entry.batch, indices, entry.skipped, entry.stop)
+        except Exception as exc:
+            raise _stage_error(exc, batch_id, indices) from exc
         self._stage_next(dispatcher)
         return batch, len(indices) - len(entry.skipped), entry.skipped
 
@@ -274,6 +282,21 @@ class StreamEpoch(Epoch):
         loader._record(_batch_len(batch, loader.batch_size or 1), skipped)
         stage = loader._device_stage
         return stage.run(batch, (), None) if stage is not None and batch is not None else batch
+
+
+def _stage_error(exc: Exception, batch_id: int, indices: list[Any]) -> SampleError:
+    """A device stage failure as the training loop sees it: naming the batch, its indices and
+    the op, and an instance of the original type (as a failing sample's error is)."""
+    where = getattr(exc, "drapps_op", "moving the batch")
+    return sample_error(
+        f"the device stage failed at {where} on batch {batch_id} (indices {indices}): "
+        f"{type(exc).__name__}: {exc}",
+        type(exc),
+        index=None,
+        stage="device_stage",
+        indices=indices,
+        detail="".join(traceback.format_exception(exc)),
+    )
 
 
 def _batch_len(batch: Any, default: int) -> int:

@@ -18,6 +18,7 @@ from drapps.ops import (
     DecodeJPEG,
     DeviceStage,
     Normalize,
+    Op,
     Pipeline,
     RandomCrop,
     RandomHorizontalFlip,
@@ -292,3 +293,62 @@ def test_the_state_trace_and_report_show_the_device_stage(tmp_path: Any) -> None
     assert "Split: ops from 2 on ran in the device stage" in report
     assert "ms a batch" in report
     assert '"device_stage_s"' in trace.read_text()
+
+
+class LabelledPicky:
+    """Sample ``i``'s image is all ``i``, so a batch op can tell sample 9 apart."""
+
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        return torch.full((1, 2, 2), index, dtype=torch.uint8), index
+
+
+class FailsOnNine(Op):
+    batchable = True
+
+    def declare(self, takes: Spec) -> Spec:
+        return takes
+
+    def __call__(self, image: torch.Tensor) -> torch.Tensor:
+        return self.apply_batch(image[None], None)[0]
+
+    def apply_batch(self, batch: Any, rngs: Any) -> Any:
+        if bool((batch == 9).any()):
+            raise KeyError("nine is not allowed")
+        return batch
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_failing_batch_op_names_the_batch_and_the_op(workers: int) -> None:
+    ops = Pipeline([FailsOnNine()], key=0, takes=Spec("tensor", "uint8", "CHW"), split=0)
+    with drapps.Loader(LabelledPicky(), batch_size=4, workers=workers, transform=ops) as loader:
+        it = iter(loader)
+        assert [int(next(it)[1][0]) for _ in range(2)] == [0, 4]
+        with pytest.raises(KeyError) as caught:  # the original type, as a failing sample's
+            next(it)
+    error = caught.value
+    assert isinstance(error, drapps.SampleError) and error.stage == "device_stage"
+    assert (
+        "the device stage failed at op 0 (FailsOnNine()) on batch 2 (indices [8, 9, 10, 11])"
+        in str(error)
+    )
+
+
+def test_resume_with_a_batch_staged_ahead_gives_the_rest_exactly_once() -> None:
+    reference = batches(2, 2)
+    with drapps.Loader(Photos(), batch_size=5, shuffle=True, seed=11, workers=2,
+                       transform=image_pipeline(), split=2) as loader:  # fmt: skip
+        it = iter(loader)
+        first = [list(next(it))]
+        time.sleep(0.5)  # batch 2 arrives meanwhile: handing out batch 1 stages it ahead
+        first.append(list(next(it)))
+        assert it._ahead is not None and it._ahead.batch_id == 2  # type: ignore[attr-defined]
+        state = loader.state_dict()
+    assert state["next_batch"] == 2
+    with drapps.Loader(Photos(), batch_size=5, shuffle=True, seed=11, workers=2,
+                       transform=image_pipeline(), split=4) as resumed:  # fmt: skip
+        resumed.load_state_dict(state)
+        rest = [list(batch) for batch in resumed]
+    assert same(first + rest, reference)

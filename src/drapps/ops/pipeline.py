@@ -145,7 +145,11 @@ class Pipeline:
         for position in range(start, len(self.ops)):
             op = self.ops[position]
             rngs = [op_rng(seed, position) for seed in sample_seeds] if op.random else None
-            value = op.apply_batch(value, rngs)
+            try:
+                value = op.apply_batch(value, rngs)
+            except Exception as exc:
+                exc.drapps_op = f"op {position} ({op!r})"  # type: ignore[attr-defined]
+                raise
         value = _stacked(value)
         return value if self.key is None else _replace(batch, self.key, value)
 

@@ -16,7 +16,8 @@ class SampleError(RuntimeError):
 
     Attributes:
         index: the dataset index that failed (None when a whole batch failed, e.g. in collate).
-        stage: ``"__getitem__"``, ``"transform"``, ``"collate_fn"`` or ``"worker"``.
+        stage: ``"__getitem__"``, ``"transform"``, ``"collate_fn"``, ``"worker"`` or
+            ``"device_stage"`` (the ops after a Pipeline's split, on a whole batch).
         path: the file behind the sample, when the dataset exposes one.
         indices: the batch's indices, for batch-level failures.
         detail: the original exception's type and message (and traceback text from a worker).
