@@ -352,3 +352,19 @@ def test_resume_with_a_batch_staged_ahead_gives_the_rest_exactly_once() -> None:
         resumed.load_state_dict(state)
         rest = [list(batch) for batch in resumed]
     assert same(first + rest, reference)
+
+
+def test_garbage_collection_with_a_batch_staged_ahead_stops_the_stage_thread() -> None:
+    import gc
+
+    from helpers import drapps_threads, leaks
+
+    loader = drapps.Loader(Photos(), batch_size=5, workers=2, transform=image_pipeline(), split=1)
+    it = iter(loader)
+    next(it)
+    time.sleep(0.3)
+    next(it)
+    assert any(t.name.startswith("drapps-device-stage") for t in drapps_threads())
+    del loader, it
+    gc.collect()
+    assert not leaks()
