@@ -368,3 +368,23 @@ def test_garbage_collection_with_a_batch_staged_ahead_stops_the_stage_thread() -
     del loader, it
     gc.collect()
     assert not leaks()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_token_masking_runs_in_either_stage_alike(workers: int) -> None:
+    from drapps.ops import RandomTokenMask
+
+    windows = [(torch.arange(i, i + 32), torch.arange(i + 1, i + 33)) for i in range(20)]
+
+    def run(split: int) -> list[Any]:
+        ops = Pipeline([RandomTokenMask(0.3, mask_id=0)], key=0, takes=Spec("tensor", "int64"))
+        with drapps.Loader(windows, batch_size=4, seed=5, workers=workers, transform=ops,
+                           split=split) as loader:  # fmt: skip
+            return [list(batch) for batch in loader]
+
+    in_workers, in_stage = run(1), run(0)
+    assert same(in_workers, in_stage)
+    masked = torch.cat([batch[0] for batch in in_stage]) == 0
+    assert 0.2 < float(masked.float().mean()) < 0.4  # about p of the tokens
+    with pytest.raises(ValueError, match=r"p must be a number in \[0, 1\], got 2"):
+        RandomTokenMask(p=2)

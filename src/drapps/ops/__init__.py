@@ -18,6 +18,7 @@ from drapps.ops.image import (
 )
 from drapps.ops.op import ANY, Op, Opaque, Spec, as_op
 from drapps.ops.pipeline import Pipeline
+from drapps.ops.text import RandomTokenMask
 
 __all__ = [
     "ANY",
@@ -33,6 +34,7 @@ __all__ = [
     "RandomCrop",
     "RandomHorizontalFlip",
     "RandomResizedCrop",
+    "RandomTokenMask",
     "Resize",
     "Spec",
     "ToCHWTensor",
