@@ -140,6 +140,9 @@ class Controller:
         if len(set(names)) != len(names):
             raise ValueError(f"knob names must be unique, got {names}")
         check_policy_knobs(policy, names)
+        bind = getattr(policy, "bind", None)
+        if callable(bind):
+            bind(tuple(knob.name for knob in self.knobs if knob.adjustable))
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._name = name

@@ -107,6 +107,14 @@ class HeuristicPolicy:
         self._probe: _Probe | None = None
         self._backoff = {(knob, d): _Backoff() for knob in ("workers", "split") for d in (+1, -1)}
         self._flowing = 0  # ticks that delivered data since the start
+        self._movable: frozenset[str] | None = None  # None: every knob (not bound)
+
+    def bind(self, movable: tuple[str, ...]) -> None:
+        """Only try moves of ``movable`` knobs (the Controller's adjustable ones)."""
+        self._movable = frozenset(movable)
+
+    def _may_move(self, knob: str) -> bool:
+        return self._movable is None or knob in self._movable
 
     def decide(self, state: State) -> Action:
         self._tick += 1
@@ -135,12 +143,14 @@ class HeuristicPolicy:
         wait = self._mean("wait_fraction")
         idle = self._mean("idle_cores")
         queue = self._mean("queue_batches")
-        grow = state.workers < state.max_workers and self._may_try("workers", +1, state, wait)
-        if (
-            wait > c.wait_high
-            and state.split_point is not None
-            and self._mean("cpu_util") > c.cpu_busy
-        ):
+        workers = self._may_move("workers")
+        split = state.split_point is not None and self._may_move("split")
+        grow = (
+            workers
+            and state.workers < state.max_workers
+            and self._may_try("workers", +1, state, wait)
+        )
+        if wait > c.wait_high and split and self._mean("cpu_util") > c.cpu_busy:
             # The proposal's rule: the CPU is saturated, so the device stage is tried first.
             move = self._split_move(state, wait, idle, grow=False)
             if move is not None:
@@ -155,6 +165,7 @@ class HeuristicPolicy:
             )
         if (
             wait < c.wait_low
+            and workers
             and state.workers > 1
             and queue >= 0.5 * state.prefetch
             and self._may_try("workers", -1, state, wait)
@@ -166,10 +177,12 @@ class HeuristicPolicy:
                 f"training loop waited {wait:.0%} with {queue:.1f} "
                 f"batches ready: trying {state.workers - 1} workers",
             )
-        if state.split_point is not None:
+        if split:
             move = self._split_move(state, wait, idle, grow)
             if move is not None:
                 return move
+        if not self._may_move("prefetch"):
+            return NOOP
         return self._tune_prefetch(state, wait, queue)
 
     def _split_move(self, state: State, wait: float, idle: float, grow: bool) -> Action | None:

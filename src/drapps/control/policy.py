@@ -16,7 +16,12 @@ from drapps.registry import Registry
 
 @runtime_checkable
 class Policy(Protocol):
-    """Decides, once per tick, how the pipeline's knobs should move."""
+    """Decides, once per tick, how the pipeline's knobs should move.
+
+    A policy may also define ``bind(movable: tuple[str, ...])``: the Controller calls it once
+    with the names of the knobs it may move (a fixed knob is left out), so that the policy
+    does not spend ticks trying moves the Controller would clip.
+    """
 
     def decide(self, state: State) -> Action:
         """The action for this tick (the controller clips it to bounds before applying)."""
