@@ -206,12 +206,11 @@ class MapEpoch(Epoch):
     def _staged(self, batch: Any, indices: list[Any], skipped: Skipped, stop: int | None) -> Any:
         """``batch`` through the device stage: moved to the loader's device, and through the
         ops of its Pipeline from ``stop``, the split it was made with."""
-        stage, pipeline = self.loader._device_stage, self.loader._pipeline
+        stage = self.loader._device_stage
         if stage is None or batch is None:
             return batch
-        if pipeline is None or stop is None or stop >= len(pipeline.ops):
-            return stage.run(batch, (), None)
-        return stage.run(batch, self._seeds(indices, skipped), stop)
+        seeds = self._seeds(indices, skipped) if stage.has_ops(stop) else ()
+        return stage.run(batch, seeds, stop)
 
     def _seeds(self, indices: list[Any], skipped: Skipped) -> list[int]:
         """The seeds of a batch's delivered samples, in batch order."""

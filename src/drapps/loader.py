@@ -579,9 +579,6 @@ class Loader:
         """
         if self._pipeline is None:
             raise ValueError("set_split() needs a drapps.ops.Pipeline as the transform")
-        valid = self._pipeline.split_points()
-        if isinstance(split, bool) or split not in valid:
-            raise ValueError(f"split must be one of {valid} for this pipeline, got {split!r}")
         self._check_split(split)
         self._split = split
         if self._dispatcher is not None:
@@ -597,11 +594,8 @@ class Loader:
                 )
             return None
         start = self._pipeline.split if split in (None, "auto") else split
-        valid = self._pipeline.split_points()
-        if start not in valid:
-            raise ValueError(f"split must be one of {valid} for this pipeline, got {start!r}")
         self._check_split(start)
-        return start
+        return start  # type: ignore[return-value]
 
     def _split_points(self) -> list[int]:
         """The splits this loader can run (a split before the end needs a map-style dataset
@@ -626,8 +620,13 @@ class Loader:
             )
         ]
 
-    def _check_split(self, split: int | None) -> None:
-        if self._pipeline is None or split is None or split >= len(self._pipeline.ops):
+    def _check_split(self, split: Any) -> None:
+        """Raise unless this loader can run its Pipeline cut at ``split``."""
+        assert self._pipeline is not None
+        valid = self._pipeline.split_points()
+        if isinstance(split, bool) or split not in valid:
+            raise ValueError(f"split must be one of {valid} for this pipeline, got {split!r}")
+        if split >= len(self._pipeline.ops):
             return
         if self._iterable:
             raise ValueError(

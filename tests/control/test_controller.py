@@ -106,3 +106,21 @@ def test_bad_bounds_and_interval_are_named() -> None:
     with pytest.raises(ValueError, match="interval must be > 0 seconds, got 0"):
         Controller(lambda: state(), Scripted(), Knobs(), Bounds(1, 2, 8), interval=0)
     assert replace(state(), workers=3).workers == 3
+
+
+def test_the_controller_binds_the_policy_to_its_adjustable_knobs() -> None:
+    from drapps.control.knobs import SplitKnob
+
+    class Recorder:
+        bound: tuple[str, ...] = ()
+
+        def bind(self, movable: tuple[str, ...]) -> None:
+            self.bound = movable
+
+        def decide(self, state: State) -> Action:
+            return NOOP
+
+    policy = Recorder()
+    bounds = Bounds(min_workers=1, max_workers=4, max_prefetch=8, adjust_prefetch=False)
+    Controller(state, policy, Knobs(), bounds, knobs=[SplitKnob(print, low=0, high=3)])
+    assert policy.bound == ("workers", "split")

@@ -311,28 +311,3 @@ def test_a_bound_heuristic_tries_only_the_knobs_it_may_move() -> None:
     world = SplitWorld()
     world.workers = 1
     assert all(a.split == 0 for a in world.run(fixed_split, ticks=100))
-
-
-def test_the_controller_binds_the_policy_to_its_adjustable_knobs() -> None:
-    from drapps.control.controller import Bounds, Controller
-    from drapps.control.knobs import SplitKnob
-
-    class Recorder:
-        bound: tuple[str, ...] = ()
-
-        def bind(self, movable: tuple[str, ...]) -> None:
-            self.bound = movable
-
-        def decide(self, state: State) -> Action:
-            return NOOP
-
-    class Pool:
-        def resize(self, workers: int) -> None: ...
-        def set_prefetch(self, depth: int) -> None: ...
-        def batch_bytes(self) -> int:
-            return 0
-
-    policy = Recorder()
-    bounds = Bounds(min_workers=1, max_workers=4, max_prefetch=8, adjust_prefetch=False)
-    Controller(state, policy, Pool(), bounds, knobs=[SplitKnob(print, low=0, high=3)])
-    assert policy.bound == ("workers", "split")

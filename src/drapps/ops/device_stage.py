@@ -123,7 +123,7 @@ class DeviceStage:
     def idle(self, start: int | None) -> bool:
         """Whether a batch made with split ``start`` needs nothing here (no op to run, and
         the CPU is where it already is)."""
-        return self.device.type == "cpu" and self._no_ops(start)
+        return self.device.type == "cpu" and not self.has_ops(start)
 
     def run(self, batch: Any, sample_seeds: Sequence[int], start: int | None) -> Any:
         """``batch`` on the device with ops ``start..`` applied (``start`` None or the
@@ -177,12 +177,13 @@ class DeviceStage:
         self._read_timers()
         return staged.batch
 
-    def _no_ops(self, start: int | None) -> bool:
+    def has_ops(self, start: int | None) -> bool:
+        """Whether a batch made with split ``start`` has ops to run here."""
         pipeline = self.pipeline
-        return pipeline is None or start is None or start >= len(pipeline.ops)
+        return pipeline is not None and start is not None and start < len(pipeline.ops)
 
     def _apply(self, batch: Any, sample_seeds: Sequence[int], start: int | None) -> Any:
-        if self._no_ops(start):
+        if not self.has_ops(start):
             return batch
         assert self.pipeline is not None and start is not None
         with running_on(self.device):

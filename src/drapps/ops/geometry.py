@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from drapps.ops.op import Op, Spec, expect
+from drapps.ops.op import Op, Spec, expect_image
 
 Size = tuple[int, int]
 
@@ -98,10 +98,7 @@ class Resize(Op):
         self.size = target_size(size)
 
     def declare(self, takes: Spec) -> Spec:
-        if takes.kind == "tensor":
-            expect(self, takes, kind="tensor", layout="CHW")
-        else:
-            expect(self, takes, kind="array", layouts=("HWC", "HW"))
+        expect_image(self, takes)
         return Spec(takes.kind, takes.dtype, takes.layout, takes.device, uniform=True)
 
     def __call__(self, image: Any) -> Any:
@@ -130,10 +127,7 @@ class CenterCrop(Op):
         self.size = target_size(size)
 
     def declare(self, takes: Spec) -> Spec:
-        if takes.kind == "tensor":
-            expect(self, takes, kind="tensor", layout="CHW")
-        else:
-            expect(self, takes, kind="array", layouts=("HWC", "HW"))
+        expect_image(self, takes)
         return Spec(takes.kind, takes.dtype, takes.layout, takes.device, uniform=True)
 
     def _box(self, height: int, width: int) -> tuple[int, int]:

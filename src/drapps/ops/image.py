@@ -17,7 +17,7 @@ import torch
 
 from drapps._optional import require
 from drapps.ops.geometry import map_batch, resize_image
-from drapps.ops.op import Op, Spec, expect, stage_device
+from drapps.ops.op import Op, Spec, expect, expect_image, stage_device
 from drapps.runtime.seeding import active_rng
 
 _IMAGE = Spec("array", "uint8", "HWC")
@@ -106,10 +106,9 @@ class RandomResizedCrop(Op):
     batchable = True
 
     def declare(self, takes: Spec) -> Spec:
+        expect_image(self, takes)
         if takes.kind == "tensor":
-            expect(self, takes, kind="tensor", layout="CHW")
             return Spec("tensor", takes.dtype, "CHW", takes.device, uniform=True)
-        expect(self, takes, kind="array", layouts=("HWC", "HW"))
         given = takes if takes.known else _IMAGE
         return Spec(given.kind, given.dtype, given.layout, given.device, uniform=True)
 
@@ -178,10 +177,9 @@ class RandomCrop(Op):
     batchable = True
 
     def declare(self, takes: Spec) -> Spec:
+        expect_image(self, takes)
         if takes.kind == "tensor":
-            expect(self, takes, kind="tensor", layout="CHW")
             return Spec("tensor", takes.dtype, "CHW", takes.device, uniform=True)
-        expect(self, takes, kind="array", layouts=("HWC", "HW"))
         given = takes if takes.known else _IMAGE
         return Spec(given.kind, given.dtype, given.layout, given.device, uniform=True)
 
@@ -236,10 +234,7 @@ class RandomHorizontalFlip(Op):
         self.p = p
 
     def declare(self, takes: Spec) -> Spec:
-        if takes.kind == "tensor":
-            expect(self, takes, kind="tensor", layout="CHW")
-        else:
-            expect(self, takes, kind="array", layouts=("HWC", "HW"))
+        expect_image(self, takes)
         return takes
 
     def __call__(self, image: Any) -> Any:

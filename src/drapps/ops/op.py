@@ -144,6 +144,15 @@ def as_op(op: Any) -> Op:
     return op if isinstance(op, Op) else Opaque(op)
 
 
+def expect_image(op: Op, takes: Spec) -> None:
+    """Raise the contract error unless ``takes`` is a CHW tensor or an HWC (or HW) array
+    (or unknown): what the image ops take on either side of a split."""
+    if takes.kind == "tensor":
+        expect(op, takes, kind="tensor", layout="CHW")
+    else:
+        expect(op, takes, kind="array", layouts=("HWC", "HW"))
+
+
 def expect(op: Op, takes: Spec, *, kind: str, dtype: str | None = None, layout: str | None = None,
            layouts: tuple[str, ...] = ()) -> None:  # fmt: skip
     """Raise the contract error when ``takes`` is known and not what ``op`` needs."""

@@ -114,6 +114,7 @@ class Pipeline:
         return collate(samples)
 
     def _part(self, sample: Any) -> Any:
+        """What the ops transform: ``sample[key]``, or the whole sample (or batch)."""
         return sample if self.key is None else sample[self.key]
 
     def gather(self, samples: list[Any], collate: Callable[[list[Any]], Any]) -> Any:
@@ -121,7 +122,7 @@ class Pipeline:
         (in batch order), the rest goes through ``collate``."""
         if self.key is None:
             return list(samples)
-        parts = [sample[self.key] for sample in samples]
+        parts = [self._part(sample) for sample in samples]
         rest = collate([_replace(sample, self.key, 0) for sample in samples])
         return _replace(rest, self.key, parts)
 
@@ -131,7 +132,7 @@ class Pipeline:
 
     def run_sample(self, sample: Any, start: int, stop: int) -> Any:
         """Ops ``start..stop-1`` on one sample, each from its own random stream."""
-        value = sample if self.key is None else sample[self.key]
+        value = self._part(sample)
         for position in range(start, stop):
             with op_stream(position):
                 value = self.ops[position](value)
@@ -141,7 +142,7 @@ class Pipeline:
         """Ops ``start..`` on a collated batch whose samples were seeded ``sample_seeds`` (in
         batch order); a random op draws sample ``i``'s parameters from the same stream
         :meth:`run_sample` gives it."""
-        value = batch if self.key is None else batch[self.key]
+        value = self._part(batch)
         for position in range(start, len(self.ops)):
             op = self.ops[position]
             rngs = [op_rng(seed, position) for seed in sample_seeds] if op.random else None

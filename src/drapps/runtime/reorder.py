@@ -91,7 +91,7 @@ class ReorderBuffer:
                         raise self._failure
                     if self.next_id >= self.end_id:
                         return None
-                    entry = self._entries.pop(self.next_id, None)
+                    entry = self._pop_next()
                     if entry is not None:
                         break
                     if alive is not None and not alive():
@@ -100,8 +100,6 @@ class ReorderBuffer:
             finally:
                 self._waiting_since = None
                 self.wait_s += time.perf_counter() - start
-            self.next_id += 1
-            self.bytes -= entry.nbytes
         if self._on_consumed is not None:
             self._on_consumed()
         return entry
@@ -111,13 +109,19 @@ class ReorderBuffer:
         with self._cond:
             if self._failure is not None or self.next_id >= self.end_id:
                 return None
-            entry = self._entries.pop(self.next_id, None)
+            entry = self._pop_next()
             if entry is None:
                 return None
-            self.next_id += 1
-            self.bytes -= entry.nbytes
         if self._on_consumed is not None:
             self._on_consumed()
+        return entry
+
+    def _pop_next(self) -> Entry | None:
+        """Take the next batch's entry if held, advancing past it (the lock is held)."""
+        entry = self._entries.pop(self.next_id, None)
+        if entry is not None:
+            self.next_id += 1
+            self.bytes -= entry.nbytes
         return entry
 
     def waited_s(self) -> float:
