@@ -8,6 +8,7 @@ Example:
 """
 
 from drapps._version import __version__
+from drapps.codecs import Cache
 from drapps.loader import Loader
 from drapps.runtime import (
     LoaderConfig,
@@ -20,6 +21,7 @@ from drapps.runtime import (
 from drapps.runtime.stats import LoaderStats
 
 __all__ = [
+    "Cache",
     "Loader",
     "LoaderConfig",
     "LoaderStats",

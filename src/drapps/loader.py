@@ -24,7 +24,9 @@ from torch.utils.data import BatchSampler, default_collate, default_convert
 
 from drapps._autotune import AutoTuner, make_tuner
 from drapps._epoch import Epoch, MapEpoch, StreamEpoch
-from drapps.control.knobs import Knob, SplitKnob
+from drapps.codecs.cache import Cache, SampleCache
+from drapps.codecs.setup import open_cache
+from drapps.control.knobs import CodecKnob, Knob, SplitKnob
 from drapps.control.policy import Policy
 from drapps.ops.device_stage import DeviceStage, resolve_device
 from drapps.ops.pipeline import Pipeline
@@ -106,6 +108,14 @@ class Loader:
         device: where the device stage runs: "cuda" moves each batch there from pinned
             memory on a side stream and runs the ops after the split on it, batched; None
             or "cpu" runs them in the training process. Batches are delivered on ``device``.
+        cache: keep each sample as the deterministic start of the pipeline leaves it
+            (``dataset[i]`` and a Pipeline's ops before its first random one) in shared
+            memory and on disk, and read it back in later epochs instead of remaking it: a
+            :class:`drapps.Cache` (budget, tiers, codec, ``min_psnr`` for lossy codecs),
+            True (``Cache()``), None/False (off), or "auto" (the default: on, losslessly,
+            for datasets that declare themselves deterministic, such as drapps' ImageFolder
+            and PackedText, while the dataset fits the budget). Batches are the same with and
+            without it (bit for bit with a lossless codec). See ``docs/cache.md``.
         workers: 0 (calling process), an int (fixed), or "auto" (the default).
         max_workers: bound on ``workers`` and :meth:`resize` (default twice the usable cores).
         prefetch: batches made ahead in total, or "auto" (``prefetch_factor`` per worker).
@@ -149,6 +159,7 @@ class Loader:
         transform: Callable[[Any], Any] | None = None,
         split: int | Literal["auto"] | None = None,
         device: str | torch.device | None = None,
+        cache: Cache | bool | Literal["auto"] | None = "auto",
         workers: int | Literal["auto"] | None = None,
         max_workers: int | None = None,
         prefetch: int | Literal["auto"] = "auto",
@@ -244,9 +255,16 @@ class Loader:
             if self._pipeline is not None or resolved is not None
             else None
         )
+        self._cache = open_cache(cache, dataset, transform, iterable=self._iterable)
         # A Pipeline goes to the workers whole; each task says where to stop (set_split).
         self._recipe = BatchRecipe(
-            dataset, transform, self.collate_fn, on_error, self._auto_collation, worker_init_fn
+            dataset,
+            transform,
+            self.collate_fn,
+            on_error,
+            self._auto_collation,
+            worker_init_fn,
+            cache=self._cache,
         )
         if self._iterable and c.initial_workers > 0:
             self._stream = StreamPool(
@@ -280,11 +298,17 @@ class Loader:
                 _weak_snapshot(self),
                 self._dispatcher,
                 self._budget.grant if self._budget is not None else None,
-                knobs=self._split_knobs(),
+                knobs=[*self._split_knobs(), *self._codec_knobs()],
             )
         except BaseException:  # e.g. an unwritable trace path: free what was set up
             _shutdown(
-                self._owner, None, self._dispatcher, self._stream, self._budget, self._device_stage
+                self._owner,
+                None,
+                self._dispatcher,
+                self._stream,
+                self._budget,
+                self._device_stage,
+                self._cache,
             )
             raise
         if self._dispatcher is not None or self._stream is not None:
@@ -300,6 +324,7 @@ class Loader:
             self._stream,
             self._budget,
             self._device_stage,
+            self._cache,
         )
         self._lock = threading.Lock()
         self._closed = False
@@ -620,6 +645,25 @@ class Loader:
             )
         ]
 
+    def set_codec(self, codec: str) -> None:
+        """Write new cache entries with ``codec`` (one of the cache's codecs, or "off" to
+        bypass the cache); entries made before are re-encoded as they are read.
+
+        Raises:
+            ValueError: the loader has no cache, or ``codec`` is not one of its codecs.
+        """
+        if self._cache is None:
+            raise ValueError(f"set_codec({codec!r}): this loader has no sample cache (cache=None)")
+        self._cache.set_codec(codec)
+
+    def _codec_knobs(self) -> list[Knob]:
+        """The codec knob for the controller (adjustable with ``Cache(codec="auto")``)."""
+        if self._cache is None:
+            return []
+        choices = (*(c.name for c in self._cache.codecs), "off")
+        adjustable = self._cache.settings.codec == "auto" and len(choices) > 2
+        return [CodecKnob(self._cache.set_codec, choices=choices, adjustable=adjustable)]
+
     def _check_split(self, split: Any) -> None:
         """Raise unless this loader can run its Pipeline cut at ``split``."""
         assert self._pipeline is not None
@@ -667,6 +711,8 @@ class Loader:
             )
         else:
             snapshot = inline_snapshot(self._samples, self._inline_wait_s, **limits)
+        if self._cache is not None:
+            snapshot = dataclasses.replace(snapshot, cache=self._cache.stats())
         stage = self._device_stage
         if stage is None:
             return snapshot
@@ -717,6 +763,7 @@ def _shutdown(
     stream: StreamPool | None,
     budget: HostShare | None,
     stage: DeviceStage | None,
+    cache: SampleCache | None = None,
 ) -> None:
     # Only the process that made the loader acts: a forked child inherits this finalizer (and
     # may collect its copy of the loader), and must not stop its parent's workers.
@@ -732,6 +779,8 @@ def _shutdown(
         budget.release()
     if stage is not None:
         stage.close()
+    if cache is not None:
+        cache.close()  # after the workers: none of them is writing to it any more
 
 
 def _weak_snapshot(loader: Loader) -> Callable[[], PipelineSnapshot]:

@@ -197,3 +197,10 @@ class SplitKnob(StepKnob):
         if not 0 <= low <= high:
             raise ValueError(f"split bounds need 0 <= low <= high, got {low}, {high}")
         super().__init__(apply, low=low, high=high, adjustable=adjustable)
+
+
+class CodecKnob(ChoiceKnob):
+    """The sample cache's codec for new entries (one of the cache's codecs, or "off" to
+    bypass the cache)."""
+
+    name = "codec"

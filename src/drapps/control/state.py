@@ -86,6 +86,17 @@ class State:
     """Share of the interval the device stage was busy (on a GPU: its stream's time)."""
     gpu_power_w: float | None = None
     """GPU power draw in watts through NVML, None without a GPU or NVML."""
+    cache_hit_rate: float = 0.0
+    """Share of the samples looked up in the sample cache over the interval that it held."""
+    cache_read_ms: float = 0.0
+    """Mean milliseconds to read and decode a cache hit over the interval (0 without hits)."""
+    cache_make_ms: float = 0.0
+    """Mean milliseconds to make a sample the cache missed (fetch + cached ops) over the
+    interval (0 without misses)."""
+    cache_fill: float = 0.0
+    """Bytes the cache holds over its budget, 0..1 (0 without a cache)."""
+    cache_not_admitted: float = 0.0
+    """Share of the misses over the interval the cache had no room for."""
     extra: dict[str, Any] = field(default_factory=dict, hash=False)
     """Values of knobs that have no field of their own, by knob name."""
 
@@ -109,10 +120,19 @@ class State:
     SPLIT_FEATURES: ClassVar[tuple[str, ...]] = ("device_stage_share",)
     """Appended to :attr:`FEATURES` for a policy that moves the ``split`` knob."""
 
+    CODEC_FEATURES: ClassVar[tuple[str, ...]] = (
+        "cache_hit_rate",
+        "cache_read_share",
+        "cache_fill",
+        "cache_not_admitted",
+    )
+    """Appended for a policy that moves the ``codec`` knob."""
+
     @classmethod
     def features(cls, knobs: Sequence[str] = ("workers", "prefetch")) -> tuple[str, ...]:
         """The features a policy moving ``knobs`` reads, in :meth:`vector` order."""
-        return cls.FEATURES + (cls.SPLIT_FEATURES if "split" in knobs else ())
+        split = cls.SPLIT_FEATURES if "split" in knobs else ()
+        return cls.FEATURES + split + (cls.CODEC_FEATURES if "codec" in knobs else ())
 
     def vector(self, knobs: Sequence[str] = ("workers", "prefetch")) -> np.ndarray:
         """Features in :meth:`features` order, each scaled to roughly [0, 1] (float32)."""
@@ -136,6 +156,9 @@ class State:
         )
         if "split" in knobs:
             values += (self.device_stage_share,)
+        if "codec" in knobs:
+            read = self.cache_read_ms / max(self.cache_make_ms, self.cache_read_ms, 1e-6)
+            values += (self.cache_hit_rate, read, self.cache_fill, self.cache_not_admitted)
         return np.clip(np.asarray(values, dtype=np.float32), 0.0, 1.0)
 
     def knob(self, name: str) -> Any:

@@ -6,6 +6,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from drapps.datasets._fingerprint import file_fingerprint
 from drapps.ops.image import decode_jpeg
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg")
@@ -52,6 +53,13 @@ class ImageFolder:
 
     def __len__(self) -> int:
         return len(self.samples)
+
+    def cache_fingerprint(self) -> str | None:
+        """Identity for the sample cache: the files (path, size, mtime) and the decoder; None
+        with a ``transform`` (it may draw randomness, so samples must not be kept)."""
+        if self.transform is not None:
+            return None
+        return file_fingerprint([path for path, _ in self.samples], self.decode)
 
     def __getitem__(self, index: int) -> tuple[Any, int]:
         path, target = self.samples[index]

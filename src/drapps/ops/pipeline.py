@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from drapps.ops.op import ANY, Op, Spec, as_op
+from drapps.ops.op import ANY, Op, Opaque, Spec, as_op
 from drapps.runtime.seeding import op_rng, op_stream
 
 
@@ -84,6 +84,15 @@ class Pipeline:
                 break
             points.append(k)
         return sorted(points)
+
+    def deterministic_prefix(self) -> int:
+        """How many ops, from the first, give the same output for the same input every time:
+        those before the first :attr:`~drapps.ops.op.Op.random` op or opaque callable (which
+        may draw randomness drapps cannot see). A sample cache may keep their output."""
+        for position, op in enumerate(self.ops):
+            if op.random or isinstance(op, Opaque):
+                return position
+        return len(self.ops)
 
     def set_split(self, split: int) -> None:
         """Move the split point.

@@ -89,6 +89,12 @@ class PackedText:
     def __len__(self) -> int:
         return self.size // self.stride
 
+    def cache_fingerprint(self) -> str:
+        """Identity for the sample cache: the corpus file (path, size, mtime) and the window."""
+        from drapps.datasets._fingerprint import file_fingerprint
+
+        return file_fingerprint([self.path], f"{self.seq_len}:{self.stride}")
+
     def _read(self, offset: int, size: int) -> bytes:
         if self.read is not None:
             return self.read(self.path, offset, size)

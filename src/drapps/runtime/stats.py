@@ -61,6 +61,8 @@ class PipelineSnapshot:
     """Seconds the device stage has spent on batches (completed ones)."""
     device_batches: int = 0
     """Batches the device stage has run."""
+    cache: Any = None
+    """The sample cache's :class:`~drapps.codecs.CacheStats` (None without a cache)."""
 
 
 def inline_snapshot(samples: int, wait_s: float, memory_budget: int) -> PipelineSnapshot:
@@ -136,6 +138,9 @@ class LoaderStats:
     """Seconds the device stage spent moving batches and running the ops after the split."""
     device_batches: int = 0
     """Batches the device stage has run."""
+    cache: dict[str, Any] | None = None
+    """The sample cache's counters (:class:`~drapps.codecs.CacheStats` as a dict, with
+    ``hit_rate`` and the compression ``ratio``); None without a cache."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -179,4 +184,5 @@ class LoaderStats:
             split=snapshot.split,
             device_s=snapshot.device_s,
             device_batches=snapshot.device_batches,
+            cache=None if snapshot.cache is None else snapshot.cache.as_dict(),
         )

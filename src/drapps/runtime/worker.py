@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch.utils.data import default_collate
 
+from drapps.codecs.cache import SampleCache
 from drapps.runtime.errors import SampleError, describe_failure, sample_error, sample_path
 from drapps.runtime.sampling import key_of
 from drapps.runtime.seeding import (
@@ -54,6 +55,9 @@ class BatchRecipe:
     """False for ``batch_size=None``: each task is one sample, passed to ``collate_fn`` alone."""
     worker_init_fn: Callable[[int], None] | None = None
     """Called with the worker's id in each new worker process, as DataLoader does."""
+    cache: SampleCache | None = None
+    """The sample cache (map-style datasets): samples after the transform's deterministic
+    prefix, made once and read back in later epochs."""
 
 
 @dataclass
@@ -95,21 +99,35 @@ def make_batch(
     samples: list[Any] = []
     skipped: list[tuple[int, str]] = []
     fetch_s = transform_s = 0.0
+    cache = recipe.cache if recipe.cache is not None and recipe.cache.begin_batch() else None
+    pipeline: Any = recipe.transform if hasattr(recipe.transform, "run_sample") else None
+    end = len(pipeline.ops) if pipeline is not None and stop is None else stop
+    cut = cache.cut(end) if cache is not None and end is not None else 0
+    lossy = False
     for index in indices:
         seed_sample(sample_seed_for(seed, epoch, key_of(index)))
         stage = "__getitem__"
         try:
             t0 = time.perf_counter()
-            sample = recipe.dataset[index]
+            hit = cache.get(index, cut) if cache is not None else None
+            if hit is None:
+                sample = recipe.dataset[index]
             t1 = time.perf_counter()
             fetch_s += t1 - t0
-            if recipe.transform is not None:
-                stage = "transform"
-                if stop is None:
-                    sample = recipe.transform(sample)
-                else:
-                    sample = recipe.transform.run_sample(sample, 0, stop)  # type: ignore[attr-defined]
-                transform_s += time.perf_counter() - t1
+            stage = "transform"
+            if hit is not None:
+                sample, exact = hit
+                lossy = lossy or not exact
+            elif cache is not None:
+                if cut:
+                    sample = pipeline.run_sample(sample, 0, cut)
+                cache.put(index, cut, sample, time.perf_counter_ns() - int(t0 * 1e9))
+            t2 = time.perf_counter()
+            if pipeline is not None:
+                sample = pipeline.run_sample(sample, cut if cache is not None else 0, end)
+            elif recipe.transform is not None:
+                sample = recipe.transform(sample)
+            transform_s += time.perf_counter() - t2
         except Exception as exc:
             path = sample_path(recipe.dataset, index)
             message = describe_failure(index, stage, path, exc)
@@ -129,12 +147,13 @@ def make_batch(
         finally:
             clear_sample()
         samples.append(sample)
+    if cache is not None:
+        cache.end_batch(lossy)
     if not samples:
         return Made(None, skipped, (fetch_s, transform_s, 0.0))
     t2 = time.perf_counter()
     try:
         if stop is not None:  # a Pipeline cut before its end: its parts may differ in shape
-            pipeline: Any = recipe.transform
             batch = pipeline.collate(samples, lambda rest: collate(recipe, rest), stop)
         else:
             batch = collate(recipe, samples)

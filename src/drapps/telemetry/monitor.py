@@ -156,6 +156,7 @@ class Monitor:
             device_stage_s=(pipe.device_s - last.device_s) / staged if staged > 0 else 0.0,
             device_stage_share=min(1.0, max(0.0, pipe.device_s - last.device_s) / dt),
             gpu_power_w=gpu_power,
+            **cache_state(pipe.cache, last.cache),
         )
         self._last_t, self._last_io, self._last = now, (disk, net), pipe
         return state
@@ -164,3 +165,25 @@ class Monitor:
     def last_snapshot(self) -> PipelineSnapshot | None:
         """The pipeline snapshot the last :meth:`sample` read."""
         return self._last
+
+
+def cache_state(now: Any, before: Any) -> dict[str, Any]:
+    """The State's ``cache_*`` fields from two :class:`~drapps.codecs.CacheStats` (None
+    without a cache)."""
+    if now is None:
+        return {"cache_fill": 0.0}
+    counts, old = now.counts, before.counts if before is not None else {}
+
+    def delta(name: str) -> int:
+        return int(counts.get(name, 0) - old.get(name, 0))
+
+    hits, misses = delta("hits"), delta("misses")
+    budget = max(1, getattr(now, "budget", 0))
+    return {
+        "codec": now.codec,
+        "cache_hit_rate": hits / (hits + misses) if hits + misses else 0.0,
+        "cache_read_ms": delta("read_ns") / hits / 1e6 if hits else 0.0,
+        "cache_make_ms": delta("make_ns") / misses / 1e6 if misses else 0.0,
+        "cache_fill": min(1.0, sum(now.held_bytes.values()) / budget),
+        "cache_not_admitted": delta("not_admitted") / misses if misses else 0.0,
+    }

@@ -1,0 +1,163 @@
+"""A tier of the sample cache: a directory of entry files with a byte budget.
+
+The shared-memory tier is a directory on ``/dev/shm`` (tmpfs: its files are pages of RAM that
+every worker maps); the disk tier is a directory the user names, kept across runs. One class
+serves both. An entry is written to a temporary file and renamed into place, so a reader sees
+a whole entry or none, and a worker killed mid-write leaves only a temporary file that the next
+:meth:`DirectoryTier.open` removes. The bytes held are counted in a ledger file under an
+exclusive ``flock``, so every process respects one budget.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+
+_LEDGER = ".ledger"
+_TMP = ".tmp-"
+_COUNTS = struct.Struct("<qq")  # bytes held, entries
+
+
+class DirectoryTier:
+    """Entries under ``root``, at most ``budget`` bytes of them.
+
+    Args:
+        root: the directory (made if missing).
+        budget: bytes the entries may hold.
+        name: "memory" or "disk", for stats and messages.
+    """
+
+    def __init__(self, root: str | os.PathLike[str], budget: int, name: str) -> None:
+        if budget < 0:
+            raise ValueError(f"the {name} tier's budget must be >= 0 bytes, got {budget!r}")
+        self.root = Path(root)
+        self.budget = int(budget)
+        self.name = name
+        self._fd = -1
+        self._pid = -1
+
+    def open(self) -> DirectoryTier:
+        """Make the directory, remove what dead writers left, and recount the ledger from
+        the entries there (the training process calls this once, before workers start)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        held = entries = 0
+        for path in self.root.glob("*/*"):
+            if path.name.startswith(_TMP):
+                path.unlink(missing_ok=True)
+            elif path.is_file():
+                held += path.stat().st_size
+                entries += 1
+        with self._locked() as fd:
+            os.pwrite(fd, _COUNTS.pack(held, entries), 0)
+        return self
+
+    def path(self, key: str) -> Path:
+        return self.root / key[:2] / key
+
+    def read(self, key: str) -> bytearray | None:
+        """The entry's bytes, or None when there is none."""
+        try:
+            with open(self.path(key), "rb", buffering=0) as file:
+                size = os.fstat(file.fileno()).st_size
+                data = bytearray(size)
+                view = memoryview(data)
+                got = 0
+                while got < size and (n := file.readinto(view[got:])):
+                    got += n
+                return data if got == size else None
+        except FileNotFoundError:
+            return None
+
+    def write(self, key: str, data: bytes) -> bool:
+        """Store ``data`` as ``key`` if the budget has room for it (replacing an entry of the
+        same key); False when it has not."""
+        path = self.path(key)
+        old = _size(path)
+        delta, added = len(data) - max(old, 0), int(old < 0)
+        if not self._reserve(delta, added):
+            return False
+        tmp = path.parent / f"{_TMP}{os.getpid()}-{os.urandom(4).hex()}"
+        try:
+            path.parent.mkdir(exist_ok=True)
+            with open(tmp, "wb") as file:
+                file.write(data)
+            self._commit(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            self._reserve(-delta, -added, force=True)
+            raise
+        return True
+
+    def drop(self, key: str) -> None:
+        """Remove the entry (a corrupt one, or one being replaced elsewhere)."""
+        path = self.path(key)
+        size = _size(path)
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+            self._reserve(-size, -1, force=True)
+
+    def held(self) -> tuple[int, int]:
+        """(bytes, entries) the tier holds now."""
+        with self._locked() as fd:
+            return _COUNTS.unpack(os.pread(fd, _COUNTS.size, 0).ljust(_COUNTS.size, b"\0"))
+
+    def clear(self) -> None:
+        """Remove every entry (the directory stays)."""
+        for child in self.root.iterdir() if self.root.exists() else ():
+            if child.is_dir():
+                shutil.rmtree(child, ignore_errors=True)
+        with self._locked() as fd:
+            os.pwrite(fd, _COUNTS.pack(0, 0), 0)
+
+    def remove(self) -> None:
+        """Remove the directory and everything in it."""
+        self._close_fd()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def _commit(self, tmp: Path, path: Path) -> None:
+        os.replace(tmp, path)  # atomic: readers see the old entry, the new one, or none
+
+    def _reserve(self, delta: int, entries: int, *, force: bool = False) -> bool:
+        with self._locked() as fd:
+            held, count = _COUNTS.unpack(os.pread(fd, _COUNTS.size, 0).ljust(_COUNTS.size, b"\0"))
+            if not force and delta > 0 and held + delta > self.budget:
+                return False
+            os.pwrite(fd, _COUNTS.pack(max(0, held + delta), max(0, count + entries)), 0)
+            return True
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[int]:
+        # flock belongs to an open file description, which fork shares: each process opens
+        # the ledger itself, or parent and child would not exclude each other.
+        if self._pid != os.getpid():
+            self._fd = os.open(self.root / _LEDGER, os.O_RDWR | os.O_CREAT, 0o600)
+            self._pid = os.getpid()
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        try:
+            yield self._fd
+        finally:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def _close_fd(self) -> None:
+        if self._pid == os.getpid() and self._fd >= 0:
+            os.close(self._fd)
+        self._fd, self._pid = -1, -1
+
+    def __getstate__(self) -> dict[str, object]:
+        return {**self.__dict__, "_fd": -1, "_pid": -1}
+
+    def __repr__(self) -> str:
+        return f"DirectoryTier({str(self.root)!r}, budget={self.budget}, name={self.name!r})"
+
+
+def _size(path: Path) -> int:
+    """The file's size, -1 when there is none."""
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return -1
