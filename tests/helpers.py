@@ -181,8 +181,15 @@ def shm_slabs(pid: int | None = None) -> list[str]:
     return [name for name in os.listdir(SHM_DIR) if name.startswith(prefix)]
 
 
+def shm_caches(pid: int | None = None) -> list[str]:
+    """Shared-memory tiers of sample caches this process (or ``pid``) made and left."""
+    prefix = f"drapps-cache-{pid if pid is not None else os.getpid()}-"
+    return [name for name in os.listdir(SHM_DIR) if name.startswith(prefix)]
+
+
 def leaks(wait_s: float = 5.0) -> dict[str, list[Any]]:
-    """What drapps left behind (processes, threads, slabs), after waiting up to ``wait_s``."""
+    """What drapps left behind (processes, threads, slabs, cache tiers), after waiting up to
+    ``wait_s``."""
     deadline = time.monotonic() + wait_s
     while True:
         gc.collect()
@@ -190,6 +197,7 @@ def leaks(wait_s: float = 5.0) -> dict[str, list[Any]]:
             "processes": drapps_children(),
             "threads": drapps_threads(),
             "slabs": shm_slabs(),
+            "caches": shm_caches(),
         }
         if not any(found.values()) or time.monotonic() > deadline:
             return {k: v for k, v in found.items() if v}

@@ -80,7 +80,7 @@ class Cache:
             value = getattr(self, name)
             if value != "auto":
                 try:
-                    parse_bytes(value, name)
+                    budget_bytes(value, name)
                 except (TypeError, ValueError) as exc:
                     raise ValueError(f"Cache.{name}: {exc}") from None
         if self.min_psnr is not None and not (
@@ -260,6 +260,9 @@ class SampleCache:
     def put(self, index: Any, cut: int, sample: Any, make_ns: int) -> None:
         """Store what was made for ``index`` in the first tier with room."""
         self._pending["make_ns"] += make_ns
+        if self.auto and not (self._enabled and self._read_control()[1]):
+            self._enabled = False  # turned off since this batch began (here or elsewhere)
+            return
         t0 = time.perf_counter_ns()
         packed = pack(sample, self._codec(), self.fallback, self.settings.min_psnr)
         key = self.key(index, cut)
@@ -268,12 +271,14 @@ class SampleCache:
                 self._pending["writes"] += 1
                 self._pending["bytes_written"] += len(packed.data)
                 self._pending["raw_bytes_written"] += packed.raw_bytes
+                admitted = True
                 break
         else:
             self._pending["not_admitted"] += 1
+            admitted = False
         self._pending["write_ns"] += time.perf_counter_ns() - t0
-        if self.auto and self._pending["writes"]:
-            self._check_fit()
+        if self.auto:
+            self._check_fit(full=not admitted)
 
     def end_batch(self, lossy: bool) -> None:
         """Add this batch's counters to the shared ones."""
@@ -303,14 +308,19 @@ class SampleCache:
         if tier.write(key, packed.data):
             self._pending["migrations"] += 1
 
-    def _check_fit(self) -> None:
+    def _check_fit(self, full: bool) -> None:
+        """Turn an "auto" cache off once it is full, or projected from its first entries
+        to overflow before it holds the whole dataset."""
         held = [tier.held() for tier in self.tiers]
         entries = sum(n for _, n in held)
-        if entries < _SAMPLES_TO_PROJECT or self.samples is None:
-            return
-        projected = sum(b for b, _ in held) / entries * self.samples
         budget = sum(tier.budget for tier in self.tiers)
-        if projected > budget:
+        if full:
+            projected = float("inf") if not entries else sum(b for b, _ in held) / entries * (self.samples or 0)  # fmt: skip
+        elif entries < _SAMPLES_TO_PROJECT or self.samples is None:
+            return
+        else:
+            projected = sum(b for b, _ in held) / entries * self.samples
+        if full or projected > budget:
             logger.info(
                 "sample cache off: the dataset would take ~%.0f MB of cache, more than the "
                 "%.0f MB budget (pass cache=drapps.Cache(...) to cache part of it)",
@@ -318,6 +328,7 @@ class SampleCache:
                 budget / 1e6,
             )
             self._write_control(enabled=0)
+            self._enabled = False
             for tier in self.tiers:
                 tier.clear()
 
@@ -402,16 +413,25 @@ class SampleCache:
         return f"SampleCache({self.root}, prefix={self.prefix}, codecs={names})"
 
 
+def budget_bytes(value: int | str, name: str) -> int:
+    """A tier's budget: 0 (the tier is not used) or a size :func:`parse_bytes` reads."""
+    return (
+        0
+        if isinstance(value, int) and not isinstance(value, bool) and value == 0
+        else parse_bytes(value, name)
+    )
+
+
 def _memory_budget(memory: int | str) -> int:
     if memory != "auto":
-        return parse_bytes(memory, "Cache.memory")
+        return budget_bytes(memory, "Cache.memory")
     free = shutil.disk_usage(SHM_ROOT).free
     return int(min(psutil.virtual_memory().total / 4, free / 2))
 
 
 def _disk_budget(disk_bytes: int | str, root: Path) -> int:
     if disk_bytes != "auto":
-        return parse_bytes(disk_bytes, "Cache.disk_bytes")
+        return budget_bytes(disk_bytes, "Cache.disk_bytes")
     root.mkdir(parents=True, exist_ok=True)
     return shutil.disk_usage(root).free // 2
 

@@ -1,0 +1,280 @@
+"""The sample cache inside the loader: same batches, exactly once, bounded, never stale."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import simplejpeg
+import torch
+from helpers import assert_batches_equal, flatten_indices
+
+import drapps
+from drapps.codecs import Cache
+from drapps.codecs import cache as cache_module
+from drapps.codecs.tier import DirectoryTier
+from drapps.datasets import ImageFolder
+from drapps.ops import (
+    Pipeline,
+    RandomHorizontalFlip,
+    RandomResizedCrop,
+    Resize,
+    Spec,
+    ToCHWTensor,
+)
+
+
+class Photos:
+    """Deterministic uint8 photos of a few sizes, with their index as the label."""
+
+    def __init__(self, n: int = 24) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
+        rng = np.random.default_rng(i)
+        h, w = 20 + (i % 3) * 4, 24
+        base = rng.integers(0, 255, (1, 1, 3))
+        y, x = np.mgrid[0:h, 0:w]
+        image = (base + 3 * x[..., None] + 2 * y[..., None]) % 256
+        return image.astype(np.uint8), i
+
+
+def augment() -> Pipeline:
+    ops = [ToCHWTensor(), RandomResizedCrop(16), RandomHorizontalFlip()]
+    return Pipeline(ops, key=0, takes=Spec("array", "uint8", "HWC"))
+
+
+def epochs(loader: drapps.Loader, n: int = 3) -> list[list[Any]]:
+    return [[(x.clone(), y.clone()) for x, y in loader] for _ in range(n)]
+
+
+def run(cache: Any, workers: int = 0, n: int = 3, dataset: Any = None, **kwargs: Any) -> tuple[list[list[Any]], dict | None]:  # fmt: skip
+    kwargs = {"batch_size": 4, "shuffle": True, "seed": 3, "transform": augment(), **kwargs}
+    with drapps.Loader(dataset or Photos(), workers=workers, cache=cache, **kwargs) as loader:
+        out = epochs(loader, n)
+        return out, loader.stats().cache
+
+
+@pytest.fixture(scope="module")
+def uncached() -> list[list[Any]]:
+    return run(None)[0]
+
+
+@pytest.mark.parametrize("codec", ["none", "lz4", "zstd", "quantize-16"])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_lossless_cache_gives_the_same_batches_for_any_worker_count(
+    uncached: list[list[Any]], codec: str, workers: int
+) -> None:
+    batches, stats = run(Cache(codec=codec, memory="16MB"), workers)
+    for got, want in zip(batches, uncached, strict=True):
+        assert_batches_equal(got, want)
+    assert stats is not None
+    counts = stats["counts"]
+    assert (counts["misses"], counts["hits"]) == (24, 48)  # made in epoch 1, read after
+    assert stats["entries"]["memory"] == 24 and counts["lossy_batches"] == 0
+
+
+def test_the_cache_holds_the_deterministic_prefix_and_the_random_ops_stay_fresh() -> None:
+    with drapps.Loader(Photos(), batch_size=4, seed=3, shuffle=True, transform=augment(), workers=0, cache=True) as loader:  # fmt: skip
+        assert loader._cache is not None and loader._cache.prefix == 1  # ToCHWTensor only
+        first, second = epochs(loader, 2)
+    # The crop and flip are drawn per epoch: epoch 2 is not epoch 1 replayed.
+    assert not all(torch.equal(a[0], b[0]) for a, b in zip(first, second, strict=True))
+
+
+def test_the_cache_follows_the_split_and_resumes_mid_epoch(uncached: list[list[Any]]) -> None:
+    kwargs = {"batch_size": 4, "shuffle": True, "seed": 3, "transform": augment()}
+    with drapps.Loader(Photos(), workers=2, cache=True, split=0, **kwargs) as loader:
+        assert [len(epoch) for epoch in epochs(loader, 1)] == [6]
+        it = iter(loader)  # epoch 2, from the cache
+        head = [next(it) for _ in range(2)]
+        state = loader.state_dict()
+    with drapps.Loader(Photos(), workers=2, cache=True, split=1, **kwargs) as loader:
+        loader.load_state_dict(state)
+        tail = list(loader)
+    assert_batches_equal([(x, y) for x, y in head + tail], uncached[1])
+
+
+def test_a_worker_killed_mid_write_leaves_no_entry_and_loses_no_sample(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, uncached: list[list[Any]]
+) -> None:
+    flag = tmp_path / "killed"
+    commit = DirectoryTier._commit
+
+    def die_once(self: DirectoryTier, tmp: Path, path: Path) -> None:
+        # The entry is written in full to its temporary file; the worker dies before the
+        # rename that would publish it.
+        if not flag.exists():
+            flag.touch()
+            os.kill(os.getpid(), signal.SIGKILL)
+        commit(self, tmp, path)
+
+    monkeypatch.setattr(DirectoryTier, "_commit", die_once)  # forked workers inherit it
+    kwargs = {"batch_size": 4, "shuffle": True, "seed": 3, "transform": augment()}
+    with drapps.Loader(Photos(), workers=2, cache=True, multiprocessing_context="fork", **kwargs) as loader:  # fmt: skip
+        batches = epochs(loader, 3)
+        stats = loader.stats()
+    assert flag.exists() and stats.worker_restarts >= 1
+    for got, want in zip(batches, uncached, strict=True):
+        assert_batches_equal(got, want)
+        assert sorted(flatten_indices([y for _, y in got])) == list(range(24))
+    assert stats.cache is not None and stats.cache["counts"]["corrupt"] == 0
+
+
+def test_a_corrupt_entry_is_dropped_and_made_again(uncached: list[list[Any]]) -> None:
+    kwargs = {"batch_size": 4, "shuffle": True, "seed": 3, "transform": augment()}
+    with drapps.Loader(Photos(), workers=2, cache=Cache(codec="zstd"), **kwargs) as loader:
+        first = epochs(loader, 1)
+        assert loader._cache is not None
+        entries = [p for p in (loader._cache.root / "entries").glob("*/*") if p.is_file()]
+        assert len(entries) == 24
+        for path in entries[::2]:
+            data = bytearray(path.read_bytes())
+            data[-3] ^= 0x5A
+            path.write_bytes(bytes(data))
+        rest = epochs(loader, 2)
+        counts = loader.stats().cache["counts"]  # type: ignore[index]
+    for got, want in zip(first + rest, uncached, strict=True):
+        assert_batches_equal(got, want)
+    assert counts["corrupt"] == 12 and counts["writes"] == 36  # 24, then the 12 remade
+    assert counts["hits"] == 48 - 12
+
+
+def test_the_budget_bounds_each_tier_and_the_rest_is_made_every_epoch(
+    tmp_path: Path, uncached: list[list[Any]]
+) -> None:
+    one = len(cache_module.pack(Photos()[0], cache_module.Raw(), cache_module.Raw(), None).data)
+    cache = Cache(memory=one * 5, disk=tmp_path, disk_bytes=one * 5, codec="none")
+    batches, stats = run(cache, workers=2)
+    for got, want in zip(batches, uncached, strict=True):
+        assert_batches_equal(got, want)
+    assert stats is not None
+    assert stats["held_bytes"]["memory"] <= one * 5 and stats["held_bytes"]["disk"] <= one * 5
+    assert 6 <= stats["entries"]["memory"] + stats["entries"]["disk"] <= 10
+    cached = stats["entries"]["memory"] + stats["entries"]["disk"]
+    assert stats["counts"]["not_admitted"] == 3 * (24 - cached)
+    assert stats["counts"]["hits"] == 2 * cached
+
+
+def test_disk_entries_outlive_the_run_but_a_changed_pipeline_never_reads_them(tmp_path: Path) -> None:  # fmt: skip
+    def make(size: int) -> Pipeline:
+        return Pipeline([ToCHWTensor(), Resize(size), RandomHorizontalFlip()], key=0)
+
+    def first_epoch(size: int) -> tuple[list[Any], dict]:
+        cache = Cache(memory=0, disk=tmp_path)
+        batches, stats = run(cache, workers=0, n=1, transform=make(size))
+        assert stats is not None
+        return batches[0], stats["counts"]
+
+    fresh, counts = first_epoch(12)
+    assert counts["misses"] == 24 and counts["writes"] == 24
+    again, counts = first_epoch(12)  # a new loader, the same pipeline: read from disk
+    assert counts["hits"] == 24 and counts["misses"] == 0
+    assert_batches_equal(again, fresh)
+    changed, counts = first_epoch(10)  # Resize(10): a new prefix, a new key
+    assert counts["hits"] == 0 and changed[0][0].shape[-1] == 10
+    assert_batches_equal(changed, run(None, n=1, transform=make(10))[0][0])
+
+
+def write_folder(root: Path, n: int = 12) -> Path:
+    for i in range(n):
+        folder = root / f"class{i % 2}"
+        folder.mkdir(parents=True, exist_ok=True)
+        image = Photos()[i][0][:20].repeat(4, axis=0).repeat(4, axis=1)
+        (folder / f"{i:03d}.jpg").write_bytes(simplejpeg.encode_jpeg(image, quality=90))
+    return root
+
+
+def test_auto_caches_a_deterministic_image_folder_and_not_one_with_a_random_transform(
+    tmp_path: Path,
+) -> None:
+    root = write_folder(tmp_path / "images")
+    with drapps.Loader(ImageFolder(root), batch_size=4, workers=0) as loader:
+        list(loader), list(loader)
+        stats = loader.stats().cache
+        assert stats is not None and stats["counts"]["hits"] == 12 and stats["enabled"]
+    random_inside = ImageFolder(root, transform=RandomHorizontalFlip())
+    with drapps.Loader(random_inside, batch_size=4, workers=0) as loader:
+        assert loader.stats().cache is None
+    with drapps.Loader(Photos(), batch_size=4, workers=0) as loader:  # says nothing: off
+        assert loader.stats().cache is None
+
+
+def test_a_rewritten_file_is_never_read_from_an_old_disk_entry(tmp_path: Path) -> None:
+    root = write_folder(tmp_path / "images")
+    cache = Cache(memory=0, disk=tmp_path / "cache")
+    with drapps.Loader(ImageFolder(root), batch_size=12, workers=0, cache=cache) as loader:
+        (before,) = list(loader)
+    path = root / "class0" / "000.jpg"
+    path.write_bytes(simplejpeg.encode_jpeg(np.zeros((80, 96, 3), np.uint8), quality=90))
+    with drapps.Loader(ImageFolder(root), batch_size=12, workers=0, cache=cache) as loader:
+        (after,) = list(loader)
+        assert loader.stats().cache["counts"]["hits"] == 0  # type: ignore[index]
+    assert not np.array_equal(before[0][0], after[0][0]) and after[0][0].max() < 8
+
+
+def test_auto_turns_itself_off_when_the_dataset_would_not_fit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = write_folder(tmp_path / "images", n=40)
+    monkeypatch.setattr(cache_module, "_memory_budget", lambda memory: 200_000)  # ~25 photos
+    with drapps.Loader(ImageFolder(root), batch_size=8, workers=0) as loader:
+        list(loader), list(loader)
+        stats = loader.stats().cache
+    assert stats is not None and not stats["enabled"]
+    assert stats["entries"]["memory"] == 0 and stats["held_bytes"]["memory"] == 0
+    assert stats["counts"]["hits"] == 0
+
+
+def test_a_lossy_codec_serves_close_batches_and_counts_them(uncached: list[list[Any]]) -> None:
+    big = Pipeline([ToCHWTensor(), Resize(64), RandomHorizontalFlip()], key=0)
+    exact, _ = run(None, transform=big)
+    lossy, stats = run(Cache(codec="jpeg", min_psnr=30), transform=big)
+    assert stats is not None and stats["counts"]["lossy_hits"] == 48
+    assert stats["counts"]["lossy_batches"] == 12  # epochs 2 and 3
+    assert_batches_equal(lossy[0], exact[0])  # epoch 1 is made, not read
+    for got, want in zip(lossy[1], exact[1], strict=True):
+        assert not torch.equal(got[0], want[0])
+        err = (got[0].double() - want[0].double()).pow(2).mean()
+        assert 10 * torch.log10(255.0**2 / err) > 30
+
+
+def test_a_codec_change_re_encodes_entries_as_they_are_read(uncached: list[list[Any]]) -> None:
+    kwargs = {"batch_size": 4, "shuffle": True, "seed": 3, "transform": augment()}
+    with drapps.Loader(Photos(), workers=2, cache=True, **kwargs) as loader:
+        first = epochs(loader, 1)
+        loader.set_codec("zstd")
+        second = epochs(loader, 1)
+        stats = loader.stats().cache
+        assert stats is not None and stats["codec"] == "zstd"
+        assert stats["counts"]["migrations"] == 24
+        loader.set_codec("off")
+        third = epochs(loader, 1)
+        counts = loader.stats().cache["counts"]  # type: ignore[index]
+        assert counts["hits"] == 24 and counts["misses"] == 24  # epoch 3 bypassed the cache
+        with pytest.raises(ValueError, match=r"codec must be one of \['none', .*'off'\], got 'gzip'"):  # fmt: skip
+            loader.set_codec("gzip")
+    for got, want in zip(first + second + third, uncached, strict=True):
+        assert_batches_equal(got, want)
+
+
+def test_bad_cache_arguments_are_named() -> None:
+    with pytest.raises(ValueError, match="cache must be 'auto', True, False, None or a drapps.Cache, got 'yes'"):  # fmt: skip
+        drapps.Loader(Photos(), cache="yes")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="cache: an iterable dataset"):
+        drapps.Loader(_Stream(), cache=True, workers=0)
+    with drapps.Loader(Photos(), cache=None, workers=0) as loader:
+        with pytest.raises(ValueError, match=r"set_codec\('zstd'\): this loader has no sample cache"):  # fmt: skip
+            loader.set_codec("zstd")
+
+
+class _Stream(torch.utils.data.IterableDataset):
+    def __iter__(self) -> Any:
+        return iter(range(4))
