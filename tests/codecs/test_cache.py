@@ -55,7 +55,9 @@ def epochs(loader: drapps.Loader, n: int = 3) -> list[list[Any]]:
     return [[(x.clone(), y.clone()) for x, y in loader] for _ in range(n)]
 
 
-def run(cache: Any, workers: int = 0, n: int = 3, dataset: Any = None, **kwargs: Any) -> tuple[list[list[Any]], dict | None]:  # fmt: skip
+def run(
+    cache: Any, workers: int = 0, n: int = 3, dataset: Any = None, **kwargs: Any
+) -> tuple[list[list[Any]], dict | None]:
     kwargs = {"batch_size": 4, "shuffle": True, "seed": 3, "transform": augment(), **kwargs}
     with drapps.Loader(dataset or Photos(), workers=workers, cache=cache, **kwargs) as loader:
         out = epochs(loader, n)
@@ -82,7 +84,9 @@ def test_a_lossless_cache_gives_the_same_batches_for_any_worker_count(
 
 
 def test_the_cache_holds_the_deterministic_prefix_and_the_random_ops_stay_fresh() -> None:
-    with drapps.Loader(Photos(), batch_size=4, seed=3, shuffle=True, transform=augment(), workers=0, cache=True) as loader:  # fmt: skip
+    with drapps.Loader(
+        Photos(), batch_size=4, seed=3, shuffle=True, transform=augment(), workers=0, cache=True
+    ) as loader:
         assert loader._cache is not None and loader._cache.prefix == 1  # ToCHWTensor only
         first, second = epochs(loader, 2)
     # The crop and flip are drawn per epoch: epoch 2 is not epoch 1 replayed.
@@ -118,7 +122,9 @@ def test_a_worker_killed_mid_write_leaves_no_entry_and_loses_no_sample(
 
     monkeypatch.setattr(DirectoryTier, "_commit", die_once)  # forked workers inherit it
     kwargs = {"batch_size": 4, "shuffle": True, "seed": 3, "transform": augment()}
-    with drapps.Loader(Photos(), workers=2, cache=True, multiprocessing_context="fork", **kwargs) as loader:  # fmt: skip
+    with drapps.Loader(
+        Photos(), workers=2, cache=True, multiprocessing_context="fork", **kwargs
+    ) as loader:
         batches = epochs(loader, 3)
         stats = loader.stats()
     assert flag.exists() and stats.worker_restarts >= 1
@@ -163,7 +169,9 @@ def test_the_budget_bounds_each_tier_and_the_rest_is_made_every_epoch(
     assert stats["counts"]["hits"] == 2 * cached
 
 
-def test_disk_entries_outlive_the_run_but_a_changed_pipeline_never_reads_them(tmp_path: Path) -> None:  # fmt: skip
+def test_disk_entries_outlive_the_run_but_a_changed_pipeline_never_reads_them(
+    tmp_path: Path,
+) -> None:
     def make(size: int) -> Pipeline:
         return Pipeline([ToCHWTensor(), Resize(size), RandomHorizontalFlip()], key=0)
 
@@ -259,19 +267,25 @@ def test_a_codec_change_re_encodes_entries_as_they_are_read(uncached: list[list[
         third = epochs(loader, 1)
         counts = loader.stats().cache["counts"]  # type: ignore[index]
         assert counts["hits"] == 24 and counts["misses"] == 24  # epoch 3 bypassed the cache
-        with pytest.raises(ValueError, match=r"codec must be one of \['none', .*'off'\], got 'gzip'"):  # fmt: skip
+        with pytest.raises(
+            ValueError, match=r"codec must be one of \['none', .*'off'\], got 'gzip'"
+        ):
             loader.set_codec("gzip")
     for got, want in zip(first + second + third, uncached, strict=True):
         assert_batches_equal(got, want)
 
 
 def test_bad_cache_arguments_are_named() -> None:
-    with pytest.raises(ValueError, match="cache must be 'auto', True, False, None or a drapps.Cache, got 'yes'"):  # fmt: skip
+    with pytest.raises(
+        ValueError, match=r"cache must be 'auto', True, False, None or a drapps.Cache, got 'yes'"
+    ):
         drapps.Loader(Photos(), cache="yes")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="cache: an iterable dataset"):
         drapps.Loader(_Stream(), cache=True, workers=0)
     with drapps.Loader(Photos(), cache=None, workers=0) as loader:
-        with pytest.raises(ValueError, match=r"set_codec\('zstd'\): this loader has no sample cache"):  # fmt: skip
+        with pytest.raises(
+            ValueError, match=r"set_codec\('zstd'\): this loader has no sample cache"
+        ):
             loader.set_codec("zstd")
 
 

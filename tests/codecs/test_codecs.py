@@ -45,7 +45,9 @@ def test_quantize_narrows_token_ids_exactly_and_declines_what_does_not_fit() -> 
     encoded = CODECS.get("quantize-16").encode(tokens)
     assert encoded is not None and encoded.exact
     assert len(encoded.payload) == tokens.size * 2  # a quarter of int64
-    back = CODECS.get("quantize-16").decode(memoryview(encoded.payload), encoded.meta, tokens.dtype, tokens.shape)  # fmt: skip
+    back = CODECS.get("quantize-16").decode(
+        memoryview(encoded.payload), encoded.meta, tokens.dtype, tokens.shape
+    )
     assert np.array_equal(back, tokens)
     assert CODECS.get("quantize-8").encode(tokens) is None  # 50,257 ids do not fit in 8 bits
     assert CODECS.get("quantize-16").encode(ARRAYS["image"]) is None  # uint8 is narrower
@@ -65,7 +67,9 @@ def test_quantize_keeps_floats_within_its_declared_bound(bits: int) -> None:
 @pytest.mark.parametrize("layout", ["HWC", "CHW", "HW"])
 def test_jpeg_round_trips_images_in_each_layout_and_declines_the_rest(layout: str) -> None:
     image = photo()
-    array = {"HWC": image, "CHW": image.transpose(2, 0, 1).copy(), "HW": image[:, :, 0].copy()}[layout]  # fmt: skip
+    array = {"HWC": image, "CHW": image.transpose(2, 0, 1).copy(), "HW": image[:, :, 0].copy()}[
+        layout
+    ]
     codec = CODECS.get("jpeg")
     encoded = codec.encode(array)
     assert encoded is not None and not encoded.exact

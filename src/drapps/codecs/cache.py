@@ -315,7 +315,11 @@ class SampleCache:
         entries = sum(n for _, n in held)
         budget = sum(tier.budget for tier in self.tiers)
         if full:
-            projected = float("inf") if not entries else sum(b for b, _ in held) / entries * (self.samples or 0)  # fmt: skip
+            projected = (
+                float("inf")
+                if not entries
+                else sum(b for b, _ in held) / entries * (self.samples or 0)
+            )
         elif entries < _SAMPLES_TO_PROJECT or self.samples is None:
             return
         else:
