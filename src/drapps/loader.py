@@ -24,7 +24,8 @@ from torch.utils.data import BatchSampler, default_collate, default_convert
 
 from drapps._autotune import AutoTuner, make_tuner
 from drapps._epoch import Epoch, MapEpoch, StreamEpoch
-from drapps.codecs.cache import Cache, SampleCache
+from drapps.codecs.cache import SampleCache
+from drapps.codecs.settings import Cache
 from drapps.codecs.setup import open_cache
 from drapps.control.knobs import CodecKnob, Knob, SplitKnob
 from drapps.control.policy import Policy

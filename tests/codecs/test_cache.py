@@ -16,6 +16,8 @@ from helpers import assert_batches_equal, flatten_indices
 import drapps
 from drapps.codecs import Cache
 from drapps.codecs import cache as cache_module
+from drapps.codecs.entry import pack
+from drapps.codecs.none import Raw
 from drapps.codecs.tier import DirectoryTier
 from drapps.datasets import ImageFolder
 from drapps.ops import (
@@ -156,7 +158,7 @@ def test_a_corrupt_entry_is_dropped_and_made_again(uncached: list[list[Any]]) ->
 def test_the_budget_bounds_each_tier_and_the_rest_is_made_every_epoch(
     tmp_path: Path, uncached: list[list[Any]]
 ) -> None:
-    one = len(cache_module.pack(Photos()[0], cache_module.Raw(), cache_module.Raw(), None).data)
+    one = len(pack(Photos()[0], Raw(), Raw(), None).data)
     cache = Cache(memory=one * 5, disk=tmp_path, disk_bytes=one * 5, codec="none")
     batches, stats = run(cache, workers=2)
     for got, want in zip(batches, uncached, strict=True):

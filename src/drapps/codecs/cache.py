@@ -1,7 +1,7 @@
 """The sample cache: what the deterministic prefix of the pipeline made, kept across epochs.
 
-:class:`Cache` is what a user writes (``drapps.Loader(..., cache=Cache(...))``);
-:class:`SampleCache` is the running cache the loader makes from it and hands to every worker.
+:class:`SampleCache` is the running cache the loader makes from the user's
+:class:`~drapps.codecs.Cache` and hands to every worker.
 A sample's entry holds ``dataset[i]`` after the pipeline's ops up to the first one that draws
 randomness (or that drapps cannot see into), so the random suffix (crops, flips, masking) runs
 after the cache, seeded exactly as without it. Entries live in tiers, shared memory first and
@@ -11,172 +11,31 @@ many are.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
 import os
 import pickle
 import shutil
-import struct
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import psutil
 
 from drapps.codecs.codec import Codec
+from drapps.codecs.control import COUNTERS, OFF, CacheStats, ControlFile
 from drapps.codecs.entry import CorruptEntry, codecs_of, pack, unpack
 from drapps.codecs.none import Raw
-from drapps.codecs.registry import CODECS, available
+from drapps.codecs.profile import ProfileRecorder
+from drapps.codecs.settings import Cache, budget_bytes
 from drapps.codecs.tier import DirectoryTier
-from drapps.runtime.config import parse_bytes
 
 logger = logging.getLogger(__name__)
 
 SHM_ROOT = Path("/dev/shm")
 _PREFIX = "drapps-cache-"
 _SAMPLES_TO_PROJECT = 32  # entries made before an "auto" cache judges whether the dataset fits
-
-
-@dataclass(frozen=True)
-class Cache:
-    """Settings of the sample cache (``drapps.Loader(..., cache=Cache(...))``).
-
-    Example:
-        >>> import drapps
-        >>> cache = drapps.Cache(memory="1GiB", codec="zstd")
-        >>> cache.codec
-        'zstd'
-    """
-
-    memory: int | str = "auto"
-    """Bytes of shared memory the entries may hold: an int, "512MB"/"2GiB", or "auto" (a
-    quarter of the machine's memory, at most half of what ``/dev/shm`` has free)."""
-    disk: str | os.PathLike[str] | None = None
-    """A directory for the disk tier, used when shared memory is full; its entries outlive
-    the run (keys name the dataset and the pipeline, so a changed one never reads them).
-    None: no disk tier."""
-    disk_bytes: int | str = "auto"
-    """Bytes the disk tier may hold ("auto": half the free space of its file system)."""
-    codec: str | Codec = "auto"
-    """Codec for new entries: a registered name (``drapps.codecs.CODECS``), a :class:`Codec`,
-    or "auto" (the controller picks one of ``codecs`` from the measured state; "none" until
-    it does)."""
-    codecs: tuple[str | Codec, ...] | None = None
-    """What "auto" may choose from. Default: the lossless codecs installed (``none``,
-    ``quantize-16``, ``lz4``, ``zstd``), and ``jpeg`` when ``min_psnr`` allows lossy ones."""
-    min_psnr: float | None = None
-    """Allow lossy codecs, keeping a lossy encoding only where it decodes at this PSNR (dB) or
-    better; elsewhere the entry is stored losslessly. None: every entry is exact."""
-    key: str | None = None
-    """The dataset's identity in entry keys. Default: ``dataset.cache_fingerprint()`` where
-    the dataset has one (drapps' datasets: files, sizes and mtimes), else a hash of the
-    pickled dataset."""
-
-    def __post_init__(self) -> None:
-        for name in ("memory", "disk_bytes"):
-            value = getattr(self, name)
-            if value != "auto":
-                try:
-                    budget_bytes(value, name)
-                except (TypeError, ValueError) as exc:
-                    raise ValueError(f"Cache.{name}: {exc}") from None
-        if self.min_psnr is not None and not (
-            isinstance(self.min_psnr, (int, float)) and self.min_psnr > 0
-        ):
-            raise ValueError(
-                f"Cache.min_psnr must be a positive number of dB, got {self.min_psnr!r}"
-            )
-        for codec in (*(self.codecs or ()), self.codec):
-            if codec == "auto":
-                continue
-            resolved = codec if isinstance(codec, Codec) else CODECS.get(codec)
-            if resolved.lossy and self.min_psnr is None and not _exact_for_integers(resolved):
-                raise ValueError(
-                    f"Cache: codec {resolved.name!r} is lossy; allow it with min_psnr=... "
-                    "(for example Cache(min_psnr=40)) or pick a lossless codec"
-                )
-        if self.codecs is not None and not self.codecs:
-            raise ValueError("Cache.codecs must name at least one codec, got ()")
-
-    def choices(self) -> tuple[Codec, ...]:
-        """The codecs this cache may use, resolved."""
-        if self.codecs is not None:
-            names: Sequence[str | Codec] = self.codecs
-        elif self.codec != "auto":
-            names = (self.codec,)
-        else:
-            names = [n for n in ("none", "quantize-16", "lz4", "zstd") if n in available()]
-            if self.min_psnr is not None and "jpeg" in available():
-                names.append("jpeg")
-        codecs = [c if isinstance(c, Codec) else CODECS.get(c) for c in names]
-        if self.codec != "auto" and self.codecs is not None:
-            first = self.codec if isinstance(self.codec, Codec) else CODECS.get(self.codec)
-            codecs = [first, *(c for c in codecs if c.name != first.name)]
-        return tuple(codecs)
-
-
-def _exact_for_integers(codec: Codec) -> bool:
-    """Quantisation is exact on integer data whose range fits: allowed without a PSNR floor
-    (it declines float data then)."""
-    return codec.name.startswith("quantize")
-
-
-# Counters the workers add to and the training process reads (int64 slots of the control
-# file; slot 0 is the codec in use, as an index into the cache's codecs, -1 for "off").
-COUNTERS = (
-    "hits",
-    "misses",
-    "lossy_hits",
-    "corrupt",
-    "not_admitted",
-    "writes",
-    "bytes_written",
-    "raw_bytes_written",
-    "read_ns",
-    "write_ns",
-    "make_ns",
-    "lossy_batches",
-    "migrations",
-)
-_CONTROL = struct.Struct(f"<qq{len(COUNTERS)}q")  # codec, enabled, counters
-_OFF = -1
-
-
-@dataclass
-class CacheStats:
-    """What the cache has done (all workers, cumulative)."""
-
-    codec: str
-    """The codec new entries are written with ("off": the cache is bypassed)."""
-    enabled: bool
-    """False once an "auto" cache found the dataset would not fit."""
-    budget: int = 0
-    """Bytes all tiers may hold."""
-    held_bytes: dict[str, int] = field(default_factory=dict)
-    """Bytes held per tier ("memory", "disk")."""
-    entries: dict[str, int] = field(default_factory=dict)
-    """Entries per tier."""
-    counts: dict[str, int] = field(default_factory=dict)
-    """The :data:`COUNTERS`: hits, misses, lossy hits, corrupt entries dropped, samples not
-    admitted (no room), writes, bytes written (encoded / raw), time reading, writing and
-    making samples (ns), batches with a lossy sample, entries re-encoded by a codec change."""
-
-    def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "hit_rate": self.hit_rate, "ratio": self.ratio}
-
-    @property
-    def hit_rate(self) -> float:
-        looked = self.counts.get("hits", 0) + self.counts.get("misses", 0)
-        return self.counts.get("hits", 0) / looked if looked else 0.0
-
-    @property
-    def ratio(self) -> float:
-        """Raw bytes over stored bytes of what was written (compression ratio)."""
-        written = self.counts.get("bytes_written", 0)
-        return self.counts.get("raw_bytes_written", 0) / written if written else 1.0
 
 
 class SampleCache:
@@ -213,13 +72,14 @@ class SampleCache:
             disk = Path(settings.disk)
             budget = _disk_budget(settings.disk_bytes, disk)
             self.tiers.append(DirectoryTier(disk / "drapps-cache", budget, "disk").open())
-        self._control = self.root / ".control"
-        self._fd = -1
-        self._pid = -1
+        self.control = ControlFile(self.root / ".control")
+        self.control.set(codec=0, enabled=True)
         self._pending = dict.fromkeys(COUNTERS, 0)
         self._codec_index = 0
         self._enabled = True
-        self._write_control(codec=0, enabled=1)
+        self._profile: ProfileRecorder | None = None
+        self._profiling = len(self.codecs) > 1
+        self._unmigrated: set[str] = set()  # keys whose re-encoding found no room
 
     # ------------------------------------------------------------------ worker side
 
@@ -230,9 +90,11 @@ class SampleCache:
 
     def begin_batch(self) -> bool:
         """Read the codec in use and whether the cache is on (once per batch); True if on."""
-        codec, enabled = self._read_control()[:2]
-        self._codec_index, self._enabled = codec, bool(enabled)
-        return self._enabled and codec != _OFF
+        codec, enabled, _ = self.control.read()
+        if codec != self._codec_index:
+            self._unmigrated.clear()
+        self._codec_index, self._enabled = codec, enabled
+        return enabled and codec != OFF
 
     def get(self, index: Any, cut: int) -> tuple[Any, bool] | None:
         """``(sample, exact)`` from the cache, or None (a miss: make it and :meth:`put` it)."""
@@ -260,9 +122,10 @@ class SampleCache:
     def put(self, index: Any, cut: int, sample: Any, make_ns: int) -> None:
         """Store what was made for ``index`` in the first tier with room."""
         self._pending["make_ns"] += make_ns
-        if self.auto and not (self._enabled and self._read_control()[1]):
+        if self.auto and not (self._enabled and self.control.read()[1]):
             self._enabled = False  # turned off since this batch began (here or elsewhere)
             return
+        self._measure(sample)
         t0 = time.perf_counter_ns()
         packed = pack(sample, self._codec(), self.fallback, self.settings.min_psnr)
         key = self.key(index, cut)
@@ -283,11 +146,7 @@ class SampleCache:
     def end_batch(self, lossy: bool) -> None:
         """Add this batch's counters to the shared ones."""
         self._pending["lossy_batches"] += lossy
-        with self._locked() as fd:
-            values = list(_CONTROL.unpack(os.pread(fd, _CONTROL.size, 0)))
-            for i, name in enumerate(COUNTERS):
-                values[2 + i] += self._pending[name]
-            os.pwrite(fd, _CONTROL.pack(*values), 0)
+        self.control.add(self._pending)
         self._pending = dict.fromkeys(COUNTERS, 0)
 
     def key(self, index: Any, cut: int) -> str:
@@ -298,15 +157,31 @@ class SampleCache:
     def _codec(self) -> Codec:
         return self.codecs[self._codec_index] if self._codec_index >= 0 else self.fallback
 
+    def _measure(self, sample: Any) -> None:
+        """Profile every codec on this process's first samples, if it is the one that claims
+        the profile (one worker measures; the result is shared through the control file)."""
+        if not self._profiling:
+            return
+        if self._profile is None:
+            if not self.control.claim("profile"):
+                self._profiling = False
+                return
+            self._profile = ProfileRecorder(self.codecs, self.settings.min_psnr)
+        if self._profile.add(sample):
+            self.control.write_json("profile", self._profile.result())
+            self._profiling, self._profile = False, None
+
     def _migrate(self, tier: DirectoryTier, key: str, data: bytearray, sample: Any) -> None:
         """Re-encode an entry that the codec in use has not been asked to write, so a codec
         change reaches the entries made before it, one read each."""
         codec = self._codec()
-        if codec.name in codecs_of(data):
+        if key in self._unmigrated or codec.name in codecs_of(data):
             return
         packed = pack(sample, codec, self.fallback, self.settings.min_psnr)
         if tier.write(key, packed.data):
             self._pending["migrations"] += 1
+        else:
+            self._unmigrated.add(key)  # no room for it re-encoded: keep it as it is
 
     def _check_fit(self, full: bool) -> None:
         """Turn an "auto" cache off once it is full, or projected from its first entries
@@ -331,7 +206,7 @@ class SampleCache:
                 projected / 1e6,
                 budget / 1e6,
             )
-            self._write_control(enabled=0)
+            self.control.set(enabled=False)
             self._enabled = False
             for tier in self.tiers:
                 tier.clear()
@@ -347,83 +222,37 @@ class SampleCache:
         """
         names = [c.name for c in self.codecs]
         if name == "off":
-            self._write_control(codec=_OFF)
+            self.control.set(codec=OFF)
             return
         if name not in names:
             raise ValueError(f"codec must be one of {[*names, 'off']}, got {name!r}")
-        self._write_control(codec=names.index(name))
+        self.control.set(codec=names.index(name))
 
     def stats(self) -> CacheStats:
-        codec, enabled, *counts = self._read_control()
+        codec, enabled, counts = self.control.read()
         held = {t.name: t.held() for t in self.tiers}
         return CacheStats(
-            codec="off" if codec == _OFF else self.codecs[codec].name,
-            enabled=bool(enabled),
+            codec="off" if codec == OFF else self.codecs[codec].name,
+            enabled=enabled,
+            profile=self.control.read_json("profile") or {},
             budget=sum(t.budget for t in self.tiers),
             held_bytes={name: b for name, (b, _) in held.items()},
             entries={name: n for name, (_, n) in held.items()},
-            counts=dict(zip(COUNTERS, counts, strict=True)),
+            counts=counts,
         )
 
     def close(self) -> None:
         """Free the shared-memory tier (the disk tier stays for the next run). Idempotent."""
         if os.getpid() != self.owner:
             return
-        if self._pid == os.getpid() and self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        self.control.close()
         for tier in self.tiers[1:]:
             tier._close_fd()
         shutil.rmtree(self.root, ignore_errors=True)
 
-    # ------------------------------------------------------------------ the control file
-
-    def _read_control(self) -> list[int]:
-        with self._locked() as fd:
-            return list(_CONTROL.unpack(os.pread(fd, _CONTROL.size, 0)))
-
-    def _write_control(self, **values: int) -> None:
-        with self._locked() as fd:
-            raw = os.pread(fd, _CONTROL.size, 0)
-            current = (
-                list(_CONTROL.unpack(raw))
-                if len(raw) == _CONTROL.size
-                else [0] * (2 + len(COUNTERS))
-            )
-            if "codec" in values:
-                current[0] = values["codec"]
-            if "enabled" in values:
-                current[1] = values["enabled"]
-            os.pwrite(fd, _CONTROL.pack(*current), 0)
-
-    @contextlib.contextmanager
-    def _locked(self) -> Any:
-        import fcntl
-
-        if self._pid != os.getpid():
-            self._fd = os.open(self._control, os.O_RDWR | os.O_CREAT, 0o600)
-            self._pid = os.getpid()
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
-        try:
-            yield self._fd
-        finally:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_fd": -1, "_pid": -1}
-
     def __repr__(self) -> str:
         names = [c.name for c in self.codecs]
         return f"SampleCache({self.root}, prefix={self.prefix}, codecs={names})"
-
-
-def budget_bytes(value: int | str, name: str) -> int:
-    """A tier's budget: 0 (the tier is not used) or a size :func:`parse_bytes` reads."""
-    return (
-        0
-        if isinstance(value, int) and not isinstance(value, bool) and value == 0
-        else parse_bytes(value, name)
-    )
 
 
 def _memory_budget(memory: int | str) -> int:

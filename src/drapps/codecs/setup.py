@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from drapps.codecs.cache import Cache, SampleCache, namespace_of
+from drapps.codecs.cache import SampleCache, namespace_of
+from drapps.codecs.settings import Cache
 
 logger = logging.getLogger(__name__)
 
