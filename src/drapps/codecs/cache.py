@@ -80,6 +80,7 @@ class SampleCache:
         self._profile: ProfileRecorder | None = None
         self._profiling = len(self.codecs) > 1
         self._unmigrated: set[str] = set()  # keys whose re-encoding found no room
+        self._refused = 0  # size of the last entry no tier had room for
 
     # ------------------------------------------------------------------ worker side
 
@@ -127,8 +128,14 @@ class SampleCache:
             return
         self._measure(sample)
         t0 = time.perf_counter_ns()
+        if self._refused and all(t.free() < self._refused for t in self.tiers):
+            # Full: encoding a sample only to be refused would cost every miss an encode.
+            self._pending["not_admitted"] += 1
+            self._pending["write_ns"] += time.perf_counter_ns() - t0
+            return
         packed = pack(sample, self._codec(), self.fallback, self.settings.min_psnr)
         key = self.key(index, cut)
+        self._refused = 0
         for tier in self.tiers:
             if tier.write(key, packed.data):
                 self._pending["writes"] += 1
@@ -138,6 +145,7 @@ class SampleCache:
                 break
         else:
             self._pending["not_admitted"] += 1
+            self._refused = len(packed.data)
             admitted = False
         self._pending["write_ns"] += time.perf_counter_ns() - t0
         if self.auto:
@@ -236,6 +244,7 @@ class SampleCache:
             enabled=enabled,
             profile=self.control.read_json("profile") or {},
             budget=sum(t.budget for t in self.tiers),
+            samples=self.samples or 0,
             held_bytes={name: b for name, (b, _) in held.items()},
             entries={name: n for name, (_, n) in held.items()},
             counts=counts,

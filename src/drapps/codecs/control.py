@@ -126,6 +126,8 @@ class CacheStats:
     """False once an "auto" cache found the dataset would not fit."""
     budget: int = 0
     """Bytes all tiers may hold."""
+    samples: int = 0
+    """Samples in the dataset (0 when it has no length)."""
     held_bytes: dict[str, int] = field(default_factory=dict)
     """Bytes held per tier ("memory", "disk")."""
     entries: dict[str, int] = field(default_factory=dict)

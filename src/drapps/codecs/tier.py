@@ -106,6 +106,10 @@ class DirectoryTier:
         with self._locked() as fd:
             return _COUNTS.unpack(os.pread(fd, _COUNTS.size, 0).ljust(_COUNTS.size, b"\0"))
 
+    def free(self) -> int:
+        """Bytes the budget still has room for."""
+        return self.budget - self.held()[0]
+
     def clear(self) -> None:
         """Remove every entry (the directory stays)."""
         for child in self.root.iterdir() if self.root.exists() else ():

@@ -13,6 +13,9 @@ no GPU: the training process's own idle CPU), one more op moves into the device 
 the loop does not wait and the device stage holds a large share of the loop's time on a busy
 GPU (or with idle cores to take it back), one op moves back. Each move is kept only if
 throughput rose (or did not fall).
+
+With a ``codec`` knob (a sample cache) the codec with the lowest modelled cost per sample is
+chosen from the cache's measurements (:mod:`drapps.control.codec_rule`).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from drapps.control.action import NOOP, Action
+from drapps.control.codec_rule import CodecRule
 from drapps.control.policy import register_policy
 from drapps.control.state import State
 
@@ -108,6 +112,9 @@ class HeuristicPolicy:
         self._backoff = {(knob, d): _Backoff() for knob in ("workers", "split") for d in (+1, -1)}
         self._flowing = 0  # ticks that delivered data since the start
         self._movable: frozenset[str] | None = None  # None: every knob (not bound)
+        self._codec = CodecRule(
+            min_gain=self.config.min_gain, memory_floor=self.config.memory_floor
+        )
 
     def bind(self, movable: tuple[str, ...]) -> None:
         """Only try moves of ``movable`` knobs (the Controller's adjustable ones)."""
@@ -119,6 +126,8 @@ class HeuristicPolicy:
     def decide(self, state: State) -> Action:
         self._tick += 1
         self._recent.append(state)
+        if state.codec is not None:
+            self._codec.observe(state)
         c = self.config
         low_memory = state.available_bytes < c.memory_floor * state.total_bytes
         if low_memory or state.queue_bytes > state.memory_budget:
@@ -143,6 +152,12 @@ class HeuristicPolicy:
         wait = self._mean("wait_fraction")
         idle = self._mean("idle_cores")
         queue = self._mean("queue_batches")
+        if state.codec is not None and self._may_move("codec"):
+            busy = self._mean("cpu_util") > c.cpu_busy
+            choice = self._codec.choose(state, self._tick, wait, busy)
+            if choice is not None:
+                self._recent.clear()  # throughput shifts while entries are re-encoded
+                return Action(codec=choice[0], reason=choice[1])
         workers = self._may_move("workers")
         split = state.split_point is not None and self._may_move("split")
         grow = (

@@ -97,6 +97,15 @@ class State:
     """Bytes the cache holds over its budget, 0..1 (0 without a cache)."""
     cache_not_admitted: float = 0.0
     """Share of the misses over the interval the cache had no room for."""
+    cache_held_bytes: int = 0
+    """Bytes the cache's entries hold now."""
+    cache_budget_bytes: int = 0
+    """Bytes the cache's tiers may hold."""
+    cache_samples: int = 0
+    """Samples in the dataset the cache keys (0: unknown)."""
+    cache_profile: dict[str, list[float]] = field(default_factory=dict, hash=False)
+    """Per codec the cache may use: ``[stored bytes per sample, encode ms, decode ms]``,
+    measured on its first samples (empty until then)."""
     extra: dict[str, Any] = field(default_factory=dict, hash=False)
     """Values of knobs that have no field of their own, by knob name."""
 

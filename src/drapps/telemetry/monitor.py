@@ -186,4 +186,8 @@ def cache_state(now: Any, before: Any) -> dict[str, Any]:
         "cache_make_ms": delta("make_ns") / misses / 1e6 if misses else 0.0,
         "cache_fill": min(1.0, sum(now.held_bytes.values()) / budget),
         "cache_not_admitted": delta("not_admitted") / misses if misses else 0.0,
+        "cache_held_bytes": int(sum(now.held_bytes.values())),
+        "cache_budget_bytes": int(now.budget),
+        "cache_samples": int(now.samples),
+        "cache_profile": dict(now.profile),
     }
