@@ -31,13 +31,14 @@ class CacheWorld:
     def observe(self) -> State:
         stored = PROFILE[self.codec][0]
         hit = min(1.0, self.budget / (stored * self.samples))
+        held = int(min(self.budget, stored * self.samples))
         return state(
             cores=2, cpu_util=self.cpu, idle_cores=2 * (1 - self.cpu), wait_fraction=self.wait,
             throughput=1000 / (hit * PROFILE[self.codec][2] + (1 - hit) * self.make_ms),
             workers=2, max_workers=4, available_bytes=self.available, total_bytes=32 * GIB,
             codec=self.codec, cache_hit_rate=hit, cache_read_ms=PROFILE[self.codec][2],
             cache_make_ms=self.make_ms if hit < 1 else 0.0, cache_samples=self.samples,
-            cache_budget_bytes=self.budget, cache_held_bytes=int(min(self.budget, stored * self.samples)),
+            cache_budget_bytes=self.budget, cache_held_bytes=held,
             cache_profile=PROFILE,
         )  # fmt: skip
 
