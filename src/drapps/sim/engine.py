@@ -24,10 +24,12 @@ import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from drapps.control.state import State, percentile
+from drapps.sim.cache import CacheSim
 from drapps.sim.scenario import Change, Scenario
 
 _Callback = Callable[[], None]
@@ -139,6 +141,8 @@ class Simulator:
         self._stepping_gpu = False
         self._split = p.start_split
         self._made_with: dict[int, int] = {}  # batch id -> the split its task was made with
+        self._cache = CacheSim(p.cache) if p.cache is not None else None
+        self._cache_seen = (0.0, 0.0, 0.0, 0.0, 0.0)  # hits, misses, refused, read s, make s
         self._interval = _Interval()
         self._last_observed = 0.0
         self._batch_changes = sorted(
@@ -189,6 +193,16 @@ class Simulator:
     @property
     def split(self) -> int:
         return self._split
+
+    def set_codec(self, codec: str) -> None:
+        """New cache entries are written with ``codec``; older ones are re-encoded as read."""
+        if self._cache is None:
+            raise RuntimeError("this simulated pipeline has no sample cache")
+        self._cache.set_codec(codec)
+
+    @property
+    def codec(self) -> str | None:
+        return self._cache.codec if self._cache is not None else None
 
     @property
     def workers(self) -> int:
@@ -255,10 +269,34 @@ class Simulator:
             split_point=self._split if p.device_ops else None,
             device_stage_s=i.device_s / i.device_batches if i.device_batches else 0.0,
             device_stage_share=min(1.0, i.device_s / dt),
+            **self._cache_state(),
         )
         self._interval = _Interval()
         self._last_observed = self.now
         return state
+
+    def _cache_state(self) -> dict[str, Any]:
+        """The State's cache fields over the interval (as the real monitor's)."""
+        cache = self._cache
+        if cache is None:
+            return {}
+        now = (cache.hits, cache.misses, cache.not_admitted, cache.read_s, cache.make_s)
+        seen = self._cache_seen
+        hits, misses, refused = now[0] - seen[0], now[1] - seen[1], now[2] - seen[2]
+        read_s, make_s = now[3] - seen[3], now[4] - seen[4]
+        self._cache_seen = now
+        return {
+            "codec": cache.codec,
+            "cache_hit_rate": hits / (hits + misses) if hits + misses > 0 else 0.0,
+            "cache_read_ms": 1000 * read_s / hits if hits > 0 else 0.0,
+            "cache_make_ms": 1000 * make_s / misses if misses > 0 else 0.0,
+            "cache_fill": min(1.0, cache.held_bytes / max(1, cache.model.budget_bytes)),
+            "cache_not_admitted": refused / misses if misses > 0 else 0.0,
+            "cache_held_bytes": int(cache.held_bytes),
+            "cache_budget_bytes": cache.model.budget_bytes,
+            "cache_samples": cache.model.samples,
+            "cache_profile": cache.profile(),
+        }
 
     @property
     def in_flight(self) -> int:
@@ -427,18 +465,23 @@ class Simulator:
         p, f = self.pipeline, self._factors
         cost = self._draw(p.cost_cv)
         cpu_s = p.cpu_s + sum(worker_s for worker_s, _ in p.device_ops[:split])
+        read = 1.0
+        if self._cache is not None and p.cache is not None:
+            cached = p.cpu_s * p.cache.make_share
+            cache_cpu, read = self._cache.batch(p.batch_size, cached / p.batch_size)
+            cpu_s += cache_cpu - cached
 
         def compute() -> None:
             self._cpu_job(cpu_s * f["cpu"] * cost, owner, done)
 
         def read_bytes() -> None:
-            if p.read_bytes > 0:
-                self._read(p.read_bytes * f["read"] * cost, compute)
+            if p.read_bytes > 0 and read > 0:
+                self._read(p.read_bytes * f["read"] * cost * read, compute)
             else:
                 compute()
 
-        if p.read_s > 0:
-            self._at(self.now + p.read_s * f["read"] * cost, read_bytes)
+        if p.read_s > 0 and read > 0:
+            self._at(self.now + p.read_s * f["read"] * cost * read, read_bytes)
         else:
             read_bytes()
 

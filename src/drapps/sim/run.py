@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from drapps.control.controller import Bounds, Controller, Tick
-from drapps.control.knobs import Knob, SplitKnob
+from drapps.control.knobs import CodecKnob, Knob, SplitKnob
 from drapps.control.policy import Policy, make_policy
 from drapps.control.reward import RewardWeights
 from drapps.sim.engine import Simulator
@@ -105,6 +105,7 @@ def simulate(
     schedule: Sequence[tuple[int, int]] | None = None,
     on_tick: Callable[[Tick], None] | None = None,
     move_split: bool = True,
+    move_codec: bool = True,
 ) -> SimRun:
     """Run ``policy`` on ``scenario`` for ``duration`` simulated seconds.
 
@@ -123,6 +124,8 @@ def simulate(
         on_tick: called with every tick.
         move_split: with ``workers="auto"`` and a pipeline with ``device_ops``, let the
             policy move the split (False holds it where the pipeline starts it).
+        move_codec: with ``workers="auto"`` and a pipeline with a cache, let the policy pick
+            the codec (False holds the one the cache starts with).
     """
     if not duration > 0 or not interval > 0:
         raise ValueError(f"duration and interval must be > 0, got {duration!r}, {interval!r}")
@@ -154,7 +157,10 @@ def simulate(
         ),
         interval=interval,
         weights=weights,
-        knobs=split_knobs(sim, adjustable=controlled and move_split),
+        knobs=[
+            *split_knobs(sim, adjustable=controlled and move_split),
+            *codec_knobs(sim, adjustable=controlled and move_codec),
+        ],
     )
     ticks = []
     steps = round(duration / interval)
@@ -181,6 +187,14 @@ def split_knobs(sim: Simulator, *, adjustable: bool) -> list[Knob]:
     if not movable:
         return []
     return [SplitKnob(sim.set_split, low=0, high=movable, adjustable=adjustable)]
+
+
+def codec_knobs(sim: Simulator, *, adjustable: bool) -> list[Knob]:
+    """The codec knob of a simulated pipeline with a sample cache (none without one)."""
+    cache = sim.pipeline.cache
+    if cache is None:
+        return []
+    return [CodecKnob(sim.set_codec, choices=tuple(cache.names), adjustable=adjustable)]
 
 
 def oracle_static(

@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from drapps.sim.cache import CacheModel
+
 GiB = 2**30
 
 
@@ -72,6 +74,8 @@ class PipelineModel:
     """Memory used by everything else on the machine."""
     max_workers: int = 0
     """Upper bound on workers (0: twice the cores, as ``drapps.Loader`` does)."""
+    cache: CacheModel | None = None
+    """A sample cache in front of the workers' work (None: none; see :mod:`drapps.sim.cache`)."""
 
     def __post_init__(self) -> None:
         _check_int(self, "cores", 1)
