@@ -18,6 +18,7 @@ where it could pay.
 from __future__ import annotations
 
 import os
+import pickle
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -139,7 +140,7 @@ class LearnedCodec(Codec):
             encoder, decoder = autoencoder(int(state["latent"]))
             encoder.load_state_dict(state["encoder"])
             decoder.load_state_dict(state["decoder"])
-        except (OSError, KeyError, RuntimeError, TypeError) as exc:
+        except (OSError, KeyError, RuntimeError, TypeError, pickle.UnpicklingError) as exc:
             raise ValueError(
                 f"{os.fspath(path)!r} is not a learned codec saved by drapps: {exc}"
             ) from None
@@ -217,7 +218,7 @@ def train_codec(
         loss.backward()
         optimizer.step()
         schedule.step()
-        running += float(loss)
+        running += loss.item()
         if (step + 1) % 100 == 0:
             losses.append(running / 100)
             running = 0.0
