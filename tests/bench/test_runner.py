@@ -17,6 +17,7 @@ from drapps.bench.runner import Progress
 from drapps.bench.systems import SYSTEMS
 from drapps.runtime.config import usable_cores
 
+CODECS = ("none", "lz4", "zstd", "quantize-16", "jpeg")
 AVAILABLE = [
     name for name, system in SYSTEMS.items() if system.unavailable() is None and not system.opt_in
 ]
@@ -39,8 +40,9 @@ def check_runs(results: dict[str, Any], cases: set[tuple[str, str, str]], repeat
 def test_opt_in_systems_run_only_when_named(tmp_path: Path) -> None:
     every = [name for name, system in SYSTEMS.items() if system.opt_in]
     splits = {"drapps-split", "drapps-split-1w"}  # image only: run below
-    assert set(every) == {"drapps-static-sampler", "drapps-static-pinned", *splits}
-    opt_in = [name for name in every if name not in splits]
+    caches = {"drapps-cache", *(f"drapps-cache-{c}" for c in CODECS)}  # run below
+    assert set(every) == {"drapps-static-sampler", "drapps-static-pinned", *splits, *caches}
+    opt_in = [name for name in every if name not in splits | caches]
     config = BenchConfig(
         workloads=("synthetic",),
         scenarios=("steady",),
@@ -108,6 +110,35 @@ def test_every_scenario_runs_and_is_recorded(tmp_path: Path) -> None:
     names = {p.name for p in pngs}
     assert names == {f"image-{s}-over-time.png" for s in scenarios} | {"image-end-to-end.png"}
     assert all(p.read_bytes().startswith(b"\x89PNG") for p in pngs)
+
+
+@pytest.mark.timeout(300)
+def test_the_cache_comparison_times_the_epochs_after_the_first(tmp_path: Path) -> None:
+    config = BenchConfig(
+        workloads=("image",),
+        scenarios=("steady",),
+        cache=True,
+        workers=(2,),
+        cache_memory="64MB",
+        size="smoke",
+        repeats=1,
+        measure_batches=3,
+        data_dir=tmp_path,
+    )
+    results = run_benchmark(config, progress=False)
+    names = ["dataloader-2", "tf-autotune", "drapps-heuristic", "drapps-cache"]
+    names += [f"drapps-cache-{codec}" for codec in ("none", "lz4", "zstd")]
+    check_runs(results, {("image", "steady", name) for name in names}, repeats=1)
+    ends = {run["case"]: run for run in results["runs"]}
+    assert ends["drapps-cache-zstd"]["final_workers"].endswith("/zstd")
+    assert ends["drapps-cache"]["final_workers"].split("/")[1] in (
+        "none",
+        "lz4",
+        "zstd",
+        "quantize-16",
+    )
+    assert all(run["warmup_samples_per_s"] > 0 for run in results["runs"])
+    assert results["config"]["cache_memory"] == "64MB"
 
 
 @pytest.mark.timeout(300)

@@ -107,6 +107,8 @@ def run_case(spec: dict[str, Any]) -> dict[str, Any]:
     scenario: LoadScenario = scenario_class(spec["scenario"])()
     system = system_class(spec["system"])()
     system.device = spec.get("device")
+    if hasattr(system, "memory"):
+        system.memory = spec.get("cache_memory")
     system.load()
     batch_size, warmup, n = spec["batch_size"], spec["warmup_batches"], spec["measure_batches"]
     step = make_step(spec["consumer"], workload, spec["step_ms"])
@@ -129,6 +131,7 @@ def run_case(spec: dict[str, Any]) -> dict[str, Any]:
             mismatch = mismatch or _mismatch(batch, expected)
             samples += len(batch[0])
             step(batch[0], batch[1], 1.0)
+        warmup_s = time.perf_counter() - opened - first_batch_s
         cpu_before = tree_cpu_seconds(scenario.helper_pids())
         start = time.perf_counter()
         for b in range(n):
@@ -164,6 +167,8 @@ def run_case(spec: dict[str, Any]) -> dict[str, Any]:
         "cpu_util": cpu_s / (elapsed * spec["cores"]),
         "peak_rss_mib": memory.peak / 2**20,
         "first_batch_s": first_batch_s,
+        # the warm-up after the first batch (with --cache: the rest of the first epoch)
+        "warmup_samples_per_s": (warmup - 1) * batch_size / warmup_s if warmup > 1 else 0.0,
         "end_to_end_s": end_to_end,
         "final_workers": final_workers,
         "timeline": [[round(t, 4), round(w, 5)] for t, w in zip(ends, waits, strict=True)],

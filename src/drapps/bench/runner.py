@@ -63,6 +63,12 @@ class BenchConfig:
     device: str | None = None
     """Where systems with a device stage (``drapps-split``) run it and deliver batches
     ("cuda"); None: the training process's CPU."""
+    cache: bool = False
+    """Measure the sample cache: by default the systems become DataLoader, tf.data, drapps
+    without a cache and the cache systems, and timing starts at the second epoch (the first
+    fills the cache; its rate is recorded as ``warmup_samples_per_s``)."""
+    cache_memory: str | None = None
+    """The cache systems' memory budget (e.g. "150MB"); None: "auto"."""
     consumer: str = "sleep"
     """The training step: "sleep" (a fixed step per batch, an accelerator stand-in),
     "cpu-model" (a small real model's forward and backward on the same CPU) or "none"."""
@@ -148,8 +154,24 @@ class Case:
         return system_class(self.system).case_name(self.workers)
 
 
+CACHE_COMPARISON = (
+    "dataloader",
+    "tf-autotune",
+    "drapps-heuristic",
+    "drapps-cache",
+    "drapps-cache-none",
+    "drapps-cache-lz4",
+    "drapps-cache-zstd",
+)
+"""What ``drapps bench --cache`` compares when ``--systems`` is not given."""
+
+
 def chosen_systems(config: BenchConfig) -> tuple[list[str], dict[str, str]]:
     """The systems to run, and the skipped ones with why."""
+    if config.systems is None and config.cache:
+        run = [name for name in CACHE_COMPARISON if SYSTEMS[name].unavailable() is None]
+        skipped = {n: str(SYSTEMS[n].unavailable()) for n in CACHE_COMPARISON if n not in run}
+        return run, skipped
     if config.systems is not None:
         for name in config.systems:
             reason = system_class(name).unavailable()
@@ -290,15 +312,19 @@ def run_benchmark(config: BenchConfig, progress: bool = True) -> dict[str, Any]:
         for case in shuffled:
             workload = workload_class(case.workload)
             step_ms = config.step_ms if config.step_ms is not None else workload.step_ms
+            first = warmup
+            if config.cache and config.warmup_batches is None:  # a whole first epoch
+                first = -(-int(params[case.workload]["samples"]) // workload.batch_size)
             spec = {
                 **asdict(case),
                 "case": case.name,
                 "params": params[case.workload],
                 "batch_size": workload.batch_size,
-                "warmup_batches": warmup,
+                "warmup_batches": first,
                 "measure_batches": measure,
                 "consumer": config.consumer,
                 "device": config.device,
+                "cache_memory": config.cache_memory,
                 "step_ms": step_ms,
                 "seed": config.seed,
                 "cores": cores,

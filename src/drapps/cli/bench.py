@@ -51,6 +51,8 @@ def bench_command(args: argparse.Namespace) -> int:
             step_ms=args.step_ms,
             consumer=args.consumer,
             device=args.device,
+            cache=args.cache or None,
+            cache_memory=args.cache_memory,
             size=args.size,
             data_dir=args.data_dir,
         )
@@ -123,6 +125,13 @@ def add_commands(commands: Commands) -> None:
     bench.add_argument(
         "--device", help="where drapps-split's device stage runs (cuda; default: the CPU)"
     )
+    bench.add_argument(
+        "--cache",
+        action="store_true",
+        help="measure the sample cache: epochs 2+ of the cache systems against DataLoader, "
+        "tf.data and drapps without a cache (epoch 1 is recorded as the warm-up)",
+    )
+    bench.add_argument("--cache-memory", help="the cache systems' memory budget (e.g. 150MB)")
     bench.add_argument("--size", help="data and run size: smoke, quick or default")
     bench.add_argument("--data-dir", type=Path, help="data cache (default ~/.cache/drapps)")
     bench.add_argument("--out", help="output folder (default bench-results/<UTC time>)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from drapps.bench.systems._base import Source, System, Workers
 from drapps.bench.systems.dataloader import DataLoaderSystem
+from drapps.bench.systems.drapps_cache import CACHE_SYSTEMS
 from drapps.bench.systems.drapps_loader import (
     DrappsHeuristic,
     DrappsRl,
@@ -17,7 +18,7 @@ from drapps.registry import Registry
 
 SYSTEMS: Registry[type[System]] = Registry("system")
 """Loading systems by name (``drapps bench --systems``)."""
-for _system in (
+_BUILT_IN: tuple[type[System], ...] = (
     DataLoaderSystem,
     TfDataSystem,
     DrappsStatic,
@@ -27,7 +28,9 @@ for _system in (
     DrappsStaticPinned,
     DrappsSplit,
     DrappsSplitOneWorker,
-):
+    *CACHE_SYSTEMS,
+)
+for _system in _BUILT_IN:
     SYSTEMS.register(_system.name, _system)
 
 

@@ -52,6 +52,7 @@ class DrappsSystem(System):
             workers=workers,  # type: ignore[arg-type]
             persistent_workers=workers != 0,
             policy=self.policy,
+            cache=None,  # the controller alone; drapps-cache adds the sample cache
             **self.order_and_options(dataset, seed),
         )
         return EpochSource(loader, lambda: loader.stats().workers)

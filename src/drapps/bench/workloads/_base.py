@@ -56,6 +56,12 @@ class Workload(ABC):
     def expected(self, batch_size: int) -> list[tuple[tuple[int, ...], torch.dtype]]:
         """Shape and dtype of each tensor in a batch; every system must deliver exactly these."""
 
+    def cached_dataset(self, throttle: IoThrottle | None) -> tuple[Any, Any]:
+        """The same samples as ``(dataset, transform)`` for a sample cache: the dataset's
+        deterministic part (read, decode, tokenise) and the random rest as the transform
+        (None: nothing random)."""
+        return self.dataset(throttle), None
+
     def model_input(self, x: torch.Tensor) -> torch.Tensor:
         """The batched step on the training side before the model (e.g. normalisation)."""
         return x

@@ -55,6 +55,13 @@ class ImageWorkload(Workload):
         read = throttle.read if throttle is not None else None
         return ImageFolder(self.params["folder"], transform=transform, read=read)
 
+    def cached_dataset(self, throttle: IoThrottle | None) -> tuple[ImageFolder, Pipeline]:
+        """Decoded photos (what a sample cache keeps) and the augmentation after them, the
+        same OpenCV ops :meth:`dataset` runs."""
+        read = throttle.read if throttle is not None else None
+        ops = [RandomResizedCrop(SIZE), RandomHorizontalFlip(), ToCHWTensor()]
+        return ImageFolder(self.params["folder"], read=read), Pipeline(ops, key=0)
+
     def pipeline_dataset(self, throttle: IoThrottle | None) -> tuple[ImageFolder, Pipeline]:
         """The JPEG bytes, and the same augmentation as a :class:`Pipeline` whose every op may
         run in the device stage (the crop on tensors: antialiased, not OpenCV's)."""
