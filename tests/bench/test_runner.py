@@ -40,7 +40,11 @@ def check_runs(results: dict[str, Any], cases: set[tuple[str, str, str]], repeat
 def test_opt_in_systems_run_only_when_named(tmp_path: Path) -> None:
     every = [name for name, system in SYSTEMS.items() if system.opt_in]
     splits = {"drapps-split", "drapps-split-1w"}  # image only: run below
-    caches = {"drapps-cache", *(f"drapps-cache-{c}" for c in CODECS)}  # run below
+    caches = {
+        "drapps-cache",
+        "drapps-cache-psnr35",
+        *(f"drapps-cache-{c}" for c in CODECS),
+    }  # run below
     assert set(every) == {"drapps-static-sampler", "drapps-static-pinned", *splits, *caches}
     opt_in = [name for name in every if name not in splits | caches]
     config = BenchConfig(

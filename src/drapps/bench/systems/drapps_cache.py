@@ -5,7 +5,8 @@ random rest as a transform (:meth:`Workload.cached_dataset`), so the cache holds
 photos or token ids and the augmentation stays fresh each epoch. ``drapps-cache`` lets the
 controller choose the codec (``Cache(codec="auto")``) and the workers; ``drapps-cache-none``,
 ``-lz4``, ``-zstd``, ``-quantize-16`` and ``-jpeg`` fix the codec (the controller still moves
-the workers). ``drapps bench --cache`` runs them from the second epoch on, beside the same
+the workers); ``drapps-cache-psnr35`` lets the controller choose lossy JPEG entries too (those
+that decode at 35 dB PSNR or better). ``drapps bench --cache`` runs them from the second epoch on, beside the same
 loader without a cache (``drapps-heuristic``), DataLoader and tf.data; ``--cache-memory``
 sets the budget (a dataset four times the budget: ``--cache-memory`` a quarter of its size).
 """
@@ -26,6 +27,8 @@ class DrappsCache(System):
     summary = 'drapps.Loader(workers="auto", cache=Cache(codec="auto")): the controller picks'
     opt_in = True  # run by ``drapps bench --cache``, or when named
     codec: ClassVar[str] = "auto"
+    min_psnr: ClassVar[float | None] = None
+    """Lossy codecs allowed above this PSNR (jpeg systems: 35 dB)."""
     memory: str | None = None
     """The cache's memory budget (``drapps bench --cache-memory``); None: "auto"."""
 
@@ -42,8 +45,7 @@ class DrappsCache(System):
         throttle: IoThrottle | None,
     ) -> Source:
         dataset, transform = workload.cached_dataset(throttle)
-        min_psnr = 35.0 if self.codec.startswith("jpeg") else None
-        cache = drapps.Cache(memory=self.memory or "auto", codec=self.codec, min_psnr=min_psnr)
+        cache = drapps.Cache(memory=self.memory or "auto", codec=self.codec, min_psnr=self.min_psnr)
         loader = drapps.Loader(
             dataset,
             batch_size=batch_size,
@@ -76,12 +78,20 @@ def _fixed(codec: str, needs: str | None = None) -> type[DrappsCache]:
             return None
 
     Fixed.codec = codec
+    Fixed.min_psnr = 35.0 if codec.startswith("jpeg") else None
     Fixed.__name__ = Fixed.__qualname__ = f"DrappsCache_{codec.replace('-', '_')}"
     return Fixed
 
 
+class DrappsCacheLossy(DrappsCache):
+    name = "drapps-cache-psnr35"
+    summary = "drapps-cache that may also pick jpeg, where entries decode at 35 dB or better"
+    min_psnr = 35.0
+
+
 CACHE_SYSTEMS: tuple[type[DrappsCache], ...] = (
     DrappsCache,
+    DrappsCacheLossy,
     _fixed("none"),
     _fixed("lz4", "lz4"),
     _fixed("zstd", "zstd"),
