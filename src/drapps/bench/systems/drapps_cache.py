@@ -6,9 +6,10 @@ photos or token ids and the augmentation stays fresh each epoch. ``drapps-cache`
 controller choose the codec (``Cache(codec="auto")``) and the workers; ``drapps-cache-none``,
 ``-lz4``, ``-zstd``, ``-quantize-16`` and ``-jpeg`` fix the codec (the controller still moves
 the workers); ``drapps-cache-psnr35`` lets the controller choose lossy JPEG entries too (those
-that decode at 35 dB PSNR or better). ``drapps bench --cache`` runs them from the second epoch on, beside the same
-loader without a cache (``drapps-heuristic``), DataLoader and tf.data; ``--cache-memory``
-sets the budget (a dataset four times the budget: ``--cache-memory`` a quarter of its size).
+that decode at 35 dB PSNR or better). ``drapps bench --cache`` runs them from the second
+epoch on, beside the same loader without a cache (``drapps-heuristic``), DataLoader and
+tf.data; ``--cache-memory`` sets the budget (a dataset four times the budget:
+``--cache-memory`` a quarter of its size).
 """
 
 from __future__ import annotations
