@@ -94,7 +94,9 @@ def test_an_entry_keeps_the_structure_and_kinds_of_a_sample() -> None:
     sample = (Pair(torch.from_numpy(photo()), {"label": 3, "name": "x"}), [np.arange(5)], b"raw")
     packed = pack(sample, CODECS.get("zstd"), Raw(), None)
     assert packed.exact and packed.codecs == {"zstd"}
-    back, exact = unpack(bytearray(packed.data), {"zstd": CODECS.get("zstd"), "none": Raw()})
+    codecs = {"zstd": CODECS.get("zstd"), "none": Raw()}
+    back, exact, written_by = unpack(bytearray(packed.data), codecs)
+    assert written_by == {"zstd"}
     assert exact
     assert isinstance(back, tuple) and isinstance(back[0], Pair)
     assert isinstance(back[0].image, torch.Tensor) and torch.equal(back[0].image, sample[0].image)

@@ -52,7 +52,7 @@ def test_it_saves_loads_and_serves_cache_entries(trained: LearnedCodec, tmp_path
     first, second = trained.encode(image), loaded.encode(image)
     assert first is not None and second is not None and first.payload == second.payload
     entry = pack((image, 7), loaded, Raw(), min_psnr=15.0)
-    (back, label), exact = unpack(bytearray(entry.data), {"learned": loaded, "none": Raw()})
+    (back, label), exact, _ = unpack(bytearray(entry.data), {"learned": loaded, "none": Raw()})
     assert not exact and label == 7 and psnr(image, back) > 15
     (tmp_path / "junk.pt").write_bytes(b"not a model")
     with pytest.raises(ValueError, match="is not a learned codec saved by drapps"):

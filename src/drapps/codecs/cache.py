@@ -25,7 +25,7 @@ import psutil
 
 from drapps.codecs.codec import Codec
 from drapps.codecs.control import COUNTERS, OFF, CacheStats, ControlFile
-from drapps.codecs.entry import CorruptEntry, codecs_of, pack, unpack
+from drapps.codecs.entry import CorruptEntry, pack, unpack
 from drapps.codecs.none import Raw
 from drapps.codecs.profile import ProfileRecorder
 from drapps.codecs.settings import Cache, budget_bytes
@@ -106,7 +106,7 @@ class SampleCache:
             if data is None:
                 continue
             try:
-                sample, exact = unpack(data, self.decoders)
+                sample, exact, written_by = unpack(data, self.decoders)
             except CorruptEntry as exc:
                 logger.warning("dropping a corrupt cache entry of sample %r: %s", index, exc)
                 tier.drop(key)
@@ -115,7 +115,7 @@ class SampleCache:
             self._pending["hits"] += 1
             self._pending["lossy_hits"] += not exact
             self._pending["read_ns"] += time.perf_counter_ns() - t0
-            self._migrate(tier, key, data, sample)
+            self._migrate(tier, key, written_by, sample)
             return sample, exact
         self._pending["misses"] += 1
         return None
@@ -179,11 +179,13 @@ class SampleCache:
             self.control.write_json("profile", self._profile.result())
             self._profiling, self._profile = False, None
 
-    def _migrate(self, tier: DirectoryTier, key: str, data: bytearray, sample: Any) -> None:
+    def _migrate(
+        self, tier: DirectoryTier, key: str, written_by: frozenset[str], sample: Any
+    ) -> None:
         """Re-encode an entry that the codec in use has not been asked to write, so a codec
         change reaches the entries made before it, one read each."""
         codec = self._codec()
-        if key in self._unmigrated or codec.name in codecs_of(data):
+        if key in self._unmigrated or codec.name in written_by:
             return
         packed = pack(sample, codec, self.fallback, self.settings.min_psnr)
         if tier.write(key, packed.data):
