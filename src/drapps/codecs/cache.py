@@ -92,8 +92,9 @@ class SampleCache:
     def begin_batch(self) -> bool:
         """Read the codec in use and whether the cache is on (once per batch); True if on."""
         codec, enabled, _ = self.control.read()
-        if codec != self._codec_index:
+        if codec != self._codec_index:  # entries of another size: try again
             self._unmigrated.clear()
+            self._refused = 0
         self._codec_index, self._enabled = codec, enabled
         return enabled and codec != OFF
 

@@ -139,6 +139,17 @@ class HeuristicPolicy:
             if state.prefetch > 1:
                 return Action(prefetch=-1, reason=f"{why}: lowering prefetch")
             return NOOP
+        if (
+            state.codec is not None
+            and self._may_move("codec")
+            and self._flowing > c.settle
+            and (choice := self._codec_choice(state)) is not None
+        ):
+            # A codec change is decided from measurements, not tried: it goes ahead of a
+            # probe, which it would confound (the probe's move stays, unjudged).
+            self._probe = None
+            self._recent.clear()  # throughput shifts while entries are re-encoded
+            return choice
         if self._probe is not None:
             return self._judge_probe(state)
         if self._flowing <= c.settle:
@@ -152,12 +163,6 @@ class HeuristicPolicy:
         wait = self._mean("wait_fraction")
         idle = self._mean("idle_cores")
         queue = self._mean("queue_batches")
-        if state.codec is not None and self._may_move("codec"):
-            busy = self._mean("cpu_util") > c.cpu_busy
-            choice = self._codec.choose(state, self._tick, wait, busy)
-            if choice is not None:
-                self._recent.clear()  # throughput shifts while entries are re-encoded
-                return Action(codec=choice[0], reason=choice[1])
         workers = self._may_move("workers")
         split = state.split_point is not None and self._may_move("split")
         grow = (
@@ -199,6 +204,13 @@ class HeuristicPolicy:
         if not self._may_move("prefetch"):
             return NOOP
         return self._tune_prefetch(state, wait, queue)
+
+    def _codec_choice(self, state: State) -> Action | None:
+        """A codec change the cost model asks for (:mod:`drapps.control.codec_rule`)."""
+        wait = self._mean("wait_fraction") if self._recent else state.wait_fraction
+        busy = (self._mean("cpu_util") if self._recent else state.cpu_util) > self.config.cpu_busy
+        choice = self._codec.choose(state, self._tick, wait, busy)
+        return None if choice is None else Action(codec=choice[0], reason=choice[1])
 
     def _split_move(self, state: State, wait: float, idle: float, grow: bool) -> Action | None:
         """A probe of the split point, or None (see the module docstring for the rule)."""
