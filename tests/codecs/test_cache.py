@@ -114,7 +114,7 @@ def test_a_worker_killed_mid_write_leaves_no_entry_and_loses_no_sample(
     flag = tmp_path / "killed"
     commit = DirectoryTier._commit
 
-    def die_once(self: DirectoryTier, tmp: Path, path: Path) -> None:
+    def die_once(self: DirectoryTier, tmp: str, path: str) -> None:
         # The entry is written in full to its temporary file; the worker dies before the
         # rename that would publish it.
         if not flag.exists():

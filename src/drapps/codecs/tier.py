@@ -36,6 +36,7 @@ class DirectoryTier:
         if budget < 0:
             raise ValueError(f"the {name} tier's budget must be >= 0 bytes, got {budget!r}")
         self.root = Path(root)
+        self._root = os.fspath(root)  # str paths: pathlib costs microseconds a lookup
         self.budget = int(budget)
         self.name = name
         self._fd = -1
@@ -45,6 +46,7 @@ class DirectoryTier:
         """Make the directory, remove what dead writers left, and recount the ledger from
         the entries there (the training process calls this once, before workers start)."""
         self.root.mkdir(parents=True, exist_ok=True)
+        self._make_fanout()
         held = entries = 0
         for path in self.root.glob("*/*"):
             if path.name.startswith(_TMP):
@@ -56,8 +58,9 @@ class DirectoryTier:
             os.pwrite(fd, _COUNTS.pack(held, entries), 0)
         return self
 
-    def path(self, key: str) -> Path:
-        return self.root / key[:2] / key
+    def path(self, key: str) -> str:
+        """Where ``key``'s entry lives (keys are hex; the first two digits name a folder)."""
+        return f"{self._root}/{key[:2]}/{key}"
 
     def read(self, key: str) -> bytearray | None:
         """The entry's bytes, or None when there is none."""
@@ -81,14 +84,14 @@ class DirectoryTier:
         delta, added = len(data) - max(old, 0), int(old < 0)
         if not self._reserve(delta, added):
             return False
-        tmp = path.parent / f"{_TMP}{os.getpid()}-{os.urandom(4).hex()}"
+        tmp = f"{self._root}/{key[:2]}/{_TMP}{os.getpid()}-{os.urandom(4).hex()}"
         try:
-            path.parent.mkdir(exist_ok=True)
-            with open(tmp, "wb") as file:
+            with open(tmp, "wb", buffering=0) as file:
                 file.write(data)
             self._commit(tmp, path)
         except BaseException:
-            tmp.unlink(missing_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
             self._reserve(-delta, -added, force=True)
             raise
         return True
@@ -98,7 +101,7 @@ class DirectoryTier:
         path = self.path(key)
         size = _size(path)
         with contextlib.suppress(FileNotFoundError):
-            path.unlink()
+            os.unlink(path)
             self._reserve(-size, -1, force=True)
 
     def held(self) -> tuple[int, int]:
@@ -115,6 +118,7 @@ class DirectoryTier:
         for child in self.root.iterdir() if self.root.exists() else ():
             if child.is_dir():
                 shutil.rmtree(child, ignore_errors=True)
+        self._make_fanout()
         with self._locked() as fd:
             os.pwrite(fd, _COUNTS.pack(0, 0), 0)
 
@@ -123,7 +127,11 @@ class DirectoryTier:
         self._close_fd()
         shutil.rmtree(self.root, ignore_errors=True)
 
-    def _commit(self, tmp: Path, path: Path) -> None:
+    def _make_fanout(self) -> None:
+        for i in range(256):
+            os.makedirs(f"{self._root}/{i:02x}", exist_ok=True)
+
+    def _commit(self, tmp: str, path: str) -> None:
         os.replace(tmp, path)  # atomic: readers see the old entry, the new one, or none
 
     def _reserve(self, delta: int, entries: int, *, force: bool = False) -> bool:
@@ -159,9 +167,9 @@ class DirectoryTier:
         return f"DirectoryTier({str(self.root)!r}, budget={self.budget}, name={self.name!r})"
 
 
-def _size(path: Path) -> int:
+def _size(path: str) -> int:
     """The file's size, -1 when there is none."""
     try:
-        return path.stat().st_size
+        return os.stat(path).st_size
     except FileNotFoundError:
         return -1
