@@ -42,6 +42,7 @@ def test_opt_in_systems_run_only_when_named(tmp_path: Path) -> None:
     splits = {"drapps-split", "drapps-split-1w"}  # image only: run below
     caches = {
         "drapps-cache",
+        "tf-autotune-cache",
         "drapps-cache-psnr35",
         *(f"drapps-cache-{c}" for c in CODECS),
     }  # run below
@@ -130,7 +131,8 @@ def test_the_cache_comparison_times_the_epochs_after_the_first(tmp_path: Path) -
         data_dir=tmp_path,
     )
     results = run_benchmark(config, progress=False)
-    names = ["dataloader-2", "tf-autotune", "drapps-heuristic", "drapps-cache"]
+    names = ["dataloader-2", "tf-autotune", "tf-autotune-cache", "drapps-heuristic"]
+    names += ["drapps-cache"]
     names += [f"drapps-cache-{codec}" for codec in ("none", "lz4", "zstd")]
     check_runs(results, {("image", "steady", name) for name in names}, repeats=1)
     ends = {run["case"]: run for run in results["runs"]}

@@ -157,6 +157,7 @@ class Case:
 CACHE_COMPARISON = (
     "dataloader",
     "tf-autotune",
+    "tf-autotune-cache",
     "drapps-heuristic",
     "drapps-cache",
     "drapps-cache-none",

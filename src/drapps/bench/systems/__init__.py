@@ -13,7 +13,7 @@ from drapps.bench.systems.drapps_loader import (
     DrappsStaticSampler,
 )
 from drapps.bench.systems.drapps_split import DrappsSplit, DrappsSplitOneWorker
-from drapps.bench.systems.tfdata import TfDataSystem
+from drapps.bench.systems.tfdata import TfDataCacheSystem, TfDataSystem
 from drapps.registry import Registry
 
 SYSTEMS: Registry[type[System]] = Registry("system")
@@ -21,6 +21,7 @@ SYSTEMS: Registry[type[System]] = Registry("system")
 _BUILT_IN: tuple[type[System], ...] = (
     DataLoaderSystem,
     TfDataSystem,
+    TfDataCacheSystem,
     DrappsStatic,
     DrappsHeuristic,
     DrappsRl,

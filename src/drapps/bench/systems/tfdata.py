@@ -1,4 +1,5 @@
-"""``tf-autotune``: the workload's tf.data pipeline with AUTOTUNE parallelism and prefetch."""
+"""``tf-autotune``: the workload's tf.data pipeline with AUTOTUNE parallelism and prefetch;
+``tf-autotune-cache``: the same with ``.cache()`` after its deterministic part."""
 
 from __future__ import annotations
 
@@ -60,3 +61,22 @@ class TfDataSystem(System):
         throttle: IoThrottle | None,
     ) -> Source:
         return _TfSource(workload.tf_dataset(batch_size, seed, throttle))
+
+
+class TfDataCacheSystem(TfDataSystem):
+    name = "tf-autotune-cache"
+    summary = "tf-autotune with .cache() after read and decode (tf.data's own sample cache)"
+    opt_in = True  # run by ``drapps bench --cache``, or when named
+
+    def open(
+        self,
+        workload: Workload,
+        workers: Workers,
+        batch_size: int,
+        seed: int,
+        throttle: IoThrottle | None,
+    ) -> Source:
+        dataset = workload.tf_cached_dataset(batch_size, seed, throttle)
+        if dataset is None:
+            raise ValueError(f"{self.name} has no cached tf.data form of {workload.name!r}")
+        return _TfSource(dataset)

@@ -62,6 +62,11 @@ class Workload(ABC):
         (None: nothing random)."""
         return self.dataset(throttle), None
 
+    def tf_cached_dataset(self, batch_size: int, seed: int, throttle: IoThrottle | None) -> Any:
+        """The tf.data pipeline with ``.cache()`` after its deterministic part (what a tf.data
+        user writes to stop re-decoding), or None where the workload has no such form."""
+        return None
+
     def model_input(self, x: torch.Tensor) -> torch.Tensor:
         """The batched step on the training side before the model (e.g. normalisation)."""
         return x
@@ -87,6 +92,30 @@ def autotuned(dataset: Any, load: Callable[..., Any], size: int, batch_size: int
         dataset.shuffle(size, seed=seed, reshuffle_each_iteration=True)
         .repeat()
         .map(load, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
+        .batch(batch_size, drop_remainder=True)
+        .prefetch(tf.data.AUTOTUNE)
+    )
+
+
+def autotuned_cached(
+    dataset: Any,
+    make: Callable[..., Any],
+    augment: Callable[..., Any],
+    size: int,
+    batch_size: int,
+    seed: int,
+) -> Any:
+    """:func:`autotuned` with tf.data's in-memory ``.cache()`` between the deterministic part
+    (``make``: read and decode) and the random one (``augment``), reshuffling the cached
+    elements every epoch (a buffer of the whole dataset, as the torch side's sampler)."""
+    import tensorflow as tf
+
+    return (
+        dataset.map(make, num_parallel_calls=tf.data.AUTOTUNE)
+        .cache()
+        .shuffle(size, seed=seed, reshuffle_each_iteration=True)
+        .repeat()
+        .map(augment, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
         .batch(batch_size, drop_remainder=True)
         .prefetch(tf.data.AUTOTUNE)
     )

@@ -18,7 +18,7 @@ from torch import nn
 
 from drapps.bench.data import make_jpeg_folder
 from drapps.bench.throttle import IoThrottle
-from drapps.bench.workloads._base import SgdStep, Workload, autotuned
+from drapps.bench.workloads._base import SgdStep, Workload, autotuned, autotuned_cached
 from drapps.datasets import ImageFolder
 from drapps.ops import (
     Compose,
@@ -103,6 +103,39 @@ class ImageWorkload(Workload):
 
         slices = tf.data.Dataset.from_tensor_slices((paths, labels))
         return autotuned(slices, load, len(paths), batch_size, seed)
+
+    def tf_cached_dataset(self, batch_size: int, seed: int, throttle: IoThrottle | None) -> Any:
+        import tensorflow as tf
+
+        folder = ImageFolder(self.params["folder"])
+        paths = [path for path, _ in folder.samples]
+        labels = [target for _, target in folder.samples]
+
+        def make(path: Any, label: Any) -> tuple[Any, Any]:
+            if throttle is None:
+                data = tf.io.read_file(path)
+            else:
+                data = tf.numpy_function(lambda p: throttle.read(p.decode()), [path], tf.string)
+                data = tf.ensure_shape(data, [])
+            return tf.io.decode_jpeg(data, channels=3), tf.cast(label, tf.int64)
+
+        def augment(image: Any, label: Any) -> tuple[Any, Any]:
+            box_start, box_size, _ = tf.image.sample_distorted_bounding_box(
+                tf.shape(image),
+                bounding_boxes=tf.zeros([1, 0, 4]),
+                min_object_covered=0.0,
+                aspect_ratio_range=(3 / 4, 4 / 3),
+                area_range=(0.08, 1.0),
+                max_attempts=10,
+                use_image_if_no_bounding_boxes=True,
+            )
+            crop = tf.slice(image, box_start, box_size)
+            crop = tf.image.random_flip_left_right(tf.image.resize(crop, [SIZE, SIZE]))
+            crop = tf.transpose(tf.cast(tf.clip_by_value(crop, 0, 255), tf.uint8), [2, 0, 1])
+            return crop, label
+
+        slices = tf.data.Dataset.from_tensor_slices((paths, labels))
+        return autotuned_cached(slices, make, augment, len(paths), batch_size, seed)
 
     def expected(self, batch_size: int) -> list[tuple[tuple[int, ...], torch.dtype]]:
         return [((batch_size, 3, SIZE, SIZE), torch.uint8), ((batch_size,), torch.int64)]

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from drapps.bench.throttle import IoThrottle
-from drapps.bench.workloads._base import SgdStep, Workload, autotuned
+from drapps.bench.workloads._base import SgdStep, Workload, autotuned, autotuned_cached
 from drapps.ops.text import PackedText, write_corpus
 
 DEBIAN_DOCS = Path("/usr/share/doc/python3.11/html/_sources")
@@ -80,6 +80,24 @@ class TextWorkload(Workload):
 
         indices = tf.data.Dataset.range(len(packed))
         return autotuned(indices, load, len(packed), batch_size, seed)
+
+    def tf_cached_dataset(self, batch_size: int, seed: int, throttle: IoThrottle | None) -> Any:
+        import numpy as np
+        import tensorflow as tf
+
+        packed = self.dataset(throttle)
+
+        def tokens(index: Any) -> Any:
+            return np.asarray(packed.tokens(int(index)), dtype=np.int64)
+
+        def make(index: Any) -> Any:
+            return tf.ensure_shape(tf.numpy_function(tokens, [index], tf.int64), [SEQ_LEN + 1])
+
+        def split(ids: Any) -> tuple[Any, Any]:
+            return ids[:-1], ids[1:]
+
+        indices = tf.data.Dataset.range(len(packed))
+        return autotuned_cached(indices, make, split, len(packed), batch_size, seed)
 
     def expected(self, batch_size: int) -> list[tuple[tuple[int, ...], torch.dtype]]:
         return [((batch_size, SEQ_LEN), torch.int64), ((batch_size, SEQ_LEN), torch.int64)]
