@@ -60,11 +60,14 @@ def compare_command(args: argparse.Namespace) -> int:
         learned = [LearnedCodec.load(path) for path in args.learned]
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    rows = compare_codecs(codecs, images)
-    learned_rows = []
-    for path, codec in zip(args.learned, learned, strict=True):
-        row = compare_codecs([codec], images)[0]
-        learned_rows.append({**row, "codec": f"learned ({Path(path).name})"})
+    try:
+        rows = compare_codecs(codecs, images)
+        learned_rows = []
+        for path, codec in zip(args.learned, learned, strict=True):
+            row = compare_codecs([codec], images)[0]
+            learned_rows.append({**row, "codec": f"learned ({Path(path).name})"})
+    except ValueError as exc:  # a codec that declines these images
+        raise UsageError(str(exc)) from None
     curve = rate_distortion(images)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -137,7 +140,7 @@ def add_commands(commands: Commands) -> None:
     compare.add_argument("--data", required=True, help="an ImageFolder tree of JPEGs")
     compare.add_argument("--images", type=int, default=32, help="images to measure on (32)")
     compare.add_argument(
-        "--codecs", default="none,lz4,zstd,zstd-9,quantize-8,jpeg,jpeg-75", help="registered codecs"
+        "--codecs", default="none,lz4,zstd,zstd-9,jpeg,jpeg-75", help="registered codecs"
     )
     compare.add_argument("--learned", nargs="*", default=[], help="learned codec files")
     compare.add_argument("--out", default="codec-results", help="output folder")
