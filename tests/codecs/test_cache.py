@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -294,3 +296,41 @@ def test_bad_cache_arguments_are_named() -> None:
 class _Stream(torch.utils.data.IterableDataset):
     def __iter__(self) -> Any:
         return iter(range(4))
+
+
+class Flat:
+    """Costly to make (3 ms), cheap to compress (flat images): a budget that holds a quarter
+    of them raw holds all of them compressed."""
+
+    def __len__(self) -> int:
+        return 400
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
+        time.sleep(0.003)
+        return np.full((100, 200, 3), i % 251, dtype=np.uint8), i
+
+
+@pytest.mark.timeout(120)
+def test_the_controller_moves_to_a_codec_that_fits_the_dataset(tmp_path: Path) -> None:
+    cache = Cache(memory=400 * 60_200 // 4)
+    trace = tmp_path / "trace.jsonl"
+    with drapps.Loader(
+        Flat(),
+        batch_size=16,
+        shuffle=True,
+        seed=0,
+        workers="auto",
+        cache=cache,
+        control_interval=0.1,
+        trace=trace,
+    ) as loader:
+        for _ in range(8):
+            list(loader)
+        stats = loader.stats().cache
+        report = loader.report()
+    assert stats is not None and stats["codec"] in ("lz4", "zstd")
+    assert set(stats["profile"]) == {"none", "quantize-16", "lz4", "zstd"}
+    assert stats["entries"]["memory"] == 400 and stats["counts"]["migrations"] > 0
+    assert "Cache:" in report and "(it moved through none -> " in report
+    reasons = [json.loads(line).get("action", {}).get("reason", "") for line in trace.open()]
+    assert any(r.startswith(f"codec {stats['codec']}: ") for r in reasons)

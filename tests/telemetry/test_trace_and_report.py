@@ -89,3 +89,26 @@ def test_report_without_rows_says_how_to_get_them() -> None:
 def test_report_of_a_fed_loop() -> None:
     rows = [replace(r, state=replace(r.state, wait_fraction=0.0)) for r in rows_of_a_run()]
     assert "the training step sets the pace" in bottleneck_report(rows)
+
+
+def test_report_tells_what_the_cache_held_and_served() -> None:
+    rows = rows_of_a_run()
+    rows = [
+        replace(r, state=replace(r.state, codec="none" if i < 10 else "zstd"))
+        for i, r in enumerate(rows)
+    ]
+    cache = {
+        "hit_rate": 0.5,
+        "entries": {"memory": 90, "disk": 10},
+        "held_bytes": {"memory": 90 * 2**20, "disk": 10 * 2**20},
+        "budget": 200 * 2**20,
+        "codec": "zstd",
+        "enabled": True,
+        "counts": {"not_admitted": 7, "corrupt": 0, "lossy_batches": 0},
+    }
+    text = bottleneck_report(rows, {"cache": cache})
+    assert (
+        "Cache: 50% of lookups hit; 100 entries, 100 MiB of a 200 MiB budget, codec zstd "
+        "(it moved through none -> zstd); 7 samples found no room." in text
+    )
+    assert "Cache:" not in bottleneck_report(rows, {"cache": None})

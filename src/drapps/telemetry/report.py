@@ -90,6 +90,7 @@ def bottleneck_report(rows: Sequence[TraceRow], stats: dict[str, Any] | None = N
         watts = f", drawing {statistics.fmean(power):.0f} W" if power else ""
         lines.append(f"GPU: {statistics.fmean(gpu):.0%} utilised on average{watts}.")
     lines += _device_stage_story(states)
+    lines += _cache_story(states, (stats or {}).get("cache"))
     if stats:
         faults = [
             f"{stats[k]} {label}"
@@ -120,6 +121,34 @@ def _device_stage_story(states: list[Any]) -> list[str]:
         share = statistics.fmean(s.device_stage_share for s in staged)
         line += f"; the stage took {1000 * per_batch:.1f} ms a batch, {share:.0%} of the time"
     return [line + "."]
+
+
+def _cache_story(states: list[Any], cache: dict[str, Any] | None) -> list[str]:
+    """What the sample cache held and served, and which codec it ended on."""
+    if not cache:
+        return []
+    counts = cache["counts"]
+    held = sum(cache["held_bytes"].values()) / 2**20
+    line = (
+        f"Cache: {cache['hit_rate']:.0%} of lookups hit; {sum(cache['entries'].values())} "
+        f"entries, {held:.0f} MiB of a {cache['budget'] / 2**20:.0f} MiB budget, codec "
+        f"{cache['codec']}"
+    )
+    codecs = [s.codec for s in states if s.codec is not None]
+    if len(set(codecs)) > 1:
+        line += f" (it moved through {' -> '.join(dict.fromkeys(codecs))})"
+    if not cache["enabled"]:
+        line += "; turned off: the dataset did not fit the budget"
+    extra = [
+        f"{counts[k]} {label}"
+        for k, label in (
+            ("not_admitted", "samples found no room"),
+            ("corrupt", "corrupt entries remade"),
+            ("lossy_batches", "batches held lossy samples"),
+        )
+        if counts.get(k)
+    ]
+    return [line + (f"; {', '.join(extra)}" if extra else "") + "."]
 
 
 def _advice(wait: float, saturated: bool, states: list[Any]) -> list[str]:
