@@ -24,7 +24,7 @@ def test_the_readme_has_examples() -> None:
 
 
 def test_the_seams_note_has_its_examples() -> None:
-    assert sum(name.startswith("seams") for name, _ in DOC_BLOCKS) == 3
+    assert sum(name.startswith("seams") for name, _ in DOC_BLOCKS) == 5
 
 
 @pytest.mark.parametrize(

@@ -334,3 +334,15 @@ def test_the_controller_moves_to_a_codec_that_fits_the_dataset(tmp_path: Path) -
     assert "Cache:" in report and "(it moved through none -> " in report
     reasons = [json.loads(line).get("action", {}).get("reason", "") for line in trace.open()]
     assert any(r.startswith(f"codec {stats['codec']}: ") for r in reasons)
+
+
+def test_further_tiers_must_be_tiers_with_names_of_their_own(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"Cache\.tiers must hold Tier objects"):
+        drapps.Loader(Photos(), workers=0, cache=Cache(tiers=("redis://",)))
+    twin = DirectoryTier(tmp_path / "twin", 10**6, "memory")
+    with pytest.raises(ValueError, match="a tier named 'memory' is already in the cache"):
+        drapps.Loader(Photos(), workers=0, cache=Cache(tiers=(twin,)))
+    extra = DirectoryTier(tmp_path / "extra", 10**7, "extra")
+    _, stats = run(Cache(memory=0, tiers=(extra,)), workers=2, n=2)
+    assert stats is not None and stats["entries"] == {"memory": 0, "extra": 24}
+    assert stats["counts"]["hits"] == 24

@@ -29,7 +29,7 @@ from drapps.codecs.entry import CorruptEntry, pack, unpack
 from drapps.codecs.none import Raw
 from drapps.codecs.profile import ProfileRecorder
 from drapps.codecs.settings import Cache, budget_bytes
-from drapps.codecs.tier import DirectoryTier
+from drapps.codecs.tier import DirectoryTier, Tier
 
 logger = logging.getLogger(__name__)
 
@@ -60,20 +60,25 @@ class SampleCache:
         self.codecs = settings.choices()
         self.decoders: dict[str, Codec] = {c.name: c for c in (*self.codecs, Raw())}
         self.fallback = Raw()
+        _check_tiers(settings)
         SHM_ROOT.mkdir(exist_ok=True)
         remove_orphan_caches()
         self.root = SHM_ROOT / f"{_PREFIX}{os.getpid()}-{os.urandom(4).hex()}"
         self.root.mkdir()
         self.owner = os.getpid()
-        self.tiers = [
-            DirectoryTier(self.root / "entries", _memory_budget(settings.memory), "memory").open()
-        ]
-        if settings.disk is not None:
-            disk = Path(settings.disk)
-            budget = _disk_budget(settings.disk_bytes, disk)
-            self.tiers.append(DirectoryTier(disk / "drapps-cache", budget, "disk").open())
-        self.control = ControlFile(self.root / ".control")
-        self.control.set(codec=0, enabled=True)
+        try:
+            memory = DirectoryTier(self.root / "entries", _memory_budget(settings.memory), "memory")
+            self.tiers: list[Tier] = [memory.open()]
+            if settings.disk is not None:
+                disk = Path(settings.disk)
+                budget = _disk_budget(settings.disk_bytes, disk)
+                self.tiers.append(DirectoryTier(disk / "drapps-cache", budget, "disk").open())
+            self.tiers += [tier.open() for tier in settings.tiers]
+            self.control = ControlFile(self.root / ".control")
+            self.control.set(codec=0, enabled=True)
+        except BaseException:
+            shutil.rmtree(self.root, ignore_errors=True)  # nothing left behind by a bad start
+            raise
         self._pending = dict.fromkeys(COUNTERS, 0)
         self._codec_index = 0
         self._enabled = True
@@ -106,6 +111,8 @@ class SampleCache:
             data = tier.read(key)
             if data is None:
                 continue
+            if isinstance(data, bytes):
+                data = bytearray(data)  # arrays decoded in place must be writable
             try:
                 sample, exact, written_by = unpack(data, self.decoders)
             except CorruptEntry as exc:
@@ -180,9 +187,7 @@ class SampleCache:
             self.control.write_json("profile", self._profile.result())
             self._profiling, self._profile = False, None
 
-    def _migrate(
-        self, tier: DirectoryTier, key: str, written_by: frozenset[str], sample: Any
-    ) -> None:
+    def _migrate(self, tier: Tier, key: str, written_by: frozenset[str], sample: Any) -> None:
         """Re-encode an entry that the codec in use has not been asked to write, so a codec
         change reaches the entries made before it, one read each."""
         codec = self._codec()
@@ -258,13 +263,26 @@ class SampleCache:
         if os.getpid() != self.owner:
             return
         self.control.close()
-        for tier in self.tiers[1:]:
-            tier._close_fd()
+        for tier in self.tiers:
+            tier.close()
         shutil.rmtree(self.root, ignore_errors=True)
 
     def __repr__(self) -> str:
         names = [c.name for c in self.codecs]
         return f"SampleCache({self.root}, prefix={self.prefix}, codecs={names})"
+
+
+def _check_tiers(settings: Cache) -> None:
+    """Raise unless ``settings.tiers`` are tiers whose names are their own."""
+    names = ["memory", "disk"]
+    for tier in settings.tiers:
+        if not isinstance(tier, Tier):
+            raise ValueError(
+                f"Cache.tiers must hold Tier objects (drapps.codecs.tier), got {tier!r}"
+            )
+        if tier.name in names:
+            raise ValueError(f"Cache.tiers: a tier named {tier.name!r} is already in the cache")
+        names.append(tier.name)
 
 
 def _memory_budget(memory: int | str) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from drapps.codecs.codec import Codec
 from drapps.codecs.registry import CODECS, available
@@ -41,6 +42,9 @@ class Cache:
     min_psnr: float | None = None
     """Allow lossy codecs, keeping a lossy encoding only where it decodes at this PSNR (dB) or
     better; elsewhere the entry is stored losslessly. None: every entry is exact."""
+    tiers: tuple[Any, ...] = ()
+    """Further tiers after memory and disk (:class:`drapps.codecs.tier.Tier`, e.g. a cache
+    shared between machines), tried in order."""
     key: str | None = None
     """The dataset's identity in entry keys. Default: ``dataset.cache_fingerprint()`` where
     the dataset has one (drapps' datasets: files, sizes and mtimes), else a hash of the

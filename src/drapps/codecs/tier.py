@@ -17,10 +17,59 @@ import shutil
 import struct
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Protocol, runtime_checkable
 
 _LEDGER = ".ledger"
 _TMP = ".tmp-"
 _COUNTS = struct.Struct("<qq")  # bytes held, entries
+
+
+@runtime_checkable
+class Tier(Protocol):
+    """What the sample cache needs of a tier (the seam a shared cache, e.g. Redis, plugs into).
+
+    A tier is made in the training process, opened once there (:meth:`open`), then pickled to
+    every worker; each method may be called from any of those processes at once, so the
+    budget must be kept where they all see it. Entries are whole byte strings (the cache
+    checks them); a tier only stores, finds and counts them.
+    """
+
+    name: str
+    """Its name in stats ("memory", "disk", ...); unique within a cache."""
+    budget: int
+    """Bytes its entries may hold."""
+
+    def open(self) -> Tier:
+        """Prepare it (in the training process, before workers start); return it."""
+        ...
+
+    def read(self, key: str) -> bytearray | bytes | None:
+        """The entry's bytes, or None."""
+        ...
+
+    def write(self, key: str, data: bytes) -> bool:
+        """Store (or replace) ``key`` if the budget has room; False when it has not."""
+        ...
+
+    def drop(self, key: str) -> None:
+        """Remove ``key`` (a corrupt entry); no error if it is gone."""
+        ...
+
+    def held(self) -> tuple[int, int]:
+        """(bytes, entries) it holds now."""
+        ...
+
+    def free(self) -> int:
+        """Bytes the budget still has room for."""
+        ...
+
+    def clear(self) -> None:
+        """Remove every entry."""
+        ...
+
+    def close(self) -> None:
+        """Release what this process holds for it (its entries stay)."""
+        ...
 
 
 class DirectoryTier:
@@ -122,10 +171,11 @@ class DirectoryTier:
         with self._locked() as fd:
             os.pwrite(fd, _COUNTS.pack(0, 0), 0)
 
-    def remove(self) -> None:
-        """Remove the directory and everything in it."""
-        self._close_fd()
-        shutil.rmtree(self.root, ignore_errors=True)
+    def close(self) -> None:
+        """Close this process's ledger descriptor (the entries stay)."""
+        if self._pid == os.getpid() and self._fd >= 0:
+            os.close(self._fd)
+        self._fd, self._pid = -1, -1
 
     def _make_fanout(self) -> None:
         for i in range(256):
@@ -154,11 +204,6 @@ class DirectoryTier:
             yield self._fd
         finally:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
-
-    def _close_fd(self) -> None:
-        if self._pid == os.getpid() and self._fd >= 0:
-            os.close(self._fd)
-        self._fd, self._pid = -1, -1
 
     def __getstate__(self) -> dict[str, object]:
         return {**self.__dict__, "_fd": -1, "_pid": -1}
