@@ -8,15 +8,14 @@ that any pool's workers (processes started any way, or other pools later) can sh
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
 import struct
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from drapps.codecs._locked import LockedFile
 
 COUNTERS = (
     "hits",
@@ -45,17 +44,16 @@ class ControlFile:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._fd = -1
-        self._pid = -1
+        self._file = LockedFile(path)
 
     def read(self) -> tuple[int, bool, dict[str, int]]:
         """(codec index, enabled, counters)."""
-        with self._locked() as fd:
+        with self._file.locked() as fd:
             codec, enabled, *counts = self._slots(fd)
         return codec, bool(enabled), dict(zip(COUNTERS, counts, strict=True))
 
     def set(self, *, codec: int | None = None, enabled: bool | None = None) -> None:
-        with self._locked() as fd:
+        with self._file.locked() as fd:
             slots = self._slots(fd)
             if codec is not None:
                 slots[0] = codec
@@ -65,7 +63,7 @@ class ControlFile:
 
     def add(self, counts: dict[str, int]) -> None:
         """Add ``counts`` to the shared counters."""
-        with self._locked() as fd:
+        with self._file.locked() as fd:
             slots = self._slots(fd)
             for i, name in enumerate(COUNTERS):
                 slots[2 + i] += counts.get(name, 0)
@@ -91,29 +89,11 @@ class ControlFile:
             return None
 
     def close(self) -> None:
-        if self._pid == os.getpid() and self._fd >= 0:
-            os.close(self._fd)
-        self._fd, self._pid = -1, -1
+        self._file.close()
 
     def _slots(self, fd: int) -> list[int]:
         raw = os.pread(fd, _SLOTS.size, 0)
         return list(_SLOTS.unpack(raw)) if len(raw) == _SLOTS.size else [0] * (2 + len(COUNTERS))
-
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[int]:
-        # flock belongs to an open file description, which fork shares: each process opens
-        # the file itself, or parent and child would not exclude each other.
-        if self._pid != os.getpid():
-            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-            self._pid = os.getpid()
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
-        try:
-            yield self._fd
-        finally:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_fd": -1, "_pid": -1}
 
 
 @dataclass

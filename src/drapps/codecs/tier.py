@@ -11,13 +11,13 @@ exclusive ``flock``, so every process respects one budget.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import shutil
 import struct
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol, runtime_checkable
+
+from drapps.codecs._locked import LockedFile
 
 _LEDGER = ".ledger"
 _TMP = ".tmp-"
@@ -88,8 +88,7 @@ class DirectoryTier:
         self._root = os.fspath(root)  # str paths: pathlib costs microseconds a lookup
         self.budget = int(budget)
         self.name = name
-        self._fd = -1
-        self._pid = -1
+        self._ledger = LockedFile(self.root / _LEDGER)
 
     def open(self) -> DirectoryTier:
         """Make the directory, remove what dead writers left, and recount the ledger from
@@ -103,7 +102,7 @@ class DirectoryTier:
             elif path.is_file():
                 held += path.stat().st_size
                 entries += 1
-        with self._locked() as fd:
+        with self._ledger.locked() as fd:
             os.pwrite(fd, _COUNTS.pack(held, entries), 0)
         return self
 
@@ -155,7 +154,7 @@ class DirectoryTier:
 
     def held(self) -> tuple[int, int]:
         """(bytes, entries) the tier holds now."""
-        with self._locked() as fd:
+        with self._ledger.locked() as fd:
             return _COUNTS.unpack(os.pread(fd, _COUNTS.size, 0).ljust(_COUNTS.size, b"\0"))
 
     def free(self) -> int:
@@ -168,14 +167,12 @@ class DirectoryTier:
             if child.is_dir():
                 shutil.rmtree(child, ignore_errors=True)
         self._make_fanout()
-        with self._locked() as fd:
+        with self._ledger.locked() as fd:
             os.pwrite(fd, _COUNTS.pack(0, 0), 0)
 
     def close(self) -> None:
         """Close this process's ledger descriptor (the entries stay)."""
-        if self._pid == os.getpid() and self._fd >= 0:
-            os.close(self._fd)
-        self._fd, self._pid = -1, -1
+        self._ledger.close()
 
     def _make_fanout(self) -> None:
         for i in range(256):
@@ -185,28 +182,12 @@ class DirectoryTier:
         os.replace(tmp, path)  # atomic: readers see the old entry, the new one, or none
 
     def _reserve(self, delta: int, entries: int, *, force: bool = False) -> bool:
-        with self._locked() as fd:
+        with self._ledger.locked() as fd:
             held, count = _COUNTS.unpack(os.pread(fd, _COUNTS.size, 0).ljust(_COUNTS.size, b"\0"))
             if not force and delta > 0 and held + delta > self.budget:
                 return False
             os.pwrite(fd, _COUNTS.pack(max(0, held + delta), max(0, count + entries)), 0)
             return True
-
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[int]:
-        # flock belongs to an open file description, which fork shares: each process opens
-        # the ledger itself, or parent and child would not exclude each other.
-        if self._pid != os.getpid():
-            self._fd = os.open(self.root / _LEDGER, os.O_RDWR | os.O_CREAT, 0o600)
-            self._pid = os.getpid()
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
-        try:
-            yield self._fd
-        finally:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-
-    def __getstate__(self) -> dict[str, object]:
-        return {**self.__dict__, "_fd": -1, "_pid": -1}
 
     def __repr__(self) -> str:
         return f"DirectoryTier({str(self.root)!r}, budget={self.budget}, name={self.name!r})"

@@ -73,33 +73,14 @@ class ImageWorkload(Workload):
     def tf_dataset(self, batch_size: int, seed: int, throttle: IoThrottle | None) -> Any:
         import tensorflow as tf
 
-        folder = ImageFolder(self.params["folder"])
-        paths = [path for path, _ in folder.samples]
-        labels = [target for _, target in folder.samples]
-
-        def read(path: Any) -> Any:
-            if throttle is None:
-                return tf.io.read_file(path)
-            data = tf.numpy_function(lambda p: throttle.read(p.decode()), [path], tf.string)
-            return tf.ensure_shape(data, [])
+        paths, labels = self._files()
 
         def load(path: Any, label: Any) -> tuple[Any, Any]:
-            data = read(path)
-            box_start, box_size, _ = tf.image.sample_distorted_bounding_box(
-                tf.image.extract_jpeg_shape(data),
-                bounding_boxes=tf.zeros([1, 0, 4]),
-                min_object_covered=0.0,
-                aspect_ratio_range=(3 / 4, 4 / 3),
-                area_range=(0.08, 1.0),
-                max_attempts=10,
-                use_image_if_no_bounding_boxes=True,
-            )
+            data = _tf_read(path, throttle)
+            box_start, box_size = _tf_crop_box(tf.image.extract_jpeg_shape(data))
             window = tf.stack([box_start[0], box_start[1], box_size[0], box_size[1]])
             image = tf.image.decode_and_crop_jpeg(data, window, channels=3)
-            image = tf.image.resize(image, [SIZE, SIZE])
-            image = tf.image.random_flip_left_right(image)
-            image = tf.transpose(tf.cast(tf.clip_by_value(image, 0, 255), tf.uint8), [2, 0, 1])
-            return image, tf.cast(label, tf.int64)
+            return _tf_finish(image), tf.cast(label, tf.int64)
 
         slices = tf.data.Dataset.from_tensor_slices((paths, labels))
         return autotuned(slices, load, len(paths), batch_size, seed)
@@ -107,35 +88,22 @@ class ImageWorkload(Workload):
     def tf_cached_dataset(self, batch_size: int, seed: int, throttle: IoThrottle | None) -> Any:
         import tensorflow as tf
 
-        folder = ImageFolder(self.params["folder"])
-        paths = [path for path, _ in folder.samples]
-        labels = [target for _, target in folder.samples]
+        paths, labels = self._files()
 
         def make(path: Any, label: Any) -> tuple[Any, Any]:
-            if throttle is None:
-                data = tf.io.read_file(path)
-            else:
-                data = tf.numpy_function(lambda p: throttle.read(p.decode()), [path], tf.string)
-                data = tf.ensure_shape(data, [])
-            return tf.io.decode_jpeg(data, channels=3), tf.cast(label, tf.int64)
+            image = tf.io.decode_jpeg(_tf_read(path, throttle), channels=3)
+            return image, tf.cast(label, tf.int64)
 
         def augment(image: Any, label: Any) -> tuple[Any, Any]:
-            box_start, box_size, _ = tf.image.sample_distorted_bounding_box(
-                tf.shape(image),
-                bounding_boxes=tf.zeros([1, 0, 4]),
-                min_object_covered=0.0,
-                aspect_ratio_range=(3 / 4, 4 / 3),
-                area_range=(0.08, 1.0),
-                max_attempts=10,
-                use_image_if_no_bounding_boxes=True,
-            )
-            crop = tf.slice(image, box_start, box_size)
-            crop = tf.image.random_flip_left_right(tf.image.resize(crop, [SIZE, SIZE]))
-            crop = tf.transpose(tf.cast(tf.clip_by_value(crop, 0, 255), tf.uint8), [2, 0, 1])
-            return crop, label
+            box_start, box_size = _tf_crop_box(tf.shape(image))
+            return _tf_finish(tf.slice(image, box_start, box_size)), label
 
         slices = tf.data.Dataset.from_tensor_slices((paths, labels))
         return autotuned_cached(slices, make, augment, len(paths), batch_size, seed)
+
+    def _files(self) -> tuple[list[str], list[int]]:
+        samples = ImageFolder(self.params["folder"]).samples
+        return [path for path, _ in samples], [target for _, target in samples]
 
     def expected(self, batch_size: int) -> list[tuple[tuple[int, ...], torch.dtype]]:
         return [((batch_size, 3, SIZE, SIZE), torch.uint8), ((batch_size,), torch.int64)]
@@ -166,3 +134,37 @@ def small_cnn(classes: int = 9) -> nn.Module:
         nn.Flatten(),
         nn.Linear(16 * 8 * 8, classes),
     )
+
+
+def _tf_read(path: Any, throttle: IoThrottle | None) -> Any:
+    """A file's bytes in tf.data, through ``throttle`` when given."""
+    import tensorflow as tf
+
+    if throttle is None:
+        return tf.io.read_file(path)
+    data = tf.numpy_function(lambda p: throttle.read(p.decode()), [path], tf.string)
+    return tf.ensure_shape(data, [])
+
+
+def _tf_crop_box(shape: Any) -> tuple[Any, Any]:
+    """RandomResizedCrop's box (scale 0.08-1, ratio 3/4-4/3) for an image of ``shape``."""
+    import tensorflow as tf
+
+    box_start, box_size, _ = tf.image.sample_distorted_bounding_box(
+        shape,
+        bounding_boxes=tf.zeros([1, 0, 4]),
+        min_object_covered=0.0,
+        aspect_ratio_range=(3 / 4, 4 / 3),
+        area_range=(0.08, 1.0),
+        max_attempts=10,
+        use_image_if_no_bounding_boxes=True,
+    )
+    return box_start, box_size
+
+
+def _tf_finish(crop: Any) -> Any:
+    """The crop resized to 224, maybe flipped, as uint8 CHW."""
+    import tensorflow as tf
+
+    image = tf.image.random_flip_left_right(tf.image.resize(crop, [SIZE, SIZE]))
+    return tf.transpose(tf.cast(tf.clip_by_value(image, 0, 255), tf.uint8), [2, 0, 1])
