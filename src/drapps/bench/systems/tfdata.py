@@ -60,7 +60,13 @@ class TfDataSystem(System):
         seed: int,
         throttle: IoThrottle | None,
     ) -> Source:
-        return _TfSource(workload.tf_dataset(batch_size, seed, throttle))
+        return _TfSource(self.pipeline(workload, batch_size, seed, throttle))
+
+    def pipeline(
+        self, workload: Workload, batch_size: int, seed: int, throttle: IoThrottle | None
+    ) -> Any:
+        """The workload's tf.data pipeline this system runs."""
+        return workload.tf_dataset(batch_size, seed, throttle)
 
 
 class TfDataCacheSystem(TfDataSystem):
@@ -68,15 +74,10 @@ class TfDataCacheSystem(TfDataSystem):
     summary = "tf-autotune with .cache() after read and decode (tf.data's own sample cache)"
     opt_in = True  # run by ``drapps bench --cache``, or when named
 
-    def open(
-        self,
-        workload: Workload,
-        workers: Workers,
-        batch_size: int,
-        seed: int,
-        throttle: IoThrottle | None,
-    ) -> Source:
+    def pipeline(
+        self, workload: Workload, batch_size: int, seed: int, throttle: IoThrottle | None
+    ) -> Any:
         dataset = workload.tf_cached_dataset(batch_size, seed, throttle)
         if dataset is None:
             raise ValueError(f"{self.name} has no cached tf.data form of {workload.name!r}")
-        return _TfSource(dataset)
+        return dataset
