@@ -23,6 +23,7 @@ from drapps.codecs.none import Raw
 from drapps.codecs.tier import DirectoryTier
 from drapps.datasets import ImageFolder
 from drapps.ops import (
+    Op,
     Pipeline,
     RandomHorizontalFlip,
     RandomResizedCrop,
@@ -346,3 +347,21 @@ def test_further_tiers_must_be_tiers_with_names_of_their_own(tmp_path: Path) -> 
     _, stats = run(Cache(memory=0, tiers=(extra,)), workers=2, n=2)
     assert stats is not None and stats["entries"] == {"memory": 0, "extra": 24}
     assert stats["counts"]["hits"] == 24
+
+
+class _Slow(Op):
+    """A deterministic op that takes 5 ms (a cache keeps its output)."""
+
+    def __call__(self, sample: Any) -> Any:
+        time.sleep(0.005)
+        return sample
+
+
+def test_the_cached_ops_still_count_as_transform_time() -> None:
+    ops = Pipeline([_Slow(), ToCHWTensor(), RandomHorizontalFlip()], key=0)
+    kwargs = {"batch_size": 4, "collate_fn": list, "transform": ops, "cache": True}
+    with drapps.Loader(Photos(8), workers=2, **kwargs) as loader:
+        assert loader._cache is not None and loader._cache.prefix == 2  # slow op, to-tensor
+        list(loader)  # epoch 1 makes every sample: the slow op runs 8 times
+        stats = loader.stats()
+    assert stats.transform_s >= 8 * 0.005

@@ -115,19 +115,22 @@ def make_batch(
             t1 = time.perf_counter()
             fetch_s += t1 - t0
             stage = "transform"
+            written_s = 0.0  # the cache's write: counted with the fetch it stands in for
             if hit is not None:
                 sample, exact = hit
                 lossy = lossy or not exact
             elif cache is not None:
                 if cut:
                     sample = pipeline.run_sample(sample, 0, cut)
-                cache.put(index, cut, sample, time.perf_counter_ns() - int(t0 * 1e9))
-            t2 = time.perf_counter()
+                made = time.perf_counter()
+                cache.put(index, cut, sample, int((made - t0) * 1e9))
+                written_s = time.perf_counter() - made
             if pipeline is not None:
                 sample = pipeline.run_sample(sample, cut if cache is not None else 0, end)
             elif recipe.transform is not None:
                 sample = recipe.transform(sample)
-            transform_s += time.perf_counter() - t2
+            fetch_s += written_s
+            transform_s += time.perf_counter() - t1 - written_s
         except Exception as exc:
             path = sample_path(recipe.dataset, index)
             message = describe_failure(index, stage, path, exc)
