@@ -764,7 +764,7 @@ def _shutdown(
     stream: StreamPool | None,
     budget: HostShare | None,
     stage: DeviceStage | None,
-    cache: SampleCache | None = None,
+    cache: SampleCache | None,
 ) -> None:
     # Only the process that made the loader acts: a forked child inherits this finalizer (and
     # may collect its copy of the loader), and must not stop its parent's workers.

@@ -299,17 +299,18 @@ def _disk_budget(disk_bytes: int | str, root: Path) -> int:
     return shutil.disk_usage(root).free // 2
 
 
-def namespace_of(settings: Cache, dataset: Any, ops: Sequence[Any], key: Any) -> str:
-    """The identity entry keys start from: the dataset's, the cached ops' and the sample part
-    they apply to.
+def namespace_of(
+    settings: Cache, dataset: Any, fingerprint: str | None, ops: Sequence[Any], key: Any
+) -> str:
+    """The identity entry keys start from: the dataset's (``Cache.key``, else its
+    ``fingerprint``, else a hash of it pickled), the cached ops' and the sample part they
+    apply to.
 
     Raises:
         ValueError: the dataset has no fingerprint and cannot be pickled while a disk tier
             (which outlives the run) needs a stable identity.
     """
-    identity = settings.key
-    if identity is None and callable(getattr(dataset, "cache_fingerprint", None)):
-        identity = dataset.cache_fingerprint()
+    identity = settings.key if settings.key is not None else fingerprint
     if identity is None:
         try:
             identity = hashlib.blake2b(pickle.dumps(dataset), digest_size=20).hexdigest()

@@ -142,14 +142,7 @@ def unpack(data: bytearray | memoryview, codecs: dict[str, Codec]) -> Unpacked:
     return Unpacked(_unflatten(skeleton, arrays), exact, used)
 
 
-def codecs_of(data: bytearray | memoryview) -> frozenset[str]:
-    """:attr:`Packed.codecs` of an entry (read from its header; the entry was checked)."""
-    body, header_len = _checked(data, crc=False)
-    _, leaves, asked = pickle.loads(body[:header_len])
-    return frozenset((*(leaf.codec for leaf in leaves), asked))
-
-
-def _checked(data: bytearray | memoryview, crc: bool = True) -> tuple[memoryview, int]:
+def _checked(data: bytearray | memoryview) -> tuple[memoryview, int]:
     """The body of an entry and its header's length.
 
     Raises:
@@ -161,7 +154,7 @@ def _checked(data: bytearray | memoryview, crc: bool = True) -> tuple[memoryview
     magic, checksum, header_len = _PREFIX.unpack_from(view)
     body = view[_PREFIX.size :]
     compute = _CHECKSUMS.get(magic)
-    if compute is None or header_len > len(body) or (crc and compute(body) != checksum):
+    if compute is None or header_len > len(body) or compute(body) != checksum:
         raise CorruptEntry("entry fails its checksum")
     return body, header_len
 

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from drapps.codecs.cache import SampleCache, namespace_of
 from drapps.codecs.settings import Cache
-
-logger = logging.getLogger(__name__)
 
 
 def open_cache(
@@ -40,14 +37,14 @@ def open_cache(
             "a map-style dataset, or cache=None"
         )
     settings = cache if isinstance(cache, Cache) else Cache()
-    if auto:
-        fingerprint = getattr(dataset, "cache_fingerprint", None)
-        if not callable(fingerprint) or not isinstance(fingerprint(), str):
-            return None
+    method = getattr(dataset, "cache_fingerprint", None)
+    fingerprint = method() if callable(method) else None  # once: ImageFolder's stats every file
+    if auto and not isinstance(fingerprint, str):
+        return None
     ops = list(getattr(transform, "ops", ())) if hasattr(transform, "run_sample") else []
     prefix = transform.deterministic_prefix() if ops else 0
     key = getattr(transform, "key", None) if ops else None
-    namespace = namespace_of(settings, dataset, ops[:prefix], key)
+    namespace = namespace_of(settings, dataset, fingerprint, ops[:prefix], key)
     try:
         samples = len(dataset)
     except TypeError:

@@ -178,7 +178,7 @@ def cache_state(now: Any, before: Any) -> dict[str, Any]:
         return int(counts.get(name, 0) - old.get(name, 0))
 
     hits, misses = delta("hits"), delta("misses")
-    budget = max(1, getattr(now, "budget", 0))
+    budget = max(1, now.budget)
     return {
         "codec": now.codec,
         "cache_hit_rate": hits / (hits + misses) if hits + misses else 0.0,
