@@ -9,6 +9,7 @@ Example:
 
 from drapps._version import __version__
 from drapps.codecs import Cache
+from drapps.integrations.ray_pool import RayBackend
 from drapps.loader import Loader
 from drapps.runtime import (
     LoaderConfig,
@@ -25,6 +26,7 @@ __all__ = [
     "Loader",
     "LoaderConfig",
     "LoaderStats",
+    "RayBackend",
     "SampleError",
     "SharedMemoryFullError",
     "WorkerTimeoutError",

@@ -29,6 +29,7 @@ from drapps.codecs.settings import Cache
 from drapps.codecs.setup import open_cache
 from drapps.control.knobs import CodecKnob, Knob, SplitKnob
 from drapps.control.policy import Policy
+from drapps.integrations.ray_pool import RayBackend, RayPool, check_ray_loader, resolve_backend
 from drapps.ops.device_stage import DeviceStage, resolve_device
 from drapps.ops.pipeline import Pipeline
 from drapps.runtime.config import LoaderConfig, checked_index, resolve_workers
@@ -117,6 +118,11 @@ class Loader:
             for datasets that declare themselves deterministic, such as drapps' ImageFolder
             and PackedText, while the dataset fits the budget). Batches are the same with and
             without it (bit for bit with a lossless codec). See ``docs/cache.md``.
+        backend: where workers run: "process" (worker processes on this machine) or "ray"
+            (Ray actors on the cluster ``ray.init()`` joins, or a local one; a
+            :class:`drapps.RayBackend` for its options). Batches are the same either way;
+            the controller sizes the actor pool as it sizes the processes, up to the
+            cluster's CPUs. See ``docs/scale-out.md``.
         workers: 0 (calling process), an int (fixed), or "auto" (the default).
         max_workers: bound on ``workers`` and :meth:`resize` (default twice the usable cores).
         prefetch: batches made ahead in total, or "auto" (``prefetch_factor`` per worker).
@@ -161,6 +167,7 @@ class Loader:
         split: int | Literal["auto"] | None = None,
         device: str | torch.device | None = None,
         cache: Cache | bool | Literal["auto"] | None = "auto",
+        backend: Literal["process", "ray"] | RayBackend = "process",
         workers: int | Literal["auto"] | None = None,
         max_workers: int | None = None,
         prefetch: int | Literal["auto"] = "auto",
@@ -208,6 +215,10 @@ class Loader:
             pin_memory=pin_memory,
             shard_by_rank=shard_by_rank,
         )
+        ray_backend = resolve_backend(backend)
+        if ray_backend is not None:
+            check_ray_loader(self.config, dataset, cache)
+            cache = None
         c = self.config
         # DataLoader's attributes, which frameworks read.
         self.dataset = dataset
@@ -267,6 +278,15 @@ class Loader:
             worker_init_fn,
             cache=self._cache,
         )
+        pool = RayPool(self._recipe, ray_backend) if ray_backend is not None else None
+        if pool is not None:  # bounded by the cluster's CPUs, and starting with all of them
+            cap = c.max_workers or pool.max_workers()
+            try:
+                self.config = c = dataclasses.replace(c, max_workers=cap)
+            except ValueError as exc:
+                pool.shutdown()
+                raise ValueError(f"{exc} (the Ray cluster has CPUs for {cap} actors)") from None
+        initial = c.resolved_max_workers if pool is not None and c.workers == "auto" else None
         if self._iterable and c.initial_workers > 0:
             self._stream = StreamPool(
                 self._recipe,
@@ -281,7 +301,7 @@ class Loader:
         elif not self._iterable and c.initial_workers > 0:
             self._dispatcher = Dispatcher(
                 self._recipe,
-                workers=c.initial_workers,
+                workers=initial or c.initial_workers,
                 prefetch=None if prefetch == "auto" else prefetch,
                 prefetch_per_worker=per_worker,
                 memory_budget=self._memory_budget,
@@ -290,8 +310,9 @@ class Loader:
                 context=c.context,
                 finish=finish,
                 split=self._split,
+                pool=pool,
             )
-        self._budget = HostShare() if c.workers == "auto" else None
+        self._budget = HostShare() if c.workers == "auto" and pool is None else None
         self._owner = os.getpid()
         try:
             self._tuner = make_tuner(

@@ -274,7 +274,9 @@ class Dispatcher:
     def _keep_pool_size(self) -> None:
         live = self.pool.live()
         now = time.monotonic()
-        missing = self._target - len(live)
+        capacity = self.pool.capacity()
+        room = self._target if capacity is None else min(self._target, capacity)
+        missing = room - len(live)
         for worker in self.pool.parked()[: max(0, missing)]:
             worker.parked_at = None
             missing -= 1
@@ -409,7 +411,7 @@ class Dispatcher:
             if packed is not None:
                 try:
                     batch, nbytes = unpack(packed, self._on_release), packed.nbytes
-                    if packed.path is not None:
+                    if nbytes:
                         with self._bytes_lock:
                             self._live_bytes += nbytes
                 except OSError as exc:  # its slab vanished or is not ours: make it again
@@ -515,6 +517,7 @@ class Dispatcher:
             max_workers=max_workers,
             prefetch=self.prefetch_depth,
             worker_pids=self.pool.pids(),
+            pool_cores=self.pool.resources(),
             latencies=tuple(self.latencies),
             stage_s={name: counters[name] for name in STAGES},
             target_workers=self._target,

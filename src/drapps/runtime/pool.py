@@ -10,7 +10,8 @@ The lifecycle follows torchdata.nodes' ``BaseNode`` in spirit: start (``spawn``)
 (``send`` + ``poll``), reset (the dispatcher's epochs re-seed workers through task messages),
 and ``shutdown``, which every pool makes idempotent and safe under garbage collection.
 
-Members: :class:`drapps.runtime.process_pool.ProcessPool` (the default).
+Members: :class:`drapps.runtime.process_pool.ProcessPool` (the default) and
+:class:`drapps.integrations.ray_pool.RayPool` (Ray actors).
 """
 
 from __future__ import annotations
@@ -142,6 +143,16 @@ class WorkerPool(ABC):
     def pids(self) -> tuple[int, ...]:
         """Process ids the monitor should measure (none for workers inside this process)."""
         return ()
+
+    def capacity(self) -> int | None:
+        """Workers the pool can run at once now (a cluster's CPUs); None: no limit of its
+        own. The dispatcher starts no more than this, whatever the target."""
+        return None
+
+    def resources(self) -> tuple[float, float] | None:
+        """(cores, idle cores) where the workers run, for pools that run them on other
+        machines (a Ray cluster); None: on this machine, which the monitor measures."""
+        return None
 
     # -------------------------------------------------------------------- shared bookkeeping
 

@@ -63,6 +63,9 @@ class PipelineSnapshot:
     """Batches the device stage has run."""
     cache: Any = None
     """The sample cache's :class:`~drapps.codecs.CacheStats` (None without a cache)."""
+    pool_cores: tuple[float, float] | None = None
+    """(cores, idle cores) in the pool's own resource view, for pools whose workers run
+    elsewhere (Ray's cluster); None: this machine's cores, as the monitor measures them."""
 
 
 def inline_snapshot(samples: int, wait_s: float, memory_budget: int) -> PipelineSnapshot:

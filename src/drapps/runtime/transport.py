@@ -53,7 +53,10 @@ class Packed:
     path: str | None
     """Slab file, or None when the batch holds no array bytes."""
     nbytes: int
-    """Size of the slab file."""
+    """Size of the slab file (or of ``buffer``)."""
+    buffer: Any = None
+    """The array bytes when they travel by another route than a slab file (a NumPy uint8
+    array in Ray's object store, see :func:`pack_buffer`); None otherwise."""
 
 
 def slab_prefix(session: str, worker_id: int | None = None) -> str:
@@ -225,6 +228,21 @@ def pack(batch: Any, path: str) -> Packed:
     return Packed(file.getvalue(), path, pickler.nbytes)
 
 
+def pack_buffer(batch: Any) -> Packed:
+    """``batch``'s array bytes gathered into one NumPy uint8 array, with its skeleton.
+
+    For transports that move NumPy arrays without pickling them (Ray's object store hands the
+    array over zero-copy); :func:`unpack` rebuilds the batch over a copy of it.
+    """
+    file = io.BytesIO()
+    pickler = _SlabPickler(file)
+    pickler.dump(batch)
+    buffer = np.empty(pickler.nbytes, np.uint8)
+    for offset, view in pickler.buffers:
+        buffer[offset : offset + len(view)] = np.frombuffer(view, np.uint8)
+    return Packed(file.getvalue(), None, pickler.nbytes, buffer)
+
+
 def pack_inline(batch: Any) -> Packed:
     """The whole batch pickled for the pipe: the fallback when shared memory is full."""
     return Packed(pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL), None, 0)
@@ -237,8 +255,14 @@ def unpack(packed: Packed, on_release: Callable[[int], None] | None = None) -> A
         on_release: called with the slab's size once the last tensor over it is gone, which is
             when its pages return to the shared-memory filesystem.
     """
-    slab = None
-    if packed.path is not None:
+    slab: Any = None
+    if packed.buffer is not None:
+        # Arrays from an object store are read-only views of it; the batch is the user's to
+        # modify in place, as DataLoader's are, so it is rebuilt over one private copy.
+        slab = np.array(packed.buffer, dtype=np.uint8, copy=True)
+        if on_release is not None and packed.nbytes:
+            weakref.finalize(slab, on_release, packed.nbytes)
+    elif packed.path is not None:
         fd = os.open(packed.path, os.O_RDWR | _NO_FOLLOW)
         try:
             if os.fstat(fd).st_uid != os.getuid():
