@@ -137,14 +137,26 @@ class Loader:
         progress: show a live one-line status on stderr.
         shard_by_rank: under ``torch.distributed`` with no distributed sampler, give each
             rank its own shard, as ``DistributedSampler(shuffle, seed, drop_last)`` would.
+        source: read batches from a Redis queue that ``drapps serve`` producers fill
+            (``"redis://host:port/db?queue=NAME"``) instead of making them here; the result
+            is a :class:`drapps.integrations.remote_loader.RemoteLoader`. See
+            ``docs/scale-out.md``.
 
     Raises:
         ValueError: for any invalid argument, naming it and what it received.
     """
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        # Loader(source="redis://...") reads batches that producers elsewhere make.
+        if cls is Loader and kwargs.get("source") is not None:
+            from drapps.integrations.remote_loader import RemoteLoader
+
+            return RemoteLoader(*args, **kwargs)
+        return super().__new__(cls)
+
     def __init__(
         self,
-        dataset: Any,
+        dataset: Any = None,
         batch_size: int | None = 1,
         shuffle: bool | None = None,
         sampler: Iterable[Any] | None = None,
@@ -180,7 +192,15 @@ class Loader:
         trace: str | os.PathLike[str] | None = None,
         progress: bool = False,
         shard_by_rank: bool = True,
+        source: str | None = None,
     ) -> None:
+        if source is not None:
+            raise ValueError(f"source= is read by drapps.Loader itself, not {type(self).__name__}")
+        if dataset is None:
+            raise ValueError(
+                "dataset is required (or source='redis://host:port/db?queue=NAME' to read the "
+                "batches `drapps serve` makes)"
+            )
         check_dataset(dataset)
         check_sampling(dataset, batch_size, shuffle, sampler, batch_sampler, drop_last)
         if generator is not None and not isinstance(generator, torch.Generator):

@@ -12,10 +12,10 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from drapps.cli import bench, codec, profile, sim, train
+from drapps.cli import bench, codec, profile, serve, sim, train
 from drapps.cli._args import Parser, UsageError
 
-GROUPS = (bench, profile, train, sim, codec)
+GROUPS = (bench, profile, train, sim, codec, serve)
 
 
 def build_parser() -> Parser:

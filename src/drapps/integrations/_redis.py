@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from drapps._optional import require
@@ -48,3 +49,8 @@ def redis_errors() -> tuple[type[BaseException], ...]:
     """The exceptions that mean Redis is unreachable or refused the call."""
     redis = require("redis")
     return (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+
+
+def redact(url: str) -> str:
+    """``url`` without its password, for messages."""
+    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)

@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 from drapps.codecs.settings import budget_bytes
-from drapps.integrations._redis import check_url, connect, redis_errors
+from drapps.integrations._redis import check_url, connect, redact, redis_errors
 
 logger = logging.getLogger(__name__)
 
@@ -173,15 +173,13 @@ class RedisTier:
         if time.monotonic() < self._down_until:
             return None
         try:
-            client = connect(
-                self.url, username=self._credentials[0], password=self._credentials[1]
-            )
+            client = connect(self.url, username=self._credentials[0], password=self._credentials[1])
             client.ping()
         except redis_errors() as exc:
             self._lost(exc)
             return None
         if self._warned:
-            logger.warning("the Redis cache tier at %s is reachable again", _redact(self.url))
+            logger.warning("the Redis cache tier at %s is reachable again", redact(self.url))
             self._warned = False
         self._client = client
         return client
@@ -194,7 +192,7 @@ class RedisTier:
             logger.warning(
                 "the Redis cache tier at %s is unreachable (%s: %s); going on without it "
                 "(samples are made as on a miss) and trying again every %.0f s",
-                _redact(self.url),
+                redact(self.url),
                 type(exc).__name__,
                 exc,
                 self._retry_s,
@@ -206,18 +204,13 @@ class RedisTier:
         return state
 
     def __repr__(self) -> str:
-        return f"RedisTier({_redact(self.url)!r}, budget={self.budget}, prefix={self.prefix!r})"
+        return f"RedisTier({redact(self.url)!r}, budget={self.budget}, prefix={self.prefix!r})"
 
 
 def _redis_module() -> Any:
     from drapps._optional import require
 
     return require("redis")
-
-
-def _redact(url: str) -> str:
-    """``url`` without its password."""
-    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
 
 
 def _glob_escape(text: str) -> str:

@@ -1,0 +1,454 @@
+"""A batch queue in Redis: producers on any machine make batches, the training host reads them.
+
+The training host (:class:`RemoteLoader`, made by ``drapps.Loader(source="redis://...")``) plans
+each epoch exactly as a local loader would and posts its batches as tasks; producers
+(``drapps serve``, :class:`Producer`) take tasks through a consumer group, make each batch with
+the same code a worker process runs, and push it back. Keys, for a queue named ``Q``:
+
+``Q:meta``     hash: the dataset's length and name, written by every producer at start.
+``Q:gen``      the generation the training host reads now; tasks of another are dropped.
+``Q:tasks``    stream of tasks ``{gen, epoch, batch, seed, indices}``; consumer group
+               ``producers``. A task is acknowledged (and deleted) once its batch is pushed;
+               one a dead producer held is claimed by another after ``claim_after_s``.
+``Q:ready``    stream of made batches ``{gen, batch, key, nbytes}`` or ``{gen, batch, error}``;
+               consumer group ``trainer``; acknowledged and deleted once delivered.
+``Q:batch:..`` the batch's bytes (:mod:`drapps.integrations.wire`, never pickle), with an
+               expiry so that nothing outlives a vanished reader for long.
+
+Exactly once: batches are delivered in batch order and a batch made twice (a claimed task whose
+first producer was only slow) is dropped by id. Back-pressure: the training host keeps at most
+``prefetch`` tasks ahead of what it has delivered, and producers wait while ``Q:ready`` holds
+``max_ready`` batches. Sizes: a batch's size is in its stream entry and checked against
+``max_batch_bytes`` before its bytes are fetched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import secrets
+import socket
+import time
+import urllib.parse
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from drapps.integrations import wire
+from drapps.integrations._redis import check_url, connect, redact, redis_errors
+from drapps.runtime.errors import SampleError
+
+logger = logging.getLogger(__name__)
+
+PRODUCERS = "producers"
+TRAINER = "trainer"
+_BLOCK_MS = 500
+_PAYLOAD_TTL_S = 3600
+
+
+@dataclass(frozen=True)
+class QueueAddress:
+    """Where a queue lives: the Redis URL and the queue's name (``?queue=`` in the URL)."""
+
+    url: str
+    name: str
+
+    @classmethod
+    def parse(cls, source: str, what: str = "source") -> QueueAddress:
+        """``redis://[user:password@]host:port/db?queue=NAME`` (queue "drapps" if absent).
+
+        Raises:
+            ValueError: not a Redis URL, or an empty queue name.
+        """
+        check_url(source, what)
+        parts = urllib.parse.urlsplit(source)
+        query = urllib.parse.parse_qs(parts.query, keep_blank_values=True)
+        names = query.pop("queue", ["drapps"])
+        if len(names) != 1 or not names[0] or any(c in names[0] for c in " {}*?[]"):
+            raise ValueError(f"{what}: the queue name must be one plain word, got {names!r}")
+        rest = urllib.parse.urlencode(query, doseq=True)
+        return cls(urllib.parse.urlunsplit(parts._replace(query=rest)), names[0])
+
+    def key(self, part: str) -> str:
+        return f"{self.name}:{part}"
+
+
+def _ensure_group(client: Any, stream: str, group: str) -> None:
+    redis = _redis()
+    try:
+        client.xgroup_create(stream, group, id="0", mkstream=True)
+    except redis.exceptions.ResponseError as exc:
+        if "BUSYGROUP" not in str(exc):
+            raise
+
+
+def _redis() -> Any:
+    from drapps._optional import require
+
+    return require("redis")
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+# ------------------------------------------------------------------------------- producers
+
+
+class Producer:
+    """Makes the batches a queue's tasks ask for (one process; ``drapps serve`` runs several).
+
+    Args:
+        address: the queue.
+        dataset: the dataset (map-style), as the training host would have it.
+        transform: applied to each sample, as ``Loader(transform=...)`` does.
+        collate_fn: list of samples -> batch (default: torch's ``default_collate``).
+        max_ready: wait while this many made batches are waiting in ``Q:ready``.
+        claim_after_s: take over a task another producer has held this long (it died).
+        username, password: an ACL user, when not in the URL.
+    """
+
+    def __init__(
+        self,
+        address: QueueAddress,
+        dataset: Any,
+        *,
+        transform: Callable[[Any], Any] | None = None,
+        collate_fn: Callable[[Any], Any] | None = None,
+        max_ready: int = 32,
+        claim_after_s: float = 30.0,
+        username: str | None = None,
+        password: str | None = None,
+        name: str | None = None,
+    ) -> None:
+        from torch.utils.data import default_collate
+
+        from drapps.runtime.worker import BatchRecipe
+
+        if max_ready < 1:
+            raise ValueError(f"max_ready must be >= 1, got {max_ready!r}")
+        if claim_after_s <= 0:
+            raise ValueError(f"claim_after_s must be > 0, got {claim_after_s!r}")
+        self.address = address
+        self.length = len(dataset)
+        self._recipe = BatchRecipe(dataset, transform, collate_fn or default_collate, "raise")
+        self._dataset_name = type(dataset).__name__
+        self._max_ready = max_ready
+        self._claim_ms = int(claim_after_s * 1000)
+        self._credentials = (username, password)
+        self.name = name or f"{socket.gethostname()}-{os.getpid()}"
+        self.made = 0
+        self._stop = False
+
+    def stop(self) -> None:
+        """Finish the batch in hand, then return from :meth:`run`."""
+        self._stop = True
+
+    def run(self, *, max_batches: int | None = None, idle_exit_s: float | None = None) -> int:
+        """Take and make tasks until :meth:`stop` (or ``max_batches`` made, or nothing to do
+        for ``idle_exit_s``); returns how many batches it made. A lost Redis is retried."""
+        from drapps.runtime.seeding import seed_worker, set_worker_info
+
+        seed_worker(0, 0)
+        set_worker_info(0, 1, 0, self._recipe.dataset)
+        client = None
+        idle_since = time.monotonic()
+        last_claim = 0.0
+        while not self._stop and (max_batches is None or self.made < max_batches):
+            try:
+                if client is None:
+                    client = self._connect()
+                tasks = []
+                if time.monotonic() - last_claim > min(5.0, self._claim_ms / 2000):
+                    last_claim = time.monotonic()
+                    self._announce(client)  # again: a Redis that restarted has lost it
+                    tasks = self._claim(client)
+                if not tasks:
+                    tasks = self._take(client)
+                for entry_id, fields in tasks:
+                    self._handle(client, entry_id, fields)
+                    idle_since = time.monotonic()
+                idle = time.monotonic() - idle_since
+                if not tasks and idle_exit_s is not None and idle > idle_exit_s:
+                    break
+            except (*redis_errors(), _redis().exceptions.ResponseError) as exc:
+                # Lost, or a Redis that restarted empty (NOGROUP): connect afresh, which
+                # makes the group and announces the dataset again.
+                if client is not None:
+                    logger.warning("producer %s lost Redis (%s); retrying", self.name, exc)
+                client = None
+                time.sleep(1.0)
+        return self.made
+
+    def _connect(self) -> Any:
+        client = connect(
+            self.address.url, username=self._credentials[0], password=self._credentials[1]
+        )
+        _ensure_group(client, self.address.key("tasks"), PRODUCERS)
+        self._announce(client)
+        return client
+
+    def _announce(self, client: Any) -> None:
+        """Tell readers the dataset's length (they plan epochs from it)."""
+        client.hset(
+            self.address.key("meta"),
+            mapping={"length": self.length, "dataset": self._dataset_name},
+        )
+
+    def _take(self, client: Any) -> list[tuple[Any, dict[bytes, bytes]]]:
+        got = client.xreadgroup(
+            PRODUCERS, self.name, {self.address.key("tasks"): ">"}, count=1, block=_BLOCK_MS
+        )
+        return [entry for _, entries in got or [] for entry in entries]
+
+    def _claim(self, client: Any) -> list[tuple[Any, dict[bytes, bytes]]]:
+        """Tasks a producer took and never finished (it died), now ours."""
+        reply = client.xautoclaim(
+            self.address.key("tasks"), PRODUCERS, self.name, self._claim_ms, "0-0", count=4
+        )
+        claimed = [e for e in reply[1] if e and e[1]]
+        if claimed:
+            logger.info("producer %s took over %d stalled task(s)", self.name, len(claimed))
+        return claimed
+
+    def _handle(self, client: Any, entry_id: Any, fields: dict[bytes, bytes]) -> None:
+        from drapps.runtime.worker import make_batch
+
+        tasks = self.address.key("tasks")
+        try:
+            gen = _text(fields[b"gen"])
+            epoch, batch_id, seed = (int(fields[k]) for k in (b"epoch", b"batch", b"seed"))
+            indices = json.loads(fields[b"indices"])
+            if not all(isinstance(i, int) and 0 <= i < self.length for i in indices):
+                raise ValueError(f"indices out of range 0..{self.length - 1}")
+        except (KeyError, ValueError, TypeError) as exc:
+            logger.warning("producer %s dropped a malformed task %r: %s", self.name, entry_id, exc)
+            self._done(client, tasks, entry_id)
+            return
+        current = client.get(self.address.key("gen"))
+        if current is None or _text(current) != gen:
+            self._done(client, tasks, entry_id)  # the reader has moved on
+            return
+        while client.xlen(self.address.key("ready")) >= self._max_ready and not self._stop:
+            time.sleep(0.02)  # back-pressure: the training host is behind
+        fields_out: dict[str, Any] = {"gen": gen, "batch": batch_id}
+        try:
+            made = make_batch(self._recipe, seed, epoch, indices)
+            payload = wire.encode(made.batch)
+        except (SampleError, wire.WireError) as exc:
+            fields_out["error"] = str(exc)
+        else:
+            key = self.address.key(f"batch:{gen}:{batch_id}:{secrets.token_hex(4)}")
+            client.set(key, payload, ex=_PAYLOAD_TTL_S)
+            fields_out.update(key=key, nbytes=len(payload))
+        client.xadd(self.address.key("ready"), fields_out)
+        self._done(client, tasks, entry_id)
+        self.made += 1
+
+    @staticmethod
+    def _done(client: Any, stream: str, entry_id: Any) -> None:
+        pipe = client.pipeline(transaction=False)
+        pipe.xack(stream, PRODUCERS, entry_id)
+        pipe.xdel(stream, entry_id)
+        pipe.execute()
+
+
+# --------------------------------------------------------------------------------- reader
+
+
+class QueueReader:
+    """The training host's side of one queue: posts tasks, receives batches in order.
+
+    Used by :class:`RemoteLoader`; one reader per loader.
+    """
+
+    def __init__(
+        self,
+        address: QueueAddress,
+        *,
+        max_batch_bytes: int,
+        timeout: float,
+        username: str | None = None,
+        password: str | None = None,
+    ) -> None:
+        self.address = address
+        self._max_bytes = max_batch_bytes
+        self._timeout = timeout
+        self._client = connect(address.url, username=username, password=password)
+        try:
+            self._client.ping()
+        except redis_errors() as exc:
+            raise ConnectionError(
+                f"cannot reach the Redis of queue {address.name!r} at {redact(address.url)}: "
+                f"{type(exc).__name__}: {exc}"
+            ) from None
+        _ensure_group(self._client, address.key("ready"), TRAINER)
+        _ensure_group(self._client, address.key("tasks"), PRODUCERS)
+        self._name = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+
+    def length(self) -> int:
+        """The dataset's length, as the producers announced it (waits up to the timeout)."""
+        deadline = time.monotonic() + self._timeout
+        while True:
+            value = self._client.hget(self.address.key("meta"), "length")
+            if value is not None:
+                return int(value)
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"no producer has announced itself on queue {self.address.name!r} in "
+                    f"{self._timeout:.0f} s; start one with `drapps serve --redis URL "
+                    f"--queue {self.address.name} --dataset module:factory`"
+                )
+            time.sleep(0.1)
+
+    def begin(self) -> str:
+        """Start a generation (one epoch's reading); tasks of any other are dropped."""
+        gen = secrets.token_hex(6)
+        self._client.set(self.address.key("gen"), gen)
+        return gen
+
+    def post(self, gen: str, epoch: int, batch_id: int, seed: int, indices: list[int]) -> None:
+        self._client.xadd(
+            self.address.key("tasks"),
+            {
+                "gen": gen,
+                "epoch": epoch,
+                "batch": batch_id,
+                "seed": seed,
+                "indices": json.dumps([int(i) for i in indices]),
+            },
+        )
+
+    def receive(self, gen: str, want: int, held: dict[int, Any]) -> None:
+        """Wait for batch ``want``; put every batch of ``gen`` that arrives into ``held``
+        (id -> (entry id, batch or error)); drop other generations' and duplicates.
+
+        Raises:
+            TimeoutError: nothing arrived for ``timeout`` seconds.
+        """
+        ready = self.address.key("ready")
+        deadline = time.monotonic() + self._timeout
+        while want not in held:
+            got = self._client.xreadgroup(
+                TRAINER, self._name, {ready: ">"}, count=16, block=_BLOCK_MS
+            )
+            entries = [entry for _, batch in got or [] for entry in batch]
+            if not entries and time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"no batch arrived on queue {self.address.name!r} for {self._timeout:.0f} s "
+                    "(are the `drapps serve` producers running?)"
+                )
+            for entry_id, fields in entries:
+                deadline = time.monotonic() + self._timeout
+                self._accept(gen, want, held, entry_id, fields)
+
+    def _accept(
+        self, gen: str, want: int, held: dict[int, Any], entry_id: Any, fields: dict[bytes, Any]
+    ) -> None:
+        key = _text(fields.get(b"key", b""))
+        batch_id = int(fields.get(b"batch", -1))
+        if _text(fields.get(b"gen", b"")) != gen or batch_id < want or batch_id in held:
+            self.release(entry_id, key)  # another generation's, or made twice
+            return
+        if b"error" in fields:
+            held[batch_id] = (entry_id, key, SampleError(_text(fields[b"error"])))
+            return
+        nbytes = int(fields.get(b"nbytes", -1))
+        if not 0 <= nbytes <= self._max_bytes:
+            self.release(entry_id, key)
+            held[batch_id] = (
+                entry_id,
+                "",
+                ValueError(
+                    f"batch {batch_id} on queue {self.address.name!r} is {nbytes} bytes, over "
+                    f"max_batch_bytes={self._max_bytes}; refusing to read it"
+                ),
+            )
+            return
+        data = self._client.get(key)
+        if data is None or len(data) != nbytes:
+            # Expired or lost with a Redis restart: ask for it again.
+            self.release(entry_id, key)
+            logger.warning("batch %d's bytes are missing on Redis; asking for it again", batch_id)
+            held[batch_id] = (entry_id, "", _Again())
+            return
+        held[batch_id] = (entry_id, key, wire.decode(data))
+
+    def release(self, entry_id: Any, key: str) -> None:
+        """Acknowledge and delete a ready entry and its bytes."""
+        pipe = self._client.pipeline(transaction=False)
+        pipe.xack(self.address.key("ready"), TRAINER, entry_id)
+        pipe.xdel(self.address.key("ready"), entry_id)
+        if key:
+            pipe.delete(key)
+        pipe.execute()
+
+    def finish(self, gen: str, held: dict[int, Any]) -> None:
+        """End a generation: release the batches still held, and tell the producers to drop
+        its remaining tasks."""
+        with contextlib.suppress(*redis_errors()):
+            for entry_id, key, _ in held.values():
+                self.release(entry_id, key)
+            current = self._client.get(self.address.key("gen"))
+            if current is not None and _text(current) == gen:
+                self._client.delete(self.address.key("gen"))
+        held.clear()
+
+    def close(self) -> None:
+        """Close the connection. Idempotent."""
+        with contextlib.suppress(Exception):
+            self._client.close()
+
+
+class _Again:
+    """A batch whose bytes were lost: the reader posts its task again."""
+
+
+def iterate(
+    reader: QueueReader,
+    plan: Any,
+    start: int,
+    prefetch: int,
+    on_delivered: Callable[[int], None],
+) -> Iterator[Any]:
+    """The batches ``start..`` of ``plan`` from producers, in order, each exactly once."""
+    try:
+        yield from _deliver(reader, plan, start, prefetch, on_delivered)
+    except redis_errors() as exc:
+        raise ConnectionError(
+            f"lost the Redis of queue {reader.address.name!r} at {redact(reader.address.url)} "
+            f"({type(exc).__name__}: {exc}); the batches delivered so far stand: resume with a "
+            "new loader from state_dict() once Redis is back"
+        ) from None
+
+
+def _deliver(
+    reader: QueueReader,
+    plan: Any,
+    start: int,
+    prefetch: int,
+    on_delivered: Callable[[int], None],
+) -> Iterator[Any]:
+    gen = reader.begin()
+    held: dict[int, Any] = {}
+    posted = start
+    try:
+        for want in range(start, len(plan)):
+            while posted < min(len(plan), want + prefetch):
+                reader.post(gen, plan.epoch, posted, plan.seed, plan.batch(posted))
+                posted += 1
+            reader.receive(gen, want, held)
+            entry_id, key, batch = held.pop(want)
+            if isinstance(batch, _Again):
+                reader.post(gen, plan.epoch, want, plan.seed, plan.batch(want))
+                reader.receive(gen, want, held)
+                entry_id, key, batch = held.pop(want)
+            reader.release(entry_id, key)  # acknowledged as it is handed over
+            if isinstance(batch, BaseException):
+                raise batch
+            on_delivered(want)
+            yield batch
+    finally:
+        reader.finish(gen, held)

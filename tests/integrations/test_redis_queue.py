@@ -1,0 +1,198 @@
+"""The Redis batch queue: ``drapps serve`` producers and ``Loader(source=...)``, against a real
+redis-server on loopback with a password."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from _queue_data import Photos
+from _redis_server import PASSWORD, RedisServer, redis_server, restart
+
+import drapps
+from drapps.integrations import wire
+from drapps.integrations.redis_queue import QueueAddress
+
+HERE = Path(__file__).parent
+
+
+def serve(
+    server: RedisServer, queue: str, factory: str = "photos", *extra: str
+) -> subprocess.Popen[bytes]:
+    """``drapps serve`` as its own process (the password from the environment)."""
+    command = [
+        sys.executable, "-m", "drapps.cli", "serve",
+        "--redis", f"redis://127.0.0.1:{server.port}/0", "--queue", queue,
+        "--password-env", "DRAPPS_TEST_REDIS_PASSWORD",
+        "--dataset", f"_queue_data:{factory}", "--claim-after", "1", *extra,
+    ]  # fmt: skip
+    env = {**os.environ, "DRAPPS_TEST_REDIS_PASSWORD": PASSWORD}
+    return subprocess.Popen(command, cwd=HERE, env=env, start_new_session=True)
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+@pytest.fixture
+def server() -> Iterator[RedisServer]:
+    with redis_server() as running:
+        yield running
+
+
+def source(server: RedisServer, queue: str) -> str:
+    return f"{server.url}?queue={queue}"
+
+
+def same(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:
+    return len(a) == len(b) and all(
+        all(torch.equal(x[k], y[k]) for k in x) for x, y in zip(a, b, strict=True)
+    )
+
+
+def local(epochs: int = 1, **kwargs: Any) -> list[list[dict[str, Any]]]:
+    loader = drapps.Loader(Photos(), batch_size=8, shuffle=True, seed=5, cache=None, **kwargs)
+    return [list(loader) for _ in range(epochs)]
+
+
+def test_batches_are_a_local_loaders_in_order_for_every_epoch(server: RedisServer) -> None:
+    producers = serve(server, "same", "photos", "--workers", "2")
+    try:
+        with drapps.Loader(
+            source=source(server, "same"), batch_size=8, shuffle=True, seed=5
+        ) as loader:
+            assert len(loader) == 12
+            got = [list(loader) for _ in range(2)]
+            assert loader.stats().batches == 24
+    finally:
+        stop(producers)
+    reference = local(2)
+    assert same(got[0], reference[0]) and same(got[1], reference[1])
+
+
+def test_a_killed_producer_loses_and_repeats_nothing(server: RedisServer) -> None:
+    first = serve(server, "kill", "slow_photos")
+    second = serve(server, "kill", "slow_photos")
+    try:
+        with drapps.Loader(
+            source=source(server, "kill"), batch_size=8, shuffle=True, seed=5
+        ) as loader:
+            got = []
+            for n, batch in enumerate(loader):
+                got.append(batch)
+                if n == 2:
+                    os.killpg(first.pid, signal.SIGKILL)  # mid-batch: its task is pending
+    finally:
+        stop(first)
+        stop(second)
+    assert same(got, local()[0])
+    assert sorted(int(i) for b in got for i in b["index"]) == list(range(96))
+
+
+def test_the_ready_stream_is_bounded(server: RedisServer) -> None:
+    import redis
+
+    producers = serve(server, "bounded", "photos", "--max-ready", "3")
+    try:
+        with drapps.Loader(
+            source=source(server, "bounded"), batch_size=8, shuffle=True, seed=5, prefetch=12
+        ) as loader:
+            it = iter(loader)
+            next(it)
+            time.sleep(1.5)  # the producer runs ahead until the stream holds 3
+            client = redis.Redis(port=server.port, password=PASSWORD)
+            assert client.xlen("bounded:ready") == 3
+            rest = list(it)
+            assert len(rest) == 11
+            client.close()
+    finally:
+        stop(producers)
+
+
+def test_redis_dying_is_an_error_and_state_dict_resumes(server: RedisServer) -> None:
+    producers = serve(server, "resume", "slow_photos")
+    try:
+        loader = drapps.Loader(source=source(server, "resume"), batch_size=8, shuffle=True, seed=5)
+        got: list[dict[str, Any]] = []
+        with pytest.raises(ConnectionError, match="lost the Redis of queue 'resume'") as info:
+            for n, batch in enumerate(loader):
+                got.append(batch)
+                if n == 4:
+                    server.kill()
+        assert PASSWORD not in str(info.value)
+        state = loader.state_dict()
+        assert state["next_batch"] == len(got) == 5
+        loader.close()
+        restart(server)  # empty: no persistence; the producer reconnects by itself
+        with drapps.Loader(
+            source=source(server, "resume"), batch_size=8, shuffle=True, seed=5
+        ) as resumed:
+            resumed.load_state_dict(state)
+            got += list(resumed)
+    finally:
+        stop(producers)
+    assert same(got, local()[0])
+
+
+def test_a_failing_sample_is_named_on_the_training_host(server: RedisServer) -> None:
+    producers = serve(server, "broken", "broken_photos")
+    try:
+        with drapps.Loader(source=source(server, "broken"), batch_size=4) as loader:
+            with pytest.raises(drapps.SampleError, match="sample 13 failed in __getitem__"):
+                list(loader)
+    finally:
+        stop(producers)
+
+
+def test_oversized_and_malformed_batches_are_refused(server: RedisServer) -> None:
+    producers = serve(server, "sizes", "photos")
+    try:
+        with drapps.Loader(
+            source=source(server, "sizes"), batch_size=8, max_batch_bytes=1024
+        ) as loader:
+            with pytest.raises(ValueError, match="over max_batch_bytes=1024; refusing to read"):
+                next(iter(loader))
+    finally:
+        stop(producers)
+    import pickle
+
+    with pytest.raises(wire.WireError, match="bad magic"):
+        wire.decode(pickle.dumps({"x": 1}))  # never unpickled
+    good = bytes(wire.encode({"x": torch.arange(100)}))  # 800 bytes of data, then padding
+    with pytest.raises(wire.WireError, match="overruns"):
+        wire.decode(good[:-100])
+    with pytest.raises(wire.WireError, match="cannot be sent"):
+        wire.encode({"x": object()})
+
+
+def test_a_wrong_password_or_no_producer_is_a_clear_error(server: RedisServer) -> None:
+    wrong = f"redis://:nope@127.0.0.1:{server.port}/0?queue=q"
+    with pytest.raises(ConnectionError, match="cannot reach the Redis of queue 'q'") as info:
+        drapps.Loader(source=wrong, batch_size=8)
+    assert "nope" not in str(info.value)
+    with pytest.raises(TimeoutError, match="no producer has announced itself on queue 'empty'"):
+        drapps.Loader(source=source(server, "empty"), batch_size=8, timeout=0.5)
+
+
+def test_source_arguments_are_checked() -> None:
+    with pytest.raises(ValueError, match="source must be a Redis URL"):
+        drapps.Loader(source="http://127.0.0.1:6379", batch_size=8)
+    with pytest.raises(ValueError, match=r"transform: with source=\.\.\. the producers"):
+        drapps.Loader(source="redis://127.0.0.1:1/0", batch_size=8, transform=abs)
+    with pytest.raises(ValueError, match="dataset is required"):
+        drapps.Loader(batch_size=8)
+    assert QueueAddress.parse("redis://h:1/2?queue=abc") == QueueAddress("redis://h:1/2", "abc")
