@@ -36,8 +36,14 @@ def _worker_story(rows: Sequence[TraceRow]) -> list[str]:
     return ["Workers went " + " -> ".join(map(str, counts)) + " because:", *changes]
 
 
-def bottleneck_report(rows: Sequence[TraceRow], stats: dict[str, Any] | None = None) -> str:
-    """A report a person can act on, from trace rows (and the loader's final stats)."""
+def bottleneck_report(
+    rows: Sequence[TraceRow], stats: dict[str, Any] | None = None, *, external: str | None = None
+) -> str:
+    """A report a person can act on, from trace rows (and the loader's final stats).
+
+    ``external``: the name of a pipeline drapps only watches (``"tf.data"``): the lines about
+    drapps' workers and budget are left out, and the advice is about that pipeline's knobs.
+    """
     if not rows:
         return (
             "No telemetry recorded yet: iterate the loader for a few seconds with "
@@ -55,9 +61,13 @@ def bottleneck_report(rows: Sequence[TraceRow], stats: dict[str, Any] | None = N
     lines = [
         f"Over {span:.1f} s the training loop waited {wait:.0%} of the time for data: {verdict}.",
         f"Throughput: median {statistics.median(s.throughput for s in states):.0f} samples/s, "
-        f"last {states[-1].throughput:.0f}; batch latency p50 "
-        f"{1000 * statistics.median(s.latency_p50_s for s in states):.0f} ms, p99 "
-        f"{1000 * max(s.latency_p99_s for s in states):.0f} ms.",
+        f"last {states[-1].throughput:.0f}"
+        + (
+            f"; batch latency p50 {1000 * statistics.median(s.latency_p50_s for s in states):.0f}"
+            f" ms, p99 {1000 * max(s.latency_p99_s for s in states):.0f} ms."
+            if external is None
+            else "."
+        ),
     ]
     stages = rows[-1].stages
     total = sum(stages.get(k, 0.0) for k in _STAGES)
@@ -66,24 +76,33 @@ def bottleneck_report(rows: Sequence[TraceRow], stats: dict[str, Any] | None = N
         top = max(shares, key=lambda k: shares[k])
         rest = ", ".join(f"{k} {v:.0%}" for k, v in shares.items() if k != top)
         lines.append(f"{top.capitalize()} is {shares[top]:.0%} of the time a batch takes ({rest}).")
-    lines += _worker_story(rows)
+    if external is None:
+        lines += _worker_story(rows)
     cores = states[-1].cores
     saturated = _saturated_from(rows)
     cpu_line = (
         f"CPU: {statistics.fmean(s.cpu_util for s in states):.0%} of {cores} cores busy on "
         f"average; the training process used {statistics.fmean(s.main_cpu for s in states):.1f} "
-        f"cores, the workers {statistics.fmean(s.workers_cpu for s in states):.1f}."
+        + (
+            f"cores, the workers {statistics.fmean(s.workers_cpu for s in states):.1f}."
+            if external is None
+            else f"cores ({external}'s threads run in it)."
+        )
     )
     if saturated is not None:
         cpu_line += f" The machine's cores were saturated from {saturated:.1f} s."
     lines.append(cpu_line)
     gib = 2**30
-    lines.append(
+    memory = (
         f"Memory: peak {max(s.rss_bytes for s in states) / gib:.2f} GiB in our processes, "
-        f"as little as {min(s.available_bytes for s in states) / gib:.1f} GiB available; ready "
-        f"batches peaked at {max(s.queue_bytes for s in states) / 2**20:.0f} MiB of a "
-        f"{states[-1].memory_budget / 2**20:.0f} MiB budget."
+        f"as little as {min(s.available_bytes for s in states) / gib:.1f} GiB available"
     )
+    if external is None:
+        memory += (
+            f"; ready batches peaked at {max(s.queue_bytes for s in states) / 2**20:.0f} MiB "
+            f"of a {states[-1].memory_budget / 2**20:.0f} MiB budget"
+        )
+    lines.append(memory + ".")
     gpu = [s.gpu_util for s in states if s.gpu_util is not None]
     if gpu:
         power = [float(s.gpu_power_w) for s in states if s.gpu_power_w is not None]
@@ -103,7 +122,19 @@ def bottleneck_report(rows: Sequence[TraceRow], stats: dict[str, Any] | None = N
         ]
         if faults:
             lines.append("Faults: " + ", ".join(faults) + ".")
-    lines += _advice(wait, saturated is not None, states)
+    if external is None:
+        lines += _advice(wait, saturated is not None, states)
+    elif wait > 0.10:
+        lines.append(
+            f"Advice: {external} is what the loop waits for. "
+            + (
+                "Its CPU is saturated: make the per-sample work cheaper or .cache() after "
+                "the deterministic part."
+                if saturated is not None
+                else "Run its maps with num_parallel_calls=tf.data.AUTOTUNE, end it with "
+                ".prefetch(tf.data.AUTOTUNE), and .cache() after the deterministic part."
+            )
+        )
     return "\n".join(lines)
 
 
