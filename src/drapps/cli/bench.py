@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from drapps.cli._args import Commands, UsageError, int_list, name_list
+from drapps.cli._args import Commands, UsageError, check_positive, int_list, name_list
 
 
 def bench_list() -> str:
@@ -93,6 +93,26 @@ def bench_plot_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def bench_scale_out_command(args: argparse.Namespace) -> int:
+    from drapps.bench.scale_out import run
+
+    check_positive(args, "workers", "repeats", "epochs", minimum=1)
+    try:
+        result = run(
+            Path(args.out),
+            workers=args.workers,
+            repeats=args.repeats,
+            epochs=args.epochs,
+            size=args.size,
+        )
+    except (ImportError, RuntimeError) as exc:
+        raise UsageError(str(exc)) from None
+    from drapps.bench.scale_out import markdown
+
+    print(markdown(result, result["what_if"]), end="")
+    return 0
+
+
 def add_commands(commands: Commands) -> None:
     """Add ``bench`` and ``bench-plot``."""
     bench = commands.add_parser(
@@ -146,3 +166,18 @@ def add_commands(commands: Commands) -> None:
     bench_plot.add_argument("results", help="path to results.json")
     bench_plot.add_argument("--out", help="folder for the PNGs (default: beside the JSON)")
     bench_plot.set_defaults(run=bench_plot_command)
+    scale_out = commands.add_parser(
+        "bench-scale-out",
+        help="the Ray and Redis paths against the local loader, and a simulated what-if",
+        description="Times the image workload through local worker processes, Ray actors "
+        "(backend='ray') and drapps serve producers over Redis (source='redis://...'), "
+        "interleaved, and simulates 1-8 preprocessing machines calibrated on the runs. Needs "
+        "the ray and redis extras and redis-server; run it in a loopback-only network "
+        "namespace (make bench-scale-out does).",
+    )
+    scale_out.add_argument("--out", default="bench-results/scale-out", help="results folder")
+    scale_out.add_argument("--workers", type=int, default=2, help="workers per path (2)")
+    scale_out.add_argument("--repeats", type=int, default=5, help="interleaved repeats (5)")
+    scale_out.add_argument("--epochs", type=int, default=2, help="epochs per timing (2)")
+    scale_out.add_argument("--size", choices=("smoke", "quick"), default="quick")
+    scale_out.set_defaults(run=bench_scale_out_command)
