@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: bench corpus test lint core clean
+.PHONY: bench bench-scale-out corpus services test lint core clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -21,9 +21,24 @@ corpus:
 	@test -d $(CORPUS) || (apt-get update -q && apt-get install -y -q python3.11-doc) \
 	  || echo "note: could not install python3.11-doc; the text workload needs it (or DRAPPS_TEXT_CORPUS)"
 
+# The real engines the scale-out tests start themselves: redis-server, and iproute2 for the
+# loopback-only network namespace Ray runs in. Skipped with a note where apt is not ours.
+services:
+	@command -v redis-server >/dev/null && command -v ip >/dev/null || \
+	  (apt-get update -q && apt-get install -y -q redis-server iproute2) || \
+	  echo "note: could not install redis-server/iproute2; the Redis and Ray tests will skip"
+
 bench: $(STAMP) corpus
 	$(VENV)/bin/drapps bench --quick --out bench-results/quick
 	$(VENV)/bin/drapps bench-plot bench-results/quick/results.json
+
+# The Ray and Redis paths against the local loader (README, "Scale-out"); Ray runs in a
+# loopback-only network namespace made here and removed after.
+bench-scale-out: $(STAMP) services
+	-ip netns delete drapps-bench 2>/dev/null
+	ip netns add drapps-bench && ip netns exec drapps-bench ip link set lo up
+	ip netns exec drapps-bench env RAY_AUTH_MODE=disabled $(VENV)/bin/drapps bench-scale-out \
+	  --out bench-results/scale-out; status=$$?; ip netns delete drapps-bench; exit $$status
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests .ci
@@ -38,7 +53,7 @@ core:
 	$(CORE)/bin/python -m pip install -q -c constraints.txt -e .
 	$(CORE)/bin/python .ci/import_every_module.py
 
-test: lint core
+test: lint core services
 	$(VENV)/bin/pytest -q --doctest-modules src/drapps
 	$(VENV)/bin/pytest -q
 
