@@ -176,18 +176,18 @@ def what_if(
     measured: dict[str, Any],
     *,
     nodes: tuple[int, ...] = (1, 2, 4, 8),
-    cores_per_node: int = 16,
-    link_gbps: float = 10.0,
+    cores_per_node: int = 4,
+    links_gbps: tuple[float, ...] = (10.0, 25.0),
     duration: float = 30.0,
 ) -> list[dict[str, Any]]:
     """Simulated samples/s of each remote path with the preprocessing on ``nodes`` machines
-    of ``cores_per_node`` cores, one worker per core, the batches crossing one ``link_gbps``
-    link into the training host (whose own cores only receive batches)."""
+    of ``cores_per_node`` cores, one worker per core, the batches crossing one link of each
+    of ``links_gbps`` into the training host (whose own cores only receive batches)."""
     from drapps.sim import PipelineModel, Scenario
     from drapps.sim.run import simulate
 
     rows = []
-    for path in ("ray", "redis"):
+    for path, link_gbps in ((p, g) for p in ("ray", "redis") for g in links_gbps):
         transport_s = measured["paths"][path]["trainer_cpu_ms_per_batch"] / 1000
         for n in nodes:
             remote = n * cores_per_node
@@ -212,6 +212,7 @@ def what_if(
                     "cores": remote,
                     "samples_per_s": run.throughput,
                     "link_gbps": link_gbps,
+                    "cores_per_node": cores_per_node,
                 }
             )
     return rows
@@ -237,20 +238,26 @@ def markdown(measured: dict[str, Any], rows: list[dict[str, Any]]) -> str:
             f"| {name} | {p['samples_per_s']:,.0f} | {ratio} | "
             f"{p['trainer_cpu_ms_per_batch']:.1f} ms |"
         )
+    links = sorted({r["link_gbps"] for r in rows})
     lines += [
         "",
-        f"What-if (simulator; worker CPU {measured['worker_cpu_ms_per_batch']:.0f} ms per batch "
-        f"measured, {rows[0]['link_gbps']:.0f} Gb/s link, 16-core nodes):",
+        "What-if (the simulator, calibrated on the runs above: worker CPU "
+        f"{measured['worker_cpu_ms_per_batch']:.0f} ms per batch, each path's training-process "
+        f"CPU per batch, {measured['batch_bytes'] / 2**20:.1f} MiB batches over one link; "
+        f"{rows[0]['cores_per_node']}-core preprocessing nodes, one worker per core), "
+        "samples/s:",
         "",
-        "| nodes | cores | ray samples/s | redis samples/s |",
-        "|---:|---:|---:|---:|",
+        "| nodes | cores | "
+        + " | ".join(f"ray, {g:g} Gb/s | redis, {g:g} Gb/s" for g in links)
+        + " |",
+        "|---:|---:|" + "---:|---:|" * len(links),
     ]
-    by = {(r["path"], r["nodes"]): r for r in rows}
+    by = {(r["path"], r["link_gbps"], r["nodes"]): r for r in rows}
     for n in sorted({r["nodes"] for r in rows}):
-        lines.append(
-            f"| {n} | {by['ray', n]['cores']} | {by['ray', n]['samples_per_s']:,.0f} | "
-            f"{by['redis', n]['samples_per_s']:,.0f} |"
-        )
+        cells = [
+            f"{by[path, g, n]['samples_per_s']:,.0f}" for g in links for path in ("ray", "redis")
+        ]
+        lines.append(f"| {n} | {by['ray', links[0], n]['cores']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
