@@ -75,6 +75,7 @@ def semantics(cluster: Cluster) -> dict:
         got = [batches(loader) for _ in range(2)]
         found["identical"] = all(same(a, b) for a, b in zip(reference, got, strict=False))
         found["workers"] = loader.stats().workers
+        found["pool_cores"] = loader.snapshot().pool_cores  # Ray's view, for the State
         it = iter(loader)  # epoch 2, stopped after 5 batches and resumed by a new loader
         first = [dict(next(it)) for _ in range(5)]
         state = loader.state_dict()

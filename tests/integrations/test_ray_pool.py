@@ -43,6 +43,8 @@ def test_batches_are_those_of_worker_processes(semantics: dict[str, Any]) -> Non
     # "auto" starts with every CPU of the two nodes (2 + 1), and is bounded by them.
     assert semantics["max_workers"] == 3
     assert semantics["workers"] == 3
+    # The controller's State sees the cluster's CPUs (3), all held by the 3 actors.
+    assert semantics["pool_cores"] == [3.0, 0.0]
 
 
 def test_a_new_loader_resumes_from_state_dict(semantics: dict[str, Any]) -> None:
@@ -81,8 +83,9 @@ def test_a_lost_node_loses_and_repeats_nothing(faults: dict[str, Any]) -> None:
 def test_batches_cross_as_one_uint8_array_and_come_back_writable() -> None:
     batch = {"x": torch.arange(12, dtype=torch.int16).view(3, 4), "y": np.ones(5), "n": 3}
     packed = pack_buffer(batch)
-    assert packed.buffer.dtype == np.uint8 and packed.path is None
-    packed.buffer.setflags(write=False)  # as Ray's object store hands it over
+    assert packed.path is None and all(part.dtype == np.uint8 for _, part in packed.buffer)
+    for _, part in packed.buffer:
+        part.setflags(write=False)  # as Ray's object store hands them over
     back = unpack(packed)
     assert torch.equal(back["x"], batch["x"]) and np.array_equal(back["y"], batch["y"])
     back["x"] += 1  # the user's to modify, as DataLoader's batches are

@@ -55,8 +55,9 @@ class Packed:
     nbytes: int
     """Size of the slab file (or of ``buffer``)."""
     buffer: Any = None
-    """The array bytes when they travel by another route than a slab file (a NumPy uint8
-    array in Ray's object store, see :func:`pack_buffer`); None otherwise."""
+    """The array bytes when they travel by another route than a slab file: ``(offset,
+    uint8 array)`` pairs that Ray's object store carries (see :func:`pack_buffer`); None
+    otherwise."""
 
 
 def slab_prefix(session: str, worker_id: int | None = None) -> str:
@@ -229,18 +230,18 @@ def pack(batch: Any, path: str) -> Packed:
 
 
 def pack_buffer(batch: Any) -> Packed:
-    """``batch``'s array bytes gathered into one NumPy uint8 array, with its skeleton.
+    """``batch``'s skeleton and its arrays as uint8 views, each with its offset in the slab
+    :func:`unpack` will rebuild it over.
 
-    For transports that move NumPy arrays without pickling them (Ray's object store hands the
-    array over zero-copy); :func:`unpack` rebuilds the batch over a copy of it.
+    For transports that move NumPy arrays without pickling them: Ray writes the views into
+    its object store (their only copy on the sending side), and :func:`unpack` gathers them
+    into one private slab (the only copy on the receiving side).
     """
     file = io.BytesIO()
     pickler = _SlabPickler(file)
     pickler.dump(batch)
-    buffer = np.empty(pickler.nbytes, np.uint8)
-    for offset, view in pickler.buffers:
-        buffer[offset : offset + len(view)] = np.frombuffer(view, np.uint8)
-    return Packed(file.getvalue(), None, pickler.nbytes, buffer)
+    views = tuple((offset, np.frombuffer(view, np.uint8)) for offset, view in pickler.buffers)
+    return Packed(file.getvalue(), None, pickler.nbytes, views)
 
 
 def pack_inline(batch: Any) -> Packed:
@@ -259,7 +260,9 @@ def unpack(packed: Packed, on_release: Callable[[int], None] | None = None) -> A
     if packed.buffer is not None:
         # Arrays from an object store are read-only views of it; the batch is the user's to
         # modify in place, as DataLoader's are, so it is rebuilt over one private copy.
-        slab = np.array(packed.buffer, dtype=np.uint8, copy=True)
+        slab = np.empty(packed.nbytes, np.uint8)
+        for offset, part in packed.buffer:
+            slab[offset : offset + len(part)] = part
         if on_release is not None and packed.nbytes:
             weakref.finalize(slab, on_release, packed.nbytes)
     elif packed.path is not None:
