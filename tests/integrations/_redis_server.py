@@ -21,6 +21,7 @@ class RedisServer:
     port: int
     process: subprocess.Popen[bytes]
     directory: str
+    config: tuple[str, ...]
 
     @property
     def url(self) -> str:
@@ -39,62 +40,52 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@contextlib.contextmanager
-def redis_server(*config: str) -> Iterator[RedisServer]:
-    """``redis-server`` bound to 127.0.0.1 only, with a password, no persistence, and
-    ``config`` (extra ``--name value`` arguments); stopped and its folder removed on exit."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.skip(
-            "redis-server is not installed (make test installs it: apt-get install redis-server)"
-        )
-    pytest.importorskip("redis", reason="needs the redis extra: pip install 'drapps[redis]'")
+def _start(port: int, directory: str, config: tuple[str, ...]) -> subprocess.Popen[bytes]:
+    """``redis-server`` bound to 127.0.0.1 only, with a password and no persistence; returns
+    once it answers."""
     import redis
 
-    directory = tempfile.mkdtemp(prefix="drapps-redis-")
-    port = _free_port()
     command = [
-        binary, "--bind", "127.0.0.1", "--port", str(port), "--requirepass", PASSWORD,
-        "--save", "", "--appendonly", "no", "--dir", directory, "--protected-mode", "yes",
-        *config,
+        shutil.which("redis-server") or "redis-server", "--bind", "127.0.0.1",
+        "--port", str(port), "--requirepass", PASSWORD, "--save", "", "--appendonly", "no",
+        "--dir", directory, "--protected-mode", "yes", *config,
     ]  # fmt: skip
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    server = RedisServer(port, process, directory)
+    client = redis.Redis(host="127.0.0.1", port=port, password=PASSWORD)
+    deadline = time.monotonic() + 10
     try:
-        client = redis.Redis(host="127.0.0.1", port=port, password=PASSWORD)
-        deadline = time.monotonic() + 10
         while True:
             try:
                 client.ping()
-                break
+                return process
             except redis.exceptions.ConnectionError:
                 if time.monotonic() > deadline or process.poll() is not None:
+                    process.kill()
                     raise
                 time.sleep(0.05)
+    finally:
         client.close()
+
+
+@contextlib.contextmanager
+def redis_server(*config: str) -> Iterator[RedisServer]:
+    """A fresh server with ``config`` (extra ``--name value`` arguments); stopped and its
+    folder removed on exit."""
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed (make test installs it with apt)")
+    pytest.importorskip("redis", reason="needs the redis extra: pip install 'drapps[redis]'")
+    directory = tempfile.mkdtemp(prefix="drapps-redis-")
+    port = _free_port()
+    server = None
+    try:
+        server = RedisServer(port, _start(port, directory, config), directory, config)
         yield server
     finally:
-        server.kill()
+        if server is not None:
+            server.kill()
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def restart(server: RedisServer, *config: str) -> None:
-    """Start ``redis-server`` again on the same port (after :meth:`RedisServer.kill`)."""
-    binary = shutil.which("redis-server") or "redis-server"
-    command = [
-        binary, "--bind", "127.0.0.1", "--port", str(server.port), "--requirepass", PASSWORD,
-        "--save", "", "--appendonly", "no", "--dir", server.directory, *config,
-    ]  # fmt: skip
-    server.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    import redis
-
-    client = redis.Redis(host="127.0.0.1", port=server.port, password=PASSWORD)
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            client.ping()
-            return
-        except redis.exceptions.ConnectionError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
+def restart(server: RedisServer) -> None:
+    """Start it again, empty, on the same port (after :meth:`RedisServer.kill`)."""
+    server.process = _start(server.port, server.directory, server.config)

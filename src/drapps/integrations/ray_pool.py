@@ -134,12 +134,10 @@ class _BatchMaker:
         stop: int | None,
     ) -> tuple[tuple[int, str], tuple[Any, ...]]:
         """One task, answered as a worker process answers it; with where the actor runs."""
-        import traceback
-
-        from drapps.runtime.errors import SampleError, sample_error
+        from drapps.runtime.errors import SampleError
         from drapps.runtime.seeding import set_worker_info
         from drapps.runtime.transport import pack_buffer
-        from drapps.runtime.worker import make_batch
+        from drapps.runtime.worker import make_batch, transport_error
 
         if (workers_now, seed) != (self._workers, self._seed):
             self._workers, self._seed = workers_now, seed
@@ -153,15 +151,12 @@ class _BatchMaker:
         try:
             packed = None if made.batch is None else pack_buffer(made.batch)
         except Exception as exc:  # the batch cannot cross: unpicklable
-            error = sample_error(
-                f"batch {batch_id} (indices {indices}) was made but could not be sent to the "
-                f"training process: {type(exc).__name__}: {exc}",
-                type(exc),
-                stage="transport",
-                indices=indices,
-                detail="".join(traceback.format_exception(exc)),
+            return self._where, (
+                "err",
+                generation,
+                batch_id,
+                transport_error(batch_id, indices, exc),
             )
-            return self._where, ("err", generation, batch_id, error)
         return self._where, ("ok", generation, batch_id, packed, made.skipped, made.seconds)
 
 

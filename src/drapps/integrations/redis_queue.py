@@ -413,28 +413,16 @@ def iterate(
     prefetch: int,
     on_delivered: Callable[[int], None],
 ) -> Iterator[Any]:
-    """The batches ``start..`` of ``plan`` from producers, in order, each exactly once."""
-    try:
-        yield from _deliver(reader, plan, start, prefetch, on_delivered)
-    except redis_errors() as exc:
-        raise ConnectionError(
-            f"lost the Redis of queue {reader.address.name!r} at {redact(reader.address.url)} "
-            f"({type(exc).__name__}: {exc}); the batches delivered so far stand: resume with a "
-            "new loader from state_dict() once Redis is back"
-        ) from None
+    """The batches ``start..`` of ``plan`` from producers, in order, each exactly once.
 
-
-def _deliver(
-    reader: QueueReader,
-    plan: Any,
-    start: int,
-    prefetch: int,
-    on_delivered: Callable[[int], None],
-) -> Iterator[Any]:
-    gen = reader.begin()
+    Raises:
+        ConnectionError: Redis went away (the batches delivered so far stand).
+    """
+    gen = ""
     held: dict[int, Any] = {}
     posted = start
     try:
+        gen = reader.begin()
         for want in range(start, len(plan)):
             while posted < min(len(plan), want + prefetch):
                 reader.post(gen, plan.epoch, posted, plan.seed, plan.batch(posted))
@@ -450,5 +438,12 @@ def _deliver(
                 raise batch
             on_delivered(want)
             yield batch
+    except redis_errors() as exc:
+        raise ConnectionError(
+            f"lost the Redis of queue {reader.address.name!r} at {redact(reader.address.url)} "
+            f"({type(exc).__name__}: {exc}); the batches delivered so far stand: resume with a "
+            "new loader from state_dict() once Redis is back"
+        ) from None
     finally:
-        reader.finish(gen, held)
+        if gen:
+            reader.finish(gen, held)

@@ -220,15 +220,7 @@ def run_worker(
                     "ok", generation, batch_id, packed, made.skipped, made.seconds
                 )  # fmt: skip
             except Exception as exc:  # the batch cannot cross: unpicklable, slab unwritable
-                error = sample_error(
-                    f"batch {batch_id} (indices {indices}) was made but could not be sent to "
-                    f"the training process: {type(exc).__name__}: {exc}",
-                    type(exc),
-                    stage="transport",
-                    indices=indices,
-                    detail="".join(traceback.format_exception(exc)),
-                )
-                reply = ("err", generation, batch_id, error)
+                reply = ("err", generation, batch_id, transport_error(batch_id, indices, exc))
             results.send(reply)
     except (EOFError, BrokenPipeError, ConnectionResetError):
         pass  # the parent closed our pipes: it is gone or shutting down
@@ -242,6 +234,18 @@ def run_worker(
     finally:
         if prefix:  # leaving without a stop message: nobody else will unlink our slabs
             remove_slabs(prefix)
+
+
+def transport_error(batch_id: int, indices: list[Any], exc: Exception) -> SampleError:
+    """The error for a batch that was made but cannot cross to the training process."""
+    return sample_error(
+        f"batch {batch_id} (indices {indices}) was made but could not be sent to the training "
+        f"process: {type(exc).__name__}: {exc}",
+        type(exc),
+        stage="transport",
+        indices=indices,
+        detail="".join(traceback.format_exception(exc)),
+    )
 
 
 def enter_worker_process() -> None:
