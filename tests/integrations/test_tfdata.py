@@ -97,6 +97,17 @@ def test_watch_reports_on_a_tf_data_pipeline(tmp_path: Path) -> None:
     assert any(r.get("type") == "tick" for r in rows)
 
 
+def test_a_watched_pipeline_left_unclosed_stops_sampling_when_collected() -> None:
+    import gc
+    import threading
+
+    watched = watch([[1, 2]] * 3, interval=0.05)
+    assert sum(len(b) for b in watched) == 6
+    del watched
+    gc.collect()
+    assert not [t for t in threading.enumerate() if t.name.startswith("drapps")]
+
+
 def test_an_empty_loader_is_refused() -> None:
     with pytest.raises(ValueError, match="the loader gave no batch"):
         as_dataset(drapps.Loader([], batch_size=2, workers=0))

@@ -11,6 +11,7 @@ loop and gives drapps' bottleneck report.
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -108,8 +109,18 @@ class Watched:
         self.samples = 0
         self.batches = 0
         self.wait_s = 0.0
+        me = weakref.ref(self)  # the sampling thread must not keep this object alive
+
+        def snapshot() -> Any:
+            from drapps.runtime.stats import inline_snapshot
+
+            watched = me()
+            if watched is None:
+                return inline_snapshot(0, 0.0, 0)
+            return inline_snapshot(watched.samples, watched.wait_s, 0)
+
         self._tuner = AutoTuner(
-            self._snapshot,
+            snapshot,
             [],
             make_policy("static"),
             interval=interval,
@@ -117,11 +128,7 @@ class Watched:
             progress=False,
             config={"source": type(dataset).__name__},
         )
-
-    def _snapshot(self) -> Any:
-        from drapps.runtime.stats import inline_snapshot
-
-        return inline_snapshot(self.samples, self.wait_s, 0)
+        self._finalizer = weakref.finalize(self, self._tuner.stop)
 
     def __iter__(self) -> Iterator[Any]:
         self._tuner.start()
@@ -146,8 +153,8 @@ class Watched:
         return bottleneck_report(list(self._tuner.rows), stats, external="tf.data")
 
     def close(self) -> None:
-        """Stop sampling (and close the trace). Idempotent."""
-        self._tuner.stop()
+        """Stop sampling (and close the trace). Idempotent; also done on garbage collection."""
+        self._finalizer()
 
     def __enter__(self) -> Watched:
         return self
