@@ -115,10 +115,10 @@ class Monitor:
         per_core = psutil.cpu_percent(percpu=True)
         mine = [per_core[i] for i in self._cpus if i < len(per_core)] or per_core
         cpu_util = sum(mine) / (100.0 * len(mine))
-        cores, idle = float(len(self._cpus)), len(self._cpus) * (1.0 - cpu_util)
+        total, idle = float(len(self._cpus)), len(self._cpus) * (1.0 - cpu_util)
         if pipe.pool_cores is not None:  # workers on a cluster: its view of its cores
-            cores, idle = pipe.pool_cores
-            cpu_util = 1.0 - idle / cores if cores > 0 else 1.0
+            total, idle = pipe.pool_cores
+            cpu_util = 1.0 - idle / total if total > 0 else 1.0
         main_cpu, main_rss = self._cpu_and_rss(self._me.pid, dt)
         self.per_worker = {}
         for pid in pipe.worker_pids:
@@ -134,7 +134,7 @@ class Monitor:
         recent = [latency for arrived, latency in pipe.latencies if arrived > self._last_t]
         state = State(
             t=now - self._start,
-            cores=max(1, round(cores)),
+            cores=max(1, round(total)),
             cpu_util=cpu_util,
             idle_cores=idle,
             main_cpu=main_cpu,
