@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -149,3 +150,35 @@ def test_tier_arguments_are_checked() -> None:
     with pytest.raises(ValueError, match="prefix must be a non-empty str"):
         RedisTier("redis://127.0.0.1:6379", prefix="")
     assert "***" in repr(RedisTier("redis://user:secret@127.0.0.1:6379/0"))
+
+
+def test_a_unix_socket_and_an_acl_user_work(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import redis
+
+    sock = str(tmp_path / "redis.sock")
+    with redis_server("--unixsocket", sock, "--unixsocketperm", "700") as server:
+        admin = redis.Redis(port=server.port, password=PASSWORD)
+        admin.acl_setuser(
+            "trainer",
+            enabled=True,
+            passwords=["+trainer-pw"],
+            keys=["drapps:*"],
+            commands=["+@all"],
+        )
+        admin.close()
+        tier = RedisTier(f"unix://{sock}?db=0", username="trainer", password="trainer-pw")
+        cache = drapps.Cache(memory=0, codec="none", tiers=(tier,))
+        with drapps.Loader(Photos(16), batch_size=4, workers=2, cache=cache) as loader:
+            epoch(loader)
+            assert counts(loader)["writes"] == 16
+        # The user may touch only drapps:* keys: another prefix is refused, as a miss.
+        other = RedisTier(
+            f"unix://{sock}?db=0", username="trainer", password="trainer-pw", prefix="x:"
+        )
+        with caplog.at_level(logging.WARNING, logger="drapps.integrations.redis_tier"):
+            assert other.open().write("k", b"v") is False
+            assert other.read("k") is None
+        refusals = [r for r in caplog.records if "refuses keys under 'x:'" in r.getMessage()]
+        assert len(refusals) == 1

@@ -75,6 +75,7 @@ class RedisTier:
         self._client: Any = None
         self._down_until = 0.0
         self._warned = False
+        self._warned_refused = False
 
     # ------------------------------------------------------------------ the Tier protocol
 
@@ -97,6 +98,9 @@ class RedisTier:
         except redis_errors() as exc:
             self._lost(exc)
             return None
+        except _redis_module().exceptions.ResponseError as exc:  # NOPERM, WRONGTYPE, ...
+            self._refused(exc)
+            return None
         return None if data is None else bytes(data)
 
     def write(self, key: str, data: bytes) -> bool:
@@ -106,8 +110,9 @@ class RedisTier:
         redis = _redis_module()
         try:
             client.set(self.prefix + key, data)
-        except redis.exceptions.ResponseError as exc:  # OOM under noeviction: full
-            logger.debug("Redis refused a cache entry: %s", exc)
+        except redis.exceptions.ResponseError as exc:
+            if "OOM" not in str(exc):  # OOM is full under noeviction: not admitted, quietly
+                self._refused(exc)
             return False
         except redis_errors() as exc:
             self._lost(exc)
@@ -122,6 +127,8 @@ class RedisTier:
             client.delete(self.prefix + key)
         except redis_errors() as exc:
             self._lost(exc)
+        except _redis_module().exceptions.ResponseError as exc:
+            self._refused(exc)
 
     def held(self) -> tuple[int, int]:
         """(bytes Redis uses, keys in its database), or (0, 0) while it is unreachable.
@@ -134,6 +141,8 @@ class RedisTier:
             return used, int(client.dbsize())
         except redis_errors() as exc:
             self._lost(exc)
+            return 0, 0
+        except _redis_module().exceptions.ResponseError:  # a user without INFO rights
             return 0, 0
 
     def free(self) -> int:
@@ -157,6 +166,8 @@ class RedisTier:
                 client.unlink(*batch)
         except redis_errors() as exc:
             self._lost(exc)
+        except _redis_module().exceptions.ResponseError as exc:
+            self._refused(exc)
 
     def close(self) -> None:
         if self._client is not None:
@@ -196,6 +207,18 @@ class RedisTier:
                 type(exc).__name__,
                 exc,
                 self._retry_s,
+            )
+
+    def _refused(self, exc: BaseException) -> None:
+        """Redis answered but refused (an ACL user without rights to these keys): say so
+        once; the calls count as misses and entries as not admitted."""
+        if not self._warned_refused:
+            self._warned_refused = True
+            logger.warning(
+                "the Redis cache tier at %s refuses keys under %r (%s); going on without it",
+                redact(self.url),
+                self.prefix,
+                exc,
             )
 
     def __getstate__(self) -> dict[str, Any]:
