@@ -76,6 +76,25 @@ def test_profile_names_bad_datasets(
     assert re.search(message, capsys.readouterr().err)
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--redis", "http://h:1"], "--redis must be a Redis URL"),
+        (["--transform", "mydata:nope"], r"'mydata' has no 'nope' for --transform"),
+        (["--collate", "mydata:Squares.__len__"], "has no"),
+        (["--dataset", "mydata:time"], "gave a module, not a map-style dataset"),
+    ],
+)
+def test_serve_names_bad_options(
+    project: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    base = {"--redis": "redis://127.0.0.1:1/0", "--dataset": "mydata:make"}
+    for flag, value in zip(argv[::2], argv[1::2], strict=True):
+        base[flag] = value
+    assert main(["serve", *(part for pair in base.items() for part in pair)]) == 2
+    assert re.search(message, capsys.readouterr().err)
+
+
 def test_bench_list_names_every_choice(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "--list"]) == 0
     out = capsys.readouterr().out
@@ -145,6 +164,28 @@ def test_bench_writes_json_and_markdown_then_plots(
         ["train-ablation"],
         ["simulate", "--scenario", "cpu-bound", "--cores", "0"],
         ["evaluate-policy", "--episodes", "0"],
+        ["serve", "--redis", "http://127.0.0.1:6379", "--dataset", "os:cpu_count"],
+        ["serve", "--redis", "redis://127.0.0.1:1/0", "--dataset", "nomodule:make"],
+        ["serve", "--redis", "redis://127.0.0.1:1/0", "--dataset", "os:cpu_count"],
+        [
+            "serve",
+            "--redis",
+            "redis://127.0.0.1:1/0",
+            "--dataset",
+            "os:cpu_count",
+            "--workers",
+            "0",
+        ],
+        [
+            "serve",
+            "--redis",
+            "redis://127.0.0.1:1/0",
+            "--dataset",
+            "x:y",
+            "--password-env",
+            "NO_SUCH_VAR_X",
+        ],
+        ["bench-scale-out", "--repeats", "0"],
         ["nosuchcommand"],
     ],
 )

@@ -3,6 +3,7 @@ redis-server on loopback with a password."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -196,3 +197,15 @@ def test_source_arguments_are_checked() -> None:
     with pytest.raises(ValueError, match="dataset is required"):
         drapps.Loader(batch_size=8)
     assert QueueAddress.parse("redis://h:1/2?queue=abc") == QueueAddress("redis://h:1/2", "abc")
+
+
+def test_a_producer_without_redis_says_so_and_idles_out(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from drapps.integrations.redis_queue import Producer
+
+    producer = Producer(QueueAddress("redis://:pw@127.0.0.1:1/0", "q"), Photos(4))
+    with caplog.at_level(logging.WARNING, logger="drapps.integrations.redis_queue"):
+        assert producer.run(idle_exit_s=1.5) == 0
+    warnings = [r.getMessage() for r in caplog.records if "cannot use Redis" in r.getMessage()]
+    assert len(warnings) == 1 and "pw" not in warnings[0]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from typing import Any, NoReturn
 
@@ -62,3 +63,29 @@ def check_positive(args: argparse.Namespace, *names: str, minimum: float = 0.0) 
 
 Commands = Any
 """The object ``ArgumentParser.add_subparsers()`` returns."""
+
+
+def load_object(spec: str, option: str) -> Any:
+    """``module:name`` -> that object, importing ``module`` as ``python -m`` would (modules in
+    the current folder are found).
+
+    Raises:
+        ValueError: the spec is malformed, or the module or the name does not exist; the
+            message names ``option``.
+    """
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise ValueError(f"{option} must look like module:factory, got {spec!r}")
+    if "" not in sys.path and "." not in sys.path:
+        sys.path.insert(0, "")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"cannot import {module_name!r} for {option}: {exc}") from exc
+    try:
+        return getattr(module, attribute)
+    except AttributeError:
+        names = sorted(n for n in dir(module) if not n.startswith("_"))
+        raise ValueError(
+            f"{module_name!r} has no {attribute!r} for {option}; it has {names}"
+        ) from None

@@ -6,29 +6,16 @@ import argparse
 import sys
 import time
 
-from drapps.cli._args import Commands, UsageError
+from drapps.cli._args import Commands, UsageError, load_object
 
 
 def load_dataset(spec: str) -> object:
-    """``module:factory`` -> the dataset (``factory()`` if callable, else the object itself)."""
-    import importlib
+    """``module:factory`` -> the dataset (``factory()`` if callable, else the object itself).
 
-    module_name, _, attribute = spec.partition(":")
-    if not module_name or not attribute:
-        raise ValueError(f"--dataset must look like module:factory, got {spec!r}")
-    if "" not in sys.path and "." not in sys.path:
-        sys.path.insert(0, "")  # like `python -m`: modules in the current folder are found
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"cannot import {module_name!r} for --dataset: {exc}") from exc
-    try:
-        factory = getattr(module, attribute)
-    except AttributeError:
-        names = sorted(n for n in dir(module) if not n.startswith("_"))
-        raise ValueError(
-            f"{module_name!r} has no {attribute!r} for --dataset; it has {names}"
-        ) from None
+    Raises:
+        ValueError: the spec names nothing, or something that is not a map-style dataset.
+    """
+    factory = load_object(spec, "--dataset")
     dataset = factory() if callable(factory) and not hasattr(factory, "__getitem__") else factory
     if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
         raise ValueError(

@@ -3,55 +3,33 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import multiprocessing
 import os
 import signal
-import sys
 import time
 from typing import Any
 
-from drapps.cli._args import Commands, UsageError, check_positive
-
-
-def load_object(spec: str, what: str) -> Any:
-    """The object ``module:attr`` names (``module`` importable, or a file in the current
-    folder).
-
-    Raises:
-        UsageError: the spec is malformed, or the module or attribute does not exist.
-    """
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise UsageError(f"{what} must look like module:factory, got {spec!r}")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        target: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise UsageError(f"{what}: cannot import {module_name!r} ({exc})") from None
-    for part in attr.split("."):
-        if not hasattr(target, part):
-            raise UsageError(f"{what}: {module_name!r} has no attribute {attr!r}")
-        target = getattr(target, part)
-    return target
+from drapps.cli._args import Commands, UsageError, check_positive, load_object
+from drapps.cli.profile import load_dataset
 
 
 def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
-    """The dataset, transform and collate_fn the options name (factories are called)."""
-    factory = load_object(args.dataset, "--dataset")
-    dataset = factory() if callable(factory) and not hasattr(factory, "__getitem__") else factory
-    if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
-        raise UsageError(
-            f"--dataset {args.dataset} must give a map-style dataset (__getitem__ and "
-            f"__len__), got {type(dataset).__name__}"
-        )
-    transform = collate = None
-    if args.transform:
-        made = load_object(args.transform, "--transform")
-        transform = made() if args.transform_factory else made
-    if args.collate:
-        collate = load_object(args.collate, "--collate")
+    """The dataset, transform and collate_fn the options name (factories are called).
+
+    Raises:
+        UsageError: an option names nothing, or not what it should.
+    """
+    try:
+        dataset = load_dataset(args.dataset)
+        transform = load_object(args.transform, "--transform") if args.transform else None
+        collate = load_object(args.collate, "--collate") if args.collate else None
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if transform is not None and args.transform_factory:
+        transform = transform()
+    for option, value in (("--transform", transform), ("--collate", collate)):
+        if value is not None and not callable(value):
+            raise UsageError(f"{option} must name a callable, got a {type(value).__name__}")
     return dataset, transform, collate
 
 

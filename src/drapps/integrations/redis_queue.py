@@ -154,12 +154,16 @@ class Producer:
         seed_worker(0, 0)
         set_worker_info(0, 1, 0, self._recipe.dataset)
         client = None
+        lost = False
         idle_since = time.monotonic()
         last_claim = 0.0
         while not self._stop and (max_batches is None or self.made < max_batches):
             try:
                 if client is None:
                     client = self._connect()
+                    if lost:
+                        lost = False
+                        logger.warning("producer %s reached Redis again", self.name)
                 tasks = []
                 if time.monotonic() - last_claim > min(5.0, self._claim_ms / 2000):
                     last_claim = time.monotonic()
@@ -170,16 +174,22 @@ class Producer:
                 for entry_id, fields in tasks:
                     self._handle(client, entry_id, fields)
                     idle_since = time.monotonic()
-                idle = time.monotonic() - idle_since
-                if not tasks and idle_exit_s is not None and idle > idle_exit_s:
-                    break
             except (*redis_errors(), _redis().exceptions.ResponseError) as exc:
-                # Lost, or a Redis that restarted empty (NOGROUP): connect afresh, which
-                # makes the group and announces the dataset again.
-                if client is not None:
-                    logger.warning("producer %s lost Redis (%s); retrying", self.name, exc)
+                # Unreachable, or a Redis that restarted empty (NOGROUP): connect afresh,
+                # which makes the group and announces the dataset again.
+                if not lost:
+                    lost = True
+                    logger.warning(
+                        "producer %s cannot use Redis at %s (%s: %s); retrying every second",
+                        self.name,
+                        redact(self.address.url),
+                        type(exc).__name__,
+                        exc,
+                    )
                 client = None
                 time.sleep(1.0)
+            if idle_exit_s is not None and time.monotonic() - idle_since > idle_exit_s:
+                break  # nothing made for that long (Redis unreachable counts as idle)
         return self.made
 
     def _connect(self) -> Any:
