@@ -209,3 +209,14 @@ def test_a_producer_without_redis_says_so_and_idles_out(
         assert producer.run(idle_exit_s=1.5) == 0
     warnings = [r.getMessage() for r in caplog.records if "cannot use Redis" in r.getMessage()]
     assert len(warnings) == 1 and "pw" not in warnings[0]
+
+
+def test_producers_gone_quiet_is_a_timeout_not_a_lost_redis(server: RedisServer) -> None:
+    import redis
+
+    client = redis.Redis(port=server.port, password=PASSWORD)
+    client.hset("quiet:meta", mapping={"length": 16, "dataset": "Photos"})  # announced, then gone
+    client.close()
+    with drapps.Loader(source=source(server, "quiet"), batch_size=4, timeout=1) as loader:
+        with pytest.raises(TimeoutError, match="no batch arrived on queue 'quiet' for 1 s"):
+            next(iter(loader))

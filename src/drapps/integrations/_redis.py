@@ -46,9 +46,16 @@ def connect(url: str, *, username: str | None = None, password: str | None = Non
 
 
 def redis_errors() -> tuple[type[BaseException], ...]:
-    """The exceptions that mean Redis is unreachable or refused the call."""
+    """The exceptions that mean Redis is unreachable or did not answer in time (redis-py
+    wraps socket errors in these). Not the builtin TimeoutError or OSError: those are
+    drapps' own, e.g. a queue reader's wait running out."""
     redis = require("redis")
-    return (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+    return (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+
+
+def response_error() -> type[BaseException]:
+    """The exception for a call Redis answered with an error (NOPERM, OOM, NOGROUP, ...)."""
+    return require("redis").exceptions.ResponseError
 
 
 def redact(url: str) -> str:

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from drapps.integrations import wire
-from drapps.integrations._redis import check_url, connect, redact, redis_errors
+from drapps.integrations._redis import check_url, connect, redact, redis_errors, response_error
 from drapps.runtime.errors import SampleError
 
 logger = logging.getLogger(__name__)
@@ -76,18 +76,11 @@ class QueueAddress:
 
 
 def _ensure_group(client: Any, stream: str, group: str) -> None:
-    redis = _redis()
     try:
         client.xgroup_create(stream, group, id="0", mkstream=True)
-    except redis.exceptions.ResponseError as exc:
+    except response_error() as exc:
         if "BUSYGROUP" not in str(exc):
             raise
-
-
-def _redis() -> Any:
-    from drapps._optional import require
-
-    return require("redis")
 
 
 def _text(value: Any) -> str:
@@ -174,7 +167,7 @@ class Producer:
                 for entry_id, fields in tasks:
                     self._handle(client, entry_id, fields)
                     idle_since = time.monotonic()
-            except (*redis_errors(), _redis().exceptions.ResponseError) as exc:
+            except (*redis_errors(), response_error()) as exc:
                 # Unreachable, or a Redis that restarted empty (NOGROUP): connect afresh,
                 # which makes the group and announces the dataset again.
                 if not lost:
@@ -439,7 +432,7 @@ def iterate(
                 posted += 1
             reader.receive(gen, want, held)
             entry_id, key, batch = held.pop(want)
-            if isinstance(batch, _Again):
+            while isinstance(batch, _Again):  # its bytes were lost: ask for it until it comes
                 reader.post(gen, plan.epoch, want, plan.seed, plan.batch(want))
                 reader.receive(gen, want, held)
                 entry_id, key, batch = held.pop(want)

@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 from drapps.codecs.settings import budget_bytes
-from drapps.integrations._redis import check_url, connect, redact, redis_errors
+from drapps.integrations._redis import check_url, connect, redact, redis_errors, response_error
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ class RedisTier:
         except redis_errors() as exc:
             self._lost(exc)
             return None
-        except _redis_module().exceptions.ResponseError as exc:  # NOPERM, WRONGTYPE, ...
+        except response_error() as exc:  # NOPERM, WRONGTYPE, ...
             self._refused(exc)
             return None
         return None if data is None else bytes(data)
@@ -107,10 +107,9 @@ class RedisTier:
         client = self._connected()
         if client is None:
             return False
-        redis = _redis_module()
         try:
             client.set(self.prefix + key, data)
-        except redis.exceptions.ResponseError as exc:
+        except response_error() as exc:
             if "OOM" not in str(exc):  # OOM is full under noeviction: not admitted, quietly
                 self._refused(exc)
             return False
@@ -127,7 +126,7 @@ class RedisTier:
             client.delete(self.prefix + key)
         except redis_errors() as exc:
             self._lost(exc)
-        except _redis_module().exceptions.ResponseError as exc:
+        except response_error() as exc:
             self._refused(exc)
 
     def held(self) -> tuple[int, int]:
@@ -142,7 +141,7 @@ class RedisTier:
         except redis_errors() as exc:
             self._lost(exc)
             return 0, 0
-        except _redis_module().exceptions.ResponseError:  # a user without INFO rights
+        except response_error():  # a user without INFO rights
             return 0, 0
 
     def free(self) -> int:
@@ -166,7 +165,7 @@ class RedisTier:
                 client.unlink(*batch)
         except redis_errors() as exc:
             self._lost(exc)
-        except _redis_module().exceptions.ResponseError as exc:
+        except response_error() as exc:
             self._refused(exc)
 
     def close(self) -> None:
@@ -228,12 +227,6 @@ class RedisTier:
 
     def __repr__(self) -> str:
         return f"RedisTier({redact(self.url)!r}, budget={self.budget}, prefix={self.prefix!r})"
-
-
-def _redis_module() -> Any:
-    from drapps._optional import require
-
-    return require("redis")
 
 
 def _glob_escape(text: str) -> str:
