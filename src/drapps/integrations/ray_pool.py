@@ -31,7 +31,7 @@ from drapps.runtime.worker import BatchRecipe
 
 logger = logging.getLogger(__name__)
 
-_CAPACITY_TTL_S = 1.0
+_VIEW_TTL_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -207,8 +207,8 @@ class RayPool(WorkerPool):
         os.set_blocking(self._ready_w, False)
         self._lock = threading.Lock()
         self._closed = False
-        self._capacity: int | None = None
-        self._capacity_at = -_CAPACITY_TTL_S
+        self._view: tuple[float, float] | None = None
+        self._view_at = -_VIEW_TTL_S
 
     def cluster_cpus(self) -> float:
         """CPUs in the cluster now, as Ray counts them."""
@@ -218,15 +218,23 @@ class RayPool(WorkerPool):
         """Actors the cluster has CPUs for (at least 1)."""
         return max(1, int(self.cluster_cpus() // self._backend.cpus_per_worker))
 
-    def capacity(self) -> int | None:
-        # Asked on every dispatcher loop: Ray's view, refreshed once a second. After a node
-        # is lost, replacements beyond what is left would wait for CPUs that never come.
+    def _cluster_view(self) -> tuple[float, float] | None:
+        """(CPUs, free CPUs) as Ray counts them, read at most once a second: the dispatcher
+        asks on every loop and the monitor every tick. None until Ray first answers."""
         now = time.monotonic()
-        if now - self._capacity_at > _CAPACITY_TTL_S:
+        if now - self._view_at > _VIEW_TTL_S:
             with contextlib.suppress(Exception):  # unreachable: keep the last answer
-                self._capacity = self.max_workers()
-            self._capacity_at = now
-        return self._capacity
+                total = self.cluster_cpus()
+                free = float(self._ray.available_resources().get("CPU", 0.0))
+                self._view = total, min(free, total)
+            self._view_at = now
+        return self._view
+
+    def capacity(self) -> int | None:
+        # After a node is lost, replacements beyond what is left would wait for CPUs that
+        # never come.
+        view = self._cluster_view()
+        return None if view is None else max(1, int(view[0] // self._backend.cpus_per_worker))
 
     # ------------------------------------------------------------------ the pool protocol
 
@@ -234,12 +242,7 @@ class RayPool(WorkerPool):
         return tuple(w.pid for w in _own_all(self.workers) if w.pid is not None and not w.gone)
 
     def resources(self) -> tuple[float, float] | None:
-        try:
-            total = self.cluster_cpus()
-            free = float(self._ray.available_resources().get("CPU", 0.0))
-        except Exception:  # the cluster is unreachable: the monitor's own view meanwhile
-            return None
-        return total, min(free, total)
+        return self._cluster_view()
 
     def spawn(self, num_workers: int = 1, seed: int = 0) -> Worker:
         wid, slot = self.next_ids()
@@ -309,7 +312,7 @@ class RayPool(WorkerPool):
             except Exception as exc:  # the actor died (killed, its node lost) or cannot run
                 own.gone = _describe(exc)
                 worker.last_error = own.gone
-                self._capacity_at = -_CAPACITY_TTL_S  # a node may be gone with it
+                self._view_at = -_VIEW_TTL_S  # a node may be gone with it: read Ray's view again
                 logger.debug("Ray actor of worker %d is gone: %s", worker.wid, own.gone)
                 break
             if own.pid is None and node == self._node:
