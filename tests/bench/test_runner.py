@@ -88,6 +88,11 @@ def test_every_available_system_runs_each_workload(
     table = markdown(results)
     assert f"#### `{workload}`, `steady`" in table and "Oracle static" in table
     assert "skipped `drapps-rl`" in table or "drapps-rl" in cases
+    limit = results["limit"][workload]
+    assert limit["cores"] == usable_cores() and limit["per_core_samples_per_s"] > 0
+    assert limit["samples_per_s"] == pytest.approx(limit["per_core_samples_per_s"] * limit["cores"])
+    assert f"Preprocessing limit of `{workload}` here: {limit['samples_per_s']:.0f}" in table
+    assert "| of limit |" in table
 
 
 # Minutes: behind -m slow.

@@ -175,13 +175,39 @@ def run_case(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def measure_limit(spec: dict[str, Any]) -> dict[str, Any]:
+    """The workload's per-sample pipeline timed in this process, on one core, no loader:
+    ``dataset[i]`` (read, decode, augment) over ``spec["samples"]`` indices after a short
+    warm-up. Times ``spec["cores"]``, it is the most samples/s any loader could make here."""
+    import importlib.util
+    import random
+
+    torch.set_num_threads(1)
+    if importlib.util.find_spec("cv2") is not None:  # one core: no OpenCV threads either
+        import cv2
+
+        cv2.setNumThreads(1)
+    workload = workload_class(spec["workload"])(spec["params"])
+    dataset = workload.dataset(None)
+    order = list(range(len(dataset)))
+    random.Random(spec["seed"]).shuffle(order)
+    order = (order * (1 + spec["samples"] // len(order)))[: spec["samples"]]
+    for index in order[:20]:
+        dataset[index]
+    start = time.process_time()
+    for index in order:
+        dataset[index]
+    per_core = len(order) / (time.process_time() - start)
+    return {"per_core_samples_per_s": per_core, "samples_per_s": per_core * spec["cores"]}
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
         print("usage: python -m drapps.bench.case SPEC.json RESULT.json", file=sys.stderr)
         return 2
     with open(argv[0]) as file:
         spec = json.load(file)
-    result = run_case(spec)
+    result = measure_limit(spec) if spec.get("mode") == "limit" else run_case(spec)
     with open(argv[1], "w") as file:
         json.dump(result, file)
     return 0

@@ -37,19 +37,21 @@ def scenario_table(results: dict[str, Any], workload: str, scenario: str) -> lis
     lines = [
         f"#### `{workload}`, `{scenario}`",
         "",
-        "| system | samples/s | 95% CI of the mean | vs oracle static | loop waited "
+        "| system | samples/s | 95% CI of the mean | vs oracle static | of limit | loop waited "
         "| next() p50 / p99 ms | CPU busy | peak RSS MiB | first batch s | end-to-end s "
         "| workers at end |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     best = best_dataloader(rows)
     best_rate = best["samples_per_s"] if best is not None else None
+    limit = results.get("limit", {}).get(workload)
     for row in rows:
         ratio = "-" if best_rate is None else f"{row['samples_per_s'] / best_rate:.2f}x"
+        share = "-" if limit is None else f"{row['samples_per_s'] / limit['samples_per_s']:.2f}"
         case = row["case"]
         name = f"**{case}**" if row is best else case
         lines.append(
-            f"| {name} | {_spread(row, 'samples_per_s')} | {_interval(row)} | {ratio} "
+            f"| {name} | {_spread(row, 'samples_per_s')} | {_interval(row)} | {ratio} | {share} "
             f"| {row['wait_fraction']:.0%} "
             f"| {row['wait_p50_ms']:.1f} / {row['wait_p99_ms']:.0f} "
             f"| {row['cpu_util']:.0%} | {row['peak_rss_mib']:.0f} "
@@ -58,6 +60,17 @@ def scenario_table(results: dict[str, Any], workload: str, scenario: str) -> lis
     if best is not None:
         lines += ["", f"Oracle static (best DataLoader count, in bold): `{best['case']}`."]
     return lines
+
+
+def limit_line(workload: str, limit: dict[str, Any]) -> str:
+    """How the machine's preprocessing limit for ``workload`` was measured, and its value."""
+    return (
+        f"Preprocessing limit of `{workload}` here: {limit['samples_per_s']:.0f} samples/s = "
+        f"{limit['per_core_samples_per_s']:.0f} samples/s on one core "
+        f"({limit['per_core_min']:.0f}-{limit['per_core_max']:.0f}; the per-sample pipeline "
+        f"timed in-process, no loader, no hog) x {limit['cores']} usable cores. *of limit* is "
+        "each system's share of it (under a scenario's hog the attainable limit is lower)."
+    )
 
 
 def headline(results: dict[str, Any]) -> list[str]:
@@ -121,6 +134,8 @@ def markdown(results: dict[str, Any]) -> str:
     summary = headline(results)
     if summary:
         lines += ["", *summary]
+    for workload, limit in results.get("limit", {}).items():
+        lines += ["", limit_line(workload, limit)]
     for workload in results["workloads"]:
         for scenario in results["scenarios"]:
             lines += ["", *scenario_table(results, workload, scenario)]

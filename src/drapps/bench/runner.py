@@ -5,6 +5,8 @@ case once, in an order shuffled per repeat, so drift of the machine spreads over
 instead of landing on one. Each run is a fresh process (``drapps.bench.case``) that draws
 ``warmup_batches`` (worker start-up, first epoch effects) and then times ``measure_batches``.
 The summary gives the median and min-max over repeats; the environment is recorded beside it.
+Each repeat also times each workload's per-sample pipeline in-process on one core (no loader):
+that rate times the usable cores is the machine's preprocessing limit, reported with every run.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ logger = logging.getLogger(__name__)
 CONSUMERS = ("none", "sleep", "cpu-model")
 _WINDOWS = {"smoke": (2, 6), "quick": (6, 40), "default": (12, 150)}
 """(warm-up, timed) batches per run for each size."""
+_LIMIT_SAMPLES = {"smoke": 40, "quick": 400, "default": 1000}
+"""Samples timed in-process per repeat for the preprocessing limit."""
 
 
 @dataclass(frozen=True)
@@ -304,13 +308,31 @@ def run_benchmark(config: BenchConfig, progress: bool = True) -> dict[str, Any]:
         params[name] = workload.prepare(config.data_dir, config.size, config.seed)
         workload(params[name]).warm()
     cases = plan_cases(config, systems, cores)
-    bar = Progress(len(cases) * config.repeats, enabled=progress)
+    limit_samples = _LIMIT_SAMPLES[config.size]
+    bar = Progress((len(cases) + len(config.workloads)) * config.repeats, enabled=progress)
     order = random.Random(config.seed)
-    runs = []
+    runs: list[dict[str, Any]] = []
+    limits: dict[str, list[dict[str, Any]]] = {w: [] for w in config.workloads}
     for repeat in range(config.repeats):
-        shuffled = cases[:]
+        shuffled: list[Case | str] = [*cases, *config.workloads]
         order.shuffle(shuffled)
         for case in shuffled:
+            if isinstance(case, str):  # the machine's preprocessing limit for this workload
+                spec = {
+                    "mode": "limit",
+                    "case": "preprocessing limit",
+                    "workload": case,
+                    "scenario": "in-process",
+                    "params": params[case],
+                    "samples": limit_samples,
+                    "seed": config.seed + repeat,
+                    "cores": cores,
+                }
+                limits[case].append(run_one(spec, config.case_timeout_s))
+                bar.update(
+                    f"{case} preprocessing limit: {limits[case][-1]['samples_per_s']:.0f} samples/s"
+                )
+                continue
             workload = workload_class(case.workload)
             step_ms = config.step_ms if config.step_ms is not None else workload.step_ms
             first = warmup
@@ -355,4 +377,18 @@ def run_benchmark(config: BenchConfig, progress: bool = True) -> dict[str, Any]:
         "environment": describe_environment(),
         "runs": runs,
         "summary": summarize(runs),
+        "limit": {w: summarize_limit(v, cores) for w, v in limits.items()},
+    }
+
+
+def summarize_limit(measured: list[dict[str, Any]], cores: int) -> dict[str, Any]:
+    """The median single-core rate over the repeats, and it times the usable cores."""
+    per_core = [m["per_core_samples_per_s"] for m in measured]
+    rate = statistics.median(per_core)
+    return {
+        "per_core_samples_per_s": rate,
+        "per_core_min": min(per_core),
+        "per_core_max": max(per_core),
+        "cores": cores,
+        "samples_per_s": rate * cores,
     }

@@ -4,6 +4,7 @@ drapps needs no torchvision; any picklable callable also works as an (opaque, pe
 """
 
 from drapps.ops.color import ColorJitter
+from drapps.ops.decode_crop import DecodeRandomResizedCrop
 from drapps.ops.device_stage import DeviceStage
 from drapps.ops.geometry import CenterCrop, Resize, resize_image
 from drapps.ops.image import (
@@ -26,6 +27,7 @@ __all__ = [
     "ColorJitter",
     "Compose",
     "DecodeJPEG",
+    "DecodeRandomResizedCrop",
     "DeviceStage",
     "Normalize",
     "Op",

@@ -1,0 +1,142 @@
+"""Decode only what a random-resized crop needs: JPEG DCT-domain downscaling fused with the crop.
+
+libjpeg-turbo can run its inverse DCT at 1/2, 1/4 or 1/8 scale, which skips most of the IDCT,
+colour conversion and upsampling work. :class:`DecodeRandomResizedCrop` reads the JPEG's header,
+draws the crop box on the full-size image exactly as :class:`~drapps.ops.RandomResizedCrop`
+does (same generator, same draws), and decodes at the smallest of those scales at which the box
+still covers ``size`` x ``size`` pixels; the box, scaled, is then resized to ``size`` as on the
+full path. So batches stay deterministic across worker counts, and the pixels differ from
+decode-then-crop only by the resampling path: the DCT's downscale replaces part of OpenCV's
+bilinear one (which does not low-pass, so on large reductions the fused path aliases less). The
+box is rounded to the reduced image's pixel grid, a shift of at most half a reduced pixel.
+
+Region decoding (skipping the rows below the box, as tf.data's ``decode_and_crop_jpeg`` does)
+needs libjpeg-turbo's scanline API, which neither simplejpeg nor OpenCV exposes; this op does
+not do it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from drapps._optional import require
+from drapps.ops.image import RandomResizedCrop
+from drapps.ops.op import Op, Spec, expect
+from drapps.runtime.seeding import active_rng
+
+REDUCTIONS = (8, 4, 2)
+"""The IDCT scales used, as denominators (libjpeg-turbo's fast power-of-two ones)."""
+
+
+def reduction(crop_height: int, crop_width: int, size: int) -> int:
+    """The largest denominator ``d`` in 8, 4, 2 at which a crop still covers ``size`` pixels
+    both ways when decoded at 1/d scale; 1 when none does.
+
+    Example:
+        >>> reduction(900, 1000, 224), reduction(448, 500, 224), reduction(447, 900, 224)
+        (4, 2, 1)
+    """
+    for d in REDUCTIONS:
+        if crop_height >= size * d and crop_width >= size * d:
+            return d
+    return 1
+
+
+def jpeg_size(data: bytes) -> tuple[int, int]:
+    """(height, width) of a JPEG, from its header alone."""
+    simplejpeg = require("simplejpeg")
+    try:
+        height, width, _, _ = simplejpeg.decode_jpeg_header(data)
+    except ValueError as exc:
+        raise ValueError(f"not a JPEG that libjpeg-turbo can read: {exc}") from None
+    return int(height), int(width)
+
+
+class DecodeRandomResizedCrop(Op):
+    """JPEG bytes -> a random-resized ``size`` x ``size`` crop (HWC uint8 RGB), decoding at the
+    smallest DCT scale the crop allows.
+
+    Draws the same box as ``DecodeJPEG()`` followed by ``RandomResizedCrop(size, scale, ratio)``
+    in a :class:`~drapps.ops.Compose`; with ``reduce=False`` it is that full path, pixel for
+    pixel. See the module docstring for how the pixels differ when it reduces.
+
+    Args:
+        size: output side in pixels.
+        scale, ratio: as :class:`~drapps.ops.RandomResizedCrop`.
+        reduce: decode at 1/2, 1/4 or 1/8 scale when the crop allows it (the default);
+            False decodes at full size.
+
+    Example:
+        >>> import numpy as np, simplejpeg
+        >>> photo = np.zeros((1000, 1200, 3), dtype=np.uint8)
+        >>> data = simplejpeg.encode_jpeg(photo, colorspace="RGB")
+        >>> op = DecodeRandomResizedCrop(224, scale=(1.0, 1.0), ratio=(1.2, 1.2))
+        >>> op(data).shape, op.last_reduction
+        ((224, 224, 3), 4)
+    """
+
+    random = True
+
+    def __init__(
+        self,
+        size: int,
+        scale: tuple[float, float] = (0.08, 1.0),
+        ratio: tuple[float, float] = (3 / 4, 4 / 3),
+        reduce: bool = True,
+    ) -> None:
+        if not isinstance(reduce, bool):
+            raise ValueError(f"reduce must be True or False, got {reduce!r}")
+        self.crop = RandomResizedCrop(size, scale, ratio)  # checks size, scale and ratio
+        self.size, self.scale, self.ratio, self.reduce = size, scale, ratio, reduce
+        self.last_reduction = 1
+        """The denominator the last call decoded at (1: full size), for tests and profiling."""
+
+    def declare(self, takes: Spec) -> Spec:
+        expect(self, takes, kind="bytes")
+        return Spec("array", "uint8", "HWC", uniform=True)
+
+    def __call__(self, data: bytes) -> np.ndarray:
+        return self.apply(data, active_rng())
+
+    def apply(self, data: bytes, rng: np.random.Generator) -> np.ndarray:
+        """Decode and crop ``data`` with the box drawn from ``rng``."""
+        simplejpeg, cv2 = require("simplejpeg"), require("cv2")
+        height, width = jpeg_size(data)
+        top, left, h, w = self.crop.crop_box(height, width, rng)
+        d = reduction(h, w, self.size) if self.reduce else 1
+        if d == 1:
+            image = simplejpeg.decode_jpeg(data, colorspace="RGB")
+            region = image[top : top + h, left : left + w]
+        else:
+            image = simplejpeg.decode_jpeg(
+                data, colorspace="RGB", min_height=-(-height // d), min_width=-(-width // d)
+            )
+            sy, sx = image.shape[0] / height, image.shape[1] / width
+            y0, x0 = round(top * sy), round(left * sx)
+            y1 = max(y0 + 1, min(image.shape[0], round((top + h) * sy)))
+            x1 = max(x0 + 1, min(image.shape[1], round((left + w) * sx)))
+            region = image[y0:y1, x0:x1]
+        self.last_reduction = d
+        return cv2.resize(region, (self.size, self.size), interpolation=cv2.INTER_LINEAR)
+
+    def __repr__(self) -> str:
+        return (
+            f"DecodeRandomResizedCrop(size={self.size}, scale={self.scale}, ratio={self.ratio}, "
+            f"reduce={self.reduce})"
+        )
+
+
+def psnr(a: Any, b: Any) -> float:
+    """Peak signal-to-noise ratio of two uint8 images in dB (inf when they are equal).
+
+    Example:
+        >>> import numpy as np
+        >>> a = np.zeros((4, 4), np.uint8); b = a.copy(); b[0, 0] = 255
+        >>> round(psnr(a, b), 2)
+        12.04
+    """
+    diff = np.asarray(a, np.float64) - np.asarray(b, np.float64)
+    mse = float(np.mean(diff * diff))
+    return float("inf") if mse == 0 else 10 * np.log10(255.0**2 / mse)
