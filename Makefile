@@ -22,13 +22,18 @@ corpus:
 	  || echo "note: could not install python3.11-doc; the text workload needs it (or DRAPPS_TEXT_CORPUS)"
 
 # The real engines the scale-out tests start themselves: redis-server, and iproute2 for the
-# loopback-only network namespace Ray runs in. Skipped with a note where apt is not ours.
+# loopback-only network namespace Ray runs in; and FFmpeg's libraries, which the SPDL peer in
+# the bench decodes with. Skipped with a note where apt is not ours.
+FFMPEG_LIBS := libavformat59 libavcodec59 libavfilter8 libavutil57 libswscale6 libswresample4 libavdevice59
 services:
 	@command -v redis-server >/dev/null && command -v ip >/dev/null || \
 	  (apt-get update -q && apt-get install -y -q redis-server iproute2) || \
 	  echo "note: could not install redis-server/iproute2; the Redis and Ray tests will skip"
+	@ldconfig -p | grep -q libavfilter.so.8 || \
+	  (apt-get update -q && apt-get install -y -q $(FFMPEG_LIBS)) || \
+	  echo "note: could not install FFmpeg's libraries; the spdl bench system will skip"
 
-bench: $(STAMP) corpus
+bench: $(STAMP) corpus services
 	$(VENV)/bin/drapps bench --quick --out bench-results/quick
 	$(VENV)/bin/drapps bench-plot bench-results/quick/results.json
 

@@ -195,11 +195,21 @@ def chosen_systems(config: BenchConfig) -> tuple[list[str], dict[str, str]]:
     return run, skipped
 
 
-def plan_cases(config: BenchConfig, systems: list[str], cores: int) -> list[Case]:
+def plan_cases(
+    config: BenchConfig, systems: list[str], cores: int, skipped: dict[str, str] | None = None
+) -> list[Case]:
+    """Every case to run; a system that refuses a workload is left out of it (and recorded
+    in ``skipped`` as "system on workload")."""
     cases = []
     for workload in config.workloads:
+        for system in systems:
+            reason = system_class(system).refuses(workload)
+            if reason is not None and skipped is not None:
+                skipped[f"{system} on {workload}"] = reason
         for scenario in config.scenarios:
             for system in systems:
+                if system_class(system).refuses(workload) is not None:
+                    continue
                 variants = system_class(system).variants(cores)
                 if system == "dataloader" and config.workers is not None:
                     variants = list(config.workers)
@@ -307,7 +317,7 @@ def run_benchmark(config: BenchConfig, progress: bool = True) -> dict[str, Any]:
         workload = workload_class(name)
         params[name] = workload.prepare(config.data_dir, config.size, config.seed)
         workload(params[name]).warm()
-    cases = plan_cases(config, systems, cores)
+    cases = plan_cases(config, systems, cores, skipped)
     limit_samples = _LIMIT_SAMPLES[config.size]
     bar = Progress((len(cases) + len(config.workloads)) * config.repeats, enabled=progress)
     order = random.Random(config.seed)

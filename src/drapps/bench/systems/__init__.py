@@ -13,6 +13,7 @@ from drapps.bench.systems.drapps_loader import (
     DrappsStaticSampler,
 )
 from drapps.bench.systems.drapps_split import DrappsSplit, DrappsSplitOneWorker
+from drapps.bench.systems.peers import PEER_SYSTEMS
 from drapps.bench.systems.tfdata import TfDataCacheSystem, TfDataSystem
 from drapps.registry import Registry
 
@@ -29,6 +30,7 @@ _BUILT_IN: tuple[type[System], ...] = (
     DrappsStaticPinned,
     DrappsSplit,
     DrappsSplitOneWorker,
+    *PEER_SYSTEMS,
     *CACHE_SYSTEMS,
 )
 for _system in _BUILT_IN:

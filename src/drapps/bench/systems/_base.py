@@ -75,6 +75,11 @@ class System(ABC):
         """Why this system cannot run here (a missing extra), or None."""
         return None
 
+    @classmethod
+    def refuses(cls, workload: str) -> str | None:
+        """Why this system cannot run ``workload`` (a peer made for images only), or None."""
+        return None
+
     @classmethod  # noqa: B027 - most systems import nothing extra
     def load(cls) -> None:
         """Import what ``open`` needs, so a library's import time is not counted as start-up."""

@@ -76,7 +76,7 @@ class ImageWorkload(Workload):
     def tf_dataset(self, batch_size: int, seed: int, throttle: IoThrottle | None) -> Any:
         import tensorflow as tf
 
-        paths, labels = self._files()
+        paths, labels = self.files()
 
         def load(path: Any, label: Any) -> tuple[Any, Any]:
             data = _tf_read(path, throttle)
@@ -91,7 +91,7 @@ class ImageWorkload(Workload):
     def tf_cached_dataset(self, batch_size: int, seed: int, throttle: IoThrottle | None) -> Any:
         import tensorflow as tf
 
-        paths, labels = self._files()
+        paths, labels = self.files()
 
         def make(path: Any, label: Any) -> tuple[Any, Any]:
             image = tf.io.decode_jpeg(_tf_read(path, throttle), channels=3)
@@ -104,7 +104,8 @@ class ImageWorkload(Workload):
         slices = tf.data.Dataset.from_tensor_slices((paths, labels))
         return autotuned_cached(slices, make, augment, len(paths), batch_size, seed)
 
-    def _files(self) -> tuple[list[str], list[int]]:
+    def files(self) -> tuple[list[str], list[int]]:
+        """The JPEG paths and their class indices, in ImageFolder's order."""
         samples = ImageFolder(self.params["folder"]).samples
         return [path for path, _ in samples], [target for _, target in samples]
 
