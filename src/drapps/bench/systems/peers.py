@@ -17,6 +17,7 @@ batch 32, reshuffled every epoch. How each reaches its speed is in ``docs/bench.
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 from collections.abc import Generator, Iterator
 from typing import Any, ClassVar
@@ -336,7 +337,17 @@ class TorchdataNodes(_PeerSystem):
             fetch = _FetchBatch(dataset, collate)
             node = nodes.ParallelMapper(node, fetch, int(count), method="process")
         loader = nodes.Loader(nodes.Prefetcher(node, prefetch_factor=2))
-        return EpochSource(loader, lambda: workers)
+        return _NodesSource(loader, lambda: workers)
+
+
+class _NodesSource(EpochSource):
+    """torchdata.nodes stops its threads only when its nodes are garbage-collected; the nodes
+    sit in reference cycles, so without a collection here their threads outlive the
+    interpreter and abort it at exit."""
+
+    def close(self) -> None:
+        super().close()
+        gc.collect()
 
 
 class _FetchBatch:
