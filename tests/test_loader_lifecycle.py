@@ -134,3 +134,23 @@ def test_workers_exit_by_themselves_when_the_training_process_is_killed() -> Non
     proc.communicate(timeout=30)
     assert not wait_gone(pids)
     assert not shm_slabs(proc.pid)
+
+
+def test_recycled_slabs_never_overwrite_a_batch_the_loop_still_holds() -> None:
+    """Workers write over released slabs only: every batch of an epoch kept alive stays as
+    made, and after close no slab (or released slab) of the loader is left."""
+    import numpy as np
+
+    data = [np.full((64, 64), i, dtype=np.int64) for i in range(40)]
+    with drapps.Loader(data, batch_size=4, workers=2, seed=0, shuffle=True) as loader:
+        for _ in range(2):  # epoch 1 drops its batches: epoch 2 reuses their slabs
+            for batch in loader:
+                del batch
+            gc.collect()
+        kept = list(loader)
+        for batch in kept:
+            assert all((row == row.flatten()[0]).all() for row in batch)
+        assert sorted(int(b[i, 0, 0]) for b in kept for i in range(4)) == list(range(40))
+    del kept, batch
+    gc.collect()
+    assert shm_slabs() == []

@@ -1,4 +1,5 @@
 import errno
+import gc
 import os
 from collections import namedtuple
 from collections.abc import Iterator
@@ -84,3 +85,56 @@ def test_a_really_full_tmpfs_raises_shared_memory_full(tiny_tmpfs: Path) -> None
     with pytest.raises(SharedMemoryFullError, match=r"\(1 MiB\) is full while writing a 4.0 MiB"):
         pack(torch.zeros(2**20), path)
     assert os.listdir(tiny_tmpfs) == []
+
+
+def _released(batch: object) -> None:
+    """Drop the caller's last reference to a batch (passed in, not held elsewhere), so its
+    slab's finalizers run."""
+    del batch
+    gc.collect()
+
+
+def test_a_released_slab_is_written_over_by_its_worker(tmp_path: Path) -> None:
+    prefix = transport.slab_prefix(f"{os.getpid()}_recycle", 3)
+    writer, recycler = transport.SlabWriter(), transport.SlabRecycler()
+    try:
+        first = pack({"x": torch.arange(4096)}, transport.slab_name(prefix), writer)
+        assert first.recycle and first.path is not None
+        batch = unpack(first, recycler=recycler)
+        inode = os.stat(first.path).st_ino  # the name stays while the batch lives
+        held = pack({"x": torch.arange(4096) + 1}, transport.slab_name(prefix), writer)
+        assert os.stat(held.path).st_ino != inode  # not released yet: a new slab
+        del batch
+        gc.collect()
+        assert os.path.exists(first.path + transport.FREE_SUFFIX)
+        second = pack({"x": torch.arange(4096) * 2}, transport.slab_name(prefix), writer)
+        assert os.stat(second.path).st_ino == inode  # the released one, renamed
+        assert not os.path.exists(first.path + transport.FREE_SUFFIX)
+        torch.testing.assert_close(unpack(second, recycler=recycler)["x"], torch.arange(4096) * 2)
+        torch.testing.assert_close(unpack(held, recycler=recycler)["x"], torch.arange(4096) + 1)
+    finally:
+        recycler.close()
+        remove_slabs(prefix)
+
+
+def test_the_recycler_keeps_a_few_per_worker_and_none_after_close() -> None:
+    prefix = transport.slab_prefix(f"{os.getpid()}_keep", 0)
+    writer, recycler = transport.SlabWriter(), transport.SlabRecycler(keep=2)
+    try:
+        packed = [pack([np.ones(1000)], transport.slab_name(prefix), writer) for _ in range(4)]
+        batches = [unpack(p, recycler=recycler) for p in packed]
+        for _ in range(3):
+            _released(batches.pop(0))
+        free = [p.path for p in packed if os.path.exists(p.path + transport.FREE_SUFFIX)]
+        assert len(free) == 2 and not os.path.exists(packed[2].path)  # the third: unlinked
+        recycler.close()
+        _released(batches.pop())
+        assert not os.path.exists(packed[3].path)  # after close: unlinked, not kept
+    finally:
+        remove_slabs(prefix)
+
+
+def test_without_a_recycler_a_recyclable_slab_is_unlinked_at_once(slab_path: str) -> None:
+    packed = pack([np.ones(10)], slab_path, transport.SlabWriter())
+    batch = unpack(packed)
+    assert not os.path.exists(slab_path) and batch[0].sum() == 10

@@ -27,7 +27,7 @@ from drapps.runtime.pool import Reply, Task, Worker, WorkerPool
 from drapps.runtime.process_pool import ProcessPool
 from drapps.runtime.reorder import Entry, ReorderBuffer
 from drapps.runtime.stats import STAGES, PipelineSnapshot
-from drapps.runtime.transport import Packed, discard, unpack
+from drapps.runtime.transport import Packed, SlabRecycler, discard, unpack
 from drapps.runtime.worker import BatchRecipe
 
 logger = logging.getLogger(__name__)
@@ -103,6 +103,7 @@ class Dispatcher:
         self._batch_bytes = 0
         self._live_bytes = 0
         self._bytes_lock = threading.Lock()
+        self._recycler = SlabRecycler()  # released slabs go back to their workers
         # Counters read by snapshot().
         self.counters: dict[str, float] = {
             "worker_restarts": 0,
@@ -224,6 +225,7 @@ class Dispatcher:
             self._stopped = True
             os.close(self._wake_r)
             os.close(self._wake_w)
+        self._recycler.close()  # batches the loop still holds are unlinked when released
         self.pool.shutdown()
         self.buffer.fail(RuntimeError("this drapps.Loader is closed"))
 
@@ -410,7 +412,8 @@ class Dispatcher:
             batch, nbytes = None, 0
             if packed is not None:
                 try:
-                    batch, nbytes = unpack(packed, self._on_release), packed.nbytes
+                    batch = unpack(packed, self._on_release, self._recycler)
+                    nbytes = packed.nbytes
                     if nbytes:
                         with self._bytes_lock:
                             self._live_bytes += nbytes

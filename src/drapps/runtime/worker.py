@@ -30,6 +30,7 @@ from drapps.runtime.seeding import (
 from drapps.runtime.transport import (
     Packed,
     SharedMemoryFullError,
+    SlabWriter,
     pack,
     pack_inline,
     remove_slabs,
@@ -196,6 +197,7 @@ def run_worker(
     seed_worker(base_seed, slot)
     set_worker_info(slot, num_workers, base_seed, recipe.dataset)
     init_error = run_worker_init(recipe, slot)
+    writer = SlabWriter()
     try:
         while (task := next_task(tasks, parent_pid)) is not PARENT_GONE:
             if task is None:
@@ -215,7 +217,7 @@ def run_worker(
                 results.send(("err", generation, batch_id, exc))
                 continue
             try:
-                packed = None if made.batch is None else pack_batch(made.batch, prefix)
+                packed = None if made.batch is None else pack_batch(made.batch, prefix, writer)
                 reply: tuple[Any, ...] = (
                     "ok", generation, batch_id, packed, made.skipped, made.seconds
                 )  # fmt: skip
@@ -293,11 +295,12 @@ def run_worker_init(recipe: BatchRecipe, slot: int) -> SampleError | None:
 _warned_full = False
 
 
-def pack_batch(batch: Any, prefix: str) -> Packed:
-    """The batch in a new slab; through the pipe instead when shared memory is full."""
+def pack_batch(batch: Any, prefix: str, writer: SlabWriter | None = None) -> Packed:
+    """The batch in a slab (one ``writer`` took back, or a new one); through the pipe instead
+    when shared memory is full."""
     global _warned_full
     try:
-        return pack(batch, slab_name(prefix))
+        return pack(batch, slab_name(prefix), writer)
     except SharedMemoryFullError as exc:
         if not _warned_full:
             _warned_full = True
