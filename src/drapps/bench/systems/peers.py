@@ -194,7 +194,7 @@ class _ThrottledFiles:
         self.order: list[int] = []
 
     def __call__(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        picked = []
+        picked: list[int] = []
         while len(picked) < self.batch_size:
             if not self.order:
                 self.order = list(self.rng.permutation(len(self.paths)))
