@@ -102,6 +102,43 @@ def test_a_shrink_that_starves_the_loop_is_undone_at_once() -> None:
     assert world.settled() == 3
 
 
+def _ticks_to(world: World, policy: HeuristicPolicy, workers: int, limit: int = 200) -> int:
+    for tick in range(limit):
+        world.run(policy, ticks=1)
+        if world.workers == workers:
+            return tick
+    raise AssertionError(f"never reached {workers} workers: {world.history}")
+
+
+def test_a_clear_probe_is_judged_early_and_an_unclear_one_in_full() -> None:
+    early = _ticks_to(World(per_worker=100, consumer=1000, cores=4), HeuristicPolicy(), 4)
+    full_config = HeuristicConfig(early=HeuristicConfig().window)  # judged after the window
+    full = _ticks_to(World(per_worker=100, consumer=1000, cores=4), HeuristicPolicy(full_config), 4)
+    # Three kept probes (1 -> 4 workers), each judged 2 ticks sooner when its gain is clear
+    # (>= 10%); while the loop starves, the next starts from those 2 ticks, not a new window.
+    assert (early, full) == (14, 20)
+    # A gain of 6% (over min_gain, under twice it: 16 -> 17 workers) is measured in full.
+    world = World(per_worker=100, consumer=10_000, cores=32, workers=16)
+    policy = HeuristicPolicy()
+    actions = world.run(policy, ticks=40)
+    tried = next(i for i, a in enumerate(actions) if a.workers == +1)
+    kept = next(i for i, a in enumerate(actions) if a.reason.startswith("kept 17 workers"))
+    assert kept - tried == policy.config.settle + policy.config.window
+
+
+def test_a_shrink_is_undone_only_by_a_tick_worse_than_any_before_it() -> None:
+    policy = HeuristicPolicy()
+    warmed(policy)
+    # The loop waited 2.5% on average, one tick of the four at 10%: a shrink is tried.
+    for wait in (0.0, 0.0, 0.10, 0.0):
+        action = policy.decide(state(wait_fraction=wait, queue_batches=4, workers=4))
+    assert action.workers == -1, action
+    # A tick at 12% is within the baseline's worst tick (plus wait_low): the probe goes on.
+    assert policy.decide(state(wait_fraction=0.12, queue_batches=4, workers=3)) == NOOP
+    undo = policy.decide(state(wait_fraction=0.30, queue_batches=0, workers=3))
+    assert undo.workers == +1 and "back to 4 workers" in undo.reason
+
+
 def test_readapts_when_the_consumer_gets_faster() -> None:
     world = World(per_worker=100, consumer=250, cores=8, workers=3)
     policy = HeuristicPolicy()
@@ -140,9 +177,9 @@ def test_memory_pressure_sheds_workers_first() -> None:
 
 def test_a_clipped_probe_is_abandoned_not_judged() -> None:
     policy = HeuristicPolicy()
-    for _ in range(7):  # 3 ticks of flowing data, then a full window
-        action = policy.decide(state(wait_fraction=0.5, workers=2))
-    assert action.workers == +1
+    # 3 ticks of flowing data, then 2 (a loop starving this much needs no full window).
+    actions = [policy.decide(state(wait_fraction=0.5, workers=2)) for _ in range(5)]
+    assert [a.workers for a in actions] == [0, 0, 0, 0, +1]
     # The controller could not add the worker: the next states still show 2.
     assert all(policy.decide(state(wait_fraction=0.5, workers=2)).workers >= 0 for _ in range(3))
 
@@ -177,8 +214,8 @@ def test_start_up_starvation_is_not_judged() -> None:
     starting = [policy.decide(state(wait_fraction=1.0, throughput=0.0)) for _ in range(10)]
     warming = [policy.decide(state(wait_fraction=0.6, throughput=100.0)) for _ in range(3)]
     assert all(a == NOOP for a in starting + warming)
-    later = [policy.decide(state(wait_fraction=0.6, throughput=100.0)) for _ in range(4)]
-    assert later[-1].workers == +1
+    later = [policy.decide(state(wait_fraction=0.6, throughput=100.0)) for _ in range(2)]
+    assert [a.workers for a in later] == [0, +1]  # a 2-tick baseline, the loop starving
 
 
 def warmed(policy: HeuristicPolicy) -> None:

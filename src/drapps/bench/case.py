@@ -194,10 +194,10 @@ def measure_limit(spec: dict[str, Any]) -> dict[str, Any]:
     order = (order * (1 + spec["samples"] // len(order)))[: spec["samples"]]
     for index in order[:20]:
         dataset[index]
-    start = time.process_time()
+    start = time.perf_counter()  # wall time: file reads wait as they do in a loader
     for index in order:
         dataset[index]
-    per_core = len(order) / (time.process_time() - start)
+    per_core = len(order) / (time.perf_counter() - start)
     return {"per_core_samples_per_s": per_core, "samples_per_s": per_core * spec["cores"]}
 
 
