@@ -14,7 +14,7 @@ from dataclasses import fields
 from typing import Any
 
 from drapps.control.controller import Bounds, Controller, Tick, default_knobs
-from drapps.control.knobs import Knob
+from drapps.control.knobs import Knob, PriorityKnob
 from drapps.control.policy import Policy, make_policy
 from drapps.runtime.config import LoaderConfig
 from drapps.runtime.dispatcher import Dispatcher
@@ -152,9 +152,12 @@ def make_tuner(
         adjust_prefetch=auto_workers and c.prefetch == "auto",
     )
     actuators = dispatcher if dispatcher is not None else _Unactuated()
+    own = default_knobs(actuators, bounds, grant if auto_workers else None)
+    if auto_workers and dispatcher is not None and dispatcher.pool.set_priority(0):
+        own.append(PriorityKnob(dispatcher.set_priority))  # worker processes only
     return AutoTuner(
         snapshot,
-        [*default_knobs(actuators, bounds, grant if auto_workers else None), *knobs],
+        [*own, *knobs],
         policy,
         interval=c.control_interval,
         trace_path=c.trace,

@@ -204,3 +204,59 @@ class CodecKnob(ChoiceKnob):
     bypass the cache)."""
 
     name = "codec"
+
+
+class PriorityKnob(Knob):
+    """The workers' CPU priority: ``"normal"``, then ``"low"`` (nice +10) once the training
+    process itself competes with them for a saturated CPU.
+
+    Not moved by the policy: a rule decides it. When, over ``window`` ticks in a row, the
+    training process used at least ``main_cpu`` cores (a training step on the CPU, or a heavy
+    host side of a GPU step) while the machine's CPU was at least ``busy``, the workers yield to
+    it: the step is the critical path, and the workers only need what it leaves. With an idle
+    CPU, or a training loop that mostly waits on an accelerator, priority changes nothing, so
+    it stays normal (and workers keep their share against outside load). The change is one-way:
+    without privilege a process may not lower its children's niceness again.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> knob = PriorityKnob(apply=print, window=2)
+        >>> busy = SimpleNamespace(main_cpu=0.9, cpu_util=0.97)  # the State fields it reads
+        >>> [knob.propose(busy, None, {}) for _ in range(2)]  # type: ignore[arg-type]
+        ['normal', 'low']
+    """
+
+    name = "priority"
+
+    def __init__(
+        self,
+        apply: Callable[[str], None],
+        *,
+        window: int = 6,
+        main_cpu: float = 0.5,
+        busy: float = 0.9,
+        adjustable: bool = True,
+    ) -> None:
+        super().__init__(apply, adjustable=adjustable)
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window!r}")
+        self.window, self.main_cpu, self.busy = window, main_cpu, busy
+        self.value = "normal"
+        self._streak = 0
+
+    def current(self, state: State) -> Value:
+        return self.value
+
+    def propose(self, state: State, move: Any, chosen: Mapping[str, Value]) -> Value:
+        if not self.adjustable or self.value == "low":
+            return self.value
+        competing = state.main_cpu >= self.main_cpu and state.cpu_util >= self.busy
+        self._streak = self._streak + 1 if competing else 0
+        return "low" if self._streak >= self.window else "normal"
+
+    def apply(self, value: Value) -> None:
+        self.value = str(value)
+        super().apply(value)
+
+    def bounds(self) -> tuple[Any, ...]:
+        return ("normal", "low")

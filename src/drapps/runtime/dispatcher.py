@@ -43,6 +43,11 @@ _PARK_S = 5.0
 _PAUSE_S = 2.0
 
 
+LOW_NICENESS = 10
+"""The niceness of workers at ``"low"`` priority: the scheduler weighs a nice-10 process at
+about a tenth of a nice-0 one, so a CPU-bound training loop is served first."""
+
+
 class Dispatcher:
     """Runs the worker pool for a loader (started lazily, stopped by :meth:`shutdown`)."""
 
@@ -143,6 +148,10 @@ class Dispatcher:
         """Make batches dispatched from now on with the transform pipeline's ops before
         ``stop`` (batches already in flight keep the split they were sent with)."""
         self._command("split", stop, wait_applied=True)
+
+    def set_priority(self, priority: str) -> None:
+        """Run the workers at ``"normal"`` or ``"low"`` CPU priority (nice +10)."""
+        self.pool.set_priority(LOW_NICENESS if priority == "low" else 0)
 
     def set_prefetch(self, depth: int | None) -> None:
         """Set the prefetch depth (None: twice the worker count)."""

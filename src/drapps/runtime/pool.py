@@ -144,6 +144,11 @@ class WorkerPool(ABC):
         """Process ids the monitor should measure (none for workers inside this process)."""
         return ()
 
+    def set_priority(self, niceness: int) -> bool:
+        """Run the workers at ``niceness`` (as ``nice``: higher yields the CPU to others), now
+        and when started later; returns whether this pool can (worker processes can)."""
+        return False
+
     def capacity(self) -> int | None:
         """Workers the pool can run at once now (a cluster's CPUs); None: no limit of its
         own. The dispatcher starts no more than this, whatever the target."""

@@ -7,6 +7,7 @@ held and stall every other worker), and the pool always knows which tasks a dead
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -94,6 +95,13 @@ class ProcessPool(WorkerPool):
         self._recipe = recipe
         self._session = session
         self._context = context or multiprocessing.get_context()
+        self._niceness = 0
+
+    def set_priority(self, niceness: int) -> bool:
+        self._niceness = niceness
+        for pid in self.pids():
+            _renice(pid, niceness)
+        return True
 
     def pids(self) -> tuple[int, ...]:
         return tuple(p for w in list(self.workers) if (p := _own(w).process.pid) is not None)
@@ -111,6 +119,8 @@ class ProcessPool(WorkerPool):
             wid, slot=slot, process=process, tasks=task_send, results=result_recv
         )
         self.workers.append(worker)
+        if self._niceness and process.pid is not None:
+            _renice(process.pid, self._niceness)
         logger.debug("started worker %d (pid %s)", wid, process.pid)
         return worker
 
@@ -195,3 +205,10 @@ def _own(worker: Worker) -> ProcessWorker:
     if not isinstance(worker, ProcessWorker):
         raise TypeError(f"worker {worker.wid} is not a ProcessPool worker")
     return worker
+
+
+def _renice(pid: int, niceness: int) -> None:
+    """Set a worker's niceness; a worker that just exited, or a niceness below the current
+    one without the privilege to lower it, is left as it is."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.setpriority(os.PRIO_PROCESS, pid, niceness)

@@ -1,0 +1,96 @@
+"""The workers' priority: lowered once the training process competes with them for the CPU."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import psutil
+import pytest
+from helpers import state
+
+import drapps
+from drapps.control.knobs import PriorityKnob
+
+
+def test_the_rule_needs_a_run_of_competing_ticks_and_never_goes_back() -> None:
+    applied: list[str] = []
+    knob = PriorityKnob(applied.append, window=3)
+    busy = state(cores=2, cpu_util=0.95, main_cpu=0.8)
+    calm = state(cores=2, cpu_util=0.95, main_cpu=0.1)  # the loop waits on an accelerator
+    idle = state(cores=2, cpu_util=0.5, main_cpu=0.8)  # a CPU step, but cores to spare
+    proposals = [knob.propose(s, None, {}) for s in (busy, busy, calm, busy, idle, busy, busy)]
+    assert proposals == ["normal"] * 7  # every run of 3 was broken
+    assert knob.propose(busy, None, {}) == "low"
+    knob.apply("low")
+    assert applied == ["low"] and knob.propose(calm, None, {}) == "low"  # one-way
+    held = PriorityKnob(applied.append, window=1, adjustable=False)
+    assert held.propose(busy, None, {}) == "normal"
+    with pytest.raises(ValueError, match="window must be >= 1"):
+        PriorityKnob(applied.append, window=0)
+
+
+class Costly:
+    """Samples that cost a few ms of CPU each."""
+
+    def __len__(self) -> int:
+        return 100_000
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        a = np.random.default_rng(index).random((90, 90))
+        for _ in range(4):
+            a = a @ a / 90
+        return a.astype(np.float32)
+
+
+def _niceness(loader: drapps.Loader) -> set[int]:
+    """The niceness of each live worker (one the controller just stopped is left out)."""
+    values = set()
+    for pid in loader._dispatcher.pool.pids():  # type: ignore[attr-defined]
+        try:
+            values.add(psutil.Process(pid).nice())
+        except psutil.NoSuchProcess:
+            continue
+    return values
+
+
+@pytest.mark.timeout(60)
+def test_a_cpu_bound_training_loop_gets_its_workers_to_yield() -> None:
+    """A training step on the CPU while another process keeps the cores busy: the workers
+    drop to nice +10, those started later too."""
+    base = os.nice(0)
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        with drapps.Loader(
+            Costly(), batch_size=8, workers="auto", max_workers=3, control_interval=0.1, seed=0
+        ) as loader:
+            it = iter(loader)
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and _niceness(loader) != {base + 10}:
+                next(it)
+                spin = time.process_time() + 0.05  # the training step, on the CPU
+                while time.process_time() < spin:
+                    pass
+            assert _niceness(loader) == {base + 10}
+            loader._dispatcher.resize(3)  # type: ignore[attr-defined]
+            assert _niceness(loader) == {base + 10}  # a worker started now yields too
+    finally:
+        hog.kill()
+        hog.wait()
+
+
+@pytest.mark.timeout(60)
+def test_a_loop_that_waits_on_an_accelerator_leaves_them_at_normal_priority() -> None:
+    base = os.nice(0)
+    with drapps.Loader(
+        Costly(), batch_size=8, workers="auto", max_workers=3, control_interval=0.1, seed=0
+    ) as loader:
+        it = iter(loader)
+        end = time.monotonic() + 4  # 40 ticks: several windows
+        while time.monotonic() < end:
+            next(it)
+            time.sleep(0.02)  # the step runs elsewhere
+        assert _niceness(loader) == {base}
