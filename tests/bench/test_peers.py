@@ -16,7 +16,7 @@ from drapps.bench.workloads import workload_class
 from drapps.runtime.config import usable_cores
 
 PEERS = {system.name: system for system in PEER_SYSTEMS}
-VARIANT = {"dali-cpu": 2, "spdl": 2, "torchdata-nodes": "threads-2"}
+VARIANT = {"dali-cpu": 2, "spdl": 2, "torchdata-nodes": "threads-2", "ffcv": 2}
 
 
 def _skip_unless_available(name: str) -> None:
@@ -54,7 +54,7 @@ def test_each_peer_delivers_augmented_uint8_chw_batches(
     assert not torch.equal(batches[0][0], batches[6][0])
 
 
-@pytest.mark.parametrize("name", ["dali-cpu", "spdl"])
+@pytest.mark.parametrize("name", ["dali-cpu", "spdl", "ffcv"])
 def test_image_only_peers_name_the_workload_they_refuse(name: str, tmp_path: Path) -> None:
     _skip_unless_available(name)
     cls = workload_class("synthetic")
@@ -68,6 +68,7 @@ def test_bad_variants_are_named(image: object) -> None:
         ("dali-cpu", 0, "dali-cpu needs a thread count >= 1, got 0"),
         ("spdl", "x", "spdl needs a concurrency >= 1, got 'x'"),
         ("torchdata-nodes", "forks-2", "torchdata-nodes needs 'threads-N' or 'processes-N'"),
+        ("ffcv", -1, "ffcv needs a thread count >= 1, got -1"),
     ]:
         if PEERS[name].unavailable() is None:
             with pytest.raises(ValueError, match=message):

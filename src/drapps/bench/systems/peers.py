@@ -13,12 +13,20 @@ batch 32, reshuffled every epoch. How each reaches its speed is in ``docs/bench.
 - ``torchdata-nodes-threads-N`` / ``-processes-N``: ``torchdata.nodes.ParallelMapper`` over the
   workload's own dataset (drapps' ops), per sample on ``N`` threads, or per batch (fetch and
   collate, as DataLoader's workers do) in ``N`` processes. Extra ``torchdata``.
+- ``ffcv-N``: FFCV writes the files once into its ``.beton`` format (set-up time, counted in
+  the first batch and end-to-end), then its Loader decodes the crop with
+  ``RandomResizedCropRGBImageDecoder`` in numba-compiled code on ``N`` threads. No extra: its
+  wheel pulls ``opencv-python`` beside the ``opencv-python-headless`` drapps uses, so it is
+  installed by hand (``docs/bench.md``).
 """
 
 from __future__ import annotations
 
 import gc
 import importlib.util
+import os
+import shutil
+import tempfile
 from collections.abc import Generator, Iterator
 from typing import Any, ClassVar
 
@@ -360,4 +368,99 @@ class _FetchBatch:
         return self.collate([self.dataset[i] for i in indices])
 
 
-PEER_SYSTEMS: tuple[type[System], ...] = (DaliCpu, Spdl, TorchdataNodes)
+# -- FFCV -------------------------------------------------------------------------------------
+
+
+class Ffcv(_PeerSystem):
+    name = "ffcv"
+    summary = (
+        "FFCV: the files written once to a .beton (set-up, counted in first batch and "
+        "end-to-end), then its Loader with RandomResizedCropRGBImageDecoder on N threads "
+        "(numba-compiled pipeline; see docs/bench.md to install)"
+    )
+    module, extra, prefix = "ffcv", "ffcv", "ffcv"
+
+    @classmethod
+    def unavailable(cls) -> str | None:
+        if importlib.util.find_spec("ffcv") is None:
+            return (
+                "ffcv is not installed: it builds against the OS's OpenCV and libjpeg-turbo "
+                "(Debian: libopencv-dev libturbojpeg0-dev pkg-config), see docs/bench.md"
+            )
+        return None
+
+    @classmethod
+    def variants(cls, cores: int) -> list[Workers]:
+        return [cores]
+
+    def open(
+        self,
+        workload: Workload,
+        workers: Workers,
+        batch_size: int,
+        seed: int,
+        throttle: IoThrottle | None,
+    ) -> Source:
+        if not isinstance(workers, int) or workers < 1:
+            raise ValueError(f"ffcv needs a thread count >= 1, got {workers!r}")
+        paths, labels = _image_files(self.name, workload)
+        loader_module, fields = require("ffcv.loader"), require("ffcv.fields")
+        decoders, transforms = require("ffcv.fields.decoders"), require("ffcv.transforms")
+        folder = tempfile.mkdtemp(prefix="drapps-ffcv-")
+        beton = os.path.join(folder, "data.beton")
+        # FFCV's set-up: every file read (through the throttle, if any), decoded and written
+        # once, as quality-90 JPEGs, into its own format.
+        writer = require("ffcv.writer").DatasetWriter(
+            beton,
+            {
+                "image": fields.RGBImageField(write_mode="jpg", jpeg_quality=90),
+                "label": fields.IntField(),
+            },
+            num_workers=workers,
+        )
+        writer.from_indexed_dataset(_Decoded(paths, labels, throttle))
+        loader = loader_module.Loader(
+            beton,
+            batch_size=batch_size,
+            num_workers=workers,
+            order=loader_module.OrderOption.RANDOM,
+            drop_last=True,
+            os_cache=True,
+            seed=seed,
+            pipelines={
+                "image": [
+                    decoders.RandomResizedCropRGBImageDecoder((SIZE, SIZE), ratio=_RATIO),
+                    transforms.RandomHorizontalFlip(),
+                    transforms.ToTensor(),
+                    transforms.ToTorchImage(channels_last=False),
+                ],
+                "label": [decoders.IntDecoder(), transforms.ToTensor(), transforms.Squeeze()],
+            },
+        )
+
+        def batches() -> Generator[Any, None, None]:
+            while True:
+                for x, y in loader:
+                    yield x, y.to(torch.int64)
+
+        return _Batches(batches(), workers, lambda: shutil.rmtree(folder, ignore_errors=True))
+
+
+class _Decoded:
+    """The image files as (HWC uint8 array, label) pairs, what FFCV's writer takes."""
+
+    def __init__(self, paths: list[str], labels: list[int], throttle: IoThrottle | None) -> None:
+        self.paths, self.labels = paths, labels
+        self.read = throttle.read if throttle is not None else _read_file
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int) -> tuple[np.ndarray, int]:
+        simplejpeg = require("simplejpeg")
+        return simplejpeg.decode_jpeg(self.read(self.paths[index]), colorspace="RGB"), self.labels[
+            index
+        ]
+
+
+PEER_SYSTEMS: tuple[type[System], ...] = (DaliCpu, Spdl, TorchdataNodes, Ffcv)
