@@ -139,4 +139,4 @@ def psnr(a: Any, b: Any) -> float:
     """
     diff = np.asarray(a, np.float64) - np.asarray(b, np.float64)
     mse = float(np.mean(diff * diff))
-    return float("inf") if mse == 0 else 10 * np.log10(255.0**2 / mse)
+    return float("inf") if mse == 0 else float(10 * np.log10(255.0**2 / mse))
