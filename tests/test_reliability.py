@@ -238,12 +238,12 @@ def test_a_slab_that_vanishes_before_it_is_read_is_made_again() -> None:
     real_unpack = transport.unpack
     calls = {"n": 0}
 
-    def vanishing(packed: Any, on_release: Any = None) -> Any:
+    def vanishing(packed: Any, *args: Any) -> Any:
         calls["n"] += 1
         if calls["n"] in (2, 5):  # e.g. another process cleaned /dev/shm at the wrong moment
             os.unlink(packed.path)
             raise FileNotFoundError(2, "No such file or directory", packed.path)
-        return real_unpack(packed, on_release)
+        return real_unpack(packed, *args)
 
     with mock.patch("drapps.runtime.dispatcher.unpack", vanishing):
         with drapps.Loader(SlowDataset(40), batch_size=4, workers=2, seed=0) as loader:
