@@ -138,3 +138,21 @@ def test_without_a_recycler_a_recyclable_slab_is_unlinked_at_once(slab_path: str
     packed = pack([np.ones(10)], slab_path, transport.SlabWriter())
     batch = unpack(packed)
     assert not os.path.exists(slab_path) and batch[0].sum() == 10
+
+
+def test_a_recyclable_slab_that_cannot_be_mapped_is_unlinked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    prefix = transport.slab_prefix(f"{os.getpid()}_nomap", 0)
+    packed = pack([np.ones(100)], transport.slab_name(prefix), transport.SlabWriter())
+
+    def no_map(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOMEM, "Cannot allocate memory")
+
+    monkeypatch.setattr(transport.mmap, "mmap", no_map)
+    try:
+        with pytest.raises(OSError, match="Cannot allocate memory"):
+            unpack(packed, recycler=transport.SlabRecycler())
+        assert not os.path.exists(packed.path)  # never released, so not kept for its worker
+    finally:
+        remove_slabs(prefix)

@@ -253,7 +253,7 @@ class SlabWriter:
     (renamed to the new batch's name) once the training process has released it.
 
     Writing over a slab whose pages tmpfs already holds skips allocating and zeroing fresh
-    pages for every batch (about a millisecond per 5 MB batch, see ``docs/bench.md``).
+    pages for every batch (about a millisecond per 5 MB batch, see ``docs/runtime.md``).
     """
 
     def __init__(self, memory: int = 64) -> None:
@@ -366,7 +366,9 @@ def unpack(
             slab = mmap.mmap(fd, packed.nbytes, flags=flags)
         finally:
             os.close(fd)
-            keep = packed.recycle and recycler is not None
+            # A recyclable slab keeps its name until released; one that was not mapped
+            # (not ours, or the map failed) will never be released, so it goes now.
+            keep = packed.recycle and recycler is not None and slab is not None
             if not keep:
                 os.unlink(packed.path)
         if on_release is not None:
