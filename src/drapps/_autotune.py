@@ -153,7 +153,7 @@ def make_tuner(
     )
     actuators = dispatcher if dispatcher is not None else _Unactuated()
     own = default_knobs(actuators, bounds, grant if auto_workers else None)
-    if auto_workers and dispatcher is not None and dispatcher.pool.set_priority(0):
+    if auto_workers and dispatcher is not None and dispatcher.set_priority("normal"):
         own.append(PriorityKnob(dispatcher.set_priority))  # worker processes only
     return AutoTuner(
         snapshot,

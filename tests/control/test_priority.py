@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import textwrap
 import time
 
 import numpy as np
@@ -94,3 +95,23 @@ def test_a_loop_that_waits_on_an_accelerator_leaves_them_at_normal_priority() ->
             next(it)
             time.sleep(0.02)  # the step runs elsewhere
         assert _niceness(loader) == {base}
+
+
+@pytest.mark.timeout(60)
+def test_low_priority_is_relative_to_the_training_process() -> None:
+    """A training process already at nice 4 gets workers at nice 14, not 10 (which would
+    raise them above it where the OS allows)."""
+    script = textwrap.dedent(
+        """
+        import os, psutil, drapps
+        os.nice(4)
+        with drapps.Loader(list(range(16)), batch_size=4, workers=2, seed=0) as loader:
+            next(iter(loader))
+            assert loader._dispatcher.set_priority("low")
+            pids = loader._dispatcher.pool.pids()
+            print(sorted(psutil.Process(pid).nice() for pid in pids))
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"[{os.nice(0) + 14}, {os.nice(0) + 14}]"

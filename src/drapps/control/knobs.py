@@ -35,10 +35,10 @@ class Knob(ABC):
     name: str = ""
     """Key of the knob in ``Action.moves()``, ``State.knob()``, ``Tick.applied`` and the trace."""
 
-    def __init__(self, apply: Callable[[Any], None], *, adjustable: bool = True) -> None:
+    def __init__(self, apply: Callable[[Any], object], *, adjustable: bool = True) -> None:
         """
         Args:
-            apply: sets the knob's new value on the pipeline.
+            apply: sets the knob's new value on the pipeline (what it returns is ignored).
             adjustable: False holds the knob at its value whatever the policy asks.
         """
         if not self.name:
@@ -230,7 +230,7 @@ class PriorityKnob(Knob):
 
     def __init__(
         self,
-        apply: Callable[[str], None],
+        apply: Callable[[str], object],
         *,
         window: int = 6,
         main_cpu: float = 0.5,

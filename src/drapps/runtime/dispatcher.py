@@ -44,8 +44,8 @@ _PAUSE_S = 2.0
 
 
 LOW_NICENESS = 10
-"""The niceness of workers at ``"low"`` priority: the scheduler weighs a nice-10 process at
-about a tenth of a nice-0 one, so a CPU-bound training loop is served first."""
+"""How much nicer than the training process workers at ``"low"`` priority run: the scheduler
+weighs a process 10 nicer at about a tenth, so a CPU-bound training loop is served first."""
 
 
 class Dispatcher:
@@ -149,9 +149,12 @@ class Dispatcher:
         ``stop`` (batches already in flight keep the split they were sent with)."""
         self._command("split", stop, wait_applied=True)
 
-    def set_priority(self, priority: str) -> None:
-        """Run the workers at ``"normal"`` or ``"low"`` CPU priority (nice +10)."""
-        self.pool.set_priority(LOW_NICENESS if priority == "low" else 0)
+    def set_priority(self, priority: str) -> bool:
+        """Run the workers at ``"normal"`` CPU priority (the training process's niceness,
+        which they inherit) or ``"low"`` (``LOW_NICENESS`` above it); returns whether the pool
+        can (worker processes can, Ray actors cannot)."""
+        niceness = os.getpriority(os.PRIO_PROCESS, 0)
+        return self.pool.set_priority(niceness + (LOW_NICENESS if priority == "low" else 0))
 
     def set_prefetch(self, depth: int | None) -> None:
         """Set the prefetch depth (None: twice the worker count)."""

@@ -95,7 +95,7 @@ class ProcessPool(WorkerPool):
         self._recipe = recipe
         self._session = session
         self._context = context or multiprocessing.get_context()
-        self._niceness = 0
+        self._niceness: int | None = None  # None: as inherited
 
     def set_priority(self, niceness: int) -> bool:
         self._niceness = niceness
@@ -119,7 +119,7 @@ class ProcessPool(WorkerPool):
             wid, slot=slot, process=process, tasks=task_send, results=result_recv
         )
         self.workers.append(worker)
-        if self._niceness and process.pid is not None:
+        if self._niceness is not None and process.pid is not None:
             _renice(process.pid, self._niceness)
         logger.debug("started worker %d (pid %s)", wid, process.pid)
         return worker
