@@ -202,14 +202,15 @@ def plan_cases(
     in ``skipped`` as "system on workload")."""
     cases = []
     for workload in config.workloads:
+        here = []
         for system in systems:
             reason = system_class(system).refuses(workload)
-            if reason is not None and skipped is not None:
+            if reason is None:
+                here.append(system)
+            elif skipped is not None:
                 skipped[f"{system} on {workload}"] = reason
         for scenario in config.scenarios:
-            for system in systems:
-                if system_class(system).refuses(workload) is not None:
-                    continue
+            for system in here:
                 variants = system_class(system).variants(cores)
                 if system == "dataloader" and config.workers is not None:
                     variants = list(config.workers)

@@ -95,7 +95,7 @@ class _Probe:
     wait: float
     """Mean wait over the baseline window."""
     idle_share: float
-    wait_peak: float = 0.0
+    wait_peak: float
     """Highest single tick's wait in the baseline window: what one tick of the probe is
     compared with."""
 
@@ -168,12 +168,13 @@ class HeuristicPolicy:
             self._flowing += state.throughput > 0
             self._recent.clear()
             return NOOP
-        if len(self._recent) < c.window:
-            # A loop starving by more than twice wait_high needs no full window to say so:
-            # the next probe starts from an ``early``-tick baseline (kept probes leave that many).
-            starving = self._mean("wait_fraction") > 2 * c.wait_high if self._recent else False
-            if len(self._recent) < c.early or not starving:
-                return NOOP
+        # A loop starving by more than twice wait_high needs no full window to say so: the
+        # next probe starts from an ``early``-tick baseline (kept probes leave that many).
+        measured = len(self._recent)
+        if measured < c.window and (
+            measured < c.early or self._mean("wait_fraction") <= 2 * c.wait_high
+        ):
+            return NOOP
         wait = self._mean("wait_fraction")
         idle = self._mean("idle_cores")
         queue = self._mean("queue_batches")
@@ -346,7 +347,7 @@ class HeuristicPolicy:
         if elapsed <= c.settle:
             self._recent.clear()
             return NOOP
-        throughput = self._mean("throughput") if self._recent else 0.0
+        throughput = self._mean("throughput")  # this tick is in: decide() appended it
         change = throughput / probe.throughput - 1 if probe.throughput > 0 else 0.0
         if len(self._recent) < c.window:
             clear = len(self._recent) >= c.early and abs(change) >= 2 * c.min_gain

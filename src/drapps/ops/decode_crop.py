@@ -89,7 +89,7 @@ class DecodeRandomResizedCrop(Op):
         if not isinstance(reduce, bool):
             raise ValueError(f"reduce must be True or False, got {reduce!r}")
         self.crop = RandomResizedCrop(size, scale, ratio)  # checks size, scale and ratio
-        self.size, self.scale, self.ratio, self.reduce = size, scale, ratio, reduce
+        self.reduce = reduce
         self.last_reduction = 1
         """The denominator the last call decoded at (1: full size), for tests and profiling."""
 
@@ -105,7 +105,8 @@ class DecodeRandomResizedCrop(Op):
         simplejpeg, cv2 = require("simplejpeg"), require("cv2")
         height, width = jpeg_size(data)
         top, left, h, w = self.crop.crop_box(height, width, rng)
-        d = reduction(h, w, self.size) if self.reduce else 1
+        size = self.crop.size
+        d = reduction(h, w, size) if self.reduce else 1
         if d == 1:
             image = simplejpeg.decode_jpeg(data, colorspace="RGB")
             region = image[top : top + h, left : left + w]
@@ -119,12 +120,12 @@ class DecodeRandomResizedCrop(Op):
             x1 = max(x0 + 1, min(image.shape[1], round((left + w) * sx)))
             region = image[y0:y1, x0:x1]
         self.last_reduction = d
-        return cv2.resize(region, (self.size, self.size), interpolation=cv2.INTER_LINEAR)
+        return cv2.resize(region, (size, size), interpolation=cv2.INTER_LINEAR)
 
     def __repr__(self) -> str:
         return (
-            f"DecodeRandomResizedCrop(size={self.size}, scale={self.scale}, ratio={self.ratio}, "
-            f"reduce={self.reduce})"
+            f"DecodeRandomResizedCrop(size={self.crop.size}, scale={self.crop.scale}, "
+            f"ratio={self.crop.ratio}, reduce={self.reduce})"
         )
 
 

@@ -58,6 +58,13 @@ def _image_files(system: str, workload: Workload) -> tuple[list[str], list[int]]
     return list(paths), list(labels)
 
 
+def _count(system: str, workers: Workers, what: str = "a thread count") -> int:
+    """``workers`` as the peer's int setting (threads, concurrency), or the error naming it."""
+    if not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"{system} needs {what} >= 1, got {workers!r}")
+    return workers
+
+
 class _PeerSystem(System):
     module: ClassVar[str]
     extra: ClassVar[str]
@@ -125,10 +132,9 @@ class DaliCpu(_PeerSystem):
         seed: int,
         throttle: IoThrottle | None,
     ) -> Source:
-        if not isinstance(workers, int) or workers < 1:
-            raise ValueError(f"dali-cpu needs a thread count >= 1, got {workers!r}")
+        threads = _count(self.name, workers)
         paths, labels = _image_files(self.name, workload)
-        pipe = _dali_pipeline(paths, labels, batch_size, workers, seed, throttle)
+        pipe = _dali_pipeline(paths, labels, batch_size, threads, seed, throttle)
         pipe.build()
 
         def batches() -> Generator[Any, None, None]:
@@ -137,7 +143,7 @@ class DaliCpu(_PeerSystem):
                 x = torch.from_numpy(images.as_array())
                 yield x, torch.from_numpy(targets.as_array().reshape(-1).astype(np.int64))
 
-        return _Batches(batches(), workers, None)
+        return _Batches(batches(), threads, None)
 
 
 def _dali_pipeline(
@@ -228,7 +234,7 @@ class Spdl(_PeerSystem):
         if missing is not None:
             return missing
         try:
-            require("spdl.io").demux_image(_TINY_JPEG())
+            require("spdl.io").demux_image(_tiny_jpeg())
         except Exception as exc:  # the FFmpeg libraries are separate
             return f"SPDL cannot decode: {str(exc).splitlines()[0][:200]}"
         return None
@@ -241,8 +247,7 @@ class Spdl(_PeerSystem):
         seed: int,
         throttle: IoThrottle | None,
     ) -> Source:
-        if not isinstance(workers, int) or workers < 1:
-            raise ValueError(f"spdl needs a concurrency >= 1, got {workers!r}")
+        concurrency = _count(self.name, workers, "a concurrency")
         paths, labels = _image_files(self.name, workload)
         spdl_io = require("spdl.io")
         builder_class = require("spdl.pipeline").PipelineBuilder
@@ -278,18 +283,18 @@ class Spdl(_PeerSystem):
         pipeline = (
             builder_class()
             .add_source(epochs())
-            .pipe(load, concurrency=workers, output_order="input")
+            .pipe(load, concurrency=concurrency, output_order="input")
             .aggregate(batch_size, drop_last=True)
             .pipe(collate)
             .add_sink(3)
-            .build(num_threads=workers)
+            .build(num_threads=concurrency)
         )
         pipeline.start()
 
         def batches() -> Generator[Any, None, None]:
             yield from pipeline.get_iterator(timeout=120)
 
-        return _Batches(batches(), workers, pipeline.stop)
+        return _Batches(batches(), concurrency, pipeline.stop)
 
 
 def _read_file(path: str) -> bytes:
@@ -297,7 +302,8 @@ def _read_file(path: str) -> bytes:
         return file.read()
 
 
-def _TINY_JPEG() -> bytes:
+def _tiny_jpeg() -> bytes:
+    """An 8x8 JPEG, to ask SPDL whether it can decode at all."""
     simplejpeg = require("simplejpeg")
     return bytes(simplejpeg.encode_jpeg(np.zeros((8, 8, 3), np.uint8), colorspace="RGB"))
 
@@ -401,8 +407,7 @@ class Ffcv(_PeerSystem):
         seed: int,
         throttle: IoThrottle | None,
     ) -> Source:
-        if not isinstance(workers, int) or workers < 1:
-            raise ValueError(f"ffcv needs a thread count >= 1, got {workers!r}")
+        threads = _count(self.name, workers)
         paths, labels = _image_files(self.name, workload)
         loader_module, fields = require("ffcv.loader"), require("ffcv.fields")
         decoders, transforms = require("ffcv.fields.decoders"), require("ffcv.transforms")
@@ -416,13 +421,13 @@ class Ffcv(_PeerSystem):
                 "image": fields.RGBImageField(write_mode="jpg", jpeg_quality=90),
                 "label": fields.IntField(),
             },
-            num_workers=workers,
+            num_workers=threads,
         )
         writer.from_indexed_dataset(_Decoded(paths, labels, throttle))
         loader = loader_module.Loader(
             beton,
             batch_size=batch_size,
-            num_workers=workers,
+            num_workers=threads,
             order=loader_module.OrderOption.RANDOM,
             drop_last=True,
             os_cache=True,
@@ -443,7 +448,7 @@ class Ffcv(_PeerSystem):
                 for x, y in loader:
                     yield x, y.to(torch.int64)
 
-        return _Batches(batches(), workers, lambda: shutil.rmtree(folder, ignore_errors=True))
+        return _Batches(batches(), threads, lambda: shutil.rmtree(folder, ignore_errors=True))
 
 
 class _Decoded:
