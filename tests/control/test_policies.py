@@ -348,3 +348,14 @@ def test_a_bound_heuristic_tries_only_the_knobs_it_may_move() -> None:
     world = SplitWorld()
     world.workers = 1
     assert all(a.split == 0 for a in world.run(fixed_split, ticks=100))
+
+
+def test_bad_heuristic_settings_are_named() -> None:
+    with pytest.raises(ValueError, match=r"early must be in 1..window \(4\), got 5"):
+        HeuristicConfig(early=5)
+    with pytest.raises(ValueError, match=r"early must be in 1..window \(4\), got 0"):
+        HeuristicConfig(early=0)
+    with pytest.raises(ValueError, match="settle must be >= 1, got 0"):
+        HeuristicConfig(settle=0)
+    with pytest.raises(ValueError, match="need 0 <= wait_low < wait_high <= 1"):
+        HeuristicConfig(wait_low=0.2, wait_high=0.1)
