@@ -19,7 +19,7 @@ import torch
 
 import drapps
 from drapps.control import State
-from drapps.runtime.transport import SHM_DIR, SLAB_PREFIX
+from drapps.runtime.transport import SHM_DIR
 
 
 class RandomDataset:
@@ -176,28 +176,45 @@ def drapps_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("drapps-")]
 
 
-def shm_slabs(pid: int | None = None) -> list[str]:
-    prefix = f"{SLAB_PREFIX}{pid if pid is not None else os.getpid()}_"
-    return [name for name in os.listdir(SHM_DIR) if name.startswith(prefix)]
+def slab_fds(pid: int | None = None) -> list[str]:
+    """Descriptors of drapps' shared memory (slabs, cache regions) that ``pid`` (default: this
+    process) holds open."""
+    fd_dir = f"/proc/{pid or os.getpid()}/fd"
+    found = []
+    for fd in os.listdir(fd_dir):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"{fd_dir}/{fd}")
+            if target.startswith("/memfd:drapps"):
+                found.append(target)
+    return found
 
 
-def shm_caches(pid: int | None = None) -> list[str]:
-    """Shared-memory tiers of sample caches this process (or ``pid``) made and left."""
-    prefix = f"drapps-cache-{pid if pid is not None else os.getpid()}-"
-    return [name for name in os.listdir(SHM_DIR) if name.startswith(prefix)]
+def slab_maps(pid: int | None = None) -> list[str]:
+    """Mappings of drapps' slabs in ``pid`` (default: this process)."""
+    with open(f"/proc/{pid or os.getpid()}/maps") as maps:
+        return [line for line in maps if "/memfd:drapps-slab" in line]
+
+
+def shm_names() -> set[str]:
+    """Everything named like drapps' in the shared-memory filesystem (and ``/dev/shm``)."""
+    names: set[str] = set()
+    for directory in {SHM_DIR, "/dev/shm"}:
+        with contextlib.suppress(FileNotFoundError):
+            names |= {f"{directory}/{n}" for n in os.listdir(directory) if n.startswith("drapps")}
+    return names
 
 
 def leaks(wait_s: float = 5.0) -> dict[str, list[Any]]:
-    """What drapps left behind (processes, threads, slabs, cache tiers), after waiting up to
-    ``wait_s``."""
+    """What drapps left behind (processes, threads, shared memory held or named), after
+    waiting up to ``wait_s``."""
     deadline = time.monotonic() + wait_s
     while True:
         gc.collect()
         found = {
             "processes": drapps_children(),
             "threads": drapps_threads(),
-            "slabs": shm_slabs(),
-            "caches": shm_caches(),
+            "shared memory": slab_fds(),
+            "names in /dev/shm": sorted(shm_names()),
         }
         if not any(found.values()) or time.monotonic() > deadline:
             return {k: v for k, v in found.items() if v}

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers import SlowDataset, leaks, shm_slabs
+from helpers import SlowDataset, leaks, shm_names, slab_fds
 
 import drapps
 
@@ -124,7 +124,7 @@ def test_ctrl_c_in_the_training_process() -> None:
     _, stderr = proc.communicate(timeout=30)
     assert "KeyboardInterrupt" in stderr
     assert not wait_gone(pids)
-    assert not shm_slabs(proc.pid)
+    assert not shm_names()
 
 
 def test_workers_exit_by_themselves_when_the_training_process_is_killed() -> None:
@@ -133,7 +133,7 @@ def test_workers_exit_by_themselves_when_the_training_process_is_killed() -> Non
     proc.kill()
     proc.communicate(timeout=30)
     assert not wait_gone(pids)
-    assert not shm_slabs(proc.pid)
+    assert not shm_names()
 
 
 def test_recycled_slabs_never_overwrite_a_batch_the_loop_still_holds() -> None:
@@ -153,4 +153,4 @@ def test_recycled_slabs_never_overwrite_a_batch_the_loop_still_holds() -> None:
         assert sorted(int(b[i, 0, 0]) for b in kept for i in range(4)) == list(range(40))
     del kept, batch
     gc.collect()
-    assert shm_slabs() == []
+    assert slab_fds() == []

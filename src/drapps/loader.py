@@ -31,7 +31,7 @@ from drapps.control.knobs import CodecKnob, Knob, SplitKnob
 from drapps.control.policy import Policy
 from drapps.integrations.ray_pool import RayBackend, RayPool, check_ray_loader, resolve_backend
 from drapps.ops.device_stage import DeviceStage, resolve_device
-from drapps.ops.pipeline import Pipeline
+from drapps.ops.pipeline import Pipeline, check_split
 from drapps.runtime.config import LoaderConfig, checked_index, resolve_workers
 from drapps.runtime.cores import HostShare
 from drapps.runtime.dispatcher import Dispatcher
@@ -51,7 +51,7 @@ from drapps.runtime.sampling import (
 )
 from drapps.runtime.stats import LoaderStats, PipelineSnapshot, inline_snapshot
 from drapps.runtime.stream import StreamPool
-from drapps.runtime.transport import pinner, remove_orphan_slabs
+from drapps.runtime.transport import pinner
 from drapps.runtime.worker import BatchRecipe
 
 logger = logging.getLogger(__name__)
@@ -312,7 +312,6 @@ class Loader:
                 self._recipe,
                 self.batch_size,
                 self.drop_last,
-                session=f"{os.getpid()}_{os.urandom(4).hex()}",
                 context=c.context,
                 prefetch_per_worker=per_worker,
                 timeout=c.resolved_timeout,
@@ -353,8 +352,6 @@ class Loader:
                 self._cache,
             )
             raise
-        if self._dispatcher is not None or self._stream is not None:
-            remove_orphan_slabs()  # left by loaders killed with their whole process group
         # Runs on close(), garbage collection or interpreter exit, whichever comes first; it
         # holds the tuner and the pools, never the loader, so the loader stays collectable.
         self._finalizer = weakref.finalize(
@@ -646,7 +643,7 @@ class Loader:
         """
         if self._pipeline is None:
             raise ValueError("set_split() needs a drapps.ops.Pipeline as the transform")
-        self._check_split(split)
+        split = self._check_split(split)
         self._split = split
         if self._dispatcher is not None:
             self._dispatcher.set_split(split)
@@ -660,9 +657,8 @@ class Loader:
                     f"{self.config.transform!r}"
                 )
             return None
-        start = self._pipeline.split if split in (None, "auto") else split
-        self._check_split(start)
-        return start  # type: ignore[return-value]
+        start = self._pipeline.split if split is None or split == "auto" else split
+        return self._check_split(start)
 
     def _split_points(self) -> list[int]:
         """The splits this loader can run (a split before the end needs a map-style dataset
@@ -706,14 +702,12 @@ class Loader:
         adjustable = self._cache.settings.codec == "auto" and len(choices) > 2
         return [CodecKnob(self._cache.set_codec, choices=choices, adjustable=adjustable)]
 
-    def _check_split(self, split: Any) -> None:
-        """Raise unless this loader can run its Pipeline cut at ``split``."""
+    def _check_split(self, split: Any) -> int:
+        """``split`` as an int, if this loader can run its Pipeline cut there; else raise."""
         assert self._pipeline is not None
-        valid = self._pipeline.split_points()
-        if isinstance(split, bool) or split not in valid:
-            raise ValueError(f"split must be one of {valid} for this pipeline, got {split!r}")
+        split = check_split(split, self._pipeline.split_points())
         if split >= len(self._pipeline.ops):
-            return
+            return split
         if self._iterable:
             raise ValueError(
                 "transform: a Pipeline split before its end needs a map-style dataset (an "
@@ -724,6 +718,7 @@ class Loader:
                 "transform: a Pipeline split before its end needs batches; batch_size=None "
                 "turns batching off"
             )
+        return split
 
     def stats(self) -> LoaderStats:
         """Counters of what the loader has done so far."""

@@ -3,25 +3,43 @@ import gc
 import os
 from collections import namedtuple
 from collections.abc import Iterator
+from multiprocessing.connection import Connection, Pipe
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from helpers import mounted_tmpfs
+from helpers import mounted_tmpfs, slab_fds, slab_maps
 
 from drapps.runtime import transport
-from drapps.runtime.transport import SharedMemoryFullError, pack, remove_slabs, unpack
+from drapps.runtime.transport import (
+    SharedMemoryFullError,
+    pack,
+    receive_message,
+    send_message,
+    unpack,
+)
 
 Pair = namedtuple("Pair", "image label")
 
 
 @pytest.fixture()
-def slab_path() -> str:
-    return transport.slab_prefix(f"{os.getpid()}_test", 0) + "0"
+def channel() -> Iterator[tuple[Connection, Connection]]:
+    """Both ends of a worker's result socket."""
+    receiver, sender = Pipe(duplex=True)
+    yield sender, receiver
+    sender.close()
+    receiver.close()
 
 
-def test_round_trip_keeps_structure_dtypes_and_values(slab_path: str) -> None:
+def cross(packed: transport.Packed, channel: tuple[Connection, Connection], writer=None):  # type: ignore[no-untyped-def]
+    """``packed`` sent over the socket as a worker sends it; what the receiver gets."""
+    sender, receiver = channel
+    send_message(sender, ("ok", packed), writer)
+    return receive_message(receiver)[1]
+
+
+def test_round_trip_keeps_structure_dtypes_and_values(channel) -> None:  # type: ignore[no-untyped-def]
     batch = {
         "f32": torch.randn(4, 3, 5),
         "bf16": torch.randn(7).to(torch.bfloat16),
@@ -33,45 +51,48 @@ def test_round_trip_keeps_structure_dtypes_and_values(slab_path: str) -> None:
         "pair": Pair(torch.ones(2, 2, dtype=torch.uint8), 7),
         "names": ["a", "b"],
     }
-    packed = pack(batch, slab_path)
-    assert packed.path == slab_path and len(packed.skeleton) < 2048
-    out = unpack(packed)
-    assert not os.path.exists(slab_path)  # unlinked as soon as it is mapped
+    packed = pack(batch)
+    assert packed.fd is not None and len(packed.skeleton) < 2048
+    out = unpack(cross(packed, channel))
+    assert slab_fds() == [] and len(slab_maps()) == 1  # mapped, with no descriptor held
     for key in ("f32", "bf16", "bool", "scalar", "empty", "strided"):
         assert out[key].dtype == batch[key].dtype and torch.equal(out[key], batch[key]), key
     np.testing.assert_array_equal(out["numpy"], batch["numpy"])
     assert isinstance(out["pair"], Pair) and out["pair"].label == 7
     assert torch.equal(out["pair"].image, batch["pair"].image)
     assert out["names"] == ["a", "b"]
+    del out
+    gc.collect()
+    assert slab_maps() == []
 
 
-def test_tensors_are_writable_and_outlive_the_unlinked_slab(slab_path: str) -> None:
-    out = unpack(pack(torch.zeros(1000), slab_path))
+def test_zero_size_tensors_need_no_slab(channel) -> None:  # type: ignore[no-untyped-def]
+    packed = pack([torch.empty(0), torch.empty(0, 3, dtype=torch.int64), np.empty(0)])
+    assert packed.fd is None
+    out = unpack(cross(packed, channel))
+    assert out[0].shape == (0,) and out[1].shape == (0, 3) and out[1].dtype == torch.int64
+    assert out[2].shape == (0,)
+
+
+def test_tensors_are_writable(channel) -> None:  # type: ignore[no-untyped-def]
+    out = unpack(cross(pack(torch.zeros(1000)), channel))
     out += 1
     assert float(out.sum()) == 1000.0
 
 
-def test_batch_without_arrays_needs_no_slab(slab_path: str) -> None:
-    packed = pack({"labels": [1, 2], "text": "x"}, slab_path)
-    assert packed.path is None and unpack(packed) == {"labels": [1, 2], "text": "x"}
+def test_batch_without_arrays_needs_no_slab(channel) -> None:  # type: ignore[no-untyped-def]
+    packed = pack({"labels": [1, 2], "text": "x"})
+    assert packed.fd is None and unpack(cross(packed, channel)) == {"labels": [1, 2], "text": "x"}
 
 
-def test_full_shared_memory_names_the_fix_and_removes_the_partial_slab(
-    slab_path: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_full_shared_memory_names_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
     def full(*args: object) -> int:
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(os, "pwrite", full)
-    with pytest.raises(SharedMemoryFullError, match="--shm-size"):
-        pack(torch.zeros(100), slab_path)
-    assert not os.path.exists(slab_path)
-
-
-def test_remove_slabs_by_prefix(slab_path: str) -> None:
-    pack(torch.zeros(3), slab_path)
-    pack(torch.zeros(3), slab_path + "b")
-    assert remove_slabs(transport.slab_prefix(f"{os.getpid()}_test")) == 2
+    with pytest.raises(SharedMemoryFullError, match="memory_budget"):
+        pack(torch.zeros(100))
+    assert slab_fds() == []
 
 
 @pytest.fixture()
@@ -80,79 +101,94 @@ def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
         yield mount
 
 
-def test_a_really_full_tmpfs_raises_shared_memory_full(tiny_tmpfs: Path) -> None:
-    path = str(tiny_tmpfs / "drapps_test_w0_0")
-    with pytest.raises(SharedMemoryFullError, match=r"\(1 MiB\) is full while writing a 4.0 MiB"):
-        pack(torch.zeros(2**20), path)
-    assert os.listdir(tiny_tmpfs) == []
+def test_slabs_in_a_really_full_tmpfs_raise_shared_memory_full(tiny_tmpfs: Path) -> None:
+    with pytest.raises(SharedMemoryFullError, match=r"ran out while writing a 4.0 MiB"):
+        pack(torch.zeros(2**20), directory=str(tiny_tmpfs))
+    assert os.listdir(tiny_tmpfs) == []  # a file slab is unlinked the moment it is made
 
 
-def _released(batch: object) -> None:
-    """Drop the caller's last reference to a batch (passed in, not held elsewhere), so its
-    slab's finalizers run."""
-    del batch
-    gc.collect()
+def test_a_slab_lost_in_flight_is_an_eof(channel) -> None:  # type: ignore[no-untyped-def]
+    sender, receiver = channel
+    packed = pack(torch.zeros(10))
+    sender.send(("ok", transport.replace(packed, fd=None)))  # the sender dies before the fd
+    os.close(packed.fd)
+    sender.close()
+    with pytest.raises(EOFError):
+        receive_message(receiver)
 
 
-def test_a_released_slab_is_written_over_by_its_worker(tmp_path: Path) -> None:
-    prefix = transport.slab_prefix(f"{os.getpid()}_recycle", 3)
+def test_a_released_slab_is_written_over_by_its_worker(channel) -> None:  # type: ignore[no-untyped-def]
     writer, recycler = transport.SlabWriter(), transport.SlabRecycler()
     try:
-        first = pack({"x": torch.arange(4096)}, transport.slab_name(prefix), writer)
-        assert first.recycle and first.path is not None
-        batch = unpack(first, recycler=recycler)
-        inode = os.stat(first.path).st_ino  # the name stays while the batch lives
-        held = pack({"x": torch.arange(4096) + 1}, transport.slab_name(prefix), writer)
-        assert os.stat(held.path).st_ino != inode  # not released yet: a new slab
+        first = pack({"x": torch.arange(4096)}, writer)
+        assert first.fd is not None
+        assert first.recycle and first.slab is not None
+        got = cross(first, channel, writer)
+        batch = unpack(got, release=recycler.releaser(0, got.slab))
+        held = cross(pack({"x": torch.arange(4096) + 1}, writer), channel, writer)
+        assert held.slab != first.slab
+        assert recycler.drain() == {}  # nothing released while the batch lives
         del batch
         gc.collect()
-        assert os.path.exists(first.path + transport.FREE_SUFFIX)
-        second = pack({"x": torch.arange(4096) * 2}, transport.slab_name(prefix), writer)
-        assert os.stat(second.path).st_ino == inode  # the released one, renamed
-        assert not os.path.exists(first.path + transport.FREE_SUFFIX)
-        torch.testing.assert_close(unpack(second, recycler=recycler)["x"], torch.arange(4096) * 2)
-        torch.testing.assert_close(unpack(held, recycler=recycler)["x"], torch.arange(4096) + 1)
+        notices = recycler.drain()
+        assert notices == {0: [(first.slab, True)]}
+        writer.released(notices[0])
+        reused_fd = writer._free[0]
+        second = pack({"x": torch.arange(4096) * 2}, writer)
+        assert second.fd == reused_fd  # the released slab, written over
+        torch.testing.assert_close(
+            unpack(cross(second, channel, writer))["x"], torch.arange(4096) * 2
+        )
+        torch.testing.assert_close(unpack(held)["x"], torch.arange(4096) + 1)
     finally:
+        writer.close()
         recycler.close()
-        remove_slabs(prefix)
+    gc.collect()
+    assert slab_fds() == []
 
 
-def test_the_recycler_keeps_a_few_per_worker_and_none_after_close() -> None:
-    prefix = transport.slab_prefix(f"{os.getpid()}_keep", 0)
-    writer, recycler = transport.SlabWriter(), transport.SlabRecycler(keep=2)
-    try:
-        packed = [pack([np.ones(1000)], transport.slab_name(prefix), writer) for _ in range(4)]
-        batches = [unpack(p, recycler=recycler) for p in packed]
-        for _ in range(3):
-            _released(batches.pop(0))
-        free = [p.path for p in packed if os.path.exists(p.path + transport.FREE_SUFFIX)]
-        assert len(free) == 2 and not os.path.exists(packed[2].path)  # the third: unlinked
-        recycler.close()
-        _released(batches.pop())
-        assert not os.path.exists(packed[3].path)  # after close: unlinked, not kept
-    finally:
-        remove_slabs(prefix)
+def test_the_writer_keeps_a_few_released_slabs_and_closes_the_rest() -> None:
+    writer = transport.SlabWriter(keep=2)
+    packed = [pack([np.ones(1000)], writer) for _ in range(4)]
+    assert writer.held() == 0  # kept only once sent
+    for p in packed:
+        assert p.fd is not None and p.slab is not None
+        writer.sent(p.slab, p.fd)
+    writer.released([(p.slab, True) for p in packed[:3]])  # type: ignore[misc]
+    assert len(writer._free) == 2 and writer.held() == 3  # the third: closed
+    writer.released([(packed[3].slab, False)])  # type: ignore[list-item]
+    assert writer.held() == 2  # not reusable (mapped across a fork): closed too
+    writer.close()
+    assert slab_fds() == []
 
 
-def test_without_a_recycler_a_recyclable_slab_is_unlinked_at_once(slab_path: str) -> None:
-    packed = pack([np.ones(10)], slab_path, transport.SlabWriter())
-    batch = unpack(packed)
-    assert not os.path.exists(slab_path) and batch[0].sum() == 10
+def test_a_slab_mapped_across_a_fork_is_never_reused(channel) -> None:  # type: ignore[no-untyped-def]
+    recycler = transport.SlabRecycler()
+    got = cross(pack(torch.arange(10)), channel)
+    batch = unpack(got, release=recycler.releaser(0, 7))
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    del batch
+    gc.collect()
+    assert recycler.drain() == {0: [(7, False)]}
 
 
-def test_a_recyclable_slab_that_cannot_be_mapped_is_unlinked(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    prefix = transport.slab_prefix(f"{os.getpid()}_nomap", 0)
-    packed = pack([np.ones(100)], transport.slab_name(prefix), transport.SlabWriter())
-
-    def no_map(*args: object, **kwargs: object) -> None:
-        raise OSError(errno.ENOMEM, "Cannot allocate memory")
-
-    monkeypatch.setattr(transport.mmap, "mmap", no_map)
-    try:
-        with pytest.raises(OSError, match="Cannot allocate memory"):
-            unpack(packed, recycler=transport.SlabRecycler())
-        assert not os.path.exists(packed.path)  # never released, so not kept for its worker
-    finally:
-        remove_slabs(prefix)
+def test_a_forked_child_that_drops_a_batch_releases_nothing(channel) -> None:  # type: ignore[no-untyped-def]
+    recycler = transport.SlabRecycler()
+    seen: list[int] = []
+    got = cross(pack(torch.arange(10)), channel)
+    batch = unpack(got, on_release=seen.append, release=recycler.releaser(0, 1))
+    reader, writer_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child drops its copy and reports what its finalizers did
+        del batch
+        gc.collect()
+        os.write(writer_end, f"{len(seen)} {len(recycler.drain())}".encode())
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert os.read(reader, 100) == b"0 0"
+    os.close(reader)
+    os.close(writer_end)
+    assert batch.tolist() == list(range(10))

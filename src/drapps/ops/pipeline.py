@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from drapps.ops.op import ANY, Op, Opaque, Spec, as_op
@@ -100,10 +101,7 @@ class Pipeline:
         Raises:
             ValueError: ``split`` is not one of :meth:`split_points`.
         """
-        valid = self.split_points()
-        if isinstance(split, bool) or split not in valid:
-            raise ValueError(f"split must be one of {valid} for this pipeline, got {split!r}")
-        self.split = split
+        self.split = check_split(split, self.split_points())
 
     def ragged(self, split: int) -> bool:
         """Whether samples cut at ``split`` may differ in shape (no op before it declares
@@ -196,3 +194,17 @@ def _replace(container: Any, key: Hashable, value: Any) -> Any:
         f"Pipeline(key={key!r}) needs samples that are tuples, lists or dicts, got "
         f"{type(container).__name__}"
     )
+
+
+def check_split(split: Any, valid: list[int]) -> int:
+    """``split`` as an int, if it is one of ``valid``: integers (NumPy's included) are taken;
+    floats, booleans and anything else are refused, even when equal to a valid point.
+
+    Raises:
+        ValueError: naming the valid points and what was given.
+    """
+    if isinstance(split, (bool, np.bool_)) or not isinstance(split, (int, np.integer)):
+        raise ValueError(f"split must be an int, one of {valid} for this pipeline, got {split!r}")
+    if int(split) not in valid:
+        raise ValueError(f"split must be one of {valid} for this pipeline, got {split!r}")
+    return int(split)

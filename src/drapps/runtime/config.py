@@ -11,9 +11,10 @@ from dataclasses import dataclass
 from multiprocessing.context import BaseContext
 from typing import Any, Literal
 
+import numpy as np
 import psutil
 
-from drapps.runtime.transport import SHM_DIR
+from drapps.runtime.transport import slab_space
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)\s*$", re.IGNORECASE)
 
@@ -52,15 +53,14 @@ def parse_bytes(value: int | str, name: str = "memory_budget") -> int:
 
 
 def auto_memory_budget() -> int:
-    """A quarter of available RAM (at least 64 MiB), and never more than half the free space of
-    the shared-memory filesystem: Docker's default 64 MiB ``/dev/shm`` gives 32 MiB. The other
-    half is head room for the batches the training loop still holds."""
+    """A quarter of available RAM (at least 64 MiB). Slabs are anonymous shared memory, which
+    ``/dev/shm``'s size does not bound; where they are files there instead (no
+    ``memfd_create``), never more than half its free space, the other half being head room for
+    the batches the training loop still holds."""
     budget = max(psutil.virtual_memory().available // 4, 64 * 2**20)
-    try:
-        stat = os.statvfs(SHM_DIR)
-        budget = min(budget, stat.f_bavail * stat.f_frsize // 2)
-    except OSError:
-        pass
+    space = slab_space()
+    if space is not None:
+        budget = min(budget, space // 2)
     return max(budget, 1)
 
 
@@ -106,8 +106,8 @@ class LoaderConfig:
     prefetch: int | Literal["auto"] = "auto"
     """Batches made ahead (in flight + ready, all workers together); "auto": 2 per worker."""
     memory_budget: int | str = "auto"
-    """Bytes the ready batches may hold; "auto": a quarter of available RAM, at most half of
-    /dev/shm. One batch is always allowed, so a batch larger than the budget still flows."""
+    """Bytes the ready batches may hold; "auto": a quarter of available RAM. One batch is
+    always allowed, so a batch larger than the budget still flows."""
     on_error: Literal["raise", "skip"] = "raise"
     """A failing sample raises in the training loop ("raise") or is skipped and counted."""
     timeout: float | None = 60.0
@@ -153,12 +153,14 @@ class LoaderConfig:
             value = getattr(self, name)
             if value is not None and not callable(value):
                 raise ValueError(f"{name} must be callable or None, got {value!r}")
-        if (
-            self.split is not None
-            and self.split != "auto"
-            and (not _is_int(self.split) or self.split < 0)
-        ):
-            raise ValueError(f"split must be None, 'auto' or an int >= 0, got {self.split!r}")
+        if self.split is not None and not (isinstance(self.split, str) and self.split == "auto"):
+            if isinstance(self.split, (bool, np.bool_)) or not isinstance(
+                self.split, (int, np.integer)
+            ):
+                raise ValueError(f"split must be None, 'auto' or an int >= 0, got {self.split!r}")
+            if self.split < 0:
+                raise ValueError(f"split must be None, 'auto' or an int >= 0, got {self.split!r}")
+            object.__setattr__(self, "split", int(self.split))
         if self.split == "auto" and self.workers == 0:
             raise ValueError(
                 "split='auto' needs worker processes to move ops away from: set workers > 0 "

@@ -2,9 +2,10 @@
 
 Under data-parallel training every rank of a host runs its own loader, and each controller,
 alone, would grow to one worker per core: eight ranks would oversubscribe the host eight times.
-The loaders of a host therefore share one budget, kept in a small file in ``/dev/shm`` (no
-service, no network) and updated under an exclusive ``flock``: each loader records the workers
-it holds, and may hold at most
+The loaders of a host therefore share one budget, kept in a small file in the temporary
+directory (no service, no network; not in ``/dev/shm``, which holds no file of drapps') and
+updated under an exclusive ``flock``: each loader records the workers it holds, and may hold
+at most
 
     max(fair share, cores - what the others hold),  fair share = cores // loaders (at least 1)
 
@@ -19,13 +20,12 @@ import contextlib
 import fcntl
 import json
 import os
+import tempfile
 import threading
 from collections.abc import Iterator
 from typing import Any
 
 import psutil
-
-from drapps.runtime.transport import SHM_DIR
 
 _ids = iter(range(1, 1 << 62))
 _ids_lock = threading.Lock()
@@ -33,7 +33,7 @@ _ids_lock = threading.Lock()
 
 def default_budget_path() -> str:
     """The budget file of this user on this host."""
-    return os.path.join(SHM_DIR, f"drapps_cores_{os.getuid()}.json")
+    return os.path.join(tempfile.gettempdir(), f"drapps-cores-{os.getuid()}.json")
 
 
 class CoreBudget:
@@ -41,7 +41,7 @@ class CoreBudget:
 
     Args:
         cores: the cores the loaders of this host share.
-        path: the budget file (default: one per user in ``/dev/shm``).
+        path: the budget file (default: one per user in the temporary directory).
     """
 
     def __init__(self, cores: int, path: str | None = None) -> None:
@@ -86,8 +86,10 @@ class CoreBudget:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[dict[str, int]]:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
         try:
+            if os.fstat(fd).st_uid != os.getuid():  # planted by another user: not ours to trust
+                raise PermissionError(f"core budget file {self.path} belongs to another user")
             fcntl.flock(fd, fcntl.LOCK_EX)
             with os.fdopen(os.dup(fd), "r+", encoding="utf-8") as file:
                 claims = _live(_parse(file.read()))

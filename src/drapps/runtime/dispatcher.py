@@ -77,7 +77,7 @@ class Dispatcher:
         """
         self.session = f"{os.getpid()}_{secrets.token_hex(4)}"
         self.buffer = ReorderBuffer(on_consumed=self._wake)
-        self.pool = pool if pool is not None else ProcessPool(recipe, self.session, context)
+        self.pool = pool if pool is not None else ProcessPool(recipe, context)
         self._on_error = recipe.on_error
         self._target = workers
         self._prefetch = prefetch
@@ -237,7 +237,7 @@ class Dispatcher:
             self._stopped = True
             os.close(self._wake_r)
             os.close(self._wake_w)
-        self._recycler.close()  # batches the loop still holds are unlinked when released
+        self._recycler.close()  # the workers stop: their slabs go with them
         self.pool.shutdown()
         self.buffer.fail(RuntimeError("this drapps.Loader is closed"))
 
@@ -248,6 +248,7 @@ class Dispatcher:
                 self._keep_pool_size()
                 self._dispatch()
                 self._wait_and_receive()
+                self._send_releases()
                 self._enforce_timeout()
         except BaseException as exc:
             logger.exception("drapps dispatcher failed")
@@ -324,6 +325,16 @@ class Dispatcher:
         # pages stay in shared memory until their last tensor is gone.
         projected = self._live_bytes + (len(self._in_flight) + 1) * self._batch_bytes
         return projected <= self._budget
+
+    def _send_releases(self) -> None:
+        """Tell each worker which of its slabs the training process has let go of."""
+        notices = self._recycler.drain()
+        if not notices:
+            return
+        for worker in self.pool.workers:
+            released = notices.get(worker.wid)
+            if released and not worker.broken:
+                self.pool.send(worker, ("free", released))
 
     def _on_release(self, nbytes: int) -> None:
         with self._bytes_lock:
@@ -417,19 +428,22 @@ class Dispatcher:
             entry = Entry(error=reply[3])
         else:
             packed: Packed | None = reply[3]
+            release = None
+            if packed is not None and packed.recycle and packed.slab is not None:
+                release = self._recycler.releaser(worker.wid, packed.slab)
             if not current or batch_id < self.buffer.next_id or self.buffer.holds(batch_id):
                 if packed is not None:
-                    discard(packed)
+                    discard(packed, release)
                 return
             batch, nbytes = None, 0
             if packed is not None:
                 try:
-                    batch = unpack(packed, self._on_release, self._recycler)
+                    batch = unpack(packed, self._on_release, release)
                     nbytes = packed.nbytes
                     if nbytes:
                         with self._bytes_lock:
                             self._live_bytes += nbytes
-                except OSError as exc:  # its slab vanished or is not ours: make it again
+                except (OSError, ValueError) as exc:  # its slab cannot be mapped: make it again
                     logger.warning(
                         "batch %d could not be read back (%s); retrying it", batch_id, exc
                     )

@@ -22,7 +22,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from drapps.runtime.pool import Polled, Reply, Task, Worker, WorkerPool, describe_exit
-from drapps.runtime.transport import remove_slabs, slab_prefix
+from drapps.runtime.transport import receive_message, starting_worker
 from drapps.runtime.worker import BatchRecipe, run_worker
 
 logger = logging.getLogger(__name__)
@@ -54,12 +54,13 @@ def start_worker_process(
     name: str,
 ) -> tuple[BaseProcess, Connection, Connection]:
     """Start ``target(*args, tasks, results, parent_pid, **kwargs)`` as a daemon worker with a
-    private task pipe and result pipe; returns the process and our ends of both pipes.
+    private task pipe and result socket (slab descriptors cross it, see
+    :func:`~drapps.runtime.transport.send_message`); returns the process and our ends of both.
 
     The process is also counted among the workers a forked child must not terminate.
     """
     task_recv, task_send = context.Pipe(duplex=False)
-    result_recv, result_send = context.Pipe(duplex=False)
+    result_recv, result_send = context.Pipe(duplex=True)  # a Unix socket pair
     process = context.Process(  # type: ignore[attr-defined]
         target=target,
         args=(*args, task_recv, result_send, os.getpid()),
@@ -67,7 +68,8 @@ def start_worker_process(
         name=name,
         daemon=True,
     )
-    process.start()
+    with starting_worker():
+        process.start()
     _started.add(process)
     task_recv.close()
     result_send.close()
@@ -86,14 +88,13 @@ class ProcessWorker(Worker):
 class ProcessPool(WorkerPool):
     """Worker processes, started by ``multiprocessing`` (fork, spawn or forkserver).
 
-    Each worker has a private task pipe and result pipe; batches come back as shared-memory
-    slabs named after ``session`` and the worker, so a dead worker's strays can be removed.
+    Each worker has a private task pipe and result socket; batches come back in nameless
+    shared-memory slabs whose descriptors follow their replies on that socket.
     """
 
-    def __init__(self, recipe: BatchRecipe, session: str, context: BaseContext | None) -> None:
+    def __init__(self, recipe: BatchRecipe, context: BaseContext | None) -> None:
         super().__init__()
         self._recipe = recipe
-        self._session = session
         self._context = context or multiprocessing.get_context()
         self._niceness: int | None = None  # None: as inherited
 
@@ -111,7 +112,7 @@ class ProcessPool(WorkerPool):
         process, task_send, result_recv = start_worker_process(
             self._context,
             run_worker,
-            (self._recipe, self._session, wid),
+            (self._recipe, wid),
             {"slot": slot, "num_workers": num_workers, "base_seed": seed},
             name=f"drapps-worker-{slot}",
         )
@@ -153,7 +154,7 @@ class ProcessPool(WorkerPool):
         results = _own(worker).results
         try:
             while results.poll():
-                replies.append((worker, results.recv()))
+                replies.append((worker, receive_message(results)))
         except (EOFError, OSError, ValueError, pickle.UnpicklingError) as exc:
             # EOF or a truncated message: the pipe is unusable. Make sure the process is gone
             # too; it then shows as exited and its tasks are re-queued.
@@ -181,13 +182,11 @@ class ProcessPool(WorkerPool):
     def reap(self, worker: Worker) -> list[Task]:
         _own(worker).process.join(timeout=5.0)
         _own(worker).tasks.close()
-        _own(worker).results.close()
-        # Whatever it sent was already mapped and unlinked; what is left was never delivered.
-        remove_slabs(slab_prefix(self._session, worker.wid))
+        _own(worker).results.close()  # with any slab descriptors still in it
         return self.forget(worker)
 
     def shutdown(self, grace_s: float = 2.0) -> None:
-        """Stop every worker: ask, wait up to ``grace_s``, then kill; remove all our slabs."""
+        """Stop every worker: ask, wait up to ``grace_s``, then kill."""
         for worker in self.workers:
             if not worker.retiring:
                 self.retire(worker)
@@ -197,7 +196,6 @@ class ProcessPool(WorkerPool):
         for worker in list(self.workers):
             self.kill(worker)
             self.reap(worker)
-        remove_slabs(slab_prefix(self._session))
 
 
 def _own(worker: Worker) -> ProcessWorker:

@@ -21,6 +21,9 @@ import numpy as np
 import torch
 
 _MASK64 = (1 << 64) - 1
+_MASK63 = (1 << 63) - 1
+"""torch's seeds are kept below 2**63, as DataLoader's are: code that puts
+``torch.initial_seed()`` in an int64 tensor must not overflow."""
 # Stream tags keep the epoch-order generator independent of every sample's generator.
 ORDER_STREAM = 0x6F72646572  # "order"
 
@@ -62,7 +65,7 @@ def seed_sample(sample_seed: int) -> None:
     np.random.seed(sample_seed >> 32)
     # torch.manual_seed also seeds every accelerator backend (~130 us); the CPU generator is
     # what transforms in a data worker use, and seeding it alone costs ~1.5 us.
-    torch.default_generator.manual_seed(sample_seed)
+    torch.default_generator.manual_seed(sample_seed & _MASK63)
 
 
 def clear_sample() -> None:
@@ -182,7 +185,7 @@ def seed_worker(base_seed: int, worker_id: int) -> None:
     """
     from torch.utils.data._utils.worker import _generate_state
 
-    seed = (base_seed + worker_id) & _MASK64
+    seed = (base_seed + worker_id) & _MASK63
     random.seed(seed)
     torch.manual_seed(seed)
     np.random.seed(_generate_state(base_seed, worker_id))
@@ -195,7 +198,7 @@ def set_worker_info(worker_id: int, num_workers: int, base_seed: int, dataset: o
     torch_worker._worker_info = torch_worker.WorkerInfo(
         id=worker_id,
         num_workers=num_workers,
-        seed=(base_seed + worker_id) & _MASK64,
+        seed=(base_seed + worker_id) & _MASK63,
         dataset=dataset,  # type: ignore[arg-type]
     )
 

@@ -9,7 +9,7 @@ worker count from ``torch.utils.data.get_worker_info()`` to pick its shard, and 
 are seeded as DataLoader seeds them (``base_seed + worker id``), so the same base seed and worker
 count give the same batches.
 
-Batches cross processes through the same shared-memory slabs as map-style batches.
+Batches cross processes in the same nameless shared-memory slabs as map-style batches.
 """
 
 from __future__ import annotations
@@ -31,13 +31,7 @@ from drapps.runtime.errors import SampleError, sample_error
 from drapps.runtime.process_pool import start_worker_process
 from drapps.runtime.seeding import seed_worker, set_worker_info
 from drapps.runtime.stats import PipelineSnapshot
-from drapps.runtime.transport import (
-    Packed,
-    discard,
-    remove_slabs,
-    slab_prefix,
-    unpack,
-)
+from drapps.runtime.transport import Packed, discard, receive_message, send_message, unpack
 from drapps.runtime.worker import (
     PARENT_GONE,
     BatchRecipe,
@@ -124,7 +118,6 @@ def run_stream_worker(
     recipe: BatchRecipe,
     batch_size: int | None,
     drop_last: bool,
-    session: str,
     slot: int,
     tasks: Connection,
     results: Connection,
@@ -135,7 +128,6 @@ def run_stream_worker(
     skipped)``, ``("end", generation)`` or ``("err", generation, SampleError)``; ``None`` stops.
     """
     enter_worker_process()
-    prefix = slab_prefix(session, slot)
     batcher: StreamBatcher | None = None
     generation = -1
     failed: SampleError | None = None
@@ -143,8 +135,7 @@ def run_stream_worker(
     try:
         while (task := next_task(tasks, parent_pid)) is not PARENT_GONE:
             if task is None:
-                prefix = ""  # asked to stop: slabs already sent are the loader's to unlink
-                return
+                return  # asked to stop
             if task[0] == "start":
                 _, generation, seed, num_workers = task
                 seed_worker(seed, slot)
@@ -172,7 +163,7 @@ def run_stream_worker(
                 reply = ("err", generation, failed)
             else:
                 try:
-                    packed = pack_batch(batcher.next_batch(), prefix)
+                    packed = pack_batch(batcher.next_batch())
                     reply = ("ok", generation, packed, batcher.skipped)
                     batcher.skipped = []
                 except StopIteration:
@@ -189,12 +180,9 @@ def run_stream_worker(
                             stage="transport",
                         ),
                     )
-            results.send(reply)
+            send_message(results, reply)
     except (EOFError, BrokenPipeError, ConnectionResetError):
         pass  # the training process closed our pipes
-    finally:
-        if prefix:  # leaving without a stop message: nobody else will unlink our slabs
-            remove_slabs(prefix)
 
 
 @dataclass(eq=False)
@@ -218,7 +206,6 @@ class StreamPool:
         batch_size: int | None,
         drop_last: bool,
         *,
-        session: str,
         context: BaseContext | None,
         prefetch_per_worker: int,
         timeout: float | None,
@@ -226,7 +213,6 @@ class StreamPool:
     ) -> None:
         self.recipe = recipe
         self._batching = (batch_size, drop_last)
-        self.session = session
         self._context = context or multiprocessing.get_context()
         self._per_worker = prefetch_per_worker
         self._timeout = timeout
@@ -311,7 +297,7 @@ class StreamPool:
                     )
                 if worker.results in ready or worker.results.poll():
                     try:
-                        reply: tuple[Any, ...] = worker.results.recv()
+                        reply: tuple[Any, ...] = receive_message(worker.results)
                     except (EOFError, OSError):
                         reply = ("dead",)
                     if reply[0] != "dead":
@@ -333,14 +319,14 @@ class StreamPool:
         process, task_send, result_recv = start_worker_process(
             self._context,
             run_stream_worker,
-            (self.recipe, *self._batching, self.session, slot),
+            (self.recipe, *self._batching, slot),
             {},
             name=f"drapps-stream-worker-{slot}",
         )
         self.workers.append(_StreamWorker(slot, process, task_send, result_recv))
 
     def shutdown(self, grace_s: float = 2.0) -> None:
-        """Stop every worker (ask, wait up to ``grace_s``, kill) and remove their slabs."""
+        """Stop every worker (ask, wait up to ``grace_s``, kill)."""
         for worker in self.workers:
             with contextlib.suppress(OSError):
                 worker.tasks.send(None)
@@ -353,4 +339,3 @@ class StreamPool:
             worker.tasks.close()
             worker.results.close()
         self.workers = []
-        remove_slabs(slab_prefix(self.session))

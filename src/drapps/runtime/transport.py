@@ -1,36 +1,44 @@
-"""Shared-memory transport: a batch's tensor bytes travel in a slab file, not through a pipe.
+"""Shared-memory transport: a batch's tensor bytes travel in a slab that has no name.
 
 A worker pickles the collated batch with a ``persistent_id`` hook that pulls every dense CPU
 tensor and NumPy array out of the pickle: their bytes are written (one ``pwrite`` each, 64-byte
-aligned) into a file on tmpfs (``/dev/shm``), and only a small skeleton (structure, dtypes, shapes,
-offsets, and any non-array leaves) goes through the worker's pipe. The receiving process maps the
-slab and rebuilds the batch with zero-copy tensors over the mapping. A worker's slabs are
-recycled: once the last tensor of a batch is garbage-collected, the training process renames its
-slab ``<name>.free`` (at most :data:`KEEP_FREE` per worker; the others are unlinked), and that
-worker writes a later batch into it (:class:`SlabWriter`) instead of asking tmpfs for fresh,
-zeroed pages. Slabs from producers that do not recycle are unlinked as soon as they are mapped.
+aligned) into a slab, an anonymous shared-memory file (``memfd_create``), and only a small
+skeleton (structure, dtypes, shapes, offsets, and any non-array leaves) goes through the
+worker's socket. The slab's descriptor follows the skeleton over the same Unix socket
+(``SCM_RIGHTS``); the receiving process maps it, closes the descriptor, and rebuilds the batch
+with zero-copy tensors over the mapping.
 
-Slab names carry the owning loader's session and the producing worker's id, so a killed worker's
-half-written slabs (and any left after a crash) can be found by prefix and removed.
+A slab is never named in ``/dev/shm`` or anywhere else: the kernel frees its pages once the
+last descriptor and mapping of it are gone, so no signal to any set of drapps' processes
+(SIGKILL to the whole process group included) can leave one behind.
+
+Slabs are recycled. A worker keeps the descriptors of the slabs it sent (:class:`SlabWriter`);
+once the last tensor over a slab is garbage-collected in the process that received it, a
+release notice goes back to that worker (:class:`SlabRecycler`, sent by the dispatcher), which
+writes a later batch into the slab instead of asking for fresh, zeroed pages. Only the process
+that received a slab sends its notice (a forked child's copies of the finalizers do nothing),
+and a slab that was mapped while that process forked is never written again: the child shares
+its pages and may still read them.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import ctypes
 import errno
 import io
 import mmap
 import os
 import pickle
-import secrets
+import socket
 import tempfile
 import threading
-import time
 import warnings
 import weakref
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from multiprocessing.connection import Connection
 from typing import Any
 
 import numpy as np
@@ -40,17 +48,18 @@ _ALIGN = 64
 SHM_DIR = os.environ.get("DRAPPS_SHM_DIR") or (
     "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 )
-"""Where slabs live: ``$DRAPPS_SHM_DIR``, else ``/dev/shm``, else the temporary directory."""
-SLAB_PREFIX = "drapps_"
-FREE_SUFFIX = ".free"
-"""A released slab's name is its own plus this: its writer may take it back."""
+"""The shared-memory filesystem: where slabs go (created and unlinked at once) on systems
+without ``memfd_create``, and what the codec cache's sizing reads."""
 KEEP_FREE = 2
-"""Released slabs kept per worker for reuse; more are unlinked (their pages freed)."""
-_NO_FOLLOW = getattr(os, "O_NOFOLLOW", 0)
+"""Released slabs a worker keeps for reuse; it closes the others (their pages are freed)."""
+_SENT_MEMORY = 64
+"""Descriptors of sent slabs a worker keeps for reuse; older ones are closed (their pages stay
+while the receiver maps them)."""
+_HAS_MEMFD = hasattr(os, "memfd_create")
 
 
 class SharedMemoryFullError(OSError):
-    """The shared-memory filesystem ran out of space while writing a batch."""
+    """Shared memory ran out while writing a batch."""
 
 
 @dataclass(frozen=True)
@@ -59,88 +68,99 @@ class Packed:
 
     skeleton: bytes
     """Pickle of the batch with arrays replaced by references into the slab."""
-    path: str | None
-    """Slab file, or None when the batch holds no array bytes."""
     nbytes: int
-    """Size of the slab file (or of ``buffer``)."""
+    """Size of the slab (or of ``buffer``)."""
+    slab: int | None = None
+    """The sender's id of the slab holding the array bytes, whose descriptor follows the
+    message on the socket (:func:`send_message`); None when the batch has no array bytes or
+    they travel in ``buffer``."""
     buffer: Any = None
-    """The array bytes when they travel by another route than a slab file: ``(offset,
-    uint8 array)`` pairs that Ray's object store carries (see :func:`pack_buffer`); None
-    otherwise."""
+    """The array bytes when they travel by another route than a slab: ``(offset, uint8
+    array)`` pairs that Ray's object store carries (see :func:`pack_buffer`); None otherwise."""
     recycle: bool = False
-    """The writer takes the slab back once released (see :class:`SlabWriter`): the receiver
-    keeps its name until then, and hands it to :meth:`SlabRecycler.release`."""
+    """The sender takes the slab back once the receiver releases it (see :class:`SlabWriter`)."""
+    fd: int | None = None
+    """The slab's descriptor in this process: the sender's after :func:`pack`, the receiver's
+    after :func:`receive_message`. Never pickled (descriptors cross as ``SCM_RIGHTS``)."""
 
 
-def slab_prefix(session: str, worker_id: int | None = None) -> str:
-    """Path prefix of the slabs of a loader session, or of one worker of it."""
-    base = os.path.join(SHM_DIR, f"{SLAB_PREFIX}{session}_")
-    return base if worker_id is None else f"{base}w{worker_id}_"
+def create_slab(directory: str | None = None, name: str = "slab") -> int:
+    """A new, empty slab: an anonymous shared-memory file, opened read-write.
 
-
-def slab_name(prefix: str) -> str:
-    """A new slab path under ``prefix``: a random suffix, so no other user can guess it."""
-    return f"{prefix}{secrets.token_hex(8)}"
-
-
-def remove_slabs(prefix: str) -> int:
-    """Unlink every slab of ours whose path starts with ``prefix``; returns how many.
-
-    Files of other users (``/dev/shm`` is world-writable) are never touched.
+    Args:
+        directory: make it as a file there instead, unlinked at once (what systems without
+            ``memfd_create`` get, in :data:`SHM_DIR`).
+        name: what ``/proc/<pid>/fd`` shows it as (``/memfd:drapps-<name>``).
     """
-    directory, name = os.path.split(prefix)
-    removed = 0
+    if directory is None and _HAS_MEMFD:
+        return os.memfd_create(f"drapps-{name}", os.MFD_CLOEXEC)
+    fd, path = tempfile.mkstemp(prefix=f"drapps_{name}_", dir=directory or SHM_DIR)
+    os.unlink(path)
+    return fd
+
+
+def slab_space() -> int | None:
+    """Bytes free where slabs live, or None where only the machine's memory bounds them
+    (anonymous shared memory is not counted against ``/dev/shm``'s size)."""
+    if _HAS_MEMFD:
+        return None
     try:
-        entries = os.listdir(directory)
-    except FileNotFoundError:
-        return 0
-    uid = os.getuid()
-    for entry in entries:
-        if entry.startswith(name):
-            path = os.path.join(directory, entry)
-            try:
-                if os.lstat(path).st_uid != uid:
-                    continue
-                os.unlink(path)
-                removed += 1
-            except FileNotFoundError:
-                pass
-    return removed
+        stat = os.statvfs(SHM_DIR)
+    except OSError:
+        return None
+    return stat.f_bavail * stat.f_frsize
 
 
-def remove_orphan_slabs(min_age_s: float = 60.0) -> int:
-    """Unlink our slabs whose loader process is gone (killed with its whole process group,
-    so nobody removed them); returns how many.
+# ------------------------------------------------------------------------------ forks
+# A slab mapped in a process that then forks is mapped in the child too; writing a later batch
+# over it would change what the child reads. The count goes up before and after every fork
+# (odd while one is under way), except the forks that start drapps' own workers, which never
+# read the batches they inherit.
+_forks = [0]
+_starting_worker = threading.local()
 
-    A slab lives as a file only between a worker's write and the loader's read (well under a
-    second), so one older than ``min_age_s`` whose pid is not running is an orphan even if
-    another PID namespace shares this ``/dev/shm``.
-    """
-    import psutil
 
-    removed = 0
-    now = time.time()
-    alive: dict[int, bool] = {}
+def _count_fork() -> None:
+    if not getattr(_starting_worker, "active", False):
+        _forks[0] += 1
+
+
+os.register_at_fork(before=_count_fork, after_in_parent=_count_fork)
+
+
+@contextlib.contextmanager
+def starting_worker() -> Iterator[None]:
+    """Forks inside this block start drapps workers: they do not make held slabs unreusable."""
+    _starting_worker.active = True
     try:
-        entries = os.listdir(SHM_DIR)
-    except FileNotFoundError:
-        return 0
-    for entry in entries:
-        # drapps_<pid>_<hex>_...: the owning loader's pid comes first.
-        pid_text = entry[len(SLAB_PREFIX) :].split("_", 1)[0]
-        if not entry.startswith(SLAB_PREFIX) or not pid_text.isdigit():
-            continue
-        pid = int(pid_text)
-        if pid not in alive:
-            alive[pid] = psutil.pid_exists(pid)
-        path = os.path.join(SHM_DIR, entry)
-        try:
-            old = now - os.lstat(path).st_mtime > min_age_s
-        except FileNotFoundError:
-            continue
-        if old and not alive[pid]:
-            removed += remove_slabs(path)
-    return removed
+        yield
+    finally:
+        _starting_worker.active = False
+
+
+# Slabs are mapped through libc rather than Python's mmap, which keeps a duplicate of the
+# descriptor for as long as the mapping lives: one open file per batch the loop holds.
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [
+    ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long
+]  # fmt: skip
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+def map_slab(fd: int, nbytes: int) -> Any:
+    """``nbytes`` of the slab ``fd``, mapped shared and writable: a ctypes array (a buffer
+    NumPy and torch read without copying) that unmaps itself when collected; the descriptor
+    may be closed at once."""
+    flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+    address = _libc.mmap(None, nbytes, mmap.PROT_READ | mmap.PROT_WRITE, flags, fd, 0)
+    if address is None or address == _MAP_FAILED:
+        code = ctypes.get_errno()
+        raise OSError(code, f"cannot map a {nbytes}-byte slab: {os.strerror(code)}")
+    mapping = (ctypes.c_ubyte * nbytes).from_address(address)
+    weakref.finalize(mapping, _libc.munmap, address, nbytes)
+    return mapping
 
 
 def _aligned(n: int) -> int:
@@ -175,144 +195,221 @@ class _SlabPickler(pickle.Pickler):
 
 
 class _SlabUnpickler(pickle.Unpickler):
-    def __init__(self, file: io.BytesIO, slab: mmap.mmap | None) -> None:
+    def __init__(self, file: io.BytesIO, slab: Any) -> None:
         super().__init__(file)
         self.slab = slab
 
     def persistent_load(self, pid: Any) -> Any:
         kind, offset, dtype, shape = pid
-        if self.slab is None:
-            raise pickle.UnpicklingError("batch refers to shared memory but came without a slab")
+        count = 1
+        for dim in shape:
+            count *= dim
         if kind == "t":
-            count = 1
-            for dim in shape:
-                count *= dim
-            if count == 0:
+            if count == 0:  # no bytes in any slab: a batch of only these has none
                 return torch.empty(shape, dtype=dtype)
+            self._check(offset, count * dtype.itemsize)
             return torch.frombuffer(self.slab, dtype=dtype, count=count, offset=offset).view(shape)
         array_dtype = np.dtype(dtype)
-        count = int(np.prod(shape, dtype=np.int64))
         if count == 0:
             return np.empty(shape, dtype=array_dtype)
+        self._check(offset, count * array_dtype.itemsize)
         return np.frombuffer(self.slab, dtype=array_dtype, count=count, offset=offset).reshape(
             shape
         )
 
+    def _check(self, offset: int, nbytes: int) -> None:
+        if self.slab is None:
+            raise pickle.UnpicklingError("batch refers to shared memory but came without a slab")
+        if offset < 0 or offset + nbytes > len(self.slab):
+            raise pickle.UnpicklingError(
+                f"batch refers to bytes {offset}..{offset + nbytes} of a {len(self.slab)}-byte slab"
+            )
 
-def pack(batch: Any, path: str, writer: SlabWriter | None = None) -> Packed:
-    """Write ``batch``'s array bytes to a slab at ``path`` and return its skeleton.
+
+def pack(batch: Any, writer: SlabWriter | None = None, directory: str | None = None) -> Packed:
+    """Write ``batch``'s array bytes into a slab and return its skeleton, with the slab's
+    descriptor in :attr:`Packed.fd` (:func:`send_message` sends it and then closes it, or
+    hands it to ``writer``).
 
     Args:
-        writer: the worker's :class:`SlabWriter`: a slab it released is written over
-            (renamed to ``path``) when there is one, and the batch is marked for recycling.
+        writer: the worker's :class:`SlabWriter`: a slab it was told is released is written
+            over when there is one, and the batch is marked for recycling.
+        directory: see :func:`create_slab`.
 
     Raises:
-        SharedMemoryFullError: the filesystem holding ``path`` is full.
+        SharedMemoryFullError: shared memory ran out while writing.
     """
     file = io.BytesIO()
     pickler = _SlabPickler(file)
     pickler.dump(batch)
     if not pickler.buffers:
-        return Packed(file.getvalue(), None, 0)
-    fd = writer.reclaim(path) if writer is not None else None
-    for _ in range(0 if fd is not None else 8):
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | _NO_FOLLOW, 0o600)
-            break
-        except FileExistsError:  # taken (by chance, or planted by someone else): a new name
-            path = f"{path}_{secrets.token_hex(4)}"
-    if fd is None:
-        raise FileExistsError(errno.EEXIST, "no free slab name after 8 tries", path)
+        return Packed(file.getvalue(), 0)
+    slab, fd = writer.take() if writer is not None else (0, None)
     try:
+        if fd is None:
+            fd = create_slab(directory)
         os.ftruncate(fd, pickler.nbytes)
         for offset, view in pickler.buffers:
             written = 0
             while written < len(view):
                 written += os.pwrite(fd, view[written:], offset + written)
     except OSError as exc:
-        os.unlink(path)
-        if exc.errno == errno.ENOSPC:
-            usage = os.statvfs(os.path.dirname(path))
-            size_mib = usage.f_blocks * usage.f_frsize / 2**20
+        if fd is not None:
+            os.close(fd)
+        if exc.errno in (errno.ENOSPC, errno.ENOMEM):
+            where = directory or ("memory" if _HAS_MEMFD else SHM_DIR)
             raise SharedMemoryFullError(
-                errno.ENOSPC,
-                f"shared memory at {os.path.dirname(path)} ({size_mib:.0f} MiB) is full while "
-                f"writing a {pickler.nbytes / 2**20:.1f} MiB batch; enlarge it (docker: "
-                "--shm-size) or lower the loader's memory_budget or prefetch",
+                exc.errno,
+                f"shared memory ({where}) ran out while writing a "
+                f"{pickler.nbytes / 2**20:.1f} MiB batch; free memory (docker: --shm-size, "
+                "where slabs live in /dev/shm) or lower the loader's memory_budget or prefetch",
             ) from exc
         raise
-    finally:
-        os.close(fd)
+    return Packed(file.getvalue(), pickler.nbytes, slab, recycle=writer is not None, fd=fd)
+
+
+def send_message(conn: Connection, message: Any, writer: SlabWriter | None = None) -> None:
+    """Send ``message`` (a tuple) on a socket connection, followed by the descriptor of the
+    slab of any :class:`Packed` in it; that descriptor is then closed here, or kept by
+    ``writer`` for reuse."""
+    packed = _packed_with_fd(message)
+    if packed is None:
+        conn.send(message)
+        return
+    assert packed.fd is not None and packed.slab is not None
+    try:
+        conn.send(tuple(replace(p, fd=None) if p is packed else p for p in message))
+        sock = socket.socket(fileno=conn.fileno())
+        try:
+            socket.send_fds(sock, [b"s"], [packed.fd])
+        finally:
+            sock.detach()  # the connection still owns the descriptor
+    except BaseException:
+        os.close(packed.fd)
+        raise
     if writer is not None:
-        writer.sent(path)
-    return Packed(file.getvalue(), path, pickler.nbytes, recycle=writer is not None)
+        writer.sent(packed.slab, packed.fd)
+    else:
+        os.close(packed.fd)
+
+
+def receive_message(conn: Connection) -> Any:
+    """The next message from :func:`send_message`, with the descriptor of its slab (if it
+    has one) in :attr:`Packed.fd`.
+
+    Raises:
+        EOFError: the sender closed the socket (or died) before the descriptor came.
+    """
+    message = conn.recv()
+    if not isinstance(message, tuple):
+        return message
+    position = next(
+        (i for i, p in enumerate(message) if isinstance(p, Packed) and p.slab is not None), None
+    )
+    if position is None:
+        return message
+    sock = socket.socket(fileno=conn.fileno())
+    try:
+        data, fds, flags, _ = socket.recv_fds(sock, 1, 1)
+    finally:
+        sock.detach()
+    if not data or len(fds) != 1 or flags & socket.MSG_CTRUNC:
+        for fd in fds:
+            os.close(fd)
+        raise EOFError("the sender's socket closed before the batch's slab came")
+    packed = replace(message[position], fd=fds[0])
+    return (*message[:position], packed, *message[position + 1 :])
+
+
+def _packed_with_fd(message: Any) -> Packed | None:
+    if isinstance(message, tuple):
+        for item in message:
+            if isinstance(item, Packed) and item.fd is not None:
+                return item
+    return None
 
 
 class SlabWriter:
-    """A worker's side of slab recycling: remembers the slabs it sent and takes one back
-    (renamed to the new batch's name) once the training process has released it.
+    """A worker's side of slab recycling: keeps the descriptors of the slabs it sent, and
+    writes a later batch into one the receiver has released (:meth:`released`).
 
-    Writing over a slab whose pages tmpfs already holds skips allocating and zeroing fresh
+    Writing over a slab whose pages are already allocated skips allocating and zeroing fresh
     pages for every batch (about a millisecond per 5 MB batch, see ``docs/runtime.md``).
     """
 
-    def __init__(self, memory: int = 64) -> None:
-        self._sent: collections.deque[str] = collections.deque(maxlen=memory)
+    def __init__(self, keep: int = KEEP_FREE, memory: int = _SENT_MEMORY) -> None:
+        self.keep = keep
+        self.memory = memory
+        self._next = 0
+        self._sent: collections.OrderedDict[int, int] = collections.OrderedDict()
+        self._free: list[int] = []
 
-    def sent(self, path: str) -> None:
-        self._sent.append(path)
+    def take(self) -> tuple[int, int | None]:
+        """A new slab id, and a released slab's descriptor to write into (None: make one)."""
+        self._next += 1
+        return self._next, (self._free.pop() if self._free else None)
 
-    def reclaim(self, path: str) -> int | None:
-        """A released slab renamed to ``path`` and opened for writing, or None if none is."""
-        for old in list(self._sent):
-            try:
-                os.rename(old + FREE_SUFFIX, path)
-            except FileNotFoundError:
-                continue  # not released yet (or unlinked: over the keep limit, or closed)
-            self._sent.remove(old)
-            try:
-                fd = os.open(path, os.O_WRONLY | _NO_FOLLOW)
-            except OSError:
-                with contextlib.suppress(OSError):
-                    os.unlink(path)
-                return None
-            if os.fstat(fd).st_uid != os.getuid():  # planted under our name: not ours to fill
+    def sent(self, slab: int, fd: int) -> None:
+        """Keep ``fd`` until the receiver says whether ``slab`` may be written again."""
+        self._sent[slab] = fd
+        while len(self._sent) > self.memory:
+            os.close(self._sent.popitem(last=False)[1])
+
+    def released(self, notices: list[tuple[int, bool]]) -> None:
+        """The receiver has let go of these slabs: ``(slab, reusable)`` each; a slab that is
+        not reusable (it was mapped across a fork) is closed, as are those over ``keep``."""
+        for slab, reusable in notices:
+            fd = self._sent.pop(slab, None)
+            if fd is None:
+                continue  # closed already (over the memory)
+            if reusable and len(self._free) < self.keep:
+                self._free.append(fd)
+            else:
                 os.close(fd)
-                return None
-            return fd
-        return None
+
+    def held(self) -> int:
+        """Descriptors held (sent and free)."""
+        return len(self._sent) + len(self._free)
+
+    def close(self) -> None:
+        for fd in [*self._sent.values(), *self._free]:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._sent.clear()
+        self._free.clear()
 
 
 class SlabRecycler:
-    """The training process's side: a released slab goes back to its worker as
-    ``<name>.free`` while that worker has fewer than ``keep`` waiting, else it is unlinked.
-    After :meth:`close` every released slab is unlinked."""
+    """The receiver's side: release notices, gathered per worker for the dispatcher to send
+    (:meth:`drain`). Finalizers add to it from any thread, the collector's included, so it
+    takes no lock (a deque's append and popleft are atomic)."""
 
-    def __init__(self, keep: int = KEEP_FREE) -> None:
-        self.keep = keep
-        self._lock = threading.Lock()
+    def __init__(self) -> None:
+        self._notices: collections.deque[tuple[int, int, bool]] = collections.deque()
         self._closed = False
-        self._free: dict[str, list[str]] = {}
 
-    def release(self, path: str) -> None:
-        owner = path.rsplit("_", 1)[0]  # the worker's slab prefix, less its last "_"
-        with self._lock:
-            waiting = [name for name in self._free.get(owner, ()) if os.path.exists(name)]
-            try:
-                if self._closed or len(waiting) >= self.keep:
-                    os.unlink(path)
-                else:
-                    os.rename(path, path + FREE_SUFFIX)
-                    waiting.append(path + FREE_SUFFIX)
-            except FileNotFoundError:
-                pass  # its worker was stopped and its slabs removed
-            self._free[owner] = waiting
+    def releaser(self, worker: int, slab: int) -> Callable[[bool], None]:
+        """What to call, with whether the slab may be written again, once ``slab`` of
+        ``worker`` is released."""
+
+        def release(reusable: bool) -> None:
+            if not self._closed:
+                self._notices.append((worker, slab, reusable))
+
+        return release
+
+    def drain(self) -> dict[int, list[tuple[int, bool]]]:
+        """The notices since the last call, by worker."""
+        notices: dict[int, list[tuple[int, bool]]] = {}
+        while self._notices:
+            worker, slab, reusable = self._notices.popleft()
+            notices.setdefault(worker, []).append((slab, reusable))
+        return notices
 
     def close(self) -> None:
-        """Unlink every slab released from now on (the pool removes those waiting)."""
-        with self._lock:
-            self._closed = True
-            self._free.clear()
+        """Send no more notices (the workers are stopping; their slabs go with them)."""
+        self._closed = True
+        self._notices.clear()
 
 
 def pack_buffer(batch: Any) -> Packed:
@@ -327,28 +424,32 @@ def pack_buffer(batch: Any) -> Packed:
     pickler = _SlabPickler(file)
     pickler.dump(batch)
     views = tuple((offset, np.frombuffer(view, np.uint8)) for offset, view in pickler.buffers)
-    return Packed(file.getvalue(), None, pickler.nbytes, views)
+    return Packed(file.getvalue(), pickler.nbytes, buffer=views)
 
 
 def pack_inline(batch: Any) -> Packed:
     """The whole batch pickled for the pipe: the fallback when shared memory is full."""
-    return Packed(pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL), None, 0)
+    return Packed(pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL), 0)
 
 
 def unpack(
     packed: Packed,
     on_release: Callable[[int], None] | None = None,
-    recycler: SlabRecycler | None = None,
+    release: Callable[[bool], None] | None = None,
 ) -> Any:
-    """Map a slab written by :func:`pack` and rebuild the batch (zero-copy).
+    """Map the slab of a received batch and rebuild the batch (zero-copy); the slab's
+    descriptor is closed.
 
     Args:
-        on_release: called with the slab's size once the last tensor over it is gone, which is
-            when its pages return to the shared-memory filesystem (or to its worker).
-        recycler: takes a recyclable slab back to its worker once released; without one (or
-            for a slab not marked ``recycle``) the slab's name is unlinked at once.
+        on_release: called with the slab's size once the last tensor over it is gone.
+        release: called then too, with whether the slab may be written again (a recyclable
+            slab: see :class:`SlabRecycler`).
+
+    Both are called only in this process: a forked child that drops its copy of the batch
+    (or exits) calls neither.
     """
     slab: Any = None
+    owner = os.getpid()
     if packed.buffer is not None:
         # Arrays from an object store are read-only views of it; the batch is the user's to
         # modify in place, as DataLoader's are, so it is rebuilt over one private copy.
@@ -356,34 +457,44 @@ def unpack(
         for offset, part in packed.buffer:
             slab[offset : offset + len(part)] = part
         if on_release is not None and packed.nbytes:
-            weakref.finalize(slab, on_release, packed.nbytes)
-    elif packed.path is not None:
-        fd = os.open(packed.path, os.O_RDWR | _NO_FOLLOW)
+            weakref.finalize(slab, _in_owner, owner, on_release, packed.nbytes)
+    elif packed.fd is not None:
+        forks = _forks[0]
         try:
-            if os.fstat(fd).st_uid != os.getuid():
-                raise PermissionError(f"slab {packed.path} is not ours; refusing to map it")
-            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-            slab = mmap.mmap(fd, packed.nbytes, flags=flags)
+            slab = map_slab(packed.fd, packed.nbytes)
+        except BaseException:
+            if release is not None:
+                release(False)
+            raise
         finally:
-            os.close(fd)
-            # A recyclable slab keeps its name until released; one that was not mapped
-            # (not ours, or the map failed) will never be released, so it goes now.
-            keep = packed.recycle and recycler is not None and slab is not None
-            if not keep:
-                os.unlink(packed.path)
+            os.close(packed.fd)
+        # A fork during the mapping may or may not have copied it: not reusable either way.
+        settled = forks if forks % 2 == 0 and _forks[0] == forks else None
         if on_release is not None:
-            weakref.finalize(slab, on_release, packed.nbytes)
-        if keep:
-            assert recycler is not None
-            weakref.finalize(slab, recycler.release, packed.path)
+            weakref.finalize(slab, _in_owner, owner, on_release, packed.nbytes)
+        if release is not None:
+            weakref.finalize(slab, _release_slab, owner, release, settled)
     return _SlabUnpickler(io.BytesIO(packed.skeleton), slab).load()
 
 
-def discard(packed: Packed) -> None:
+def _in_owner(owner: int, function: Callable[..., None], *args: Any) -> None:
+    """``function(*args)``, in the process ``owner`` only: finalizers are inherited by forked
+    children, which run them when they drop their copies or exit."""
+    if os.getpid() == owner:
+        function(*args)
+
+
+def _release_slab(owner: int, release: Callable[[bool], None], forks: int | None) -> None:
+    if os.getpid() == owner:
+        release(forks is not None and _forks[0] == forks)
+
+
+def discard(packed: Packed, release: Callable[[bool], None] | None = None) -> None:
     """Drop a packed batch that will never be delivered (a duplicate or a stale epoch's)."""
-    if packed.path is not None:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(packed.path)
+    if packed.fd is not None:
+        os.close(packed.fd)
+        if release is not None:
+            release(True)
 
 
 def pinner(pin_memory: bool, device: str = "") -> Callable[[Any], Any] | None:

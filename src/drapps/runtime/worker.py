@@ -33,9 +33,7 @@ from drapps.runtime.transport import (
     SlabWriter,
     pack,
     pack_inline,
-    remove_slabs,
-    slab_name,
-    slab_prefix,
+    send_message,
 )
 
 logger = logging.getLogger(__name__)
@@ -174,7 +172,6 @@ def make_batch(
 
 def run_worker(
     recipe: BatchRecipe,
-    session: str,
     worker_id: int,
     tasks: Connection,
     results: Connection,
@@ -184,7 +181,8 @@ def run_worker(
     base_seed: int = 0,
 ) -> None:
     """The worker process: take ``(generation, seed, epoch, batch_id, indices, num_workers,
-    stop)`` tasks until ``None`` (``stop``: see :func:`make_batch`).
+    stop)`` tasks until ``None`` (``stop``: see :func:`make_batch`); ``("free", notices)``
+    says which of its slabs the training process has released (:class:`SlabWriter`).
 
     ``slot`` is the worker's id as ``torch.utils.data.get_worker_info()`` reports it (0 to
     ``num_workers - 1``; a replacement takes the id of the worker it replaces).
@@ -193,7 +191,6 @@ def run_worker(
     ``("err", generation, batch_id, SampleError)``. Exits by itself when its parent dies.
     """
     enter_worker_process()
-    prefix = slab_prefix(session, worker_id)
     seed_worker(base_seed, slot)
     set_worker_info(slot, num_workers, base_seed, recipe.dataset)
     init_error = run_worker_init(recipe, slot)
@@ -201,9 +198,10 @@ def run_worker(
     try:
         while (task := next_task(tasks, parent_pid)) is not PARENT_GONE:
             if task is None:
-                # Asked to stop: slabs already sent are the training process's to unlink.
-                prefix = ""
-                return
+                return  # asked to stop
+            if task[0] == "free":  # slabs the training process has released
+                writer.released(task[1])
+                continue
             generation, seed, epoch, batch_id, indices, workers_now, stop = task
             if (workers_now, seed) != (num_workers, base_seed):
                 num_workers, base_seed = workers_now, seed
@@ -217,25 +215,24 @@ def run_worker(
                 results.send(("err", generation, batch_id, exc))
                 continue
             try:
-                packed = None if made.batch is None else pack_batch(made.batch, prefix, writer)
+                packed = None if made.batch is None else pack_batch(made.batch, writer)
                 reply: tuple[Any, ...] = (
                     "ok", generation, batch_id, packed, made.skipped, made.seconds
                 )  # fmt: skip
             except Exception as exc:  # the batch cannot cross: unpicklable, slab unwritable
                 reply = ("err", generation, batch_id, transport_error(batch_id, indices, exc))
-            results.send(reply)
+            send_message(results, reply, writer)
     except (EOFError, BrokenPipeError, ConnectionResetError):
         pass  # the parent closed our pipes: it is gone or shutting down
     except SystemExit:
-        raise  # SIGTERM: exit with its code, after the cleanup below
+        raise  # SIGTERM: exit with its code
     except BaseException:
         # Tell the dispatcher why we die (it names this in the error it raises), then die.
         with contextlib.suppress(Exception):
             results.send(("fatal", -1, -1, traceback.format_exc()))
         raise
     finally:
-        if prefix:  # leaving without a stop message: nobody else will unlink our slabs
-            remove_slabs(prefix)
+        writer.close()  # slabs have no names: what the training process maps stays with it
 
 
 def transport_error(batch_id: int, indices: list[Any], exc: Exception) -> SampleError:
@@ -254,8 +251,8 @@ def enter_worker_process() -> None:
     """What every drapps worker process does first."""
     # Ctrl-C reaches the whole process group; the training process decides what happens.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # SIGTERM to the job's process group (timeout, systemd, scancel) kills the training process
-    # too, so nobody else would remove our slabs: leave through the caller's cleanup.
+    # SIGTERM to the job's process group (timeout, systemd, scancel): leave through the
+    # caller's cleanup rather than die mid-write.
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     # Intra-op threads in every worker would oversubscribe the cores the pool is sized for.
     torch.set_num_threads(1)
@@ -295,12 +292,12 @@ def run_worker_init(recipe: BatchRecipe, slot: int) -> SampleError | None:
 _warned_full = False
 
 
-def pack_batch(batch: Any, prefix: str, writer: SlabWriter | None = None) -> Packed:
+def pack_batch(batch: Any, writer: SlabWriter | None = None) -> Packed:
     """The batch in a slab (one ``writer`` took back, or a new one); through the pipe instead
     when shared memory is full."""
     global _warned_full
     try:
-        return pack(batch, slab_name(prefix), writer)
+        return pack(batch, writer)
     except SharedMemoryFullError as exc:
         if not _warned_full:
             _warned_full = True
