@@ -16,8 +16,9 @@ import torch
 from helpers import assert_batches_equal, flatten_indices
 
 import drapps
-from drapps.codecs import Cache
+from drapps.codecs import Cache, arena
 from drapps.codecs import cache as cache_module
+from drapps.codecs.arena import ArenaTier
 from drapps.codecs.entry import pack
 from drapps.codecs.none import Raw
 from drapps.codecs.tier import DirectoryTier
@@ -115,17 +116,17 @@ def test_a_worker_killed_mid_write_leaves_no_entry_and_loses_no_sample(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, uncached: list[list[Any]]
 ) -> None:
     flag = tmp_path / "killed"
-    commit = DirectoryTier._commit
+    publish = ArenaTier._publish
 
-    def die_once(self: DirectoryTier, tmp: str, path: str) -> None:
-        # The entry is written in full to its temporary file; the worker dies before the
-        # rename that would publish it.
+    def die_once(self: ArenaTier, *args: Any) -> bool:
+        # The record is written in full into the arena; the worker dies before the index
+        # points at it.
         if not flag.exists():
             flag.touch()
             os.kill(os.getpid(), signal.SIGKILL)
-        commit(self, tmp, path)
+        return publish(self, *args)
 
-    monkeypatch.setattr(DirectoryTier, "_commit", die_once)  # forked workers inherit it
+    monkeypatch.setattr(ArenaTier, "_publish", die_once)  # forked workers inherit it
     kwargs = {"batch_size": 4, "shuffle": True, "seed": 3, "transform": augment()}
     with drapps.Loader(
         Photos(), workers=2, cache=True, multiprocessing_context="fork", **kwargs
@@ -139,17 +140,27 @@ def test_a_worker_killed_mid_write_leaves_no_entry_and_loses_no_sample(
     assert stats.cache is not None and stats.cache["counts"]["corrupt"] == 0
 
 
+def arena_records(tier: ArenaTier) -> list[tuple[int, int]]:
+    """(start, length) of the entry bytes of every live record in the arena."""
+    view, records = tier.region.view, []
+    for slot in range(tier.slots):
+        _, offset, length = arena._SLOT.unpack_from(view, arena._HEADER.size + slot * 32)
+        if length > 0:
+            records.append((tier._data + offset + arena._DIGEST, length))
+    return records
+
+
 def test_a_corrupt_entry_is_dropped_and_made_again(uncached: list[list[Any]]) -> None:
     kwargs = {"batch_size": 4, "shuffle": True, "seed": 3, "transform": augment()}
     with drapps.Loader(Photos(), workers=2, cache=Cache(codec="zstd"), **kwargs) as loader:
         first = epochs(loader, 1)
         assert loader._cache is not None
-        entries = [p for p in (loader._cache.root / "entries").glob("*/*") if p.is_file()]
-        assert len(entries) == 24
-        for path in entries[::2]:
-            data = bytearray(path.read_bytes())
-            data[-3] ^= 0x5A
-            path.write_bytes(bytes(data))
+        memory = loader._cache.tiers[0]
+        assert isinstance(memory, ArenaTier)
+        records = arena_records(memory)
+        assert len(records) == 24
+        for start, length in records[::2]:
+            memory.region.view[start + length - 3] ^= 0x5A
         rest = epochs(loader, 2)
         counts = loader.stats().cache["counts"]  # type: ignore[index]
     for got, want in zip(first + rest, uncached, strict=True):

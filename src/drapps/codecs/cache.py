@@ -23,9 +23,10 @@ from typing import Any
 
 import psutil
 
+from drapps.codecs.arena import ArenaTier
 from drapps.codecs.codec import Codec
-from drapps.codecs.control import COUNTERS, OFF, CacheStats, ControlFile
-from drapps.codecs.entry import CorruptEntry, pack, unpack
+from drapps.codecs.control import COUNTERS, OFF, CacheStats, ControlBlock
+from drapps.codecs.entry import CorruptEntry, Uncacheable, pack, unpack
 from drapps.codecs.none import Raw
 from drapps.codecs.profile import ProfileRecorder
 from drapps.codecs.settings import Cache, budget_bytes
@@ -33,8 +34,6 @@ from drapps.codecs.tier import DirectoryTier, Tier
 
 logger = logging.getLogger(__name__)
 
-SHM_ROOT = Path("/dev/shm")
-_PREFIX = "drapps-cache-"
 _SAMPLES_TO_PROJECT = 32  # entries made before an "auto" cache judges whether the dataset fits
 
 
@@ -61,23 +60,23 @@ class SampleCache:
         self.decoders: dict[str, Codec] = {c.name: c for c in (*self.codecs, Raw())}
         self.fallback = Raw()
         _check_tiers(settings)
-        SHM_ROOT.mkdir(exist_ok=True)
-        remove_orphan_caches()
-        self.root = SHM_ROOT / f"{_PREFIX}{os.getpid()}-{os.urandom(4).hex()}"
-        self.root.mkdir()
         self.owner = os.getpid()
+        # The memory tier and the control block are nameless shared memory: nothing of them
+        # stays behind, however the loader's processes end.
+        self.tiers: list[Tier] = []
         try:
-            memory = DirectoryTier(self.root / "entries", _memory_budget(settings.memory), "memory")
-            self.tiers: list[Tier] = [memory.open()]
+            memory = ArenaTier(_memory_budget(settings.memory), samples, "memory")
+            self.tiers.append(memory.open())
             if settings.disk is not None:
                 disk = Path(settings.disk)
                 budget = _disk_budget(settings.disk_bytes, disk)
                 self.tiers.append(DirectoryTier(disk / "drapps-cache", budget, "disk").open())
             self.tiers += [tier.open() for tier in settings.tiers]
-            self.control = ControlFile(self.root / ".control")
+            self.control = ControlBlock()
             self.control.set(codec=0, enabled=True)
         except BaseException:
-            shutil.rmtree(self.root, ignore_errors=True)  # nothing left behind by a bad start
+            for tier in self.tiers:
+                tier.close()
             raise
         self._pending = dict.fromkeys(COUNTERS, 0)
         self._codec_index = 0
@@ -86,6 +85,7 @@ class SampleCache:
         self._profiling = len(self.codecs) > 1
         self._unmigrated: set[str] = set()  # keys whose re-encoding found no room
         self._refused = 0  # size of the last entry no tier had room for
+        self._warned_uncacheable = False
 
     # ------------------------------------------------------------------ worker side
 
@@ -141,7 +141,14 @@ class SampleCache:
             self._pending["not_admitted"] += 1
             self._pending["write_ns"] += time.perf_counter_ns() - t0
             return
-        packed = pack(sample, self._codec(), self.fallback, self.settings.min_psnr)
+        try:
+            packed = pack(sample, self._codec(), self.fallback, self.settings.min_psnr)
+        except Uncacheable as exc:
+            if not self._warned_uncacheable:
+                self._warned_uncacheable = True
+                logger.warning("sample %r is not cached: %s", index, exc)
+            self._pending["not_admitted"] += 1
+            return
         key = self.key(index, cut)
         self._refused = 0
         for tier in self.tiers:
@@ -184,7 +191,7 @@ class SampleCache:
                 return
             self._profile = ProfileRecorder(self.codecs, self.settings.min_psnr)
         if self._profile.add(sample):
-            self.control.write_json("profile", self._profile.result())
+            self.control.write_json(self._profile.result())
             self._profiling, self._profile = False, None
 
     def _migrate(self, tier: Tier, key: str, written_by: frozenset[str], sample: Any) -> None:
@@ -250,7 +257,7 @@ class SampleCache:
         return CacheStats(
             codec="off" if codec == OFF else self.codecs[codec].name,
             enabled=enabled,
-            profile=self.control.read_json("profile") or {},
+            profile=self.control.read_json() or {},
             budget=sum(t.budget for t in self.tiers),
             samples=self.samples or 0,
             held_bytes={name: b for name, (b, _) in held.items()},
@@ -259,17 +266,17 @@ class SampleCache:
         )
 
     def close(self) -> None:
-        """Free the shared-memory tier (the disk tier stays for the next run). Idempotent."""
+        """Let go of the shared-memory tier (freed once the workers have exited too; the disk
+        tier stays for the next run). Idempotent."""
         if os.getpid() != self.owner:
             return
         self.control.close()
         for tier in self.tiers:
             tier.close()
-        shutil.rmtree(self.root, ignore_errors=True)
 
     def __repr__(self) -> str:
         names = [c.name for c in self.codecs]
-        return f"SampleCache({self.root}, prefix={self.prefix}, codecs={names})"
+        return f"SampleCache({self.namespace[:12]}, prefix={self.prefix}, codecs={names})"
 
 
 def _check_tiers(settings: Cache) -> None:
@@ -288,8 +295,8 @@ def _check_tiers(settings: Cache) -> None:
 def _memory_budget(memory: int | str) -> int:
     if memory != "auto":
         return budget_bytes(memory, "Cache.memory")
-    free = shutil.disk_usage(SHM_ROOT).free
-    return int(min(psutil.virtual_memory().total / 4, free / 2))
+    machine = psutil.virtual_memory()
+    return int(min(machine.total / 4, machine.available / 2))
 
 
 def _disk_budget(disk_bytes: int | str, root: Path) -> int:
@@ -331,11 +338,3 @@ def namespace_of(
         digest.update(part)
         digest.update(b"\0")
     return digest.hexdigest()
-
-
-def remove_orphan_caches() -> None:
-    """Remove shared-memory tiers whose loader's process is gone (killed before closing)."""
-    for path in SHM_ROOT.glob(f"{_PREFIX}*"):
-        pid = path.name[len(_PREFIX) :].partition("-")[0]
-        if pid.isdigit() and not psutil.pid_exists(int(pid)):
-            shutil.rmtree(path, ignore_errors=True)

@@ -1,21 +1,20 @@
-"""The cache's shared control file: the codec in use, on/off, the counters, the profile.
+"""The cache's shared control block: the codec in use, on/off, the counters, the profile.
 
-Workers read the codec once per batch and add their counters once per batch, under an
-exclusive ``flock``; the training process sets the codec (the controller's ``codec`` knob)
-and reads the counters. A file on ``/dev/shm`` rather than a ``multiprocessing.Value``, so
-that any pool's workers (processes started any way, or other pools later) can share it.
+Workers read the codec once per batch and add their counters once per batch, under the
+block's lock; the training process sets the codec (the controller's ``codec`` knob) and reads
+the counters. It lives in a nameless shared region (:mod:`drapps.codecs._region`) rather than a
+``multiprocessing.Value``, so that any pool's workers (processes started any way, or other
+pools later) share it, and nothing of it outlives the loader's processes.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import struct
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
-from drapps.codecs._locked import LockedFile
+from drapps.codecs._region import SharedRegion
 
 COUNTERS = (
     "hits",
@@ -36,64 +35,77 @@ COUNTERS = (
 OFF = -1
 """The codec slot's value while the cache is bypassed."""
 _SLOTS = struct.Struct(f"<qq{len(COUNTERS)}q")  # codec index, enabled, counters
+_CLAIMS = ("profile",)
+"""Names a process may claim once (:meth:`ControlBlock.claim`), one bit each."""
+_FLAGS = struct.Struct("<qq")  # claimed bits, length of the JSON that follows
+_SIZE = 64 * 1024
 
 
-class ControlFile:
-    """int64 slots in a file: the codec's index (:data:`OFF` for "off"), enabled, counters;
-    and beside it the codec profile as JSON (written once)."""
+class ControlBlock:
+    """int64 slots: the codec's index (:data:`OFF` for "off"), enabled, counters; the names
+    claimed; and the codec profile as JSON (written once)."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._file = LockedFile(path)
+    def __init__(self) -> None:
+        self._region = SharedRegion(_SIZE, "cache-control")
 
     def read(self) -> tuple[int, bool, dict[str, int]]:
         """(codec index, enabled, counters)."""
-        with self._file.locked() as fd:
-            codec, enabled, *counts = self._slots(fd)
+        with self._region.locked() as view:
+            codec, enabled, *counts = _SLOTS.unpack_from(view, 0)
         return codec, bool(enabled), dict(zip(COUNTERS, counts, strict=True))
 
     def set(self, *, codec: int | None = None, enabled: bool | None = None) -> None:
-        with self._file.locked() as fd:
-            slots = self._slots(fd)
+        with self._region.locked() as view:
+            slots = list(_SLOTS.unpack_from(view, 0))
             if codec is not None:
                 slots[0] = codec
             if enabled is not None:
                 slots[1] = int(enabled)
-            os.pwrite(fd, _SLOTS.pack(*slots), 0)
+            _SLOTS.pack_into(view, 0, *slots)
 
     def add(self, counts: dict[str, int]) -> None:
         """Add ``counts`` to the shared counters."""
-        with self._file.locked() as fd:
-            slots = self._slots(fd)
+        with self._region.locked() as view:
+            slots = list(_SLOTS.unpack_from(view, 0))
             for i, name in enumerate(COUNTERS):
                 slots[2 + i] += counts.get(name, 0)
-            os.pwrite(fd, _SLOTS.pack(*slots), 0)
+            _SLOTS.pack_into(view, 0, *slots)
 
     def claim(self, name: str) -> bool:
-        """True for the one process that first claims ``name`` (a file made exclusively)."""
-        try:
-            os.close(os.open(self.path.parent / f".{name}.claimed", os.O_CREAT | os.O_EXCL))
-        except FileExistsError:
-            return False
+        """True for the one process that first claims ``name`` (one of ``_CLAIMS``)."""
+        bit = 1 << _CLAIMS.index(name)
+        with self._region.locked() as view:
+            claimed, length = _FLAGS.unpack_from(view, _SLOTS.size)
+            if claimed & bit:
+                return False
+            _FLAGS.pack_into(view, _SLOTS.size, claimed | bit, length)
         return True
 
-    def write_json(self, name: str, value: Any) -> None:
-        tmp = self.path.parent / f".{name}.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps(value))
-        os.replace(tmp, self.path.parent / f"{name}.json")
+    def write_json(self, value: Any) -> None:
+        """Keep ``value`` (the codec profile) as JSON.
 
-    def read_json(self, name: str) -> Any:
-        try:
-            return json.loads((self.path.parent / f"{name}.json").read_text())
-        except FileNotFoundError:
-            return None
+        Raises:
+            ValueError: it takes more than the block has room for.
+        """
+        data = json.dumps(value).encode()
+        start = _SLOTS.size + _FLAGS.size
+        if start + len(data) > _SIZE:
+            raise ValueError(f"a {len(data)}-byte profile does not fit the cache's control block")
+        with self._region.locked() as view:
+            claimed, _ = _FLAGS.unpack_from(view, _SLOTS.size)
+            view[start : start + len(data)] = data
+            _FLAGS.pack_into(view, _SLOTS.size, claimed, len(data))
+
+    def read_json(self) -> Any:
+        """What :meth:`write_json` kept, or None."""
+        start = _SLOTS.size + _FLAGS.size
+        with self._region.locked() as view:
+            _, length = _FLAGS.unpack_from(view, _SLOTS.size)
+            data = bytes(view[start : start + length]) if length else b""
+        return json.loads(data) if data else None
 
     def close(self) -> None:
-        self._file.close()
-
-    def _slots(self, fd: int) -> list[int]:
-        raw = os.pread(fd, _SLOTS.size, 0)
-        return list(_SLOTS.unpack(raw)) if len(raw) == _SLOTS.size else [0] * (2 + len(COUNTERS))
+        self._region.close()
 
 
 @dataclass

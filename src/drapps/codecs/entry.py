@@ -1,23 +1,31 @@
-"""A cache entry: one sample as bytes, checked by a CRC when read back.
+"""A cache entry: one sample as bytes, checked by a CRC when read back, with no pickle.
 
-The sample's structure (tuples, lists, dicts, named tuples) and its small leaves (labels,
-strings) are pickled into the header; every array leaf (NumPy array, CPU tensor) is encoded by
-the codec, or by the lossless fallback where the codec declines it or its result misses
-the PSNR floor. Layout::
+The sample's structure (tuples, lists, dicts, named tuples) and its small leaves (numbers,
+strings, bytes, None, NumPy scalars) are written into a JSON header; every array leaf (NumPy
+array, CPU tensor) is encoded by the codec, or by the lossless fallback where the codec declines
+it or its result misses the PSNR floor. Layout::
 
-    magic (4) | checksum (4) | header length (4) | header (pickle) | payloads
+    magic (4) | checksum (4) | header length (4) | header (UTF-8 JSON) | payloads
+
+Entries may be read from places other processes can write (a shared disk directory, Redis),
+so reading one never runs code: the header is JSON, checked field by field; a named tuple is
+rebuilt only as a type already loaded in this process under the name and fields the header
+gives; anything else is refused as corrupt. A sample holding other objects is not cached
+(:class:`Uncacheable`).
 
 The checksum covers everything after it, so a torn or flipped entry is detected, dropped and
-made again, never delivered. It is CRC-32C (``b"DRC2"``) where the ``crc32c`` package is installed
+made again, never delivered. It is CRC-32C (``b"DRJ2"``) where the ``crc32c`` package is installed
 (the ``cache`` extra: hardware CRC, ~25 GB/s, a sixth of zlib's time on a decoded photo), else
-zlib's CRC-32 (``b"DRC1"``); an entry whose checksum this process cannot compute counts as
-corrupt.
+zlib's CRC-32 (``b"DRJ1"``); an entry whose checksum this process cannot compute, or of an
+earlier format, counts as corrupt.
 """
 
 from __future__ import annotations
 
-import pickle
+import base64
+import json
 import struct
+import sys
 import zlib
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -27,20 +35,26 @@ import torch
 
 from drapps.codecs.codec import Codec, Encoded, psnr
 
-_CHECKSUMS: dict[bytes, Any] = {b"DRC1": zlib.crc32}
+_CHECKSUMS: dict[bytes, Any] = {b"DRJ1": zlib.crc32}
 try:
     from crc32c import crc32c as _crc32c
 
-    _CHECKSUMS[b"DRC2"] = _crc32c
+    _CHECKSUMS[b"DRJ2"] = _crc32c
 except ImportError:  # the cache extra is not installed: zlib's CRC-32
     pass
-MAGIC = b"DRC2" if b"DRC2" in _CHECKSUMS else b"DRC1"
+MAGIC = b"DRJ2" if b"DRJ2" in _CHECKSUMS else b"DRJ1"
 """The magic new entries are written with (it names their checksum)."""
 _PREFIX = struct.Struct("<4sII")
+_MAX_DEPTH = 32
 
 
 class CorruptEntry(Exception):
     """An entry whose bytes do not check out."""
+
+
+class Uncacheable(ValueError):
+    """A sample holding something an entry cannot carry (an object other than arrays,
+    numbers, strings, bytes, None, and lists, tuples, named tuples and dicts of them)."""
 
 
 @dataclass(frozen=True)
@@ -54,6 +68,12 @@ class _Leaf:
     tensor: bool
     meta: dict[str, Any]
     nbytes: int
+
+    def fields(self) -> list[Any]:
+        return [
+            self.slot, self.codec, self.dtype, list(self.shape), self.tensor, self.meta,
+            self.nbytes,
+        ]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -71,13 +91,17 @@ class Packed:
 
 def pack(sample: Any, codec: Codec, fallback: Codec, min_psnr: float | None) -> Packed:
     """``sample`` as entry bytes; its arrays by ``codec``, or ``fallback`` where ``codec``
-    declines one, is lossy without ``min_psnr``, or decodes below it."""
+    declines one, is lossy without ``min_psnr``, or decodes below it.
+
+    Raises:
+        Uncacheable: the sample holds an object an entry cannot carry.
+    """
     leaves: list[_Leaf] = []
     payloads: list[bytes | memoryview] = []
     used: set[str] = set()
     raw = 0
 
-    def encode(array: np.ndarray, tensor: bool) -> _Leaf:
+    def encode(array: np.ndarray, tensor: bool) -> int:
         nonlocal raw
         array = np.ascontiguousarray(array)
         raw += array.nbytes
@@ -97,12 +121,16 @@ def pack(sample: Any, codec: Codec, fallback: Codec, min_psnr: float | None) -> 
             memoryview(encoded.payload).nbytes,
         )
         leaves.append(leaf)
-        return leaf
+        return leaf.slot
 
-    skeleton = _flatten(sample, encode)
+    skeleton = _flatten(sample, encode, 0)
     # The codec asked is recorded even where it declined every array, so that the cache does
     # not ask it again for this entry (see SampleCache's re-encoding on a codec change).
-    header = pickle.dumps((skeleton, leaves, codec.name), protocol=pickle.HIGHEST_PROTOCOL)
+    header = json.dumps(
+        {"skeleton": skeleton, "leaves": [leaf.fields() for leaf in leaves], "codec": codec.name},
+        default=_plain,
+        separators=(",", ":"),
+    ).encode()
     body = b"".join([header, *payloads])
     data = _PREFIX.pack(MAGIC, _CHECKSUMS[MAGIC](body), len(header)) + body
     exact = all(leaf.meta["exact"] for leaf in leaves)
@@ -123,23 +151,38 @@ def unpack(data: bytearray | memoryview, codecs: dict[str, Codec]) -> Unpacked:
     """The sample back from :func:`pack`'s bytes, whether it is exact, and its codecs.
 
     Raises:
-        CorruptEntry: the bytes are torn, flipped, or name a codec not in ``codecs``.
+        CorruptEntry: the bytes are torn, flipped, malformed, or name a codec not in
+            ``codecs``.
     """
     body, header_len = _checked(data)
-    skeleton, leaves, asked = pickle.loads(body[:header_len])
+    try:
+        header = json.loads(bytes(body[:header_len]))
+        skeleton, leaves, asked = header["skeleton"], header["leaves"], header["codec"]
+        leaves = [_leaf(fields) for fields in leaves]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CorruptEntry(f"entry header is malformed: {exc}") from None
+    if not isinstance(asked, str):
+        raise CorruptEntry("entry header is malformed: its codec is not a name")
     arrays: list[Any] = []
     offset = header_len
     exact = True
-    for leaf in leaves:
+    for slot, leaf in enumerate(leaves):
         if leaf.codec not in codecs:
             raise CorruptEntry(f"entry was written by codec {leaf.codec!r}, which is not loaded")
+        if leaf.slot != slot or offset + leaf.nbytes > len(body):
+            raise CorruptEntry("entry header does not match its payloads")
         payload = body[offset : offset + leaf.nbytes]
         offset += leaf.nbytes
-        array = codecs[leaf.codec].decode(payload, leaf.meta, np.dtype(leaf.dtype), leaf.shape)
-        exact = exact and leaf.meta["exact"]
+        try:
+            array = codecs[leaf.codec].decode(payload, leaf.meta, np.dtype(leaf.dtype), leaf.shape)
+            if array.shape != leaf.shape:
+                raise ValueError(f"decoded to shape {array.shape}, not {leaf.shape}")
+        except Exception as exc:  # a payload its header does not describe
+            raise CorruptEntry(f"entry's array {slot} does not decode: {exc}") from None
+        exact = exact and bool(leaf.meta.get("exact"))
         arrays.append(torch.from_numpy(array) if leaf.tensor else array)
     used = frozenset((*(leaf.codec for leaf in leaves), asked))
-    return Unpacked(_unflatten(skeleton, arrays), exact, used)
+    return Unpacked(_unflatten(skeleton, arrays, 0), exact, used)
 
 
 def _checked(data: bytearray | memoryview) -> tuple[memoryview, int]:
@@ -154,9 +197,162 @@ def _checked(data: bytearray | memoryview) -> tuple[memoryview, int]:
     magic, checksum, header_len = _PREFIX.unpack_from(view)
     body = view[_PREFIX.size :]
     compute = _CHECKSUMS.get(magic)
-    if compute is None or header_len > len(body) or compute(body) != checksum:
+    if compute is None:
+        raise CorruptEntry(f"entry format {bytes(magic)!r} is not one this process reads")
+    if header_len > len(body) or compute(body) != checksum:
         raise CorruptEntry("entry fails its checksum")
     return body, header_len
+
+
+# ------------------------------------------------------------------------------ the header
+# A node is a one-key object: {"v": JSON value}, {"y": base64 bytes}, {"g": [dtype, value]}
+# (a NumPy scalar), {"a": slot} (an array leaf), {"h": slot} (a bfloat16 tensor's bits as
+# int16), {"l": [...]}, {"t": [...]}, {"d": [[key,
+# value], ...]} or {"n": [module, qualname, fields, [...]]} (a named tuple).
+
+_DTYPE_KINDS = frozenset("biufc")
+
+
+def _plain(value: Any) -> Any:
+    """JSON for the NumPy numbers and tuples codecs put in their meta."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, tuple):
+        return list(value)
+    raise TypeError(f"{type(value).__name__} is not JSON")
+
+
+def _flatten(value: Any, encode: Any, depth: int) -> Any:
+    if depth > _MAX_DEPTH:
+        raise Uncacheable(f"the sample nests deeper than {_MAX_DEPTH} levels")
+    if isinstance(value, np.ndarray) and value.dtype.kind in _DTYPE_KINDS:
+        return {"a": encode(value, False)}
+    if (
+        type(value) is torch.Tensor
+        and value.device.type == "cpu"
+        and not value.requires_grad
+        and value.layout == torch.strided
+    ):
+        if value.dtype == torch.bfloat16:  # NumPy has no bfloat16: its bits, as int16
+            return {"h": encode(value.contiguous().view(torch.int16).numpy(), True)}
+        return {"a": encode(value.numpy(), True)}
+    if value is None or (isinstance(value, (bool, int, float, str)) and type(value) in (
+        bool, int, float, str
+    )):  # fmt: skip
+        return {"v": value}
+    if type(value) is bytes:
+        return {"y": base64.b64encode(value).decode()}
+    if isinstance(value, np.generic) and value.dtype.kind in _DTYPE_KINDS:
+        return {"g": [value.dtype.str, value.item()]}
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        cls = type(value)
+        named = [cls.__module__, cls.__qualname__, list(cls._fields)]
+        try:
+            found = _named_tuple(*named)
+        except CorruptEntry:
+            found = None
+        if found is not cls:  # defined in a function: no reader could name it
+            raise Uncacheable(f"named tuple {cls.__qualname__} cannot be found by its name")
+        return {"n": [*named, [_flatten(v, encode, depth + 1) for v in value]]}
+    if type(value) in (list, tuple):
+        key = "l" if type(value) is list else "t"
+        return {key: [_flatten(v, encode, depth + 1) for v in value]}
+    if type(value) is dict:
+        return {
+            "d": [
+                [_flatten(k, encode, depth + 1), _flatten(v, encode, depth + 1)]
+                for k, v in value.items()
+            ]
+        }
+    raise Uncacheable(
+        f"a cache entry cannot hold a {type(value).__module__}.{type(value).__name__}"
+    )
+
+
+def _unflatten(node: Any, arrays: list[Any], depth: int) -> Any:
+    if depth > _MAX_DEPTH or not isinstance(node, dict) or len(node) != 1:
+        raise CorruptEntry("entry header holds a malformed node")
+    ((kind, value),) = node.items()
+    try:
+        if kind == "v" and (value is None or type(value) in (bool, int, float, str)):
+            return value
+        if kind == "a" and type(value) is int and 0 <= value < len(arrays):
+            return arrays[value]
+        if kind == "h" and type(value) is int and 0 <= value < len(arrays):
+            return arrays[value].view(torch.bfloat16)
+        if kind == "y" and isinstance(value, str):
+            return base64.b64decode(value, validate=True)
+        if kind == "g" and isinstance(value, list) and len(value) == 2:
+            return _dtype(value[0]).type(value[1])
+        if kind in ("l", "t") and isinstance(value, list):
+            items = [_unflatten(v, arrays, depth + 1) for v in value]
+            return items if kind == "l" else tuple(items)
+        if kind == "d" and isinstance(value, list):
+            return {
+                _hashable(_unflatten(k, arrays, depth + 1)): _unflatten(v, arrays, depth + 1)
+                for k, v in value
+            }
+        if kind == "n" and isinstance(value, list) and len(value) == 4:
+            module, qualname, fields, items = value
+            cls = _named_tuple(module, qualname, fields)
+            return cls._make(_unflatten(v, arrays, depth + 1) for v in items)
+    except CorruptEntry:
+        raise
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise CorruptEntry(f"entry header holds a malformed {kind!r} node: {exc}") from None
+    raise CorruptEntry(f"entry header holds a malformed {kind!r} node")
+
+
+def _hashable(key: Any) -> Any:
+    if isinstance(key, (list, dict)):
+        raise CorruptEntry("entry header holds an unhashable dict key")
+    return key
+
+
+def _dtype(name: Any) -> np.dtype:
+    """A plain numeric dtype (no objects, no fields), or CorruptEntry."""
+    if not isinstance(name, str):
+        raise CorruptEntry("entry header names a dtype that is not a string")
+    try:
+        dtype = np.dtype(name)
+    except TypeError:
+        raise CorruptEntry(f"entry header names an unknown dtype {name!r}") from None
+    if dtype.kind not in _DTYPE_KINDS or dtype.fields is not None or dtype.subdtype is not None:
+        raise CorruptEntry(f"entry header names dtype {name!r}, which entries never hold")
+    return dtype
+
+
+def _named_tuple(module: Any, qualname: Any, fields: Any) -> Any:
+    """The named tuple type ``module.qualname`` with ``fields``, if this process has loaded
+    it; nothing is imported."""
+    loaded = sys.modules.get(module) if isinstance(module, str) else None
+    cls: Any = loaded
+    for part in qualname.split(".") if isinstance(qualname, str) and loaded else ["<"]:
+        cls = getattr(cls, part, None) if part != "<locals>" else None
+    if not (
+        isinstance(cls, type)
+        and issubclass(cls, tuple)
+        and list(getattr(cls, "_fields", ())) == fields
+        and callable(getattr(cls, "_make", None))
+    ):
+        raise CorruptEntry(f"entry names a named tuple {module}.{qualname} not loaded here")
+    return cls
+
+
+def _leaf(fields: Any) -> _Leaf:
+    slot, codec, dtype, shape, tensor, meta, nbytes = fields
+    if not (
+        type(slot) is int
+        and isinstance(codec, str)
+        and isinstance(shape, list)
+        and all(type(d) is int and d >= 0 for d in shape)
+        and type(tensor) is bool
+        and isinstance(meta, dict)
+        and type(nbytes) is int
+        and nbytes >= 0
+    ):
+        raise ValueError("a leaf's fields are not what entries write")
+    return _Leaf(slot, codec, _dtype(dtype).str, tuple(shape), tensor, meta, nbytes)
 
 
 def _try(codec: Codec, array: np.ndarray, min_psnr: float | None) -> Encoded | None:
@@ -171,47 +367,3 @@ def _try(codec: Codec, array: np.ndarray, min_psnr: float | None) -> Encoded | N
     if quality < min_psnr:
         return None
     return Encoded(encoded.payload, {**encoded.meta, "psnr": quality}, exact=False)
-
-
-class _Slot:
-    """Stands for an array leaf in the pickled skeleton."""
-
-    __slots__ = ("index",)
-
-    def __init__(self, index: int) -> None:
-        self.index = index
-
-    def __reduce__(self) -> Any:
-        return (_Slot, (self.index,))
-
-
-def _flatten(value: Any, encode: Any) -> Any:
-    if isinstance(value, np.ndarray) and value.dtype != object:
-        return _Slot(encode(value, False).slot)
-    if (
-        isinstance(value, torch.Tensor)
-        and value.device.type == "cpu"
-        and not value.requires_grad
-        and value.dtype not in (torch.bfloat16,)
-        and type(value) is torch.Tensor
-    ):
-        return _Slot(encode(value.numpy(), True).slot)
-    if isinstance(value, tuple) and hasattr(value, "_fields"):
-        return type(value)(*(_flatten(v, encode) for v in value))
-    if isinstance(value, (tuple, list)):
-        return type(value)(_flatten(v, encode) for v in value)
-    if isinstance(value, dict) and type(value) is dict:
-        return {k: _flatten(v, encode) for k, v in value.items()}
-    return value
-
-
-def _unflatten(value: Any, arrays: list[Any]) -> Any:
-    if isinstance(value, _Slot):
-        return arrays[value.index]
-    if isinstance(value, tuple) and hasattr(value, "_fields"):
-        return type(value)(*(_unflatten(v, arrays) for v in value))
-    if isinstance(value, (tuple, list)):
-        return type(value)(_unflatten(v, arrays) for v in value)
-    if isinstance(value, dict):
-        return {k: _unflatten(v, arrays) for k, v in value.items()}
-    return value
