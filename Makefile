@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: bench bench-scale-out corpus services test lint core clean
+.PHONY: bench bench-scale-out corpus services test test-slow lint core clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -61,6 +61,10 @@ core:
 test: lint core services
 	$(VENV)/bin/pytest -q --doctest-modules src/drapps
 	$(VENV)/bin/pytest -q
+
+# Tests whose duration is the machine's speed (training runs, the soak), kept out of `make test`.
+test-slow: $(STAMP) services
+	$(VENV)/bin/pytest -q -m slow
 
 clean:
 	rm -rf $(VENV) $(CORE) .pytest_cache .mypy_cache .ruff_cache

@@ -1,6 +1,8 @@
-"""The soak: random resizes, epochs, resumes, loader churn, forks and suspends for a long time,
-with workers, threads, file descriptors, /dev/shm and RSS flat. ``-m slow``; 30 minutes by
-default (``DRAPPS_SOAK_S`` sets the length)."""
+"""The soak: random resizes, epochs, resumes, loader churn, forks, killed workers, a sample
+cache and suspends for a long time, with every batch exact (each sample is its index; the batch
+held before the newest is checked again; whole epochs hold every index once) and workers,
+threads, file descriptors, /dev/shm and RSS flat. ``-m slow``; 30 minutes by default
+(``DRAPPS_SOAK_S`` sets the length): ``DRAPPS_SOAK_S=1800 make test-slow``."""
 
 from __future__ import annotations
 
@@ -15,9 +17,23 @@ from test_loader_lifecycle import run_script
 SOAK_S = float(os.environ.get("DRAPPS_SOAK_S", "1800"))
 
 SOAK = """
-import atexit, gc, json, os, random, threading
-import psutil
-from helpers import RandomDataset, drapps_children, shm_slabs
+import atexit, gc, json, os, random, signal, threading
+import psutil, torch
+from helpers import drapps_children, shm_names, slab_fds
+
+class Tagged(torch.utils.data.Dataset):
+    def __init__(self, n):
+        self.n = n
+    def __len__(self):
+        return self.n
+    def __getitem__(self, i):
+        return torch.full((4096,), float(i)), i
+
+def exact(batch):
+    x, y = batch
+    return bool((x == y.to(x.dtype)[:, None]).all())
+
+wrong = 0
 
 rng = random.Random(0)
 me = psutil.Process()
@@ -28,16 +44,25 @@ while time.monotonic() < end:
     kwargs = dict(batch_size=rng.choice([1, 4, 16]), shuffle=rng.random() < 0.5,
                   persistent_workers=rng.random() < 0.5, seed=rng.choice([None, 7]),
                   control_interval=0.1)
-    loader = drapps.Loader(RandomDataset(rng.randint(20, 400)), workers=workers, **kwargs)
+    n = rng.randint(20, 400)
+    cache = rng.random() < 0.3
+    loader = drapps.Loader(Tagged(n), workers=workers, cache=cache, **kwargs)
+    resumed = False
     for _ in range(rng.randint(1, 3)):
         it = iter(loader)
-        for b, _batch in enumerate(it):
+        seen, held, whole, resumed = [], None, not resumed, False  # a resumed epoch: its rest
+        for b, batch in enumerate(it):
+            if not exact(batch) or (held is not None and not exact(held)):
+                wrong += 1
+            held = batch
+            seen += batch[1].tolist()
             r = rng.random()
             if r < 0.05 and workers != "auto":
                 loader.resize(rng.randint(1, 3))
             elif r < 0.07:
                 state = loader.state_dict()
                 loader.load_state_dict(state)
+                resumed = True
                 break
             elif r < 0.08:
                 pid = os.fork()
@@ -45,17 +70,26 @@ while time.monotonic() < end:
                     atexit._run_exitfuncs()
                     os._exit(0)
                 os.waitpid(pid, 0)
+            elif r < 0.09 and workers != "auto":
+                pids = loader.stats().worker_pids
+                if pids:
+                    os.kill(rng.choice(pids), signal.SIGKILL)
             elif r < 0.10:
+                whole = False
                 break
+        else:
+            if whole and sorted(seen) != list(range(n)) and b > 0:
+                wrong += 1
     if rng.random() < 0.5:
         loader.close()
-    del loader, it
+    del loader, it, held, batch
     if time.monotonic() - last > 5:
         last = time.monotonic()
         gc.collect()
         time.sleep(0.5)  # parked workers and closing loaders settle
         sample = {"workers": len(drapps_children()), "threads": threading.active_count(),
-                  "fds": me.num_fds(), "slabs": len(shm_slabs()), "rss": me.memory_info().rss}
+                  "fds": me.num_fds(), "slabs": len(slab_fds()) + len(shm_names()),
+                  "rss": me.memory_info().rss, "wrong": wrong}
         print(json.dumps(sample), flush=True)
 print("done", flush=True)
 """
@@ -85,3 +119,4 @@ def test_soak_keeps_every_resource_flat() -> None:
         late = max(s[key] for s in last)
         assert late <= early + slack, (key, early, late)
     assert max(s["rss"] for s in last) <= 1.5 * max(s["rss"] for s in first)
+    assert samples[-1]["wrong"] == 0, samples[-1]

@@ -47,6 +47,10 @@ class Costly:
         return a.astype(np.float32)
 
 
+MAX_NICE = 19
+"""The lowest priority Linux gives; niceness asked above it is clamped there."""
+
+
 def _niceness(loader: drapps.Loader) -> set[int]:
     """The niceness of each live worker (one the controller just stopped is left out)."""
     values = set()
@@ -61,8 +65,9 @@ def _niceness(loader: drapps.Loader) -> set[int]:
 @pytest.mark.timeout(60)
 def test_a_cpu_bound_training_loop_gets_its_workers_to_yield() -> None:
     """A training step on the CPU while another process keeps the cores busy: the workers
-    drop to nice +10, those started later too."""
+    drop to nice +10 (capped at 19, the OS's lowest), those started later too."""
     base = os.nice(0)
+    low = min(base + 10, MAX_NICE)
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         with drapps.Loader(
@@ -70,14 +75,14 @@ def test_a_cpu_bound_training_loop_gets_its_workers_to_yield() -> None:
         ) as loader:
             it = iter(loader)
             deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and _niceness(loader) != {base + 10}:
+            while time.monotonic() < deadline and _niceness(loader) != {low}:
                 next(it)
                 spin = time.process_time() + 0.05  # the training step, on the CPU
                 while time.process_time() < spin:
                     pass
-            assert _niceness(loader) == {base + 10}
+            assert _niceness(loader) == {low}
             loader._dispatcher.resize(3)  # type: ignore[attr-defined]
-            assert _niceness(loader) == {base + 10}  # a worker started now yields too
+            assert _niceness(loader) == {low}  # a worker started now yields too
     finally:
         hog.kill()
         hog.wait()
@@ -114,4 +119,6 @@ def test_low_priority_is_relative_to_the_training_process() -> None:
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == f"[{os.nice(0) + 14}, {os.nice(0) + 14}]"
+    parent = min(os.nice(0) + 4, MAX_NICE)  # the script's own niceness
+    low = min(parent + 10, MAX_NICE)
+    assert done.stdout.strip() == f"[{low}, {low}]"

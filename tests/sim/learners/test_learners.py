@@ -50,6 +50,8 @@ def _mean_reward(env: PipelineEnv, act, episodes: int = 6) -> float:
     return total / episodes
 
 
+@pytest.mark.slow  # its duration is the machine's speed: run with `make test-slow`
+@pytest.mark.timeout(900)
 def test_a_tiny_training_run_beats_a_random_policy() -> None:
     env = PipelineEnv(["cpu-bound", "io-latency"], duration=15.0)
     policy = make_learner("ddqn").train(env, 3000, seed=0)
