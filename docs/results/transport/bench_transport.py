@@ -1,5 +1,10 @@
 """Transport cost, old (named slabs) vs new (memfd + SCM_RIGHTS): pack+send / receive+unpack
-of a 4.8 MB uint8 batch, recycling on, one process; median of interleaved rounds."""
+of a 4.8 MB uint8 batch, recycling on, one process; median of interleaved rounds.
+
+The old transport is read from a checkout of the commit before nameless slabs (7451e5d) at
+/tmp/baseline (``git worktree add /tmp/baseline 7451e5d``); the new one from this clone's
+``src``. Run from the clone's root with ``.venv/bin/python docs/results/transport/bench_transport.py``;
+results.json beside this file is its output."""
 import gc, importlib.util, json, os, statistics, sys, time
 from multiprocessing.connection import Pipe
 import torch
@@ -9,7 +14,7 @@ def load(path, name):
     mod = importlib.util.module_from_spec(spec); sys.modules[name] = mod; spec.loader.exec_module(mod); return mod
 
 old = load("/tmp/baseline/src/drapps/runtime/transport.py", "old_transport")
-new = load("/work/main/src/drapps/runtime/transport.py", "new_transport")
+new = load("src/drapps/runtime/transport.py", "new_transport")
 batch = torch.randint(0, 255, (32, 3, 224, 224), dtype=torch.uint8)  # 4.8 MB
 
 def run_old(n):
