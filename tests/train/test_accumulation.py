@@ -310,20 +310,29 @@ class TickingClock:
         return self.now
 
 
-def timed_run(tick: float, compute_s: list[float]) -> AdaptiveAccumulation:
-    """Steps of two micro-batches; micro-batch compute takes ``compute_s[step]`` of fake time."""
+def timed_run(
+    tick: float,
+    compute_s: list[float],
+    max_overhead: float = 0.1,
+    measured: list[bool] | None = None,
+) -> AdaptiveAccumulation:
+    """Steps of two micro-batches; micro-batch compute takes ``compute_s[step]`` of fake time.
+    ``measured`` gets, for each step, whether the noise scale was measured on it."""
     model = tiny_mlp()
     clock = TickingClock(tick)
     acc = AdaptiveAccumulation(
-        model, 4, min_k=2, max_k=2, max_overhead=0.1, overhead_window=20, clock=clock
+        model, 4, min_k=2, max_k=2, max_overhead=max_overhead, overhead_window=20, clock=clock
     )
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     for seconds in compute_s:
+        updates = acc.estimator.updates
         for _ in range(2):
             with acc.micro_batch(4):
                 clock.now += seconds / 2
                 model(torch.randn(4, 6)).square().sum().backward()
         acc.step(optimizer)
+        if measured is not None:
+            measured.append(acc.estimator.updates > updates)
     return acc
 
 
@@ -338,13 +347,26 @@ def test_a_few_slow_steps_do_not_switch_the_measurement_off() -> None:
     assert acc.measuring and acc.switched_off is None
 
 
-def test_a_measurement_that_always_costs_too_much_is_switched_off_with_its_reason() -> None:
-    # share ~26% on each of the 20 steps the guard watches; afterwards steps get 250x longer,
-    # which must not dilute the reported share (it explains the decision)
-    acc = timed_run(tick=1e-3, compute_s=[0.02] * 20 + [5.0] * 20)
-    assert not acc.measuring
+def test_a_measurement_that_costs_too_much_is_made_on_fewer_steps_with_its_reason() -> None:
+    # share ~26% on each of the 20 steps the guard watches: measured on one step in
+    # ceil(0.26 / 0.1) = 3 from then on, so its cost is back under the limit and k still
+    # follows the noise scale; later steps get 250x longer, which must not dilute the reported
+    # share (it explains the decision)
+    measured: list[bool] = []
+    acc = timed_run(tick=1e-3, compute_s=[0.02] * 20 + [5.0] * 30, measured=measured)
+    assert acc.measuring and acc.measure_every == 3
+    assert all(measured[:20])
+    assert [i for i, m in enumerate(measured) if m][20:] == list(range(21, 50, 3))
     assert acc.switched_off is not None and "over the 10% limit" in acc.switched_off
     assert 0.2 < acc.overhead < 0.3
+
+
+def test_a_measurement_that_costs_far_too_much_is_switched_off() -> None:
+    # ~26% against a 0.1% limit: one step in 260 would fit, more than MAX_MEASURE_EVERY
+    measured: list[bool] = []
+    acc = timed_run(tick=1e-3, compute_s=[0.02] * 30, max_overhead=0.001, measured=measured)
+    assert not acc.measuring and not any(measured[20:])
+    assert acc.switched_off is not None
 
 
 def test_every_rank_reaches_the_same_verdict(monkeypatch: pytest.MonkeyPatch) -> None:

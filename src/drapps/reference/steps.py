@@ -199,6 +199,11 @@ def build_report(
             f"accumulation: noise scale measurement switched off at k={setup.accumulation.k} "
             f"({setup.accumulation.switched_off or 'closed'})"
         )
+    elif setup.accumulation.measure_every > 1 and config.accumulate == "gns":
+        decisions.append(
+            f"accumulation: noise scale measured on one step in "
+            f"{setup.accumulation.measure_every} ({setup.accumulation.switched_off})"
+        )
     settings = {k: v for k, v in asdict(config).items() if k not in ("data", "recipe")}
     recipe = setup.recipe
     return TrainReport(

@@ -33,6 +33,11 @@ class BatchSizeFollower(Protocol):
     def set_batch_size(self, batch_size: int) -> None: ...
 
 
+MAX_MEASURE_EVERY = 50
+"""A measurement that would have to skip more steps than this to fit its limit is switched off:
+one estimate in 50 steps follows the noise scale too slowly to be worth its cost."""
+
+
 class AdaptiveAccumulation:
     """Owns the accumulation factor ``k`` and sets it from a live estimate of B_noise.
 
@@ -61,10 +66,13 @@ class AdaptiveAccumulation:
         estimator: the :class:`GradientNoiseScale` to feed (a fresh one by default).
         follower: told the new effective batch size whenever k changes, e.g. a
             :class:`~drapps.train.WarmupCosine` that scales the learning rate with it.
-        max_overhead: the measurement's share of step time above which it switches itself off
-            (k then stays where it is); decided once, after ``overhead_window`` steps, by an
-            :class:`~drapps.train.overhead.OverheadGuard` (robust to a few slow steps, the
-            same verdict on every rank).
+        max_overhead: the measurement's share of step time it may take. Decided once, after
+            ``overhead_window`` steps, by an :class:`~drapps.train.overhead.OverheadGuard`
+            (robust to a few slow steps, the same verdict on every rank): a measurement that
+            costs more is then made on one step in ``ceil(share / max_overhead)`` (every rank
+            on the same steps), so its cost comes back under the limit and k still follows the
+            noise scale, on fewer steps; one that would need fewer than one step in
+            :data:`MAX_MEASURE_EVERY` is switched off, and k stays where it is.
         overhead_window: steps timed before that decision.
         distributed: measure across the ranks of ``torch.distributed`` (None: whenever a
             process group of more than one rank is running). Each rank's micro-batch gradients
@@ -148,6 +156,9 @@ class AdaptiveAccumulation:
         self.grad_norm: float | None = None
         """Norm of the last step's accumulated gradient before clipping (None before one)."""
         self.measuring = measure
+        self.measure_every = 1
+        """Measure on one step in this many (more than 1 once measuring cost too much)."""
+        self._this_step = measure  # whether the step under way is measured
         self.steps = 0
         self.history: list[tuple[int, int]] = [(0, k)]  # (step, k) at each change
         self._want_streak = 0
@@ -225,6 +236,7 @@ class AdaptiveAccumulation:
             raise RuntimeError("micro_batch() contexts cannot be nested")
         if self._step_started is None:
             self._step_started = self._clock()
+            self._this_step = self.measuring and self.steps % self.measure_every == 0
         self._current = torch.zeros((), dtype=torch.float64, device=self.params[0].device)
         try:
             yield
@@ -236,7 +248,7 @@ class AdaptiveAccumulation:
     def _on_grad(self, grad: torch.Tensor) -> None:
         # Autograd hands the hook this backward's gradient for one parameter, before it is added
         # into .grad: exactly the micro-batch's contribution.
-        if self._current is not None and self.measuring:
+        if self._current is not None and self._this_step:
             start = self._clock()
             norm = torch.linalg.vector_norm(grad.detach(), dtype=torch.float32)
             self._current += norm.double() ** 2
@@ -264,7 +276,7 @@ class AdaptiveAccumulation:
         if scaled:
             _unscale_once(grad_scaler, optimizer)
         start = self._clock()
-        finite = self._measure(scale) if self.measuring else True
+        finite = self._measure(scale) if self._this_step else True
         self._measure_seconds += self._clock() - start
         if self.max_grad_norm is not None and finite:
             norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
@@ -285,11 +297,11 @@ class AdaptiveAccumulation:
         optimizer.zero_grad(set_to_none=True)
         self._items, self._sq_norms = [], []
         self.steps += 1
-        if self._step_started is not None and self.measuring:
+        if self._step_started is not None and self._this_step:
             self.guard.record(self._measure_seconds, self._clock() - self._step_started)
         self._step_started, self._measure_seconds = None, 0.0
         self._check_overhead()
-        if self.measuring:
+        if self._this_step:
             self._adapt()
         return stepped
 
@@ -416,13 +428,23 @@ class AdaptiveAccumulation:
                 self.follower.set_batch_size(self.batch_size)
 
     def _check_overhead(self) -> None:
-        if self.measuring and self.guard.verdict():
+        if not (self.measuring and self.measure_every == 1 and self.guard.verdict()):
+            return
+        every = math.ceil((self.guard.typical or math.inf) / self.guard.limit)
+        if every <= MAX_MEASURE_EVERY:
+            self.measure_every = every
             logger.warning(
-                "accumulation: noise-scale measurement switched off, k stays %d: %s",
-                self._k,
+                "accumulation: noise-scale measured on one step in %d from now on: %s",
+                every,
                 self.guard.reason,
             )
-            self.measuring = False
+            return
+        logger.warning(
+            "accumulation: noise-scale measurement switched off, k stays %d: %s",
+            self._k,
+            self.guard.reason,
+        )
+        self.measuring = False
 
     @property
     def overhead(self) -> float:
@@ -432,7 +454,8 @@ class AdaptiveAccumulation:
 
     @property
     def switched_off(self) -> str | None:
-        """Why the measurement switched itself off, in words; None while it is on."""
+        """Why the measurement was thinned (:attr:`measure_every`) or switched off, in words;
+        None while it runs on every step."""
         return self.guard.reason
 
     def close(self) -> None:
@@ -440,13 +463,14 @@ class AdaptiveAccumulation:
         for handle in self._handles:
             handle.remove()
         self._handles = []
-        self.measuring = False
+        self.measuring = self._this_step = False
 
     def state_dict(self) -> dict[str, Any]:
         return {
             "k": self._k,
             "steps": self.steps,
             "measuring": self.measuring,
+            "measure_every": self.measure_every,
             "estimator": self.estimator.state_dict(),
         }
 
@@ -454,6 +478,7 @@ class AdaptiveAccumulation:
         self._k = int(state["k"])
         self.steps = int(state["steps"])
         self.measuring = bool(state["measuring"])
+        self.measure_every = int(state.get("measure_every", 1))
         self.estimator.load_state_dict(state["estimator"])
         if self.follower is not None:
             self.follower.set_batch_size(self.batch_size)

@@ -44,6 +44,8 @@ class OverheadGuard:
     """None while collecting; True once switched off; False once kept."""
     reason: str | None = None
     """Why it was switched off, in words (None while on)."""
+    typical: float | None = None
+    """The share that decided (the ranks' mean of the quantile), once decided."""
 
     def __post_init__(self) -> None:
         if not self.limit > 0:
@@ -73,6 +75,7 @@ class OverheadGuard:
         ordered = sorted(self.shares)
         typical = ordered[min(len(ordered) - 1, int(self.quantile * len(ordered)))]
         typical = _mean_over_ranks(typical)
+        self.typical = typical
         self.decided = typical > self.limit
         if self.decided:
             self.reason = (
