@@ -83,7 +83,7 @@ def test_a_lost_node_loses_and_repeats_nothing(faults: dict[str, Any]) -> None:
 def test_batches_cross_as_one_uint8_array_and_come_back_writable() -> None:
     batch = {"x": torch.arange(12, dtype=torch.int16).view(3, 4), "y": np.ones(5), "n": 3}
     packed = pack_buffer(batch)
-    assert packed.path is None and all(part.dtype == np.uint8 for _, part in packed.buffer)
+    assert packed.fd is None and all(part.dtype == np.uint8 for _, part in packed.buffer)
     for _, part in packed.buffer:
         part.setflags(write=False)  # as Ray's object store hands them over
     back = unpack(packed)
