@@ -113,11 +113,7 @@ class ArenaTier:
         replaced in a directory tier does."""
         size = _rounded(nbytes)
         with self.region.locked() as view:
-            found = self._find(view, replacing)
-            if found is not None:
-                slot, offset, length = found
-                _SLOT.pack_into(view, _HEADER.size + slot * _SLOT.size, replacing, offset, -1)
-                self._forget(view, offset, length)
+            self._remove(view, replacing)
             magic, slots, used, held, entries, generation, count = _HEADER.unpack_from(view, 0)
             if entries + 1 > _MAX_LOAD * slots or held + nbytes - _DIGEST > self.budget:
                 return None
@@ -155,6 +151,15 @@ class ArenaTier:
                 self._forget(view, old[1], old[2])
             _SLOT.pack_into(view, _HEADER.size + slot * _SLOT.size, digest, offset, length)
         return True
+
+    def _remove(self, view: Any, digest: bytes) -> None:
+        """Drop ``digest``'s entry from the index (a tombstone keeps later keys' probes going)
+        and free its space; nothing if it has none."""
+        found = self._find(view, digest)
+        if found is not None:
+            slot, offset, length = found
+            _SLOT.pack_into(view, _HEADER.size + slot * _SLOT.size, digest, offset, -1)
+            self._forget(view, offset, length)
 
     def _forget(self, view: Any, offset: int, length: int) -> None:
         """An entry leaves the index: its bytes no longer count, its space is free."""
@@ -195,14 +200,8 @@ class ArenaTier:
 
     def drop(self, key: str) -> None:
         """Remove ``key`` (a corrupt entry); no error if it is gone."""
-        digest = _digest(key)
         with self.region.locked() as view:
-            found = self._find(view, digest)
-            if found is None:
-                return
-            slot, offset, length = found
-            _SLOT.pack_into(view, _HEADER.size + slot * _SLOT.size, digest, offset, -1)
-            self._forget(view, offset, length)
+            self._remove(view, _digest(key))
 
     def held(self) -> tuple[int, int]:
         """(bytes, entries) it holds now."""

@@ -236,9 +236,7 @@ def _flatten(value: Any, encode: Any, depth: int) -> Any:
         if value.dtype == torch.bfloat16:  # NumPy has no bfloat16: its bits, as int16
             return {"h": encode(value.contiguous().view(torch.int16).numpy(), True)}
         return {"a": encode(value.numpy(), True)}
-    if value is None or (isinstance(value, (bool, int, float, str)) and type(value) in (
-        bool, int, float, str
-    )):  # fmt: skip
+    if value is None or type(value) in (bool, int, float, str):  # not their subclasses
         return {"v": value}
     if type(value) is bytes:
         return {"y": base64.b64encode(value).decode()}

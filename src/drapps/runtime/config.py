@@ -154,11 +154,8 @@ class LoaderConfig:
             if value is not None and not callable(value):
                 raise ValueError(f"{name} must be callable or None, got {value!r}")
         if self.split is not None and not (isinstance(self.split, str) and self.split == "auto"):
-            if isinstance(self.split, (bool, np.bool_)) or not isinstance(
-                self.split, (int, np.integer)
-            ):
-                raise ValueError(f"split must be None, 'auto' or an int >= 0, got {self.split!r}")
-            if self.split < 0:
+            integer = isinstance(self.split, (int, np.integer))
+            if isinstance(self.split, (bool, np.bool_)) or not integer or self.split < 0:
                 raise ValueError(f"split must be None, 'auto' or an int >= 0, got {self.split!r}")
             object.__setattr__(self, "split", int(self.split))
         if self.split == "auto" and self.workers == 0:
