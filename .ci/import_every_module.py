@@ -1,7 +1,8 @@
 """Import every module of drapps in an install with no extras (run by `make core`).
 
 A module may need an extra only if it says so on import, with the install line to use
-(`pip install 'drapps[extra]'`); any other failure means `import drapps` with no extras breaks.
+(`pip install 'drapps-loader[extra]'`); any other failure means `import drapps` with no extras
+breaks.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ def main() -> int:
         try:
             importlib.import_module(name)
         except ImportError as exc:
-            (gated if "pip install 'drapps[" in str(exc) else broken).append(f"{name}: {exc}")
+            gated_here = "pip install 'drapps-loader[" in str(exc)
+            (gated if gated_here else broken).append(f"{name}: {exc}")
         except Exception as exc:
             broken.append(f"{name}: {type(exc).__name__}: {exc}")
     print(

@@ -19,8 +19,23 @@ DOC_BLOCKS = [
 ]
 
 
-def test_the_readme_has_examples() -> None:
-    assert len(BLOCKS) >= 2
+def test_the_readme_has_its_quickstart() -> None:
+    assert len(BLOCKS) >= 1
+    assert "drapps.Loader(" in BLOCKS[0] and "report()" in BLOCKS[0]
+
+
+def test_the_readme_is_a_front_door() -> None:
+    """Short, and no issue numbers or commit narration in what a user reads."""
+    text = README.read_text()
+    assert len(text.splitlines()) <= 250
+    user_facing = [README, *sorted((ROOT / "docs").glob("*.md"))]
+    narrated = [
+        f"{path.name}: {line.strip()}"
+        for path in user_facing
+        for line in path.read_text().splitlines()
+        if re.search(r"\bissues?\b|#\d{2,}\b", line, flags=re.IGNORECASE)
+    ]
+    assert narrated == []
 
 
 def test_the_seams_note_has_its_examples() -> None:

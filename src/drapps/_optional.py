@@ -5,6 +5,10 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
+# The project's distribution on the package index. The import name stays ``drapps``; the index's
+# own ``drapps`` is DataRobot's command-line client, a different package.
+DISTRIBUTION = "drapps-loader"
+
 # module -> the extra that installs it
 _EXTRAS = {
     "simplejpeg": "image",
@@ -23,12 +27,19 @@ _EXTRAS = {
 }
 
 
+def install_hint(extra: str) -> str:
+    """The pip line that installs one of drapps' extras, under the project's own distribution.
+
+    >>> install_hint("ray")
+    "pip install 'drapps-loader[ray]'"
+    """
+    return f"pip install '{DISTRIBUTION}[{extra}]'"
+
+
 def require(module: str) -> ModuleType:
     """Import ``module`` or raise an ImportError that says which extra to install."""
     try:
         return importlib.import_module(module)
     except ImportError as exc:
         extra = _EXTRAS.get(module.partition(".")[0], "dev")
-        raise ImportError(
-            f"{module} is needed for this feature: pip install 'drapps[{extra}]'"
-        ) from exc
+        raise ImportError(f"{module} is needed for this feature: {install_hint(extra)}") from exc

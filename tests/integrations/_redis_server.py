@@ -73,7 +73,7 @@ def redis_server(*config: str) -> Iterator[RedisServer]:
     folder removed on exit."""
     if shutil.which("redis-server") is None:
         pytest.skip("redis-server is not installed (make test installs it with apt)")
-    pytest.importorskip("redis", reason="needs the redis extra: pip install 'drapps[redis]'")
+    pytest.importorskip("redis", reason="needs the redis extra: pip install 'drapps-loader[redis]'")
     directory = tempfile.mkdtemp(prefix="drapps-redis-")
     port = _free_port()
     server = None

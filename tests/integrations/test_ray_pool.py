@@ -18,7 +18,7 @@ import drapps
 from drapps.integrations.ray_pool import RayBackend, resolve_backend
 from drapps.runtime.transport import pack_buffer, unpack
 
-ray = pytest.importorskip("ray", reason="needs the ray extra: pip install 'drapps[ray]'")
+ray = pytest.importorskip("ray", reason="needs the ray extra: pip install 'drapps-loader[ray]'")
 
 
 @pytest.fixture(scope="module")

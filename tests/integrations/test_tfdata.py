@@ -12,7 +12,7 @@ import torch
 
 import drapps
 
-tf = pytest.importorskip("tensorflow", reason="needs the tf extra: pip install 'drapps[tf]'")
+tf = pytest.importorskip("tensorflow", reason="needs the tf extra: pip install 'drapps-loader[tf]'")
 
 from drapps.tf import as_dataset, watch  # noqa: E402
 

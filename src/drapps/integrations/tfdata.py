@@ -69,7 +69,7 @@ def as_dataset(loader: Any) -> Any:
         [(4, 3), (4, 3)]
 
     Raises:
-        ImportError: TensorFlow is not installed (``pip install 'drapps[tf]'``).
+        ImportError: TensorFlow is not installed (``pip install 'drapps-loader[tf]'``).
         ValueError: the loader gives no batch to take the signature from.
     """
     tf = require("tensorflow")

@@ -28,7 +28,7 @@ class _Gpu:
     def __init__(self) -> None:
         self._handle: Any = None
         try:
-            import pynvml  # from nvidia-ml-py: pip install 'drapps[gpu]'
+            import pynvml  # from nvidia-ml-py: pip install 'drapps-loader[gpu]'
 
             pynvml.nvmlInit()
             self._nvml = pynvml

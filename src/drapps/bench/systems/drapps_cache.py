@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 import drapps
+from drapps._optional import install_hint
 from drapps.bench.systems._base import EpochSource, Source, System, Workers
 from drapps.bench.throttle import IoThrottle
 from drapps.bench.workloads import Workload
@@ -75,7 +76,7 @@ def _fixed(codec: str, needs: str | None = None) -> type[DrappsCache]:
         @classmethod
         def unavailable(cls) -> str | None:
             if needs is not None and needs not in available():
-                return f"the {needs} codec needs its library: pip install 'drapps[cache]'"
+                return f"the {needs} codec needs its library: {install_hint('cache')}"
             return None
 
     Fixed.codec = codec

@@ -33,7 +33,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from drapps._optional import require
+from drapps._optional import install_hint, require
 from drapps.bench.systems._base import EpochSource, Source, System, Workers
 from drapps.bench.throttle import IoThrottle
 from drapps.bench.workloads import Workload
@@ -46,7 +46,7 @@ _RATIO = (3 / 4, 4 / 3)
 def _missing(module: str, extra: str, also: str = "") -> str | None:
     """Why a peer cannot run: its package is not installed (None when it is)."""
     if importlib.util.find_spec(module) is None:
-        return f"{module} is not installed: pip install 'drapps[{extra}]'{also}"
+        return f"{module} is not installed: {install_hint(extra)}{also}"
     return None
 
 

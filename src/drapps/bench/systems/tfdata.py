@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from drapps._optional import require
+from drapps._optional import install_hint, require
 from drapps.bench.systems._base import Source, System, Workers
 from drapps.bench.throttle import IoThrottle
 from drapps.bench.workloads import Workload
@@ -45,7 +45,7 @@ class TfDataSystem(System):
     @classmethod
     def unavailable(cls) -> str | None:
         if importlib.util.find_spec("tensorflow") is None:
-            return "TensorFlow is not installed: pip install 'drapps[tf]'"
+            return f"TensorFlow is not installed: {install_hint('tf')}"
         return None
 
     @classmethod

@@ -1,5 +1,5 @@
-"""The README's scale-out examples (its ```py blocks) run as written, against real engines:
-the Ray one in a loopback-only namespace, the Redis one with a real redis-server and a
+"""The scale-out guide's examples (the ```py blocks of docs/scale-out.md) run as written,
+against real engines: the Ray one in a loopback-only namespace, the Redis one with a real redis-server and a
 ``drapps serve`` producer on the dataset module it names."""
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from _netns import loopback_namespace
 from _redis_server import redis_server
 
 ROOT = Path(__file__).resolve().parents[2]
-BLOCKS = re.findall(r"```py\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.DOTALL)
-RAY_BLOCK, REDIS_BLOCK = BLOCKS  # the README's two scale-out examples, in order
+GUIDE = (ROOT / "docs" / "scale-out.md").read_text()
+BLOCKS = re.findall(r"```py\n(.*?)```", GUIDE, flags=re.DOTALL)
+RAY_BLOCK, REDIS_BLOCK = BLOCKS  # the guide's two scale-out examples, in order
 
 MYDATA = """
 import torch
@@ -46,7 +47,7 @@ def run(command: list[str], cwd: Path, env: dict[str, str] | None = None) -> str
 
 @pytest.mark.timeout(300)
 def test_the_ray_example_runs(tmp_path: Path) -> None:
-    pytest.importorskip("ray", reason="needs the ray extra: pip install 'drapps[ray]'")
+    pytest.importorskip("ray", reason="needs the ray extra: pip install 'drapps-loader[ray]'")
     (tmp_path / "example.py").write_text(RAY_BLOCK)
     with loopback_namespace() as namespace:
         env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
