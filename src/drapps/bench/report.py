@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import textwrap
 from typing import Any
+
+from drapps.bench.verdict import verdict
 
 
 def _spread(row: dict[str, Any], metric: str, scale: float = 1.0, digits: int = 0) -> str:
@@ -106,6 +109,43 @@ def headline(results: dict[str, Any]) -> list[str]:
     return lines if len(lines) > 2 else []
 
 
+def brief(results: dict[str, Any]) -> str:
+    """What a terminal shows after a run: per workload and scenario a narrow table (each
+    system's median samples/s, its 95% interval, its ratio to the best fixed DataLoader, the
+    loop's wait where a training step ran, the workers at the end), then the verdict."""
+    waits = results["config"]["consumer"] != "none"  # with no step the loop always waits
+    lines: list[str] = []
+    for workload in results["workloads"]:
+        for scenario in results["scenarios"]:
+            rows = [
+                r
+                for r in results["summary"]
+                if r["workload"] == workload and r["scenario"] == scenario
+            ]
+            if not rows:
+                continue
+            rows.sort(key=lambda r: -r["samples_per_s"])
+            best = best_dataloader(rows)
+            head = f"  {'system':22s} {'samples/s':>10s} {'95% interval':>16s} {'vs best DL':>10s}"
+            lines += [
+                f"{workload}, {scenario}:",
+                head + (f" {'loop waited':>11s}" if waits else "") + "  workers at end",
+            ]
+            for row in rows:
+                rate = row["samples_per_s"]
+                ratio = "-" if best is None else f"{rate / best['samples_per_s']:.2f}x"
+                name = row["case"] + (" *" if row is best else "")
+                line = f"  {name:22s} {rate:10.0f} {_interval(row):>16s} {ratio:>10s}"
+                line += f" {row['wait_fraction']:11.0%}" if waits else ""
+                lines.append(f"{line}  {_ends(row)}")
+            lines.append("")
+    if lines:
+        lines.append("* the best fixed DataLoader count in that scenario")
+        lines.append("")
+    said = [textwrap.fill(line, 100, subsequent_indent="  ") for line in verdict(results)]
+    return "\n".join([*lines, *said])
+
+
 def markdown(results: dict[str, Any]) -> str:
     """Every workload and scenario's table, with the method and machine they ran on."""
     config, env = results["config"], results["environment"]
@@ -131,6 +171,7 @@ def markdown(results: dict[str, Any]) -> str:
         lines.append(f"- scenario `{name}`: {summary}")
     for name, reason in results.get("skipped", {}).items():
         lines.append(f"- skipped `{name}`: {reason}")
+    lines += ["", *verdict(results)]
     summary = headline(results)
     if summary:
         lines += ["", *summary]

@@ -29,13 +29,14 @@ from drapps.bench.data import default_data_dir
 from drapps.bench.environment import describe_environment
 from drapps.bench.scenarios import SCENARIOS, scenario_class
 from drapps.bench.systems import SYSTEMS, Workers, system_class
+from drapps.bench.verdict import OutsideLoad, settled
 from drapps.bench.workloads import SIZES, workload_class
 from drapps.runtime.config import usable_cores
 
 logger = logging.getLogger(__name__)
 
 CONSUMERS = ("none", "sleep", "cpu-model")
-_WINDOWS = {"smoke": (2, 6), "quick": (6, 40), "default": (12, 150)}
+_WINDOWS = {"smoke": (2, 6), "quick": (8, 80), "default": (12, 150)}
 """(warm-up, timed) batches per run for each size."""
 _LIMIT_SAMPLES = {"smoke": 40, "quick": 400, "default": 1000}
 """Samples timed in-process per repeat for the preprocessing limit."""
@@ -59,7 +60,16 @@ class BenchConfig:
     size: str = "default"
     """Data and run size: "smoke" (tests), "quick" (--quick) or "default"."""
     repeats: int = 3
-    """Interleaved repeats per case (the tables show medians)."""
+    """Interleaved repeats per case (the tables show medians); the least run when
+    ``max_repeats`` allows more."""
+    max_repeats: int | None = None
+    """Repeat past ``repeats``, up to this many, until every comparison of the verdict is
+    separated or ``budget_s`` would be passed; None: exactly ``repeats``."""
+    budget_s: float | None = None
+    """Start no repeat past ``repeats`` that would end after this many seconds of runs."""
+    default_systems: tuple[str, ...] | None = None
+    """With ``systems`` None: run these, each where available (the others skipped with the
+    reason), instead of every available system."""
     warmup_batches: int | None = None
     """Batches before timing starts; None takes the size's default."""
     measure_batches: int | None = None
@@ -111,10 +121,18 @@ class BenchConfig:
             from drapps.ops.device_stage import resolve_device
 
             resolve_device(self.device)  # names a bad device, or CUDA that is not there
-        for name in ("repeats", "warmup_batches", "measure_batches"):
+        for name in ("repeats", "max_repeats", "warmup_batches", "measure_batches"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value!r}")
+        if self.max_repeats is not None and self.max_repeats < self.repeats:
+            raise ValueError(
+                f"max_repeats must be >= repeats ({self.repeats}), got {self.max_repeats!r}"
+            )
+        if self.budget_s is not None and not self.budget_s > 0:
+            raise ValueError(f"budget_s must be > 0, got {self.budget_s!r}")
+        for name in self.default_systems or ():
+            system_class(name)
         for name in self.scenarios:
             scenario = scenario_class(name)
             if scenario.needs_sleep_consumer and self.consumer != "sleep":
@@ -131,8 +149,21 @@ class BenchConfig:
 
     @classmethod
     def quick(cls, **overrides: Any) -> BenchConfig:
-        """About two minutes on 2 cores: the image workload, steady, 2 repeats of 60 batches."""
-        base: dict[str, Any] = {"size": "quick", "repeats": 2, "scenarios": ("steady",)}
+        """Under three minutes on 2 cores, ending in a verdict: the image workload,
+        loader-bound (no training step), steady and with a CPU hog for the middle third;
+        DataLoader at 1x to 2x the cores, tf.data AUTOTUNE and drapps' heuristic; 3 to 10
+        interleaved repeats, more while a comparison is not separated and time is left."""
+        cores = usable_cores()
+        base: dict[str, Any] = {
+            "size": "quick",
+            "repeats": 3,
+            "max_repeats": 10,
+            "budget_s": 150.0,
+            "scenarios": ("steady", "cpu-contention"),
+            "consumer": "none",
+            "workers": tuple(sorted({cores, cores + 1, 2 * cores})),
+            "default_systems": QUICK_SYSTEMS,
+        }
         return cls(**{**base, **overrides})
 
     @property
@@ -158,6 +189,9 @@ class Case:
         return system_class(self.system).case_name(self.workers)
 
 
+QUICK_SYSTEMS = ("dataloader", "tf-autotune", "drapps-heuristic")
+"""What ``drapps bench --quick`` compares when ``--systems`` is not given."""
+
 CACHE_COMPARISON = (
     "dataloader",
     "tf-autotune",
@@ -173,9 +207,10 @@ CACHE_COMPARISON = (
 
 def chosen_systems(config: BenchConfig) -> tuple[list[str], dict[str, str]]:
     """The systems to run, and the skipped ones with why."""
-    if config.systems is None and config.cache:
-        run = [name for name in CACHE_COMPARISON if SYSTEMS[name].unavailable() is None]
-        skipped = {n: str(SYSTEMS[n].unavailable()) for n in CACHE_COMPARISON if n not in run}
+    wanted = CACHE_COMPARISON if config.cache else config.default_systems
+    if config.systems is None and wanted is not None:
+        run = [name for name in wanted if SYSTEMS[name].unavailable() is None]
+        skipped = {n: str(SYSTEMS[n].unavailable()) for n in wanted if n not in run}
         return run, skipped
     if config.systems is not None:
         for name in config.systems:
@@ -320,11 +355,23 @@ def run_benchmark(config: BenchConfig, progress: bool = True) -> dict[str, Any]:
         workload(params[name]).warm()
     cases = plan_cases(config, systems, cores, skipped)
     limit_samples = _LIMIT_SAMPLES[config.size]
-    bar = Progress((len(cases) + len(config.workloads)) * config.repeats, enabled=progress)
+    per_repeat = len(cases) + len(config.workloads)
+    bar = Progress(per_repeat * config.repeats, enabled=progress)
     order = random.Random(config.seed)
     runs: list[dict[str, Any]] = []
     limits: dict[str, list[dict[str, Any]]] = {w: [] for w in config.workloads}
-    for repeat in range(config.repeats):
+    outside: list[float] = []
+    started = time.monotonic()
+    for repeat in range(config.max_repeats or config.repeats):
+        if repeat >= config.repeats:
+            if settled(runs):
+                break
+            spent = time.monotonic() - started
+            if config.budget_s is not None and spent * (repeat + 1) / repeat > config.budget_s:
+                break
+            bar.total += per_repeat
+        load = OutsideLoad()
+        load.start()
         shuffled: list[Case | str] = [*cases, *config.workloads]
         order.shuffle(shuffled)
         for case in shuffled:
@@ -369,8 +416,11 @@ def run_benchmark(config: BenchConfig, progress: bool = True) -> dict[str, Any]:
                 f"{case.workload}/{case.scenario} {case.name}: "
                 f"{result['samples_per_s']:.0f} samples/s"
             )
+        outside.append(load.share())
     config_record = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()}
     config_record.update(
+        repeats=len(outside),
+        min_repeats=config.repeats,
         warmup_batches=warmup,
         measure_batches=measure,
         systems=systems,
@@ -389,6 +439,8 @@ def run_benchmark(config: BenchConfig, progress: bool = True) -> dict[str, Any]:
         "runs": runs,
         "summary": summarize(runs),
         "limit": {w: summarize_limit(v, cores) for w, v in limits.items()},
+        "outside_load": outside,
+        "bench_s": time.monotonic() - started,
     }
 
 

@@ -34,10 +34,12 @@ def bench_command(args: argparse.Namespace) -> int:
     if args.list:
         print(bench_list())
         return 0
-    from drapps.bench.report import markdown
+    from drapps.bench.report import brief, markdown
     from drapps.bench.runner import BenchConfig, run_benchmark, with_overrides
 
     base = BenchConfig.quick() if args.quick else BenchConfig()
+    if args.repeats is not None and base.max_repeats is not None and args.max_repeats is None:
+        args.max_repeats = max(base.max_repeats, args.repeats)  # --repeats raises the floor
     try:
         config = with_overrides(
             base,
@@ -48,6 +50,8 @@ def bench_command(args: argparse.Namespace) -> int:
             static_workers=args.static_workers,
             measure_batches=args.batches,
             repeats=args.repeats,
+            max_repeats=args.max_repeats,
+            budget_s=args.budget,
             step_ms=args.step_ms,
             consumer=args.consumer,
             device=args.device,
@@ -63,11 +67,10 @@ def bench_command(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path("bench-results") / stamp
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=1))
-    table = markdown(results)
-    (out / "results.md").write_text(table + "\n")
-    print(table)
+    (out / "results.md").write_text(markdown(results) + "\n")
+    print(brief(results))
     print(
-        f"\nresults: {out / 'results.json'} and results.md; plots: "
+        f"\nfull tables: {out / 'results.md'}; JSON: {out / 'results.json'}; plots: "
         f"drapps bench-plot {out / 'results.json'}",
         file=sys.stderr,
     )
@@ -102,6 +105,8 @@ def bench_scale_out_command(args: argparse.Namespace) -> int:
             Path(args.out),
             workers=args.workers,
             repeats=args.repeats,
+            max_repeats=args.max_repeats,
+            budget_s=args.budget,
             epochs=args.epochs,
             size=args.size,
         )
@@ -126,7 +131,13 @@ def add_commands(commands: Commands) -> None:
         "(about 12 minutes on 2 cores). `drapps bench --list` names every choice.",
     )
     bench.add_argument("--list", action="store_true", help="list workloads, scenarios, systems")
-    bench.add_argument("--quick", action="store_true", help="smoke size: image, steady, ~2 min")
+    bench.add_argument(
+        "--quick",
+        action="store_true",
+        help="under 3 minutes on 2 cores: image, loader-bound, steady and cpu-contention, "
+        "DataLoader at 1x-2x the cores, tf.data and drapps; repeats until the verdict is "
+        "separated or the time budget ends",
+    )
     bench.add_argument("--workload", type=name_list, help="image, text, synthetic (a,b ok)")
     bench.add_argument(
         "--scenario",
@@ -139,6 +150,14 @@ def add_commands(commands: Commands) -> None:
         "--static-workers", type=int_list, help="drapps-static counts (default: usable cores)"
     )
     bench.add_argument("--repeats", type=int, help="interleaved repeats per case (3)")
+    bench.add_argument(
+        "--max-repeats",
+        type=int,
+        help="repeat past --repeats, up to this many, until the verdict's comparisons separate",
+    )
+    bench.add_argument(
+        "--budget", type=float, help="seconds of runs after which no further repeat starts"
+    )
     bench.add_argument("--batches", type=int, help="timed batches per run")
     bench.add_argument("--consumer", help="sleep (default), cpu-model or none")
     bench.add_argument("--step-ms", type=float, help="the sleep consumer's step per batch")
