@@ -1,19 +1,35 @@
-# The two commands a newcomer runs: `make bench` (the main job) and `make test`.
+# The two commands a newcomer runs: `make bench` (the main job) and `make test` (the fast tier).
 # Each creates .venv itself on first use; torch is pinned by constraints.txt and installed first,
-# because any other torch version pulls a multi-GB CUDA build.
+# because any other torch version pulls a multi-GB CUDA build. Only the targets that say so
+# install anything outside the clone (apt, as root): services, corpus and bench-peers.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+BENCH_STAMP := $(VENV)/.installed-bench
+PEERS_STAMP := $(VENV)/.installed-peers
 
-.PHONY: bench bench-scale-out corpus services test test-slow lint core clean
+.PHONY: bench bench-peers bench-scale-out corpus ffmpeg services test test-integration \
+	test-slow test-all lint core clean
 
-$(STAMP): pyproject.toml constraints.txt
+$(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt torch==2.13.0
+
+# Everything the tests need (the dev extra: every peer and engine).
+$(STAMP): pyproject.toml constraints.txt | $(PY)
 	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
+
+# What `make bench` needs, and no more: the image workload, plots, tf.data.
+$(BENCH_STAMP): pyproject.toml constraints.txt | $(PY)
+	$(PY) -m pip install -q -c constraints.txt -e '.[bench,tf]'
+	touch $(BENCH_STAMP)
+
+$(PEERS_STAMP): $(BENCH_STAMP)
+	$(PY) -m pip install -q -c constraints.txt -e '.[bench,tf,peers]'
+	touch $(PEERS_STAMP)
 
 # The text workload's corpus (Debian's python3.11-doc); skipped with a note where apt is not ours.
 CORPUS := /usr/share/doc/python3.11/html/_sources
@@ -21,21 +37,32 @@ corpus:
 	@test -d $(CORPUS) || (apt-get update -q && apt-get install -y -q python3.11-doc) \
 	  || echo "note: could not install python3.11-doc; the text workload needs it (or DRAPPS_TEXT_CORPUS)"
 
-# The real engines the scale-out tests start themselves: redis-server, and iproute2 for the
-# loopback-only network namespace Ray runs in; and FFmpeg's libraries, which the SPDL peer in
-# the bench decodes with. Skipped with a note where apt is not ours.
-FFMPEG_LIBS := libavformat59 libavcodec59 libavfilter8 libavutil57 libswscale6 libswresample4 libavdevice59
-services:
+# The real engines the integration tests start themselves: redis-server, and iproute2 for the
+# loopback-only network namespace Ray runs in. Skipped with a note where apt is not ours.
+services: ffmpeg
 	@command -v redis-server >/dev/null && command -v ip >/dev/null || \
 	  (apt-get update -q && apt-get install -y -q redis-server iproute2) || \
 	  echo "note: could not install redis-server/iproute2; the Redis and Ray tests will skip"
+
+# FFmpeg's libraries, which the SPDL peer decodes with.
+FFMPEG_LIBS := libavformat59 libavcodec59 libavfilter8 libavutil57 libswscale6 libswresample4 libavdevice59
+ffmpeg:
 	@ldconfig -p | grep -q libavfilter.so.8 || \
-	  (apt-get update -q && apt-get install -y -q $(FFMPEG_LIBS)) || \
+	  (echo "installing FFmpeg's libraries with apt (for the SPDL peer)" && \
+	   apt-get update -q && apt-get install -y -q $(FFMPEG_LIBS)) || \
 	  echo "note: could not install FFmpeg's libraries; the spdl bench system will skip"
 
-bench: $(STAMP) corpus services
+# The main job: drapps against DataLoader at 1x-2x the cores and tf.data, steady and under a CPU
+# hog, ending in a verdict; installs into .venv only.
+bench: $(BENCH_STAMP)
 	$(VENV)/bin/drapps bench --quick --out bench-results/quick
 	$(VENV)/bin/drapps bench-plot bench-results/quick/results.json
+
+# The same with DALI, SPDL and torchdata.nodes beside them; installs FFmpeg's libraries with apt.
+bench-peers: $(PEERS_STAMP) ffmpeg
+	$(VENV)/bin/drapps bench --quick --out bench-results/quick-peers --budget 400 \
+	  --systems dataloader,tf-autotune,drapps-heuristic,dali-cpu,spdl,torchdata-nodes
+	$(VENV)/bin/drapps bench-plot bench-results/quick-peers/results.json
 
 # The Ray and Redis paths against the local loader (README, "Scale-out"); Ray runs in a
 # loopback-only network namespace made here and removed after.
@@ -58,13 +85,23 @@ core:
 	$(CORE)/bin/python -m pip install -q -c constraints.txt -e .
 	$(CORE)/bin/python .ci/import_every_module.py
 
-test: lint core services
+# The fast tier: lint, types, doctests and the unit tests.
+test: lint
 	$(VENV)/bin/pytest -q --doctest-modules src/drapps
 	$(VENV)/bin/pytest -q
 
-# Tests whose duration is the machine's speed (training runs, the soak), kept out of `make test`.
+# Tests that start real engines and interpreters: Redis, a Ray cluster, torchrun, TensorFlow,
+# the command line; and the no-extras install that imports every module.
+test-integration: $(STAMP) core services
+	$(VENV)/bin/pytest -q -m "integration and not slow"
+
+# Tests whose duration is the machine's speed (training runs, bench runs, the soak).
+SOAK_S ?= 300
 test-slow: $(STAMP) services
-	$(VENV)/bin/pytest -q -m slow
+	DRAPPS_SOAK_S=$(SOAK_S) $(VENV)/bin/pytest -q -m slow
+
+# Every tier, as CI runs it.
+test-all: test test-integration test-slow
 
 clean:
 	rm -rf $(VENV) $(CORE) .pytest_cache .mypy_cache .ruff_cache

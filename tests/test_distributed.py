@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+pytestmark = pytest.mark.integration  # starts real engines or interpreters
+
 SCRIPTS = Path(__file__).parent / "distributed"
 
 

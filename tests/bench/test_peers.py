@@ -15,6 +15,8 @@ from drapps.bench.throttle import IoThrottle
 from drapps.bench.workloads import workload_class
 from drapps.runtime.config import usable_cores
 
+pytestmark = pytest.mark.integration  # starts real engines or interpreters
+
 PEERS = {system.name: system for system in PEER_SYSTEMS}
 VARIANT = {"dali-cpu": 2, "spdl": 2, "torchdata-nodes": "threads-2", "ffcv": 2}
 

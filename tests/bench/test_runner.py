@@ -17,6 +17,8 @@ from drapps.bench.runner import Progress
 from drapps.bench.systems import SYSTEMS
 from drapps.runtime.config import usable_cores
 
+pytestmark = pytest.mark.integration  # starts real engines or interpreters
+
 CODECS = ("none", "lz4", "zstd", "quantize-16", "jpeg")
 AVAILABLE = [
     name for name, system in SYSTEMS.items() if system.unavailable() is None and not system.opt_in

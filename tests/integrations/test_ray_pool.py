@@ -18,6 +18,8 @@ import drapps
 from drapps.integrations.ray_pool import RayBackend, resolve_backend
 from drapps.runtime.transport import pack_buffer, unpack
 
+pytestmark = pytest.mark.integration  # starts real engines or interpreters
+
 ray = pytest.importorskip("ray", reason="needs the ray extra: pip install 'drapps-loader[ray]'")
 
 

@@ -22,6 +22,8 @@ import drapps
 from drapps.integrations import wire
 from drapps.integrations.redis_queue import QueueAddress
 
+pytestmark = pytest.mark.integration  # starts real engines or interpreters
+
 HERE = Path(__file__).parent
 
 

@@ -14,6 +14,8 @@ from _redis_server import PASSWORD, redis_server
 import drapps
 from drapps.integrations.redis_tier import RedisTier
 
+pytestmark = pytest.mark.integration  # starts real engines or interpreters
+
 
 class Photos:
     """Deterministic uint8 images that say so (``cache_fingerprint``), as ImageFolder does."""

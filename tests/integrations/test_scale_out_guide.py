@@ -1,6 +1,6 @@
 """The scale-out guide's examples (the ```py blocks of docs/scale-out.md) run as written,
-against real engines: the Ray one in a loopback-only namespace, the Redis one with a real redis-server and a
-``drapps serve`` producer on the dataset module it names."""
+against real engines: the Ray one in a loopback-only namespace, the Redis one with a real
+redis-server and a ``drapps serve`` producer on the dataset module it names."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from _netns import loopback_namespace
 from _redis_server import redis_server
+
+pytestmark = pytest.mark.integration  # starts real engines or interpreters
 
 ROOT = Path(__file__).resolve().parents[2]
 GUIDE = (ROOT / "docs" / "scale-out.md").read_text()

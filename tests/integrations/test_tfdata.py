@@ -16,6 +16,8 @@ tf = pytest.importorskip("tensorflow", reason="needs the tf extra: pip install '
 
 from drapps.tf import as_dataset, watch  # noqa: E402
 
+pytestmark = pytest.mark.integration  # starts real engines or interpreters
+
 
 class Points:
     """y = 1 when x's coordinates sum above zero: a problem a small model learns fast."""

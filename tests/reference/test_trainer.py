@@ -13,6 +13,8 @@ from drapps.datasets import write_cifar10, write_wikitext
 from drapps.reference import TrainConfig, train
 from drapps.reference.standin import write_cifar10_standin, write_wikitext2_standin
 
+pytestmark = pytest.mark.integration  # starts real engines or interpreters
+
 PROSE = (
     " = Robert Boulter = \n\n Robert Boulter is an English film , television and theatre actor . "
     "He had a guest @-@ starring role on the television series The Bill in 2000 . \n"

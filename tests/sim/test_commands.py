@@ -13,6 +13,8 @@ import drapps
 from drapps.cli import main
 from drapps.control.rl import MlpPolicy
 
+pytestmark = pytest.mark.integration  # starts real engines or interpreters
+
 
 def test_simulate_a_family_with_a_what_if(
     capsys: pytest.CaptureFixture[str], tmp_path: Path

@@ -10,6 +10,8 @@ from helpers import tiny_mlp, zero_batch, zero_rank_training
 
 from drapps.train import make_optimizer, shard, spawn
 
+pytestmark = pytest.mark.integration  # starts real engines or interpreters
+
 
 def single_process(steps: int) -> dict[str, torch.Tensor]:
     model = tiny_mlp()
