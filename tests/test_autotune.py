@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -91,12 +92,26 @@ def test_trace_file_and_report_from_a_real_run(tmp_path: Path) -> None:
     assert "the training loop waited" in report and "Workers" in report
 
 
-def test_progress_line(capfd: pytest.CaptureFixture[str]) -> None:
+def test_progress_lines_are_whole_lines_at_a_steady_pace(
+    capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whole lines (a user's print never lands on one), spaced, each an average over its span."""
+    from drapps import _autotune
+
+    monkeypatch.setattr(_autotune, "PROGRESS_EVERY_S", 0.25)
     with drapps.Loader(
         SlowDataset(N), batch_size=4, workers=1, progress=True, control_interval=0.05
     ) as loader:
-        consume_until(loader, lambda: False, limit_s=0.5)
-    assert "[drapps]" in capfd.readouterr().err
+        consume_until(loader, lambda: False, limit_s=1.2)
+    err = capfd.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("[drapps]")]
+    assert "\r" not in err and 2 <= len(lines) <= 12  # ~24 ticks, a line per 0.25-0.5 s
+    for line in lines:
+        assert re.fullmatch(
+            r"\[drapps\] +\d+ samples/s \| waited +\d+% \| workers \d+ \| ready \d+ of "
+            r"prefetch \d+ \| cpu +\d+% \| rss [\d.]+ GiB",
+            line,
+        ), line
 
 
 class CountingPolicy:

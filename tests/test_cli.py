@@ -9,6 +9,8 @@ import pytest
 
 from drapps.cli import main
 
+pytestmark = pytest.mark.integration  # starts real engines or interpreters
+
 DATASET = """
 import time
 import torch
@@ -57,6 +59,7 @@ def test_profile_prints_a_report_and_writes_a_trace(
     out = capsys.readouterr().out
     assert code == 0
     assert "the training loop waited" in out and "60 batches, 480 samples" in out
+    assert re.search(r"final workers [1-9]", out)  # counted before the loader closed
     assert (project / "t.jsonl").read_text().startswith('{"type": "header"')
 
 

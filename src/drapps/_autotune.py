@@ -23,6 +23,9 @@ from drapps.telemetry.monitor import Monitor
 from drapps.telemetry.trace import TraceRow, TraceWriter
 
 _KEPT_ROWS = 20_000  # ~3 hours at the default 0.5 s tick
+PROGRESS_EVERY_S = 5.0
+"""Seconds between status lines on a terminal (twice that into a file); each line gives the
+averages over that span."""
 
 
 class _Unactuated:
@@ -78,8 +81,6 @@ class AutoTuner:
         self.controller.stop()
         if self.writer is not None:
             self.writer.close()
-        if self.progress and self._last_progress and sys.stderr.isatty():
-            sys.stderr.write("\n")
 
     def _record(self, tick: Tick) -> None:
         snapshot = self.monitor.last_snapshot
@@ -91,6 +92,7 @@ class AutoTuner:
             reward=tick.reward,
             workers={str(pid): v for pid, v in self.monitor.per_worker.items()},
             stages=dict(snapshot.stage_s) if snapshot is not None else {},
+            notes=dict(tick.notes),
         )
         self.rows.append(row)
         if self.writer is not None:
@@ -99,20 +101,24 @@ class AutoTuner:
             self._show(tick)
 
     def _show(self, tick: Tick) -> None:
-        s = tick.state
-        line = (
-            f"[drapps] {s.throughput:7.0f} samples/s | waited {s.wait_fraction:4.0%} | "
-            f"workers {tick.workers} | ready {s.queue_batches}/{tick.prefetch} | "
-            f"cpu {s.cpu_util:4.0%} | rss {s.rss_bytes / 2**30:.2f} GiB"
-        )
+        """A whole status line every few seconds: a line redrawn in place would take the
+        user's own prints onto it, and a rate over one tick flips between 0 and a burst."""
         now = time.monotonic()
-        if sys.stderr.isatty():
-            sys.stderr.write("\r" + line)
-            sys.stderr.flush()
-            self._last_progress = now
-        elif now - self._last_progress >= 10.0:  # a log file gets a line every 10 s
-            sys.stderr.write(line + "\n")
-            self._last_progress = now
+        every = PROGRESS_EVERY_S if sys.stderr.isatty() else 2 * PROGRESS_EVERY_S
+        if self._last_progress and now - self._last_progress < every:
+            return
+        s = tick.state
+        recent = [r.state for r in self.rows if r.t >= s.t - every] or [s]
+        rate = sum(r.throughput for r in recent) / len(recent)
+        waited = sum(r.wait_fraction for r in recent) / len(recent)
+        line = (
+            f"[drapps] {rate:7.0f} samples/s | waited {waited:4.0%} | workers {tick.workers} "
+            f"| ready {s.queue_batches} of prefetch {tick.prefetch} | cpu {s.cpu_util:4.0%} "
+            f"| rss {s.rss_bytes / 2**30:.2f} GiB"
+        )
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+        self._last_progress = now
 
 
 def make_tuner(

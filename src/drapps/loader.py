@@ -134,7 +134,8 @@ class Loader:
         min_workers: the fewest workers the controller may go down to.
         control_interval: seconds between controller ticks.
         trace: write every tick's State, Action and Reward to this JSONL file.
-        progress: show a live one-line status on stderr.
+        progress: print a status line to stderr every 5 s (10 s into a file): samples/s
+            and the loop's wait averaged over that span, workers, ready batches, CPU, RSS.
         shard_by_rank: under ``torch.distributed`` with no distributed sampler, give each
             rank its own shard, as ``DistributedSampler(shuffle, seed, drop_last)`` would.
         source: read batches from a Redis queue that ``drapps serve`` producers fill
@@ -770,7 +771,11 @@ class Loader:
         from drapps.telemetry.report import bottleneck_report
 
         rows = list(self._tuner.rows) if self._tuner is not None else []
-        return bottleneck_report(rows, self.stats().as_dict())
+        return bottleneck_report(
+            rows,
+            self.stats().as_dict(),
+            persistent_workers=self.persistent_workers if self.num_workers else None,
+        )
 
     def _record(self, batch_samples: int, skipped: list[tuple[Any, str]]) -> None:
         self._batches += batch_samples > 0

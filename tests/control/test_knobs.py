@@ -151,3 +151,30 @@ def test_a_policy_file_names_its_knobs_and_other_knobs_are_refused(tmp_path: Pat
         ValueError, match=r"p\.npz: trained on knobs \['workers', 'prefetch', 'codec'\]"
     ):
         MlpPolicy.load(path)
+
+
+def test_a_clipped_worker_count_says_what_held_it() -> None:
+    from drapps.control.knobs import WorkersKnob
+
+    applied: list[int] = []
+    knob = WorkersKnob(applied.append, low=1, high=6, grant=lambda wanted, floor: min(wanted, 3))
+    s = state(workers=4)
+    assert knob.propose(s, 1, {}) == 3
+    assert knob.limited_by == "held to 3 by this loader's share of the host's cores"
+    assert knob.propose(state(workers=2), 1, {}) == 3 and knob.limited_by is None
+    top = WorkersKnob(applied.append, low=1, high=4)
+    assert top.propose(state(workers=4), 1, {}) == 4
+    assert top.limited_by == "held to 4 by max_workers"
+
+    class Grow:
+        def decide(self, state: State) -> Action:
+            return Action(workers=1, reason="grow")
+
+    rows: list[Any] = []
+    controller = Controller(
+        lambda: s, Grow(), None, None, knobs=[knob], on_tick=rows.append, interval=0.1
+    )
+    tick = controller.step()
+    assert tick.workers == 3 and tick.notes == {"workers": knob.limited_by}
+    row = TraceRow(0.0, s, tick.action, dict(tick.applied), 0.0, notes=tick.notes)
+    assert TraceRow.from_json(json.loads(json.dumps(row.to_json()))) == row

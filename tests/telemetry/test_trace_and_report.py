@@ -112,3 +112,91 @@ def test_report_tells_what_the_cache_held_and_served() -> None:
         "(it moved through none -> zstd); 7 samples found no room." in text
     )
     assert "Cache:" not in bottleneck_report(rows, {"cache": None})
+
+
+def saturated_run(grow_at: tuple[int, ...]) -> list[TraceRow]:
+    """A loop that waits 30% on saturated cores from the first tick; the controller adds a
+    worker (and keeps it) at each tick of ``grow_at``."""
+    rows, workers = [], 2
+    for i in range(12):
+        action = Action(workers=1, reason="waited, trying one more") if i in grow_at else Action()
+        s = state(t=0.5 * i, workers=workers, cores=2, wait_fraction=0.3, idle_cores=0.0)
+        after = workers + action.workers
+        rows.append(TraceRow(s.t, s, action, {"workers": after, "prefetch": 2 * after}, 1.0))
+        workers = after
+    return rows
+
+
+def test_more_workers_will_not_help_only_when_no_more_were_kept() -> None:
+    assert "more workers will not help" in bottleneck_report(saturated_run(()))
+    grown = bottleneck_report(saturated_run((4, 8)))
+    assert "Workers went 2 -> 3 -> 4" in grown
+    assert "will not help" not in grown and "ended at 4" in grown
+    assert "cache_fingerprint()" in grown  # the cache advice says what the dataset needs
+
+
+def test_every_worker_change_names_what_made_it() -> None:
+    rows = saturated_run(())
+    s = rows[3].state
+    rows[3] = TraceRow(  # the policy asked for +1 from 4; the host's share allowed 3
+        s.t,
+        replace(s, workers=4),
+        Action(workers=1, reason="learned policy: workers+1"),
+        {"workers": 3, "prefetch": 6},
+        1.0,
+        notes={"workers": "held to 3 by this loader's share of the host's cores"},
+    )
+    s = rows[6].state  # 3 -> 5 by resize(), with no move asked
+    rows[6] = TraceRow(s.t, replace(s, workers=5), Action(), {"workers": 5, "prefetch": 10}, 1.0)
+    text = bottleneck_report(rows)
+    assert "2 -> 3: learned policy: workers+1; held to 3 by this loader's share" in text
+    assert "3 -> 2: changed outside the controller" in text  # the pool still had 2
+    assert "2 -> 5: changed outside the controller" in text
+    assert ": \n" not in text + "\n" and not any(line.endswith(": ") for line in text.split("\n"))
+
+
+def test_ticks_after_the_loop_stopped_are_left_out() -> None:
+    rows = rows_of_a_run()
+    last = rows[-1]
+    for k in range(1, 6):  # the loader left open after the loop: nothing taken, nothing waited
+        idle = replace(
+            last.state,
+            t=last.t + 0.5 * k,
+            throughput=0.0,
+            wait_fraction=0.0,
+            latency_p50_s=0.0,
+            latency_p99_s=0.0,
+        )
+        rows.append(replace(last, t=idle.t, state=idle))
+    text = bottleneck_report(rows)
+    assert "Over 9.5 s" in text and "last 800" in text
+    assert "last 0" not in text and "p50 0 ms" not in text
+
+
+def test_decoding_in_getitem_is_named_as_fetch() -> None:
+    rows = [
+        replace(r, stages={"fetch_s": 99.0, "transform_s": 0.0, "collate_s": 1.0})
+        for r in rows_of_a_run()
+    ]
+    text = bottleneck_report(rows)
+    assert "Fetch is 99% of the time a batch takes" in text
+    assert "decoding done in __getitem__" in text
+    assert "decoding done in __getitem__" not in bottleneck_report(rows_of_a_run())
+
+
+def short_epochs(idle: float) -> list[TraceRow]:
+    return [
+        replace(r, state=replace(r.state, idle_cores=idle, cpu_util=0.3)) for r in rows_of_a_run()
+    ]
+
+
+def test_short_epochs_without_persistent_workers_get_that_advice() -> None:
+    advice = "pass persistent_workers=True"
+    assert advice in bottleneck_report(short_epochs(1.5), {"epoch": 5}, persistent_workers=False)
+    assert advice not in bottleneck_report(short_epochs(1.5), {"epoch": 5}, persistent_workers=True)
+    assert advice not in bottleneck_report(  # one epoch: nothing restarted
+        short_epochs(1.5), {"epoch": 0}, persistent_workers=False
+    )
+    assert advice not in bottleneck_report(  # no idle cores: new workers are not the cause
+        short_epochs(0.0), {"epoch": 5}, persistent_workers=False
+    )

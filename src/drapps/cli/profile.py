@@ -53,8 +53,9 @@ def profile_command(args: argparse.Namespace) -> int:
                     break
             if len(loader) == 0:
                 break
-    print(loader.report())
-    stats = loader.stats()
+        stats = loader.stats()  # while the workers are still there to count
+        report = loader.report()
+    print(report)
     print(
         f"\n{stats.batches} batches, {stats.samples} samples; final workers {stats.workers}; "
         f"{stats.worker_restarts} worker restarts, {stats.samples_skipped} samples skipped."

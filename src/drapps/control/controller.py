@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from drapps.control.action import Action
@@ -85,6 +85,8 @@ class Tick:
     applied: dict[str, Value]
     """Every knob's value after clipping and applying, by knob name."""
     reward: float
+    notes: dict[str, str] = field(default_factory=dict)
+    """Per knob, why its value differs from what the action asked (``limited_by``)."""
 
     @property
     def workers(self) -> int:
@@ -172,7 +174,12 @@ class Controller:
             logger.exception("policy %r failed; holding the knobs", type(self.policy).__name__)
             action = Action(reason=f"policy failed ({type(exc).__name__}: {exc}); holding")
         applied = self.act(state, action)
-        tick = Tick(state, action, applied, reward(state, self.weights))
+        notes = {
+            knob.name: note
+            for knob in self.knobs
+            if (note := getattr(knob, "limited_by", None)) is not None
+        }
+        tick = Tick(state, action, applied, reward(state, self.weights), notes)
         if self.on_tick is not None:
             try:
                 self.on_tick(tick)

@@ -132,11 +132,23 @@ class WorkersKnob(StepKnob):
             raise ValueError(f"need 1 <= min_workers <= max_workers, got {low}, {high}")
         super().__init__(apply, low=low, high=high, adjustable=adjustable)
         self.grant = grant
+        self.limited_by: str | None = None
+        """Why the last proposal differs from what was asked (a bound, the core share)."""
 
     def propose(self, state: State, move: Any, chosen: Mapping[str, Value]) -> Value:
-        workers = super().propose(state, move, chosen)
-        if self.adjustable and self.grant is not None:
-            workers = self.grant(int(workers), self.low)
+        workers = int(super().propose(state, move, chosen))
+        self.limited_by = None
+        if not self.adjustable:
+            return workers
+        asked = int(self.current(state)) + int(move or 0)
+        if workers != asked:
+            bound = "max_workers" if asked > workers else "min_workers"
+            self.limited_by = f"held to {workers} by {bound}"
+        if self.grant is not None:
+            granted = self.grant(workers, self.low)
+            if granted != workers:
+                self.limited_by = f"held to {granted} by this loader's share of the host's cores"
+            workers = granted
         return workers
 
 

@@ -22,33 +22,65 @@ def _saturated_from(rows: Sequence[TraceRow], run: int = 3) -> float | None:
     return None
 
 
+def _why_workers_changed(row: TraceRow, before: int) -> str:
+    """The reason for one change of the worker count, true of what happened: the policy's move
+    (and what held it short), or a change that came from outside the controller."""
+    move = int(row.action.moves().get("workers", 0))
+    note = row.notes.get("workers")
+    if move:
+        reason = row.action.reason or f"the policy asked for {move:+d}"
+    elif row.state.workers != before:
+        reason = "changed outside the controller (resize(), or a worker that was not replaced)"
+    else:
+        reason = ""
+    if note:
+        reason = f"{reason}; {note}" if reason else note
+    return reason or "no reason was recorded"
+
+
 def _worker_story(rows: Sequence[TraceRow]) -> list[str]:
     counts = [rows[0].state.workers]
     changes = []
     for row in rows:
         if row.workers_after != counts[-1]:
-            changes.append(
-                f"  at {row.t:.1f} s {counts[-1]} -> {row.workers_after}: {row.action.reason}"
-            )
+            why = _why_workers_changed(row, counts[-1])
+            changes.append(f"  at {row.t:.1f} s {counts[-1]} -> {row.workers_after}: {why}")
             counts.append(row.workers_after)
     if len(counts) == 1:
         return [f"Workers stayed at {counts[0]}."]
     return ["Workers went " + " -> ".join(map(str, counts)) + " because:", *changes]
 
 
+def _while_loading(rows: Sequence[TraceRow]) -> Sequence[TraceRow]:
+    """The rows up to the last tick in which the loop took a batch or waited for one: ticks
+    after the loop stopped (the loader left open) say nothing about loading."""
+    last = max(
+        (i for i, r in enumerate(rows) if r.state.throughput > 0 or r.state.wait_fraction > 0),
+        default=len(rows) - 1,
+    )
+    return rows[: last + 1]
+
+
 def bottleneck_report(
-    rows: Sequence[TraceRow], stats: dict[str, Any] | None = None, *, external: str | None = None
+    rows: Sequence[TraceRow],
+    stats: dict[str, Any] | None = None,
+    *,
+    external: str | None = None,
+    persistent_workers: bool | None = None,
 ) -> str:
     """A report a person can act on, from trace rows (and the loader's final stats).
 
     ``external``: the name of a pipeline drapps only watches (``"tf.data"``): the lines about
     drapps' workers and budget are left out, and the advice is about that pipeline's knobs.
+    ``persistent_workers``: the loader's setting, for the advice on short epochs (None: not a
+    drapps loader with workers).
     """
     if not rows:
         return (
             "No telemetry recorded yet: iterate the loader for a few seconds with "
             "workers='auto', trace=... or progress=True."
         )
+    rows = _while_loading(rows)
     states = [r.state for r in rows]
     span = max(rows[-1].t - rows[0].t, 1e-9)
     wait = statistics.fmean(s.wait_fraction for s in states)
@@ -58,13 +90,14 @@ def bottleneck_report(
         verdict = "the input pipeline kept up; the training step sets the pace"
     else:
         verdict = "the input pipeline is close to the limit"
+    timed = [s for s in states if s.latency_p50_s > 0] or states
     lines = [
         f"Over {span:.1f} s the training loop waited {wait:.0%} of the time for data: {verdict}.",
         f"Throughput: median {statistics.median(s.throughput for s in states):.0f} samples/s, "
         f"last {states[-1].throughput:.0f}"
         + (
-            f"; batch latency p50 {1000 * statistics.median(s.latency_p50_s for s in states):.0f}"
-            f" ms, p99 {1000 * max(s.latency_p99_s for s in states):.0f} ms."
+            f"; batch latency p50 {1000 * statistics.median(s.latency_p50_s for s in timed):.0f}"
+            f" ms, p99 {1000 * max(s.latency_p99_s for s in timed):.0f} ms."
             if external is None
             else "."
         ),
@@ -75,7 +108,13 @@ def bottleneck_report(
         shares = {k[:-2]: stages.get(k, 0.0) / total for k in _STAGES}
         top = max(shares, key=lambda k: shares[k])
         rest = ", ".join(f"{k} {v:.0%}" for k, v in shares.items() if k != top)
-        lines.append(f"{top.capitalize()} is {shares[top]:.0%} of the time a batch takes ({rest}).")
+        line = f"{top.capitalize()} is {shares[top]:.0%} of the time a batch takes ({rest})."
+        if top == "fetch" and shares["transform"] < 0.05:
+            line += (
+                " Fetch is dataset[i], with any decoding done in __getitem__; passed as "
+                "transform= (a drapps.ops Pipeline), that work is timed, cacheable and movable."
+            )
+        lines.append(line)
     if external is None:
         lines += _worker_story(rows)
     cores = states[-1].cores
@@ -123,7 +162,7 @@ def bottleneck_report(
         if faults:
             lines.append("Faults: " + ", ".join(faults) + ".")
     if external is None:
-        lines += _advice(wait, saturated is not None, states)
+        lines += _advice(rows, wait, saturated, stats or {}, persistent_workers)
     elif wait > 0.10:
         lines.append(
             f"Advice: {external} is what the loop waits for. "
@@ -182,15 +221,55 @@ def _cache_story(states: list[Any], cache: dict[str, Any] | None) -> list[str]:
     return [line + (f"; {', '.join(extra)}" if extra else "") + "."]
 
 
-def _advice(wait: float, saturated: bool, states: list[Any]) -> list[str]:
+_CHEAPER = (
+    "make the per-sample work cheaper, move batched ops to the GPU (split=, docs/device.md), "
+    "or cache decoded samples (cache=drapps.Cache(...); the dataset needs a "
+    "cache_fingerprint() method to say it is deterministic, docs/cache.md)"
+)
+
+
+def _advice(
+    rows: Sequence[TraceRow],
+    wait: float,
+    saturated: float | None,
+    stats: dict[str, Any],
+    persistent_workers: bool | None,
+) -> list[str]:
+    """The advice that holds for this run, each piece tested against the rows."""
+    states = [r.state for r in rows]
     last = states[-1]
-    if wait > 0.10 and saturated:
-        return [
-            "Advice: the pipeline is CPU-bound on this machine: more workers will not help. "
-            "Make the per-sample work cheaper, move batched ops to the GPU, or cache decoded data."
-        ]
-    if wait > 0.10 and last.workers >= last.max_workers:
-        return [f"Advice: workers are at max_workers={last.max_workers} with idle CPU: raise it."]
-    if wait < 0.03 and last.workers > 1:
-        return ["Advice: none needed; spare workers are released while the loop does not wait."]
-    return []
+    span = max(rows[-1].t - rows[0].t, 1e-9)
+    advice = []
+    epochs = int(stats.get("epoch", 0)) + 1
+    idle = statistics.fmean(s.idle_cores for s in states)
+    if persistent_workers is False and epochs >= 3 and wait > 0.10 and idle >= 0.5:
+        advice.append(
+            f"Advice: {epochs} epochs in {span:.0f} s, each starting new workers "
+            f"(persistent_workers=False), while the loop waited {wait:.0%} with {idle:.1f} idle "
+            "cores: pass persistent_workers=True to keep the workers between epochs."
+        )
+    if wait > 0.10 and saturated is not None:
+        grew = any(
+            r.workers_after > r.state.workers and r.t >= saturated for r in rows if r.action.moves()
+        )
+        if grew:
+            advice.append(
+                "Advice: the cores are saturated, and the controller still found more "
+                f"workers worth keeping (it ended at {rows[-1].workers_after}); beyond that, "
+                + _CHEAPER
+                + "."
+            )
+        else:
+            advice.append(
+                "Advice: the pipeline is CPU-bound on this machine: more workers will not "
+                "help; " + _CHEAPER + "."
+            )
+    elif wait > 0.10 and last.workers >= last.max_workers:
+        advice.append(
+            f"Advice: workers are at max_workers={last.max_workers} with idle CPU: raise it."
+        )
+    if not advice and wait < 0.03 and last.workers > 1:
+        advice.append(
+            "Advice: none needed; spare workers are released while the loop does not wait."
+        )
+    return advice

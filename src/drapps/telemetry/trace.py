@@ -6,7 +6,8 @@ Format (version 1), one JSON object per line:
   "config": {...}}``: the loader's settings;
 * then per tick ``{"type": "tick", "t": <s>, "state": {State fields}, "action": {Action
   fields}, "applied": {"workers": n, "prefetch": d}, "reward": r, "workers": {pid: {"cpu",
-  "rss"}}, "stages": {"fetch_s", "transform_s", "collate_s", "transport_s"}}``.
+  "rss"}}, "stages": {"fetch_s", "transform_s", "collate_s", "transport_s"}, "notes": {knob:
+  why its value differs from what the action asked}}`` (``notes`` only when there is one).
 
 ``state`` holds every :class:`~drapps.control.State` field, so the simulator can calibrate from
 a trace. Readers ignore fields they do not know; the version changes when a field changes
@@ -41,6 +42,8 @@ class TraceRow:
     reward: float
     workers: dict[str, dict[str, float]] = field(default_factory=dict)
     stages: dict[str, float] = field(default_factory=dict)
+    notes: dict[str, str] = field(default_factory=dict)
+    """Per knob, why its value differs from what the action asked (a bound, the core share)."""
 
     @property
     def workers_after(self) -> int:
@@ -56,6 +59,7 @@ class TraceRow:
             "reward": self.reward,
             "workers": self.workers,
             "stages": self.stages,
+            **({"notes": self.notes} if self.notes else {}),
         }
 
     @classmethod
@@ -68,6 +72,7 @@ class TraceRow:
             reward=float(data["reward"]),
             workers=data.get("workers", {}),
             stages=data.get("stages", {}),
+            notes={str(k): str(v) for k, v in data.get("notes", {}).items()},
         )
 
 
