@@ -218,7 +218,11 @@ def verdict(results: dict[str, Any]) -> list[str]:
             + ". No winner is named: run again on a quiet machine."
         )
     scenarios = results.get("scenarios", {})
-    for workload, scenario in dict.fromkeys((c.workload, c.scenario) for c, _, _ in found):
+    order = list(scenarios)
+    met = dict.fromkeys((c.workload, c.scenario) for c, _, _ in found)
+    for workload, scenario in sorted(
+        met, key=lambda p: order.index(p[1]) if p[1] in order else len(order)
+    ):
         said = [
             c.describe(subject, other, busy=bool(busy))
             for c, subject, other in found
