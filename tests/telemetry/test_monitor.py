@@ -69,3 +69,30 @@ def test_rates_and_fractions_come_from_deltas(burner: subprocess.Popen[bytes]) -
     assert state.cores >= 1 and 0 <= state.cpu_util <= 1
     assert state.gpu_util is None  # no NVML here, and that is not an error
     assert set(monitor.per_worker) == {burner.pid}
+
+
+def test_a_worker_started_since_the_last_sample_counts_from_its_start() -> None:
+    """A worker of a new epoch (persistent_workers=False) works before the monitor first sees
+    it; that CPU is the pipeline's too."""
+    pipeline = Pipeline()
+    monitor = Monitor(pipeline)
+    monitor.sample()
+    worker = subprocess.Popen(
+        [sys.executable, "-c", "import time\nt = time.process_time()\n"
+         "while time.process_time() - t < 0.4: pass\ntime.sleep(30)"]
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:  # until it has burned its 0.4 s of CPU
+            import psutil
+
+            times = psutil.Process(worker.pid).cpu_times()
+            if times.user + times.system >= 0.4:
+                break
+            time.sleep(0.05)
+        pipeline.snapshot = replace(pipeline.snapshot, worker_pids=(worker.pid,))
+        state = monitor.sample()
+        assert state.workers_cpu * state.t >= 0.3  # its CPU since it started, not zero
+    finally:
+        worker.kill()
+        worker.wait()

@@ -169,7 +169,7 @@ def test_ticks_after_the_loop_stopped_are_left_out() -> None:
         )
         rows.append(replace(last, t=idle.t, state=idle))
     text = bottleneck_report(rows)
-    assert "Over 9.5 s" in text and "last 800" in text
+    assert "Over 10.0 s" in text and "last 800" in text
     assert "last 0" not in text and "p50 0 ms" not in text
 
 
@@ -200,3 +200,9 @@ def test_short_epochs_without_persistent_workers_get_that_advice() -> None:
     assert advice not in bottleneck_report(  # no idle cores: new workers are not the cause
         short_epochs(0.0), {"epoch": 5}, persistent_workers=False
     )
+
+
+def test_a_run_too_short_to_judge_says_so() -> None:
+    text = bottleneck_report(rows_of_a_run()[:2])
+    assert text.startswith("Only 2 tick(s) of telemetry (1.0 s of loading): too short")
+    assert "Throughput" not in text

@@ -52,6 +52,22 @@ class _Gpu:
         return util.gpu / 100.0, int(memory.used), power
 
 
+def _since_boot() -> float:
+    """Seconds since boot on the clock /proc's process start times use."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME) if hasattr(time, "CLOCK_BOOTTIME") else 0.0
+
+
+def _started_since_boot(pid: int) -> float | None:
+    """When ``pid`` started, in seconds since boot (/proc's start time in clock ticks; psutil's
+    create_time is only as exact as the boot time's whole second), or None where unknown."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rpartition(")")[2].split()
+        return int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 class Monitor:
     """Call :meth:`sample` once per tick; each call reports the interval since the last."""
 
@@ -66,6 +82,7 @@ class Monitor:
         self._processes: dict[int, psutil.Process] = {}
         self._gpu = _Gpu()
         self._last_t = time.monotonic()
+        self._last_boot = _since_boot()  # to tell a worker started since the last sample
         self._last_cpu: dict[int, float] = {}
         self._last_io = self._io()
         self._last: PipelineSnapshot | None = None
@@ -103,7 +120,11 @@ class Monitor:
             self._processes.pop(pid, None)
             return 0.0, 0
         total = times.user + times.system
-        previous = self._last_cpu.get(pid, total)
+        previous = self._last_cpu.get(pid)
+        if previous is None:  # first seen: all of its CPU if it started since the last sample
+            started = _started_since_boot(pid)
+            born_since = started is not None and started >= self._last_boot - 0.02
+            previous = 0.0 if born_since else total
         self._last_cpu[pid] = total
         return (total - previous) / dt, rss
 
@@ -163,6 +184,7 @@ class Monitor:
             **cache_state(pipe.cache, last.cache),
         )
         self._last_t, self._last_io, self._last = now, (disk, net), pipe
+        self._last_boot = _since_boot()
         return state
 
     @property

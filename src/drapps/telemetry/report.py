@@ -9,6 +9,8 @@ from typing import Any
 from drapps.telemetry.trace import TraceRow
 
 _STAGES = ("fetch_s", "transform_s", "collate_s", "transport_s")
+MIN_TICKS = 4
+"""Fewer ticks than this say nothing reliable (the first one's rates start from zero)."""
 
 
 def _saturated_from(rows: Sequence[TraceRow], run: int = 3) -> float | None:
@@ -82,7 +84,15 @@ def bottleneck_report(
         )
     rows = _while_loading(rows)
     states = [r.state for r in rows]
-    span = max(rows[-1].t - rows[0].t, 1e-9)
+    # Each tick describes the time since the one before; the first, the time since the start.
+    first = rows[1].t - rows[0].t if len(rows) > 1 else rows[0].t
+    span = max(rows[-1].t - rows[0].t + first, 1e-9)
+    if len(rows) < MIN_TICKS:
+        return (
+            f"Only {len(rows)} tick(s) of telemetry ({span:.1f} s of loading): too short to say "
+            "where the time went. Iterate for a few seconds or more (a tick is "
+            "control_interval, 0.5 s by default), then ask again."
+        )
     wait = statistics.fmean(s.wait_fraction for s in states)
     if wait > 0.10:
         verdict = "the input pipeline is the bottleneck"
