@@ -29,8 +29,9 @@ BUSY_SHARE = 0.15
 SPEED_SWING = 1.5
 """A per-core preprocessing speed whose max/min over the repeats exceeds this means a busy (or
 throttled) machine."""
-ADAPTIVE = ("drapps-heuristic", "drapps-rl")
-"""drapps' adaptive systems, the ones the verdict is about, in order of preference."""
+ADAPTIVE = ("drapps-heuristic", "drapps-rl", "drapps-static")
+"""The drapps systems the verdict is about, in order of preference: the adaptive ones, then a
+fixed count where no adaptive one ran."""
 
 
 @dataclass(frozen=True)
@@ -207,7 +208,8 @@ def verdict(results: dict[str, Any]) -> list[str]:
     found = comparisons(runs)
     cores = results["environment"]["usable_cores"]
     repeats = max((r["repeat"] for r in runs), default=-1) + 1
-    lines = [f"Verdict ({cores} usable cores, {repeats} interleaved repeats):"]
+    plural = "repeat" if repeats == 1 else "repeats"
+    lines = [f"Verdict ({cores} usable cores, {repeats} interleaved {plural}):"]
     if not found:
         return [*lines, "- no drapps system and DataLoader ran side by side; nothing to compare."]
     busy = busy_reasons(results)
