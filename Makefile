@@ -8,14 +8,18 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 PEERS_STAMP := $(VENV)/.installed-peers
+# The bench keeps its data and every cache (pip's, matplotlib's, the generated photos) in the
+# clone's .cache/, so it changes nothing outside the clone.
+BENCH_ENV := XDG_CACHE_HOME=$(CURDIR)/.cache MPLCONFIGDIR=$(CURDIR)/.cache/matplotlib \
+	KERAS_HOME=$(CURDIR)/.cache/keras DRAPPS_DATA_DIR=$(CURDIR)/.cache/drapps
 
 .PHONY: bench bench-peers bench-scale-out corpus ffmpeg services test test-integration \
 	test-slow test-all lint core clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt torch==2.13.0
+	$(BENCH_ENV) $(PY) -m pip install -q --upgrade pip
+	$(BENCH_ENV) $(PY) -m pip install -q -c constraints.txt torch==2.13.0
 
 # Everything the tests need (the dev extra: every peer and engine).
 $(STAMP): pyproject.toml constraints.txt | $(PY)
@@ -24,11 +28,11 @@ $(STAMP): pyproject.toml constraints.txt | $(PY)
 
 # What `make bench` needs, and no more: the image workload, plots, tf.data.
 $(BENCH_STAMP): pyproject.toml constraints.txt | $(PY)
-	$(PY) -m pip install -q -c constraints.txt -e '.[bench,tf]'
+	$(BENCH_ENV) $(PY) -m pip install -q -c constraints.txt -e '.[bench,tf]'
 	touch $(BENCH_STAMP)
 
 $(PEERS_STAMP): $(BENCH_STAMP)
-	$(PY) -m pip install -q -c constraints.txt -e '.[bench,tf,peers]'
+	$(BENCH_ENV) $(PY) -m pip install -q -c constraints.txt -e '.[bench,tf,peers]'
 	touch $(PEERS_STAMP)
 
 # The text workload's corpus (Debian's python3.11-doc); skipped with a note where apt is not ours.
@@ -55,14 +59,14 @@ ffmpeg:
 # The main job: drapps against DataLoader at 1x-2x the cores and tf.data, steady and under a CPU
 # hog, ending in a verdict; installs into .venv only.
 bench: $(BENCH_STAMP)
-	$(VENV)/bin/drapps bench --quick --out bench-results/quick
-	$(VENV)/bin/drapps bench-plot bench-results/quick/results.json
+	$(BENCH_ENV) $(VENV)/bin/drapps bench --quick --out bench-results/quick
+	$(BENCH_ENV) $(VENV)/bin/drapps bench-plot bench-results/quick/results.json
 
 # The same with DALI, SPDL and torchdata.nodes beside them; installs FFmpeg's libraries with apt.
 bench-peers: $(PEERS_STAMP) ffmpeg
-	$(VENV)/bin/drapps bench --quick --out bench-results/quick-peers --budget 400 \
+	$(BENCH_ENV) $(VENV)/bin/drapps bench --quick --out bench-results/quick-peers --budget 400 \
 	  --systems dataloader,tf-autotune,drapps-heuristic,dali-cpu,spdl,torchdata-nodes
-	$(VENV)/bin/drapps bench-plot bench-results/quick-peers/results.json
+	$(BENCH_ENV) $(VENV)/bin/drapps bench-plot bench-results/quick-peers/results.json
 
 # The Ray and Redis paths against the local loader (README, "Scale-out"); Ray runs in a
 # loopback-only network namespace made here and removed after.

@@ -81,10 +81,14 @@ def test_every_available_system_runs_each_workload(
         data_dir=tmp_path,
     )
     results = run_benchmark(config, progress=False)
-    others = [SYSTEMS[n] for n in AVAILABLE if n != "dataloader"]
+    others = [
+        SYSTEMS[n] for n in AVAILABLE if n != "dataloader" and SYSTEMS[n].refuses(workload) is None
+    ]
     cases = {"dataloader-0", "dataloader-2"}
     cases |= {s.case_name(w) for s in others for w in s.variants(usable_cores())}
     check_runs(results, {(workload, "steady", c) for c in cases}, repeats=1)
+    refused = [n for n in AVAILABLE if SYSTEMS[n].refuses(workload) is not None]
+    assert all(f"{n} on {workload}" in results["skipped"] for n in refused)
     assert "tf-autotune" in cases, "the tests run with the tf extra installed"
     assert f"drapps-static-{usable_cores()}" in cases
     table = markdown(results)
@@ -120,7 +124,10 @@ def test_every_scenario_runs_and_is_recorded(tmp_path: Path) -> None:
     assert set(results["scenarios"]) == set(scenarios)
     pngs = plot(results, tmp_path / "plots")
     names = {p.name for p in pngs}
-    assert names == {f"image-{s}-over-time.png" for s in scenarios} | {"image-end-to-end.png"}
+    assert names == {f"image-{s}-over-time.png" for s in scenarios} | {
+        "image-end-to-end.png",
+        "image-throughput.png",
+    }
     assert all(p.read_bytes().startswith(b"\x89PNG") for p in pngs)
 
 
