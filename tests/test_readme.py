@@ -56,3 +56,45 @@ def test_readme_example_runs(code: str, tmp_path: Path) -> None:
         [sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path
     )
     assert done.returncode == 0, done.stderr
+
+
+CORE_PYTHON = ROOT / ".venv-core" / "bin" / "python"  # `make core`: drapps with no extras
+NEEDS = re.compile(r"pip install 'drapps-loader\[(\w+)\]'|No module named '(\w+)")
+
+
+def blocks_with_context() -> list[tuple[str, str, str]]:
+    """(id, the text between the previous block and this one, code) for every Python block."""
+    found = []
+    for path in [README, *sorted((ROOT / "docs").glob("*.md"))]:
+        text = path.read_text()
+        previous_end = 0
+        for k, match in enumerate(re.finditer(r"```python\n(.*?)```", text, re.DOTALL)):
+            found.append((f"{path.stem}{k}", text[previous_end : match.start()], match[1]))
+            previous_end = match.end()
+    return found
+
+
+@pytest.mark.skipif(not CORE_PYTHON.exists(), reason="needs the no-extras install: make core")
+@pytest.mark.parametrize(
+    ("context", "code"),
+    [(context, code) for _, context, code in blocks_with_context()],
+    ids=[name for name, _, _ in blocks_with_context()],
+)
+def test_every_example_names_the_extra_it_needs(context: str, code: str, tmp_path: Path) -> None:
+    """Run with no extras installed, an example either works or the words before it name the
+    extra that its error asks for."""
+    from drapps._optional import _EXTRAS
+
+    script = tmp_path / "example.py"
+    script.write_text(code)
+    done = subprocess.run(
+        [str(CORE_PYTHON), str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    if done.returncode == 0:
+        return
+    needs = NEEDS.search(done.stderr)
+    assert needs is not None, done.stderr[-2000:]  # it failed for another reason than an extra
+    extra = needs[1] or _EXTRAS.get(needs[2], needs[2])
+    assert re.search(rf"`{extra}`|\[[\w,]*\b{extra}\b[\w,]*\]", context), (
+        f"the example fails without the {extra!r} extra, and the text before it does not name it"
+    )
