@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from drapps._optional import require
-from drapps.bench.report import best_dataloader
+from drapps.bench.report import best_dataloader, scenario_rows
 
 WINDOW_S = 1.0
 """Rolling window for the over-time curves."""
@@ -121,20 +121,25 @@ def plot(results: dict[str, Any], out: Path) -> list[Path]:
     return written
 
 
-def _rows(results: dict[str, Any], workload: str, scenario: str) -> list[dict[str, Any]]:
-    return [
-        r for r in results["summary"] if r["workload"] == workload and r["scenario"] == scenario
-    ]
+def _save(figure: Any, path: Path, pyplot: Any, legend: Any = None) -> Path:
+    """Put ``legend``'s axis legend outside the data, then write the PNG and free the figure."""
+    if legend is not None:
+        legend.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100, bbox_inches="tight")
+    pyplot.close(figure)
+    return path
 
 
 def _throughput_bars(results: dict[str, Any], workload: str, out: Path, pyplot: Any) -> Path:
-    scenarios = [s for s in results["scenarios"] if _rows(results, workload, s)]
-    height = max(2.5, 0.32 * max(len(_rows(results, workload, s)) for s in scenarios) + 1.2)
+    per_scenario = {s: scenario_rows(results, workload, s) for s in results["scenarios"]}
+    per_scenario = {s: rows for s, rows in per_scenario.items() if rows}
+    height = max(2.5, 0.32 * max(len(rows) for rows in per_scenario.values()) + 1.2)
     figure, axes = pyplot.subplots(
-        1, len(scenarios), figsize=(6.5 * len(scenarios), height), squeeze=False, sharex=True
+        1, len(per_scenario), figsize=(6.5 * len(per_scenario), height), squeeze=False, sharex=True
     )
-    for axis, scenario in zip(axes[0], scenarios, strict=True):
-        rows = sorted(_rows(results, workload, scenario), key=lambda r: r["samples_per_s"])
+    for axis, (scenario, rows) in zip(axes[0], per_scenario.items(), strict=True):
+        rows.sort(key=lambda r: r["samples_per_s"])
         best = best_dataloader(rows)
         look = styles([r["case"] for r in rows], best["case"] if best else None)
         errors = np.array([_interval(r) for r in rows]).T
@@ -158,17 +163,13 @@ def _throughput_bars(results: dict[str, Any], workload: str, out: Path, pyplot: 
         axis.set_title(f"{scenario}")
         axis.set_xlabel("samples/s (median; bars: 95% interval of the mean)")
     figure.suptitle(f"{workload}: throughput per system", fontweight="bold")
-    figure.tight_layout()
-    path = out / f"{workload}-throughput.png"
-    figure.savefig(path, dpi=100)
-    pyplot.close(figure)
-    return path
+    return _save(figure, out / f"{workload}-throughput.png", pyplot)
 
 
 def _over_time(
     results: dict[str, Any], workload: str, scenario: str, out: Path, pyplot: Any
 ) -> Path | None:
-    rows = _rows(results, workload, scenario)
+    rows = scenario_rows(results, workload, scenario)
     if not rows:
         return None
     best = best_dataloader(rows)
@@ -211,12 +212,7 @@ def _over_time(
         f"{workload}, {scenario}: median repeat per system (band: the repeats' range)",
         fontweight="bold",
     )
-    top.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False)
-    figure.tight_layout()
-    path = out / f"{workload}-{scenario}-over-time.png"
-    figure.savefig(path, dpi=100, bbox_inches="tight")
-    pyplot.close(figure)
-    return path
+    return _save(figure, out / f"{workload}-{scenario}-over-time.png", pyplot, legend=top)
 
 
 def _end_to_end_bars(results: dict[str, Any], workload: str, out: Path, pyplot: Any) -> Path:
@@ -225,7 +221,7 @@ def _end_to_end_bars(results: dict[str, Any], workload: str, out: Path, pyplot: 
         {r["case"] for r in results["summary"] if r["workload"] == workload},
         key=lambda c: (not c.startswith("drapps"), not c.startswith("dataloader"), c),
     )
-    bests = [best_dataloader(_rows(results, workload, s)) for s in scenarios]
+    bests = [best_dataloader(scenario_rows(results, workload, s)) for s in scenarios]
     best_cases = {b["case"] for b in bests if b is not None}
     look = styles(cases, next(iter(best_cases)) if len(best_cases) == 1 else None)
     figure, axes = pyplot.subplots(
@@ -257,9 +253,4 @@ def _end_to_end_bars(results: dict[str, Any], workload: str, out: Path, pyplot: 
     axes.set_xticks([s + 0.4 - width / 2 for s in range(len(scenarios))], scenarios)
     axes.set_ylabel("end-to-end seconds (median, min-max)")
     axes.set_title(f"{workload}: time from opening the loader to the last batch (lower is better)")
-    axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False)
-    figure.tight_layout()
-    path = out / f"{workload}-end-to-end.png"
-    figure.savefig(path, dpi=100, bbox_inches="tight")
-    pyplot.close(figure)
-    return path
+    return _save(figure, out / f"{workload}-end-to-end.png", pyplot, legend=axes)

@@ -32,10 +32,15 @@ def _ends(row: dict[str, Any]) -> str:
     return str(ends[0]) if len(set(map(str, ends))) == 1 else ", ".join(map(str, ends))
 
 
-def scenario_table(results: dict[str, Any], workload: str, scenario: str) -> list[str]:
-    rows = [
+def scenario_rows(results: dict[str, Any], workload: str, scenario: str) -> list[dict[str, Any]]:
+    """The summary rows of one workload and scenario (a new list, free to sort)."""
+    return [
         r for r in results["summary"] if r["workload"] == workload and r["scenario"] == scenario
     ]
+
+
+def scenario_table(results: dict[str, Any], workload: str, scenario: str) -> list[str]:
+    rows = scenario_rows(results, workload, scenario)
     rows.sort(key=lambda r: (r["system"] != "dataloader", r["system"], str(r["workers"])))
     lines = [
         f"#### `{workload}`, `{scenario}`",
@@ -90,11 +95,7 @@ def headline(results: dict[str, Any]) -> list[str]:
     ]
     for workload in results["workloads"]:
         for scenario in results["scenarios"]:
-            rows = {
-                r["case"]: r
-                for r in results["summary"]
-                if r["workload"] == workload and r["scenario"] == scenario
-            }
+            rows = {r["case"]: r for r in scenario_rows(results, workload, scenario)}
             best = best_dataloader(list(rows.values()))
             if best is None:
                 continue
@@ -117,11 +118,7 @@ def brief(results: dict[str, Any]) -> str:
     lines: list[str] = []
     for workload in results["workloads"]:
         for scenario in results["scenarios"]:
-            rows = [
-                r
-                for r in results["summary"]
-                if r["workload"] == workload and r["scenario"] == scenario
-            ]
+            rows = scenario_rows(results, workload, scenario)
             if not rows:
                 continue
             rows.sort(key=lambda r: -r["samples_per_s"])
