@@ -11,6 +11,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import fields
+from itertools import takewhile
 from typing import Any
 
 from drapps.control.controller import Bounds, Controller, Tick, default_knobs
@@ -108,7 +109,9 @@ class AutoTuner:
         if self._last_progress and now - self._last_progress < every:
             return
         s = tick.state
-        recent = [r.state for r in self.rows if r.t >= s.t - every] or [s]
+        # The rows of the last span, newest first, without walking the whole kept history.
+        recent = [r.state for r in takewhile(lambda r: r.t >= s.t - every, reversed(self.rows))]
+        recent = recent or [s]
         rate = sum(r.throughput for r in recent) / len(recent)
         waited = sum(r.wait_fraction for r in recent) / len(recent)
         line = (

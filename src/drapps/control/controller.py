@@ -174,11 +174,7 @@ class Controller:
             logger.exception("policy %r failed; holding the knobs", type(self.policy).__name__)
             action = Action(reason=f"policy failed ({type(exc).__name__}: {exc}); holding")
         applied = self.act(state, action)
-        notes = {
-            knob.name: note
-            for knob in self.knobs
-            if (note := getattr(knob, "limited_by", None)) is not None
-        }
+        notes = {knob.name: knob.limited_by for knob in self.knobs if knob.limited_by is not None}
         tick = Tick(state, action, applied, reward(state, self.weights), notes)
         if self.on_tick is not None:
             try:

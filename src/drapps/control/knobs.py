@@ -34,6 +34,9 @@ class Knob(ABC):
 
     name: str = ""
     """Key of the knob in ``Action.moves()``, ``State.knob()``, ``Tick.applied`` and the trace."""
+    limited_by: str | None = None
+    """Why the last proposal differs from what was asked, where the knob says (a bound, the
+    host's core share); the controller records it in ``Tick.notes``."""
 
     def __init__(self, apply: Callable[[Any], object], *, adjustable: bool = True) -> None:
         """
@@ -132,8 +135,6 @@ class WorkersKnob(StepKnob):
             raise ValueError(f"need 1 <= min_workers <= max_workers, got {low}, {high}")
         super().__init__(apply, low=low, high=high, adjustable=adjustable)
         self.grant = grant
-        self.limited_by: str | None = None
-        """Why the last proposal differs from what was asked (a bound, the core share)."""
 
     def propose(self, state: State, move: Any, chosen: Mapping[str, Value]) -> Value:
         workers = int(super().propose(state, move, chosen))

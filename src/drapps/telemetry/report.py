@@ -172,7 +172,7 @@ def bottleneck_report(
         if faults:
             lines.append("Faults: " + ", ".join(faults) + ".")
     if external is None:
-        lines += _advice(rows, wait, saturated, stats or {}, persistent_workers)
+        lines += _advice(rows, span, wait, saturated, stats or {}, persistent_workers)
     elif wait > 0.10:
         lines.append(
             f"Advice: {external} is what the loop waits for. "
@@ -240,6 +240,7 @@ _CHEAPER = (
 
 def _advice(
     rows: Sequence[TraceRow],
+    span: float,
     wait: float,
     saturated: float | None,
     stats: dict[str, Any],
@@ -248,7 +249,6 @@ def _advice(
     """The advice that holds for this run, each piece tested against the rows."""
     states = [r.state for r in rows]
     last = states[-1]
-    span = max(rows[-1].t - rows[0].t, 1e-9)
     advice = []
     epochs = int(stats.get("epoch", 0)) + 1
     idle = statistics.fmean(s.idle_cores for s in states)
