@@ -99,6 +99,8 @@ def paired(
 
 
 def _best_dataloader(runs: list[dict[str, Any]], workload: str, scenario: str) -> str | None:
+    """report.best_dataloader's rule (the highest median) on raw runs: the runner asks between
+    repeats, before any summary exists."""
     by_case: dict[str, list[float]] = {}
     for run in runs:
         if (run["workload"], run["scenario"], run["system"]) == (workload, scenario, "dataloader"):
@@ -116,9 +118,8 @@ def _case_of(runs: list[dict[str, Any]], workload: str, scenario: str, system: s
 
 
 def comparisons(runs: list[dict[str, Any]]) -> list[tuple[Comparison, str, str]]:
-    """The comparisons a verdict makes, with the words for each side: drapps' adaptive system
-    against the best fixed DataLoader count, and tf.data against drapps, per workload and
-    scenario."""
+    """The comparisons a verdict makes, with the words for each side: drapps' system against
+    the best fixed DataLoader count and against tf.data AUTOTUNE, per workload and scenario."""
     found = []
     pairs = list(dict.fromkeys((r["workload"], r["scenario"]) for r in runs))
     for workload, scenario in pairs:
