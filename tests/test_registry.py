@@ -88,7 +88,7 @@ def test_a_policy_registered_from_outside_drives_a_loader() -> None:
             seed=0, max_workers=2,
         )  # fmt: skip
         with loader:
-            assert isinstance(loader._tuner.controller.policy, _OneMore)  # type: ignore[union-attr]
+            assert isinstance(loader._parts.tuner.controller.policy, _OneMore)  # type: ignore[union-attr]
             batches = [b for b in loader]
         assert torch.cat(batches).flatten().tolist() == list(range(64))
     finally:

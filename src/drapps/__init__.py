@@ -9,7 +9,7 @@ Example:
 
 from drapps._version import __version__
 from drapps.codecs import Cache
-from drapps.integrations.ray_pool import RayBackend
+from drapps.engines.backends import RayBackend, Source
 from drapps.loader import Loader
 from drapps.runtime import (
     LoaderConfig,
@@ -29,6 +29,7 @@ __all__ = [
     "RayBackend",
     "SampleError",
     "SharedMemoryFullError",
+    "Source",
     "WorkerTimeoutError",
     "__version__",
     "sample_rng",

@@ -93,7 +93,9 @@ def test_the_cache_holds_the_deterministic_prefix_and_the_random_ops_stay_fresh(
     with drapps.Loader(
         Photos(), batch_size=4, seed=3, shuffle=True, transform=augment(), workers=0, cache=True
     ) as loader:
-        assert loader._cache is not None and loader._cache.prefix == 1  # ToCHWTensor only
+        assert (
+            loader._parts.cache is not None and loader._parts.cache.prefix == 1
+        )  # ToCHWTensor only
         first, second = epochs(loader, 2)
     # The crop and flip are drawn per epoch: epoch 2 is not epoch 1 replayed.
     assert not all(torch.equal(a[0], b[0]) for a, b in zip(first, second, strict=True))
@@ -154,8 +156,8 @@ def test_a_corrupt_entry_is_dropped_and_made_again(uncached: list[list[Any]]) ->
     kwargs = {"batch_size": 4, "shuffle": True, "seed": 3, "transform": augment()}
     with drapps.Loader(Photos(), workers=2, cache=Cache(codec="zstd"), **kwargs) as loader:
         first = epochs(loader, 1)
-        assert loader._cache is not None
-        memory = loader._cache.tiers[0]
+        assert loader._parts.cache is not None
+        memory = loader._parts.cache.tiers[0]
         assert isinstance(memory, ArenaTier)
         records = arena_records(memory)
         assert len(records) == 24
@@ -372,7 +374,9 @@ def test_the_cached_ops_still_count_as_transform_time() -> None:
     ops = Pipeline([_Slow(), ToCHWTensor(), RandomHorizontalFlip()], key=0)
     kwargs = {"batch_size": 4, "collate_fn": list, "transform": ops, "cache": True}
     with drapps.Loader(Photos(8), workers=2, **kwargs) as loader:
-        assert loader._cache is not None and loader._cache.prefix == 2  # slow op, to-tensor
+        assert (
+            loader._parts.cache is not None and loader._parts.cache.prefix == 2
+        )  # slow op, to-tensor
         list(loader)  # epoch 1 makes every sample: the slow op runs 8 times
         stats = loader.stats()
     assert stats.transform_s >= 8 * 0.005

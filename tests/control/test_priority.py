@@ -54,7 +54,7 @@ MAX_NICE = 19
 def _niceness(loader: drapps.Loader) -> set[int]:
     """The niceness of each live worker (one the controller just stopped is left out)."""
     values = set()
-    for pid in loader._dispatcher.pool.pids():  # type: ignore[attr-defined]
+    for pid in loader._parts.engine.dispatcher.pool.pids():  # type: ignore[attr-defined]
         try:
             values.add(psutil.Process(pid).nice())
         except psutil.NoSuchProcess:
@@ -81,7 +81,7 @@ def test_a_cpu_bound_training_loop_gets_its_workers_to_yield() -> None:
                 while time.process_time() < spin:
                     pass
             assert _niceness(loader) == {low}
-            loader._dispatcher.resize(3)  # type: ignore[attr-defined]
+            loader._parts.engine.dispatcher.resize(3)  # type: ignore[attr-defined]
             assert _niceness(loader) == {low}  # a worker started now yields too
     finally:
         hog.kill()
@@ -112,8 +112,8 @@ def test_low_priority_is_relative_to_the_training_process() -> None:
         os.nice(4)
         with drapps.Loader(list(range(16)), batch_size=4, workers=2, seed=0) as loader:
             next(iter(loader))
-            assert loader._dispatcher.set_priority("low")
-            pids = loader._dispatcher.pool.pids()
+            assert loader._parts.engine.dispatcher.set_priority("low")
+            pids = loader._parts.engine.dispatcher.pool.pids()
             print(sorted(psutil.Process(pid).nice() for pid in pids))
         """
     )

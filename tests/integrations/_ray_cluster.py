@@ -124,7 +124,7 @@ def faults(cluster: Cluster, second) -> dict:  # type: ignore[no-untyped-def]
         for n, batch in enumerate(loader):
             got.append(dict(batch))
             if n == 5:
-                ray.kill(loader._dispatcher.pool.workers[0].actor, no_restart=True)
+                ray.kill(loader._parts.engine.dispatcher.pool.workers[0].actor, no_restart=True)
         found["actor_killed_identical"] = same(reference, got)
         found["actor_killed_restarts"] = loader.stats().worker_restarts
     # A whole worker node removed mid-epoch (its raylet and every actor on it).
@@ -133,7 +133,7 @@ def faults(cluster: Cluster, second) -> dict:  # type: ignore[no-untyped-def]
         for n, batch in enumerate(loader):
             got.append(dict(batch))
             if n == 5:
-                nodes = {w.actor._actor_id for w in loader._dispatcher.pool.workers}
+                nodes = {w.actor._actor_id for w in loader._parts.engine.dispatcher.pool.workers}
                 found["actors_before"] = len(nodes)
                 cluster.remove_node(second)
         found["node_killed_identical"] = same(reference, got)

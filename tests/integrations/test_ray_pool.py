@@ -15,7 +15,7 @@ import torch
 from _netns import loopback_namespace, run_scenario
 
 import drapps
-from drapps.integrations.ray_pool import RayBackend, resolve_backend
+from drapps.engines.backends import ProcessBackend, RayBackend, resolve_backend
 from drapps.runtime.transport import pack_buffer, unpack
 
 pytestmark = pytest.mark.integration  # starts real engines or interpreters
@@ -100,9 +100,11 @@ class Stream(torch.utils.data.IterableDataset):
 
 
 def test_backend_arguments_are_checked() -> None:
-    assert resolve_backend("process") is None
+    assert isinstance(resolve_backend("process"), ProcessBackend)
     assert resolve_backend("ray") == RayBackend()
-    with pytest.raises(ValueError, match="backend must be 'process', 'ray' or a drapps"):
+    with pytest.raises(
+        ValueError, match=r"backend must be one of \['process', 'ray'\] or a drapps"
+    ):
         resolve_backend("dask")
     with pytest.raises(ValueError, match="cpus_per_worker must be > 0, got 0"):
         RayBackend(cpus_per_worker=0)

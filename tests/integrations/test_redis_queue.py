@@ -165,7 +165,7 @@ def test_oversized_and_malformed_batches_are_refused(server: RedisServer) -> Non
     producers = serve(server, "sizes", "photos")
     try:
         with drapps.Loader(
-            source=source(server, "sizes"), batch_size=8, max_batch_bytes=1024
+            source=drapps.Source(source(server, "sizes"), max_batch_bytes=1024), batch_size=8
         ) as loader:
             with pytest.raises(ValueError, match="over max_batch_bytes=1024; refusing to read"):
                 next(iter(loader))

@@ -216,7 +216,7 @@ def test_split_auto_lets_the_controller_move_the_cut_without_changing_batches(
         for batch in loader:
             got.append(list(batch))
             time.sleep(0.1)  # a few controller ticks per batch
-        rows = list(loader._tuner.rows)  # type: ignore[union-attr]
+        rows = list(loader._parts.tuner.rows)  # type: ignore[union-attr]
         assert loader.stats().split == 0
     assert same(got, reference)
     splits = [row.applied["split"] for row in rows]
@@ -285,7 +285,7 @@ def test_the_state_trace_and_report_show_the_device_stage(tmp_path: Any) -> None
         for _ in range(3):
             for _ in loader:
                 time.sleep(0.02)
-        rows = list(loader._tuner.rows)  # type: ignore[union-attr]
+        rows = list(loader._parts.tuner.rows)  # type: ignore[union-attr]
         report = loader.report()
     staged = [row.state for row in rows if row.state.device_stage_s > 0]
     assert staged and all(s.split_point == 2 for s in staged)

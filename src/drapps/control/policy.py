@@ -43,6 +43,24 @@ def policy_names() -> list[str]:
     return POLICIES.names()
 
 
+def check_policy(policy: Any) -> None:
+    """Refuse a loader's ``policy=`` that is neither a registered name nor an object with
+    ``decide(state)``.
+
+    Raises:
+        ValueError: naming the policy given and the registered names.
+    """
+    if isinstance(policy, str):
+        if policy not in policy_names():
+            raise ValueError(
+                f"policy must be one of {policy_names()} or an object with decide(), got {policy!r}"
+            )
+    elif not callable(getattr(policy, "decide", None)):
+        raise ValueError(
+            f"policy must be a registered name or an object with decide(state), got {policy!r}"
+        )
+
+
 def make_policy(name: str, **kwargs: Any) -> Policy:
     """Build the policy registered as ``name``.
 

@@ -26,84 +26,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from drapps._optional import require
+from drapps.engines.backends import RayBackend
 from drapps.runtime.pool import Polled, Reply, Task, Worker, WorkerPool
 from drapps.runtime.worker import BatchRecipe
 
 logger = logging.getLogger(__name__)
 
 _VIEW_TTL_S = 1.0
-
-
-@dataclass(frozen=True)
-class RayBackend:
-    """How the Ray backend runs (``Loader(backend=RayBackend(...))``; ``backend="ray"`` is
-    ``RayBackend()``).
-
-    Example:
-        >>> import drapps
-        >>> drapps.RayBackend(cpus_per_worker=2).cpus_per_worker
-        2.0
-    """
-
-    address: str | None = None
-    """The cluster to join when Ray is not initialised yet: ``ray.init(address)``. None: the
-    one ``ray.init()`` finds (``RAY_ADDRESS``), or a local one it starts and the loader stops
-    when it closes."""
-    cpus_per_worker: float = 1.0
-    """CPUs each actor reserves in Ray's scheduler."""
-    spread: bool = True
-    """Spread actors over the cluster's nodes (Ray's ``SPREAD`` strategy) rather than packing
-    them onto the first node with room."""
-
-    def __post_init__(self) -> None:
-        cpus = self.cpus_per_worker
-        if isinstance(cpus, bool) or not isinstance(cpus, (int, float)) or not cpus > 0:
-            raise ValueError(f"RayBackend.cpus_per_worker must be > 0, got {cpus!r}")
-        object.__setattr__(self, "cpus_per_worker", float(cpus))
-        if self.address is not None and not isinstance(self.address, str):
-            raise ValueError(f"RayBackend.address must be a str or None, got {self.address!r}")
-
-
-def resolve_backend(backend: Any) -> RayBackend | None:
-    """The loader's ``backend=`` argument: None for local worker processes.
-
-    Raises:
-        ValueError: not "process", "ray" or a :class:`RayBackend`.
-    """
-    if isinstance(backend, RayBackend):
-        return backend
-    if backend == "ray":
-        return RayBackend()
-    if backend == "process":
-        return None
-    raise ValueError(f"backend must be 'process', 'ray' or a drapps.RayBackend, got {backend!r}")
-
-
-def check_ray_loader(config: Any, dataset: Any, cache: Any) -> None:
-    """Refuse what the Ray backend cannot do (the loader then runs it without a cache).
-
-    Raises:
-        ValueError: an iterable dataset, ``workers=0``, or a cache asked for explicitly.
-    """
-    from drapps.runtime.sampling import is_iterable_dataset
-
-    if is_iterable_dataset(dataset):
-        raise ValueError(
-            "backend='ray' needs a map-style dataset (its batches are planned by index); "
-            f"got the iterable {type(dataset).__name__}"
-        )
-    if config.workers == 0:
-        raise ValueError("backend='ray' needs workers >= 1 or 'auto', got workers=0")
-    if (
-        cache is not None
-        and cache is not False
-        and not (isinstance(cache, str) and cache == "auto")
-    ):
-        raise ValueError(
-            "cache: with backend='ray' the actors may run on other machines, out of reach of "
-            "this machine's shared-memory cache; use cache=None"
-        )
-    return None
 
 
 class _BatchMaker:

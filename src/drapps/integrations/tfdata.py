@@ -102,8 +102,8 @@ class Watched:
     """A tf.data pipeline (any iterable) timed from the training loop's side; see :func:`watch`."""
 
     def __init__(self, dataset: Any, *, interval: float, trace: str | None) -> None:
-        from drapps._autotune import AutoTuner
         from drapps.control.policy import make_policy
+        from drapps.engines.tuner import AutoTuner
 
         self.dataset = dataset
         self.samples = 0

@@ -7,7 +7,7 @@ import operator
 import os
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from multiprocessing.context import BaseContext
 from typing import Any, Literal
 
@@ -121,7 +121,7 @@ class LoaderConfig:
     platform default."""
     policy: Any = "heuristic"
     """With ``workers="auto"``: the controller's policy, a registered name or an object with
-    ``decide(state) -> Action``."""
+    ``decide(state) -> Action`` (checked by the control layer, which knows the names)."""
     min_workers: int = 1
     """Lower bound for the controller (and the starting point's floor)."""
     control_interval: float = 0.5
@@ -217,19 +217,6 @@ class LoaderConfig:
             )
         if not isinstance(self.progress, bool):
             raise ValueError(f"progress must be a bool, got {self.progress!r}")
-        if isinstance(self.policy, str):
-            from drapps.control.policy import policy_names
-
-            if self.policy not in policy_names():
-                raise ValueError(
-                    f"policy must be one of {policy_names()} or an object with decide(), "
-                    f"got {self.policy!r}"
-                )
-        elif not callable(getattr(self.policy, "decide", None)):
-            raise ValueError(
-                f"policy must be a registered name or an object with decide(state), "
-                f"got {self.policy!r}"
-            )
         context = self.multiprocessing_context
         methods = multiprocessing.get_all_start_methods()
         if isinstance(context, str) and context not in methods:
@@ -247,6 +234,12 @@ class LoaderConfig:
                 "multiprocessing_context needs worker processes (as in DataLoader), "
                 f"got workers=0 and multiprocessing_context={context!r}"
             )
+
+    @classmethod
+    def of(cls, arguments: dict[str, Any], **resolved: Any) -> LoaderConfig:
+        """The config of a loader made with ``arguments`` (its keyword arguments by name),
+        with the fields in ``resolved`` taken from there instead."""
+        return cls(**{f.name: resolved.get(f.name, arguments[f.name]) for f in fields(cls)})
 
     @property
     def resolved_max_workers(self) -> int:

@@ -14,11 +14,11 @@ from dataclasses import fields
 from itertools import takewhile
 from typing import Any
 
-from drapps.control.controller import Bounds, Controller, Tick, default_knobs
-from drapps.control.knobs import Knob, PriorityKnob
+from drapps.control.controller import Bounds, Controller, Tick
+from drapps.control.knobs import Knob
 from drapps.control.policy import Policy, make_policy
+from drapps.engines.base import Engine
 from drapps.runtime.config import LoaderConfig
-from drapps.runtime.dispatcher import Dispatcher
 from drapps.runtime.stats import PipelineSnapshot
 from drapps.telemetry.monitor import Monitor
 from drapps.telemetry.trace import TraceRow, TraceWriter
@@ -27,19 +27,6 @@ _KEPT_ROWS = 20_000  # ~3 hours at the default 0.5 s tick
 PROGRESS_EVERY_S = 5.0
 """Seconds between status lines on a terminal (twice that into a file); each line gives the
 averages over that span."""
-
-
-class _Unactuated:
-    """For loaders without a pool (workers=0, iterable datasets): observed, never actuated."""
-
-    def resize(self, workers: int) -> None:
-        raise RuntimeError("this loader has no worker pool to resize")
-
-    def set_prefetch(self, depth: int) -> None:
-        raise RuntimeError("this loader has no prefetch depth to set")
-
-    def batch_bytes(self) -> int:
-        return 0
 
 
 class AutoTuner:
@@ -127,23 +114,23 @@ class AutoTuner:
 def make_tuner(
     config: LoaderConfig,
     snapshot: Callable[[], PipelineSnapshot],
-    dispatcher: Dispatcher | None,
+    engine: Engine,
     grant: Callable[[int, int], int] | None = None,
     knobs: Sequence[Knob] = (),
 ) -> AutoTuner | None:
-    """The tuner a loader needs: a controller for workers="auto", else telemetry only if a
-    trace or progress line was asked for, else none.
+    """The tuner a loader needs: a controller when a knob is left to it, else telemetry only if
+    a trace or progress line was asked for, else none.
 
     Args:
-        snapshot: the loader's pipeline counters (hold the loader weakly: it must stay
+        snapshot: the pipeline's counters (it must not hold the loader, which has to stay
             collectable while the controller runs).
-        dispatcher: the pool the knobs turn; None for a loader without one.
+        engine: makes the batches and owns the workers and prefetch knobs.
         grant: the host's share of cores, see :class:`~drapps.control.knobs.WorkersKnob`.
-        knobs: further knobs (the split), asked after workers and prefetch.
+        knobs: the other owners' knobs (the split, the codec), asked after the engine's.
     """
     c = config
-    auto_workers = c.workers == "auto" and dispatcher is not None
-    auto = (auto_workers or any(k.adjustable for k in knobs)) and dispatcher is not None
+    auto_workers = c.workers == "auto" and engine.tunable
+    auto = engine.tunable and (auto_workers or any(k.adjustable for k in knobs))
     if not (auto or c.trace or c.progress):
         return None
     if not auto:
@@ -160,13 +147,9 @@ def make_tuner(
         adjust_workers=auto_workers,
         adjust_prefetch=auto_workers and c.prefetch == "auto",
     )
-    actuators = dispatcher if dispatcher is not None else _Unactuated()
-    own = default_knobs(actuators, bounds, grant if auto_workers else None)
-    if auto_workers and dispatcher is not None and dispatcher.set_priority("normal"):
-        own.append(PriorityKnob(dispatcher.set_priority))  # worker processes only
     return AutoTuner(
         snapshot,
-        [*own, *knobs],
+        [*engine.knobs(bounds, grant if auto_workers else None), *knobs],
         policy,
         interval=c.control_interval,
         trace_path=c.trace,

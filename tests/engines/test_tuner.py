@@ -84,7 +84,7 @@ def test_trace_file_and_report_from_a_real_run(tmp_path: Path) -> None:
     with drapps.Loader(
         BusyDataset(N, 0.001), batch_size=8, workers="auto", control_interval=0.05, trace=path
     ) as loader:
-        consume_until(loader, lambda: len(loader._tuner.rows) >= 5)  # type: ignore[union-attr]
+        consume_until(loader, lambda: len(loader._parts.tuner.rows) >= 5)  # type: ignore[union-attr]
         report = loader.report()
     trace = read_trace(path)
     assert len(trace.rows) >= 5 and trace.header["config"]["batch_size"] == 8
@@ -96,7 +96,7 @@ def test_progress_lines_are_whole_lines_at_a_steady_pace(
     capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Whole lines (a user's print never lands on one), spaced, each an average over its span."""
-    from drapps import _autotune
+    from drapps.engines import tuner as _autotune
 
     monkeypatch.setattr(_autotune, "PROGRESS_EVERY_S", 0.25)
     with drapps.Loader(

@@ -1,0 +1,249 @@
+"""A loader's moving parts, built from its settings and stopped together.
+
+:func:`assemble` builds the sample cache, the batch recipe, the Pipeline's split and device
+stage, chooses the engine (the one place the branch on inline / stream / pool is written), and
+starts the tuner over the knobs each owner gives. :class:`Parts` merges their counters into one
+:class:`~drapps.runtime.stats.PipelineSnapshot` and shuts them down in order. It never holds
+the loader, so a loader stays collectable while its controller thread runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable
+from typing import Any
+
+from drapps.codecs.cache import SampleCache
+from drapps.codecs.setup import open_cache
+from drapps.control.knobs import CodecKnob, Knob, SplitKnob
+from drapps.control.policy import check_policy
+from drapps.engines.backends import Backend, Source, source_engine
+from drapps.engines.base import Engine, Limits
+from drapps.engines.epoch import Delivered
+from drapps.engines.inline import InlineEngine
+from drapps.engines.pooled import PoolEngine
+from drapps.engines.sharding import CoreClaim
+from drapps.engines.stream import StreamEngine
+from drapps.engines.tuner import AutoTuner, make_tuner
+from drapps.ops.device_stage import DeviceStage, resolve_device
+from drapps.ops.split import Split
+from drapps.runtime.config import LoaderConfig
+from drapps.runtime.stats import PipelineSnapshot
+from drapps.runtime.transport import pinner
+from drapps.runtime.worker import BatchRecipe
+
+
+class Parts:
+    """The engine and the other owners of a loader's knobs and counters."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        stage: DeviceStage | None = None,
+        cache: SampleCache | None = None,
+        split: Split | None = None,
+        claim: CoreClaim | None = None,
+    ) -> None:
+        self.engine, self.stage, self.cache, self.split = engine, stage, cache, split
+        self.claim = claim
+        self.delivered = Delivered()
+        self.tuner: AutoTuner | None = None
+        self.owner = os.getpid()
+
+    def snapshot(self) -> PipelineSnapshot:
+        """Every part's counters now, in one snapshot."""
+        snapshot = self.engine.snapshot(self.delivered.samples)
+        if self.cache is not None:
+            snapshot = dataclasses.replace(snapshot, cache=self.cache.stats())
+        if self.stage is None:
+            return snapshot
+        seconds, batches = self.stage.totals()
+        return dataclasses.replace(
+            snapshot,
+            wait_s=snapshot.wait_s + self.delivered.stage_wait_s,
+            split=self.split.value if self.split is not None else None,
+            device_s=seconds,
+            device_batches=batches,
+        )
+
+    def knobs(self) -> list[Knob]:
+        """The knobs beside the engine's: the split (moved only where workers make batches)
+        and the cache's codec."""
+        knobs: list[Knob] = []
+        split = self.split
+        if split is not None and self.engine.tunable:
+            points = split.points
+            knobs.append(
+                SplitKnob(split.set, low=points[0], high=points[-1], adjustable=split.adjustable)
+            )
+        if self.cache is not None:
+            choices = (*(c.name for c in self.cache.codecs), "off")
+            adjustable = self.cache.settings.codec == "auto" and len(choices) > 2
+            knobs.append(CodecKnob(self.cache.set_codec, choices=choices, adjustable=adjustable))
+        return knobs
+
+    def shutdown(self) -> None:
+        """Stop the tuner, the engine, the stage and the cache, in that order. Idempotent."""
+        # Only the process that made the loader acts: a forked child inherits its finalizer
+        # (and may collect its copy of the loader), and must not stop its parent's workers.
+        if os.getpid() != self.owner:
+            return
+        if self.tuner is not None:
+            self.tuner.stop()
+        self.engine.shutdown()
+        if self.claim is not None:
+            self.claim.release()
+        if self.stage is not None:
+            self.stage.close()
+        if self.cache is not None:
+            self.cache.close()  # after the workers: none of them is writing to it any more
+
+
+def assemble(
+    config: LoaderConfig,
+    dataset: Any,
+    *,
+    collate_fn: Callable[[Any], Any],
+    worker_init_fn: Callable[[int], None] | None,
+    batched: bool,
+    iterable: bool,
+    cache: Any,
+    device: Any,
+    backend: Backend,
+    pin_memory_device: str,
+    engine: Engine | None = None,
+) -> tuple[Parts, LoaderConfig]:
+    """Build what a loader with ``config`` runs; returns it with the config as the backend
+    bounds it (a Ray cluster's CPUs cap ``max_workers``). ``engine``: one made already (a
+    source's), which then runs alone."""
+    c = config
+    check_policy(c.policy)
+    if engine is not None:
+        parts = Parts(engine)
+        parts.tuner = make_tuner(c, parts.snapshot, engine)
+        return parts, c
+    backend.check(c.workers, dataset, cache)
+    if not backend.local:
+        cache = None  # the actors may run elsewhere, out of reach of this machine's memory
+    resolved = resolve_device(device)
+    on_cuda = resolved is not None and resolved.type == "cuda"
+    # A non-blocking copy to the GPU needs page-locked memory: pin as batches arrive.
+    finish = pinner(c.pin_memory or on_cuda, "" if on_cuda else pin_memory_device)
+    split = Split.of(c.transform, c.split, indexed=not iterable, batched=batched)
+    stage = None
+    if split is not None or resolved is not None:
+        stage = DeviceStage(split.pipeline if split is not None else None, resolved or "cpu")
+    samples = open_cache(cache, dataset, c.transform, iterable=iterable)
+    # A Pipeline goes to the workers whole; each task says where to split it.
+    recipe = BatchRecipe(
+        dataset, c.transform, collate_fn, c.on_error, batched, worker_init_fn, cache=samples
+    )
+    try:
+        engine, c = _choose_engine(c, recipe, backend, finish, split, iterable=iterable)
+    except BaseException:
+        for part in (stage, samples):
+            if part is not None:
+                part.close()
+        raise
+    claim = CoreClaim(c.min_workers) if c.workers == "auto" and backend.local else None
+    parts = Parts(engine, stage=stage, cache=samples, split=split, claim=claim)
+    if split is not None:
+        split.listen(engine.set_split)
+    try:
+        parts.tuner = make_tuner(
+            c,
+            parts.snapshot,
+            engine,
+            claim.grant if claim is not None else None,
+            knobs=parts.knobs(),
+        )
+    except BaseException:  # e.g. an unwritable trace path: free what was set up
+        parts.shutdown()
+        raise
+    return parts, c
+
+
+def open_source(
+    source: Any, changed: set[str], batch_size: Any, prefetch: Any, timeout: Any, pin_memory: bool
+) -> tuple[Engine, Any]:
+    """The engine that reads ``source``'s batches (a URL or a :class:`Source`), connected,
+    and the stand-in for the producers' dataset (its length).
+
+    Args:
+        changed: the loader's arguments given other than their defaults: those of the
+            dataset side are refused, naming where they belong.
+
+    Raises:
+        ValueError: an unknown source, or an argument the producers own.
+    """
+    spec = source if isinstance(source, Source) else Source(source)
+    engine: Engine = source_engine(spec.url)(
+        spec,
+        changed=changed,
+        batch_size=batch_size,
+        prefetch=prefetch,
+        timeout=timeout,
+        finish=pinner(pin_memory),
+    )
+    return engine, engine.dataset  # type: ignore[attr-defined]
+
+
+def _choose_engine(
+    c: LoaderConfig,
+    recipe: BatchRecipe,
+    backend: Backend,
+    finish: Callable[[Any], Any] | None,
+    split: Split | None,
+    *,
+    iterable: bool,
+) -> tuple[Engine, LoaderConfig]:
+    """The engine for ``c``: inline without workers, the stream engine for an iterable
+    dataset, else the pool engine over ``backend``'s pool."""
+    per_worker = c.prefetch_factor or 2
+    budget = c.resolved_memory_budget
+    limits = Limits(budget, c.resolved_max_workers)
+    first_split = split.value if split is not None else None
+    if c.initial_workers == 0:
+        engine: Engine = InlineEngine(
+            recipe, c.batch_size, c.drop_last, limits, finish, split=first_split
+        )
+        return engine, c
+    if iterable:
+        engine = StreamEngine(
+            recipe,
+            c.batch_size,
+            c.drop_last,
+            workers=c.initial_workers,
+            limits=limits,
+            context=c.context,
+            prefetch_per_worker=per_worker,
+            timeout=c.resolved_timeout,
+            finish=finish,
+        )
+        return engine, c
+    pool = backend.make_pool(recipe, c.context)
+    initial = c.initial_workers
+    if not backend.local:  # bounded by the cluster's CPUs, and starting with all of them
+        cap = c.max_workers or pool.max_workers()  # type: ignore[attr-defined]
+        try:
+            c = dataclasses.replace(c, max_workers=cap)
+        except ValueError as exc:
+            pool.shutdown()
+            raise ValueError(f"{exc} (the Ray cluster has CPUs for {cap} actors)") from None
+        initial = c.resolved_max_workers if c.workers == "auto" else c.initial_workers
+    engine = PoolEngine(
+        recipe,
+        workers=initial,
+        prefetch=None if c.prefetch == "auto" else c.prefetch,
+        prefetch_per_worker=per_worker,
+        limits=Limits(budget, c.resolved_max_workers),
+        timeout=c.resolved_timeout,
+        max_attempts=c.max_attempts,
+        context=c.context,
+        finish=finish,
+        split=first_split,
+        pool=pool,
+    )
+    return engine, c

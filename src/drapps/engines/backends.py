@@ -1,0 +1,169 @@
+"""Where a loader's workers run, and where its batches may come from, by name.
+
+``Loader(backend=...)`` takes a registered name ("process", "ray") or a :class:`Backend`
+object; ``Loader(source="redis://...")`` picks the engine registered for the URL's scheme. The
+members that need a heavy engine (Ray, Redis) are imported by module name only when used, so
+the loader never imports an integration.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from multiprocessing.context import BaseContext
+from typing import Any
+from urllib.parse import urlsplit
+
+from drapps.registry import Registry
+from drapps.runtime.pool import WorkerPool
+from drapps.runtime.sampling import is_iterable_dataset
+from drapps.runtime.worker import BatchRecipe
+
+
+class Backend(ABC):
+    """Where a map-style dataset's workers run (a member of :data:`BACKENDS`)."""
+
+    name = ""
+    local = True
+    """Workers share this machine (its cores, its shared-memory cache)."""
+
+    def check(self, workers: Any, dataset: Any, cache: Any) -> None:
+        """Refuse what this backend cannot do, naming the argument."""
+        return None
+
+    @abstractmethod
+    def make_pool(self, recipe: BatchRecipe, context: BaseContext | None) -> WorkerPool:
+        """The worker pool the dispatcher runs batches on."""
+
+
+class ProcessBackend(Backend):
+    """Worker processes on this machine (the default)."""
+
+    name = "process"
+
+    def make_pool(self, recipe: BatchRecipe, context: BaseContext | None) -> WorkerPool:
+        from drapps.runtime.process_pool import ProcessPool
+
+        return ProcessPool(recipe, context)
+
+
+@dataclass(frozen=True)
+class RayBackend(Backend):
+    """How the Ray backend runs (``Loader(backend=RayBackend(...))``; ``backend="ray"`` is
+    ``RayBackend()``). Needs the ``ray`` extra.
+
+    Example:
+        >>> import drapps
+        >>> drapps.RayBackend(cpus_per_worker=2).cpus_per_worker
+        2.0
+    """
+
+    address: str | None = None
+    """The cluster to join when Ray is not initialised yet: ``ray.init(address)``. None: the
+    one ``ray.init()`` finds (``RAY_ADDRESS``), or a local one it starts and the loader stops
+    when it closes."""
+    cpus_per_worker: float = 1.0
+    """CPUs each actor reserves in Ray's scheduler."""
+    spread: bool = True
+    """Spread actors over the cluster's nodes (Ray's ``SPREAD`` strategy) rather than packing
+    them onto the first node with room."""
+
+    name = "ray"
+    local = False
+
+    def __post_init__(self) -> None:
+        cpus = self.cpus_per_worker
+        if isinstance(cpus, bool) or not isinstance(cpus, (int, float)) or not cpus > 0:
+            raise ValueError(f"RayBackend.cpus_per_worker must be > 0, got {cpus!r}")
+        object.__setattr__(self, "cpus_per_worker", float(cpus))
+        if self.address is not None and not isinstance(self.address, str):
+            raise ValueError(f"RayBackend.address must be a str or None, got {self.address!r}")
+
+    def check(self, workers: Any, dataset: Any, cache: Any) -> None:
+        """Refuse what the Ray backend cannot do (the loader then runs it without a cache).
+
+        Raises:
+            ValueError: an iterable dataset, ``workers=0``, or a cache asked for explicitly.
+        """
+        if is_iterable_dataset(dataset):
+            raise ValueError(
+                "backend='ray' needs a map-style dataset (its batches are planned by index); "
+                f"got the iterable {type(dataset).__name__}"
+            )
+        if workers == 0:
+            raise ValueError("backend='ray' needs workers >= 1 or 'auto', got workers=0")
+        if not (cache is None or cache is False or (isinstance(cache, str) and cache == "auto")):
+            raise ValueError(
+                "cache: with backend='ray' the actors may run on other machines, out of reach "
+                "of this machine's shared-memory cache; use cache=None"
+            )
+
+    def make_pool(self, recipe: BatchRecipe, context: BaseContext | None) -> WorkerPool:
+        pool: WorkerPool = importlib.import_module("drapps.integrations.ray_pool").RayPool(
+            recipe, self
+        )
+        return pool
+
+
+BACKENDS: Registry[type[Backend]] = Registry("backend")
+BACKENDS.register("process", ProcessBackend)
+BACKENDS.register("ray", RayBackend)
+
+
+def resolve_backend(backend: Any) -> Backend:
+    """The loader's ``backend=`` argument as a :class:`Backend`.
+
+    Raises:
+        ValueError: not a registered name or a :class:`Backend`.
+    """
+    if isinstance(backend, Backend):
+        return backend
+    if isinstance(backend, str) and backend in BACKENDS.names():
+        return BACKENDS.get(backend)()
+    raise ValueError(
+        f"backend must be one of {BACKENDS.names()} or a drapps.RayBackend, got {backend!r}"
+    )
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a loader reads batches made elsewhere (``Loader(source=...)``; a URL string is
+    ``Source(url)``).
+
+    Example:
+        >>> import drapps
+        >>> drapps.Source("redis://127.0.0.1:6379/0?queue=photos").max_batch_bytes
+        '1GiB'
+    """
+
+    url: str
+    """``redis://[user:password@]host:port/db?queue=NAME`` (or ``rediss://``, ``unix://``)."""
+    max_batch_bytes: int | str = "1GiB"
+    """Refuse, before fetching it, a batch announced larger than this."""
+    username: str | None = None
+    """An ACL user, when not in the URL."""
+    password: str | None = None
+    """A password, when not in the URL (it is redacted in every message)."""
+
+
+SOURCES: Registry[str] = Registry("source scheme")
+"""URL scheme -> ``"module:Engine"`` that reads batches made elsewhere."""
+for _scheme in ("redis", "rediss", "unix"):
+    SOURCES.register(_scheme, "drapps.integrations.redis_source:RedisSource")
+
+
+def source_engine(source: str) -> Any:
+    """The engine class registered for ``source``'s URL scheme.
+
+    Raises:
+        ValueError: ``source`` is not a URL of a registered scheme.
+    """
+    scheme = urlsplit(source).scheme if isinstance(source, str) and "://" in source else None
+    if scheme not in SOURCES.names():
+        raise ValueError(
+            f"source must be a Redis URL (redis://host:port/db?queue=NAME; the schemes known "
+            f"are {SOURCES.names()}), got {source!r}"
+        )
+    module, _, name = SOURCES.get(scheme).partition(":")
+    return getattr(importlib.import_module(module), name)

@@ -1,0 +1,120 @@
+"""The engine protocol: what makes a loader's batches, behind one small contract.
+
+A :class:`drapps.Loader` holds DataLoader's arguments and picks one engine; the engine makes the
+batches of each epoch and owns the knobs that change how (workers, prefetch). Members: the
+inline engine (the training process itself), the pool engine (a dispatcher over any
+:class:`~drapps.runtime.pool.WorkerPool`: processes, threads, Ray actors), the stream engine
+(an iterable dataset's worker processes), and the remote engine (batches from ``drapps serve``
+producers through Redis). Each one passes the same conformance suite (``tests/engines``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+from drapps.control.controller import Bounds, default_knobs
+from drapps.control.knobs import Knob
+from drapps.runtime.plan import EpochPlan
+from drapps.runtime.stats import PipelineSnapshot
+
+Skipped = list[tuple[Any, str]]
+
+
+@dataclass(frozen=True)
+class EpochJob:
+    """One epoch an engine is asked to make."""
+
+    epoch: int
+    seed: int
+    """The epoch's base seed: per-sample randomness comes from (seed, epoch, index)."""
+    plan: EpochPlan | None
+    """The batches by index; None for an iterable dataset, whose workers read streams."""
+    start: int = 0
+    """The first batch to make (a resumed epoch starts past 0)."""
+    fresh: bool = False
+    """Start the epoch with new workers (DataLoader's ``persistent_workers=False``)."""
+
+
+@dataclass
+class EngineBatch:
+    """One batch as an engine hands it over: the batch, or the error to raise in its place."""
+
+    batch: Any
+    skipped: Skipped = field(default_factory=list)
+    split: int | None = None
+    """The Pipeline split the batch was made with: its device stage starts there."""
+    error: BaseException | None = None
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the loader bounds every engine by."""
+
+    memory_budget: int
+    """Bytes ready batches may hold."""
+    max_workers: int
+    """The most workers the engine may run."""
+
+
+class Engine(ABC):
+    """Makes the batches of one epoch at a time. Not thread-safe: the loader calls it from the
+    training loop; the controller reaches it only through :meth:`knobs` and :meth:`snapshot`."""
+
+    kind: str = ""
+    """The engine's name in errors and reports."""
+    tunable: bool = False
+    """A controller can move its workers and prefetch while it runs."""
+
+    @property
+    @abstractmethod
+    def workers(self) -> int:
+        """Workers asked for now (0: batches are made in the calling process)."""
+
+    @abstractmethod
+    def start_epoch(self, job: EpochJob) -> None:
+        """Begin making ``job``'s batches from ``job.start``; supersedes any epoch under way."""
+
+    @abstractmethod
+    def next(self) -> EngineBatch | None:
+        """The epoch's next batch, in order, waiting for it; None once the epoch is over."""
+
+    def ready(self) -> EngineBatch | None:
+        """The next batch if it is made already, without waiting (None: not yet, or never
+        ahead of the loop). What it returns is the next :meth:`next` would have returned."""
+        return None
+
+    def resize(self, workers: int) -> None:
+        """Change the worker count now, without losing or reordering data."""
+        raise ValueError(
+            f"resize() needs worker processes; this loader makes batches with the {self.kind} "
+            "engine (workers=0)"
+        )
+
+    def set_split(self, split: int | None) -> None:
+        """Make batches from now on with a Pipeline transform's ops before ``split``."""
+        return None
+
+    def set_prefetch(self, depth: int | None) -> None:
+        """Set the batches made ahead (None: the engine's default)."""
+        raise ValueError(f"the {self.kind} engine has no prefetch depth to set")
+
+    def batch_bytes(self) -> int:
+        """Bytes of the largest batch made so far (0: not known)."""
+        return 0
+
+    def knobs(self, bounds: Bounds, grant: Any = None) -> list[Knob]:
+        """The knobs this engine owns (workers and prefetch), within ``bounds``. An engine
+        that cannot move them lists them held, so every trace has the same columns."""
+        held = dataclasses.replace(bounds, adjust_workers=False, adjust_prefetch=False)
+        return default_knobs(self, held)
+
+    @abstractmethod
+    def snapshot(self, samples: int) -> PipelineSnapshot:
+        """The engine's counters now, with ``samples`` delivered so far."""
+
+    @abstractmethod
+    def shutdown(self) -> None:
+        """Stop every worker and free their memory. Idempotent."""

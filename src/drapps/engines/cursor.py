@@ -1,0 +1,226 @@
+"""Where a loader's iteration stands: the next epoch and batch, its plan, and resume state.
+
+Each ``iter(loader)`` asks the cursor for the next :class:`~drapps.engines.base.EpochJob`; the
+cursor plans it (from the loader's seed, or by drawing the sampler's batches once), and its
+``state_dict`` / ``load_state_dict`` save and restore the position, as torchdata's nodes keep
+their own state.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
+
+import torch
+
+from drapps.engines.base import EpochJob
+from drapps.engines.sharding import RankShard
+from drapps.runtime.config import checked_index
+from drapps.runtime.plan import EpochPlan, Plan, SampledPlan
+from drapps.runtime.sampling import draw_base_seed, draw_batches, plain_key
+
+_STATE_VERSION = 2
+
+
+class Positioned(Protocol):
+    """What the cursor reads of the epoch under way (an :class:`~drapps.engines.epoch.Epoch`)."""
+
+    epoch: int
+    position: int
+    finished: bool
+    plan: EpochPlan | None
+
+
+class EpochCursor:
+    """The epoch and batch the next ``iter(loader)`` starts from.
+
+    Args:
+        dataset: the dataset (its length is read when an epoch is planned).
+        index_sampler: the batch sampler (or the sampler, without batching) DataLoader
+            would iterate.
+        user_sampler: the sampler or batch sampler the user gave (None: drapps plans).
+        seed: the loader's seed (None: drawn from torch's RNG per iterator, as DataLoader).
+        generator: the torch generator the base seed is drawn from.
+        batch_size, shuffle, drop_last: the batching (``batch_size`` None with a batch
+            sampler or without batching).
+        batched: batches are collated (a sampler's keys are grouped by the batch sampler).
+        iterable: the dataset is iterable: no plan, only the epoch and batch counts.
+        persistent: one base seed for all epochs (DataLoader draws it once per iterator).
+        shard: this rank's share under torch.distributed.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        index_sampler: Iterable[Any] | None,
+        user_sampler: Any,
+        *,
+        seed: int | None,
+        generator: torch.Generator | None,
+        batch_size: int | None,
+        shuffle: bool,
+        drop_last: bool,
+        batched: bool,
+        iterable: bool,
+        persistent: bool,
+        shard: RankShard | None = None,
+    ) -> None:
+        self._dataset, self._index_sampler, self._user_sampler = (
+            dataset,
+            index_sampler,
+            user_sampler,
+        )
+        self._seed, self._generator = seed, generator
+        self._batching = (batch_size, shuffle, drop_last)
+        self._batched, self._iterable, self._persistent = batched, iterable, persistent
+        self._shard = shard
+        self._lock = threading.Lock()
+        self._next_epoch = 0
+        self._next_batch = 0
+        self._pending: SampledPlan | None = None
+        self._base_seed: int | None = None
+        self.epochs_started = 0
+        # A weak reference: the iterator holds the loader, not the other way round.
+        self._active: Callable[[], Positioned | None] = lambda: None
+
+    def next_job(self) -> EpochJob:
+        """The epoch the next ``iter(loader)`` runs; moves the cursor past it."""
+        with self._lock:
+            fresh = not self._persistent and self.epochs_started > 0
+            self.epochs_started += 1
+            if self._iterable:
+                epoch, start = self._next_epoch, self._next_batch
+                self._next_epoch, self._next_batch = epoch + 1, 0
+                return EpochJob(epoch, self._epoch_seed(), None, start, fresh)
+            plan: EpochPlan
+            if self._pending is not None:
+                plan, self._pending = self._pending, None
+                start = plan.first
+            else:
+                plan, start = self._make_plan(self._next_epoch), self._next_batch
+            self._next_epoch, self._next_batch = plan.epoch + 1, 0
+            return EpochJob(plan.epoch, plan.seed, plan, start, fresh)
+
+    def follow(self, epoch: Positioned) -> None:
+        """Make ``epoch`` the one under way (held weakly)."""
+        self._active = weakref.ref(epoch)
+
+    def is_current(self, epoch: Positioned) -> bool:
+        return self._active() is epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next ``iter(loader)`` run ``epoch`` from its first batch."""
+        with self._lock:
+            self._next_epoch, self._next_batch = epoch, 0
+            self._pending = None
+            self._active = lambda: None
+
+    def length(self) -> int:
+        """Batches in an epoch (this rank's share under torch.distributed)."""
+        shard = self._shard.keys(0, warn=False) if self._shard is not None else None
+        return len(shard if shard is not None else self._index_sampler)  # type: ignore[arg-type]
+
+    def _make_plan(self, epoch: int) -> EpochPlan:
+        batch_size, shuffle, drop_last = self._batching
+        seed = self._epoch_seed()
+        shard = self._shard.keys(epoch, warn=True) if self._shard is not None else None
+        if shard is not None:
+            return SampledPlan(draw_batches(shard, self._batched), seed, epoch)
+        if self._user_sampler is None and (self._seed is not None or not shuffle):
+            size = batch_size or 1
+            return Plan(len(self._dataset), size, shuffle, drop_last, seed, epoch)
+        assert self._index_sampler is not None
+        return SampledPlan(draw_batches(self._index_sampler, self._batched), seed, epoch)
+
+    def _epoch_seed(self) -> int:
+        """The seed of the epoch about to start, drawn as DataLoader draws its base seed (once
+        per iterator, so once in all with persistent workers) unless ``seed`` was given."""
+        if self._seed is not None:
+            return self._seed
+        if self._base_seed is None or not self._persistent:
+            self._base_seed = draw_base_seed(self._generator)
+        return self._base_seed
+
+    # ------------------------------------------------------------------------------ resume
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where iteration stands: loading it into a new loader resumes at the next batch.
+
+        Plain data (JSON-serialisable for integer keys). An epoch whose order the loader's
+        own ``seed`` determines is stored as (epoch, next batch); an epoch a sampler drew is
+        stored with its remaining batches, since a sampler cannot in general redraw them.
+        """
+        with self._lock:
+            active = self._active()
+            plan: EpochPlan | None = None
+            if active is not None and not active.finished:
+                epoch, next_batch = active.epoch, active.position
+                plan = active.plan
+            elif self._pending is not None:
+                plan = self._pending
+                epoch, next_batch = plan.epoch, plan.first
+            else:
+                epoch, next_batch = self._next_epoch, self._next_batch
+        batch_size, shuffle, drop_last = self._batching
+        state: dict[str, Any] = {
+            "version": _STATE_VERSION,
+            "epoch": epoch,
+            "next_batch": next_batch,
+            "seed": self._seed,
+            "num_samples": len(self._dataset) if hasattr(self._dataset, "__len__") else None,
+            "batch_size": batch_size,
+            "shuffle": shuffle,
+            "drop_last": drop_last,
+        }
+        if plan is not None and (isinstance(plan, SampledPlan) or self._seed is None):
+            state["seed"] = plan.seed
+            state["batches"] = [
+                [plain_key(key) for key in plan.batch(b)] for b in range(next_batch, len(plan))
+            ]
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from :meth:`state_dict`: the next ``iter(loader)`` yields the remaining batches.
+
+        Raises:
+            ValueError: the state is malformed or was taken from a loader with another seed,
+                dataset length, batch size, shuffle or drop_last.
+        """
+        if not isinstance(state, dict):
+            raise ValueError(f"state must be a dict from Loader.state_dict(), got {state!r}")
+        if state.get("version") not in (1, _STATE_VERSION):
+            raise ValueError(
+                f"state version must be 1 or {_STATE_VERSION}, got {state.get('version')!r}"
+            )
+        epoch = checked_index("state epoch", state.get("epoch"))
+        next_batch = checked_index("state next_batch", state.get("next_batch"))
+        current = self.state_dict()
+        batches = state.get("batches")
+        keys: tuple[str, ...] = ("num_samples", "batch_size")
+        if batches is None:
+            keys = ("seed", "num_samples", "batch_size", "shuffle", "drop_last")
+        for key in keys:
+            if state.get(key) != current[key]:
+                raise ValueError(
+                    f"state was saved with {key}={state.get(key)!r} but this loader has "
+                    f"{key}={current[key]!r}"
+                )
+        pending = None
+        if batches is not None:
+            if not isinstance(batches, list) or not all(isinstance(b, list) for b in batches):
+                raise ValueError("state batches must be a list of lists of dataset keys")
+            seed = checked_index("state seed", state.get("seed"))
+            pending = SampledPlan(tuple(batches), seed, epoch, first=next_batch)
+        elif not self._iterable:
+            batch_size, shuffle, drop_last = self._batching
+            plan = Plan(len(self._dataset), batch_size or 1, shuffle, drop_last, 0, epoch)
+            if next_batch > len(plan):
+                raise ValueError(
+                    f"state next_batch must be in [0, {len(plan)}], got {next_batch!r}"
+                )
+        with self._lock:
+            self._next_epoch, self._next_batch = epoch, next_batch
+            self._pending = pending
+            self._active = lambda: None

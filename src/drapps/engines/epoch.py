@@ -1,0 +1,255 @@
+"""One epoch of a Loader: the iterator ``iter(loader)`` returns, over any engine.
+
+It takes the engine's batches in order, runs a device stage on them (staging batch ``b + 1``
+in the stage's thread while the loop steps on ``b`` when the engine has it already), and
+counts what it delivers. It is superseded by the loader's next ``iter()``, ``set_epoch()`` or
+``load_state_dict()``.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from drapps.engines.base import Engine, EngineBatch, EpochJob, Skipped
+from drapps.ops.device_stage import DeviceStage, Staged
+from drapps.runtime.errors import SampleError, sample_error
+from drapps.runtime.sampling import key_of
+from drapps.runtime.seeding import sample_seed_for
+
+_KEPT_SKIPS = 100
+
+
+@dataclass
+class Delivered:
+    """What the training loop has received so far, counted by its epochs."""
+
+    epoch: int = -1
+    """Epoch of the current (or last) iteration; -1 before the first."""
+    batches: int = 0
+    samples: int = 0
+    samples_skipped: int = 0
+    skipped: list[tuple[Any, str]] = field(default_factory=list)
+    """The last 100 skipped samples: (index, what failed)."""
+    stage_wait_s: float = 0.0
+    """Seconds the loop waited for a batch staged ahead in the device stage."""
+
+    def record(self, samples: int, skipped: Skipped) -> None:
+        self.batches += samples > 0
+        self.samples += samples
+        if skipped:
+            self.samples_skipped += len(skipped)
+            self.skipped = (self.skipped + skipped)[-_KEPT_SKIPS:]
+
+
+@dataclass
+class _Ahead:
+    """The next batch, taken from the engine and being staged in the stage's thread."""
+
+    batch_id: int
+    made: EngineBatch
+    staged: Future[Staged]
+
+
+class Epoch:
+    """Yields one epoch's batches in order.
+
+    Args:
+        job: the epoch (its plan, or None for an iterable dataset's stream).
+        engine: makes the batches.
+        stage: the device stage, or None.
+        delivered: the loader's counters, which this epoch adds to.
+        is_current: whether this epoch is still the loader's current one.
+        split: the Pipeline split now (the stage overlaps only batches with ops left to run).
+        length: the batches of a stream epoch (its dataset's ``__len__``; TypeError without).
+        batched: batches are collated (``batch_size=None`` delivers samples, which may be None).
+        batch_size: samples counted for a stream batch whose length cannot be read.
+    """
+
+    def __init__(
+        self,
+        job: EpochJob,
+        engine: Engine,
+        stage: DeviceStage | None,
+        delivered: Delivered,
+        *,
+        is_current: Callable[[Any], bool],
+        split: Callable[[], int | None],
+        length: Callable[[], int],
+        batched: bool,
+        batch_size: int,
+    ) -> None:
+        self.epoch = job.epoch
+        self.plan = job.plan
+        self.position = job.start if job.plan is not None else 0
+        self.finished = job.plan is not None and job.start >= len(job.plan)
+        self._engine, self._stage, self._delivered = engine, stage, delivered
+        self._is_current, self._split, self._length = is_current, split, length
+        self._batched, self._batch_size = batched, batch_size
+        self._ahead: _Ahead | None = None
+        if not self.finished:
+            engine.start_epoch(job)
+        if job.plan is None:  # a resumed stream replays its first batches and drops them
+            for _ in range(job.start):
+                if engine.next() is None:
+                    self.finished = True
+                    break
+                self.position += 1
+
+    def __iter__(self) -> Epoch:
+        return self
+
+    def __len__(self) -> int:
+        if self.plan is not None:
+            return len(self.plan) - self.position
+        return max(0, self._length() - self.position)
+
+    def __next__(self) -> Any:
+        if not self._is_current(self):
+            raise RuntimeError(
+                "this epoch's iterator was superseded by a newer iter(loader), set_epoch() or "
+                "load_state_dict()"
+            )
+        if self.plan is None:
+            return self._next_streamed()
+        while not self.finished:
+            batch, samples, skipped = self._next_planned()
+            self._delivered.record(samples, skipped)
+            # With batch_size=None a sample may itself be None; a skipped one is not delivered.
+            if batch is not None or (samples and not self._batched):
+                return batch
+        raise StopIteration
+
+    def _next_streamed(self) -> Any:
+        if self.finished:
+            raise StopIteration
+        try:
+            made = self._engine.next()
+        except BaseException:  # the stream's failure: this epoch is over
+            self.finished = True
+            raise
+        if made is None:
+            self.finished = True
+            raise StopIteration
+        self.position += 1
+        batch = made.batch
+        self._delivered.record(_batch_len(batch, self._batch_size), made.skipped)
+        if self._stage is not None and batch is not None:
+            return self._stage.run(batch, (), None)
+        return batch
+
+    def _next_planned(self) -> tuple[Any, int, Skipped]:
+        plan = self.plan
+        assert plan is not None
+        batch_id = self.position
+        if batch_id >= len(plan):
+            self.finished = True
+            return None, 0, []
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead.batch_id == batch_id:
+            made: EngineBatch | None = ahead.made
+        else:
+            ahead = None
+            made = self._engine.next()
+        if made is None:
+            self.finished = True
+            return None, 0, []
+        self._advance()
+        if made.error is not None:
+            raise made.error
+        indices = plan.batch(batch_id)
+        try:
+            if ahead is not None:
+                batch = self._collect(ahead)
+            else:
+                batch = self._staged(made.batch, indices, made.skipped, made.split)
+        except Exception as exc:
+            raise _stage_error(exc, batch_id, indices) from exc
+        self._stage_next()
+        return batch, len(indices) - len(made.skipped), made.skipped
+
+    def _stage_next(self) -> None:
+        """Start staging the next batch in the stage's thread if the engine has it already."""
+        stage, plan = self._stage, self.plan
+        assert plan is not None
+        if stage is None or self.finished or stage.idle(self._split()):
+            return  # nothing to overlap: leave the next batch with the engine (and its budget)
+        made = self._engine.ready()
+        if made is None:
+            return
+        batch_id = self.position
+        if made.error is None and made.batch is not None and not stage.idle(made.split):
+            seeds = self._seeds(plan.batch(batch_id), made.skipped)
+            staged = stage.ahead(made.batch, seeds, made.split)
+        else:  # an error to raise, or nothing to stage: handed over as it is
+            staged = Future()
+            staged.set_result(Staged(made.batch))
+        self._ahead = _Ahead(batch_id, made, staged)
+
+    def _collect(self, ahead: _Ahead) -> Any:
+        """The staged batch, waiting for its stage to finish (counted as the loop's wait)."""
+        assert self._stage is not None
+        began = time.perf_counter()
+        try:
+            staged = ahead.staged.result()
+        finally:
+            self._delivered.stage_wait_s += time.perf_counter() - began
+        return self._stage.finish(staged)
+
+    def _staged(self, batch: Any, indices: list[Any], skipped: Skipped, split: int | None) -> Any:
+        """``batch`` through the device stage: moved to the loader's device, and through the
+        ops of its Pipeline from ``split``, the split it was made with."""
+        stage = self._stage
+        if stage is None or batch is None:
+            return batch
+        seeds = self._seeds(indices, skipped) if stage.has_ops(split) else ()
+        return stage.run(batch, seeds, split)
+
+    def _seeds(self, indices: list[Any], skipped: Skipped) -> list[int]:
+        """The seeds of a batch's delivered samples, in batch order."""
+        assert self.plan is not None
+        dropped = {key_of(index) for index, _ in skipped}
+        return [
+            sample_seed_for(self.plan.seed, self.epoch, key)
+            for key in map(key_of, indices)
+            if key not in dropped
+        ]
+
+    def _advance(self) -> None:
+        assert self.plan is not None
+        self.position += 1
+        if self.position >= len(self.plan):
+            self.finished = True
+
+
+def _stage_error(exc: Exception, batch_id: int, indices: list[Any]) -> SampleError:
+    """A device stage failure as the training loop sees it: naming the batch, its indices and
+    the op, and an instance of the original type (as a failing sample's error is)."""
+    where = getattr(exc, "drapps_op", "moving the batch")
+    return sample_error(
+        f"the device stage failed at {where} on batch {batch_id} (indices {indices}): "
+        f"{type(exc).__name__}: {exc}",
+        type(exc),
+        index=None,
+        stage="device_stage",
+        indices=indices,
+        detail="".join(traceback.format_exception(exc)),
+    )
+
+
+def _batch_len(batch: Any, default: int) -> int:
+    """Samples in a collated batch (the first tensor's length), else ``default``."""
+    probe = batch
+    while isinstance(probe, list | tuple) and probe:
+        probe = probe[0]
+    if isinstance(probe, dict) and probe:
+        probe = next(iter(probe.values()))
+    if isinstance(probe, torch.Tensor) and probe.dim() > 0:
+        return int(probe.shape[0])
+    return default

@@ -1,0 +1,104 @@
+"""The inline engine: batches made in the training process itself (``workers=0``).
+
+A map-style epoch makes each planned batch when the loop asks for it; an iterable dataset is
+iterated here, as DataLoader does with no workers. The loop's wait is the time spent making.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from drapps.engines.base import Engine, EngineBatch, EpochJob, Limits
+from drapps.runtime.plan import EpochPlan
+from drapps.runtime.seeding import preserved_global_rngs
+from drapps.runtime.stats import PipelineSnapshot, inline_snapshot
+from drapps.runtime.stream import StreamBatcher
+from drapps.runtime.worker import BatchRecipe, make_batch
+
+
+class InlineEngine(Engine):
+    """Makes every batch in the calling process, in plan order.
+
+    Args:
+        recipe: what a batch is made of (dataset, transform, collate, errors).
+        batch_size, drop_last: batching of an iterable dataset's stream.
+        limits: the loader's memory budget (reported; nothing is held ahead).
+        finish: applied to each batch as it is made (pinning).
+        split: a Pipeline transform's split to start with.
+    """
+
+    kind = "inline"
+
+    def __init__(
+        self,
+        recipe: BatchRecipe,
+        batch_size: int | None,
+        drop_last: bool,
+        limits: Limits,
+        finish: Callable[[Any], Any] | None = None,
+        split: int | None = None,
+    ) -> None:
+        self._recipe = recipe
+        self._batching = (batch_size, drop_last)
+        self._limits = limits
+        self._finish = finish
+        self._split = split
+        self._made: Iterator[EngineBatch] = iter(())
+        self._plan: EpochPlan | None = None
+        self._position = 0
+        self.wait_s = 0.0
+
+    @property
+    def workers(self) -> int:
+        return 0
+
+    def set_split(self, split: int | None) -> None:
+        self._split = split
+
+    def start_epoch(self, job: EpochJob) -> None:
+        self._plan, self._position = job.plan, job.start
+        self._made = self._stream() if job.plan is None else iter(())
+
+    def next(self) -> EngineBatch | None:
+        began = time.perf_counter()
+        try:
+            if self._plan is None:
+                return next(self._made, None)
+            return self._make_planned(self._plan)
+        finally:
+            self.wait_s += time.perf_counter() - began
+
+    def _make_planned(self, plan: EpochPlan) -> EngineBatch | None:
+        """The next planned batch, or the error of one that failed."""
+        batch_id = self._position
+        if batch_id >= len(plan):
+            return None
+        self._position += 1
+        split = self._split
+        try:
+            with preserved_global_rngs():
+                made = make_batch(self._recipe, plan.seed, plan.epoch, plan.batch(batch_id), split)
+        except Exception as exc:  # raised in the loop in the batch's place; the epoch goes on
+            return EngineBatch(None, split=split, error=exc)
+        return EngineBatch(self._finished(made.batch), made.skipped, split)
+
+    def _stream(self) -> Iterator[EngineBatch]:
+        batcher = StreamBatcher(self._recipe, *self._batching)
+        while True:
+            try:
+                batch = batcher.next_batch()
+            except StopIteration:
+                return
+            skipped, batcher.skipped = batcher.skipped, []
+            yield EngineBatch(self._finished(batch), skipped)
+
+    def _finished(self, batch: Any) -> Any:
+        return self._finish(batch) if self._finish is not None and batch is not None else batch
+
+    def snapshot(self, samples: int) -> PipelineSnapshot:
+        return inline_snapshot(samples, self.wait_s, self._limits.memory_budget)
+
+    def shutdown(self) -> None:
+        self._made, self._plan = iter(()), None

@@ -1,0 +1,124 @@
+"""The pool engine: a map-style dataset's batches made by a resizable :class:`WorkerPool`.
+
+The dispatcher thread hands each planned batch to a worker (a process, a thread or a Ray actor)
+and the reorder buffer gives them back in plan order under the memory budget; this engine is
+the loader's face on that pair, and owns the workers, prefetch and priority knobs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from multiprocessing.context import BaseContext
+from typing import Any
+
+from drapps.control.controller import Bounds, default_knobs
+from drapps.control.knobs import Knob, PriorityKnob
+from drapps.engines.base import Engine, EngineBatch, EpochJob, Limits
+from drapps.runtime.dispatcher import Dispatcher
+from drapps.runtime.errors import SampleError
+from drapps.runtime.pool import WorkerPool
+from drapps.runtime.reorder import Entry
+from drapps.runtime.stats import PipelineSnapshot
+from drapps.runtime.worker import BatchRecipe
+
+
+class PoolEngine(Engine):
+    """Batches made by the workers of ``pool`` (default: worker processes in ``context``).
+
+    Args:
+        recipe: what a batch is made of, sent to every worker.
+        workers: the count to start with.
+        prefetch: batches in flight + ready in total; None: ``prefetch_per_worker`` each.
+        limits: the memory budget of ready batches and the most workers.
+        timeout: seconds a worker may hold a batch before it is replaced (None: no limit).
+        max_attempts: attempts at a batch whose worker keeps dying or hanging.
+        split: a Pipeline transform's split to start with.
+    """
+
+    kind = "pool"
+    tunable = True
+
+    def __init__(
+        self,
+        recipe: BatchRecipe,
+        *,
+        workers: int,
+        prefetch: int | None,
+        prefetch_per_worker: int,
+        limits: Limits,
+        timeout: float | None,
+        max_attempts: int,
+        context: BaseContext | None,
+        finish: Callable[[Any], Any] | None = None,
+        split: int | None = None,
+        pool: WorkerPool | None = None,
+    ) -> None:
+        self._limits = limits
+        self.dispatcher = Dispatcher(
+            recipe,
+            workers=workers,
+            prefetch=prefetch,
+            prefetch_per_worker=prefetch_per_worker,
+            memory_budget=limits.memory_budget,
+            timeout=timeout,
+            max_attempts=max_attempts,
+            context=context,
+            finish=finish,
+            split=split,
+            pool=pool,
+        )
+
+    @property
+    def workers(self) -> int:
+        return self.dispatcher.target_workers
+
+    def start_epoch(self, job: EpochJob) -> None:
+        if job.plan is None:
+            raise ValueError("the pool engine makes planned batches; an iterable dataset has none")
+        if job.start < len(job.plan):
+            self.dispatcher.start_epoch(job.plan, job.start, fresh_workers=job.fresh)
+
+    def next(self) -> EngineBatch | None:
+        entry = self.dispatcher.buffer.get(alive=self.dispatcher.alive)
+        return None if entry is None else _made(entry)
+
+    def ready(self) -> EngineBatch | None:
+        entry = self.dispatcher.buffer.get_ready()
+        return None if entry is None else _made(entry)
+
+    def resize(self, workers: int) -> None:
+        self.dispatcher.resize(workers)
+
+    def set_split(self, split: int | None) -> None:
+        self.dispatcher.set_split(split)
+
+    def set_prefetch(self, depth: int | None) -> None:
+        self.dispatcher.set_prefetch(depth)
+
+    def batch_bytes(self) -> int:
+        return self.dispatcher.batch_bytes()
+
+    def knobs(self, bounds: Bounds, grant: Any = None) -> list[Knob]:
+        knobs = default_knobs(self, bounds, grant if bounds.adjust_workers else None)
+        # Worker processes can yield the CPU to the training process; Ray actors cannot.
+        if bounds.adjust_workers and self.dispatcher.set_priority("normal"):
+            knobs.append(PriorityKnob(self.dispatcher.set_priority))
+        return knobs
+
+    def snapshot(self, samples: int) -> PipelineSnapshot:
+        return self.dispatcher.snapshot(
+            samples=samples,
+            memory_budget=self._limits.memory_budget,
+            max_workers=self._limits.max_workers,
+        )
+
+    def shutdown(self) -> None:
+        self.dispatcher.shutdown()
+
+
+def _made(entry: Entry) -> EngineBatch:
+    error = entry.error
+    noted = any("worker traceback" in note for note in getattr(error, "__notes__", ()))
+    if isinstance(error, SampleError) and error.detail and not noted:
+        error.add_note(f"worker traceback:\n{error.detail}")  # type: ignore[attr-defined]
+    return EngineBatch(entry.batch, entry.skipped, entry.stop, error)
