@@ -28,8 +28,7 @@ from drapps.control.policy import Policy
 from drapps.engines.assembly import assemble, open_source
 from drapps.engines.backends import Backend, Source, resolve_backend
 from drapps.engines.cursor import EpochCursor
-from drapps.engines.epoch import Epoch
-from drapps.engines.sharding import RankShard, warn_once
+from drapps.engines.sharding import warn_once
 from drapps.runtime.config import LoaderConfig, checked_index, resolve_workers
 from drapps.runtime.sampling import (
     check_dataset,
@@ -58,38 +57,17 @@ class Loader:
             or an iterable one (``IterableDataset``, or any object with ``__iter__`` and no
             ``__getitem__``): each worker iterates its own copy, sharding through
             ``torch.utils.data.get_worker_info()``.
-        batch_size: samples per batch; None turns auto-batching off (each sample is passed
-            to ``collate_fn`` alone, by default ``default_convert``).
-        shuffle: visit the dataset in a random order (from ``seed``, or as DataLoader's
-            ``RandomSampler`` draws it).
-        sampler: yields the dataset keys of an epoch (e.g. ``DistributedSampler``).
-        batch_sampler: yields lists of keys, one per batch.
-        num_workers: DataLoader's name for ``workers``: 0, an int, or "auto".
-        collate_fn: list of samples -> batch; default ``torch.utils.data.default_collate``.
-        pin_memory: deliver batches in page-locked memory when an accelerator is present.
-        drop_last: drop a last batch shorter than ``batch_size``.
-        timeout: seconds a worker may spend on one batch before it is replaced and the batch
-            retried (0 or None: no limit). Worker processes only.
-        worker_init_fn: called with the worker id in each new worker process.
-        multiprocessing_context: "fork", "spawn", "forkserver" or a context object.
-        generator: the torch generator for the base seed and ``RandomSampler``.
-        prefetch_factor: batches made ahead per worker (default 2).
-        persistent_workers: keep workers between epochs (False: new workers every epoch).
-        pin_memory_device: deprecated in torch; the current accelerator is used.
-        in_order: accepted; drapps always delivers batches in order (determinism).
-        seed: an int makes order and augmentation the same in every run (and lets
-            :meth:`set_epoch` replay an epoch); None draws from torch's RNG as DataLoader does.
-        transform: callable applied to each sample in the worker (must pickle for spawn). A
-            :class:`drapps.ops.Pipeline` with a ``split`` runs its ops before the split in
-            the workers and the rest on each batch after the reorder buffer, in the
-            training process.
-        split: with a Pipeline transform, where to cut it: an int (fixed), "auto" (the
-            controller moves the cut one op at a time while training runs, keeping a move
-            only if throughput rose), or None (the Pipeline's own ``split``). Batches are the
-            same whatever the split (bit for bit on one device; see ``docs/device.md``).
-        device: where the device stage runs: "cuda" moves each batch there from pinned
-            memory on a side stream and runs the ops after the split on it, batched; None
-            or "cpu" runs them in the training process. Batches are delivered on ``device``.
+        batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn, pin_memory,
+            drop_last, timeout, worker_init_fn, multiprocessing_context, generator,
+            prefetch_factor, persistent_workers, pin_memory_device, in_order: DataLoader's,
+            with its meaning. Where drapps differs: ``num_workers`` is ``workers``' other name
+            and also takes "auto" (the default); a worker over ``timeout`` on one batch is
+            replaced and the batch retried (0 or None: no limit); ``in_order=False`` is
+            accepted, and batches still come in order (determinism).
+        seed, transform, split, device, workers, max_workers, prefetch, memory_budget,
+            on_error, max_attempts, policy, min_workers, control_interval, trace, progress,
+            shard_by_rank: drapps' own settings, each documented once, on the field of the
+            same name of :class:`drapps.LoaderConfig`.
         cache: keep each sample as the deterministic start of the pipeline leaves it
             (``dataset[i]`` and a Pipeline's ops before its first random one) in shared
             memory and on disk, and read it back in later epochs instead of remaking it: a
@@ -213,11 +191,7 @@ class Loader:
         self.prefetch_factor = prefetch_factor if prefetch_factor or config.workers == 0 else 2
         self.persistent_workers, self.in_order = persistent_workers, in_order
         if not in_order:
-            warn_once(
-                "in_order",
-                "drapps delivers batches in order always (in_order=False "
-                "is accepted and changes nothing): that is what keeps them deterministic",
-            )
+            warn_once("in_order", _IN_ORDER)
         self._iterable = is_iterable_dataset(dataset)
         self._parts, self.config = assemble(
             config,
@@ -232,29 +206,9 @@ class Loader:
             pin_memory_device=pin_memory_device,
             engine=remote if source is not None else None,
         )
-        c = self.config
-        shard = RankShard(
-            dataset,
-            user_sampler,
-            enabled=c.shard_by_rank and not self._iterable,
-            shuffle=c.shuffle,
-            seed=c.seed,
-            batch_size=self.batch_size,
-            drop_last=self.drop_last,
-        )
-        self._cursor = EpochCursor(
-            dataset,
-            batch_sampler if batched else self.sampler,
-            user_sampler,
-            seed=c.seed,
-            generator=generator,
-            batch_size=self.batch_size,
-            shuffle=c.shuffle,
-            drop_last=self.drop_last,
-            batched=batched,
-            iterable=self._iterable,
-            persistent=persistent_workers,
-            shard=shard,
+        index_sampler = batch_sampler if batched else self.sampler
+        self._cursor = EpochCursor.of(
+            self.config, dataset, index_sampler, user_sampler, generator, batched
         )
         # Runs on close(), garbage collection or interpreter exit, whichever comes first; it
         # holds the parts, never the loader, so the loader stays collectable.
@@ -281,27 +235,7 @@ class Loader:
                 f"this drapps.Loader belongs to process {self._parts.owner}; a forked child "
                 f"(pid {os.getpid()}) cannot iterate it: make a new Loader in the child"
             )
-        parts, cursor = self._parts, self._cursor
-        if parts.tuner is not None:
-            parts.tuner.start()
-        if parts.claim is not None:
-            parts.claim.claim(parts.engine)
-        job = cursor.next_job()
-        split = parts.split
-        epoch = Epoch(
-            job,
-            parts.engine,
-            parts.stage,
-            parts.delivered,
-            is_current=cursor.is_current,
-            split=(lambda: split.value) if split is not None else (lambda: None),
-            length=self.__len__,
-            batched=self.batch_sampler is not None,
-            batch_size=self.batch_size or 1,
-        )
-        parts.delivered.epoch = job.epoch
-        cursor.follow(epoch)
-        return epoch
+        return self._parts.start_epoch(self._cursor, self.__len__)
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next ``iter(loader)`` run ``epoch`` from its first batch; passed on to the
@@ -330,12 +264,8 @@ class Loader:
     # ----------------------------------------------------------------------------- control
 
     def resize(self, workers: int) -> None:
-        """Change the worker count now, mid-epoch, without losing or reordering data.
-
-        Growing reuses workers parked by a recent shrink, else starts processes at once.
-        Shrinking parks the surplus workers: they finish the batches they hold and take no
-        more; a parked worker not reused within 5 seconds exits. An iterable dataset's
-        streams cannot move between workers: its new count applies from the next epoch.
+        """Change the worker count now, mid-epoch, without losing or reordering data (an
+        iterable dataset's streams cannot move: its count applies from the next epoch).
 
         Raises:
             ValueError: ``workers`` is not in [1, max_workers], or this loader has no pool
@@ -347,22 +277,18 @@ class Loader:
         self._parts.engine.resize(workers)
 
     def set_split(self, split: int) -> None:
-        """Move the split of a :class:`drapps.ops.Pipeline` transform: batches made from now
-        on run its ops before ``split`` in the workers and the rest after the reorder
-        buffer; batches made before keep theirs, so every batch is the same whatever the split.
+        """Move the split of a :class:`drapps.ops.Pipeline` transform for the batches made
+        from now on (see :meth:`drapps.ops.split.Split.set`).
 
         Raises:
-            ValueError: the transform is not a Pipeline, or ``split`` is not one of its
-                ``split_points()`` this loader can run (one before the end needs batches of
-                a map-style dataset).
+            ValueError: the transform is not a Pipeline, or this loader cannot run ``split``.
         """
         if self._parts.split is None:
             raise ValueError("set_split() needs a drapps.ops.Pipeline as the transform")
         self._parts.split.set(split)
 
     def set_codec(self, codec: str) -> None:
-        """Write new cache entries with ``codec`` (one of the cache's codecs, or "off" to
-        bypass the cache); entries made before are re-encoded as they are read.
+        """Write new cache entries with ``codec`` (one of the cache's, or "off" to bypass it).
 
         Raises:
             ValueError: the loader has no cache, or ``codec`` is not one of its codecs.
@@ -413,6 +339,12 @@ class Loader:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+_IN_ORDER = (
+    "drapps delivers batches in order always (in_order=False is accepted and changes "
+    "nothing): that is what keeps them deterministic"
+)
 
 
 def _changed(named: dict[str, Any]) -> set[str]:

@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from drapps.ops.text import EOT_ID, PackedText, gpt2_encoding, write_corpus
+from drapps.datasets.packed_text import PackedText, write_corpus
+from drapps.ops.text import EOT_ID, gpt2_encoding
 
 
 def test_gpt2_encoding_matches_gpt2() -> None:

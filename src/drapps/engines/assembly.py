@@ -20,7 +20,8 @@ from drapps.control.knobs import CodecKnob, Knob, SplitKnob
 from drapps.control.policy import check_policy
 from drapps.engines.backends import Backend, Source, source_engine
 from drapps.engines.base import Engine, Limits
-from drapps.engines.epoch import Delivered
+from drapps.engines.cursor import EpochCursor
+from drapps.engines.epoch import Delivered, Epoch
 from drapps.engines.inline import InlineEngine
 from drapps.engines.pooled import PoolEngine
 from drapps.engines.sharding import CoreClaim
@@ -67,6 +68,30 @@ class Parts:
             device_s=seconds,
             device_batches=batches,
         )
+
+    def start_epoch(self, cursor: EpochCursor, length: Callable[[], int]) -> Epoch:
+        """The iterator of the epoch ``cursor`` holds next (``length``: the loader's
+        ``len()``, for an iterable dataset's epoch)."""
+        if self.tuner is not None:
+            self.tuner.start()
+        if self.claim is not None:
+            self.claim.claim(self.engine)
+        job = cursor.next_job()
+        split = self.split
+        epoch = Epoch(
+            job,
+            self.engine,
+            self.stage,
+            self.delivered,
+            is_current=cursor.is_current,
+            split=(lambda: split.value) if split is not None else (lambda: None),
+            length=length,
+            batched=cursor.batched,
+            batch_size=cursor.batch_size or 1,
+        )
+        self.delivered.epoch = job.epoch
+        cursor.follow(epoch)
+        return epoch
 
     def knobs(self) -> list[Knob]:
         """The knobs beside the engine's: the split (moved only where workers make batches)

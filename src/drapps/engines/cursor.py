@@ -17,9 +17,9 @@ import torch
 
 from drapps.engines.base import EpochJob
 from drapps.engines.sharding import RankShard
-from drapps.runtime.config import checked_index
+from drapps.runtime.config import LoaderConfig, checked_index
 from drapps.runtime.plan import EpochPlan, Plan, SampledPlan
-from drapps.runtime.sampling import draw_base_seed, draw_batches, plain_key
+from drapps.runtime.sampling import draw_base_seed, draw_batches, is_iterable_dataset, plain_key
 
 _STATE_VERSION = 2
 
@@ -48,7 +48,8 @@ class EpochCursor:
         batched: batches are collated (a sampler's keys are grouped by the batch sampler).
         iterable: the dataset is iterable: no plan, only the epoch and batch counts.
         persistent: one base seed for all epochs (DataLoader draws it once per iterator).
-        shard: this rank's share under torch.distributed.
+        shard_by_rank: under torch.distributed with no distributed sampler, read this rank's
+            share (:class:`~drapps.engines.sharding.RankShard`).
     """
 
     def __init__(
@@ -65,7 +66,7 @@ class EpochCursor:
         batched: bool,
         iterable: bool,
         persistent: bool,
-        shard: RankShard | None = None,
+        shard_by_rank: bool = True,
     ) -> None:
         self._dataset, self._index_sampler, self._user_sampler = (
             dataset,
@@ -75,7 +76,15 @@ class EpochCursor:
         self._seed, self._generator = seed, generator
         self._batching = (batch_size, shuffle, drop_last)
         self._batched, self._iterable, self._persistent = batched, iterable, persistent
-        self._shard = shard
+        self._shard = RankShard(
+            dataset,
+            user_sampler,
+            enabled=shard_by_rank and not iterable,
+            shuffle=shuffle,
+            seed=seed,
+            batch_size=batch_size,
+            drop_last=drop_last,
+        )
         self._lock = threading.Lock()
         self._next_epoch = 0
         self._next_batch = 0
@@ -84,6 +93,44 @@ class EpochCursor:
         self.epochs_started = 0
         # A weak reference: the iterator holds the loader, not the other way round.
         self._active: Callable[[], Positioned | None] = lambda: None
+
+    @classmethod
+    def of(
+        cls,
+        config: LoaderConfig,
+        dataset: Any,
+        index_sampler: Iterable[Any] | None,
+        user_sampler: Any,
+        generator: torch.Generator | None,
+        batched: bool,
+    ) -> EpochCursor:
+        """The cursor of a loader with ``config`` (its batch size is None when batches come
+        from a batch sampler, whose batches drop_last does not touch)."""
+        from_batch_sampler = batched and config.batch_size is None
+        return cls(
+            dataset,
+            index_sampler,
+            user_sampler,
+            seed=config.seed,
+            generator=generator,
+            batch_size=config.batch_size,
+            shuffle=config.shuffle,
+            drop_last=config.drop_last and not from_batch_sampler,
+            batched=batched,
+            iterable=is_iterable_dataset(dataset),
+            persistent=config.persistent_workers,
+            shard_by_rank=config.shard_by_rank,
+        )
+
+    @property
+    def batch_size(self) -> int | None:
+        """Samples per batch (None: a batch sampler's batches, or no batching)."""
+        return self._batching[0]
+
+    @property
+    def batched(self) -> bool:
+        """Batches are collated (False: ``batch_size=None``, one sample at a time)."""
+        return self._batched
 
     def next_job(self) -> EpochJob:
         """The epoch the next ``iter(loader)`` runs; moves the cursor past it."""
@@ -119,13 +166,13 @@ class EpochCursor:
 
     def length(self) -> int:
         """Batches in an epoch (this rank's share under torch.distributed)."""
-        shard = self._shard.keys(0, warn=False) if self._shard is not None else None
+        shard = self._shard.keys(0, warn=False)
         return len(shard if shard is not None else self._index_sampler)  # type: ignore[arg-type]
 
     def _make_plan(self, epoch: int) -> EpochPlan:
         batch_size, shuffle, drop_last = self._batching
         seed = self._epoch_seed()
-        shard = self._shard.keys(epoch, warn=True) if self._shard is not None else None
+        shard = self._shard.keys(epoch, warn=True)
         if shard is not None:
             return SampledPlan(draw_batches(shard, self._batched), seed, epoch)
         if self._user_sampler is None and (self._seed is not None or not shuffle):

@@ -91,14 +91,18 @@ class LoaderConfig:
     collate_fn: Callable[[list[Any]], Any] | None = None
     """Turns a list of samples into a batch; None means torch's ``default_collate``."""
     transform: Callable[[Any], Any] | None = None
-    """Applied to each sample as ``dataset[i]`` returns it, inside the worker (picklable)."""
+    """Applied to each sample as ``dataset[i]`` returns it, inside the worker (it must pickle
+    for spawn). A :class:`drapps.ops.Pipeline` runs its ops before ``split`` in the workers
+    and the rest on each batch after the reorder buffer, in the training process."""
     split: int | Literal["auto"] | None = None
     """With a :class:`drapps.ops.Pipeline` transform: index of the first op run on batches in
-    the device stage (an int, fixed), "auto" (the controller moves it), or None (the
-    Pipeline's own ``split``)."""
+    the device stage (an int, fixed), "auto" (the controller moves it one op at a time while
+    training runs, keeping a move only if throughput rose), or None (the Pipeline's own
+    ``split``). Batches are the same whatever the split (see ``docs/device.md``)."""
     device: str | None = None
-    """Where the device stage runs and batches are delivered ("cpu", "cuda", ...); None: the
-    CPU, batches stay where the workers made them."""
+    """Where the device stage runs and batches are delivered: "cuda" moves each batch there
+    from pinned memory on a side stream and runs the ops after the split on it, batched; None
+    or "cpu": in the training process, batches stay where the workers made them."""
     workers: int | Literal["auto"] = "auto"
     """Worker processes: 0 makes batches in the calling process; "auto" lets drapps choose."""
     max_workers: int | None = None
@@ -120,8 +124,9 @@ class LoaderConfig:
     """Start method for workers ("fork", "spawn", "forkserver") or a context object; None: the
     platform default."""
     policy: Any = "heuristic"
-    """With ``workers="auto"``: the controller's policy, a registered name or an object with
-    ``decide(state) -> Action`` (checked by the control layer, which knows the names)."""
+    """With ``workers="auto"``: the controller's policy, a registered name ("heuristic",
+    "rl", "static") or an object with ``decide(state) -> Action`` (checked by the control
+    layer, which knows the names)."""
     min_workers: int = 1
     """Lower bound for the controller (and the starting point's floor)."""
     control_interval: float = 0.5
@@ -129,7 +134,8 @@ class LoaderConfig:
     trace: str | None = None
     """Write every tick's State, Action and Reward to this JSONL file."""
     progress: bool = False
-    """Show a live one-line status on stderr."""
+    """Print a status line to stderr every 5 s (10 s into a file): samples/s and the loop's
+    wait averaged over that span, workers, ready batches, CPU, RSS."""
     prefetch_factor: int | None = None
     """DataLoader's name for batches made ahead per worker (needs workers); None: 2."""
     persistent_workers: bool = False

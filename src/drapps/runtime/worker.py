@@ -11,12 +11,11 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch.utils.data import default_collate
 
-from drapps.codecs.cache import SampleCache
 from drapps.runtime.errors import SampleError, describe_failure, sample_error, sample_path
 from drapps.runtime.sampling import key_of
 from drapps.runtime.seeding import (
@@ -42,6 +41,31 @@ logger = logging.getLogger(__name__)
 _PARENT_CHECK_S = 1.0
 
 
+class SampleStore(Protocol):
+    """What a worker asks of the sample cache (:class:`drapps.cache.SampleCache` is the one
+    member): the runtime sits below the cache and knows it only by this contract."""
+
+    def begin_batch(self) -> bool:
+        """Whether the cache takes part in this batch."""
+        ...
+
+    def cut(self, end: int) -> int:
+        """How many of a Pipeline's first ``end`` ops an entry stands for."""
+        ...
+
+    def get(self, index: Any, cut: int) -> Any:
+        """The sample stored for ``index`` after ``cut`` ops, or None."""
+        ...
+
+    def put(self, index: Any, cut: int, sample: Any, make_ns: int) -> None:
+        """Store ``sample`` for ``index``; ``make_ns`` is what making it cost."""
+        ...
+
+    def end_batch(self, lossy: bool) -> None:
+        """The batch is made (``lossy``: a lossy entry was read in it)."""
+        ...
+
+
 @dataclass(frozen=True)
 class BatchRecipe:
     """Everything a worker needs to turn indices into a batch (sent to each worker once)."""
@@ -54,7 +78,7 @@ class BatchRecipe:
     """False for ``batch_size=None``: each task is one sample, passed to ``collate_fn`` alone."""
     worker_init_fn: Callable[[int], None] | None = None
     """Called with the worker's id in each new worker process, as DataLoader does."""
-    cache: SampleCache | None = None
+    cache: SampleStore | None = None
     """The sample cache (map-style datasets): samples after the transform's deterministic
     prefix, made once and read back in later epochs."""
 

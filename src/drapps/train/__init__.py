@@ -13,7 +13,7 @@ Each piece works alone:
 - :class:`OffSwitch` times an optimisation on and off and keeps it only if it pays.
 
 The reference trainer that combines them (``drapps train``) lives beside this package, in
-:mod:`drapps.reference`; ``drapps.train.train`` and ``TrainConfig`` forward to it.
+:mod:`drapps.reference`.
 """
 
 from drapps.train.accumulation import AdaptiveAccumulation
@@ -50,15 +50,3 @@ __all__ = [
     "shard",
     "spawn",
 ]
-
-_REFERENCE = ("TrainConfig", "TrainReport", "Trainer", "train")
-
-
-def __getattr__(name: str) -> object:
-    # The reference trainer's names, forwarded from their package (imported on first use, so
-    # the toolkit itself never depends on it).
-    if name in _REFERENCE:
-        import drapps.reference
-
-        return getattr(drapps.reference, name)
-    raise AttributeError(f"module 'drapps.train' has no attribute {name!r}")

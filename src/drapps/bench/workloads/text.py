@@ -20,7 +20,7 @@ from torch import nn
 
 from drapps.bench.throttle import IoThrottle
 from drapps.bench.workloads._base import SgdStep, Workload, autotuned, autotuned_cached
-from drapps.ops.text import PackedText, write_corpus
+from drapps.datasets.packed_text import PackedText, write_corpus
 
 DEBIAN_DOCS = Path("/usr/share/doc/python3.11/html/_sources")
 SEQ_LEN = 1024
