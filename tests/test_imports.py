@@ -1,4 +1,4 @@
-"""No import cycles anywhere in ``src/drapps``.
+"""No import cycles anywhere in ``src/drapps``, and imports point down the floors.
 
 Every import statement counts, also those inside functions and under ``TYPE_CHECKING``: a lazy
 import that hides a cycle is still a cycle in the design.
@@ -92,3 +92,70 @@ def test_the_check_finds_a_cycle_hidden_in_a_function_or_type_checking(tmp_path:
         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.a import f\n"
     )
     assert import_cycles(package) == [["pkg.a", "pkg.b"]]
+
+
+# The floors of ARCHITECTURE.md, bottom first: a module imports only from its own floor or
+# below, and the packages of one floor import each other one way only (no package cycle).
+FLOORS: tuple[frozenset[str], ...] = (
+    frozenset({"runtime", "registry", "_optional", "_version"}),
+    frozenset({"cache", "codecs", "ops", "control", "telemetry", "train", "datasets"}),
+    frozenset({"engines"}),
+    frozenset({"loader", "drapps"}),
+    frozenset({"integrations", "bench", "cli", "reference", "sim", "tf"}),
+)
+
+
+def _unit(module: str) -> str:
+    """The floor unit a module belongs to: its subpackage, or its own name at the top level
+    (``drapps`` for the package's ``__init__``)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "drapps"
+
+
+def floor_violations(root: Path, floors: tuple[frozenset[str], ...] = FLOORS) -> list[str]:
+    """Every import that points up a floor, and every two-way arrow between two packages of
+    one floor, as ``"importer -> imported"`` lines."""
+    level = {unit: n for n, units in enumerate(floors) for unit in units}
+    modules = _modules(root)
+    arrows: dict[tuple[str, str], str] = {}
+    found = []
+    for name, path in sorted(modules.items()):
+        for other in sorted(_imports(name, path, set(modules))):
+            a, b = _unit(name), _unit(other)
+            if a == b:
+                continue
+            if a not in level or b not in level:
+                found.append(f"{name} -> {other} (no floor for {a if a not in level else b})")
+            elif level[b] > level[a]:
+                found.append(f"{name} -> {other} (up from floor {level[a]} to {level[b]})")
+            elif level[a] == level[b]:
+                arrows.setdefault((a, b), f"{name} -> {other}")
+    found += [
+        f"{line} (and back: {arrows[(b, a)]})"
+        for (a, b), line in sorted(arrows.items())
+        if (b, a) in arrows and a < b
+    ]
+    return found
+
+
+def test_imports_point_down_the_floors() -> None:
+    units = {_unit(name) for name in _modules(ROOT)}
+    assert units == set().union(*FLOORS)  # every package has its floor, no stale name
+    assert floor_violations(ROOT) == []
+
+
+def test_the_floor_check_finds_an_arrow_up_and_a_two_way_one(tmp_path: Path) -> None:
+    package = tmp_path / "pkg"
+    for sub in ("low", "mid_a", "mid_b"):
+        (package / sub).mkdir(parents=True)
+        (package / sub / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "low" / "base.py").write_text("def f():\n    from pkg.mid_a import thing\n")
+    (package / "mid_a" / "thing.py").write_text("from pkg.mid_b import other\n")
+    (package / "mid_b" / "other.py").write_text("import pkg.mid_a.thing\n")
+    floors = (frozenset({"low"}), frozenset({"mid_a", "mid_b"}), frozenset({"drapps"}))
+    found = floor_violations(package, floors)
+    assert found == [
+        "pkg.low.base -> pkg.mid_a.thing (up from floor 0 to 1)",
+        "pkg.mid_a.thing -> pkg.mid_b.other (and back: pkg.mid_b.other -> pkg.mid_a.thing)",
+    ]

@@ -19,9 +19,9 @@ import torch
 from test_loader_lifecycle import run_script
 
 import drapps
-from drapps.codecs import Cache
-from drapps.codecs.entry import CorruptEntry, unpack
-from drapps.codecs.none import Raw
+from drapps.cache import Cache
+from drapps.cache.entry import CorruptEntry, unpack
+from drapps.cache.none import Raw
 from drapps.ops import Pipeline, RandomHorizontalFlip, ToCHWTensor
 
 FORKS = """

@@ -8,7 +8,7 @@ Example:
 """
 
 from drapps._version import __version__
-from drapps.codecs import Cache
+from drapps.cache import Cache
 from drapps.engines.backends import RayBackend, Source
 from drapps.loader import Loader
 from drapps.runtime import (

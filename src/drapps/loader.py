@@ -23,7 +23,7 @@ from typing import Any, Literal
 import torch
 from torch.utils.data import BatchSampler, default_collate, default_convert
 
-from drapps.codecs.settings import Cache
+from drapps.cache.settings import Cache
 from drapps.control.policy import Policy
 from drapps.engines.assembly import assemble, open_source
 from drapps.engines.backends import Backend, Source, resolve_backend

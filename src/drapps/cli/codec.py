@@ -27,7 +27,7 @@ def _images(folder: str, count: int, seed: int) -> list[np.ndarray]:
 
 
 def train_command(args: argparse.Namespace) -> int:
-    from drapps.codecs.learned import train_codec
+    from drapps.cache.learned import train_codec
 
     images = _images(args.data, args.images, args.seed)
     try:
@@ -50,9 +50,9 @@ def train_command(args: argparse.Namespace) -> int:
 
 
 def compare_command(args: argparse.Namespace) -> int:
-    from drapps.codecs import CODECS
-    from drapps.codecs.compare import compare_codecs, markdown, rate_distortion
-    from drapps.codecs.learned import LearnedCodec
+    from drapps.cache import CODECS
+    from drapps.cache.compare import compare_codecs, markdown, rate_distortion
+    from drapps.cache.learned import LearnedCodec
 
     images = _images(args.data, args.images, args.seed)
     try:

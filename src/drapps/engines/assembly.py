@@ -14,8 +14,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from drapps.codecs.cache import SampleCache
-from drapps.codecs.setup import open_cache
+from drapps.cache.sample_cache import SampleCache
+from drapps.cache.setup import open_cache
 from drapps.control.knobs import CodecKnob, Knob, SplitKnob
 from drapps.control.policy import check_policy
 from drapps.engines.backends import Backend, Source, source_engine

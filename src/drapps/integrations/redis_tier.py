@@ -1,7 +1,7 @@
 """A sample-cache tier in Redis, shared by every job and rank that reads the same data.
 
 Entry keys hash the dataset's identity, the cached ops and the index (see
-:func:`drapps.codecs.cache.namespace_of`), so two jobs, or the ranks of one job, that read the
+:func:`drapps.cache.sample_cache.namespace_of`), so two jobs, or the ranks of one job, that read the
 same dataset through the same deterministic prefix find each other's entries. Entries are the
 cache's own checked bytes (codec-compressed, CRC-protected); nothing is pickled. The size is
 bounded by Redis itself (``maxmemory`` and its eviction policy): an evicted entry is a miss,
@@ -20,7 +20,7 @@ import re
 import time
 from typing import Any
 
-from drapps.codecs.settings import budget_bytes
+from drapps.cache.settings import budget_bytes
 from drapps.integrations._redis import check_url, connect, redact, redis_errors, response_error
 
 logger = logging.getLogger(__name__)

@@ -62,7 +62,7 @@ class PipelineSnapshot:
     device_batches: int = 0
     """Batches the device stage has run."""
     cache: Any = None
-    """The sample cache's :class:`~drapps.codecs.CacheStats` (None without a cache)."""
+    """The sample cache's :class:`~drapps.cache.CacheStats` (None without a cache)."""
     pool_cores: tuple[float, float] | None = None
     """(cores, idle cores) in the pool's own resource view, for pools whose workers run
     elsewhere (Ray's cluster); None: this machine's cores, as the monitor measures them."""
@@ -142,7 +142,7 @@ class LoaderStats:
     device_batches: int = 0
     """Batches the device stage has run."""
     cache: dict[str, Any] | None = None
-    """The sample cache's counters (:class:`~drapps.codecs.CacheStats` as a dict, with
+    """The sample cache's counters (:class:`~drapps.cache.CacheStats` as a dict, with
     ``hit_rate`` and the compression ``ratio``); None without a cache."""
 
     def as_dict(self) -> dict[str, Any]:

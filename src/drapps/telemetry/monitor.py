@@ -194,7 +194,7 @@ class Monitor:
 
 
 def cache_state(now: Any, before: Any) -> dict[str, Any]:
-    """The State's ``cache_*`` fields from two :class:`~drapps.codecs.CacheStats` (None
+    """The State's ``cache_*`` fields from two :class:`~drapps.cache.CacheStats` (None
     without a cache)."""
     if now is None:
         return {"cache_fill": 0.0}

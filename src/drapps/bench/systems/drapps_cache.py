@@ -21,7 +21,7 @@ from drapps._optional import install_hint
 from drapps.bench.systems._base import EpochSource, Source, System, Workers
 from drapps.bench.throttle import IoThrottle
 from drapps.bench.workloads import Workload
-from drapps.codecs import available
+from drapps.cache import available
 
 
 class DrappsCache(System):

@@ -16,12 +16,12 @@ import torch
 from helpers import assert_batches_equal, flatten_indices
 
 import drapps
-from drapps.codecs import Cache, arena
-from drapps.codecs import cache as cache_module
-from drapps.codecs.arena import ArenaTier
-from drapps.codecs.entry import pack
-from drapps.codecs.none import Raw
-from drapps.codecs.tier import DirectoryTier
+from drapps.cache import Cache, arena
+from drapps.cache import sample_cache as cache_module
+from drapps.cache.arena import ArenaTier
+from drapps.cache.entry import pack
+from drapps.cache.none import Raw
+from drapps.cache.tier import DirectoryTier
 from drapps.datasets import ImageFolder
 from drapps.ops import (
     Op,

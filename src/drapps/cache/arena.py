@@ -1,6 +1,6 @@
 """The cache's memory tier: entries in one nameless shared region, found through an index in it.
 
-A :class:`~drapps.codecs._region.SharedRegion` holds a header, an open-addressing index (one
+A :class:`~drapps.cache._region.SharedRegion` holds a header, an open-addressing index (one
 slot per key: its digest, offset and length) and the entries, allocated one after another.
 Every process of the loader maps the same region; index changes happen under its lock, while
 entry bytes are copied in and out without it. The region has no name, so nothing of the cache
@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from drapps.codecs._region import SharedRegion
+from drapps.cache._region import SharedRegion
 
 _HEADER = struct.Struct("<8sqqqqqq")  # magic, slots, used, held, entries, generation, free
 _MAGIC = b"DRARENA1"

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from drapps.codecs.codec import Codec
-from drapps.codecs.registry import CODECS, available
+from drapps.cache.codec import Codec
+from drapps.cache.registry import CODECS, available
 from drapps.runtime.config import parse_bytes
 
 
@@ -33,7 +33,7 @@ class Cache:
     disk_bytes: int | str = "auto"
     """Bytes the disk tier may hold ("auto": half the free space of its file system)."""
     codec: str | Codec = "auto"
-    """Codec for new entries: a registered name (``drapps.codecs.CODECS``), a :class:`Codec`,
+    """Codec for new entries: a registered name (``drapps.cache.CODECS``), a :class:`Codec`,
     or "auto" (the controller picks one of ``codecs`` from the measured state; "none" until
     it does)."""
     codecs: tuple[str | Codec, ...] | None = None
@@ -43,7 +43,7 @@ class Cache:
     """Allow lossy codecs, keeping a lossy encoding only where it decodes at this PSNR (dB) or
     better; elsewhere the entry is stored losslessly. None: every entry is exact."""
     tiers: tuple[Any, ...] = ()
-    """Further tiers after memory and disk (:class:`drapps.codecs.tier.Tier`, e.g. a cache
+    """Further tiers after memory and disk (:class:`drapps.cache.tier.Tier`, e.g. a cache
     shared between machines), tried in order."""
     key: str | None = None
     """The dataset's identity in entry keys. Default: ``dataset.cache_fingerprint()`` where

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from drapps._optional import require
-from drapps.codecs.codec import Codec, Encoded
+from drapps.cache.codec import Codec, Encoded
 
 
 class Lz4(Codec):

@@ -1,7 +1,7 @@
 """The sample cache: what the deterministic prefix of the pipeline made, kept across epochs.
 
 :class:`SampleCache` is the running cache the loader makes from the user's
-:class:`~drapps.codecs.Cache` and hands to every worker.
+:class:`~drapps.cache.Cache` and hands to every worker.
 A sample's entry holds ``dataset[i]`` after the pipeline's ops up to the first one that draws
 randomness (or that drapps cannot see into), so the random suffix (crops, flips, masking) runs
 after the cache, seeded exactly as without it. Entries live in tiers, shared memory first and
@@ -23,14 +23,14 @@ from typing import Any
 
 import psutil
 
-from drapps.codecs.arena import ArenaTier
-from drapps.codecs.codec import Codec
-from drapps.codecs.control import COUNTERS, OFF, CacheStats, ControlBlock
-from drapps.codecs.entry import CorruptEntry, Uncacheable, pack, unpack
-from drapps.codecs.none import Raw
-from drapps.codecs.profile import ProfileRecorder
-from drapps.codecs.settings import Cache, budget_bytes
-from drapps.codecs.tier import DirectoryTier, Tier
+from drapps.cache.arena import ArenaTier
+from drapps.cache.codec import Codec
+from drapps.cache.control import COUNTERS, OFF, CacheStats, ControlBlock
+from drapps.cache.entry import CorruptEntry, Uncacheable, pack, unpack
+from drapps.cache.none import Raw
+from drapps.cache.profile import ProfileRecorder
+from drapps.cache.settings import Cache, budget_bytes
+from drapps.cache.tier import DirectoryTier, Tier
 
 logger = logging.getLogger(__name__)
 
@@ -285,7 +285,7 @@ def _check_tiers(settings: Cache) -> None:
     for tier in settings.tiers:
         if not isinstance(tier, Tier):
             raise ValueError(
-                f"Cache.tiers must hold Tier objects (drapps.codecs.tier), got {tier!r}"
+                f"Cache.tiers must hold Tier objects (drapps.cache.tier), got {tier!r}"
             )
         if tier.name in names:
             raise ValueError(f"Cache.tiers: a tier named {tier.name!r} is already in the cache")

@@ -27,8 +27,8 @@ import torch
 from torch import nn
 
 from drapps._optional import require
-from drapps.codecs.codec import Codec, Encoded
-from drapps.codecs.jpeg import from_hwc, image_layout, to_hwc
+from drapps.cache.codec import Codec, Encoded
+from drapps.cache.jpeg import from_hwc, image_layout, to_hwc
 
 _STRIDE = 8  # three stride-2 convolutions
 _RANGE = 4.0  # latents are clipped to [-_RANGE, _RANGE] before quantisation

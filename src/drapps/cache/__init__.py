@@ -5,10 +5,10 @@ pipeline made (decoded images, token ids) in shared memory and on disk, compress
 the controller may change at run time. See ``docs/cache.md``.
 """
 
-from drapps.codecs.cache import SampleCache
-from drapps.codecs.codec import Codec, Encoded, psnr
-from drapps.codecs.control import CacheStats
-from drapps.codecs.registry import CODECS, available
-from drapps.codecs.settings import Cache
+from drapps.cache.codec import Codec, Encoded, psnr
+from drapps.cache.control import CacheStats
+from drapps.cache.registry import CODECS, available
+from drapps.cache.sample_cache import SampleCache
+from drapps.cache.settings import Cache
 
 __all__ = ["CODECS", "Cache", "CacheStats", "Codec", "Encoded", "SampleCache", "available", "psnr"]

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from drapps.codecs import CODECS, Cache, available, psnr
-from drapps.codecs.entry import CorruptEntry, pack, unpack
-from drapps.codecs.none import Raw
+from drapps.cache import CODECS, Cache, available, psnr
+from drapps.cache.entry import CorruptEntry, pack, unpack
+from drapps.cache.none import Raw
 
 
 def photo(h: int = 64, w: int = 48) -> np.ndarray:

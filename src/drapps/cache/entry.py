@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from drapps.codecs.codec import Codec, Encoded, psnr
+from drapps.cache.codec import Codec, Encoded, psnr
 
 _CHECKSUMS: dict[bytes, Any] = {b"DRJ1": zlib.crc32}
 try:

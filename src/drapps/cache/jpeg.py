@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from drapps._optional import require
-from drapps.codecs.codec import Codec, Encoded
+from drapps.cache.codec import Codec, Encoded
 
 
 def image_layout(array: np.ndarray) -> str | None:

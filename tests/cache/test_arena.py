@@ -7,7 +7,7 @@ import os
 import pytest
 from helpers import shm_names, slab_fds
 
-from drapps.codecs.arena import ArenaTier
+from drapps.cache.arena import ArenaTier
 
 
 @pytest.fixture()

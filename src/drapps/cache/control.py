@@ -2,7 +2,7 @@
 
 Workers read the codec once per batch and add their counters once per batch, under the
 block's lock; the training process sets the codec (the controller's ``codec`` knob) and reads
-the counters. It lives in a nameless shared region (:mod:`drapps.codecs._region`) rather than a
+the counters. It lives in a nameless shared region (:mod:`drapps.cache._region`) rather than a
 ``multiprocessing.Value``, so that any pool's workers (processes started any way, or other
 pools later) share it, and nothing of it outlives the loader's processes.
 """
@@ -14,7 +14,7 @@ import struct
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from drapps.codecs._region import SharedRegion
+from drapps.cache._region import SharedRegion
 
 COUNTERS = (
     "hits",

@@ -17,7 +17,7 @@ import struct
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from drapps.codecs._locked import LockedFile
+from drapps.cache._locked import LockedFile
 
 _LEDGER = ".ledger"
 _TMP = ".tmp-"

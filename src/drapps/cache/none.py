@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from drapps.codecs.codec import Codec, Encoded
+from drapps.cache.codec import Codec, Encoded
 
 
 class Raw(Codec):

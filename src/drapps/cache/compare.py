@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from drapps._optional import require
-from drapps.codecs.codec import Codec, psnr
-from drapps.codecs.jpeg import Jpeg
+from drapps.cache.codec import Codec, psnr
+from drapps.cache.jpeg import Jpeg
 
 
 def ssim(reference: np.ndarray, decoded: np.ndarray) -> float:

@@ -10,9 +10,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from drapps.codecs.codec import Codec
-from drapps.codecs.entry import pack, unpack
-from drapps.codecs.none import Raw
+from drapps.cache.codec import Codec
+from drapps.cache.entry import pack, unpack
+from drapps.cache.none import Raw
 
 SAMPLES = 8
 """Samples a profile is measured on."""

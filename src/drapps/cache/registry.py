@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import importlib.util
 
-from drapps.codecs.codec import Codec
-from drapps.codecs.jpeg import Jpeg
-from drapps.codecs.lz4 import Lz4
-from drapps.codecs.none import Raw
-from drapps.codecs.quantize import Quantize
-from drapps.codecs.zstd import Zstd
+from drapps.cache.codec import Codec
+from drapps.cache.jpeg import Jpeg
+from drapps.cache.lz4 import Lz4
+from drapps.cache.none import Raw
+from drapps.cache.quantize import Quantize
+from drapps.cache.zstd import Zstd
 from drapps.registry import Registry
 
 CODECS: Registry[Codec] = Registry("codec")

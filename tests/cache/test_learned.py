@@ -11,11 +11,11 @@ import pytest
 import simplejpeg
 from test_codecs import photo
 
+from drapps.cache import psnr
+from drapps.cache.entry import pack, unpack
+from drapps.cache.learned import LearnedCodec, train_codec
+from drapps.cache.none import Raw
 from drapps.cli import main
-from drapps.codecs import psnr
-from drapps.codecs.entry import pack, unpack
-from drapps.codecs.learned import LearnedCodec, train_codec
-from drapps.codecs.none import Raw
 
 
 @pytest.fixture(scope="module")

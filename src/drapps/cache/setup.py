@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from drapps.codecs.cache import SampleCache, namespace_of
-from drapps.codecs.settings import Cache
+from drapps.cache.sample_cache import SampleCache, namespace_of
+from drapps.cache.settings import Cache
 
 
 def open_cache(
