@@ -105,6 +105,21 @@ def test_an_entry_keeps_the_structure_and_kinds_of_a_sample() -> None:
     assert back[2] == b"raw"
 
 
+@pytest.mark.parametrize("codec", ["none", "zstd", "lz4"])
+def test_an_entry_keeps_the_shape_of_scalars_and_strided_arrays(codec: str) -> None:
+    sample = {
+        "index": torch.tensor(7),  # 0-d: a sample's label or index, as datasets return them
+        "score": np.float32(0.5),
+        "column": np.arange(12).reshape(3, 4)[:, 1],  # not contiguous
+    }
+    raw = Raw()
+    codecs = {codec: CODECS.get(codec), "none": raw}
+    back, _, _ = unpack(bytearray(pack(sample, codecs[codec], raw, None).data), codecs)
+    assert back["index"].shape == () and back["index"].item() == 7
+    assert np.shape(back["score"]) == () and float(back["score"]) == 0.5
+    assert np.array_equal(back["column"], [1, 5, 9])
+
+
 def test_a_flipped_or_torn_entry_is_refused() -> None:
     data = bytearray(pack((photo(), 1), Raw(), Raw(), None).data)
     codecs = {"none": Raw()}

@@ -103,7 +103,8 @@ def pack(sample: Any, codec: Codec, fallback: Codec, min_psnr: float | None) -> 
 
     def encode(array: np.ndarray, tensor: bool) -> int:
         nonlocal raw
-        array = np.ascontiguousarray(array)
+        # np.ascontiguousarray makes a 0-d array 1-d: a scalar tensor would come back (1,).
+        array = array if array.flags.c_contiguous else np.ascontiguousarray(array)
         raw += array.nbytes
         chosen, encoded = codec, _try(codec, array, min_psnr)
         if encoded is None:
@@ -174,7 +175,10 @@ def unpack(data: bytearray | memoryview, codecs: dict[str, Codec]) -> Unpacked:
         payload = body[offset : offset + leaf.nbytes]
         offset += leaf.nbytes
         try:
-            array = codecs[leaf.codec].decode(payload, leaf.meta, np.dtype(leaf.dtype), leaf.shape)
+            decoded = codecs[leaf.codec].decode(
+                payload, leaf.meta, np.dtype(leaf.dtype), leaf.shape
+            )
+            array = np.asarray(decoded)  # arithmetic on a 0-d array gives a NumPy scalar
             if array.shape != leaf.shape:
                 raise ValueError(f"decoded to shape {array.shape}, not {leaf.shape}")
         except Exception as exc:  # a payload its header does not describe
