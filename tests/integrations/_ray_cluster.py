@@ -16,6 +16,7 @@ import time
 import psutil
 import ray
 import torch
+from conformance import check_engine
 from helpers import RandomDataset
 from ray.cluster_utils import Cluster
 
@@ -84,6 +85,7 @@ def semantics(cluster: Cluster) -> dict:
         resumed.load_state_dict(state)
         found["resumed"] = same(first + batches(resumed), reference[2])
     found["identical_s"] = time.monotonic() - t0
+    found["conformance"] = conformance(data)
     # The memory budget holds through the object store too.
     budget = 3 * 8 * 3 * 4 * 4 + 4096
     with drapps.Loader(data, workers=3, backend="ray", memory_budget=budget, **kwargs) as small:
@@ -111,6 +113,27 @@ def semantics(cluster: Cluster) -> dict:
     wait_for(lambda: alive_actors() == 0 and actor_processes() == 0)
     found["actors_left"], found["processes_left"] = alive_actors(), actor_processes()
     return found
+
+
+def conformance(data: RandomDataset) -> str:
+    """The engine conformance check over the Ray pool, against the inline engine."""
+    kwargs = {"batch_size": 8, "shuffle": True, "cache": None}
+    torch.manual_seed(3)
+    expected = list(drapps.Loader(data, workers=0, **kwargs))
+
+    def make(**overrides: object) -> drapps.Loader:
+        torch.manual_seed(3)
+        return drapps.Loader(data, workers=2, backend="ray", **{**kwargs, **overrides})
+
+    def kill(loader: drapps.Loader) -> None:
+        ray.kill(loader._parts.engine.dispatcher.pool.workers[0].actor, no_restart=True)
+
+    try:
+        # Actors are not this process' children: the scenario counts them itself.
+        check_engine(make, expected, kill=kill, clean=False)
+    except AssertionError as exc:
+        return f"failed: {exc}"
+    return "passed"
 
 
 def faults(cluster: Cluster, second) -> dict:  # type: ignore[no-untyped-def]

@@ -53,6 +53,10 @@ def test_a_new_loader_resumes_from_state_dict(semantics: dict[str, Any]) -> None
     assert semantics["resumed"]
 
 
+def test_the_ray_pool_passes_the_engine_conformance_check(semantics: dict[str, Any]) -> None:
+    assert semantics["conformance"] == "passed"
+
+
 def test_ready_batches_stay_within_the_memory_budget(semantics: dict[str, Any]) -> None:
     assert semantics["budget_ok"]
     assert semantics["budget_batches"] == 12

@@ -17,6 +17,7 @@ import pytest
 import torch
 from _queue_data import Photos
 from _redis_server import PASSWORD, RedisServer, redis_server, restart
+from conformance import check_engine
 
 import drapps
 from drapps.integrations import wire
@@ -149,6 +150,24 @@ def test_redis_dying_is_an_error_and_state_dict_resumes(server: RedisServer) -> 
     finally:
         stop(producers)
     assert same(got, local()[0])
+
+
+def test_the_redis_source_passes_the_engine_conformance_check(server: RedisServer) -> None:
+    torch.manual_seed(3)
+    expected = list(drapps.Loader(Photos(), batch_size=8, shuffle=True, workers=0, cache=None))
+
+    def make(**overrides: Any) -> drapps.Loader:
+        torch.manual_seed(3)  # the order and base seed are drawn from it, as DataLoader's
+        return drapps.Loader(
+            source=source(server, "conform"), batch_size=8, shuffle=True, **overrides
+        )
+
+    producers = serve(server, "conform", "photos")
+    try:
+        # The producer is this test's child: the leak probe would count it (and the server).
+        check_engine(make, expected, clean=False)
+    finally:
+        stop(producers)
 
 
 def test_a_failing_sample_is_named_on_the_training_host(server: RedisServer) -> None:
