@@ -5,12 +5,15 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import queue
 import random
 import subprocess
 import threading
 import time
+import traceback
 from collections.abc import Iterator
 from dataclasses import replace
+from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +22,10 @@ import torch
 
 import drapps
 from drapps.control import State
-from drapps.runtime.transport import SHM_DIR
+from drapps.runtime.errors import SampleError
+from drapps.runtime.pool import Polled, Reply, Task, Worker, WorkerPool
+from drapps.runtime.transport import SHM_DIR, pack_inline
+from drapps.runtime.worker import BatchRecipe, make_batch
 
 
 class RandomDataset:
@@ -400,3 +406,86 @@ def regression_noise_scale(
                 (0.5 * (module(x) - y).square().sum() / (8 * len(mine))).backward()
         acc.step(optimizer)
     return {"estimate": acc.noise_scale, "updates": acc.estimator.updates}
+
+
+# ------------------------------------------------------------------------ a second pool
+
+
+class ThreadPool(WorkerPool):
+    """Workers as threads of this process: each takes messages from its own queue and puts
+    replies on one shared queue, writing a byte to a pipe so that ``poll`` wakes up."""
+
+    def __init__(self, recipe: BatchRecipe) -> None:
+        super().__init__()
+        self._recipe = recipe
+        self._inboxes: dict[int, queue.SimpleQueue[Any]] = {}
+        self._threads: dict[int, threading.Thread] = {}
+        self._replies: queue.SimpleQueue[Reply] = queue.SimpleQueue()
+        self._notify_r, self._notify_w = os.pipe()
+        self.closed = False
+
+    def _run(self, worker: Worker, inbox: queue.SimpleQueue[Any]) -> None:
+        while (message := inbox.get()) is not None:
+            generation, seed, epoch, batch_id, indices, _, split = message
+            try:
+                made = make_batch(self._recipe, seed, epoch, indices, split)
+                packed = None if made.batch is None else pack_inline(made.batch)
+                reply = ("ok", generation, batch_id, packed, made.skipped, made.seconds)
+            except SampleError as exc:
+                reply = ("err", generation, batch_id, exc)
+            except Exception:
+                reply = ("fatal", -1, -1, traceback.format_exc())
+            self._replies.put((worker, reply))
+            os.write(self._notify_w, b"x")
+
+    def spawn(self, num_workers: int = 1, seed: int = 0) -> Worker:
+        wid, slot = self.next_ids()
+        worker = Worker(wid, slot=slot)
+        inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        thread = threading.Thread(target=self._run, args=(worker, inbox), name=f"test-pool-{wid}")
+        self._inboxes[wid], self._threads[wid] = inbox, thread
+        self.workers.append(worker)
+        thread.start()
+        return worker
+
+    def send(self, worker: Worker, message: Any) -> None:
+        self._inboxes[worker.wid].put(message)
+
+    def poll(self, timeout: float, wake: int) -> Polled:
+        ready = wait([self._notify_r, wake], timeout=timeout)
+        polled = Polled(woke=wake in ready)
+        if self._notify_r in ready:
+            os.read(self._notify_r, 4096)
+        while not self._replies.empty():
+            polled.replies.append(self._replies.get())
+        polled.exited = [w for w in self.workers if not self._threads[w.wid].is_alive()]
+        return polled
+
+    def drain(self, worker: Worker) -> list[Reply]:
+        return []  # every reply is on the shared queue, which poll() empties
+
+    def retire(self, worker: Worker) -> None:
+        worker.retiring = True
+        self._inboxes[worker.wid].put(None)
+
+    def kill(self, worker: Worker, *, wait_s: float = 5.0) -> None:
+        self._inboxes[worker.wid].put(None)  # a thread cannot be killed: it stops when free
+        self._threads[worker.wid].join(timeout=wait_s)
+
+    def reap(self, worker: Worker) -> list[Task]:
+        self._threads.pop(worker.wid).join(timeout=5.0)
+        del self._inboxes[worker.wid]
+        return self.forget(worker)
+
+    def exit_reason(self, worker: Worker) -> str:
+        return "thread ended"
+
+    def shutdown(self, grace_s: float = 2.0) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for worker in list(self.workers):
+            self.kill(worker, wait_s=grace_s)
+            self.reap(worker)
+        os.close(self._notify_r)
+        os.close(self._notify_w)

@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
 import weakref
@@ -27,8 +28,13 @@ from drapps.cache.settings import Cache
 from drapps.control.policy import Policy
 from drapps.engines.assembly import assemble, open_source
 from drapps.engines.backends import Backend, Source, resolve_backend
+from drapps.engines.base import Engine, Limits
 from drapps.engines.cursor import EpochCursor
+from drapps.engines.inline import InlineEngine
+from drapps.engines.pooled import PoolEngine
 from drapps.engines.sharding import warn_once
+from drapps.engines.stream import StreamEngine
+from drapps.ops.split import Split
 from drapps.runtime.config import LoaderConfig, checked_index, resolve_workers
 from drapps.runtime.sampling import (
     check_dataset,
@@ -38,6 +44,7 @@ from drapps.runtime.sampling import (
     stream_length,
 )
 from drapps.runtime.stats import LoaderStats, PipelineSnapshot
+from drapps.runtime.worker import BatchRecipe
 
 
 class Loader:
@@ -204,6 +211,7 @@ class Loader:
             device=device,
             backend=resolve_backend(backend),
             pin_memory_device=pin_memory_device,
+            choose=_choose_engine,
             engine=remote if source is not None else None,
         )
         index_sampler = batch_sampler if batched else self.sampler
@@ -360,3 +368,62 @@ def _changed(named: dict[str, Any]) -> set[str]:
 def _plain_equal(value: Any, default: Any) -> bool:
     plain = (str, int, float, bool, type(None))
     return isinstance(value, plain) and type(value) is type(default) and value == default
+
+
+def _choose_engine(
+    c: LoaderConfig,
+    recipe: BatchRecipe,
+    backend: Backend,
+    finish: Callable[[Any], Any] | None,
+    split: Split | None,
+    iterable: bool,
+) -> tuple[Engine, LoaderConfig]:
+    """The engine for ``c``, the one place the branch on the kind is written: inline without
+    workers, the stream engine for an iterable dataset, else the pool engine over
+    ``backend``'s pool (a remote backend bounds and starts it with the cluster's CPUs)."""
+    per_worker = c.prefetch_factor or 2
+    budget = c.resolved_memory_budget
+    limits = Limits(budget, c.resolved_max_workers)
+    first_split = split.value if split is not None else None
+    if c.initial_workers == 0:
+        engine: Engine = InlineEngine(
+            recipe, c.batch_size, c.drop_last, limits, finish, split=first_split
+        )
+        return engine, c
+    if iterable:
+        engine = StreamEngine(
+            recipe,
+            c.batch_size,
+            c.drop_last,
+            workers=c.initial_workers,
+            limits=limits,
+            context=c.context,
+            prefetch_per_worker=per_worker,
+            timeout=c.resolved_timeout,
+            finish=finish,
+        )
+        return engine, c
+    pool = backend.make_pool(recipe, c.context)
+    initial = c.initial_workers
+    if not backend.local:  # bounded by the cluster's CPUs, and starting with all of them
+        cap = c.max_workers or pool.max_workers()  # type: ignore[attr-defined]
+        try:
+            c = dataclasses.replace(c, max_workers=cap)
+        except ValueError as exc:
+            pool.shutdown()
+            raise ValueError(f"{exc} (the Ray cluster has CPUs for {cap} actors)") from None
+        initial = c.resolved_max_workers if c.workers == "auto" else c.initial_workers
+    engine = PoolEngine(
+        recipe,
+        workers=initial,
+        prefetch=None if c.prefetch == "auto" else c.prefetch,
+        prefetch_per_worker=per_worker,
+        limits=Limits(budget, c.resolved_max_workers),
+        timeout=c.resolved_timeout,
+        max_attempts=c.max_attempts,
+        context=c.context,
+        finish=finish,
+        split=first_split,
+        pool=pool,
+    )
+    return engine, c

@@ -104,7 +104,7 @@ NOOP_POLICY = _Noop()
 
 
 def test_a_state_without_a_knob_says_so() -> None:
-    assert state().split_point is None and state().codec is None
+    assert state().split is None and state().codec is None
     with pytest.raises(ValueError, match="no knob named 'split'"):
         state().knob("split")
 

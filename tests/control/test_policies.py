@@ -271,7 +271,7 @@ class SplitWorld:
             max_workers=4,
             queue_batches=0,
             prefetch=2,
-            split_point=self.split,
+            split=self.split,
             device_stage_share=self.stage_s * moved * rate,
             gpu_util=self.gpu,
         )
@@ -323,7 +323,7 @@ class TableWorld(SplitWorld):
         return state(
             cores=2, cpu_util=0.6, idle_cores=0.8, wait_fraction=0.3 * 569 / rate,
             throughput=rate, workers=1, max_workers=4, queue_batches=0, prefetch=2,
-            split_point=self.split, device_stage_share=0.1 * (4 - self.split),
+            split=self.split, device_stage_share=0.1 * (4 - self.split),
         )  # fmt: skip
 
 

@@ -141,7 +141,7 @@ def test_a_policy_for_the_split_reads_the_device_stage_and_moves_the_cut(tmp_pat
     moves = {loaded.decide(state(device_stage_share=k / 10, wait_fraction=k / 10)).split
              for k in range(11)}  # fmt: skip
     assert moves <= {-1, 0, 1}
-    s = state(split_point=3, device_stage_share=0.3)
+    s = state(split=3, device_stage_share=0.3)
     assert loaded.decide(s) == policy.decide(s)
     with pytest.raises(ValueError, match=r"layer 0: expected a \(14, n\) weight"):
         MlpPolicy(policy.layers)  # the split policy's layers, for the default knobs

@@ -1,6 +1,7 @@
 """Every local engine and mode passes the one conformance check (``tests/conformance.py``).
 
-Inline, worker processes (fixed and "auto"), an iterable dataset inline and over stream
+Inline, worker processes (fixed and "auto"), worker threads (a pool given through the
+backends seam), an iterable dataset inline and over stream
 workers, the sample cache, and a Pipeline split between the workers and the device stage. The
 Ray pool and the Redis source run the same check in the integration tier.
 """
@@ -16,10 +17,14 @@ import numpy as np
 import pytest
 import torch
 from conformance import check_engine
+from helpers import ThreadPool
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 import drapps
+from drapps.engines.backends import Backend
 from drapps.ops import Pipeline, RandomHorizontalFlip, Spec, ToCHWTensor
+from drapps.runtime.pool import WorkerPool
+from drapps.runtime.worker import BatchRecipe
 
 SEED = 5
 
@@ -84,10 +89,21 @@ def kill_a_worker(loader: drapps.Loader) -> None:
     os.kill(loader.stats().worker_pids[0], signal.SIGKILL)
 
 
+class ThreadBackend(Backend):
+    """Workers as threads of this process (the test pool of the pool seam), reaching the
+    loader through the backends seam as Ray does."""
+
+    name = "threads"
+
+    def make_pool(self, recipe: BatchRecipe, context: Any) -> WorkerPool:
+        return ThreadPool(recipe)
+
+
 MAP_MODES = {
     "inline": ({"workers": 0}, None),
     "processes": ({"workers": 2}, kill_a_worker),
     "auto": ({"workers": "auto"}, kill_a_worker),
+    "threads": ({"workers": 2, "backend": ThreadBackend()}, None),
     "cache": ({"workers": 2, "cache": drapps.Cache(memory="16MiB", disk=None)}, kill_a_worker),
 }
 

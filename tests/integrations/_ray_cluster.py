@@ -70,20 +70,13 @@ def semantics(cluster: Cluster) -> dict:
     data = RandomDataset(96, (3, 4))
     kwargs = {"batch_size": 8, "shuffle": True, "seed": 7, "cache": None}
     local = drapps.Loader(data, workers=2, **kwargs)
-    reference = [batches(local) for _ in range(3)]  # epochs 0, 1, 2
+    reference = [batches(local) for _ in range(2)]  # epochs 0 and 1
     with drapps.Loader(data, workers="auto", backend="ray", **kwargs) as loader:
         found["max_workers"] = loader.config.resolved_max_workers
         got = [batches(loader) for _ in range(2)]
         found["identical"] = all(same(a, b) for a, b in zip(reference, got, strict=False))
         found["workers"] = loader.stats().workers
         found["pool_cores"] = loader.snapshot().pool_cores  # Ray's view, for the State
-        it = iter(loader)  # epoch 2, stopped after 5 batches and resumed by a new loader
-        first = [dict(next(it)) for _ in range(5)]
-        state = loader.state_dict()
-        del it
-    with drapps.Loader(data, workers=2, backend="ray", **kwargs) as resumed:
-        resumed.load_state_dict(state)
-        found["resumed"] = same(first + batches(resumed), reference[2])
     found["identical_s"] = time.monotonic() - t0
     found["conformance"] = conformance(data)
     # The memory budget holds through the object store too.

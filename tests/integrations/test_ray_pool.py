@@ -49,10 +49,6 @@ def test_batches_are_those_of_worker_processes(semantics: dict[str, Any]) -> Non
     assert semantics["pool_cores"] == [3.0, 0.0]
 
 
-def test_a_new_loader_resumes_from_state_dict(semantics: dict[str, Any]) -> None:
-    assert semantics["resumed"]
-
-
 def test_the_ray_pool_passes_the_engine_conformance_check(semantics: dict[str, Any]) -> None:
     assert semantics["conformance"] == "passed"
 

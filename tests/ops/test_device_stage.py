@@ -221,8 +221,8 @@ def test_split_auto_lets_the_controller_move_the_cut_without_changing_batches(
     assert same(got, reference)
     splits = [row.applied["split"] for row in rows]
     assert splits[0] == 4 and min(splits) == 0 and splits == sorted(splits, reverse=True)
-    assert all(row.state.split_point == row.applied["split"] + 1 for row in rows[:3])
-    assert '"split_point"' in trace.read_text()
+    assert all(row.state.split == row.applied["split"] + 1 for row in rows[:3])
+    assert '"split"' in trace.read_text()
 
 
 def test_the_split_knob_is_clipped_to_the_valid_points() -> None:
@@ -230,8 +230,10 @@ def test_the_split_knob_is_clipped_to_the_valid_points() -> None:
 
     moved: list[int] = []
     knob = SplitKnob(moved.append, low=2, high=5)
-    base = State.from_dict({**_state_fields(), "split_point": 2})
+    base = State.from_dict({**_state_fields(), "split": 2})
     assert knob.propose(base, -1, {}) == 2 and knob.propose(base, +1, {}) == 3
+    older = {k: v for k, v in _state_fields().items() if k != "split"}
+    assert State.from_dict({**older, "split_point": 4}).split == 4  # a trace written before
     assert Action(split=-1).moves() == {"split": -1}
     with pytest.raises(ValueError, match="split bounds need 0 <= low <= high, got 3, 2"):
         SplitKnob(moved.append, low=3, high=2)
@@ -288,7 +290,7 @@ def test_the_state_trace_and_report_show_the_device_stage(tmp_path: Any) -> None
         rows = list(loader._parts.tuner.rows)  # type: ignore[union-attr]
         report = loader.report()
     staged = [row.state for row in rows if row.state.device_stage_s > 0]
-    assert staged and all(s.split_point == 2 for s in staged)
+    assert staged and all(s.split == 2 for s in staged)
     assert all(0 < s.device_stage_share <= 1 for s in staged)
     assert "Split: ops from 2 on ran in the device stage" in report
     assert "ms a batch" in report

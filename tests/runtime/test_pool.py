@@ -2,104 +2,19 @@
 
 from __future__ import annotations
 
-import os
-import queue
 import threading
-import traceback
-from multiprocessing.connection import wait
-from typing import Any
 
 import pytest
 import torch
+from helpers import ThreadPool
 from torch.utils.data import default_collate
 
 from drapps.runtime.dispatcher import Dispatcher
 from drapps.runtime.errors import SampleError
 from drapps.runtime.plan import Plan
-from drapps.runtime.pool import Polled, Reply, Task, Worker, WorkerPool
+from drapps.runtime.pool import WorkerPool
 from drapps.runtime.process_pool import ProcessPool
-from drapps.runtime.transport import pack_inline
-from drapps.runtime.worker import BatchRecipe, make_batch
-
-
-class ThreadPool(WorkerPool):
-    """Workers as threads of this process: each takes messages from its own queue and puts
-    replies on one shared queue, writing a byte to a pipe so that ``poll`` wakes up."""
-
-    def __init__(self, recipe: BatchRecipe) -> None:
-        super().__init__()
-        self._recipe = recipe
-        self._inboxes: dict[int, queue.SimpleQueue[Any]] = {}
-        self._threads: dict[int, threading.Thread] = {}
-        self._replies: queue.SimpleQueue[Reply] = queue.SimpleQueue()
-        self._notify_r, self._notify_w = os.pipe()
-        self.closed = False
-
-    def _run(self, worker: Worker, inbox: queue.SimpleQueue[Any]) -> None:
-        while (message := inbox.get()) is not None:
-            generation, seed, epoch, batch_id, indices, _, stop = message
-            try:
-                made = make_batch(self._recipe, seed, epoch, indices, stop)
-                packed = None if made.batch is None else pack_inline(made.batch)
-                reply = ("ok", generation, batch_id, packed, made.skipped, made.seconds)
-            except SampleError as exc:
-                reply = ("err", generation, batch_id, exc)
-            except Exception:
-                reply = ("fatal", -1, -1, traceback.format_exc())
-            self._replies.put((worker, reply))
-            os.write(self._notify_w, b"x")
-
-    def spawn(self, num_workers: int = 1, seed: int = 0) -> Worker:
-        wid, slot = self.next_ids()
-        worker = Worker(wid, slot=slot)
-        inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        thread = threading.Thread(target=self._run, args=(worker, inbox), name=f"test-pool-{wid}")
-        self._inboxes[wid], self._threads[wid] = inbox, thread
-        self.workers.append(worker)
-        thread.start()
-        return worker
-
-    def send(self, worker: Worker, message: Any) -> None:
-        self._inboxes[worker.wid].put(message)
-
-    def poll(self, timeout: float, wake: int) -> Polled:
-        ready = wait([self._notify_r, wake], timeout=timeout)
-        polled = Polled(woke=wake in ready)
-        if self._notify_r in ready:
-            os.read(self._notify_r, 4096)
-        while not self._replies.empty():
-            polled.replies.append(self._replies.get())
-        polled.exited = [w for w in self.workers if not self._threads[w.wid].is_alive()]
-        return polled
-
-    def drain(self, worker: Worker) -> list[Reply]:
-        return []  # every reply is on the shared queue, which poll() empties
-
-    def retire(self, worker: Worker) -> None:
-        worker.retiring = True
-        self._inboxes[worker.wid].put(None)
-
-    def kill(self, worker: Worker, *, wait_s: float = 5.0) -> None:
-        self._inboxes[worker.wid].put(None)  # a thread cannot be killed: it stops when free
-        self._threads[worker.wid].join(timeout=wait_s)
-
-    def reap(self, worker: Worker) -> list[Task]:
-        self._threads.pop(worker.wid).join(timeout=5.0)
-        del self._inboxes[worker.wid]
-        return self.forget(worker)
-
-    def exit_reason(self, worker: Worker) -> str:
-        return "thread ended"
-
-    def shutdown(self, grace_s: float = 2.0) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        for worker in list(self.workers):
-            self.kill(worker, wait_s=grace_s)
-            self.reap(worker)
-        os.close(self._notify_r)
-        os.close(self._notify_w)
+from drapps.runtime.worker import BatchRecipe
 
 
 def _recipe() -> BatchRecipe:

@@ -49,5 +49,5 @@ def test_stats_and_the_monitor_read_the_same_snapshot() -> None:
     assert stats.worker_pids == snapshot.worker_pids and len(stats.worker_pids) == 2
     assert stats.fetch_s == snapshot.stage_s["fetch_s"] > 0
     assert stats.shared_bytes == snapshot.shared_bytes > 0
-    assert (state.workers, state.prefetch) == (snapshot.workers, snapshot.prefetch)
+    assert (state.workers, state.prefetch) == (snapshot.workers, snapshot.prefetch_depth)
     assert state.memory_budget == stats.memory_budget == snapshot.memory_budget

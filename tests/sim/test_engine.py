@@ -191,7 +191,7 @@ def test_moving_ops_into_the_device_stage_moves_their_cost() -> None:
         sim.run_until(20.0)
         state = sim.observe()
         rates[split] = sim.totals.samples / 20.0
-        assert state.split_point == split
+        assert state.split == split
     # 2 workers at 0.1 s per batch -> 20 batches/s; at 0.04 s -> the step's (0.026 s) pace.
     assert rates[3] == pytest.approx(20 * 32, rel=0.05)
     assert rates[0] == pytest.approx(32 / 0.026, rel=0.05)

@@ -16,12 +16,12 @@ class Pipeline:
         self.snapshot = PipelineSnapshot(
             samples=0,
             wait_s=0.0,
-            queue_batches=0,
-            queue_bytes=0,
+            ready_batches=0,
+            ready_bytes=0,
             memory_budget=2**20,
             workers=1,
             max_workers=4,
-            prefetch=2,
+            prefetch_depth=2,
             worker_pids=(),
         )
 
@@ -46,8 +46,8 @@ def test_rates_and_fractions_come_from_deltas(burner: subprocess.Popen[bytes]) -
         pipeline.snapshot,
         samples=500,
         wait_s=0.25,
-        queue_batches=3,
-        queue_bytes=1000,
+        ready_batches=3,
+        ready_bytes=1000,
         worker_pids=(burner.pid,),
         latencies=((start + 1, 0.010), (start + 1, 0.030), (start + 1, 0.020)),
     )

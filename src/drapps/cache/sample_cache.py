@@ -89,10 +89,10 @@ class SampleCache:
 
     # ------------------------------------------------------------------ worker side
 
-    def cut(self, stop: int) -> int:
-        """How many of the Pipeline's ops the entries hold for samples cut at ``stop`` (a
+    def held_ops(self, split: int) -> int:
+        """How many of the Pipeline's ops the entries hold for samples split at ``split`` (a
         split before the prefix's end caches less)."""
-        return min(self.prefix, stop)
+        return min(self.prefix, split)
 
     def begin_batch(self) -> bool:
         """Read the codec in use and whether the cache is on (once per batch); True if on."""
@@ -103,9 +103,9 @@ class SampleCache:
         self._codec_index, self._enabled = codec, enabled
         return enabled and codec != OFF
 
-    def get(self, index: Any, cut: int) -> tuple[Any, bool] | None:
+    def get(self, index: Any, ops: int) -> tuple[Any, bool] | None:
         """``(sample, exact)`` from the cache, or None (a miss: make it and :meth:`put` it)."""
-        key = self.key(index, cut)
+        key = self.key(index, ops)
         t0 = time.perf_counter_ns()
         for tier in self.tiers:
             data = tier.read(key)
@@ -128,7 +128,7 @@ class SampleCache:
         self._pending["misses"] += 1
         return None
 
-    def put(self, index: Any, cut: int, sample: Any, make_ns: int) -> None:
+    def put(self, index: Any, ops: int, sample: Any, make_ns: int) -> None:
         """Store what was made for ``index`` in the first tier with room."""
         self._pending["make_ns"] += make_ns
         if self.auto and not (self._enabled and self.control.read()[1]):
@@ -149,7 +149,7 @@ class SampleCache:
                 logger.warning("sample %r is not cached: %s", index, exc)
             self._pending["not_admitted"] += 1
             return
-        key = self.key(index, cut)
+        key = self.key(index, ops)
         self._refused = 0
         for tier in self.tiers:
             if tier.write(key, packed.data):
@@ -172,9 +172,9 @@ class SampleCache:
         self.control.add(self._pending)
         self._pending = dict.fromkeys(COUNTERS, 0)
 
-    def key(self, index: Any, cut: int) -> str:
+    def key(self, index: Any, ops: int) -> str:
         return hashlib.blake2b(
-            f"{self.namespace}:{cut}:{index!r}".encode(), digest_size=20
+            f"{self.namespace}:{ops}:{index!r}".encode(), digest_size=20
         ).hexdigest()
 
     def _codec(self) -> Codec:

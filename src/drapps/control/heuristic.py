@@ -179,7 +179,7 @@ class HeuristicPolicy:
         idle = self._mean("idle_cores")
         queue = self._mean("queue_batches")
         workers = self._may_move("workers")
-        split = state.split_point is not None and self._may_move("split")
+        split = state.split is not None and self._may_move("split")
         grow = (
             workers
             and state.workers < state.max_workers
@@ -230,7 +230,7 @@ class HeuristicPolicy:
     def _split_move(self, state: State, wait: float, idle: float, grow: bool) -> Action | None:
         """A probe of the split point, or None (see the module docstring for the rule)."""
         c = self.config
-        split = int(state.split_point or 0)
+        split = int(state.split or 0)
         readings = [s.gpu_util for s in self._recent if s.gpu_util is not None]
         gpu = statistics.fmean(readings) if readings else None
         if wait > c.wait_high and not grow:

@@ -74,7 +74,7 @@ class State:
     """Upper bound on workers."""
     prefetch: int
     """Prefetch depth (batches in flight + ready)."""
-    split_point: int | None = None
+    split: int | None = None
     """Index of the first op run in the device stage after the reorder buffer, when the
     pipeline has a ``split`` knob; None otherwise."""
     codec: str | None = None
@@ -190,14 +190,16 @@ class State:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> State:
-        """Inverse of :meth:`as_dict`; unknown keys are ignored (newer traces)."""
+        """Inverse of :meth:`as_dict`; unknown keys are ignored (newer traces), and older
+        traces' ``split_point`` is read as ``split``."""
         names = {f.name for f in fields(cls)}
+        data = {"split": data.get("split_point"), **data}
         return cls(**{k: v for k, v in data.items() if k in names})
 
 
 _KNOB_FIELDS = {
     "workers": "workers",
     "prefetch": "prefetch",
-    "split": "split_point",
+    "split": "split",
     "codec": "codec",
 }

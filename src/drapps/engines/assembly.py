@@ -1,8 +1,8 @@
 """A loader's moving parts, built from its settings and stopped together.
 
 :func:`assemble` builds the sample cache, the batch recipe, the Pipeline's split and device
-stage, chooses the engine (the one place the branch on inline / stream / pool is written), and
-starts the tuner over the knobs each owner gives. :class:`Parts` merges their counters into one
+stage, has the loader choose the engine, and starts the tuner over the knobs each owner
+gives. :class:`Parts` merges their counters into one
 :class:`~drapps.runtime.stats.PipelineSnapshot` and shuts them down in order. It never holds
 the loader, so a loader stays collectable while its controller thread runs.
 """
@@ -19,13 +19,10 @@ from drapps.cache.setup import open_cache
 from drapps.control.knobs import CodecKnob, Knob, SplitKnob
 from drapps.control.policy import check_policy
 from drapps.engines.backends import Backend, Source, source_engine
-from drapps.engines.base import Engine, Limits
+from drapps.engines.base import Engine
 from drapps.engines.cursor import EpochCursor
 from drapps.engines.epoch import Delivered, Epoch
-from drapps.engines.inline import InlineEngine
-from drapps.engines.pooled import PoolEngine
 from drapps.engines.sharding import CoreClaim
-from drapps.engines.stream import StreamEngine
 from drapps.engines.tuner import AutoTuner, make_tuner
 from drapps.ops.device_stage import DeviceStage, resolve_device
 from drapps.ops.split import Split
@@ -33,6 +30,12 @@ from drapps.runtime.config import LoaderConfig
 from drapps.runtime.stats import PipelineSnapshot
 from drapps.runtime.transport import pinner
 from drapps.runtime.worker import BatchRecipe
+
+ChooseEngine = Callable[
+    [LoaderConfig, BatchRecipe, Backend, "Callable[[Any], Any] | None", "Split | None", bool],
+    "tuple[Engine, LoaderConfig]",
+]
+"""``(config, recipe, backend, finish, split, iterable) -> (engine, config)``."""
 
 
 class Parts:
@@ -138,11 +141,16 @@ def assemble(
     device: Any,
     backend: Backend,
     pin_memory_device: str,
+    choose: ChooseEngine,
     engine: Engine | None = None,
 ) -> tuple[Parts, LoaderConfig]:
     """Build what a loader with ``config`` runs; returns it with the config as the backend
-    bounds it (a Ray cluster's CPUs cap ``max_workers``). ``engine``: one made already (a
-    source's), which then runs alone."""
+    bounds it (a Ray cluster's CPUs cap ``max_workers``).
+
+    Args:
+        choose: the loader's choice of engine, given the parts it needs.
+        engine: one made already (a source's), which then runs alone.
+    """
     c = config
     check_policy(c.policy)
     if engine is not None:
@@ -166,7 +174,7 @@ def assemble(
         dataset, c.transform, collate_fn, c.on_error, batched, worker_init_fn, cache=samples
     )
     try:
-        engine, c = _choose_engine(c, recipe, backend, finish, split, iterable=iterable)
+        engine, c = choose(c, recipe, backend, finish, split, iterable)
     except BaseException:
         for part in (stage, samples):
             if part is not None:
@@ -213,62 +221,3 @@ def open_source(
         finish=pinner(pin_memory),
     )
     return engine, engine.dataset  # type: ignore[attr-defined]
-
-
-def _choose_engine(
-    c: LoaderConfig,
-    recipe: BatchRecipe,
-    backend: Backend,
-    finish: Callable[[Any], Any] | None,
-    split: Split | None,
-    *,
-    iterable: bool,
-) -> tuple[Engine, LoaderConfig]:
-    """The engine for ``c``: inline without workers, the stream engine for an iterable
-    dataset, else the pool engine over ``backend``'s pool."""
-    per_worker = c.prefetch_factor or 2
-    budget = c.resolved_memory_budget
-    limits = Limits(budget, c.resolved_max_workers)
-    first_split = split.value if split is not None else None
-    if c.initial_workers == 0:
-        engine: Engine = InlineEngine(
-            recipe, c.batch_size, c.drop_last, limits, finish, split=first_split
-        )
-        return engine, c
-    if iterable:
-        engine = StreamEngine(
-            recipe,
-            c.batch_size,
-            c.drop_last,
-            workers=c.initial_workers,
-            limits=limits,
-            context=c.context,
-            prefetch_per_worker=per_worker,
-            timeout=c.resolved_timeout,
-            finish=finish,
-        )
-        return engine, c
-    pool = backend.make_pool(recipe, c.context)
-    initial = c.initial_workers
-    if not backend.local:  # bounded by the cluster's CPUs, and starting with all of them
-        cap = c.max_workers or pool.max_workers()  # type: ignore[attr-defined]
-        try:
-            c = dataclasses.replace(c, max_workers=cap)
-        except ValueError as exc:
-            pool.shutdown()
-            raise ValueError(f"{exc} (the Ray cluster has CPUs for {cap} actors)") from None
-        initial = c.resolved_max_workers if c.workers == "auto" else c.initial_workers
-    engine = PoolEngine(
-        recipe,
-        workers=initial,
-        prefetch=None if c.prefetch == "auto" else c.prefetch,
-        prefetch_per_worker=per_worker,
-        limits=Limits(budget, c.resolved_max_workers),
-        timeout=c.resolved_timeout,
-        max_attempts=c.max_attempts,
-        context=c.context,
-        finish=finish,
-        split=first_split,
-        pool=pool,
-    )
-    return engine, c

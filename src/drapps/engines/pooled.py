@@ -121,4 +121,4 @@ def _made(entry: Entry) -> EngineBatch:
     noted = any("worker traceback" in note for note in getattr(error, "__notes__", ()))
     if isinstance(error, SampleError) and error.detail and not noted:
         error.add_note(f"worker traceback:\n{error.detail}")  # type: ignore[attr-defined]
-    return EngineBatch(entry.batch, entry.skipped, entry.stop, error)
+    return EngineBatch(entry.batch, entry.skipped, entry.split, error)

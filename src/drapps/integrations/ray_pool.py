@@ -60,7 +60,7 @@ class _BatchMaker:
         batch_id: int,
         indices: list[Any],
         workers_now: int,
-        stop: int | None,
+        split: int | None,
     ) -> tuple[tuple[int, str], tuple[Any, ...]]:
         """One task, answered as a worker process answers it; with where the actor runs."""
         from drapps.runtime.errors import SampleError
@@ -74,7 +74,7 @@ class _BatchMaker:
         if self._init_error is not None:
             return self._where, ("err", generation, batch_id, self._init_error)
         try:
-            made = make_batch(self._recipe, seed, epoch, indices, stop)
+            made = make_batch(self._recipe, seed, epoch, indices, split)
         except SampleError as exc:
             return self._where, ("err", generation, batch_id, exc)
         try:

@@ -120,12 +120,12 @@ class RedisSource(Engine):
         return PipelineSnapshot(
             samples=samples,
             wait_s=self.wait_s,
-            queue_batches=0,
-            queue_bytes=0,
+            ready_batches=0,
+            ready_bytes=0,
             memory_budget=0,
             workers=0,
             max_workers=0,
-            prefetch=self._prefetch,
+            prefetch_depth=self._prefetch,
             worker_pids=(),
         )
 

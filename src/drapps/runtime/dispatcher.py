@@ -144,10 +144,10 @@ class Dispatcher:
         """Set the worker count; returns once the dispatcher has acted on it."""
         self._command("resize", workers, wait_applied=True)
 
-    def set_split(self, stop: int | None) -> None:
+    def set_split(self, split: int | None) -> None:
         """Make batches dispatched from now on with the transform pipeline's ops before
-        ``stop`` (batches already in flight keep the split they were sent with)."""
-        self._command("split", stop, wait_applied=True)
+        ``split`` (batches already in flight keep the split they were sent with)."""
+        self._command("split", split, wait_applied=True)
 
     def set_priority(self, priority: str) -> bool:
         """Run the workers at ``"normal"`` CPU priority (the training process's niceness,
@@ -363,7 +363,7 @@ class Dispatcher:
             worker.assigned.append(task)
             self._in_flight[batch_id] = worker
             message = (
-                task.generation, plan.seed, task.epoch, batch_id, indices, self._target, task.stop
+                task.generation, plan.seed, task.epoch, batch_id, indices, self._target, task.split
             )  # fmt: skip
             self.pool.send(worker, message)  # a failed send shows as the worker's exit
 
@@ -413,12 +413,12 @@ class Dispatcher:
             worker.last_error = str(reply[3]).strip().splitlines()[-1]
             return
         now = time.monotonic()
-        stop = self._split
+        split = self._split
         for task in worker.assigned:
             if task.generation == generation and task.batch_id == batch_id:
                 worker.assigned.remove(task)
                 self.latencies.append((now, now - task.assigned_at))
-                stop = task.stop
+                split = task.split
                 break
         worker.last_progress = now
         current = generation == self._generation_now
@@ -456,7 +456,7 @@ class Dispatcher:
                 self.counters["pickled_bytes"] += len(packed.skeleton)
                 self.counters["shared_bytes"] += nbytes
                 self._batch_bytes = max(self._batch_bytes, nbytes)
-            entry = Entry(batch=batch, nbytes=nbytes, skipped=reply[4], stop=stop)
+            entry = Entry(batch=batch, nbytes=nbytes, skipped=reply[4], split=split)
             for name, seconds in zip(
                 ("fetch_s", "transform_s", "collate_s"), reply[5], strict=True
             ):
@@ -539,18 +539,18 @@ class Dispatcher:
         return PipelineSnapshot(
             samples=samples,
             wait_s=self.buffer.waited_s(),
-            queue_batches=len(self.buffer),
-            queue_bytes=self.buffer.bytes,
+            ready_batches=len(self.buffer),
+            ready_bytes=self.buffer.bytes,
             memory_budget=memory_budget,
             workers=len(self.pool.live()),
             max_workers=max_workers,
-            prefetch=self.prefetch_depth,
+            prefetch_depth=self.prefetch_depth,
             worker_pids=self.pool.pids(),
             pool_cores=self.pool.resources(),
             latencies=tuple(self.latencies),
             stage_s={name: counters[name] for name in STAGES},
             target_workers=self._target,
-            peak_queue_bytes=self.buffer.peak_bytes,
+            peak_ready_bytes=self.buffer.peak_bytes,
             in_flight=len(self._in_flight),
             batch_bytes=self._batch_bytes,
             worker_restarts=int(counters["worker_restarts"]),

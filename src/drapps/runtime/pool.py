@@ -36,8 +36,8 @@ class Task:
     batch_id: int
     indices: list[int]
     assigned_at: float
-    stop: int | None = None
-    """The transform pipeline's split point the batch is made with (None: no Pipeline)."""
+    split: int | None = None
+    """The transform Pipeline's split the batch is made with (None: no Pipeline)."""
 
 
 @dataclass(eq=False)
@@ -84,7 +84,7 @@ class Polled:
 class WorkerPool(ABC):
     """A set of workers that make batches from task messages.
 
-    A task message is ``(generation, seed, epoch, batch_id, indices, num_workers, stop)``; a
+    A task message is ``(generation, seed, epoch, batch_id, indices, num_workers, split)``; a
     worker
     answers each with a reply tuple as :func:`drapps.runtime.worker.run_worker` does, in the
     order it received them, and ``None`` asks it to stop after what it holds.

@@ -17,8 +17,8 @@ class Entry:
     nbytes: int = 0
     error: BaseException | None = None
     skipped: list[tuple[int, str]] = field(default_factory=list)
-    stop: int | None = None
-    """The split point the batch was made with: its batch stage starts there."""
+    split: int | None = None
+    """The split the batch was made with: its device stage starts there."""
 
 
 class ReorderBuffer:

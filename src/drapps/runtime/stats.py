@@ -24,9 +24,9 @@ class PipelineSnapshot:
     wait_s: float
     """Seconds the training loop has spent blocked waiting for batches so far, a wait still
     under way included."""
-    queue_batches: int
+    ready_batches: int
     """Batches made and waiting for the training loop."""
-    queue_bytes: int
+    ready_bytes: int
     """Bytes those batches hold."""
     memory_budget: int
     """Bytes ready batches may hold."""
@@ -34,7 +34,7 @@ class PipelineSnapshot:
     """Workers taking tasks now."""
     max_workers: int
     """Upper bound on workers."""
-    prefetch: int
+    prefetch_depth: int
     """Batches allowed in flight + ready."""
     worker_pids: tuple[int, ...]
     """Process ids of the worker processes alive now (parked ones included)."""
@@ -44,7 +44,7 @@ class PipelineSnapshot:
     """Cumulative seconds per stage (:data:`STAGES`)."""
     target_workers: int = 0
     """Worker count asked for."""
-    peak_queue_bytes: int = 0
+    peak_ready_bytes: int = 0
     """Most bytes the ready batches ever held."""
     in_flight: int = 0
     """Batches being made by workers now."""
@@ -73,12 +73,12 @@ def inline_snapshot(samples: int, wait_s: float, memory_budget: int) -> Pipeline
     return PipelineSnapshot(
         samples=samples,
         wait_s=wait_s,
-        queue_batches=0,
-        queue_bytes=0,
+        ready_batches=0,
+        ready_bytes=0,
         memory_budget=memory_budget,
         workers=0,
         max_workers=0,
-        prefetch=0,
+        prefetch_depth=0,
         worker_pids=(),
     )
 
@@ -169,10 +169,10 @@ class LoaderStats:
             workers=snapshot.workers,
             target_workers=snapshot.target_workers,
             worker_pids=snapshot.worker_pids,
-            prefetch_depth=snapshot.prefetch,
-            ready_batches=snapshot.queue_batches,
-            ready_bytes=snapshot.queue_bytes,
-            peak_ready_bytes=snapshot.peak_queue_bytes,
+            prefetch_depth=snapshot.prefetch_depth,
+            ready_batches=snapshot.ready_batches,
+            ready_bytes=snapshot.ready_bytes,
+            peak_ready_bytes=snapshot.peak_ready_bytes,
             memory_budget=snapshot.memory_budget,
             in_flight=snapshot.in_flight,
             wait_s=snapshot.wait_s,

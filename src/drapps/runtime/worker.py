@@ -49,15 +49,15 @@ class SampleStore(Protocol):
         """Whether the cache takes part in this batch."""
         ...
 
-    def cut(self, end: int) -> int:
+    def held_ops(self, split: int) -> int:
         """How many of a Pipeline's first ``end`` ops an entry stands for."""
         ...
 
-    def get(self, index: Any, cut: int) -> Any:
-        """The sample stored for ``index`` after ``cut`` ops, or None."""
+    def get(self, index: Any, ops: int) -> Any:
+        """The sample stored for ``index`` after ``ops`` ops, or None."""
         ...
 
-    def put(self, index: Any, cut: int, sample: Any, make_ns: int) -> None:
+    def put(self, index: Any, ops: int, sample: Any, make_ns: int) -> None:
         """Store ``sample`` for ``index``; ``make_ns`` is what making it cost."""
         ...
 
@@ -109,12 +109,12 @@ def collate(recipe: BatchRecipe, samples: list[Any]) -> Any:
 
 
 def make_batch(
-    recipe: BatchRecipe, seed: int, epoch: int, indices: list[Any], stop: int | None = None
+    recipe: BatchRecipe, seed: int, epoch: int, indices: list[Any], split: int | None = None
 ) -> Made:
     """Fetch, transform and collate ``indices``, seeding each sample from (seed, epoch, index).
 
-    ``stop``: with a :class:`drapps.ops.Pipeline` transform, run only its ops before this
-    split point (the rest run on the batch after the reorder buffer); None runs it whole.
+    ``split``: with a :class:`drapps.ops.Pipeline` transform, run only its ops before this
+    split (the rest run on the batch after the reorder buffer); None runs it whole.
 
     Raises:
         SampleError: a sample failed and ``on_error="raise"``, or collate_fn failed.
@@ -124,15 +124,15 @@ def make_batch(
     fetch_s = transform_s = 0.0
     cache = recipe.cache if recipe.cache is not None and recipe.cache.begin_batch() else None
     pipeline: Any = recipe.transform if hasattr(recipe.transform, "run_sample") else None
-    end = len(pipeline.ops) if pipeline is not None and stop is None else stop
-    cut = cache.cut(end) if cache is not None and end is not None else 0
+    end = len(pipeline.ops) if pipeline is not None and split is None else split
+    held = cache.held_ops(end) if cache is not None and end is not None else 0
     lossy = False
     for index in indices:
         seed_sample(sample_seed_for(seed, epoch, key_of(index)))
         stage = "__getitem__"
         try:
             t0 = time.perf_counter()
-            hit = cache.get(index, cut) if cache is not None else None
+            hit = cache.get(index, held) if cache is not None else None
             if hit is None:
                 sample = recipe.dataset[index]
             t1 = time.perf_counter()
@@ -143,13 +143,13 @@ def make_batch(
                 sample, exact = hit
                 lossy = lossy or not exact
             elif cache is not None:
-                if cut:
-                    sample = pipeline.run_sample(sample, 0, cut)
+                if held:
+                    sample = pipeline.run_sample(sample, 0, held)
                 made = time.perf_counter()
-                cache.put(index, cut, sample, int((made - t0) * 1e9))
+                cache.put(index, held, sample, int((made - t0) * 1e9))
                 written_s = time.perf_counter() - made
             if pipeline is not None:
-                sample = pipeline.run_sample(sample, cut if cache is not None else 0, end)
+                sample = pipeline.run_sample(sample, held if cache is not None else 0, end)
             elif recipe.transform is not None:
                 sample = recipe.transform(sample)
             fetch_s += written_s
@@ -179,8 +179,8 @@ def make_batch(
         return Made(None, skipped, (fetch_s, transform_s, 0.0))
     t2 = time.perf_counter()
     try:
-        if stop is not None:  # a Pipeline cut before its end: its parts may differ in shape
-            batch = pipeline.collate(samples, lambda rest: collate(recipe, rest), stop)
+        if split is not None:  # a Pipeline split before its end: its parts may differ in shape
+            batch = pipeline.collate(samples, lambda rest: collate(recipe, rest), split)
         else:
             batch = collate(recipe, samples)
     except Exception as exc:
@@ -205,7 +205,7 @@ def run_worker(
     base_seed: int = 0,
 ) -> None:
     """The worker process: take ``(generation, seed, epoch, batch_id, indices, num_workers,
-    stop)`` tasks until ``None`` (``stop``: see :func:`make_batch`); ``("free", notices)``
+    split)`` tasks until ``None`` (``split``: see :func:`make_batch`); ``("free", notices)``
     says which of its slabs the training process has released (:class:`SlabWriter`).
 
     ``slot`` is the worker's id as ``torch.utils.data.get_worker_info()`` reports it (0 to
@@ -226,7 +226,7 @@ def run_worker(
             if task[0] == "free":  # slabs the training process has released
                 writer.released(task[1])
                 continue
-            generation, seed, epoch, batch_id, indices, workers_now, stop = task
+            generation, seed, epoch, batch_id, indices, workers_now, split = task
             if (workers_now, seed) != (num_workers, base_seed):
                 num_workers, base_seed = workers_now, seed
                 set_worker_info(slot, num_workers, base_seed, recipe.dataset)
@@ -234,7 +234,7 @@ def run_worker(
                 results.send(("err", generation, batch_id, init_error))
                 continue
             try:
-                made = make_batch(recipe, seed, epoch, indices, stop)
+                made = make_batch(recipe, seed, epoch, indices, split)
             except SampleError as exc:
                 results.send(("err", generation, batch_id, exc))
                 continue

@@ -266,7 +266,7 @@ class Simulator:
             workers=self._target,
             max_workers=p.worker_limit,
             prefetch=self.prefetch,
-            split_point=self._split if p.device_ops else None,
+            split=self._split if p.device_ops else None,
             device_stage_s=i.device_s / i.device_batches if i.device_batches else 0.0,
             device_stage_share=min(1.0, i.device_s / dt),
             **self._cache_state(),

@@ -189,7 +189,7 @@ def bottleneck_report(
 
 def _device_stage_story(states: list[Any]) -> list[str]:
     """Where the split sat and what the device stage cost, when the pipeline has one."""
-    splits = [s.split_point for s in states if s.split_point is not None]
+    splits = [s.split for s in states if s.split is not None]
     if not splits:
         return []
     staged = [s for s in states if s.device_stage_s > 0]
