@@ -5,6 +5,8 @@ repeat of the drapps systems, loader-bound (no consumer), steady; rounds alterna
 The comparison is the paired log-ratio per round (B over A) with a 95% t interval.
 
     python docs/results/engine-ab/ab.py OLD_SRC NEW_SRC --rounds 6 --out docs/results/engine-ab
+
+(``OLD_SRC``/``NEW_SRC``: the ``src`` folders of two ``git worktree`` checkouts.)
 """
 
 from __future__ import annotations
@@ -19,15 +21,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-SYSTEMS = "drapps-static,drapps-heuristic"
-
-
-def run(src: str, out: Path) -> dict[str, float]:
+def run(src: str, out: Path, systems: str) -> dict[str, float]:
     """samples/s per drapps system of one bench run of the checkout at ``src``."""
     env = {**os.environ, "PYTHONPATH": src}
     command = [
         sys.executable, "-m", "drapps.cli", "bench", "--workload", "image",
-        "--scenario", "steady", "--consumer", "none", "--systems", SYSTEMS,
+        "--scenario", "steady", "--consumer", "none", "--systems", systems,
         "--repeats", "1", "--size", "quick", "--no-progress", "--out", str(out),
     ]  # fmt: skip
     subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL)
@@ -51,6 +50,7 @@ def main() -> None:
     parser.add_argument("old")
     parser.add_argument("new")
     parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--systems", default="drapps-static,drapps-heuristic")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     rounds = []
@@ -59,7 +59,7 @@ def main() -> None:
             order = [("old", args.old), ("new", args.new)]
             found = {}
             for name, src in order if n % 2 == 0 else order[::-1]:
-                found[name] = run(src, Path(tmp) / f"{n}-{name}")
+                found[name] = run(src, Path(tmp) / f"{n}-{name}", args.systems)
             rounds.append(found)
             print(n, json.dumps(found), flush=True)
     summary = {}
