@@ -450,3 +450,33 @@ def test_resume_mid_epoch_with_a_drawing_sampler(workers: int) -> None:
     with drapps.Loader(Indexed(30), batch_size=4, sampler=weighted, workers=workers) as resumed:
         resumed.load_state_dict(state)
         assert_batches_equal(list(resumed), rest)
+
+
+class Unsharded(IterableDataset):  # type: ignore[type-arg]
+    """Yields all of its items in every worker: it never reads get_worker_info()."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        return (torch.tensor(i) for i in range(self.n))
+
+
+def test_the_default_worker_count_never_duplicates_an_unsharded_iterable() -> None:
+    # DataLoader's default loads in the training process: each item once, in order. drapps'
+    # default starts workers, and only the first streams a dataset that does not shard itself.
+    expected = [b.tolist() for b in DataLoader(Unsharded(20), batch_size=3)]
+    with pytest.warns(UserWarning, match="Unsharded does not read .*get_worker_info"):
+        with drapps.Loader(Unsharded(20), batch_size=3) as loader:
+            assert loader.num_workers > 1
+            assert [b.tolist() for b in loader] == expected
+            assert [b.tolist() for b in loader] == expected  # every epoch
+    # A dataset that shards itself is streamed by every worker, as in DataLoader.
+    workers = drapps.Loader(Shards(20), batch_size=3).num_workers
+    sharded = [b.tolist() for b in DataLoader(Shards(20), batch_size=3, num_workers=workers)]
+    with drapps.Loader(Shards(20), batch_size=3) as loader:
+        assert [b.tolist() for b in loader] == sharded
+    # Workers asked for by count do what DataLoader's do, duplicates included.
+    asked = [b.tolist() for b in DataLoader(Unsharded(6), batch_size=3, num_workers=2)]
+    with drapps.Loader(Unsharded(6), batch_size=3, num_workers=2) as loader:
+        assert [b.tolist() for b in loader] == asked and len(asked) == 4

@@ -401,6 +401,8 @@ def _choose_engine(
             prefetch_per_worker=per_worker,
             timeout=c.resolved_timeout,
             finish=finish,
+            # The default count never duplicates a dataset that does not shard itself.
+            solo_unless_sharded=c.workers == "auto",
         )
         return engine, c
     pool = backend.make_pool(recipe, c.context)

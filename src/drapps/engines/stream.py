@@ -34,8 +34,10 @@ class StreamEngine(Engine):
         prefetch_per_worker: int,
         timeout: float | None,
         finish: Callable[[Any], Any] | None = None,
+        solo_unless_sharded: bool = False,
     ) -> None:
         self._limits = limits
+        self._solo_unless_sharded = solo_unless_sharded
         self._workers = workers
         self.pool = StreamPool(
             recipe,
@@ -53,7 +55,9 @@ class StreamEngine(Engine):
         return self._workers
 
     def start_epoch(self, job: EpochJob) -> None:
-        generation = self.pool.start_epoch(self._workers, job.seed, fresh=job.fresh)
+        generation = self.pool.start_epoch(
+            self._workers, job.seed, fresh=job.fresh, solo_unless_sharded=self._solo_unless_sharded
+        )
         self._batches = self.pool.batches(generation)
 
     def next(self) -> EngineBatch | None:

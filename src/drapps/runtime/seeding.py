@@ -10,6 +10,7 @@ explicit NumPy generator for the same sample, for code that prefers not to touch
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import threading
@@ -191,16 +192,48 @@ def seed_worker(base_seed: int, worker_id: int) -> None:
     np.random.seed(_generate_state(base_seed, worker_id))
 
 
-def set_worker_info(worker_id: int, num_workers: int, base_seed: int, dataset: object) -> None:
-    """Make ``torch.utils.data.get_worker_info()`` describe this worker process."""
+def set_worker_info(
+    worker_id: int, num_workers: int, base_seed: int, dataset: object, *, watched: bool = False
+) -> None:
+    """Make ``torch.utils.data.get_worker_info()`` describe this worker process.
+
+    ``watched``: note when the dataset reads the worker's ``id`` or ``num_workers`` (what a
+    dataset shards by), for :func:`worker_info_read`.
+    """
     from torch.utils.data._utils import worker as torch_worker
 
-    torch_worker._worker_info = torch_worker.WorkerInfo(
+    _read[0] = False
+    kind = _watched_info_class() if watched else torch_worker.WorkerInfo
+    torch_worker._worker_info = kind(
         id=worker_id,
         num_workers=num_workers,
         seed=(base_seed + worker_id) & _MASK63,
-        dataset=dataset,  # type: ignore[arg-type]
+        dataset=dataset,
     )
+
+
+_read = [False]
+
+
+def worker_info_read() -> bool:
+    """Whether the dataset has read this worker's ``id`` or ``num_workers`` since the worker
+    info was last set (watched)."""
+    return _read[0]
+
+
+@functools.cache
+def _watched_info_class() -> type:
+    from torch.utils.data._utils.worker import WorkerInfo
+
+    class WatchedWorkerInfo(WorkerInfo):
+        """torch's WorkerInfo, noting a read of the attributes a dataset shards by."""
+
+        def __getattribute__(self, name: str) -> Any:
+            if name in ("id", "num_workers"):
+                _read[0] = True
+            return super().__getattribute__(name)
+
+    return WatchedWorkerInfo
 
 
 @contextmanager

@@ -20,6 +20,7 @@ import logging
 import multiprocessing
 import time
 import traceback
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
@@ -29,7 +30,7 @@ from typing import Any
 
 from drapps.runtime.errors import SampleError, sample_error
 from drapps.runtime.process_pool import start_worker_process
-from drapps.runtime.seeding import seed_worker, set_worker_info
+from drapps.runtime.seeding import seed_worker, set_worker_info, worker_info_read
 from drapps.runtime.stats import PipelineSnapshot
 from drapps.runtime.transport import Packed, discard, receive_message, send_message, unpack
 from drapps.runtime.worker import (
@@ -47,6 +48,12 @@ logger = logging.getLogger(__name__)
 _PARENT_CHECK_S = 1.0
 
 
+class Unsharded(Exception):
+    """A worker past the first stops its stream: the dataset did not read
+    ``get_worker_info()`` before its first item, so it does not shard, and each worker would
+    yield all of it."""
+
+
 class StreamBatcher:
     """Turns one iterator over the dataset into batches (in a worker or the calling process).
 
@@ -56,8 +63,18 @@ class StreamBatcher:
         drop_last: drop a last batch shorter than ``batch_size``.
     """
 
-    def __init__(self, recipe: BatchRecipe, batch_size: int | None, drop_last: bool) -> None:
+    def __init__(
+        self,
+        recipe: BatchRecipe,
+        batch_size: int | None,
+        drop_last: bool,
+        *,
+        unless_sharded: bool = False,
+    ) -> None:
         self.recipe = recipe
+        self.unless_sharded = unless_sharded
+        """End the stream at its first item if the dataset has not read ``get_worker_info()``
+        by then (:class:`Unsharded`): a worker past the first, under the default count."""
         self.batch_size, self.drop_last = batch_size, drop_last
         self.items: Iterator[Any] = iter(recipe.dataset)
         self.position = 0  # items taken from the stream so far
@@ -81,6 +98,8 @@ class StreamBatcher:
                     stage="__iter__",
                     detail="".join(traceback.format_exception(exc)),
                 ) from exc
+            if self.unless_sharded and self.position == 0 and not worker_info_read():
+                raise Unsharded  # before the first item leaves: nothing is duplicated
             position, self.position = self.position, self.position + 1
             if r.transform is not None:
                 try:
@@ -123,9 +142,12 @@ def run_stream_worker(
     results: Connection,
     parent_pid: int,
 ) -> None:
-    """A stream worker: ``("start", generation, seed, num_workers)`` begins a new pass over the
-    dataset; each ``("next", generation)`` is answered with ``("ok", generation, packed,
-    skipped)``, ``("end", generation)`` or ``("err", generation, SampleError)``; ``None`` stops.
+    """A stream worker: ``("start", generation, seed, num_workers, solo_unless_sharded)`` begins
+    a new pass over the dataset (``solo_unless_sharded``: a worker past the first ends its
+    stream at the first item unless the dataset has read ``get_worker_info()`` by then); each
+    ``("next", generation)`` is answered with ``("ok", generation, packed, skipped)``,
+    ``("end", generation)`` (``("end", generation, "unsharded")`` for such a stop) or
+    ``("err", generation, SampleError)``; ``None`` stops.
     """
     enter_worker_process()
     batcher: StreamBatcher | None = None
@@ -137,16 +159,17 @@ def run_stream_worker(
             if task is None:
                 return  # asked to stop
             if task[0] == "start":
-                _, generation, seed, num_workers = task
+                _, generation, seed, num_workers, solo_unless_sharded = task
+                watch = solo_unless_sharded and slot > 0
                 seed_worker(seed, slot)
-                set_worker_info(slot, num_workers, seed, recipe.dataset)
+                set_worker_info(slot, num_workers, seed, recipe.dataset, watched=watch)
                 batcher, failed = None, None
                 if not initialised:  # a failed worker_init_fn is tried again next epoch
                     failed = run_worker_init(recipe, slot)
                     initialised = failed is None
                 if failed is None:
                     try:
-                        batcher = StreamBatcher(recipe, batch_size, drop_last)
+                        batcher = StreamBatcher(recipe, batch_size, drop_last, unless_sharded=watch)
                     except Exception as exc:
                         failed = sample_error(
                             f"starting the stream in worker {slot} failed: "
@@ -168,6 +191,8 @@ def run_stream_worker(
                     batcher.skipped = []
                 except StopIteration:
                     reply = ("end", generation)
+                except Unsharded:
+                    reply = ("end", generation, "unsharded")
                 except SampleError as exc:
                     reply = ("err", generation, exc)
                 except Exception as exc:  # the batch cannot be pickled for the transport
@@ -243,8 +268,15 @@ class StreamPool:
             shared_bytes=self.shared_bytes,
         )
 
-    def start_epoch(self, workers: int, seed: int, *, fresh: bool) -> int:
-        """Begin a pass over the dataset with ``workers`` processes; returns its generation."""
+    def start_epoch(
+        self, workers: int, seed: int, *, fresh: bool, solo_unless_sharded: bool = False
+    ) -> int:
+        """Begin a pass over the dataset with ``workers`` processes; returns its generation.
+
+        ``solo_unless_sharded``: only the first worker streams a dataset that does not shard
+        itself through ``get_worker_info()`` (the others end before their first item), so a
+        default worker count never duplicates its items.
+        """
         if fresh or len(self.workers) != workers:
             self.shutdown(grace_s=0.0)  # nothing of the old streams is worth waiting for
         while len(self.workers) < workers:
@@ -252,7 +284,7 @@ class StreamPool:
         self._generation += 1
         for worker in self.workers:
             worker.requested, worker.active = 0, True
-            worker.tasks.send(("start", self._generation, seed, workers))
+            worker.tasks.send(("start", self._generation, seed, workers, solo_unless_sharded))
         return self._generation
 
     def batches(self, generation: int) -> Iterator[tuple[Any, list[tuple[int, str]]]]:
@@ -269,6 +301,8 @@ class StreamPool:
             worker.requested -= 1
             if reply[0] == "end":
                 worker.active = False
+                if reply[2:] == ("unsharded",):
+                    _warn_unsharded(self.recipe.dataset)
                 continue
             if reply[0] == "err":
                 raise reply[2]
@@ -339,3 +373,19 @@ class StreamPool:
             worker.tasks.close()
             worker.results.close()
         self.workers = []
+
+
+_warned_unsharded: set[str] = set()
+
+
+def _warn_unsharded(dataset: Any) -> None:
+    name = type(dataset).__name__
+    if name in _warned_unsharded:
+        return
+    _warned_unsharded.add(name)
+    warnings.warn(
+        f"drapps: {name} does not read torch.utils.data.get_worker_info() before its first "
+        "item, so one worker streams it (each of several workers would yield all of it); "
+        "shard it by get_worker_info() to use more, or set num_workers to choose the count",
+        stacklevel=4,
+    )
