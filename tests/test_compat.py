@@ -25,6 +25,7 @@ from torch.utils.data import (
 )
 
 import drapps
+from drapps.runtime.config import usable_cores
 
 Pair = collections.namedtuple("Pair", ["image", "label"])
 
@@ -297,13 +298,17 @@ def test_attributes_frameworks_read_match_dataloaders() -> None:
         ({"batch_size": None, "drop_last": True}, "mutually exclusive with drop_last"),
         (
             {"num_workers": 0, "persistent_workers": True},
-            "persistent_workers=True needs num_workers > 0",
+            "persistent_workers option needs num_workers > 0",
+        ),
+        (
+            {"num_workers": 0, "multiprocessing_context": "spawn"},
+            "multiprocessing_context can only be used with multi-process loading",
         ),
         ({"num_workers": 0, "prefetch_factor": 2}, "prefetch_factor needs worker processes"),
         ({"num_workers": 2, "workers": 3}, "num_workers and workers name the same setting"),
         ({"timeout": -1}, "timeout must be a number of seconds >= 0"),
         ({"generator": 3}, "generator must be a torch.Generator"),
-        ({"num_workers": -1}, "workers must be 'auto' or an int >= 0"),
+        ({"num_workers": -1}, "num_workers option should be non-negative"),
     ],
 )
 def test_invalid_combinations_are_refused_as_in_dataloader(
@@ -480,3 +485,38 @@ def test_the_default_worker_count_never_duplicates_an_unsharded_iterable() -> No
     asked = [b.tolist() for b in DataLoader(Unsharded(6), batch_size=3, num_workers=2)]
     with drapps.Loader(Unsharded(6), batch_size=3, num_workers=2) as loader:
         assert [b.tolist() for b in loader] == asked and len(asked) == 4
+
+
+def test_more_workers_than_cores_warn_as_in_dataloader_and_run() -> None:
+    many = 2 * usable_cores() + 1  # past the default bound, which no longer refuses it
+    with pytest.warns(UserWarning, match="excessive worker creation might get DataLoader"):
+        torch_loader = DataLoader(Indexed(8), batch_size=2, num_workers=many)
+    expected = [b.tolist() for b in torch_loader]
+    with pytest.warns(UserWarning, match="excessive worker creation might get DataLoader"):
+        with drapps.Loader(Indexed(8), batch_size=2, num_workers=many) as loader:
+            assert loader.config.resolved_max_workers == many
+            assert [b.tolist() for b in loader] == expected
+
+
+def test_a_loader_type_takes_a_parameter_as_dataloaders_does() -> None:
+    def first(loader: drapps.Loader[torch.Tensor]) -> torch.Tensor:
+        return next(iter(loader))
+
+    assert DataLoader[int].__origin__ is DataLoader
+    assert drapps.Loader[torch.Tensor].__origin__ is drapps.Loader
+    with drapps.Loader(Indexed(4), batch_size=2, num_workers=0) as loader:
+        assert first(loader).tolist() == [0, 1]
+
+
+@pytest.mark.parametrize(
+    "name", ["batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers"]
+)
+def test_attributes_that_fix_the_batches_refuse_a_new_value(name: str) -> None:
+    torch_loader = DataLoader(Indexed(4), batch_size=2)
+    with pytest.raises(ValueError, match=f"{name} attribute should not be set after DataLoader"):
+        setattr(torch_loader, name, getattr(torch_loader, name))
+    with drapps.Loader(Indexed(4), batch_size=2, num_workers=0) as loader:
+        with pytest.raises(ValueError, match=f"{name} attribute should not be set after Loader"):
+            setattr(loader, name, getattr(loader, name))
+        loader.timeout = 5.0  # the others are free, as in DataLoader
+        assert [b.tolist() for b in loader] == [[0, 1], [2, 3]]

@@ -15,8 +15,8 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import os
+import types
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Literal
@@ -35,7 +35,13 @@ from drapps.engines.pooled import PoolEngine
 from drapps.engines.sharding import warn_once
 from drapps.engines.stream import StreamEngine
 from drapps.ops.split import Split
-from drapps.runtime.config import LoaderConfig, checked_index, resolve_workers
+from drapps.runtime.config import (
+    LoaderConfig,
+    changed_arguments,
+    checked_index,
+    resolve_workers,
+    warn_excessive_workers,
+)
 from drapps.runtime.sampling import (
     check_dataset,
     check_sampling,
@@ -47,7 +53,32 @@ from drapps.runtime.stats import LoaderStats, PipelineSnapshot
 from drapps.runtime.worker import BatchRecipe
 
 
-class Loader:
+class _DataLoaderAttributes:
+    """DataLoader's attribute rules: ``Loader[T]`` in annotations, and the attributes that fix
+    what an epoch holds refuse a new value once the loader is made (DataLoader raises
+    ValueError rather than silently keep the old one)."""
+
+    def __class_getitem__(cls, item: Any) -> types.GenericAlias:
+        return types.GenericAlias(cls, item)
+
+    _FIXED = (
+        "batch_size",
+        "batch_sampler",
+        "sampler",
+        "drop_last",
+        "dataset",
+        "persistent_workers",
+    )
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in self._FIXED and "_closed" in self.__dict__:  # _closed: set last in __init__
+            raise ValueError(
+                f"{name} attribute should not be set after {type(self).__name__} is initialized"
+            )
+        super().__setattr__(name, value)
+
+
+class Loader(_DataLoaderAttributes):
     """Batches from a dataset, made by a worker pool whose size may change mid-epoch.
 
     The arguments up to ``in_order`` are ``torch.utils.data.DataLoader``'s, in its order and
@@ -155,9 +186,8 @@ class Loader:
     ) -> None:
         named = {k: v for k, v in locals().items() if k != "self"}  # the arguments as given
         if source is not None:  # the producers hold the dataset: learn its length from them
-            remote, dataset = open_source(
-                source, _changed(named), batch_size, prefetch, timeout, pin_memory
-            )
+            given = changed_arguments(Loader.__init__, named)
+            remote, dataset = open_source(source, given, batch_size, prefetch, timeout, pin_memory)
         elif dataset is None:
             raise ValueError(
                 "dataset is required (or source='redis://host:port/db?queue=NAME' to read the "
@@ -184,9 +214,9 @@ class Loader:
         self.drop_last = drop_last if batch_sampler is None else False
         self.generator = generator
         user_sampler = batch_sampler if batch_sampler is not None else sampler
-        self.sampler: Any = (
-            sampler if sampler is not None else default_sampler(dataset, config.shuffle, generator)
-        )
+        self.sampler: Any = sampler
+        if sampler is None:  # not `or`: an empty sampler is falsy
+            self.sampler = default_sampler(dataset, config.shuffle, generator)
         if batch_sampler is None and batch_size is not None:
             batch_sampler = BatchSampler(self.sampler, batch_size, drop_last)
         self.batch_sampler: Any = batch_sampler
@@ -197,6 +227,7 @@ class Loader:
         self.multiprocessing_context = config.context
         self.prefetch_factor = prefetch_factor if prefetch_factor or config.workers == 0 else 2
         self.persistent_workers, self.in_order = persistent_workers, in_order
+        warn_excessive_workers(config.workers)
         if not in_order:
             warn_once("in_order", _IN_ORDER)
         self._iterable = is_iterable_dataset(dataset)
@@ -248,12 +279,7 @@ class Loader:
     def set_epoch(self, epoch: int) -> None:
         """Make the next ``iter(loader)`` run ``epoch`` from its first batch; passed on to the
         sampler's own ``set_epoch`` (e.g. ``DistributedSampler``) when it has one."""
-        epoch = checked_index("epoch", epoch)
-        samplers = (self.sampler, self.batch_sampler, getattr(self.batch_sampler, "sampler", None))
-        for sampler in {id(s): s for s in samplers if s is not None}.values():
-            if callable(getattr(sampler, "set_epoch", None)):
-                sampler.set_epoch(epoch)
-        self._cursor.set_epoch(epoch)
+        self._cursor.set_epoch(checked_index("epoch", epoch), (self.sampler, self.batch_sampler))
 
     def state_dict(self) -> dict[str, Any]:
         """Where iteration stands (plain data); see :meth:`EpochCursor.state_dict
@@ -353,21 +379,6 @@ _IN_ORDER = (
     "drapps delivers batches in order always (in_order=False is accepted and changes "
     "nothing): that is what keeps them deterministic"
 )
-
-
-def _changed(named: dict[str, Any]) -> set[str]:
-    """The arguments given a value other than their default in ``Loader``'s signature."""
-    defaults = inspect.signature(Loader.__init__).parameters
-    return {
-        name
-        for name, value in named.items()
-        if not (value is defaults[name].default or _plain_equal(value, defaults[name].default))
-    }
-
-
-def _plain_equal(value: Any, default: Any) -> bool:
-    plain = (str, int, float, bool, type(None))
-    return isinstance(value, plain) and type(value) is type(default) and value == default
 
 
 def _choose_engine(

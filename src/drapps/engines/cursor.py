@@ -157,8 +157,13 @@ class EpochCursor:
     def is_current(self, epoch: Positioned) -> bool:
         return self._active() is epoch
 
-    def set_epoch(self, epoch: int) -> None:
-        """Make the next ``iter(loader)`` run ``epoch`` from its first batch."""
+    def set_epoch(self, epoch: int, samplers: Iterable[Any] = ()) -> None:
+        """Make the next ``iter(loader)`` run ``epoch`` from its first batch, and pass it on to
+        each of ``samplers`` (and a batch sampler's sampler) that has ``set_epoch``."""
+        nested = [getattr(s, "sampler", None) for s in samplers]
+        for sampler in {id(s): s for s in (*samplers, *nested) if s is not None}.values():
+            if callable(getattr(sampler, "set_epoch", None)):
+                sampler.set_epoch(epoch)
         with self._lock:
             self._next_epoch, self._next_batch = epoch, 0
             self._pending = None

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import inspect
 import multiprocessing
 import operator
 import os
 import re
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from multiprocessing.context import BaseContext
@@ -208,7 +210,10 @@ class LoaderConfig:
                     f"got prefetch={self.prefetch!r}, prefetch_factor={self.prefetch_factor!r}"
                 )
         if self.persistent_workers and self.workers == 0:
-            raise ValueError("persistent_workers=True needs num_workers > 0 (as in DataLoader)")
+            raise ValueError(
+                "persistent_workers option needs num_workers > 0 (persistent_workers=True "
+                "needs num_workers > 0, as in DataLoader)"
+            )
         if not _is_int(self.max_attempts) or self.max_attempts < 1:
             raise ValueError(f"max_attempts must be an int >= 1, got {self.max_attempts!r}")
         if not _is_int(self.min_workers) or not self.min_workers >= 1:
@@ -237,8 +242,8 @@ class LoaderConfig:
             )
         if context is not None and self.workers == 0:
             raise ValueError(
-                "multiprocessing_context needs worker processes (as in DataLoader), "
-                f"got workers=0 and multiprocessing_context={context!r}"
+                "multiprocessing_context can only be used with multi-process loading "
+                f"(num_workers > 0), but got num_workers=0 and multiprocessing_context={context!r}"
             )
 
     @classmethod
@@ -249,7 +254,12 @@ class LoaderConfig:
 
     @property
     def resolved_max_workers(self) -> int:
-        return self.max_workers if self.max_workers is not None else 2 * usable_cores()
+        """``max_workers``, else twice the usable cores (or the count asked, if more: a count
+        past the cores is warned about, as DataLoader does, and run)."""
+        if self.max_workers is not None:
+            return self.max_workers
+        asked = self.workers if isinstance(self.workers, int) else 0
+        return max(2 * usable_cores(), asked)
 
     @property
     def initial_workers(self) -> int:
@@ -285,6 +295,13 @@ def resolve_workers(num_workers: Any, workers: Any) -> Any:
             f"num_workers and workers name the same setting; got num_workers={num_workers!r} "
             f"and workers={workers!r}"
         )
+    typed = workers is None and num_workers is not None and num_workers != "auto"
+    if typed and (not _is_int(num_workers) or num_workers < 0):
+        # DataLoader's words, naming the argument the user typed.
+        raise ValueError(
+            "num_workers option should be non-negative; use num_workers=0 to disable "
+            f"multiprocessing, got num_workers={num_workers!r}"
+        )
     chosen = workers if workers is not None else num_workers
     return "auto" if chosen is None else chosen
 
@@ -302,3 +319,32 @@ def checked_index(name: str, value: Any) -> int:
     if number >= 2**63:
         raise ValueError(f"{name} must be below 2**63, got {value!r}")
     return number
+
+
+def warn_excessive_workers(workers: Any) -> None:
+    """DataLoader's warning, in its words (which scripts filter on), for more workers than
+    usable cores."""
+    cores = usable_cores()
+    if _is_int(workers) and workers > cores:
+        warnings.warn(
+            f"This DataLoader will create {workers} worker processes in total. Our suggested "
+            f"max number of worker in current system is {cores}, which is smaller than what "
+            "this DataLoader is going to create. Please be aware that excessive worker creation "
+            "might get DataLoader running slow or even freeze, lower the worker number to avoid "
+            "potential slowness/freeze if necessary.",
+            stacklevel=3,
+        )
+
+
+def changed_arguments(function: Callable[..., Any], named: dict[str, Any]) -> set[str]:
+    """The names in ``named`` given a value other than their default in ``function``'s
+    signature (plain values compared by value, anything else by identity)."""
+    defaults = inspect.signature(function).parameters
+    plain = (str, int, float, bool, type(None))
+
+    def same(value: Any, default: Any) -> bool:
+        if value is default:
+            return True
+        return isinstance(value, plain) and type(value) is type(default) and value == default
+
+    return {name for name, value in named.items() if not same(value, defaults[name].default)}
