@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import multiprocessing
+import pickle
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -15,12 +16,14 @@ from helpers import assert_batches_equal
 from torch.utils.data import (
     BatchSampler,
     DataLoader,
+    Dataset,
     DistributedSampler,
     IterableDataset,
     RandomSampler,
     SequentialSampler,
     SubsetRandomSampler,
     WeightedRandomSampler,
+    default_collate,
     get_worker_info,
 )
 
@@ -520,3 +523,49 @@ def test_attributes_that_fix_the_batches_refuse_a_new_value(name: str) -> None:
             setattr(loader, name, getattr(loader, name))
         loader.timeout = 5.0  # the others are free, as in DataLoader
         assert [b.tolist() for b in loader] == [[0, 1], [2, 3]]
+
+
+def test_shuffling_a_datapipe_is_refused_with_the_reason() -> None:
+    datapipes = pytest.importorskip("torch.utils.data.datapipes.iter")
+    pipe = datapipes.IterableWrapper(range(10))
+    with pytest.raises(ValueError, match="IterDataPipe: datapipes are deprecated"):
+        drapps.Loader(pipe, batch_size=2, shuffle=True)
+    with drapps.Loader(pipe, batch_size=2, num_workers=0) as loader:  # unshuffled, as before
+        assert [b.tolist() for b in loader] == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]
+
+
+def test_a_dataset_spawned_workers_cannot_receive_loads_in_process_by_default() -> None:
+    class Local(Dataset):  # type: ignore[type-arg]
+        def __len__(self) -> int:
+            return 6
+
+        def __getitem__(self, i: int) -> torch.Tensor:
+            return torch.tensor(i)
+
+    # DataLoader's default loads in the training process, where a local class works.
+    expected = [b.tolist() for b in DataLoader(Local(), batch_size=2)]
+    sent = "the dataset cannot be sent to 'spawn' worker processes .*module level"
+    with pytest.warns(UserWarning, match=sent):
+        with drapps.Loader(
+            Local(), batch_size=2, multiprocessing_context="spawn", persistent_workers=True
+        ) as loader:
+            assert loader.num_workers == 0
+            assert [b.tolist() for b in loader] == expected
+
+
+@pytest.mark.parametrize("part", ["worker_init_fn", "collate_fn"])
+def test_a_function_workers_cannot_receive_is_named_with_the_fix(part: str) -> None:
+    def local(value: Any) -> Any:
+        return default_collate(value) if part == "collate_fn" else None
+
+    with pytest.raises(
+        pickle.PicklingError,
+        match=f"{part} cannot be sent to 'spawn' worker processes .*define it at module level",
+    ):
+        drapps.Loader(
+            Indexed(6),
+            batch_size=2,
+            num_workers=2,
+            multiprocessing_context="spawn",
+            **{part: local},
+        )

@@ -396,6 +396,15 @@ def _choose_engine(
     budget = c.resolved_memory_budget
     limits = Limits(budget, c.resolved_max_workers)
     first_split = split.value if split is not None else None
+    if c.initial_workers and not backend.sendable(c, recipe):
+        c = dataclasses.replace(
+            c,
+            workers=0,
+            prefetch_factor=None,
+            multiprocessing_context=None,
+            persistent_workers=False,
+            split=None if c.split == "auto" else c.split,
+        )
     if c.initial_workers == 0:
         engine: Engine = InlineEngine(
             recipe, c.batch_size, c.drop_last, limits, finish, split=first_split

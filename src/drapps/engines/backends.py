@@ -9,6 +9,9 @@ the loader never imports an integration.
 from __future__ import annotations
 
 import importlib
+import multiprocessing
+import pickle
+import warnings
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from multiprocessing.context import BaseContext
@@ -18,7 +21,7 @@ from urllib.parse import urlsplit
 from drapps.registry import Registry
 from drapps.runtime.pool import WorkerPool
 from drapps.runtime.sampling import is_iterable_dataset
-from drapps.runtime.worker import BatchRecipe
+from drapps.runtime.worker import BatchRecipe, unsendable
 
 
 class Backend(ABC):
@@ -35,6 +38,30 @@ class Backend(ABC):
     @abstractmethod
     def make_pool(self, recipe: BatchRecipe, context: BaseContext | None) -> WorkerPool:
         """The worker pool the dispatcher runs batches on."""
+
+    def sendable(self, c: Any, recipe: BatchRecipe) -> bool:
+        """Whether workers started by ``c``'s start method (a LoaderConfig) can receive
+        ``recipe``. Under the default count a part that cannot go makes the loader load in
+        this process, as DataLoader's default does, with one warning; a count the user asked
+        for raises, naming the part.
+
+        Raises:
+            pickle.PicklingError: a part cannot be sent to the workers the user asked for.
+        """
+        method = (c.context or multiprocessing.get_context()).get_start_method()
+        problem = unsendable(recipe) if method != "fork" else None
+        if problem is None:
+            return True
+        name, exc = problem
+        why = (
+            f"{name} cannot be sent to {method!r} worker processes "
+            f"({type(exc).__name__}: {exc}); define it at module level (not inside a function, "
+            "and not a lambda) so the workers can import it"
+        )
+        if c.workers != "auto":
+            raise pickle.PicklingError(f"{why}, or use num_workers=0") from exc
+        warnings.warn(f"drapps: {why}; until then batches are made in this process", stacklevel=5)
+        return False
 
 
 class ProcessBackend(Backend):
@@ -98,6 +125,9 @@ class RayBackend(Backend):
                 "cache: with backend='ray' the actors may run on other machines, out of reach "
                 "of this machine's shared-memory cache; use cache=None"
             )
+
+    def sendable(self, c: Any, recipe: BatchRecipe) -> bool:
+        return True  # Ray sends with cloudpickle, which takes local functions and classes
 
     def make_pool(self, recipe: BatchRecipe, context: BaseContext | None) -> WorkerPool:
         pool: WorkerPool = importlib.import_module("drapps.integrations.ray_pool").RayPool(

@@ -62,6 +62,13 @@ def check_sampling(
     if shuffle is not None and not isinstance(shuffle, bool):
         raise ValueError(f"shuffle must be a bool or None, got {shuffle!r}")
     if is_iterable_dataset(dataset):
+        if shuffle and _is_datapipe(dataset):
+            raise ValueError(
+                "shuffle=True with an IterDataPipe: datapipes are deprecated in torch and "
+                "torchdata has removed them, so drapps does not shuffle them as DataLoader "
+                "did; add .shuffle() to the pipe, or move to torchdata.nodes or a map-style "
+                f"dataset, got {type(dataset).__name__}"
+            )
         if shuffle not in (False, None):
             raise ValueError(
                 "Loader with an iterable dataset: expected unspecified shuffle option, "
@@ -193,3 +200,12 @@ def stream_length(dataset: Any, batch_size: int | None, drop_last: bool) -> int:
     if batch_size is None:
         return length
     return length // batch_size if drop_last else math.ceil(length / batch_size)
+
+
+def _is_datapipe(dataset: Any) -> bool:
+    """Whether ``dataset`` is one of torch's (deprecated) IterDataPipes."""
+    try:
+        from torch.utils.data import IterDataPipe
+    except ImportError:  # a torch that no longer has them
+        return False
+    return isinstance(dataset, IterDataPipe)

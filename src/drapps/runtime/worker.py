@@ -95,6 +95,28 @@ class Made:
     """Time spent in __getitem__, the transform and collate_fn."""
 
 
+_SENT = {
+    "dataset": "the dataset",
+    "transform": "transform",
+    "collate_fn": "collate_fn",
+    "worker_init_fn": "worker_init_fn",
+}
+
+
+def unsendable(recipe: BatchRecipe) -> tuple[str, Exception] | None:
+    """The first part of ``recipe`` that cannot be pickled to a spawned or forkserver worker,
+    with why (a function or class defined inside a function, a lambda, an open handle); None
+    when every part can be sent."""
+    from multiprocessing.reduction import ForkingPickler
+
+    for part, name in _SENT.items():
+        try:
+            ForkingPickler.dumps(getattr(recipe, part))
+        except Exception as exc:  # pickle raises PicklingError, AttributeError, TypeError
+            return name, exc
+    return None
+
+
 def collate(recipe: BatchRecipe, samples: list[Any]) -> Any:
     """``collate_fn`` over the samples (or over the one sample when auto-batching is off).
 
