@@ -5,6 +5,8 @@ from __future__ import annotations
 import collections
 import multiprocessing
 import pickle
+import subprocess
+import sys
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -569,3 +571,23 @@ def test_a_function_workers_cannot_receive_is_named_with_the_fix(part: str) -> N
             multiprocessing_context="spawn",
             **{part: local},
         )
+
+
+FD_LIMIT_SCRIPT = """
+import resource, torch, drapps
+resource.setrlimit(resource.RLIMIT_NOFILE, (20, 20))
+data = [torch.zeros(2)] * 64
+try:
+    list(drapps.Loader(data, batch_size=2, num_workers=6, multiprocessing_context="fork"))
+except RuntimeError as e:
+    print("RuntimeError:", e)
+"""
+
+
+def test_the_open_file_limit_is_a_runtime_error_naming_ulimit() -> None:
+    # DataLoader raises RuntimeError here, so that is what scripts catch.
+    out = subprocess.run(
+        [sys.executable, "-c", FD_LIMIT_SCRIPT], capture_output=True, text=True, timeout=120
+    )
+    assert "RuntimeError: Too many open files" in out.stdout, out.stdout + out.stderr
+    assert "ulimit -n" in out.stdout and "set_sharing_strategy" in out.stdout

@@ -169,3 +169,19 @@ def sample_path(dataset: Any, index: int) -> str | None:
 def describe_failure(index: int, stage: str, path: str | None, exc: BaseException) -> str:
     where = f"sample {index}" + (f" ({path})" if path else "")
     return f"{where} failed in {stage}: {type(exc).__name__}: {exc}"
+
+
+def fd_limit_error() -> RuntimeError:
+    """The error for reaching the open-file limit, a RuntimeError naming ``ulimit -n`` as
+    DataLoader's does, so code that catches DataLoader's catches this one."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return RuntimeError(
+        f"Too many open files: this process is at its limit of {soft} open file descriptors "
+        "(RLIMIT_NOFILE), so drapps cannot start a worker or receive a batch. Increase the "
+        "limit with `ulimit -n` in the shell (or resource.setrlimit), or use fewer workers. "
+        "DataLoader's other remedy, torch.multiprocessing.set_sharing_strategy('file_system'), "
+        "does not apply: drapps receives each batch's memory as one descriptor and closes it "
+        "once mapped."
+    )

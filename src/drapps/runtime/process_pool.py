@@ -8,6 +8,7 @@ held and stall every other worker), and the pool always knows which tasks a dead
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import multiprocessing
 import os
@@ -21,6 +22,7 @@ from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
 from typing import Any
 
+from drapps.runtime.errors import fd_limit_error
 from drapps.runtime.pool import Polled, Reply, Task, Worker, WorkerPool, describe_exit
 from drapps.runtime.transport import receive_message, starting_worker
 from drapps.runtime.worker import BatchRecipe, run_worker
@@ -59,17 +61,22 @@ def start_worker_process(
 
     The process is also counted among the workers a forked child must not terminate.
     """
-    task_recv, task_send = context.Pipe(duplex=False)
-    result_recv, result_send = context.Pipe(duplex=True)  # a Unix socket pair
-    process = context.Process(  # type: ignore[attr-defined]
-        target=target,
-        args=(*args, task_recv, result_send, os.getpid()),
-        kwargs=kwargs,
-        name=name,
-        daemon=True,
-    )
-    with starting_worker():
-        process.start()
+    try:
+        task_recv, task_send = context.Pipe(duplex=False)
+        result_recv, result_send = context.Pipe(duplex=True)  # a Unix socket pair
+        process = context.Process(  # type: ignore[attr-defined]
+            target=target,
+            args=(*args, task_recv, result_send, os.getpid()),
+            kwargs=kwargs,
+            name=name,
+            daemon=True,
+        )
+        with starting_worker():
+            process.start()
+    except OSError as exc:
+        if exc.errno == errno.EMFILE:
+            raise fd_limit_error() from exc
+        raise
     _started.add(process)
     task_recv.close()
     result_send.close()

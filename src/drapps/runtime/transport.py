@@ -44,6 +44,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from drapps.runtime.errors import fd_limit_error
+
 _ALIGN = 64
 SHM_DIR = os.environ.get("DRAPPS_SHM_DIR") or (
     "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
@@ -299,6 +301,7 @@ def receive_message(conn: Connection) -> Any:
 
     Raises:
         EOFError: the sender closed the socket (or died) before the descriptor came.
+        RuntimeError: this process is at its open-file limit (``ulimit -n``).
     """
     message = conn.recv()
     if not isinstance(message, tuple):
@@ -316,6 +319,8 @@ def receive_message(conn: Connection) -> Any:
     if not data or len(fds) != 1 or flags & socket.MSG_CTRUNC:
         for fd in fds:
             os.close(fd)
+        if data and flags & socket.MSG_CTRUNC:  # the kernel had no descriptor left to give us
+            raise fd_limit_error()
         raise EOFError("the sender's socket closed before the batch's slab came")
     packed = replace(message[position], fd=fds[0])
     return (*message[:position], packed, *message[position + 1 :])
