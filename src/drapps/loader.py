@@ -32,7 +32,6 @@ from drapps.engines.base import Engine, Limits
 from drapps.engines.cursor import EpochCursor
 from drapps.engines.inline import InlineEngine
 from drapps.engines.pooled import PoolEngine
-from drapps.engines.sharding import warn_once
 from drapps.engines.stream import StreamEngine
 from drapps.ops.split import Split
 from drapps.runtime.config import (
@@ -100,8 +99,7 @@ class Loader(_DataLoaderAttributes):
             prefetch_factor, persistent_workers, pin_memory_device, in_order: DataLoader's,
             with its meaning. Where drapps differs: ``num_workers`` is ``workers``' other name
             and also takes "auto" (the default); a worker over ``timeout`` on one batch is
-            replaced and the batch retried (0 or None: no limit); ``in_order=False`` is
-            accepted, and batches still come in order (determinism).
+            replaced and the batch retried (0 or None: no limit).
         seed, transform, split, device, workers, max_workers, prefetch, memory_budget,
             on_error, max_attempts, policy, min_workers, control_interval, trace, progress,
             shard_by_rank: drapps' own settings, each documented once, on the field of the
@@ -197,9 +195,6 @@ class Loader(_DataLoaderAttributes):
         check_sampling(dataset, batch_size, shuffle, sampler, batch_sampler, drop_last)
         if generator is not None and not isinstance(generator, torch.Generator):
             raise ValueError(f"generator must be a torch.Generator or None, got {generator!r}")
-        for name, flag in (("pin_memory", pin_memory), ("in_order", in_order)):
-            if not isinstance(flag, bool):
-                raise ValueError(f"{name} must be a bool, got {flag!r}")
         config = LoaderConfig.of(
             named,
             batch_size=batch_size if batch_sampler is None else None,
@@ -228,8 +223,6 @@ class Loader(_DataLoaderAttributes):
         self.prefetch_factor = prefetch_factor if prefetch_factor or config.workers == 0 else 2
         self.persistent_workers, self.in_order = persistent_workers, in_order
         warn_excessive_workers(config.workers)
-        if not in_order:
-            warn_once("in_order", _IN_ORDER)
         self._iterable = is_iterable_dataset(dataset)
         self._parts, self.config = assemble(
             config,
@@ -375,12 +368,6 @@ class Loader(_DataLoaderAttributes):
         self.close()
 
 
-_IN_ORDER = (
-    "drapps delivers batches in order always (in_order=False is accepted and changes "
-    "nothing): that is what keeps them deterministic"
-)
-
-
 def _choose_engine(
     c: LoaderConfig,
     recipe: BatchRecipe,
@@ -447,5 +434,6 @@ def _choose_engine(
         finish=finish,
         split=first_split,
         pool=pool,
+        in_order=c.in_order,
     )
     return engine, c

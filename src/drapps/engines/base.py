@@ -47,6 +47,9 @@ class EngineBatch:
     split: int | None = None
     """The Pipeline split the batch was made with: its device stage starts there."""
     error: BaseException | None = None
+    batch_id: int | None = None
+    """The batch's id in its epoch when the engine may hand batches over out of order (a
+    loader with ``in_order=False``); None: the next in order."""
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,8 @@ class Positioned(Protocol):
     finished: bool
     plan: EpochPlan | None
 
+    def undelivered(self) -> list[int] | None: ...
+
 
 class EpochCursor:
     """The epoch and batch the next ``iter(loader)`` starts from.
@@ -207,9 +209,10 @@ class EpochCursor:
         with self._lock:
             active = self._active()
             plan: EpochPlan | None = None
+            remaining: list[int] | None = None
             if active is not None and not active.finished:
                 epoch, next_batch = active.epoch, active.position
-                plan = active.plan
+                plan, remaining = active.plan, active.undelivered()
             elif self._pending is not None:
                 plan = self._pending
                 epoch, next_batch = plan.epoch, plan.first
@@ -226,11 +229,13 @@ class EpochCursor:
             "shuffle": shuffle,
             "drop_last": drop_last,
         }
-        if plan is not None and (isinstance(plan, SampledPlan) or self._seed is None):
+        if plan is not None and (
+            isinstance(plan, SampledPlan) or self._seed is None or remaining is not None
+        ):
+            # The batches still owed, in plan order (some past next_batch may be delivered).
+            owed = remaining if remaining is not None else range(next_batch, len(plan))
             state["seed"] = plan.seed
-            state["batches"] = [
-                [plain_key(key) for key in plan.batch(b)] for b in range(next_batch, len(plan))
-            ]
+            state["batches"] = [[plain_key(key) for key in plan.batch(b)] for b in owed]
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

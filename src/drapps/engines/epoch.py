@@ -93,6 +93,7 @@ class Epoch:
         self._is_current, self._split, self._length = is_current, split, length
         self._batched, self._batch_size = batched, batch_size
         self._ahead: _Ahead | None = None
+        self._out_of_order: set[int] = set()  # ids past position delivered ahead of it
         if not self.finished:
             engine.start_epoch(job)
         if job.plan is None:  # a resumed stream replays its first batches and drops them
@@ -107,7 +108,7 @@ class Epoch:
 
     def __len__(self) -> int:
         if self.plan is not None:
-            return len(self.plan) - self.position
+            return len(self.plan) - self.position - len(self._out_of_order)
         return max(0, self._length() - self.position)
 
     def __next__(self) -> Any:
@@ -152,15 +153,16 @@ class Epoch:
             self.finished = True
             return None, 0, []
         ahead, self._ahead = self._ahead, None
-        if ahead is not None and ahead.batch_id == batch_id:
+        if ahead is not None:
             made: EngineBatch | None = ahead.made
         else:
-            ahead = None
             made = self._engine.next()
         if made is None:
             self.finished = True
             return None, 0, []
-        self._advance()
+        if made.batch_id is not None:  # handed over as made (in_order=False)
+            batch_id = made.batch_id
+        self._advance(batch_id)
         if made.error is not None:
             raise made.error
         indices = plan.batch(batch_id)
@@ -183,7 +185,7 @@ class Epoch:
         made = self._engine.ready()
         if made is None:
             return
-        batch_id = self.position
+        batch_id = made.batch_id if made.batch_id is not None else self.position
         if made.error is None and made.batch is not None and not stage.idle(made.split):
             seeds = self._seeds(plan.batch(batch_id), made.skipped)
             staged = stage.ahead(made.batch, seeds, made.split)
@@ -221,11 +223,25 @@ class Epoch:
             if key not in dropped
         ]
 
-    def _advance(self) -> None:
+    def _advance(self, batch_id: int) -> None:
+        """Count ``batch_id`` delivered: ``position`` is the first batch not yet delivered."""
         assert self.plan is not None
-        self.position += 1
+        if batch_id != self.position:
+            self._out_of_order.add(batch_id)
+        else:
+            self.position += 1
+            while self.position in self._out_of_order:
+                self._out_of_order.discard(self.position)
+                self.position += 1
         if self.position >= len(self.plan):
             self.finished = True
+
+    def undelivered(self) -> list[int] | None:
+        """The ids from ``position`` on not delivered yet, when some past it were delivered
+        ahead of it (``in_order=False``); None when the epoch stands at ``position``."""
+        if not self._out_of_order or self.plan is None:
+            return None
+        return [b for b in range(self.position, len(self.plan)) if b not in self._out_of_order]
 
 
 def _stage_error(exc: Exception, batch_id: int, indices: list[Any]) -> SampleError:

@@ -33,6 +33,8 @@ class PoolEngine(Engine):
         timeout: seconds a worker may hold a batch before it is replaced (None: no limit).
         max_attempts: attempts at a batch whose worker keeps dying or hanging.
         split: a Pipeline transform's split to start with.
+        in_order: hand batches over in plan order (False: as they are made, lowest id first,
+            as DataLoader's ``in_order=False``).
     """
 
     kind = "pool"
@@ -52,8 +54,10 @@ class PoolEngine(Engine):
         finish: Callable[[Any], Any] | None = None,
         split: int | None = None,
         pool: WorkerPool | None = None,
+        in_order: bool = True,
     ) -> None:
         self._limits = limits
+        self._any_order = not in_order
         self.dispatcher = Dispatcher(
             recipe,
             workers=workers,
@@ -79,12 +83,13 @@ class PoolEngine(Engine):
             self.dispatcher.start_epoch(job.plan, job.start, fresh_workers=job.fresh)
 
     def next(self) -> EngineBatch | None:
-        entry = self.dispatcher.buffer.get(alive=self.dispatcher.alive)
-        return None if entry is None else _made(entry)
+        buffer = self.dispatcher.buffer
+        entry = buffer.get(alive=self.dispatcher.alive, any_order=self._any_order)
+        return None if entry is None else _made(entry, self._any_order)
 
     def ready(self) -> EngineBatch | None:
-        entry = self.dispatcher.buffer.get_ready()
-        return None if entry is None else _made(entry)
+        entry = self.dispatcher.buffer.get_ready(any_order=self._any_order)
+        return None if entry is None else _made(entry, self._any_order)
 
     def resize(self, workers: int) -> None:
         self.dispatcher.resize(workers)
@@ -116,9 +121,10 @@ class PoolEngine(Engine):
         self.dispatcher.shutdown()
 
 
-def _made(entry: Entry) -> EngineBatch:
+def _made(entry: Entry, any_order: bool) -> EngineBatch:
     error = entry.error
     noted = any("worker traceback" in note for note in getattr(error, "__notes__", ()))
     if isinstance(error, SampleError) and error.detail and not noted:
         error.add_note(f"worker traceback:\n{error.detail}")  # type: ignore[attr-defined]
-    return EngineBatch(entry.batch, entry.skipped, entry.split, error)
+    batch_id = entry.batch_id if any_order else None
+    return EngineBatch(entry.batch, entry.skipped, entry.split, error, batch_id)

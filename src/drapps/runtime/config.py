@@ -145,6 +145,12 @@ class LoaderConfig:
     with new workers, which see the dataset as it is then."""
     pin_memory: bool = False
     """Deliver batches in page-locked memory (when an accelerator is present)."""
+    in_order: bool = True
+    """Hand batches over in plan order (DataLoader's default). False: a batch made by a worker
+    is handed over as soon as it is made (the lowest id first), each batch whole and exactly
+    once, so a slow batch holds back none behind it; ``state_dict`` then stores the batches
+    not yet delivered. Batches made in the calling process, and an iterable dataset's, come
+    in order either way."""
     shard_by_rank: bool = True
     """Under ``torch.distributed`` without a distributed sampler, give each rank its own shard
     (as ``DistributedSampler`` would) instead of the whole dataset."""
@@ -191,7 +197,7 @@ class LoaderConfig:
                 f"timeout must be a number of seconds >= 0 (0: no limit) or None, "
                 f"got {self.timeout!r}"
             )
-        for name in ("persistent_workers", "pin_memory", "shard_by_rank"):
+        for name in ("persistent_workers", "pin_memory", "shard_by_rank", "in_order"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.prefetch_factor is not None:

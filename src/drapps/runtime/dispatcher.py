@@ -354,7 +354,7 @@ class Dispatcher:
                 heapq.heappop(self._retry)
             else:
                 self._fresh += 1
-            if batch_id < self.buffer.next_id or self.buffer.holds(batch_id):
+            if self.buffer.done(batch_id):
                 continue  # already delivered or held: a late duplicate retry
             indices = plan.batch(batch_id)
             task = Task(
@@ -431,7 +431,7 @@ class Dispatcher:
             release = None
             if packed is not None and packed.recycle and packed.slab is not None:
                 release = self._recycler.releaser(worker.wid, packed.slab)
-            if not current or batch_id < self.buffer.next_id or self.buffer.holds(batch_id):
+            if not current or self.buffer.done(batch_id):
                 if packed is not None:
                     discard(packed, release)
                 return

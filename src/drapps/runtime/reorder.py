@@ -1,4 +1,5 @@
-"""The reorder buffer: made batches wait here until it is their turn, in batch-id order."""
+"""The reorder buffer: made batches wait here until it is their turn, in batch-id order (or, for
+a loader with ``in_order=False``, leave as soon as they are made, lowest id first)."""
 
 from __future__ import annotations
 
@@ -19,19 +20,23 @@ class Entry:
     skipped: list[tuple[int, str]] = field(default_factory=list)
     split: int | None = None
     """The split the batch was made with: its device stage starts there."""
+    batch_id: int = -1
+    """The batch's id in its epoch (set when the buffer takes it)."""
 
 
 class ReorderBuffer:
     """Thread-safe holding area between the dispatcher (producer) and the training loop.
 
-    Batches arrive in any order and leave strictly by id. A result for an id already delivered or
-    held, or from an earlier epoch's generation, is refused, which is what makes retried tasks
-    exactly-once. The dispatcher keeps ``bytes`` under the memory budget by not dispatching more.
+    Batches arrive in any order and leave strictly by id, or, asked for ``any_order``, as they
+    are here. A result for an id already delivered or held, or from an earlier epoch's
+    generation, is refused, which is what makes retried tasks exactly-once. The dispatcher keeps
+    ``bytes`` under the memory budget by not dispatching more.
     """
 
     def __init__(self, on_consumed: Callable[[], None] | None = None) -> None:
         self._cond = threading.Condition()
         self._entries: dict[int, Entry] = {}
+        self._ahead: set[int] = set()  # ids above next_id delivered out of order
         self._on_consumed = on_consumed
         self._failure: BaseException | None = None
         self.generation = 0
@@ -50,6 +55,7 @@ class ReorderBuffer:
         with self._cond:
             dropped = list(self._entries.values())
             self._entries.clear()
+            self._ahead.clear()
             self.generation, self.next_id, self.end_id = generation, start, end
             self.bytes = 0
             self._cond.notify_all()
@@ -58,6 +64,11 @@ class ReorderBuffer:
     def holds(self, batch_id: int) -> bool:
         return batch_id in self._entries
 
+    def done(self, batch_id: int) -> bool:
+        """Whether ``batch_id`` is held or delivered already (a result for it is a duplicate)."""
+        with self._cond:
+            return batch_id < self.next_id or batch_id in self._entries or batch_id in self._ahead
+
     def put(self, generation: int, batch_id: int, entry: Entry) -> bool:
         """Hold ``entry`` for delivery; False when it is stale or a duplicate (caller drops it)."""
         with self._cond:
@@ -65,22 +76,26 @@ class ReorderBuffer:
                 generation != self.generation
                 or batch_id < self.next_id
                 or batch_id in self._entries
+                or batch_id in self._ahead
                 or self._failure is not None
             ):
                 return False
+            entry.batch_id = batch_id
             self._entries[batch_id] = entry
             self.bytes += entry.nbytes
             self.peak_bytes = max(self.peak_bytes, self.bytes)
-            if batch_id == self.next_id:
-                self._cond.notify_all()
+            self._cond.notify_all()  # the next id, or any id for a loop that takes any order
             return True
 
-    def get(self, alive: Callable[[], bool] | None = None) -> Entry | None:
+    def get(
+        self, alive: Callable[[], bool] | None = None, *, any_order: bool = False
+    ) -> Entry | None:
         """The next batch's entry, waiting for it; None once the epoch is exhausted.
 
         Args:
             alive: polled while waiting; when it returns False the wait ends with an error
                 instead of hanging (the producer is gone).
+            any_order: take whichever batch is here (the lowest id), not only the next.
         """
         with self._cond:
             start = time.perf_counter()
@@ -91,7 +106,7 @@ class ReorderBuffer:
                         raise self._failure
                     if self.next_id >= self.end_id:
                         return None
-                    entry = self._pop_next()
+                    entry = self._pop_next(any_order)
                     if entry is not None:
                         break
                     if alive is not None and not alive():
@@ -104,24 +119,35 @@ class ReorderBuffer:
             self._on_consumed()
         return entry
 
-    def get_ready(self) -> Entry | None:
+    def get_ready(self, *, any_order: bool = False) -> Entry | None:
         """The next batch's entry if it is here now (never waits); None otherwise."""
         with self._cond:
             if self._failure is not None or self.next_id >= self.end_id:
                 return None
-            entry = self._pop_next()
+            entry = self._pop_next(any_order)
             if entry is None:
                 return None
         if self._on_consumed is not None:
             self._on_consumed()
         return entry
 
-    def _pop_next(self) -> Entry | None:
-        """Take the next batch's entry if held, advancing past it (the lock is held)."""
-        entry = self._entries.pop(self.next_id, None)
-        if entry is not None:
+    def _pop_next(self, any_order: bool = False) -> Entry | None:
+        """Take the next batch's entry if held (with ``any_order``, the lowest held), advancing
+        past every id delivered (the lock is held)."""
+        batch_id = self.next_id
+        if any_order and batch_id not in self._entries and self._entries:
+            batch_id = min(self._entries)
+        entry = self._entries.pop(batch_id, None)
+        if entry is None:
+            return None
+        self.bytes -= entry.nbytes
+        if batch_id != self.next_id:
+            self._ahead.add(batch_id)
+            return entry
+        self.next_id += 1
+        while self.next_id in self._ahead:
+            self._ahead.discard(self.next_id)
             self.next_id += 1
-            self.bytes -= entry.nbytes
         return entry
 
     def waited_s(self) -> float:
