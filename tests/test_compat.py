@@ -7,6 +7,7 @@ import multiprocessing
 import pickle
 import subprocess
 import sys
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -624,3 +625,21 @@ def test_in_order_false_hands_batches_over_as_they_are_made_and_resumes() -> Non
     with drapps.Loader(HeldUntilReleased(release), **options) as resumed:
         resumed.load_state_dict(state)
         assert sorted([first, *(b.item() for b in resumed)]) == list(range(8))
+
+
+class WhichWorker:
+    def __len__(self) -> int:
+        return 24
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.tensor(get_worker_info().id)
+
+
+def test_a_fixed_worker_count_deals_batches_round_robin_as_dataloader() -> None:
+    # Scripts read get_worker_info().id per batch for logging and sharded side effects.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # 3 workers on 2 cores: DataLoader's warning
+        expected = [b.tolist() for b in DataLoader(WhichWorker(), batch_size=2, num_workers=3)]
+        with drapps.Loader(WhichWorker(), batch_size=2, num_workers=3) as loader:
+            assert [b.tolist() for b in loader] == expected
+    assert expected[:3] == [[0, 0], [1, 1], [2, 2]]

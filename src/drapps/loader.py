@@ -435,5 +435,6 @@ def _choose_engine(
         split=first_split,
         pool=pool,
         in_order=c.in_order,
+        round_robin=c.workers != "auto",
     )
     return engine, c

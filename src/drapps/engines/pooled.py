@@ -33,6 +33,8 @@ class PoolEngine(Engine):
         timeout: seconds a worker may hold a batch before it is replaced (None: no limit).
         max_attempts: attempts at a batch whose worker keeps dying or hanging.
         split: a Pipeline transform's split to start with.
+        round_robin: deal batch ``b`` to worker ``b % workers`` (a fixed count, as DataLoader
+            does); False: to the least loaded worker (``workers="auto"``).
         in_order: hand batches over in plan order (False: as they are made, lowest id first,
             as DataLoader's ``in_order=False``).
     """
@@ -55,6 +57,7 @@ class PoolEngine(Engine):
         split: int | None = None,
         pool: WorkerPool | None = None,
         in_order: bool = True,
+        round_robin: bool = False,
     ) -> None:
         self._limits = limits
         self._any_order = not in_order
@@ -70,6 +73,7 @@ class PoolEngine(Engine):
             finish=finish,
             split=split,
             pool=pool,
+            round_robin=round_robin,
         )
 
     @property

@@ -65,6 +65,7 @@ class Dispatcher:
         finish: Callable[[Any], Any] | None = None,
         pool: WorkerPool | None = None,
         split: int | None = None,
+        round_robin: bool = False,
     ) -> None:
         """
         Args:
@@ -74,6 +75,9 @@ class Dispatcher:
             pool: the workers (default: a :class:`ProcessPool` of ``recipe`` in ``context``);
                 the dispatcher owns it from here and shuts it down.
             split: with a Pipeline transform, the split point to make batches with.
+            round_robin: deal batch ``b`` to the worker whose ``get_worker_info().id`` is
+                ``b % workers``, waiting for it when it is busy, as DataLoader does (for a
+                fixed count); False: to the least loaded worker.
         """
         self.session = f"{os.getpid()}_{secrets.token_hex(4)}"
         self.buffer = ReorderBuffer(on_consumed=self._wake)
@@ -82,6 +86,7 @@ class Dispatcher:
         self._target = workers
         self._prefetch = prefetch
         self._split = split
+        self._round_robin = round_robin
         self._per_worker = prefetch_per_worker
         self._finish = finish
         self._budget = memory_budget
@@ -349,8 +354,15 @@ class Dispatcher:
             candidates = [w for w in self.pool.live() if len(w.assigned) < _TASKS_PER_WORKER]
             if not candidates:
                 return
+            retrying = bool(self._retry) and self._retry[0] == batch_id
             worker = min(candidates, key=lambda w: len(w.assigned))
-            if self._retry and self._retry[0] == batch_id:
+            if self._round_robin and not retrying:
+                slot = batch_id % max(1, self._target)
+                dealt = next((w for w in self.pool.live() if w.slot == slot), None)
+                if dealt is not None and dealt not in candidates:
+                    return  # its worker is busy: wait for it, as DataLoader's queues do
+                worker = dealt or worker  # gone (being replaced): the least loaded instead
+            if retrying:
                 heapq.heappop(self._retry)
             else:
                 self._fresh += 1
