@@ -157,6 +157,16 @@ def _assert_equal(x: Any, y: Any, where: str) -> None:
         assert type(x) is type(y) and x == y, f"{where}: {x!r} != {y!r}"
 
 
+def wait_until(condition: Any, timeout: float = 20.0, every: float = 0.05) -> bool:
+    """Whether ``condition()`` became true within ``timeout`` seconds (polled)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(every)
+    return True
+
+
 # ---------------------------------------------------------------------------- leak probes
 
 

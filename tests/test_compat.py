@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from helpers import assert_batches_equal
+from helpers import assert_batches_equal, wait_until
 from torch.utils.data import (
     BatchSampler,
     DataLoader,
@@ -643,3 +643,18 @@ def test_a_fixed_worker_count_deals_batches_round_robin_as_dataloader() -> None:
         with drapps.Loader(WhichWorker(), batch_size=2, num_workers=3) as loader:
             assert [b.tolist() for b in loader] == expected
     assert expected[:3] == [[0, 0], [1, 1], [2, 2]]
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_workers_exit_when_an_epoch_ends_unless_persistent(persistent: bool) -> None:
+    # DataLoader's workers exit with an exhausted iterator unless persistent_workers=True.
+    with drapps.Loader(
+        Indexed(8), batch_size=2, num_workers=2, persistent_workers=persistent
+    ) as loader:
+        assert len(list(loader)) == 4
+        pids = loader.stats().worker_pids
+        assert len(pids) == 2
+        gone = wait_until(lambda: not loader.stats().worker_pids, timeout=3 if persistent else 30)
+        assert gone is not persistent
+        assert [int(i) for b in loader for i in b] == list(range(8))  # the next epoch runs
+        assert (set(loader.stats().worker_pids) == set(pids)) is persistent

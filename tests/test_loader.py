@@ -80,7 +80,9 @@ def test_random_resizes_mid_epoch_change_nothing(reference: list[object]) -> Non
 
 
 def test_resize_down_retires_processes() -> None:
-    with drapps.Loader(SlowDataset(64, 0.001), batch_size=4, workers=3) as loader:
+    # persistent_workers: the workers outlive the epoch, so the count after it can be read.
+    options = {"batch_size": 4, "workers": 3, "persistent_workers": True}
+    with drapps.Loader(SlowDataset(64, 0.001), **options) as loader:
         it = iter(loader)
         next(it)
         loader.resize(1)
@@ -95,7 +97,8 @@ def test_resize_down_retires_processes() -> None:
 
 
 def test_a_grow_reuses_workers_parked_by_a_shrink() -> None:
-    with drapps.Loader(SlowDataset(64, 0.001), batch_size=4, workers=3) as loader:
+    options = {"batch_size": 4, "workers": 3, "persistent_workers": True}
+    with drapps.Loader(SlowDataset(64, 0.001), **options) as loader:
         it = iter(loader)
         next(it)
         before = set(loader.stats().worker_pids)

@@ -71,7 +71,9 @@ def semantics(cluster: Cluster) -> dict:
     kwargs = {"batch_size": 8, "shuffle": True, "seed": 7, "cache": None}
     local = drapps.Loader(data, workers=2, **kwargs)
     reference = [batches(local) for _ in range(2)]  # epochs 0 and 1
-    with drapps.Loader(data, workers="auto", backend="ray", **kwargs) as loader:
+    # persistent_workers: the actors outlive each epoch, so their count can be read after it.
+    ray_options = {"workers": "auto", "backend": "ray", "persistent_workers": True}
+    with drapps.Loader(data, **ray_options, **kwargs) as loader:
         found["max_workers"] = loader.config.resolved_max_workers
         got = [batches(loader) for _ in range(2)]
         found["identical"] = all(same(a, b) for a, b in zip(reference, got, strict=False))

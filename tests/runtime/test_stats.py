@@ -38,7 +38,8 @@ def test_a_wait_under_way_counts_in_every_reading(workers: int) -> None:
 
 
 def test_stats_and_the_monitor_read_the_same_snapshot() -> None:
-    with drapps.Loader(BusyDataset(64, 0.001), batch_size=8, workers=2, seed=0) as loader:
+    options = {"batch_size": 8, "workers": 2, "seed": 0, "persistent_workers": True}
+    with drapps.Loader(BusyDataset(64, 0.001), **options) as loader:
         batches = list(loader)
         snapshot = loader.snapshot()
         stats = loader.stats()

@@ -36,6 +36,8 @@ class EpochJob:
     """The first batch to make (a resumed epoch starts past 0)."""
     fresh: bool = False
     """Start the epoch with new workers (DataLoader's ``persistent_workers=False``)."""
+    persistent: bool = True
+    """Keep the workers once the epoch is over (False: they exit, as DataLoader's do)."""
 
 
 @dataclass
@@ -87,6 +89,10 @@ class Engine(ABC):
     def ready(self) -> EngineBatch | None:
         """The next batch if it is made already, without waiting (None: not yet, or never
         ahead of the loop). What it returns is the next :meth:`next` would have returned."""
+        return None
+
+    def end_epoch(self, job: EpochJob) -> None:
+        """``job`` was iterated to its end: its workers exit unless ``job.persistent``."""
         return None
 
     def resize(self, workers: int) -> None:

@@ -142,7 +142,7 @@ class EpochCursor:
             if self._iterable:
                 epoch, start = self._next_epoch, self._next_batch
                 self._next_epoch, self._next_batch = epoch + 1, 0
-                return EpochJob(epoch, self._epoch_seed(), None, start, fresh)
+                return EpochJob(epoch, self._epoch_seed(), None, start, fresh, self._persistent)
             plan: EpochPlan
             if self._pending is not None:
                 plan, self._pending = self._pending, None
@@ -150,7 +150,7 @@ class EpochCursor:
             else:
                 plan, start = self._make_plan(self._next_epoch), self._next_batch
             self._next_epoch, self._next_batch = plan.epoch + 1, 0
-            return EpochJob(plan.epoch, plan.seed, plan, start, fresh)
+            return EpochJob(plan.epoch, plan.seed, plan, start, fresh, self._persistent)
 
     def follow(self, epoch: Positioned) -> None:
         """Make ``epoch`` the one under way (held weakly)."""

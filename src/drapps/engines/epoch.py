@@ -86,6 +86,7 @@ class Epoch:
         batch_size: int,
     ) -> None:
         self.epoch = job.epoch
+        self._job = job
         self.plan = job.plan
         self.position = job.start if job.plan is not None else 0
         self.finished = job.plan is not None and job.start >= len(job.plan)
@@ -93,6 +94,7 @@ class Epoch:
         self._is_current, self._split, self._length = is_current, split, length
         self._batched, self._batch_size = batched, batch_size
         self._ahead: _Ahead | None = None
+        self._ended = False
         self._out_of_order: set[int] = set()  # ids past position delivered ahead of it
         if not self.finished:
             engine.start_epoch(job)
@@ -125,10 +127,18 @@ class Epoch:
             # With batch_size=None a sample may itself be None; a skipped one is not delivered.
             if batch is not None or (samples and not self._batched):
                 return batch
+        self._end()
         raise StopIteration
+
+    def _end(self) -> None:
+        """The epoch was iterated to its end: the engine lets go of its workers (once)."""
+        if not self._ended:
+            self._ended = True
+            self._engine.end_epoch(self._job)
 
     def _next_streamed(self) -> Any:
         if self.finished:
+            self._end()
             raise StopIteration
         try:
             made = self._engine.next()
@@ -137,6 +147,7 @@ class Epoch:
             raise
         if made is None:
             self.finished = True
+            self._end()
             raise StopIteration
         self.position += 1
         batch = made.batch

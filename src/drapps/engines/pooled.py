@@ -61,6 +61,7 @@ class PoolEngine(Engine):
     ) -> None:
         self._limits = limits
         self._any_order = not in_order
+        self._generation = 0
         self.dispatcher = Dispatcher(
             recipe,
             workers=workers,
@@ -84,7 +85,13 @@ class PoolEngine(Engine):
         if job.plan is None:
             raise ValueError("the pool engine makes planned batches; an iterable dataset has none")
         if job.start < len(job.plan):
-            self.dispatcher.start_epoch(job.plan, job.start, fresh_workers=job.fresh)
+            self._generation = self.dispatcher.start_epoch(
+                job.plan, job.start, fresh_workers=job.fresh
+            )
+
+    def end_epoch(self, job: EpochJob) -> None:
+        if not job.persistent:
+            self.dispatcher.stop_workers(self._generation)
 
     def next(self) -> EngineBatch | None:
         buffer = self.dispatcher.buffer

@@ -60,6 +60,10 @@ class StreamEngine(Engine):
         )
         self._batches = self.pool.batches(generation)
 
+    def end_epoch(self, job: EpochJob) -> None:
+        if not job.persistent:
+            self.pool.shutdown(grace_s=0.5)  # the next epoch starts new ones
+
     def next(self) -> EngineBatch | None:
         item = next(self._batches, None)
         return None if item is None else EngineBatch(item[0], item[1])

@@ -87,6 +87,7 @@ class Dispatcher:
         self._prefetch = prefetch
         self._split = split
         self._round_robin = round_robin
+        self._idle = False
         self._per_worker = prefetch_per_worker
         self._finish = finish
         self._budget = memory_budget
@@ -144,6 +145,11 @@ class Dispatcher:
         self.buffer.reset(generation, start, len(plan))
         self._command("epoch", (generation, plan, start, fresh_workers), wait_applied=False)
         return generation
+
+    def stop_workers(self, generation: int) -> None:
+        """The epoch ``generation`` is over and its workers are not kept (DataLoader's
+        ``persistent_workers=False``): let them exit now; the next epoch starts new ones."""
+        self._command("idle", generation, wait_applied=False)
 
     def resize(self, workers: int) -> None:
         """Set the worker count; returns once the dispatcher has acted on it."""
@@ -277,6 +283,7 @@ class Dispatcher:
 
     def _set(self, name: str, value: Any) -> None:
         if name == "epoch":
+            self._idle = False
             self._generation_now, self._plan, self._fresh, fresh_workers = value
             self._retry, self._attempts = [], {}
             self._in_flight.clear()
@@ -290,8 +297,14 @@ class Dispatcher:
             self._prefetch = value
         elif name == "split":
             self._split = value
+        elif name == "idle" and value == self._generation_now and not self._idle:
+            self._idle = True  # until the next epoch: no worker is kept or started
+            for worker in self.pool.live() + self.pool.parked():
+                self.pool.retire(worker)
 
     def _keep_pool_size(self) -> None:
+        if self._idle:
+            return
         live = self.pool.live()
         now = time.monotonic()
         capacity = self.pool.capacity()
