@@ -5,7 +5,7 @@ batches of each epoch and owns the knobs that change how (workers, prefetch). Me
 inline engine (the training process itself), the pool engine (a dispatcher over any
 :class:`~drapps.runtime.pool.WorkerPool`: processes, threads, Ray actors), the stream engine
 (an iterable dataset's worker processes), and the remote engine (batches from ``drapps serve``
-producers through Redis). Each one passes the same conformance suite (``tests/engines``).
+producers through Redis). Each one passes the same conformance check (``tests/conformance.py``).
 """
 
 from __future__ import annotations

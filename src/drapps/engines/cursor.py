@@ -107,8 +107,7 @@ class EpochCursor:
         batched: bool,
     ) -> EpochCursor:
         """The cursor of a loader with ``config`` (its batch size is None when batches come
-        from a batch sampler, whose batches drop_last does not touch)."""
-        from_batch_sampler = batched and config.batch_size is None
+        from a batch sampler, which DataLoader's rules refuse with ``drop_last``)."""
         return cls(
             dataset,
             index_sampler,
@@ -117,7 +116,7 @@ class EpochCursor:
             generator=generator,
             batch_size=config.batch_size,
             shuffle=config.shuffle,
-            drop_last=config.drop_last and not from_batch_sampler,
+            drop_last=config.drop_last,
             batched=batched,
             iterable=is_iterable_dataset(dataset),
             persistent=config.persistent_workers,

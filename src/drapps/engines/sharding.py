@@ -9,16 +9,15 @@ the ranks on one host split its cores between their worker pools.
 from __future__ import annotations
 
 import logging
-import warnings
 from collections.abc import Iterable
 from typing import Any
 
 from drapps.engines.base import Engine
 from drapps.runtime.cores import HostShare
+from drapps.runtime.errors import warn_once
 from drapps.runtime.sampling import is_distributed, rank_shard, world
 
 logger = logging.getLogger(__name__)
-_warned: set[str] = set()
 
 
 class RankShard:
@@ -60,6 +59,7 @@ class RankShard:
                     f"torch.distributed runs {size} ranks but the sampler "
                     f"{type(self._user_sampler).__name__} is not a distributed one: every "
                     "rank iterates all of it (use DistributedSampler to split it)",
+                    stacklevel=3,
                 )
             return None
         if warn and not self._warned:
@@ -107,10 +107,3 @@ class CoreClaim:
 
     def release(self) -> None:
         self._share.release()
-
-
-def warn_once(key: str, message: str) -> None:
-    """``warnings.warn`` the first time ``key`` is seen in this process."""
-    if key not in _warned:
-        _warned.add(key)
-        warnings.warn(message, stacklevel=4)

@@ -1,9 +1,11 @@
-"""Errors the runtime raises in the training loop, and how a failing sample is named."""
+"""Errors (and one-time warnings) the runtime gives the training loop, and how a failing sample is
+named."""
 
 from __future__ import annotations
 
 import os
 import pickle
+import warnings
 from typing import Any
 
 
@@ -185,3 +187,14 @@ def fd_limit_error() -> RuntimeError:
         "does not apply: drapps receives each batch's memory as one descriptor and closes it "
         "once mapped."
     )
+
+
+_warned: set[str] = set()
+
+
+def warn_once(key: str, message: str, stacklevel: int = 1) -> None:
+    """``warnings.warn(message)`` the first time ``key`` is seen in this process;
+    ``stacklevel`` counts from the caller, as ``warnings.warn``'s does."""
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, stacklevel=stacklevel + 1)

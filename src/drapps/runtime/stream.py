@@ -20,7 +20,6 @@ import logging
 import multiprocessing
 import time
 import traceback
-import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
@@ -28,7 +27,7 @@ from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from drapps.runtime.errors import SampleError, sample_error
+from drapps.runtime.errors import SampleError, sample_error, warn_once
 from drapps.runtime.process_pool import start_worker_process
 from drapps.runtime.seeding import seed_worker, set_worker_info, worker_info_read
 from drapps.runtime.stats import PipelineSnapshot
@@ -302,7 +301,15 @@ class StreamPool:
             if reply[0] == "end":
                 worker.active = False
                 if reply[2:] == ("unsharded",):
-                    _warn_unsharded(self.recipe.dataset)
+                    name = type(self.recipe.dataset).__name__
+                    warn_once(
+                        f"unsharded:{name}",
+                        f"drapps: {name} does not read torch.utils.data.get_worker_info() "
+                        "before its first item, so one worker streams it (each of several "
+                        "workers would yield all of it); shard it by get_worker_info() to use "
+                        "more, or set num_workers to choose the count",
+                        stacklevel=3,
+                    )
                 continue
             if reply[0] == "err":
                 raise reply[2]
@@ -373,19 +380,3 @@ class StreamPool:
             worker.tasks.close()
             worker.results.close()
         self.workers = []
-
-
-_warned_unsharded: set[str] = set()
-
-
-def _warn_unsharded(dataset: Any) -> None:
-    name = type(dataset).__name__
-    if name in _warned_unsharded:
-        return
-    _warned_unsharded.add(name)
-    warnings.warn(
-        f"drapps: {name} does not read torch.utils.data.get_worker_info() before its first "
-        "item, so one worker streams it (each of several workers would yield all of it); "
-        "shard it by get_worker_info() to use more, or set num_workers to choose the count",
-        stacklevel=4,
-    )
