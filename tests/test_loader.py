@@ -64,7 +64,13 @@ def test_random_resizes_mid_epoch_change_nothing(reference: list[object]) -> Non
     rng = random.Random(0)
     resize_at = set(rng.sample(range(len(reference)), 6))
     with drapps.Loader(
-        RandomDataset(61), batch_size=4, shuffle=True, seed=11, workers=2, max_workers=4
+        RandomDataset(61),
+        batch_size=4,
+        shuffle=True,
+        seed=11,
+        workers=2,
+        max_workers=4,
+        persistent_workers=True,  # the pool's size is read after the epoch
     ) as loader:
         out, sizes = [], []
         for b, batch in enumerate(loader):
@@ -194,7 +200,9 @@ def test_collate_matches_torch_default_collate() -> None:
 
 
 def test_len_and_stats_counters() -> None:
-    with drapps.Loader(SlowDataset(10), batch_size=4, drop_last=True, workers=2) as loader:
+    # persistent_workers: the workers outlive the epoch, so their count can be read after it.
+    options = {"batch_size": 4, "drop_last": True, "workers": 2, "persistent_workers": True}
+    with drapps.Loader(SlowDataset(10), **options) as loader:
         assert len(loader) == 2
         it = iter(loader)
         assert len(it) == 2
@@ -215,7 +223,8 @@ def test_a_new_iteration_supersedes_the_old_one() -> None:
 
 
 def test_resize_before_the_first_epoch_sets_the_starting_pool() -> None:
-    with drapps.Loader(SlowDataset(16), batch_size=4, workers=1, max_workers=3) as loader:
+    options = {"batch_size": 4, "workers": 1, "max_workers": 3, "persistent_workers": True}
+    with drapps.Loader(SlowDataset(16), **options) as loader:
         loader.resize(3)
         assert loader.stats().target_workers == 3 and loader.stats().workers == 0
         assert len(list(loader)) == 4

@@ -22,7 +22,8 @@ TESTS = str(Path(__file__).resolve().parent)
 
 
 def test_normal_end_and_close() -> None:
-    loader = drapps.Loader(SlowDataset(32), batch_size=4, workers=2)
+    # persistent_workers: the workers are still there when close() stops them.
+    loader = drapps.Loader(SlowDataset(32), batch_size=4, workers=2, persistent_workers=True)
     assert len(list(loader)) == 8
     assert len(loader.stats().worker_pids) == 2
     loader.close()
