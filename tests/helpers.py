@@ -22,10 +22,9 @@ import torch
 
 import drapps
 from drapps.control import State
-from drapps.runtime.errors import SampleError
 from drapps.runtime.pool import Polled, Reply, Task, Worker, WorkerPool
 from drapps.runtime.transport import SHM_DIR, pack_inline
-from drapps.runtime.worker import BatchRecipe, make_batch
+from drapps.runtime.worker import BatchRecipe, answer
 
 
 class RandomDataset:
@@ -436,13 +435,8 @@ class ThreadPool(WorkerPool):
 
     def _run(self, worker: Worker, inbox: queue.SimpleQueue[Any]) -> None:
         while (message := inbox.get()) is not None:
-            generation, seed, epoch, batch_id, indices, _, split = message
             try:
-                made = make_batch(self._recipe, seed, epoch, indices, split)
-                packed = None if made.batch is None else pack_inline(made.batch)
-                reply = ("ok", generation, batch_id, packed, made.skipped, made.seconds)
-            except SampleError as exc:
-                reply = ("err", generation, batch_id, exc)
+                reply = answer(self._recipe, message, pack_inline)
             except Exception:
                 reply = ("fatal", -1, -1, traceback.format_exc())
             self._replies.put((worker, reply))

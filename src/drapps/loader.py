@@ -102,8 +102,8 @@ class Loader(_DataLoaderAttributes):
             replaced and the batch retried (0 or None: no limit).
         seed, transform, split, device, workers, max_workers, prefetch, memory_budget,
             on_error, max_attempts, policy, min_workers, control_interval, trace, progress,
-            shard_by_rank: drapps' own settings, each documented once, on the field of the
-            same name of :class:`drapps.LoaderConfig`.
+            dispatch, lookahead, shard_by_rank: drapps' own settings, each documented once,
+            on the field of the same name of :class:`drapps.LoaderConfig`.
         cache: keep each sample as the deterministic start of the pipeline leaves it
             (``dataset[i]`` and a Pipeline's ops before its first random one) in shared
             memory and on disk, and read it back in later epochs instead of remaking it: a
@@ -118,7 +118,7 @@ class Loader(_DataLoaderAttributes):
             the controller sizes the actor pool as it sizes the processes, up to the
             cluster's CPUs. See ``docs/scale-out.md``.
         workers: 0 (calling process), an int (fixed), or "auto" (the default).
-        max_workers: bound on ``workers`` and :meth:`resize` (default twice the usable cores).
+        max_workers: bound on ``workers`` and :meth:`resize` (default: see LoaderConfig).
         prefetch: batches made ahead in total, or "auto" (``prefetch_factor`` per worker).
         memory_budget: bytes ready batches may hold ("auto", an int, or "512MB"/"2GiB").
         on_error: "raise" (error names the index) or "skip" (skipped and counted).
@@ -179,6 +179,8 @@ class Loader(_DataLoaderAttributes):
         control_interval: float = 0.5,
         trace: str | os.PathLike[str] | None = None,
         progress: bool = False,
+        dispatch: Literal["auto", "batches", "samples"] = "auto",
+        lookahead: int | Literal["auto"] = "auto",
         shard_by_rank: bool = True,
         source: str | Source | None = None,
     ) -> None:
@@ -436,5 +438,7 @@ def _choose_engine(
         pool=pool,
         in_order=c.in_order,
         round_robin=c.workers != "auto",
+        dispatch=c.dispatch,
+        lookahead=None if c.lookahead == "auto" else c.lookahead,
     )
     return engine, c

@@ -1,7 +1,7 @@
 """Every local engine and mode passes the one conformance check (``tests/conformance.py``).
 
 Inline, worker processes (fixed and "auto"), worker threads (a pool given through the
-backends seam), an iterable dataset inline and over stream
+backends seam), batches cut into parts among workers, an iterable dataset inline and over stream
 workers, the sample cache, and a Pipeline split between the workers and the device stage. The
 Ray pool and the Redis source run the same check in the integration tier.
 """
@@ -105,6 +105,10 @@ MAP_MODES = {
     "auto": ({"workers": "auto"}, kill_a_worker),
     "threads": ({"workers": 2, "backend": ThreadBackend()}, None),
     "cache": ({"workers": 2, "cache": drapps.Cache(memory="16MiB", disk=None)}, kill_a_worker),
+    # Batches cut into parts that several workers make and the training process collates.
+    "parts": ({"workers": 2, "dispatch": "samples"}, kill_a_worker),
+    "parts-auto": ({"workers": "auto", "dispatch": "samples"}, kill_a_worker),
+    "parts-threads": ({"workers": 2, "dispatch": "samples", "backend": ThreadBackend()}, None),
 }
 
 
@@ -122,8 +126,8 @@ def test_iterable_engines_conform(workers: int) -> None:
     check_engine(maker(Shards(), batch_size=3, workers=workers), expected)
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_a_split_pipeline_conforms(workers: int) -> None:
+@pytest.mark.parametrize("workers", [0, 2, "parts"])
+def test_a_split_pipeline_conforms(workers: int | str) -> None:
     with drapps.Loader(
         Pictures(), batch_size=4, shuffle=True, seed=SEED, workers=0, transform=pipeline(2)
     ) as reference:
@@ -133,7 +137,8 @@ def test_a_split_pipeline_conforms(workers: int) -> None:
         batch_size=4,
         shuffle=True,
         seed=SEED,
-        workers=workers,
+        workers=2 if workers == "parts" else workers,
+        dispatch="samples" if workers == "parts" else "batches",
         transform=pipeline(1),  # the flip runs in the device stage, on batches
     )
     check_engine(make, expected, kill=kill_a_worker if workers else None)

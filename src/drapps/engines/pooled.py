@@ -37,6 +37,8 @@ class PoolEngine(Engine):
             does); False: to the least loaded worker (``workers="auto"``).
         in_order: hand batches over in plan order (False: as they are made, lowest id first,
             as DataLoader's ``in_order=False``).
+        dispatch, lookahead: how work is cut and how far ahead it starts (see
+            :class:`~drapps.runtime.dispatcher.Dispatcher`).
     """
 
     kind = "pool"
@@ -58,6 +60,8 @@ class PoolEngine(Engine):
         pool: WorkerPool | None = None,
         in_order: bool = True,
         round_robin: bool = False,
+        dispatch: str = "auto",
+        lookahead: int | None = None,
     ) -> None:
         self._limits = limits
         self._any_order = not in_order
@@ -75,6 +79,8 @@ class PoolEngine(Engine):
             split=split,
             pool=pool,
             round_robin=round_robin,
+            dispatch=dispatch,
+            lookahead=lookahead,
         )
 
     @property

@@ -52,41 +52,18 @@ class _BatchMaker:
         self._init_error = run_worker_init(recipe, slot)
         self._where = (os.getpid(), ray.get_runtime_context().get_node_id())
 
-    def make(
-        self,
-        generation: int,
-        seed: int,
-        epoch: int,
-        batch_id: int,
-        indices: list[Any],
-        workers_now: int,
-        split: int | None,
-    ) -> tuple[tuple[int, str], tuple[Any, ...]]:
-        """One task, answered as a worker process answers it; with where the actor runs."""
-        from drapps.runtime.errors import SampleError
+    def make(self, task: tuple[Any, ...]) -> tuple[tuple[int, str], tuple[Any, ...]]:
+        """One task message, answered as a worker process answers it; with where the actor
+        runs."""
         from drapps.runtime.seeding import set_worker_info
         from drapps.runtime.transport import pack_buffer
-        from drapps.runtime.worker import make_batch, transport_error
+        from drapps.runtime.worker import answer
 
+        workers_now, seed = task[5], task[1]
         if (workers_now, seed) != (self._workers, self._seed):
             self._workers, self._seed = workers_now, seed
             set_worker_info(self._slot, workers_now, seed, self._recipe.dataset)
-        if self._init_error is not None:
-            return self._where, ("err", generation, batch_id, self._init_error)
-        try:
-            made = make_batch(self._recipe, seed, epoch, indices, split)
-        except SampleError as exc:
-            return self._where, ("err", generation, batch_id, exc)
-        try:
-            packed = None if made.batch is None else pack_buffer(made.batch)
-        except Exception as exc:  # the batch cannot cross: unpicklable
-            return self._where, (
-                "err",
-                generation,
-                batch_id,
-                transport_error(batch_id, indices, exc),
-            )
-        return self._where, ("ok", generation, batch_id, packed, made.skipped, made.seconds)
+        return self._where, answer(self._recipe, task, pack_buffer, self._init_error)
 
 
 @dataclass(eq=False, kw_only=True)
@@ -186,7 +163,7 @@ class RayPool(WorkerPool):
     def send(self, worker: Worker, message: Any) -> None:
         own = _own(worker)
         try:
-            call = own.actor.make.remote(*message).future()
+            call = own.actor.make.remote(message).future()
         except Exception as exc:  # the actor handle is unusable: it counts as exited
             own.gone = f"could not be sent a task ({type(exc).__name__}: {exc})"
             worker.broken = True

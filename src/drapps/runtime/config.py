@@ -108,7 +108,8 @@ class LoaderConfig:
     workers: int | Literal["auto"] = "auto"
     """Worker processes: 0 makes batches in the calling process; "auto" lets drapps choose."""
     max_workers: int | None = None
-    """Upper bound for ``workers`` and :meth:`Loader.resize` (None: twice the usable cores)."""
+    """Upper bound for ``workers`` and :meth:`Loader.resize` (None: twice the usable cores, and
+    with ``workers="auto"`` at least 8, for datasets whose workers mostly wait on reads)."""
     prefetch: int | Literal["auto"] = "auto"
     """Batches made ahead (in flight + ready, all workers together); "auto": 2 per worker."""
     memory_budget: int | str = "auto"
@@ -151,6 +152,17 @@ class LoaderConfig:
     once, so a slow batch holds back none behind it; ``state_dict`` then stores the batches
     not yet delivered. Batches made in the calling process, and an iterable dataset's, come
     in order either way."""
+    dispatch: Literal["auto", "batches", "samples"] = "auto"
+    """How work goes to worker processes: "batches" gives each batch to one worker, as
+    DataLoader does; "samples" cuts each batch into parts of about equal predicted cost made
+    by several workers and collated in the training process, so a slow sample holds only its
+    part; "auto" cuts batches once samples' costs are heavy-tailed (the slowest 1% over 8x the
+    median). The batches are the same either way. A ``collate_fn`` of your own, and
+    ``batch_size=None``, keep batches whole."""
+    lookahead: int | Literal["auto"] = "auto"
+    """Batches past the next one whose work may start early, slowest predicted first (bounded
+    by ``prefetch`` and the memory budget); "auto": twice the prefetch depth, which the
+    controller may change."""
     shard_by_rank: bool = True
     """Under ``torch.distributed`` without a distributed sampler, give each rank its own shard
     (as ``DistributedSampler`` would) instead of the whole dataset."""
@@ -188,6 +200,12 @@ class LoaderConfig:
                 )
         if self.prefetch != "auto" and (not _is_int(self.prefetch) or self.prefetch < 1):
             raise ValueError(f"prefetch must be 'auto' or an int >= 1, got {self.prefetch!r}")
+        if self.lookahead != "auto" and (not _is_int(self.lookahead) or self.lookahead < 1):
+            raise ValueError(f"lookahead must be 'auto' or an int >= 1, got {self.lookahead!r}")
+        if self.dispatch not in ("auto", "batches", "samples"):
+            raise ValueError(
+                f"dispatch must be 'auto', 'batches' or 'samples', got {self.dispatch!r}"
+            )
         if self.memory_budget != "auto":
             parse_bytes(self.memory_budget)
         if self.on_error not in ("raise", "skip"):
@@ -261,11 +279,15 @@ class LoaderConfig:
     @property
     def resolved_max_workers(self) -> int:
         """``max_workers``, else twice the usable cores (or the count asked, if more: a count
-        past the cores is warned about, as DataLoader does, and run)."""
+        past the cores is warned about, as DataLoader does, and run); with ``workers="auto"``
+        at least ``AUTO_MAX_WORKERS``, room for a dataset whose workers mostly wait on reads
+        (the controller keeps a worker past the cores only while the loop waits and cores
+        sit idle)."""
         if self.max_workers is not None:
             return self.max_workers
-        asked = self.workers if isinstance(self.workers, int) else 0
-        return max(2 * usable_cores(), asked)
+        if self.workers == "auto":
+            return max(2 * usable_cores(), AUTO_MAX_WORKERS)
+        return max(2 * usable_cores(), self.workers)
 
     @property
     def initial_workers(self) -> int:
@@ -292,6 +314,10 @@ class LoaderConfig:
         if self.memory_budget == "auto":
             return auto_memory_budget()
         return parse_bytes(self.memory_budget)
+
+
+AUTO_MAX_WORKERS = 8
+"""The least ``max_workers`` defaults to under ``workers="auto"``."""
 
 
 def resolve_workers(num_workers: Any, workers: Any) -> Any:

@@ -10,7 +10,6 @@ deduplicated by batch id in the reorder buffer, so every batch is delivered exac
 from __future__ import annotations
 
 import contextlib
-import heapq
 import logging
 import os
 import secrets
@@ -21,20 +20,25 @@ from collections.abc import Callable
 from multiprocessing.context import BaseContext
 from typing import Any
 
-from drapps.runtime.errors import WorkerTimeoutError
+from drapps.runtime.cost import SampleCosts
+from drapps.runtime.errors import WorkerTimeoutError, sample_path
+from drapps.runtime.parts import PartialBatch, on_free
 from drapps.runtime.plan import EpochPlan
 from drapps.runtime.pool import Reply, Task, Worker, WorkerPool
 from drapps.runtime.process_pool import ProcessPool
 from drapps.runtime.reorder import Entry, ReorderBuffer
+from drapps.runtime.schedule import Schedule, Work
 from drapps.runtime.stats import STAGES, PipelineSnapshot
 from drapps.runtime.transport import Packed, SlabRecycler, discard, unpack
-from drapps.runtime.worker import BatchRecipe
+from drapps.runtime.worker import BatchRecipe, collate_samples, splittable
 
 logger = logging.getLogger(__name__)
 
 # Tasks a worker may hold: the one it makes and one waiting, so it never idles between tasks
 # while the rest stay free to go to whichever worker frees up first.
 _TASKS_PER_WORKER = 2
+# A part predicted to cost this many times a typical one holds its worker to that part alone.
+_SLOW_PART = 2.0
 _TICK_S = 0.5
 # A worker parked by a shrink is kept this long for a grow to reuse before it is retired:
 # controllers oscillate, and a fork of a large training process costs tens of milliseconds.
@@ -66,6 +70,8 @@ class Dispatcher:
         pool: WorkerPool | None = None,
         split: int | None = None,
         round_robin: bool = False,
+        dispatch: str = "auto",
+        lookahead: int | None = None,
     ) -> None:
         """
         Args:
@@ -77,11 +83,26 @@ class Dispatcher:
             split: with a Pipeline transform, the split point to make batches with.
             round_robin: deal batch ``b`` to the worker whose ``get_worker_info().id`` is
                 ``b % workers``, waiting for it when it is busy, as DataLoader does (for a
-                fixed count); False: to the least loaded worker.
+                fixed count); False: to the least loaded worker. Parts of a batch (below) go
+                to the least loaded worker either way.
+            dispatch: cut batches into parts made by several workers: ``"auto"`` when
+                samples' costs are heavy-tailed, ``"samples"`` always, ``"batches"`` never
+                (see :class:`~drapps.runtime.schedule.Schedule`).
+            lookahead: batches past the next one whose work may start early (None: twice
+                the prefetch depth).
         """
         self.session = f"{os.getpid()}_{secrets.token_hex(4)}"
         self.buffer = ReorderBuffer(on_consumed=self._wake)
         self.pool = pool if pool is not None else ProcessPool(recipe, context)
+        self._recipe = recipe
+        self.costs = SampleCosts(_length(recipe.dataset), _paths(recipe.dataset))
+        self.schedule = Schedule(
+            self.costs,
+            mode=dispatch,
+            lookahead=lookahead,
+            splittable=splittable(recipe),
+            fifo_batches=round_robin,
+        )
         self._on_error = recipe.on_error
         self._target = workers
         self._prefetch = prefetch
@@ -107,10 +128,10 @@ class Dispatcher:
         self._plan: EpochPlan | None = None
         self._generation = 0
         self._generation_now = 0
-        self._fresh = 0
-        self._retry: list[int] = []
-        self._attempts: dict[int, int] = {}
-        self._in_flight: dict[int, Worker] = {}
+        self._attempts: dict[tuple[int, int | None], int] = {}
+        self._in_flight: dict[tuple[int, int | None], Worker] = {}
+        self._open: set[int] = set()  # batches started and not yet in the buffer
+        self._partial: dict[int, PartialBatch] = {}
         self._batch_bytes = 0
         self._live_bytes = 0
         self._bytes_lock = threading.Lock()
@@ -126,6 +147,7 @@ class Dispatcher:
             "transform_s": 0.0,
             "collate_s": 0.0,
             "transport_s": 0.0,
+            "assemble_s": 0.0,
         }
         self.latencies: deque[tuple[float, float]] = deque(maxlen=4096)
         """(arrival time, seconds from dispatch to arrival) of recent batches."""
@@ -166,6 +188,11 @@ class Dispatcher:
         can (worker processes can, Ray actors cannot)."""
         niceness = os.getpriority(os.PRIO_PROCESS, 0)
         return self.pool.set_priority(niceness + (LOW_NICENESS if priority == "low" else 0))
+
+    def set_lookahead(self, lookahead: int | None) -> None:
+        """Set how many batches past the next one may have work started early (None: twice
+        the prefetch depth)."""
+        self._command("lookahead", lookahead, wait_applied=True)
 
     def set_prefetch(self, depth: int | None) -> None:
         """Set the prefetch depth (None: twice the worker count)."""
@@ -284,9 +311,12 @@ class Dispatcher:
     def _set(self, name: str, value: Any) -> None:
         if name == "epoch":
             self._idle = False
-            self._generation_now, self._plan, self._fresh, fresh_workers = value
-            self._retry, self._attempts = [], {}
+            self._generation_now, self._plan, start, fresh_workers = value
+            self._attempts = {}
             self._in_flight.clear()
+            self._open.clear()
+            self._partial.clear()
+            self.schedule.reset(self._plan, start)
             if fresh_workers:
                 for worker in list(self.pool.workers):
                     self.pool.kill(worker)
@@ -297,6 +327,8 @@ class Dispatcher:
             self._prefetch = value
         elif name == "split":
             self._split = value
+        elif name == "lookahead":
+            self.schedule.set_lookahead(value)
         elif name == "idle" and value == self._generation_now and not self._idle:
             self._idle = True  # until the next epoch: no worker is kept or started
             for worker in self.pool.live() + self.pool.parked():
@@ -323,25 +355,31 @@ class Dispatcher:
             if now - (worker.parked_at or now) > _PARK_S and not worker.assigned:
                 self.pool.retire(worker)
 
-    def _next_batch(self) -> int | None:
-        if self._retry:
-            return self._retry[0]
-        if self._plan is not None and self._fresh < len(self._plan):
-            return self._fresh
-        return None
+    def _may_queue(self, worker: Worker) -> bool:
+        """Whether ``worker`` may take one more task now: up to two, so it never idles between
+        tasks; while batches are cut into parts, a second only behind a part not predicted
+        slow (a part queued behind a straggler would wait while another worker idles)."""
+        if len(worker.assigned) >= _TASKS_PER_WORKER:
+            return False
+        if not worker.assigned or not self.schedule.cutting:
+            return True
+        work = worker.assigned[0].work
+        typical = self.costs.mean * (len(work.positions) if work is not None else 1)
+        return work is None or work.cost <= _SLOW_PART * typical
 
-    def _may_dispatch(self, batch_id: int) -> bool:
-        if batch_id == self.buffer.next_id:
+    def _may_open(self, batch_id: int) -> bool:
+        """Whether work on ``batch_id`` may start (a batch already started always may)."""
+        if batch_id == self.buffer.next_id or batch_id in self._open:
             return True  # the batch the training loop waits for always goes
-        outstanding = len(self._in_flight) + len(self.buffer)
+        outstanding = len(self._open) + len(self.buffer)
         if outstanding >= self.prefetch_depth:
             return False
         if self._batch_bytes == 0:
-            # Size unknown until the first batch lands: one task per worker until then.
+            # Size unknown until the first batch lands: one batch per worker until then.
             return outstanding < max(1, len(self.pool.live()))
         # Live bytes: batches in the buffer and those the training loop still holds, whose
         # pages stay in shared memory until their last tensor is gone.
-        projected = self._live_bytes + (len(self._in_flight) + 1) * self._batch_bytes
+        projected = self._live_bytes + (len(self._open) + 1) * self._batch_bytes
         return projected <= self._budget
 
     def _send_releases(self) -> None:
@@ -361,34 +399,47 @@ class Dispatcher:
     def _dispatch(self) -> None:
         plan = self._plan
         while plan is not None:
-            batch_id = self._next_batch()
-            if batch_id is None or not self._may_dispatch(batch_id):
-                return
-            candidates = [w for w in self.pool.live() if len(w.assigned) < _TASKS_PER_WORKER]
+            candidates = [w for w in self.pool.live() if self._may_queue(w)]
             if not candidates:
                 return
-            retrying = bool(self._retry) and self._retry[0] == batch_id
+            live = len(self.pool.live())
+            work = self.schedule.peek(
+                self.buffer.next_id, live, self.prefetch_depth, self._may_open
+            )
+            if work is None:
+                return
+            retrying = self.schedule.retrying(work)
             worker = min(candidates, key=lambda w: len(w.assigned))
-            if self._round_robin and not retrying:
-                slot = batch_id % max(1, self._target)
+            if self._round_robin and work.part is None and not retrying:
+                slot = work.batch_id % max(1, self._target)
                 dealt = next((w for w in self.pool.live() if w.slot == slot), None)
                 if dealt is not None and dealt not in candidates:
                     return  # its worker is busy: wait for it, as DataLoader's queues do
                 worker = dealt or worker  # gone (being replaced): the least loaded instead
-            if retrying:
-                heapq.heappop(self._retry)
-            else:
-                self._fresh += 1
+            parts = [] if retrying else self.schedule.parts_of(work.batch_id)
+            self.schedule.take(work)
+            batch_id = work.batch_id
             if self.buffer.done(batch_id):
                 continue  # already delivered or held: a late duplicate retry
             indices = plan.batch(batch_id)
-            task = Task(
-                self._generation_now, plan.epoch, batch_id, indices, time.monotonic(), self._split
-            )
+            now = time.monotonic()
+            if batch_id not in self._open:
+                self._open.add(batch_id)
+                if work.part is not None:
+                    self._partial[batch_id] = PartialBatch(
+                        indices, {w.part: w.positions for w in parts if w.part is not None},
+                        now, self._split,
+                    )  # fmt: skip
+            split = self._split
+            if work.part is not None:
+                indices = [indices[p] for p in work.positions]
+                split = self._partial[batch_id].split  # every part is made with one split
+            task = Task(self._generation_now, plan.epoch, batch_id, indices, now, split, work)
             worker.assigned.append(task)
-            self._in_flight[batch_id] = worker
+            self._in_flight[batch_id, work.part] = worker
             message = (
-                task.generation, plan.seed, task.epoch, batch_id, indices, self._target, task.split
+                task.generation, plan.seed, task.epoch, batch_id, indices, self._target,
+                task.split, work.part,
             )  # fmt: skip
             self.pool.send(worker, message)  # a failed send shows as the worker's exit
 
@@ -437,57 +488,141 @@ class Dispatcher:
         if kind == "fatal":  # the worker's last words before it dies
             worker.last_error = str(reply[3]).strip().splitlines()[-1]
             return
+        part = reply[7] if kind == "ok" else reply[4]
         now = time.monotonic()
-        split = self._split
-        for task in worker.assigned:
-            if task.generation == generation and task.batch_id == batch_id:
-                worker.assigned.remove(task)
-                self.latencies.append((now, now - task.assigned_at))
-                split = task.split
-                break
+        task = next(
+            (
+                t
+                for t in worker.assigned
+                if (t.generation, t.batch_id, t.part) == (generation, batch_id, part)
+            ),
+            None,
+        )
+        if task is not None:
+            worker.assigned.remove(task)
         worker.last_progress = now
         current = generation == self._generation_now
-        if current and self._in_flight.get(batch_id) is worker:
-            del self._in_flight[batch_id]
+        if current and self._in_flight.get((batch_id, part)) is worker:
+            del self._in_flight[batch_id, part]
+        if kind == "ok" and task is not None and reply[6]:
+            self.costs.observe(task.indices, reply[6])
+        if part is not None:
+            self._on_part(worker, reply, current, task)
+            return
+        if task is not None:
+            self.latencies.append((now, now - task.assigned_at))
+        split = task.split if task is not None else self._split
         if kind == "err":
             entry = Entry(error=reply[3])
         else:
             packed: Packed | None = reply[3]
-            release = None
-            if packed is not None and packed.recycle and packed.slab is not None:
-                release = self._recycler.releaser(worker.wid, packed.slab)
             if not current or self.buffer.done(batch_id):
-                if packed is not None:
-                    discard(packed, release)
+                self._discard(worker, packed)
                 return
             batch, nbytes = None, 0
             if packed is not None:
                 try:
-                    batch = unpack(packed, self._on_release, release)
-                    nbytes = packed.nbytes
-                    if nbytes:
-                        with self._bytes_lock:
-                            self._live_bytes += nbytes
+                    batch, nbytes = self._receive(worker, packed)
                 except (OSError, ValueError) as exc:  # its slab cannot be mapped: make it again
-                    logger.warning(
-                        "batch %d could not be read back (%s); retrying it", batch_id, exc
-                    )
-                    if current:
-                        self._retry_task(batch_id, f"could not be read back ({exc})")
+                    self._unreadable(batch_id, None, exc)
                     return
                 if self._finish is not None:
                     batch = self._finish(batch)
                 self.counters["transport_s"] += time.monotonic() - now
-                self.counters["pickled_bytes"] += len(packed.skeleton)
-                self.counters["shared_bytes"] += nbytes
                 self._batch_bytes = max(self._batch_bytes, nbytes)
             entry = Entry(batch=batch, nbytes=nbytes, skipped=reply[4], split=split)
-            for name, seconds in zip(
-                ("fetch_s", "transform_s", "collate_s"), reply[5], strict=True
-            ):
-                self.counters[name] += seconds
+            self._count_stages(reply[5])
         if current:
-            self.buffer.put(generation, batch_id, entry)
+            self._deliver(generation, batch_id, entry)
+
+    def _on_part(
+        self, worker: Worker, reply: tuple[Any, ...], current: bool, task: Task | None
+    ) -> None:
+        """One part of a batch made in parts; the batch goes to the buffer with its last."""
+        kind, generation, batch_id = reply[:3]
+        part = reply[7] if kind == "ok" else reply[4]
+        partial = self._partial.get(batch_id) if current else None
+        if partial is None or partial.has(part) or self.buffer.done(batch_id):
+            if kind == "ok":
+                self._discard(worker, reply[3])
+            return  # a stale epoch's part, or a duplicate of a retried one
+        now = time.monotonic()
+        if kind == "err":
+            partial.fail(part, reply[3])
+        else:
+            samples: list[Any] = []
+            nbytes = 0
+            if reply[3] is not None:
+                try:
+                    samples, nbytes = self._receive(worker, reply[3])
+                except (OSError, ValueError) as exc:
+                    self._unreadable(batch_id, task.work if task is not None else None, exc)
+                    return
+            partial.add(part, samples, reply[8], reply[4], nbytes)
+            self.counters["transport_s"] += time.monotonic() - now
+            self._count_stages(reply[5])
+        if partial.complete:
+            self._assemble(generation, batch_id, partial)
+
+    def _assemble(self, generation: int, batch_id: int, partial: PartialBatch) -> None:
+        """Collate a batch whose parts are all here, in plan order, and deliver it."""
+        del self._partial[batch_id]
+        start = time.monotonic()
+        entry = partial.outcome(
+            lambda samples, indices: collate_samples(self._recipe, samples, partial.split, indices)
+        )
+        if entry.batch is not None:
+            if self._finish is not None:
+                entry.batch = self._finish(entry.batch)
+            # The parts' slabs are freed as their samples go; the collated batch now holds
+            # that memory until the training loop lets it go.
+            nbytes = entry.nbytes
+            if nbytes and on_free(entry.batch, lambda: self._on_release(nbytes)):
+                with self._bytes_lock:
+                    self._live_bytes += nbytes
+            self._batch_bytes = max(self._batch_bytes, nbytes)
+        now = time.monotonic()
+        self.counters["assemble_s"] += now - start
+        self.latencies.append((now, now - partial.opened_at))
+        self._deliver(generation, batch_id, entry)
+
+    def _deliver(self, generation: int, batch_id: int, entry: Entry) -> None:
+        self._open.discard(batch_id)
+        self.buffer.put(generation, batch_id, entry)
+
+    def _receive(self, worker: Worker, packed: Packed) -> tuple[Any, int]:
+        """A packed reply rebuilt over its slab, counted in the live bytes.
+
+        Raises:
+            OSError, ValueError: its slab cannot be mapped.
+        """
+        release = None
+        if packed.recycle and packed.slab is not None:
+            release = self._recycler.releaser(worker.wid, packed.slab)
+        batch = unpack(packed, self._on_release, release)
+        nbytes = packed.nbytes
+        if nbytes:
+            with self._bytes_lock:
+                self._live_bytes += nbytes
+        self.counters["pickled_bytes"] += len(packed.skeleton)
+        self.counters["shared_bytes"] += nbytes
+        return batch, nbytes
+
+    def _discard(self, worker: Worker, packed: Packed | None) -> None:
+        if packed is None:
+            return
+        release = None
+        if packed.recycle and packed.slab is not None:
+            release = self._recycler.releaser(worker.wid, packed.slab)
+        discard(packed, release)
+
+    def _unreadable(self, batch_id: int, work: Work | None, exc: Exception) -> None:
+        logger.warning("batch %d could not be read back (%s); retrying it", batch_id, exc)
+        self._retry_task(batch_id, work, f"could not be read back ({exc})")
+
+    def _count_stages(self, seconds: tuple[float, float, float]) -> None:
+        for name, value in zip(("fetch_s", "transform_s", "collate_s"), seconds, strict=True):
+            self.counters[name] += value
 
     def _enforce_timeout(self) -> None:
         if self._timeout is None:
@@ -522,36 +657,56 @@ class Dispatcher:
         for position, task in enumerate(unanswered):
             if task.generation != self._generation_now:
                 continue
-            self._in_flight.pop(task.batch_id, None)
+            self._in_flight.pop((task.batch_id, task.part), None)
             if position == 0 and not expected:
-                self._attempts[task.batch_id] = self._attempts.get(task.batch_id, 1) + 1
-                if self._attempts[task.batch_id] > self._max_attempts:
+                key = (task.batch_id, task.part)
+                self._attempts[key] = self._attempts.get(key, 1) + 1
+                if self._attempts[key] > self._max_attempts:
                     self._give_up(task, reason)
                     continue
             self.counters["retries"] += 1
-            heapq.heappush(self._retry, task.batch_id)
+            self._requeue(task.batch_id, task.work)
 
-    def _retry_task(self, batch_id: int, reason: str) -> None:
-        """Make ``batch_id`` again, or give up on it after ``max_attempts``."""
-        self._attempts[batch_id] = self._attempts.get(batch_id, 1) + 1
-        if self._attempts[batch_id] > self._max_attempts and self._plan is not None:
+    def _requeue(self, batch_id: int, work: Work | None) -> None:
+        self.schedule.requeue(work if work is not None else Work(batch_id, None, ()))
+
+    def _retry_task(self, batch_id: int, work: Work | None, reason: str) -> None:
+        """Make ``batch_id`` (or its part ``work``) again, or give up after ``max_attempts``."""
+        part = work.part if work is not None else None
+        key = (batch_id, part)
+        self._attempts[key] = self._attempts.get(key, 1) + 1
+        if self._attempts[key] > self._max_attempts and self._plan is not None:
             indices = self._plan.batch(batch_id)
-            task = Task(self._generation_now, self._plan.epoch, batch_id, indices, 0.0)
+            if work is not None and part is not None:
+                indices = [indices[p] for p in work.positions]
+            task = Task(self._generation_now, self._plan.epoch, batch_id, indices, 0.0, work=work)
             self._give_up(task, reason)
             return
         self.counters["retries"] += 1
-        heapq.heappush(self._retry, batch_id)
+        self._requeue(batch_id, work)
 
     def _give_up(self, task: Task, reason: str) -> None:
         message = (
             f"batch {task.batch_id} (indices {task.indices}) was not made: its worker {reason} "
             f"on each of {self._max_attempts} attempts"
         )
+        if task.part is not None:
+            partial = self._partial.get(task.batch_id)
+            if partial is None or partial.has(task.part):
+                return
+            if self._on_error == "skip":
+                partial.skip(task.part, message)
+            else:
+                error = WorkerTimeoutError(message, stage="worker", indices=task.indices)
+                partial.fail(task.part, error)
+            if partial.complete:
+                self._assemble(task.generation, task.batch_id, partial)
+            return
         if self._on_error == "skip":
             entry = Entry(skipped=[(index, message) for index in task.indices])
         else:
             entry = Entry(error=WorkerTimeoutError(message, stage="worker", indices=task.indices))
-        self.buffer.put(task.generation, task.batch_id, entry)
+        self._deliver(task.generation, task.batch_id, entry)
 
     def snapshot(self, *, samples: int, memory_budget: int, max_workers: int) -> PipelineSnapshot:
         """The pipeline's counters now (read without stopping the thread).
@@ -576,11 +731,28 @@ class Dispatcher:
             stage_s={name: counters[name] for name in STAGES},
             target_workers=self._target,
             peak_ready_bytes=self.buffer.peak_bytes,
-            in_flight=len(self._in_flight),
+            in_flight=len(self._open),
             batch_bytes=self._batch_bytes,
             worker_restarts=int(counters["worker_restarts"]),
             timeouts=int(counters["timeouts"]),
             retries=int(counters["retries"]),
             pickled_bytes=int(counters["pickled_bytes"]),
             shared_bytes=int(counters["shared_bytes"]),
+            cut_batches=self.schedule.cut_batches,
+            lookahead=self.schedule.lookahead_for(self.prefetch_depth),
+            sample_costs=self.costs.report(),
         )
+
+
+def _length(dataset: Any) -> int | None:
+    try:
+        return len(dataset)
+    except Exception:  # no __len__, or one that fails: no per-index history
+        return None
+
+
+def _paths(dataset: Any) -> Any:
+    """The file behind an index, for datasets that list their files (else None)."""
+    if not any(hasattr(dataset, name) for name in ("samples", "imgs", "paths", "files")):
+        return None
+    return lambda index: sample_path(dataset, index)

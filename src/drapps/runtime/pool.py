@@ -23,6 +23,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from drapps.runtime.schedule import Work
+
 Reply = tuple["Worker", tuple[Any, ...]]
 """A worker and one reply it sent (see :func:`drapps.runtime.worker.run_worker`)."""
 
@@ -38,6 +40,13 @@ class Task:
     assigned_at: float
     split: int | None = None
     """The transform Pipeline's split the batch is made with (None: no Pipeline)."""
+    work: Work | None = None
+    """What the schedule handed out: the whole batch or one part (None: the whole batch)."""
+
+    @property
+    def part(self) -> int | None:
+        """The part of its batch the task makes (None: the whole batch)."""
+        return None if self.work is None else self.work.part
 
 
 @dataclass(eq=False)
@@ -84,10 +93,9 @@ class Polled:
 class WorkerPool(ABC):
     """A set of workers that make batches from task messages.
 
-    A task message is ``(generation, seed, epoch, batch_id, indices, num_workers, split)``; a
-    worker
-    answers each with a reply tuple as :func:`drapps.runtime.worker.run_worker` does, in the
-    order it received them, and ``None`` asks it to stop after what it holds.
+    A task message is ``(generation, seed, epoch, batch_id, indices, num_workers, split,
+    part)``; a worker answers each with a reply tuple as :func:`drapps.runtime.worker.answer`
+    makes it, in the order it received them, and ``None`` asks it to stop after what it holds.
     """
 
     def __init__(self) -> None:

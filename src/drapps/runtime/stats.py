@@ -66,6 +66,13 @@ class PipelineSnapshot:
     pool_cores: tuple[float, float] | None = None
     """(cores, idle cores) in the pool's own resource view, for pools whose workers run
     elsewhere (Ray's cluster); None: this machine's cores, as the monitor measures them."""
+    cut_batches: int = 0
+    """Batches made in parts by several workers (see ``LoaderConfig.dispatch``)."""
+    lookahead: int = 0
+    """Batches past the next one whose work may start early."""
+    sample_costs: dict[str, Any] | None = None
+    """The per-sample cost predictor's report (:meth:`drapps.runtime.cost.SampleCosts.report`);
+    None where batches are not dispatched by a worker pool."""
 
 
 def inline_snapshot(samples: int, wait_s: float, memory_budget: int) -> PipelineSnapshot:
@@ -144,6 +151,16 @@ class LoaderStats:
     cache: dict[str, Any] | None = None
     """The sample cache's counters (:class:`~drapps.cache.CacheStats` as a dict, with
     ``hit_rate`` and the compression ``ratio``); None without a cache."""
+    cut_batches: int = 0
+    """Batches made in parts by several workers and collated in the training process (see
+    ``LoaderConfig.dispatch``)."""
+    lookahead: int = 0
+    """Batches past the next one whose work may start early."""
+    sample_costs: dict[str, Any] | None = None
+    """What the per-sample cost predictor learnt: samples measured, ``median_ms``,
+    ``tail_ratio`` (p99 over median), each model's error (mean absolute log error:
+    ``history_error``, ``learned_error``), the model ``chosen`` and its own cost
+    ``model_us_per_sample``; None where no worker pool dispatches batches."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -188,4 +205,7 @@ class LoaderStats:
             device_s=snapshot.device_s,
             device_batches=snapshot.device_batches,
             cache=None if snapshot.cache is None else snapshot.cache.as_dict(),
+            cut_batches=snapshot.cut_batches,
+            lookahead=snapshot.lookahead,
+            sample_costs=snapshot.sample_costs,
         )

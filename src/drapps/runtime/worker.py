@@ -93,6 +93,10 @@ class Made:
     """(index, failure) of each sample skipped under ``on_error="skip"``."""
     seconds: tuple[float, float, float] = (0.0, 0.0, 0.0)
     """Time spent in __getitem__, the transform and collate_fn."""
+    costs: list[float] = field(default_factory=list)
+    """Seconds each index took to fetch and transform, in the order of the indices."""
+    kept: list[int] | None = None
+    """With ``collate=False``: the positions (in the indices) of the samples in ``batch``."""
 
 
 _SENT = {
@@ -131,12 +135,20 @@ def collate(recipe: BatchRecipe, samples: list[Any]) -> Any:
 
 
 def make_batch(
-    recipe: BatchRecipe, seed: int, epoch: int, indices: list[Any], split: int | None = None
+    recipe: BatchRecipe,
+    seed: int,
+    epoch: int,
+    indices: list[Any],
+    split: int | None = None,
+    *,
+    collate: bool = True,
 ) -> Made:
     """Fetch, transform and collate ``indices``, seeding each sample from (seed, epoch, index).
 
     ``split``: with a :class:`drapps.ops.Pipeline` transform, run only its ops before this
     split (the rest run on the batch after the reorder buffer); None runs it whole.
+    ``collate=False``: return the list of samples made (a part of a batch, which the training
+    process collates with the batch's other parts) and their positions in ``Made.kept``.
 
     Raises:
         SampleError: a sample failed and ``on_error="raise"``, or collate_fn failed.
@@ -149,11 +161,13 @@ def make_batch(
     end = len(pipeline.ops) if pipeline is not None and split is None else split
     held = cache.held_ops(end) if cache is not None and end is not None else 0
     lossy = False
-    for index in indices:
+    costs: list[float] = []
+    kept: list[int] = []
+    for position, index in enumerate(indices):
         seed_sample(sample_seed_for(seed, epoch, key_of(index)))
         stage = "__getitem__"
+        t0 = time.perf_counter()
         try:
-            t0 = time.perf_counter()
             hit = cache.get(index, held) if cache is not None else None
             if hit is None:
                 sample = recipe.dataset[index]
@@ -181,6 +195,7 @@ def make_batch(
             message = describe_failure(index, stage, path, exc)
             if recipe.on_error == "skip":
                 skipped.append((index, message))
+                costs.append(time.perf_counter() - t0)
                 continue
             detail = "".join(traceback.format_exception(exc))
             raise sample_error(
@@ -194,17 +209,34 @@ def make_batch(
             ) from exc
         finally:
             clear_sample()
+        costs.append(time.perf_counter() - t0)
         samples.append(sample)
+        kept.append(position)
     if cache is not None:
         cache.end_batch(lossy)
+    if not collate:
+        return Made(samples, skipped, (fetch_s, transform_s, 0.0), costs, kept)
     if not samples:
-        return Made(None, skipped, (fetch_s, transform_s, 0.0))
+        return Made(None, skipped, (fetch_s, transform_s, 0.0), costs)
     t2 = time.perf_counter()
+    batch = collate_samples(recipe, samples, split, indices)
+    return Made(batch, skipped, (fetch_s, transform_s, time.perf_counter() - t2), costs)
+
+
+def collate_samples(
+    recipe: BatchRecipe, samples: list[Any], split: int | None, indices: Any
+) -> Any:
+    """The batch of ``samples`` as the recipe collates it (a Pipeline split before its end
+    collates each part of a sample its own way).
+
+    Raises:
+        SampleError: collate_fn failed (naming ``indices``).
+    """
     try:
         if split is not None:  # a Pipeline split before its end: its parts may differ in shape
-            batch = pipeline.collate(samples, lambda rest: collate(recipe, rest), split)
-        else:
-            batch = collate(recipe, samples)
+            pipeline: Any = recipe.transform
+            return pipeline.collate(samples, lambda rest: collate(recipe, rest), split)
+        return collate(recipe, samples)
     except Exception as exc:
         raise sample_error(
             f"collate_fn failed on the batch of indices {indices}: {type(exc).__name__}: {exc}",
@@ -213,7 +245,13 @@ def make_batch(
             indices=indices,
             detail="".join(traceback.format_exception(exc)),
         ) from exc
-    return Made(batch, skipped, (fetch_s, transform_s, time.perf_counter() - t2))
+
+
+def splittable(recipe: BatchRecipe) -> bool:
+    """Whether a batch may be made in parts by several workers and collated where they meet:
+    batches of samples (not ``batch_size=None``) collated by torch's ``default_collate`` or a
+    Pipeline's collate, which hold no state and run the same in any process."""
+    return recipe.auto_collation and recipe.collate_fn is default_collate
 
 
 def run_worker(
@@ -226,15 +264,14 @@ def run_worker(
     num_workers: int = 1,
     base_seed: int = 0,
 ) -> None:
-    """The worker process: take ``(generation, seed, epoch, batch_id, indices, num_workers,
-    split)`` tasks until ``None`` (``split``: see :func:`make_batch`); ``("free", notices)``
-    says which of its slabs the training process has released (:class:`SlabWriter`).
+    """The worker process: take task messages (see :func:`answer`) until ``None``;
+    ``("free", notices)`` says which of its slabs the training process has released
+    (:class:`SlabWriter`).
 
     ``slot`` is the worker's id as ``torch.utils.data.get_worker_info()`` reports it (0 to
     ``num_workers - 1``; a replacement takes the id of the worker it replaces).
 
-    Replies ``("ok", generation, batch_id, packed, skipped, seconds)`` or
-    ``("err", generation, batch_id, SampleError)``. Exits by itself when its parent dies.
+    Replies as :func:`answer` says. Exits by itself when its parent dies.
     """
     enter_worker_process()
     seed_worker(base_seed, slot)
@@ -248,25 +285,11 @@ def run_worker(
             if task[0] == "free":  # slabs the training process has released
                 writer.released(task[1])
                 continue
-            generation, seed, epoch, batch_id, indices, workers_now, split = task
+            workers_now, seed = task[5], task[1]
             if (workers_now, seed) != (num_workers, base_seed):
                 num_workers, base_seed = workers_now, seed
                 set_worker_info(slot, num_workers, base_seed, recipe.dataset)
-            if init_error is not None:
-                results.send(("err", generation, batch_id, init_error))
-                continue
-            try:
-                made = make_batch(recipe, seed, epoch, indices, split)
-            except SampleError as exc:
-                results.send(("err", generation, batch_id, exc))
-                continue
-            try:
-                packed = None if made.batch is None else pack_batch(made.batch, writer)
-                reply: tuple[Any, ...] = (
-                    "ok", generation, batch_id, packed, made.skipped, made.seconds
-                )  # fmt: skip
-            except Exception as exc:  # the batch cannot cross: unpicklable, slab unwritable
-                reply = ("err", generation, batch_id, transport_error(batch_id, indices, exc))
+            reply = answer(recipe, task, lambda batch: pack_batch(batch, writer), init_error)
             send_message(results, reply, writer)
     except (EOFError, BrokenPipeError, ConnectionResetError):
         pass  # the parent closed our pipes: it is gone or shutting down
@@ -279,6 +302,36 @@ def run_worker(
         raise
     finally:
         writer.close()  # slabs have no names: what the training process maps stays with it
+
+
+def answer(
+    recipe: BatchRecipe,
+    task: tuple[Any, ...],
+    pack: Callable[[Any], Packed],
+    init_error: SampleError | None = None,
+) -> tuple[Any, ...]:
+    """The reply to one task message, whoever runs it (a worker process, a Ray actor, a thread).
+
+    A task is ``(generation, seed, epoch, batch_id, indices, num_workers, split, part)``;
+    ``part`` None asks for the whole batch collated, an int for those samples uncollated (one
+    part of a batch cut among workers). Replies are
+    ``("ok", generation, batch_id, packed, skipped, seconds, costs, part, kept)`` and
+    ``("err", generation, batch_id, SampleError, part)``.
+    """
+    generation, seed, epoch, batch_id, indices, _, split, part = task
+    if init_error is not None:
+        return ("err", generation, batch_id, init_error, part)
+    try:
+        made = make_batch(recipe, seed, epoch, indices, split, collate=part is None)
+    except SampleError as exc:
+        return ("err", generation, batch_id, exc, part)
+    try:
+        packed = None if made.batch is None else pack(made.batch)
+    except Exception as exc:  # the batch cannot cross: unpicklable, slab unwritable
+        return ("err", generation, batch_id, transport_error(batch_id, indices, exc), part)
+    return (
+        "ok", generation, batch_id, packed, made.skipped, made.seconds, made.costs, part, made.kept
+    )  # fmt: skip
 
 
 def transport_error(batch_id: int, indices: list[Any], exc: Exception) -> SampleError:

@@ -1,0 +1,122 @@
+"""A batch made in parts: its samples come back from several workers, uncollated, and are put
+back in plan order and collated once in the training process (the dispatcher thread)."""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from drapps.runtime.reorder import Entry
+
+
+@dataclass
+class PartialBatch:
+    """The parts of one batch received so far.
+
+    Args:
+        indices: the batch's indices, in plan order.
+        positions: each part's positions in the batch.
+        opened_at: when its first part was sent (the batch's latency starts there).
+    """
+
+    indices: list[Any]
+    positions: dict[int, tuple[int, ...]]
+    opened_at: float
+    split: int | None = None
+    samples: dict[int, Any] = field(default_factory=dict)
+    skipped: dict[int, tuple[Any, str]] = field(default_factory=dict)
+    errors: dict[int, BaseException] = field(default_factory=dict)
+    received: set[int] = field(default_factory=set)
+    nbytes: int = 0
+
+    def has(self, part: int) -> bool:
+        return part in self.received
+
+    @property
+    def complete(self) -> bool:
+        return len(self.received) == len(self.positions)
+
+    def add(
+        self,
+        part: int,
+        samples: Sequence[Any],
+        kept: Sequence[int],
+        skipped: Sequence[tuple[Any, str]],
+        nbytes: int,
+    ) -> None:
+        """Part ``part`` arrived: ``samples`` at the part's positions ``kept`` (local to the
+        part), the rest skipped under ``on_error="skip"``."""
+        places = self.positions[part]
+        for local, sample in zip(kept, samples, strict=True):
+            self.samples[places[local]] = sample
+        kept_set = set(kept)
+        lost = [p for local, p in enumerate(places) if local not in kept_set]
+        for place, entry in zip(lost, skipped, strict=True):
+            self.skipped[place] = entry
+        self.nbytes += nbytes
+        self.received.add(part)
+
+    def fail(self, part: int, error: BaseException) -> None:
+        """Part ``part`` could not be made: the batch raises ``error`` (or the error of an
+        earlier sample, whichever part holds it)."""
+        self.errors[part] = error
+        self.received.add(part)
+
+    def skip(self, part: int, message: str) -> None:
+        """Part ``part`` could not be made and ``on_error="skip"``: its samples are skipped."""
+        for place in self.positions[part]:
+            self.skipped[place] = (self.indices[place], message)
+        self.received.add(part)
+
+    def outcome(self, collate: Callable[[list[Any], list[Any]], Any]) -> Entry:
+        """The batch's entry: the parts' samples collated in plan order by
+        ``collate(samples, indices)``, or the error of its first failing sample."""
+        skipped = [self.skipped[p] for p in sorted(self.skipped)]
+        if self.errors:
+            return Entry(error=self.errors[min(self.errors, key=self._first_place)])
+        places = sorted(self.samples)
+        if not places:
+            return Entry(skipped=skipped, split=self.split)
+        samples = [self.samples.pop(p) for p in places]
+        try:
+            batch = collate(samples, [self.indices[p] for p in places])
+        except Exception as exc:  # collate_samples names the batch in a SampleError
+            return Entry(error=exc)
+        return Entry(batch=batch, nbytes=self.nbytes, skipped=skipped, split=self.split)
+
+    def _first_place(self, part: int) -> int:
+        """Where a failed part's failing sample sits in the batch (the part's start if the
+        error does not say)."""
+        index = getattr(self.errors[part], "index", None)
+        places = self.positions[part]
+        return next((p for p in places if self.indices[p] == index), places[0])
+
+
+def largest_tensor(batch: Any) -> torch.Tensor | None:
+    """The largest tensor in a collated batch (dicts, lists and tuples of tensors)."""
+    best: torch.Tensor | None = None
+    stack = [batch]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, torch.Tensor):
+            if best is None or item.nbytes > best.nbytes:
+                best = item
+        elif isinstance(item, Mapping):
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return best
+
+
+def on_free(batch: Any, callback: Callable[[], None]) -> bool:
+    """Call ``callback`` once the batch's largest tensor is garbage-collected; False (and no
+    call) when the batch holds no tensor."""
+    tensor = largest_tensor(batch)
+    if tensor is None:
+        return False
+    weakref.finalize(tensor, callback)
+    return True

@@ -1,0 +1,98 @@
+"""Batches cut into parts among workers: the same batches, errors and skips as whole ones."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+import torch
+from helpers import FailingDataset, RandomDataset, assert_batches_equal
+
+import drapps
+from drapps.runtime.parts import PartialBatch, largest_tensor
+from drapps.runtime.reorder import Entry
+
+
+class Straggling:
+    """Every 20th sample sleeps 40 ms, the rest 1 ms (a heavy tail of slow reads)."""
+
+    def __len__(self) -> int:
+        return 320
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        time.sleep(0.04 if i % 20 == 7 else 0.001)
+        return torch.full((4,), i)
+
+
+def epoch(dataset: Any, **options: Any) -> list[Any]:
+    with drapps.Loader(dataset, batch_size=8, shuffle=True, seed=3, **options) as loader:
+        return list(loader)
+
+
+def test_parts_give_the_batches_whole_batches_give() -> None:
+    expected = epoch(RandomDataset(50), workers=0)
+    assert_batches_equal(epoch(RandomDataset(50), workers=2, dispatch="samples"), expected)
+
+
+def test_a_failing_sample_in_a_part_raises_naming_the_first_failing_index() -> None:
+    bad = {5, 6, 30}
+    with pytest.raises(drapps.SampleError) as inline:
+        epoch(FailingDataset(40, bad), workers=0)
+    with pytest.raises(drapps.SampleError) as parts:
+        epoch(FailingDataset(40, bad), workers=2, dispatch="samples")
+    assert parts.value.index == inline.value.index
+    assert f"sample {inline.value.index}" in str(parts.value)
+
+
+def test_skipped_samples_in_parts_are_skipped_and_counted_as_whole_batches_do() -> None:
+    bad = {5, 6, 30}
+    options: dict[str, Any] = {"on_error": "skip"}
+    expected = epoch(FailingDataset(40, bad), workers=0, **options)
+    with drapps.Loader(
+        FailingDataset(40, bad), batch_size=8, shuffle=True, seed=3, workers=2,
+        dispatch="samples", **options,
+    ) as loader:  # fmt: skip
+        got = list(loader)
+        assert loader.stats().samples_skipped == len(bad)
+    assert_batches_equal(got, expected)
+
+
+def test_a_collate_fn_of_your_own_keeps_batches_whole() -> None:
+    def collate(samples: list[torch.Tensor]) -> torch.Tensor:
+        return torch.stack(samples).sum(0)
+
+    with drapps.Loader(
+        Straggling(), batch_size=8, workers=2, dispatch="samples", collate_fn=collate
+    ) as loader:
+        list(loader)
+        assert loader.stats().cut_batches == 0
+
+
+def test_auto_cuts_batches_once_costs_are_heavy_tailed_and_keeps_them_the_same() -> None:
+    expected = epoch(Straggling(), workers=0)
+    with drapps.Loader(
+        Straggling(), batch_size=8, shuffle=True, seed=3, workers=2, persistent_workers=True
+    ) as loader:
+        assert_batches_equal(list(loader), expected)
+        stats = loader.stats()
+    assert stats.cut_batches > 0
+    assert stats.sample_costs is not None and stats.sample_costs["tail_ratio"] >= 8
+
+
+def test_a_partial_batch_collates_its_parts_in_plan_order() -> None:
+    partial = PartialBatch([10, 11, 12, 13], {0: (1, 3), 1: (0, 2)}, 0.0)
+    partial.add(1, [torch.tensor(10)], [0], [(12, "sample 12 failed")], 4)
+    assert not partial.complete
+    partial.add(0, [torch.tensor(11), torch.tensor(13)], [0, 1], [], 8)
+    entry = partial.outcome(lambda samples, indices: (torch.stack(samples), indices))
+    assert isinstance(entry, Entry) and entry.nbytes == 12
+    batch, indices = entry.batch
+    assert batch.tolist() == [10, 11, 13] and indices == [10, 11, 13]
+    assert entry.skipped == [(12, "sample 12 failed")]
+
+
+def test_the_largest_tensor_of_a_batch_is_found_in_nested_structures() -> None:
+    big = torch.zeros(100)
+    assert largest_tensor({"a": [torch.zeros(2), (big, "label")], "b": 3}) is big
+    assert largest_tensor(["no", "tensors"]) is None

@@ -1,0 +1,112 @@
+"""The dispatch schedule: cutting batches into parts, least slack first, retries first."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from drapps.runtime.cost import SampleCosts
+from drapps.runtime.plan import Plan
+from drapps.runtime.schedule import Schedule, balance
+
+
+def plan(batches: int = 8, batch_size: int = 4) -> Plan:
+    return Plan(batches * batch_size, batch_size, shuffle=False, drop_last=False, seed=0, epoch=0)
+
+
+def measured(costs: dict[int, float], n: int = 32, base: float = 0.001) -> SampleCosts:
+    """Costs with every index of ``range(n)`` measured once (``costs`` overrides ``base``)."""
+    model = SampleCosts(n)
+    model.observe(list(range(n)), [costs.get(i, base) for i in range(n)])
+    return model
+
+
+def drain(schedule: Schedule, head: int = 0, workers: int = 2) -> list[tuple[int, int | None]]:
+    order = []
+    while (work := schedule.peek(head, workers, depth=8, may_open=lambda b: True)) is not None:
+        schedule.take(work)
+        order.append((work.batch_id, work.part))
+    return order
+
+
+def test_balance_puts_the_costly_sample_alone_and_keeps_positions_in_order() -> None:
+    assert balance(np.array([1.0, 1.0, 9.0, 1.0]), 2) == [[2], [0, 1, 3]]
+    assert balance(np.zeros(6), 3) == [[0, 3], [1, 4], [2, 5]]
+    groups = balance(np.random.default_rng(0).random(20), 4)
+    assert sorted(p for g in groups for p in g) == list(range(20))
+
+
+def test_uniform_costs_leave_batches_whole_in_plan_order() -> None:
+    schedule = Schedule(measured({}), mode="auto")
+    schedule.reset(plan(), 0)
+    assert drain(schedule) == [(b, None) for b in range(8)]
+    assert schedule.cut_batches == 0
+
+
+def test_samples_mode_cuts_every_batch_and_hands_out_each_sample_once() -> None:
+    schedule = Schedule(measured({}), mode="samples")
+    schedule.reset(plan(), 0)
+    seen: dict[int, list[int]] = {}
+    while (work := schedule.peek(0, 2, depth=8, may_open=lambda b: True)) is not None:
+        schedule.take(work)
+        assert work.part is not None
+        seen.setdefault(work.batch_id, []).extend(work.positions)
+    assert {b: sorted(p) for b, p in seen.items()} == {b: [0, 1, 2, 3] for b in range(8)}
+
+
+def test_a_predicted_straggler_of_a_later_batch_starts_before_the_next_batch() -> None:
+    # Sample 13 (batch 3) costs 100x the others: with 2 workers a batch takes 2 ms, so its
+    # part must start ~3 batches early to be ready when batch 3 is due.
+    schedule = Schedule(measured({13: 0.1}), mode="samples")
+    schedule.reset(plan(), 0)
+    first = schedule.peek(0, 2, depth=8, may_open=lambda b: True)
+    assert first is not None and first.batch_id == 3 and first.positions == (1,)
+
+
+def test_the_lookahead_bounds_how_far_ahead_work_starts() -> None:
+    schedule = Schedule(measured({29: 0.1}), mode="samples", lookahead=2)
+    schedule.reset(plan(), 0)
+    first = schedule.peek(0, 2, depth=8, may_open=lambda b: True)
+    assert first is not None and first.batch_id == 0  # batch 7 is beyond the lookahead
+    schedule.set_lookahead(8)
+    first = schedule.peek(0, 2, depth=8, may_open=lambda b: True)
+    assert first is not None and first.batch_id == 7
+
+
+def test_no_batch_opens_beyond_what_may_open_allows_but_the_head() -> None:
+    schedule = Schedule(measured({}), mode="batches")
+    schedule.reset(plan(), 0)
+    work = schedule.peek(0, 2, depth=8, may_open=lambda b: b == 0)
+    assert work is not None and work.batch_id == 0
+    schedule.take(work)
+    assert schedule.peek(0, 2, depth=8, may_open=lambda b: b == 0) is None
+
+
+def test_requeued_work_goes_out_first() -> None:
+    schedule = Schedule(measured({}), mode="batches")
+    schedule.reset(plan(), 0)
+    lost = schedule.peek(0, 2, depth=8, may_open=lambda b: True)
+    assert lost is not None
+    schedule.take(lost)
+    schedule.requeue(lost)
+    again = schedule.peek(0, 2, depth=8, may_open=lambda b: True)
+    assert again is lost and schedule.retrying(again)
+    schedule.take(again)
+    assert drain(schedule) == [(b, None) for b in range(1, 8)]
+
+
+def test_heavy_tailed_costs_switch_auto_to_parts() -> None:
+    rng = np.random.default_rng(0)
+    costs = np.where(rng.random(512) < 0.05, 0.06, 0.001)
+    model = SampleCosts(512)
+    model.observe(list(range(512)), costs.tolist())
+    assert model.tail_ratio() > 8
+    schedule = Schedule(model, mode="auto")
+    schedule.reset(plan(), 0)
+    assert schedule.cutting and all(part is not None for _, part in drain(schedule))
+    assert Schedule(model, mode="auto", splittable=False).cutting is False
+
+
+def test_bad_mode_is_named() -> None:
+    with pytest.raises(ValueError, match="dispatch must be one of"):
+        Schedule(SampleCosts(4), mode="fast")
