@@ -60,6 +60,10 @@ class HeuristicConfig:
     """p99/p50 batch latency above which arrivals count as bursty (prefetch absorbs bursts)."""
     max_prefetch_per_worker: int = 4
     """Most prefetch depth the policy asks for, per worker."""
+    idle_free: float = 0.25
+    """Share of the cores idle, before and during a worker's try while the loop starved, at
+    which the worker counts as free (it waits on reads, not on the CPU) and is kept unless
+    throughput fell."""
     cpu_busy: float = 0.9
     """CPU utilisation above which the device stage is tried before another worker."""
     device_room: float = 0.5
@@ -349,19 +353,24 @@ class HeuristicPolicy:
             return NOOP
         throughput = self._mean("throughput")  # this tick is in: decide() appended it
         change = throughput / probe.throughput - 1 if probe.throughput > 0 else 0.0
+        wait = self._mean("wait_fraction")
+        free = adds and probe.knob == "workers" and self._free(probe, state, wait)
         if len(self._recent) < c.window:
-            clear = len(self._recent) >= c.early and abs(change) >= 2 * c.min_gain
+            clear = len(self._recent) >= c.early and (
+                abs(change) >= 2 * c.min_gain or (free and change > -c.min_gain)
+            )
             if not clear:
                 return NOOP
-        wait = self._mean("wait_fraction")
         if adds and probe.knob == "split":
             # An op moved to the device stage is kept unless throughput fell: it frees the
             # workers' CPU even when it buys nothing yet, and the next op may be the one that
             # pays (bench: flip alone +3%, crop and flip +17% with one worker on 2 cores).
             kept = change > -c.min_gain / 2
         elif adds:
-            kept = change >= c.min_gain or (
-                wait <= probe.wait - c.context_change and change > -c.min_gain
+            kept = (
+                change >= c.min_gain
+                or (wait <= probe.wait - c.context_change and change > -c.min_gain)
+                or (free and change > -c.min_gain)
             )
         else:
             kept = change > -c.min_gain and wait <= max(c.wait_low, probe.wait + c.wait_low)
@@ -376,6 +385,19 @@ class HeuristicPolicy:
             kept_backoff.length, kept_backoff.clipped = 0, False
             return Action(reason=f"kept {summary}")
         return self._fail(probe, summary)
+
+    def _free(self, probe: _Probe, state: State, wait: float) -> bool:
+        """Whether a worker tried while the loop starved with cores idle (slow reads,
+        stragglers) cost no CPU: it then stays unless it measurably hurt, judged after
+        ``early`` ticks, so the pool keeps growing while the loop starves and cores sit idle,
+        however noisy the throughput."""
+        c = self.config
+        idle_share = self._mean("idle_cores") / max(1, state.cores)
+        return (
+            probe.wait > c.wait_high
+            and min(probe.idle_share, idle_share) >= c.idle_free
+            and wait <= probe.wait + c.wait_low
+        )
 
     def _fail(self, probe: _Probe, summary: str) -> Action:
         """Undo a probe and back off from its direction (doubling on each failure)."""
