@@ -60,18 +60,27 @@ def make_jpeg_folder(
     size: tuple[int, int] = (500, 400),
     quality: int = 90,
     seed: int = 0,
+    large: tuple[float, tuple[int, int]] | None = None,
 ) -> Path:
     """Write ``num_images`` JPEGs under ``root/<photo>/`` once; later calls reuse them.
 
+    Args:
+        large: (share, size): that share of the photos, drawn at random, at that size instead
+            (a few multi-megapixel photos among ImageNet-sized ones).
+
     Returns:
-        The dataset folder (``root/jpeg-<n>-<w>x<h>-q<quality>-s<seed>-v1``).
+        The dataset folder (``root/jpeg-<n>-<w>x<h>-q<quality>-s<seed>-v1``, with
+        ``-L<share>-<w>x<h>`` before the version when ``large`` is given).
     """
     if num_images < 1:
         raise ValueError(f"num_images must be >= 1, got {num_images!r}")
+    if large is not None and not 0 < large[0] < 1:
+        raise ValueError(f"large's share must be in (0, 1), got {large[0]!r}")
     skimage_data = require("skimage.data")
     simplejpeg = require("simplejpeg")
+    mixed = "" if large is None else f"-L{large[0]:g}-{large[1][0]}x{large[1][1]}"
     folder = Path(root) / (
-        f"jpeg-{num_images}-{size[0]}x{size[1]}-q{quality}-s{seed}-v{_FORMAT_VERSION}"
+        f"jpeg-{num_images}-{size[0]}x{size[1]}-q{quality}-s{seed}{mixed}-v{_FORMAT_VERSION}"
     )
     done = folder / ".complete"
     if done.exists():
@@ -85,7 +94,8 @@ def make_jpeg_folder(
     for i in range(num_images):
         name = PHOTOS[i % len(PHOTOS)]
         (folder / name).mkdir(parents=True, exist_ok=True)
-        image = _augment(photos[name], size, rng)
+        big = large is not None and rng.random() < large[0]
+        image = _augment(photos[name], large[1] if big and large else size, rng)
         data = simplejpeg.encode_jpeg(image, quality=quality, colorspace="RGB")
         (folder / name / f"{i:06d}.jpg").write_bytes(data)
     done.touch()

@@ -247,7 +247,7 @@ def plan_cases(
         for scenario in config.scenarios:
             for system in here:
                 variants = system_class(system).variants(cores)
-                if system == "dataloader" and config.workers is not None:
+                if system.startswith("dataloader") and config.workers is not None:
                     variants = list(config.workers)
                 if system.startswith("drapps-static") and config.static_workers is not None:
                     variants = list(config.static_workers)

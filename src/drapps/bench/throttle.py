@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import random
 import struct
 import tempfile
 import time
@@ -86,3 +87,52 @@ class IoThrottle:
 
     def __repr__(self) -> str:
         return f"IoThrottle(mb_per_s={self.mb_per_s:g}, latency_ms={self.latency_ms:g})"
+
+
+class TailedReads:
+    """File reads from storage with a heavy-tailed latency: most reads take nothing extra, a
+    ``share`` of them wait ``tail_ms`` times a Pareto draw (shape 1.5, capped at 10x): a cold
+    object store, a busy network filesystem. Reads go through ``throttle`` too when given.
+
+    Picklable; each process draws from its own generator.
+
+    Example:
+        >>> reads = TailedReads(share=0.0)
+        >>> len(reads(__file__)) > 0
+        True
+    """
+
+    def __init__(
+        self, share: float = 0.03, tail_ms: float = 40.0, throttle: IoThrottle | None = None
+    ) -> None:
+        if not 0 <= share <= 1:
+            raise ValueError(f"share must be in [0, 1], got {share!r}")
+        if tail_ms < 0:
+            raise ValueError(f"tail_ms must be >= 0, got {tail_ms!r}")
+        self.share, self.tail_ms, self.throttle = share, tail_ms, throttle
+        self._rng: random.Random | None = None
+        self._pid = 0
+
+    def __getstate__(self) -> dict[str, object]:
+        return {"share": self.share, "tail_ms": self.tail_ms, "throttle": self.throttle}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self._rng, self._pid = None, 0
+
+    def delay_s(self) -> float:
+        """Seconds the next read waits beyond its transfer."""
+        if self._rng is None or self._pid != os.getpid():
+            self._rng, self._pid = random.Random(), os.getpid()  # seeded from os.urandom
+        if self._rng.random() >= self.share:
+            return 0.0
+        return self.tail_ms / 1000 * min(10.0, self._rng.paretovariate(1.5))
+
+    def __call__(self, path: str | os.PathLike[str]) -> bytes:
+        delay = self.delay_s()
+        if delay:
+            time.sleep(delay)
+        if self.throttle is not None:
+            return self.throttle.read(path)
+        with open(path, "rb") as file:
+            return file.read()

@@ -138,7 +138,9 @@ def add_commands(commands: Commands) -> None:
         "DataLoader at 1x-2x the cores, tf.data and drapps; repeats until the verdict is "
         "separated or the time budget ends",
     )
-    bench.add_argument("--workload", type=name_list, help="image, text, synthetic (a,b ok)")
+    bench.add_argument(
+        "--workload", type=name_list, help="image, text, synthetic, stragglers (a,b ok)"
+    )
     bench.add_argument(
         "--scenario",
         type=name_list,

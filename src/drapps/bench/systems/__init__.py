@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from drapps.bench.systems._base import Source, System, Workers
-from drapps.bench.systems.dataloader import DataLoaderSystem
+from drapps.bench.systems.dataloader import DataLoaderSystem, DataLoaderUnorderedSystem
 from drapps.bench.systems.drapps_cache import CACHE_SYSTEMS
 from drapps.bench.systems.drapps_loader import (
     DrappsHeuristic,
@@ -21,6 +21,7 @@ SYSTEMS: Registry[type[System]] = Registry("system")
 """Loading systems by name (``drapps bench --systems``)."""
 _BUILT_IN: tuple[type[System], ...] = (
     DataLoaderSystem,
+    DataLoaderUnorderedSystem,
     TfDataSystem,
     TfDataCacheSystem,
     DrappsStatic,

@@ -1,4 +1,5 @@
-"""``dataloader``: torch.utils.data.DataLoader at every ``num_workers`` from 0 to 2x cores."""
+"""``dataloader``: torch.utils.data.DataLoader at every ``num_workers`` from 0 to 2x cores;
+``dataloader-unordered``: the same with ``in_order=False`` (batches handed over as made)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ class DataLoaderSystem(System):
     def case_name(cls, workers: Workers) -> str:
         return f"dataloader-{workers}"
 
+    in_order = True
+
     def open(
         self,
         workload: Workload,
@@ -44,5 +47,24 @@ class DataLoaderSystem(System):
             generator=torch.Generator().manual_seed(seed),
             # Runs span epochs; re-forking workers every epoch would be an unfair baseline.
             persistent_workers=workers > 0,
+            in_order=self.in_order,
         )
         return EpochSource(loader, lambda: workers)
+
+
+class DataLoaderUnorderedSystem(DataLoaderSystem):
+    name = "dataloader-unordered"
+    summary = (
+        "torch DataLoader with in_order=False (a batch is handed over as soon as it is made, so "
+        "a slow one holds back none behind it), one case per num_workers 1..2x cores"
+    )
+    in_order = False
+    opt_in = True  # runs when named: the straggler comparison, not every bench
+
+    @classmethod
+    def variants(cls, cores: int) -> list[Workers]:
+        return list(range(1, 2 * cores + 1))  # with no workers there is nothing to reorder
+
+    @classmethod
+    def case_name(cls, workers: Workers) -> str:
+        return f"dataloader-unordered-{workers}"
