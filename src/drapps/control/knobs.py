@@ -193,6 +193,20 @@ class PrefetchKnob(StepKnob):
         return depth
 
 
+class LookaheadKnob(StepKnob):
+    """How far past the next batch work may start early: +1 doubles it, -1 halves it (the
+    dispatcher starts predicted-slow work least slack first within it)."""
+
+    name = "lookahead"
+
+    def propose(self, state: State, move: Any, chosen: Mapping[str, Value]) -> Value:
+        value = int(self.current(state))
+        if not self.adjustable or not move:
+            return value
+        stepped = value * 2 if int(move) > 0 else value // 2
+        return min(self.high, max(self.low, stepped))
+
+
 class SplitKnob(StepKnob):
     """Where a Pipeline is cut: -1 moves one more op into the device stage (after the reorder
     buffer, batched, on the training side), +1 moves one back into the workers."""

@@ -79,6 +79,12 @@ class State:
     pipeline has a ``split`` knob; None otherwise."""
     codec: str | None = None
     """Codec of the sample cache, when the pipeline has a ``codec`` knob; None otherwise."""
+    lookahead: int | None = None
+    """Batches past the next one whose work may start early, when the pipeline has a
+    ``lookahead`` knob (a worker pool that schedules work); None otherwise."""
+    sample_tail: float = 1.0
+    """p99 over median of the recent per-sample costs (1.0 where not measured): above about
+    8, a few slow samples hold whole batches unless they are cut into parts."""
     device_stage_s: float = 0.0
     """Mean seconds the device stage spent per batch over the interval (moving it to the
     device and running the ops after the split; 0 without a device stage)."""
@@ -202,4 +208,5 @@ _KNOB_FIELDS = {
     "prefetch": "prefetch",
     "split": "split",
     "codec": "codec",
+    "lookahead": "lookahead",
 }

@@ -12,7 +12,7 @@ from multiprocessing.context import BaseContext
 from typing import Any
 
 from drapps.control.controller import Bounds, default_knobs
-from drapps.control.knobs import Knob, PriorityKnob
+from drapps.control.knobs import Knob, LookaheadKnob, PriorityKnob
 from drapps.engines.base import Engine, EngineBatch, EpochJob, Limits
 from drapps.runtime.dispatcher import Dispatcher
 from drapps.runtime.errors import SampleError
@@ -20,6 +20,9 @@ from drapps.runtime.pool import WorkerPool
 from drapps.runtime.reorder import Entry
 from drapps.runtime.stats import PipelineSnapshot
 from drapps.runtime.worker import BatchRecipe
+
+LOOKAHEAD_MAX = 64
+"""The most batches past the next one the controller may let work start on."""
 
 
 class PoolEngine(Engine):
@@ -64,6 +67,7 @@ class PoolEngine(Engine):
         lookahead: int | None = None,
     ) -> None:
         self._limits = limits
+        self._lookahead_auto = lookahead is None
         self._any_order = not in_order
         self._generation = 0
         self.dispatcher = Dispatcher(
@@ -125,6 +129,11 @@ class PoolEngine(Engine):
         # Worker processes can yield the CPU to the training process; Ray actors cannot.
         if bounds.adjust_workers and self.dispatcher.set_priority("normal"):
             knobs.append(PriorityKnob(self.dispatcher.set_priority))
+        adjustable = bounds.adjust_prefetch and self._lookahead_auto
+        high = max(LOOKAHEAD_MAX, 2 * bounds.max_prefetch)
+        knobs.append(
+            LookaheadKnob(self.dispatcher.set_lookahead, low=1, high=high, adjustable=adjustable)
+        )
         return knobs
 
     def snapshot(self, samples: int) -> PipelineSnapshot:
