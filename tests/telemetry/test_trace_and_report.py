@@ -206,3 +206,18 @@ def test_a_run_too_short_to_judge_says_so() -> None:
     text = bottleneck_report(rows_of_a_run()[:2])
     assert text.startswith("Only 2 tick(s) of telemetry (1.0 s of loading): too short")
     assert "Throughput" not in text
+
+
+def test_report_counts_stragglers_and_says_what_the_dispatcher_did() -> None:
+    costs = {"observed": 1000, "slow_samples": 30, "slow_excess_s": 1.5, "median_ms": 2.0,
+             "slow_batches": 25}  # fmt: skip
+    cut = bottleneck_report(rows_of_a_run(), {"sample_costs": costs, "batches": 100,
+                                               "cut_batches": 80, "workers": 2})  # fmt: skip
+    assert "Stragglers: 3.0% of samples took over 8x the median (2.0 ms), 52 ms" in cut
+    assert "25 of 100 batches (25%) held one, each adding 50 ms" in cut
+    assert "80 batches were cut into parts" in cut
+    whole = bottleneck_report(rows_of_a_run(), {"sample_costs": costs, "batches": 100,
+                                                 "workers": 2})  # fmt: skip
+    assert "dispatch='samples' cuts them" in whole
+    none = bottleneck_report(rows_of_a_run(), {"sample_costs": {**costs, "slow_samples": 0}})
+    assert "Stragglers" not in none

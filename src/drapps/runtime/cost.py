@@ -25,6 +25,8 @@ import numpy as np
 _WINDOW = 512  # recent costs the median and the tail are read from
 _WARMUP = 256  # samples before the learned model may be chosen
 _ERROR_DECAY = 0.02  # weight of each new sample in the running errors
+SLOW = 8.0
+"""A sample that costs this many times the running median counts as slow (a straggler)."""
 _HIDDEN = 8
 _LEARNING_RATE = 0.05
 
@@ -85,6 +87,10 @@ class SampleCosts:
         """Running mean absolute error of each model, in log(cost) (0.69: off by 2x)."""
         self.model_s = 0.0
         """Seconds spent predicting and learning (the predictor's own cost)."""
+        self.slow = 0
+        """Samples measured at :data:`SLOW` times the median or more."""
+        self.slow_excess_s = 0.0
+        """Seconds those samples took beyond the median."""
         self.predicted = 0
 
     # ------------------------------------------------------------------------------ reading
@@ -141,14 +147,17 @@ class SampleCosts:
             "model_us_per_sample": round(1e6 * self.model_s / max(1, self._count), 3),
             "median_ms": round(1e3 * self._median, 4),
             "tail_ratio": round(self.tail_ratio(), 2),
+            "slow_samples": self.slow,
+            "slow_excess_s": round(self.slow_excess_s, 3),
         }
 
     # ------------------------------------------------------------------------------ learning
 
-    def observe(self, indices: Sequence[Any], seconds: Sequence[float]) -> None:
-        """Learn from the measured ``seconds`` of ``indices`` (one batch or part)."""
+    def observe(self, indices: Sequence[Any], seconds: Sequence[float]) -> bool:
+        """Learn from the measured ``seconds`` of ``indices`` (one batch or part); returns
+        whether one of them was slow (see :data:`SLOW`)."""
         if not len(indices):
-            return
+            return False
         start = time.perf_counter()
         cost = np.maximum(np.asarray(seconds, dtype=np.float64), 1e-6)
         slots = self._slots(indices)
@@ -162,6 +171,9 @@ class SampleCosts:
                 err = float(np.abs(predicted - actual).mean())
                 self.errors[name] += w * (err - self.errors[name])
             self._mlp.learn(learned_x, actual - math.log(self._median))
+        slow = cost[cost >= SLOW * self._median] if self._count >= _WARMUP else cost[:0]
+        self.slow += len(slow)
+        self.slow_excess_s += float((slow - self._median).sum())
         for value in cost:
             self._recent[self._count % _WINDOW] = value
             self._count += 1
@@ -170,6 +182,7 @@ class SampleCosts:
         window = self._recent[: min(self._count, _WINDOW)]
         self._median = float(np.median(window))
         self.model_s += time.perf_counter() - start
+        return len(slow) > 0
 
     # ------------------------------------------------------------------------------ internals
 

@@ -132,6 +132,7 @@ class Dispatcher:
         self._in_flight: dict[tuple[int, int | None], Worker] = {}
         self._open: set[int] = set()  # batches started and not yet in the buffer
         self._partial: dict[int, PartialBatch] = {}
+        self._slow_batches = 0  # batches that held a slow sample
         self._batch_bytes = 0
         self._live_bytes = 0
         self._bytes_lock = threading.Lock()
@@ -504,13 +505,16 @@ class Dispatcher:
         current = generation == self._generation_now
         if current and self._in_flight.get((batch_id, part)) is worker:
             del self._in_flight[batch_id, part]
-        if kind == "ok" and task is not None and reply[6]:
-            self.costs.observe(task.indices, reply[6])
+        slow = kind == "ok" and task is not None and self.costs.observe(task.indices, reply[6])
         if part is not None:
+            partial = self._partial.get(batch_id)
+            if slow and partial is not None:
+                partial.slow = True
             self._on_part(worker, reply, current, task)
             return
         if task is not None:
             self.latencies.append((now, now - task.assigned_at))
+        self._slow_batches += slow
         split = task.split if task is not None else self._split
         if kind == "err":
             entry = Entry(error=reply[3])
@@ -567,6 +571,7 @@ class Dispatcher:
     def _assemble(self, generation: int, batch_id: int, partial: PartialBatch) -> None:
         """Collate a batch whose parts are all here, in plan order, and deliver it."""
         del self._partial[batch_id]
+        self._slow_batches += partial.slow
         start = time.monotonic()
         entry = partial.outcome(
             lambda samples, indices: collate_samples(self._recipe, samples, partial.split, indices)
@@ -740,7 +745,7 @@ class Dispatcher:
             shared_bytes=int(counters["shared_bytes"]),
             cut_batches=self.schedule.cut_batches,
             lookahead=self.schedule.lookahead_for(self.prefetch_depth),
-            sample_costs=self.costs.report(),
+            sample_costs={**self.costs.report(), "slow_batches": self._slow_batches},
         )
 
 

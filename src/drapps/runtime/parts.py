@@ -32,6 +32,8 @@ class PartialBatch:
     errors: dict[int, BaseException] = field(default_factory=dict)
     received: set[int] = field(default_factory=set)
     nbytes: int = 0
+    slow: bool = False
+    """One of its samples was slow (see :data:`drapps.runtime.cost.SLOW`)."""
 
     def has(self, part: int) -> bool:
         return part in self.received

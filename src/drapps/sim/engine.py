@@ -130,8 +130,12 @@ class Simulator:
         self._workers: list[_Worker] = []
         self._target = 0
         self._prefetch = prefetch
-        self._tasks: deque[int] = deque()
+        self._tasks: list[tuple[float, int, int, float]] = []  # (key, seq, batch, share)
         self._in_flight: dict[int, float] = {}  # batch id -> dispatch time
+        self._parts: dict[int, list[tuple[float, bool]]] = {}  # drawn: (share, known slow)
+        self._parts_left: dict[int, int] = {}  # batch id -> parts not made yet
+        self._early: set[int] = set()  # batches past the frontier whose slow parts started
+        self._lookahead: int | None = None
         self._ready: dict[int, float] = {}  # batch id -> arrival time
         self._next_dispatch = 0
         self._next_consume = 0
@@ -180,6 +184,18 @@ class Simulator:
 
     def batch_bytes(self) -> int:
         return self.pipeline.batch_bytes if self._seen_batch else 0
+
+    def set_lookahead(self, lookahead: int | None) -> None:
+        """Batches past the next one whose predicted-slow parts may start early (None: twice
+        the prefetch depth)."""
+        if lookahead is not None and lookahead < 1:
+            raise ValueError(f"lookahead must be >= 1, got {lookahead}")
+        self._lookahead = lookahead
+        self._dispatch()
+
+    @property
+    def lookahead(self) -> int:
+        return self._lookahead if self._lookahead is not None else 2 * self.prefetch
 
     def set_split(self, split: int) -> None:
         """Batches dispatched from now on run ``device_ops[:split]`` in the workers and the
@@ -267,6 +283,8 @@ class Simulator:
             max_workers=p.worker_limit,
             prefetch=self.prefetch,
             split=self._split if p.device_ops else None,
+            lookahead=None if self._inline else self.lookahead,
+            sample_tail=p.sample_tail,
             device_stage_s=i.device_s / i.device_batches if i.device_batches else 0.0,
             device_stage_share=min(1.0, i.device_s / dt),
             **self._cache_state(),
@@ -443,27 +461,93 @@ class Simulator:
             batch = self._next_dispatch
             self._next_dispatch += 1
             self._in_flight[batch] = self.now
-            self._tasks.append(batch)
             self.totals.dispatched += 1
+            early = batch in self._early
+            self._early.discard(batch)
+            for share, known in self._composition(batch):
+                if not (early and known):  # a slow part started early is on its way
+                    self._enqueue(batch, share, known)
+            if self._parts_left[batch] == 0:  # every part was made early
+                self._made(batch)
+        if p.cuts:
+            # Predicted-slow parts of later batches within the lookahead start early, least
+            # slack first (their memory is left out: one sample each).
+            end = self._next_consume + self.lookahead
+            for batch in range(self._next_dispatch, end):
+                if batch in self._early:
+                    continue
+                self._early.add(batch)
+                for share, known in self._composition(batch):
+                    if known:
+                        self._enqueue(batch, share, known)
         for worker in self._workers:
             if not self._tasks:
                 break
             if worker.started and not worker.busy and not worker.parked:
                 self._work(worker)
 
+    def _composition(self, batch: int) -> list[tuple[float, bool]]:
+        """Batch ``batch``'s tasks, drawn once: (share of a mean batch's work, whether it is
+        one predicted-slow sample). Whole batches are one task; cut ones two per worker."""
+        parts = self._parts.get(batch)
+        if parts is not None:
+            return parts
+        p = self.pipeline
+        n = p.batch_size
+        whole, unit, slow = self._whole_share()
+        known = int(self._rng.binomial(slow, p.slow_known)) if slow else 0
+        if not p.cuts:
+            parts = [(whole, False)]
+        else:
+            count = max(2, min(n, 2 * max(1, self._target)))
+            parts = [(unit * p.slow_factor, True)] * min(known, count - 1)
+            rest = n - len(parts)
+            groups = min(rest, count - len(parts))
+            sizes = [rest // groups + (g < rest % groups) for g in range(groups)]
+            unknown = slow - len(parts)
+            hits = np.bincount(self._rng.integers(0, groups, unknown), minlength=groups)
+            parts += [
+                (unit * (size + (p.slow_factor - 1) * int(hit)), False)
+                for size, hit in zip(sizes, hits, strict=True)
+            ]
+        self._parts[batch] = parts
+        self._parts_left[batch] = len(parts)
+        return parts
+
+    def _whole_share(self) -> tuple[float, float, int]:
+        """A batch's work as a share of the mean batch's (its slow samples drawn), one
+        typical sample's share, and how many slow samples it holds."""
+        p = self.pipeline
+        n = p.batch_size
+        unit = 1.0 / (n * (1 - p.slow_share + p.slow_share * p.slow_factor))
+        slow = int(self._rng.binomial(n, p.slow_share)) if p.slow_share > 0 else 0
+        return unit * (n - slow + slow * p.slow_factor), unit, slow
+
+    def _enqueue(self, batch: int, share: float, known: bool) -> None:
+        """Least slack first: a task due ``k`` batches on may wait ``k`` batch intervals less
+        its predicted cost (whole batches: plan order)."""
+        if self.pipeline.cuts:
+            predicted = share if known else 1.0 / max(1, len(self._parts[batch]))
+            key = batch / max(1, self._target) - predicted
+        else:
+            key = float(batch)
+        heapq.heappush(self._tasks, (key, next(self._seq), batch, share))
+
     def _work(self, worker: _Worker) -> None:
         if not self._tasks or worker.busy:
             return
-        batch = self._tasks.popleft()
+        _, _, batch, share = heapq.heappop(self._tasks)
         worker.busy = True
-        self._made_with[batch] = self._split
-        self._make_batch("worker", lambda: self._arrived(worker, batch), self._split)
+        self._made_with.setdefault(batch, self._split)
+        self._make_batch(
+            "worker", lambda: self._arrived(worker, batch), self._made_with[batch], share
+        )
 
-    def _make_batch(self, owner: str, done: _Callback, split: int) -> None:
+    def _make_batch(self, owner: str, done: _Callback, split: int, share: float = 1.0) -> None:
         """Read (latency, then bytes through the shared disk), then the CPU work (the fixed
-        part and the movable ops before ``split``)."""
+        part and the movable ops before ``split``); ``share``: of a mean batch's work."""
         p, f = self.pipeline, self._factors
-        cost = self._draw(p.cost_cv)
+        cost = self._draw(p.cost_cv) * share
         cpu_s = p.cpu_s + sum(worker_s for worker_s, _ in p.device_ops[:split])
         read = 1.0
         if self._cache is not None and p.cache is not None:
@@ -487,15 +571,22 @@ class Simulator:
 
     def _arrived(self, worker: _Worker, batch: int) -> None:
         worker.busy = False
-        self._seen_batch = True
-        dispatched = self._in_flight.pop(batch)
-        self._ready[batch] = self.now
-        self.totals.arrived += 1
-        self._interval.latencies.append(self.now - dispatched)
+        self._parts_left[batch] -= 1
+        if self._parts_left[batch] == 0 and batch in self._in_flight:
+            self._made(batch)
         if worker.parked:
             self._workers.remove(worker)
         else:
             self._work(worker)
+
+    def _made(self, batch: int) -> None:
+        """Every task of ``batch`` is done: it is ready."""
+        self._seen_batch = True
+        dispatched = self._in_flight.pop(batch)
+        del self._parts[batch], self._parts_left[batch]
+        self._ready[batch] = self.now
+        self.totals.arrived += 1
+        self._interval.latencies.append(self.now - dispatched)
         if self._waiting and batch == self._next_consume:
             self._consume()
 
@@ -514,7 +605,7 @@ class Simulator:
                 self._take(None)
 
             self._made_with[-1] = self._split
-            self._make_batch("main", made, self._split)
+            self._make_batch("main", made, self._split, self._whole_share()[0])
             return
         batch = self._next_consume
         if batch not in self._ready:

@@ -217,3 +217,21 @@ def device_offload(rng: np.random.Generator, duration: float) -> Scenario:
         (p.cpu_s * rng.uniform(0.1, 0.25), p.step_s * rng.uniform(0.02, 0.1)) for _ in range(3)
     )
     return _hogged(rng, p.replace(gpu=True, device_ops=ops), duration, (0.25, 0.5))
+
+
+@register_family("stragglers", held_out=True)
+def stragglers(rng: np.random.Generator, duration: float) -> Scenario:
+    """A few samples cost 10-60x the rest (multi-megapixel photos, reads from cold storage),
+    some predictable and some not; the loader cuts batches into parts (dispatch "auto"), and
+    part of the slow work waits on storage rather than the CPU."""
+    p = _machine(rng)
+    read_s = p.cpu_s * rng.uniform(0.0, 1.5)
+    return Scenario(
+        p.replace(
+            read_s=read_s,
+            slow_share=rng.uniform(0.01, 0.06),
+            slow_factor=_log_uniform(rng, 10, 60),
+            slow_known=rng.uniform(0.0, 1.0),
+            dispatch="auto",
+        )
+    )

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from drapps.control.controller import Bounds, Controller, Tick
-from drapps.control.knobs import CodecKnob, Knob, SplitKnob
+from drapps.control.knobs import CodecKnob, Knob, LookaheadKnob, SplitKnob
 from drapps.control.policy import Policy, make_policy
 from drapps.control.reward import RewardWeights
 from drapps.sim.engine import Simulator
@@ -160,6 +160,7 @@ def simulate(
         knobs=[
             *split_knobs(sim, adjustable=controlled and move_split),
             *codec_knobs(sim, adjustable=controlled and move_codec),
+            *lookahead_knobs(sim, adjustable=controlled),
         ],
     )
     ticks = []
@@ -187,6 +188,14 @@ def split_knobs(sim: Simulator, *, adjustable: bool) -> list[Knob]:
     if not movable:
         return []
     return [SplitKnob(sim.set_split, low=0, high=movable, adjustable=adjustable)]
+
+
+def lookahead_knobs(sim: Simulator, *, adjustable: bool) -> list[Knob]:
+    """The lookahead knob of a simulated pool that cuts batches into parts (none otherwise)."""
+    if not sim.pipeline.cuts or sim.workers == 0:
+        return []
+    high = max(64, 8 * sim.pipeline.worker_limit)
+    return [LookaheadKnob(sim.set_lookahead, low=1, high=high, adjustable=adjustable)]
 
 
 def codec_knobs(sim: Simulator, *, adjustable: bool) -> list[Knob]:

@@ -76,6 +76,19 @@ class PipelineModel:
     """Upper bound on workers (0: twice the cores, as ``drapps.Loader`` does)."""
     cache: CacheModel | None = None
     """A sample cache in front of the workers' work (None: none; see :mod:`drapps.sim.cache`)."""
+    slow_share: float = 0.0
+    """Share of samples that are slow (a multi-megapixel photo, a read that hits cold
+    storage); a batch's cost is its samples' costs, so one slow sample makes a slow batch."""
+    slow_factor: float = 1.0
+    """A slow sample's cost as a multiple of a typical one's (``cpu_s`` and ``read_s`` stay the
+    mean batch cost)."""
+    slow_known: float = 1.0
+    """Share of the slow samples the loader predicts before making them (the same file is
+    slow every epoch); the rest are slow at random (tail reads)."""
+    dispatch: str = "batches"
+    """As ``drapps.Loader(dispatch=...)``: "batches" (a batch is one task), "samples" (cut
+    into two parts per worker, predicted-slow samples alone, started least slack first over
+    the lookahead) or "auto" (cut when slow samples cost over 8x a typical one)."""
 
     def __post_init__(self) -> None:
         _check_int(self, "cores", 1)
@@ -122,6 +135,18 @@ class PipelineModel:
                 f"PipelineModel.split must be None or an int in [0, {len(self.device_ops)}], "
                 f"got {self.split!r}"
             )
+        if not (0 <= self.slow_share < 1 and 0 <= self.slow_known <= 1):
+            raise ValueError(
+                "PipelineModel.slow_share must be in [0, 1) and slow_known in [0, 1], got "
+                f"{self.slow_share!r}, {self.slow_known!r}"
+            )
+        if not (isinstance(self.slow_factor, int | float) and 1 <= self.slow_factor < math.inf):
+            raise ValueError(f"PipelineModel.slow_factor must be >= 1, got {self.slow_factor!r}")
+        if self.dispatch not in ("batches", "samples", "auto"):
+            raise ValueError(
+                f"PipelineModel.dispatch must be 'batches', 'samples' or 'auto', "
+                f"got {self.dispatch!r}"
+            )
         if self.step_s + self.step_cpu_s <= 0:
             raise ValueError("a training step must take time: step_s + step_cpu_s must be > 0")
         if self.cpu_s + self.read_s + self.read_bytes <= 0:
@@ -130,6 +155,17 @@ class PipelineModel:
     @property
     def start_split(self) -> int:
         return len(self.device_ops) if self.split is None else self.split
+
+    @property
+    def cuts(self) -> bool:
+        """Whether batches are cut into parts (see ``dispatch``)."""
+        heavy = self.slow_share >= 0.01 and self.slow_factor >= 8
+        return self.dispatch == "samples" or (self.dispatch == "auto" and heavy)
+
+    @property
+    def sample_tail(self) -> float:
+        """p99 over median of the per-sample cost (what the loader's predictor reports)."""
+        return float(self.slow_factor) if self.slow_share >= 0.01 else 1.0
 
     @property
     def worker_limit(self) -> int:

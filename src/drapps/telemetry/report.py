@@ -6,6 +6,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
+from drapps.runtime.cost import SLOW
 from drapps.telemetry.trace import TraceRow
 
 _STAGES = ("fetch_s", "transform_s", "collate_s", "transport_s")
@@ -159,6 +160,7 @@ def bottleneck_report(
         lines.append(f"GPU: {statistics.fmean(gpu):.0%} utilised on average{watts}.")
     lines += _device_stage_story(states)
     lines += _cache_story(states, (stats or {}).get("cache"))
+    lines += _straggler_story(stats or {})
     if stats:
         faults = [
             f"{stats[k]} {label}"
@@ -185,6 +187,35 @@ def bottleneck_report(
             )
         )
     return "\n".join(lines)
+
+
+def _straggler_story(stats: dict[str, Any]) -> list[str]:
+    """How many samples were slow, how many batches held one, and what the dispatcher did."""
+    costs = stats.get("sample_costs") or {}
+    slow, observed = int(costs.get("slow_samples", 0)), int(costs.get("observed", 0))
+    if not slow or not observed:
+        return []
+    batches = max(1, int(stats.get("batches", 0)))
+    held = int(costs.get("slow_batches", 0))
+    median = float(costs.get("median_ms", 0.0))
+    excess = 1000 * float(costs.get("slow_excess_s", 0.0)) / slow
+    line = (
+        f"Stragglers: {slow / observed:.1%} of samples took over {SLOW:g}x the median "
+        f"({median:.1f} ms), {excess + median:.0f} ms on average; {held} of {batches} batches "
+        f"({held / batches:.0%}) held one, each adding {excess:.0f} ms of work to its batch."
+    )
+    cut = int(stats.get("cut_batches", 0))
+    if cut:
+        line += (
+            f" {cut} batches were cut into parts made by several workers, so a slow sample "
+            "held only its part."
+        )
+    elif stats.get("workers", 0):
+        line += (
+            " Batches were made whole; dispatch='samples' cuts them into parts so a slow "
+            "sample holds only its part."
+        )
+    return [line]
 
 
 def _device_stage_story(states: list[Any]) -> list[str]:
