@@ -49,7 +49,7 @@ from drapps.runtime.sampling import (
     stream_length,
 )
 from drapps.runtime.stats import LoaderStats, PipelineSnapshot
-from drapps.runtime.worker import BatchRecipe
+from drapps.runtime.worker import BatchRecipe, splittable
 
 
 class _DataLoaderAttributes:
@@ -102,8 +102,8 @@ class Loader(_DataLoaderAttributes):
             replaced and the batch retried (0 or None: no limit).
         seed, transform, split, device, workers, max_workers, prefetch, memory_budget,
             on_error, max_attempts, policy, min_workers, control_interval, trace, progress,
-            dispatch, lookahead, shard_by_rank: drapps' own settings, each documented once,
-            on the field of the same name of :class:`drapps.LoaderConfig`.
+            dispatch, lookahead, defer_after, shard_by_rank: drapps' own settings, each
+            documented once, on the field of the same name of :class:`drapps.LoaderConfig`.
         cache: keep each sample as the deterministic start of the pipeline leaves it
             (``dataset[i]`` and a Pipeline's ops before its first random one) in shared
             memory and on disk, and read it back in later epochs instead of remaking it: a
@@ -181,6 +181,7 @@ class Loader(_DataLoaderAttributes):
         progress: bool = False,
         dispatch: Literal["auto", "batches", "samples"] = "auto",
         lookahead: int | Literal["auto"] = "auto",
+        defer_after: float | None = None,
         shard_by_rank: bool = True,
         source: str | Source | None = None,
     ) -> None:
@@ -399,6 +400,12 @@ def _choose_engine(
             recipe, c.batch_size, c.drop_last, limits, finish, split=first_split
         )
         return engine, c
+    if c.defer_after is not None and (iterable or not splittable(recipe)):
+        what = "an iterable dataset" if iterable else "a collate_fn of its own"
+        raise ValueError(
+            f"defer_after needs a map-style dataset whose batches torch's default_collate "
+            f"makes (it fills them from samples), got {what}"
+        )
     if iterable:
         engine = StreamEngine(
             recipe,
@@ -440,5 +447,6 @@ def _choose_engine(
         round_robin=c.workers != "auto",
         dispatch=c.dispatch,
         lookahead=None if c.lookahead == "auto" else c.lookahead,
+        defer_after=c.defer_after,
     )
     return engine, c

@@ -109,6 +109,8 @@ MAP_MODES = {
     "parts": ({"workers": 2, "dispatch": "samples"}, kill_a_worker),
     "parts-auto": ({"workers": "auto", "dispatch": "samples"}, kill_a_worker),
     "parts-threads": ({"workers": 2, "dispatch": "samples", "backend": ThreadBackend()}, None),
+    # Batches filled from made samples; with nothing slow for 30 s, the planned ones.
+    "fill": ({"workers": 2, "defer_after": 30.0}, kill_a_worker),
 }
 
 

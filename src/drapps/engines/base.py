@@ -52,6 +52,11 @@ class EngineBatch:
     batch_id: int | None = None
     """The batch's id in its epoch when the engine may hand batches over out of order (a
     loader with ``in_order=False``); None: the next in order."""
+    keys: list[Any] | None = None
+    """The dataset keys the batch holds where they are not its planned batch's (a batch
+    filled from made samples, ``defer_after``); None: the plan's."""
+    places: list[tuple[int, int]] | None = None
+    """Those samples' places in the plan: (batch id, position)."""
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,8 @@ class Positioned(Protocol):
 
     def undelivered(self) -> list[int] | None: ...
 
+    def owed(self) -> list[list[Any]] | None: ...
+
 
 class EpochCursor:
     """The epoch and batch the next ``iter(loader)`` starts from.
@@ -209,9 +211,10 @@ class EpochCursor:
             active = self._active()
             plan: EpochPlan | None = None
             remaining: list[int] | None = None
+            owed: list[list[Any]] | None = None
             if active is not None and not active.finished:
                 epoch, next_batch = active.epoch, active.position
-                plan, remaining = active.plan, active.undelivered()
+                plan, remaining, owed = active.plan, active.undelivered(), active.owed()
             elif self._pending is not None:
                 plan = self._pending
                 epoch, next_batch = plan.epoch, plan.first
@@ -228,13 +231,17 @@ class EpochCursor:
             "shuffle": shuffle,
             "drop_last": drop_last,
         }
-        if plan is not None and (
+        if owed is not None and plan is not None:
+            # Batches filled from made samples: the samples still owed, in plan order.
+            state["seed"] = plan.seed
+            state["batches"] = [[plain_key(key) for key in batch] for batch in owed]
+        elif plan is not None and (
             isinstance(plan, SampledPlan) or self._seed is None or remaining is not None
         ):
             # The batches still owed, in plan order (some past next_batch may be delivered).
-            owed = remaining if remaining is not None else range(next_batch, len(plan))
+            ids = remaining if remaining is not None else range(next_batch, len(plan))
             state["seed"] = plan.seed
-            state["batches"] = [[plain_key(key) for key in plan.batch(b)] for b in owed]
+            state["batches"] = [[plain_key(key) for key in plan.batch(b)] for b in ids]
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

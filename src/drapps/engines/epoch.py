@@ -96,6 +96,11 @@ class Epoch:
         self._ahead: _Ahead | None = None
         self._ended = False
         self._out_of_order: set[int] = set()  # ids past position delivered ahead of it
+        self._places: set[tuple[int, int]] | None = None  # delivered, when batches are filled
+        self.delivered_keys: list[list[Any]] = []
+        """The dataset keys of each batch this epoch delivered, in order, where batches are
+        filled from made samples (``defer_after``): passed as a ``batch_sampler`` (with the
+        same ``seed``, and ``set_epoch``), they replay this epoch bit for bit."""
         if not self.finished:
             engine.start_epoch(job)
         if job.plan is None:  # a resumed stream replays its first batches and drops them
@@ -174,9 +179,14 @@ class Epoch:
         if made.batch_id is not None:  # handed over as made (in_order=False)
             batch_id = made.batch_id
         self._advance(batch_id)
+        indices = plan.batch(batch_id)
+        if made.places is not None:
+            self._places = self._places or set()
+            self._places.update(made.places)
+            indices = made.keys if made.keys is not None else indices
+            self.delivered_keys.append(list(indices))
         if made.error is not None:
             raise made.error
-        indices = plan.batch(batch_id)
         try:
             if ahead is not None:
                 batch = self._collect(ahead)
@@ -198,7 +208,8 @@ class Epoch:
             return
         batch_id = made.batch_id if made.batch_id is not None else self.position
         if made.error is None and made.batch is not None and not stage.idle(made.split):
-            seeds = self._seeds(plan.batch(batch_id), made.skipped)
+            keys = made.keys if made.keys is not None else plan.batch(batch_id)
+            seeds = self._seeds(keys, made.skipped)
             staged = stage.ahead(made.batch, seeds, made.split)
         else:  # an error to raise, or nothing to stage: handed over as it is
             staged = Future()
@@ -246,6 +257,26 @@ class Epoch:
                 self.position += 1
         if self.position >= len(self.plan):
             self.finished = True
+
+    def owed(self) -> list[list[Any]] | None:
+        """The keys still owed, in plan order and cut to the remaining batches' sizes, where
+        batches are filled from made samples (their samples are not the plan's batches');
+        None otherwise."""
+        if self._places is None or self.plan is None:
+            return None
+        plan, delivered = self.plan, self._places
+        keys = [
+            key
+            for b in range(self._job.start, len(plan))
+            for p, key in enumerate(plan.batch(b))
+            if (b, p) not in delivered
+        ]
+        sizes = [len(plan.batch(b)) for b in range(self.position, len(plan))]
+        owed, start = [], 0
+        for size in sizes:
+            owed.append(keys[start : start + size])
+            start += size
+        return owed
 
     def undelivered(self) -> list[int] | None:
         """The ids from ``position`` on not delivered yet, when some past it were delivered

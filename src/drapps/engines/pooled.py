@@ -40,7 +40,8 @@ class PoolEngine(Engine):
             does); False: to the least loaded worker (``workers="auto"``).
         in_order: hand batches over in plan order (False: as they are made, lowest id first,
             as DataLoader's ``in_order=False``).
-        dispatch, lookahead: how work is cut and how far ahead it starts (see
+        dispatch, lookahead, defer_after: how work is cut, how far ahead it starts, and
+            whether batches are filled from made samples (see
             :class:`~drapps.runtime.dispatcher.Dispatcher`).
     """
 
@@ -65,6 +66,7 @@ class PoolEngine(Engine):
         round_robin: bool = False,
         dispatch: str = "auto",
         lookahead: int | None = None,
+        defer_after: float | None = None,
     ) -> None:
         self._limits = limits
         self._lookahead_auto = lookahead is None
@@ -85,6 +87,7 @@ class PoolEngine(Engine):
             round_robin=round_robin,
             dispatch=dispatch,
             lookahead=lookahead,
+            defer_after=defer_after,
         )
 
     @property
@@ -153,4 +156,6 @@ def _made(entry: Entry, any_order: bool) -> EngineBatch:
     if isinstance(error, SampleError) and error.detail and not noted:
         error.add_note(f"worker traceback:\n{error.detail}")  # type: ignore[attr-defined]
     batch_id = entry.batch_id if any_order else None
-    return EngineBatch(entry.batch, entry.skipped, entry.split, error, batch_id)
+    return EngineBatch(
+        entry.batch, entry.skipped, entry.split, error, batch_id, entry.keys, entry.places
+    )

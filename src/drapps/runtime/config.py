@@ -163,6 +163,14 @@ class LoaderConfig:
     """Batches past the next one whose work may start early, slowest predicted first (bounded
     by ``prefetch`` and the memory budget); "auto": twice the prefetch depth, which the
     controller may change."""
+    defer_after: float | None = None
+    """Fill batches from the samples that are made (MinatoLoader's trade): seconds the training
+    loop may wait for a batch's own samples before samples made for later batches fill it and
+    the late ones join a later batch. Every sample still comes exactly once per epoch and
+    ``state_dict`` resumes exactly, but which samples form batch ``b`` is no longer fixed by
+    the seed; each epoch iterator's ``delivered_keys`` records them, to replay the epoch as
+    a ``batch_sampler``. None (the default): batches as planned. Needs worker processes,
+    torch's ``default_collate``, ``in_order=True`` and a fixed split."""
     shard_by_rank: bool = True
     """Under ``torch.distributed`` without a distributed sampler, give each rank its own shard
     (as ``DistributedSampler`` would) instead of the whole dataset."""
@@ -202,6 +210,8 @@ class LoaderConfig:
             raise ValueError(f"prefetch must be 'auto' or an int >= 1, got {self.prefetch!r}")
         if self.lookahead != "auto" and (not _is_int(self.lookahead) or self.lookahead < 1):
             raise ValueError(f"lookahead must be 'auto' or an int >= 1, got {self.lookahead!r}")
+        if self.defer_after is not None:
+            self._check_defer()
         if self.dispatch not in ("auto", "batches", "samples"):
             raise ValueError(
                 f"dispatch must be 'auto', 'batches' or 'samples', got {self.dispatch!r}"
@@ -269,6 +279,19 @@ class LoaderConfig:
                 "multiprocessing_context can only be used with multi-process loading "
                 f"(num_workers > 0), but got num_workers=0 and multiprocessing_context={context!r}"
             )
+
+    def _check_defer(self) -> None:
+        value = self.defer_after
+        if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+            raise ValueError(f"defer_after must be None or a number >= 0, got {value!r}")
+        for wrong, why in (
+            (self.workers == 0, "worker processes (workers > 0 or 'auto')"),
+            (not self.in_order, "in_order=True (batches are filled in order)"),
+            (self.split == "auto", "a fixed split (not split='auto')"),
+            (self.batch_size is None, "a batch_size (batches to fill)"),
+        ):
+            if wrong:
+                raise ValueError(f"defer_after={value!r} needs {why}")
 
     @classmethod
     def of(cls, arguments: dict[str, Any], **resolved: Any) -> LoaderConfig:

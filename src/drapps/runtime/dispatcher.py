@@ -22,7 +22,8 @@ from typing import Any
 
 from drapps.runtime.cost import SampleCosts
 from drapps.runtime.errors import WorkerTimeoutError, sample_path
-from drapps.runtime.parts import PartialBatch, on_free
+from drapps.runtime.fill import Filled, ReadyFill
+from drapps.runtime.parts import PartialBatch, largest_tensor, on_free
 from drapps.runtime.plan import EpochPlan
 from drapps.runtime.pool import Reply, Task, Worker, WorkerPool
 from drapps.runtime.process_pool import ProcessPool
@@ -72,6 +73,7 @@ class Dispatcher:
         round_robin: bool = False,
         dispatch: str = "auto",
         lookahead: int | None = None,
+        defer_after: float | None = None,
     ) -> None:
         """
         Args:
@@ -90,18 +92,27 @@ class Dispatcher:
                 (see :class:`~drapps.runtime.schedule.Schedule`).
             lookahead: batches past the next one whose work may start early (None: twice
                 the prefetch depth).
+            defer_after: fill batches from the samples made (see
+                :mod:`drapps.runtime.fill`): seconds the training loop may wait for a batch's
+                own samples before made ones fill it (None: planned batches only). Batches
+                are then cut into parts whatever ``dispatch`` says.
         """
         self.session = f"{os.getpid()}_{secrets.token_hex(4)}"
-        self.buffer = ReorderBuffer(on_consumed=self._wake)
+        # A loop that starts waiting wakes the thread: filled batches have a deadline.
+        on_wait = self._wake if defer_after is not None else None
+        self.buffer = ReorderBuffer(on_consumed=self._wake, on_wait=on_wait)
         self.pool = pool if pool is not None else ProcessPool(recipe, context)
         self._recipe = recipe
         self.costs = SampleCosts(_length(recipe.dataset), _paths(recipe.dataset))
+        self._defer_after = defer_after
+        self.fill: ReadyFill | None = None
         self.schedule = Schedule(
             self.costs,
-            mode=dispatch,
+            mode=dispatch if defer_after is None else "samples",
             lookahead=lookahead,
             splittable=splittable(recipe),
             fifo_batches=round_robin,
+            always_parts=defer_after is not None,
         )
         self._on_error = recipe.on_error
         self._target = workers
@@ -287,6 +298,7 @@ class Dispatcher:
                 self._keep_pool_size()
                 self._dispatch()
                 self._wait_and_receive()
+                self._fill_ready()
                 self._send_releases()
                 self._enforce_timeout()
         except BaseException as exc:
@@ -318,6 +330,8 @@ class Dispatcher:
             self._open.clear()
             self._partial.clear()
             self.schedule.reset(self._plan, start)
+            if self._defer_after is not None:
+                self.fill = ReadyFill(self._plan, start)
             if fresh_workers:
                 for worker in list(self.pool.workers):
                     self.pool.kill(worker)
@@ -373,6 +387,8 @@ class Dispatcher:
         if batch_id == self.buffer.next_id or batch_id in self._open:
             return True  # the batch the training loop waits for always goes
         outstanding = len(self._open) + len(self.buffer)
+        if self.fill is not None:  # made samples waiting to fill a batch hold memory too
+            outstanding += -(-self.fill.pooled // max(1, self.schedule.batch_len))
         if outstanding >= self.prefetch_depth:
             return False
         if self._batch_bytes == 0:
@@ -420,7 +436,7 @@ class Dispatcher:
             parts = [] if retrying else self.schedule.parts_of(work.batch_id)
             self.schedule.take(work)
             batch_id = work.batch_id
-            if self.buffer.done(batch_id):
+            if self._made_already(work):
                 continue  # already delivered or held: a late duplicate retry
             indices = plan.batch(batch_id)
             now = time.monotonic()
@@ -470,15 +486,19 @@ class Dispatcher:
                 worker.last_progress = started + overrun_s
 
     def _wait_timeout(self) -> float:
+        tick = _TICK_S
+        waited = self.buffer.waiting_s()
+        if self.fill is not None and self._defer_after is not None and waited is not None:
+            tick = max(0.001, min(tick, self._defer_after - waited))  # to fill it on time
         if self._timeout is None:
-            return _TICK_S
+            return tick
         now = time.monotonic()
         deadlines = [
             started + self._timeout - now
             for w in self.pool.workers
             if (started := w.head_started()) is not None
         ]
-        return max(0.01, min([_TICK_S, *deadlines]))
+        return max(0.001, min([tick, *deadlines]))
 
     def _on_replies(self, replies: list[Reply]) -> None:
         for worker, reply in replies:
@@ -546,11 +566,15 @@ class Dispatcher:
         kind, generation, batch_id = reply[:3]
         part = reply[7] if kind == "ok" else reply[4]
         partial = self._partial.get(batch_id) if current else None
-        if partial is None or partial.has(part) or self.buffer.done(batch_id):
+        done = self.buffer.done(batch_id) if self.fill is None else False
+        if partial is None or partial.has(part) or done:
             if kind == "ok":
                 self._discard(worker, reply[3])
             return  # a stale epoch's part, or a duplicate of a retried one
         now = time.monotonic()
+        if self.fill is not None:
+            self._to_fill(worker, reply, partial, part, task)
+            return
         if kind == "err":
             partial.fail(part, reply[3])
         else:
@@ -567,6 +591,73 @@ class Dispatcher:
             self._count_stages(reply[5])
         if partial.complete:
             self._assemble(generation, batch_id, partial)
+
+    def _made_already(self, work: Work) -> bool:
+        """Whether ``work`` came back already (a late duplicate of a retry)."""
+        if self.fill is not None and work.part is not None:
+            return self.fill.has(work.batch_id, work.part)
+        return self.buffer.done(work.batch_id)
+
+    def _to_fill(
+        self, worker: Worker, reply: tuple[Any, ...], partial: PartialBatch, part: int,
+        task: Task | None,
+    ) -> None:  # fmt: skip
+        """A part's samples join the pool that batches are filled from."""
+        assert self.fill is not None
+        batch_id, places = reply[2], partial.positions[part]
+        if reply[0] == "err":
+            self.fill.fail(batch_id, part, places, reply[3])
+        else:
+            samples: list[Any] = []
+            if reply[3] is not None:
+                try:
+                    samples, _ = self._receive(worker, reply[3])
+                except (OSError, ValueError) as exc:
+                    self._unreadable(batch_id, task.work if task is not None else None, exc)
+                    return
+            self._count_stages(reply[5])
+            self.fill.add(batch_id, part, places, samples, reply[8], reply[4])
+        self._part_in(batch_id, partial, part)
+
+    def _part_in(self, batch_id: int, partial: PartialBatch, part: int) -> None:
+        partial.received.add(part)
+        if partial.complete:
+            del self._partial[batch_id]
+            self._open.discard(batch_id)
+
+    def _fill_ready(self) -> None:
+        """Hand over every batch the pool of made samples can fill now."""
+        fill, defer_after = self.fill, self._defer_after
+        if fill is None or defer_after is None:
+            return
+        while True:
+            waited = self.buffer.waiting_s() if self.buffer.next_id == fill.slot else None
+            filled = fill.form(waited, defer_after)
+            if filled is None:
+                return
+            self.buffer.put(self._generation_now, filled.slot, self._filled_entry(filled))
+
+    def _filled_entry(self, filled: Filled) -> Entry:
+        keys, places = filled.keys, filled.places
+        if filled.error is not None:
+            return Entry(error=filled.error, keys=keys, places=places)
+        entry = Entry(skipped=filled.skipped, split=self._split, keys=keys, places=places)
+        if filled.samples:
+            try:
+                batch = collate_samples(self._recipe, filled.samples, self._split, keys)
+            except Exception as exc:  # collate_samples names the batch in a SampleError
+                return Entry(error=exc, keys=keys, places=places)
+            if self._finish is not None:
+                batch = self._finish(batch)
+            entry.batch = batch
+            tensor = largest_tensor(batch)
+            nbytes = 0 if tensor is None else tensor.nbytes
+            if nbytes and on_free(batch, lambda: self._on_release(nbytes)):
+                with self._bytes_lock:
+                    self._live_bytes += nbytes
+            entry.nbytes = nbytes
+            self._batch_bytes = max(self._batch_bytes, nbytes)
+        return entry
 
     def _assemble(self, generation: int, batch_id: int, partial: PartialBatch) -> None:
         """Collate a batch whose parts are all here, in plan order, and deliver it."""
@@ -698,6 +789,15 @@ class Dispatcher:
         if task.part is not None:
             partial = self._partial.get(task.batch_id)
             if partial is None or partial.has(task.part):
+                return
+            if self.fill is not None:
+                places = partial.positions[task.part]
+                if self._on_error == "skip":
+                    self.fill.skip(task.batch_id, task.part, places, message)
+                else:
+                    error = WorkerTimeoutError(message, stage="worker", indices=task.indices)
+                    self.fill.fail(task.batch_id, task.part, places, error)
+                self._part_in(task.batch_id, partial, task.part)
                 return
             if self._on_error == "skip":
                 partial.skip(task.part, message)

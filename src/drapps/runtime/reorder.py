@@ -22,6 +22,11 @@ class Entry:
     """The split the batch was made with: its device stage starts there."""
     batch_id: int = -1
     """The batch's id in its epoch (set when the buffer takes it)."""
+    keys: list[Any] | None = None
+    """The dataset keys the batch holds, where they are not its planned batch's (a batch
+    filled from made samples); None: the plan's."""
+    places: list[tuple[int, int]] | None = None
+    """Those samples' places in the plan, (batch id, position)."""
 
 
 class ReorderBuffer:
@@ -33,11 +38,21 @@ class ReorderBuffer:
     ``bytes`` under the memory budget by not dispatching more.
     """
 
-    def __init__(self, on_consumed: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        on_consumed: Callable[[], None] | None = None,
+        on_wait: Callable[[], None] | None = None,
+    ) -> None:
+        """
+        Args:
+            on_consumed: called after each entry the consumer takes.
+            on_wait: called when the consumer starts waiting for an entry not here yet.
+        """
         self._cond = threading.Condition()
         self._entries: dict[int, Entry] = {}
         self._ahead: set[int] = set()  # ids above next_id delivered out of order
         self._on_consumed = on_consumed
+        self._on_wait = on_wait
         self._failure: BaseException | None = None
         self.generation = 0
         self.next_id = 0
@@ -100,6 +115,7 @@ class ReorderBuffer:
         with self._cond:
             start = time.perf_counter()
             self._waiting_since = start
+            told = False
             try:
                 while True:
                     if self._failure is not None:
@@ -111,6 +127,9 @@ class ReorderBuffer:
                         break
                     if alive is not None and not alive():
                         raise RuntimeError("drapps: the dispatcher thread stopped unexpectedly")
+                    if self._on_wait is not None and not told:
+                        told = True
+                        self._on_wait()
                     self._cond.wait(timeout=1.0)
             finally:
                 self._waiting_since = None
@@ -149,6 +168,11 @@ class ReorderBuffer:
             self._ahead.discard(self.next_id)
             self.next_id += 1
         return entry
+
+    def waiting_s(self) -> float | None:
+        """How long the consumer has been waiting in the current ``get`` (None: it is not)."""
+        since = self._waiting_since
+        return None if since is None else time.perf_counter() - since
 
     def waited_s(self) -> float:
         """Seconds the consumer has waited so far, including a wait still under way."""

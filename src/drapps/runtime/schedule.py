@@ -69,6 +69,8 @@ class Schedule:
             :func:`drapps.runtime.worker.splittable`).
         fifo_batches: whole batches start in plan order (a fixed worker count deals them
             round-robin, as DataLoader does).
+        always_parts: a batch of one sample is a part too (batches filled from made samples
+            take every sample from a part).
     """
 
     def __init__(
@@ -79,6 +81,7 @@ class Schedule:
         lookahead: int | None = None,
         splittable: bool = True,
         fifo_batches: bool = False,
+        always_parts: bool = False,
     ) -> None:
         if mode not in DISPATCH_MODES:
             raise ValueError(f"dispatch must be one of {DISPATCH_MODES}, got {mode!r}")
@@ -87,6 +90,7 @@ class Schedule:
         self.lookahead = lookahead
         self._splittable = splittable
         self._fifo_batches = fifo_batches
+        self._always_parts = always_parts
         self._plan: EpochPlan | None = None
         self._frontier = 0  # the lowest batch not opened yet
         self._opened: set[int] = set()  # opened batches at or past the frontier
@@ -113,6 +117,11 @@ class Schedule:
         return self._splittable and (
             self.mode == "samples" or (self.mode == "auto" and self.heavy_tailed())
         )
+
+    @property
+    def batch_len(self) -> int:
+        """Samples in the last batch looked at (1 before any)."""
+        return self._batch_len
 
     def lookahead_for(self, depth: int) -> int:
         """The lookahead in force at prefetch depth ``depth``."""
@@ -202,7 +211,7 @@ class Schedule:
         indices = self._plan.batch(batch_id)
         n = self._batch_len = len(indices)
         costs = self.costs.predict(indices) if self.costs.observed else np.zeros(n)
-        if n < 2 or not self.cutting:
+        if not self.cutting or (n < 2 and not self._always_parts):
             works = [Work(batch_id, None, tuple(range(n)), float(costs.sum()))]
         else:
             groups = balance(costs, min(n, max(2, PARTS_PER_WORKER * workers)))
