@@ -48,7 +48,8 @@ def test_opt_in_systems_run_only_when_named(tmp_path: Path) -> None:
         "drapps-cache-psnr35",
         *(f"drapps-cache-{c}" for c in CODECS),
     }  # run below
-    assert set(every) == {"drapps-static-sampler", "drapps-static-pinned", *splits, *caches}
+    named = {"drapps-static-sampler", "drapps-static-pinned", "drapps-fill", "dataloader-unordered"}
+    assert set(every) == {*named, *splits, *caches}
     opt_in = [name for name in every if name not in splits | caches]
     config = BenchConfig(
         workloads=("synthetic",),

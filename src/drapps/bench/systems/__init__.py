@@ -6,6 +6,7 @@ from drapps.bench.systems._base import Source, System, Workers
 from drapps.bench.systems.dataloader import DataLoaderSystem, DataLoaderUnorderedSystem
 from drapps.bench.systems.drapps_cache import CACHE_SYSTEMS
 from drapps.bench.systems.drapps_loader import (
+    DrappsFill,
     DrappsHeuristic,
     DrappsRl,
     DrappsStatic,
@@ -29,6 +30,7 @@ _BUILT_IN: tuple[type[System], ...] = (
     DrappsRl,
     DrappsStaticSampler,
     DrappsStaticPinned,
+    DrappsFill,
     DrappsSplit,
     DrappsSplitOneWorker,
     *PEER_SYSTEMS,

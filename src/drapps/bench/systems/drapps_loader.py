@@ -109,3 +109,15 @@ class DrappsStaticPinned(DrappsStatic):
 
     def order_and_options(self, dataset: Any, seed: int) -> dict[str, Any]:
         return {"shuffle": True, "seed": seed, "pin_memory": True}
+
+
+class DrappsFill(DrappsHeuristic):
+    name = "drapps-fill"
+    summary = (
+        "drapps-heuristic with defer_after=0 (opt-in): batches filled from the samples made, "
+        "a straggler joining a later batch"
+    )
+    opt_in = True
+
+    def order_and_options(self, dataset: Any, seed: int) -> dict[str, Any]:
+        return {"shuffle": True, "seed": seed, "defer_after": 0.0}
