@@ -448,5 +448,6 @@ def _choose_engine(
         dispatch=c.dispatch,
         lookahead=None if c.lookahead == "auto" else c.lookahead,
         defer_after=c.defer_after,
+        deepen_for_tails=c.prefetch == "auto" and c.prefetch_factor is None,
     )
     return engine, c

@@ -67,6 +67,7 @@ class PoolEngine(Engine):
         dispatch: str = "auto",
         lookahead: int | None = None,
         defer_after: float | None = None,
+        deepen_for_tails: bool = False,
     ) -> None:
         self._limits = limits
         self._lookahead_auto = lookahead is None
@@ -88,6 +89,7 @@ class PoolEngine(Engine):
             dispatch=dispatch,
             lookahead=lookahead,
             defer_after=defer_after,
+            deepen_for_tails=deepen_for_tails,
         )
 
     @property

@@ -7,9 +7,10 @@ transform) and predicts the next ones with two models side by side:
 - a small **learned** model: a 3-8-1 MLP in NumPy over (seen before, its last cost against the
   median, its file size against the median size), trained online by SGD on log cost.
 
-Both are scored on every sample before they learn from it (the error of a prediction made
-without the answer) and the one with the lower running error predicts. Predictions cost
-microseconds per batch; :meth:`SampleCosts.report` says how many and how accurate.
+Both are scored on measured samples before they learn from them (the error of a prediction
+made without the answer; every fourth batch, which is plenty and keeps the cost down), and the
+one with the lower running error predicts. Predicting and learning cost a few microseconds per
+sample; :meth:`SampleCosts.report` says how many and how accurate.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ _WARMUP = 256  # samples before the learned model may be chosen
 _ERROR_DECAY = 0.02  # weight of each new sample in the running errors
 SLOW = 8.0
 """A sample that costs this many times the running median counts as slow (a straggler)."""
+_LEARN_EVERY = 4  # batches observed per scoring and learning step (each costs ~100 us)
 _HIDDEN = 8
 _LEARNING_RATE = 0.05
 
@@ -80,6 +82,10 @@ class SampleCosts:
         self._recent = np.zeros(_WINDOW)
         self._count = 0
         self._median = 0.0
+        self._mean = 0.0
+        self._calls = 0
+        self.p99 = 0.0
+        """p99 seconds per sample, as of the last :meth:`tail_ratio`."""
         self._median_bytes = 1.0
         self._sized = 0
         self._mlp = CostMlp()
@@ -107,7 +113,7 @@ class SampleCosts:
     @property
     def mean(self) -> float:
         """Mean seconds per sample over the recent window (0 before any was measured)."""
-        return float(self._recent[: min(self._count, _WINDOW)].mean()) if self._count else 0.0
+        return self._mean
 
     def tail_ratio(self) -> float:
         """p99 / p50 of the recent window (1.0 until a window's worth was measured): how far
@@ -116,6 +122,7 @@ class SampleCosts:
             return 1.0
         recent = self._recent[: min(self._count, _WINDOW)]
         p50, p99 = np.percentile(recent, [50, 99])
+        self.p99 = float(p99)
         return float(p99 / p50) if p50 > 0 else 1.0
 
     def chosen(self) -> str:
@@ -161,7 +168,9 @@ class SampleCosts:
         start = time.perf_counter()
         cost = np.maximum(np.asarray(seconds, dtype=np.float64), 1e-6)
         slots = self._slots(indices)
-        if self._count:  # score both models on what they would have said
+        self._calls += 1
+        learn = self._count < _WARMUP or self._calls % _LEARN_EVERY == 0
+        if self._count and learn:  # score both models on what they would have said
             actual = np.log(cost)
             guess = np.log(np.maximum(self._history(slots), 1e-6))
             learned_x = self._features(slots)
@@ -170,7 +179,9 @@ class SampleCosts:
             for name, predicted in (("history", guess), ("learned", learned)):
                 err = float(np.abs(predicted - actual).mean())
                 self.errors[name] += w * (err - self.errors[name])
-            self._mlp.learn(learned_x, actual - math.log(self._median))
+            target = actual - math.log(self._median)
+            for _ in range(_LEARN_EVERY):  # as many steps as batches it learns for
+                self._mlp.learn(learned_x, target)
         slow = cost[cost >= SLOW * self._median] if self._count >= _WARMUP else cost[:0]
         self.slow += len(slow)
         self.slow_excess_s += float((slow - self._median).sum())
@@ -180,7 +191,9 @@ class SampleCosts:
         known = slots >= 0
         self._last[slots[known]] = cost[known]
         window = self._recent[: min(self._count, _WINDOW)]
-        self._median = float(np.median(window))
+        middle = len(window) // 2
+        self._median = float(np.partition(window, middle)[middle])
+        self._mean = float(window.mean())
         self.model_s += time.perf_counter() - start
         return len(slow) > 0
 

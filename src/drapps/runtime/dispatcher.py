@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import secrets
 import threading
@@ -38,8 +39,13 @@ logger = logging.getLogger(__name__)
 # Tasks a worker may hold: the one it makes and one waiting, so it never idles between tasks
 # while the rest stay free to go to whichever worker frees up first.
 _TASKS_PER_WORKER = 2
+# A part of the next batch running this many times its predicted (or typical) cost, and at
+# least _HEDGE_MIN_S, is copied to an idle worker (see Dispatcher._hedge).
+_HEDGE_FACTOR = 4.0
+_HEDGE_MIN_S = 0.02
 # A part predicted to cost this many times a typical one holds its worker to that part alone.
 _SLOW_PART = 2.0
+_TAIL_DEPTH = 4  # the most a heavy tail deepens prefetch, in multiples of the depth
 _TICK_S = 0.5
 # A worker parked by a shrink is kept this long for a grow to reuse before it is retired:
 # controllers oscillate, and a fork of a large training process costs tens of milliseconds.
@@ -74,6 +80,7 @@ class Dispatcher:
         dispatch: str = "auto",
         lookahead: int | None = None,
         defer_after: float | None = None,
+        deepen_for_tails: bool = False,
     ) -> None:
         """
         Args:
@@ -96,6 +103,10 @@ class Dispatcher:
                 :mod:`drapps.runtime.fill`): seconds the training loop may wait for a batch's
                 own samples before made ones fill it (None: planned batches only). Batches
                 are then cut into parts whatever ``dispatch`` says.
+            deepen_for_tails: while samples' costs are heavy-tailed, prefetch as many more
+                batches as the slowest samples (p99) last batch intervals, within the memory
+                budget, so the other workers keep making batches while one waits on a
+                straggler (for a prefetch depth drapps chooses, not one the user set).
         """
         self.session = f"{os.getpid()}_{secrets.token_hex(4)}"
         # A loop that starts waiting wakes the thread: filled batches have a deadline.
@@ -105,6 +116,7 @@ class Dispatcher:
         self._recipe = recipe
         self.costs = SampleCosts(_length(recipe.dataset), _paths(recipe.dataset))
         self._defer_after = defer_after
+        self._deepen = deepen_for_tails
         self.fill: ReadyFill | None = None
         self.schedule = Schedule(
             self.costs,
@@ -144,6 +156,7 @@ class Dispatcher:
         self._open: set[int] = set()  # batches started and not yet in the buffer
         self._partial: dict[int, PartialBatch] = {}
         self._slow_batches = 0  # batches that held a slow sample
+        self._hedged: set[tuple[int, int | None]] = set()  # parts copied to a second worker
         self._batch_bytes = 0
         self._live_bytes = 0
         self._bytes_lock = threading.Lock()
@@ -160,6 +173,7 @@ class Dispatcher:
             "collate_s": 0.0,
             "transport_s": 0.0,
             "assemble_s": 0.0,
+            "hedges": 0,
         }
         self.latencies: deque[tuple[float, float]] = deque(maxlen=4096)
         """(arrival time, seconds from dispatch to arrival) of recent batches."""
@@ -216,9 +230,14 @@ class Dispatcher:
 
     @property
     def prefetch_depth(self) -> int:
-        if self._prefetch is not None:
-            return self._prefetch
-        return max(1, self._per_worker * self._target)
+        depth = self._prefetch
+        if depth is None:
+            depth = max(1, self._per_worker * self._target)
+        if self._deepen and self.schedule.heavy_tailed():
+            interval = self.costs.mean * self.schedule.batch_len / max(1, self._target)
+            if interval > 0:
+                depth += min(math.ceil(self.costs.p99 / interval), _TAIL_DEPTH * depth)
+        return depth
 
     def batch_bytes(self) -> int:
         """Bytes of the largest batch received so far (0 before the first)."""
@@ -290,6 +309,9 @@ class Dispatcher:
         self._recycler.close()  # the workers stop: their slabs go with them
         self.pool.shutdown()
         self.buffer.fail(RuntimeError("this drapps.Loader is closed"))
+        # Samples of batches made in part, or waiting to fill one, map their parts' slabs.
+        self._partial.clear()
+        self.fill = None
 
     def _run(self) -> None:
         try:
@@ -329,6 +351,7 @@ class Dispatcher:
             self._in_flight.clear()
             self._open.clear()
             self._partial.clear()
+            self._hedged.clear()
             self.schedule.reset(self._plan, start)
             if self._defer_after is not None:
                 self.fill = ReadyFill(self._plan, start)
@@ -369,6 +392,52 @@ class Dispatcher:
         for worker in self.pool.parked():
             if now - (worker.parked_at or now) > _PARK_S and not worker.assigned:
                 self.pool.retire(worker)
+
+    def _hedge(self) -> None:
+        """Send a copy of an overdue part of the batch the loop needs next to another worker.
+
+        A sample read from storage with a heavy-tailed latency (a cold object store, a busy
+        network filesystem) is usually fast the second time it is asked for: the copy races
+        the original and the first answer wins (the other is dropped as a duplicate), so one
+        slow read no longer holds the batch ("The Tail at Scale"'s hedged requests). A part
+        queued behind a task that overran is copied the same way. The copy makes the same
+        samples with the same seeds, so the batch is the same either way. Copies are made only
+        while the training loop waits, only of parts of the batch it waits for, once each, to
+        the worker with the fewest tasks (one over the usual two at most).
+        """
+        head = self.buffer.next_id
+        if self._plan is None or head not in self._partial:
+            return
+        now = time.monotonic()
+        for (batch_id, part), holder in list(self._in_flight.items()):
+            if batch_id != head or part is None or (batch_id, part) in self._hedged:
+                continue
+            task = next((t for t in holder.assigned if (t.batch_id, t.part) == (head, part)), None)
+            started = holder.head_started()
+            if task is None or task.work is None or started is None:
+                continue
+            # The task the holder is on now: this part, or the one it is queued behind.
+            running = holder.assigned[0].work or task.work
+            typical = self.costs.median * len(running.positions)
+            due = max(_HEDGE_MIN_S, _HEDGE_FACTOR * max(typical, running.cost))
+            if now - started < due:
+                continue
+            others = [
+                w for w in self.pool.live()
+                if w is not holder and len(w.assigned) <= _TASKS_PER_WORKER
+            ]  # fmt: skip
+            if not others:
+                return
+            spare = min(others, key=lambda w: len(w.assigned))
+            copy = Task(task.generation, task.epoch, head, task.indices, now, task.split, task.work)
+            spare.assigned.append(copy)
+            self._hedged.add((head, part))
+            self.counters["hedges"] += 1
+            message = (
+                copy.generation, self._plan.seed, copy.epoch, head, copy.indices, self._target,
+                copy.split, part,
+            )  # fmt: skip
+            self.pool.send(spare, message)
 
     def _may_queue(self, worker: Worker) -> bool:
         """Whether ``worker`` may take one more task now: up to two, so it never idles between
@@ -415,6 +484,8 @@ class Dispatcher:
 
     def _dispatch(self) -> None:
         plan = self._plan
+        if plan is not None and self.schedule.cutting and self.buffer.waiting_s() is not None:
+            self._hedge()
         while plan is not None:
             candidates = [w for w in self.pool.live() if self._may_queue(w)]
             if not candidates:
@@ -644,7 +715,9 @@ class Dispatcher:
         entry = Entry(skipped=filled.skipped, split=self._split, keys=keys, places=places)
         if filled.samples:
             try:
-                batch = collate_samples(self._recipe, filled.samples, self._split, keys)
+                batch = collate_samples(
+                    self._recipe, filled.samples, self._split, keys, one_thread=True
+                )
             except Exception as exc:  # collate_samples names the batch in a SampleError
                 return Entry(error=exc, keys=keys, places=places)
             if self._finish is not None:
@@ -665,7 +738,9 @@ class Dispatcher:
         self._slow_batches += partial.slow
         start = time.monotonic()
         entry = partial.outcome(
-            lambda samples, indices: collate_samples(self._recipe, samples, partial.split, indices)
+            lambda samples, indices: collate_samples(
+                self._recipe, samples, partial.split, indices, one_thread=True
+            )
         )
         if entry.batch is not None:
             if self._finish is not None:
@@ -845,7 +920,11 @@ class Dispatcher:
             shared_bytes=int(counters["shared_bytes"]),
             cut_batches=self.schedule.cut_batches,
             lookahead=self.schedule.lookahead_for(self.prefetch_depth),
-            sample_costs={**self.costs.report(), "slow_batches": self._slow_batches},
+            sample_costs={
+                **self.costs.report(),
+                "slow_batches": self._slow_batches,
+                "hedges": int(counters["hedges"]),
+            },
         )
 
 
