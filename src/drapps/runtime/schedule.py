@@ -210,10 +210,13 @@ class Schedule:
         assert self._plan is not None
         indices = self._plan.batch(batch_id)
         n = self._batch_len = len(indices)
-        costs = self.costs.predict(indices) if self.costs.observed else np.zeros(n)
-        if not self.cutting or (n < 2 and not self._always_parts):
-            works = [Work(batch_id, None, tuple(range(n)), float(costs.sum()))]
+        cutting = self.cutting
+        if not cutting or (n < 2 and not self._always_parts):
+            # Whole batches of light-tailed costs start in plan order: no prediction needed.
+            cost = float(self.costs.predict(indices).sum()) if cutting else 0.0
+            works = [Work(batch_id, None, tuple(range(n)), cost)]
         else:
+            costs = self.costs.predict(indices) if self.costs.observed else np.zeros(n)
             groups = balance(costs, min(n, max(2, PARTS_PER_WORKER * workers)))
             works = [
                 Work(batch_id, part, tuple(g), float(costs[g].sum()), len(groups))
