@@ -6,6 +6,8 @@ The comparison is the paired log-ratio per round (B over A) with a 95% t interva
 
     python docs/results/engine-ab/ab.py OLD_SRC NEW_SRC --rounds 6 --out docs/results/engine-ab
 
+(``--workload text`` for the text pipeline.)
+
 (``OLD_SRC``/``NEW_SRC``: the ``src`` folders of two ``git worktree`` checkouts.)
 """
 
@@ -21,11 +23,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-def run(src: str, out: Path, systems: str) -> dict[str, float]:
+
+def run(src: str, out: Path, systems: str, workload: str = "image") -> dict[str, float]:
     """samples/s per drapps system of one bench run of the checkout at ``src``."""
     env = {**os.environ, "PYTHONPATH": src}
     command = [
-        sys.executable, "-m", "drapps.cli", "bench", "--workload", "image",
+        sys.executable, "-m", "drapps.cli", "bench", "--workload", workload,
         "--scenario", "steady", "--consumer", "none", "--systems", systems,
         "--repeats", "1", "--size", "quick", "--no-progress", "--out", str(out),
     ]  # fmt: skip
@@ -51,6 +54,7 @@ def main() -> None:
     parser.add_argument("new")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--systems", default="drapps-static,drapps-heuristic")
+    parser.add_argument("--workload", default="image")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     rounds = []
@@ -59,7 +63,7 @@ def main() -> None:
             order = [("old", args.old), ("new", args.new)]
             found = {}
             for name, src in order if n % 2 == 0 else order[::-1]:
-                found[name] = run(src, Path(tmp) / f"{n}-{name}", args.systems)
+                found[name] = run(src, Path(tmp) / f"{n}-{name}", args.systems, args.workload)
             rounds.append(found)
             print(n, json.dumps(found), flush=True)
     summary = {}
@@ -74,7 +78,9 @@ def main() -> None:
             "within_noise": low <= 1.0 <= high,
         }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps({"rounds": rounds, "summary": summary}, indent=1))
+    (args.out / "results.json").write_text(
+        json.dumps({"rounds": rounds, "summary": summary}, indent=1)
+    )
     print(json.dumps(summary, indent=1))
 
 
