@@ -45,6 +45,7 @@ _HEDGE_FACTOR = 4.0
 _HEDGE_MIN_S = 0.02
 # A part predicted to cost this many times a typical one holds its worker to that part alone.
 _SLOW_PART = 2.0
+_WATCH_EVERY = 4  # with light-tailed costs, batches per one whose sample costs are learnt
 _TAIL_DEPTH = 4  # the most a heavy tail deepens prefetch, in multiples of the depth
 _TICK_S = 0.5
 # A worker parked by a shrink is kept this long for a grow to reuse before it is retired:
@@ -156,6 +157,7 @@ class Dispatcher:
         self._open: set[int] = set()  # batches started and not yet in the buffer
         self._partial: dict[int, PartialBatch] = {}
         self._slow_batches = 0  # batches that held a slow sample
+        self._replies = 0
         self._hedged: set[tuple[int, int | None]] = set()  # parts copied to a second worker
         self._batch_bytes = 0
         self._live_bytes = 0
@@ -596,7 +598,13 @@ class Dispatcher:
         current = generation == self._generation_now
         if current and self._in_flight.get((batch_id, part)) is worker:
             del self._in_flight[batch_id, part]
-        slow = kind == "ok" and task is not None and self.costs.observe(task.indices, reply[6])
+        self._replies += 1
+        # With light-tailed costs a quarter of the batches is plenty to watch the tail by, and
+        # the training process pays for every sample observed.
+        watch = self.schedule.cutting or self._replies % _WATCH_EVERY == 0
+        slow = False
+        if watch and kind == "ok" and task is not None:
+            slow = self.costs.observe(task.indices, reply[6])
         if part is not None:
             partial = self._partial.get(batch_id)
             if slow and partial is not None:
