@@ -69,8 +69,9 @@ class SampleCosts:
 
     Example:
         >>> costs = SampleCosts(4)
-        >>> costs.observe([0, 1, 2, 3], [0.001, 0.001, 0.001, 0.050])
-        >>> [round(c, 3) for c in costs.predict([3, 0])]
+        >>> costs.observe([0, 1, 2, 3], [0.001, 0.001, 0.001, 0.050])  # any slow? (warming up)
+        False
+        >>> [round(float(c), 3) for c in costs.predict([3, 0])]
         [0.05, 0.001]
     """
 
@@ -232,16 +233,18 @@ class SampleCosts:
 
     def _file_bytes(self, slots: np.ndarray) -> np.ndarray:
         """Sizes on disk of ``slots`` (stat once per index), the median refreshed as they come."""
-        sizes = self._bytes[slots]  # type: ignore[index]
+        known_bytes = self._bytes
+        if known_bytes is None:
+            return np.ones(len(slots))
+        sizes = known_bytes[slots]
         for j in np.flatnonzero(np.isnan(sizes)):
             path = self._path_of(int(slots[j])) if self._path_of is not None else None
             try:
                 size = os.stat(path).st_size if path else 0
             except OSError:
                 size = 0
-            self._bytes[slots[j]] = sizes[j] = max(1, size)  # type: ignore[index]
+            known_bytes[slots[j]] = sizes[j] = max(1, size)
             self._sized += 1
             if self._sized in (1, 16) or self._sized % 256 == 0:
-                known = self._bytes[~np.isnan(self._bytes)]  # type: ignore[index]
-                self._median_bytes = float(np.median(known))
+                self._median_bytes = float(np.median(known_bytes[~np.isnan(known_bytes)]))
         return np.maximum(sizes, 1.0)
