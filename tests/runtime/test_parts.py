@@ -18,7 +18,7 @@ class Straggling:
     """Every 20th sample sleeps 40 ms, the rest 1 ms (a heavy tail of slow reads)."""
 
     def __len__(self) -> int:
-        return 1280  # the tail is read from a quarter of the batches until it is heavy
+        return 1920  # the tail is read from a quarter of the batches until it is heavy
 
     def __getitem__(self, i: int) -> torch.Tensor:
         time.sleep(0.04 if i % 20 == 7 else 0.001)
