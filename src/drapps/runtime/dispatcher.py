@@ -657,15 +657,10 @@ class Dispatcher:
         if kind == "err":
             partial.fail(part, reply[3])
         else:
-            samples: list[Any] = []
-            nbytes = 0
-            if reply[3] is not None:
-                try:
-                    samples, nbytes = self._receive(worker, reply[3])
-                except (OSError, ValueError) as exc:
-                    self._unreadable(batch_id, task.work if task is not None else None, exc)
-                    return
-            partial.add(part, samples, reply[8], reply[4], nbytes)
+            received = self._part_samples(worker, reply, task)
+            if received is None:
+                return
+            partial.add(part, received[0], reply[8], reply[4], received[1])
             self.counters["transport_s"] += time.monotonic() - now
             self._count_stages(reply[5])
         if partial.complete:
@@ -687,16 +682,26 @@ class Dispatcher:
         if reply[0] == "err":
             self.fill.fail(batch_id, part, places, reply[3])
         else:
-            samples: list[Any] = []
-            if reply[3] is not None:
-                try:
-                    samples, _ = self._receive(worker, reply[3])
-                except (OSError, ValueError) as exc:
-                    self._unreadable(batch_id, task.work if task is not None else None, exc)
-                    return
+            received = self._part_samples(worker, reply, task)
+            if received is None:
+                return
             self._count_stages(reply[5])
-            self.fill.add(batch_id, part, places, samples, reply[8], reply[4])
+            self.fill.add(batch_id, part, places, received[0], reply[8], reply[4])
         self._part_in(batch_id, partial, part)
+
+    def _part_samples(
+        self, worker: Worker, reply: tuple[Any, ...], task: Task | None
+    ) -> tuple[list[Any], int] | None:
+        """A part's samples and their bytes; None when its slab cannot be mapped (the part is
+        made again)."""
+        if reply[3] is None:
+            return [], 0
+        try:
+            samples, nbytes = self._receive(worker, reply[3])
+        except (OSError, ValueError) as exc:
+            self._unreadable(reply[2], task.work if task is not None else None, exc)
+            return None
+        return samples, nbytes
 
     def _part_in(self, batch_id: int, partial: PartialBatch, part: int) -> None:
         partial.received.add(part)
@@ -728,16 +733,9 @@ class Dispatcher:
                 )
             except Exception as exc:  # collate_samples names the batch in a SampleError
                 return Entry(error=exc, keys=keys, places=places)
-            if self._finish is not None:
-                batch = self._finish(batch)
-            entry.batch = batch
             tensor = largest_tensor(batch)
-            nbytes = 0 if tensor is None else tensor.nbytes
-            if nbytes and on_free(batch, lambda: self._on_release(nbytes)):
-                with self._bytes_lock:
-                    self._live_bytes += nbytes
-            entry.nbytes = nbytes
-            self._batch_bytes = max(self._batch_bytes, nbytes)
+            entry.nbytes = 0 if tensor is None else tensor.nbytes
+            entry.batch = self._hold(batch, entry.nbytes)
         return entry
 
     def _assemble(self, generation: int, batch_id: int, partial: PartialBatch) -> None:
@@ -751,19 +749,23 @@ class Dispatcher:
             )
         )
         if entry.batch is not None:
-            if self._finish is not None:
-                entry.batch = self._finish(entry.batch)
-            # The parts' slabs are freed as their samples go; the collated batch now holds
-            # that memory until the training loop lets it go.
-            nbytes = entry.nbytes
-            if nbytes and on_free(entry.batch, lambda: self._on_release(nbytes)):
-                with self._bytes_lock:
-                    self._live_bytes += nbytes
-            self._batch_bytes = max(self._batch_bytes, nbytes)
+            entry.batch = self._hold(entry.batch, entry.nbytes)
         now = time.monotonic()
         self.counters["assemble_s"] += now - start
         self.latencies.append((now, now - partial.opened_at))
         self._deliver(generation, batch_id, entry)
+
+    def _hold(self, batch: Any, nbytes: int) -> Any:
+        """A batch collated in this process, through ``finish``. The parts' slabs are freed
+        as their samples go; the collated batch now holds that memory (``nbytes``), counted
+        live until the training loop lets it go."""
+        if self._finish is not None:
+            batch = self._finish(batch)
+        if nbytes and on_free(batch, lambda: self._on_release(nbytes)):
+            with self._bytes_lock:
+                self._live_bytes += nbytes
+        self._batch_bytes = max(self._batch_bytes, nbytes)
+        return batch
 
     def _deliver(self, generation: int, batch_id: int, entry: Entry) -> None:
         self._open.discard(batch_id)

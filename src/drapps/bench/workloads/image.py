@@ -53,22 +53,26 @@ class ImageWorkload(Workload):
         folder = make_jpeg_folder(data_dir, _IMAGES[size], seed=seed)
         return {"folder": str(folder), "samples": _IMAGES[size]}
 
+    def reads(self, throttle: IoThrottle | None) -> Callable[[str], bytes] | None:
+        """How a file is read: through ``throttle`` when given, else plainly (None)."""
+        return throttle.read if throttle is not None else None
+
     def dataset(self, throttle: IoThrottle | None) -> ImageFolder:
         transform = Compose([DecodeRandomResizedCrop(SIZE), RandomHorizontalFlip(), ToCHWTensor()])
-        read = throttle.read if throttle is not None else None
+        read = self.reads(throttle)
         return ImageFolder(self.params["folder"], transform=transform, decode=jpeg_bytes, read=read)
 
     def cached_dataset(self, throttle: IoThrottle | None) -> tuple[ImageFolder, Pipeline]:
         """Decoded photos (what a sample cache keeps) and the augmentation after them, the
         same OpenCV ops :meth:`dataset` runs."""
-        read = throttle.read if throttle is not None else None
+        read = self.reads(throttle)
         ops = [RandomResizedCrop(SIZE), RandomHorizontalFlip(), ToCHWTensor()]
         return ImageFolder(self.params["folder"], read=read), Pipeline(ops, key=0)
 
     def pipeline_dataset(self, throttle: IoThrottle | None) -> tuple[ImageFolder, Pipeline]:
         """The JPEG bytes, and the same augmentation as a :class:`Pipeline` whose every op may
         run in the device stage (the crop on tensors: antialiased, not OpenCV's)."""
-        read = throttle.read if throttle is not None else None
+        read = self.reads(throttle)
         folder = ImageFolder(self.params["folder"], decode=jpeg_bytes, read=read)
         ops = [DecodeJPEG(), ToCHWTensor(), RandomResizedCrop(SIZE), RandomHorizontalFlip()]
         return folder, Pipeline(ops, key=0, takes=Spec("bytes"))
@@ -77,9 +81,10 @@ class ImageWorkload(Workload):
         import tensorflow as tf
 
         paths, labels = self.files()
+        read = self.reads(throttle)
 
         def load(path: Any, label: Any) -> tuple[Any, Any]:
-            data = _tf_read(path, throttle)
+            data = _tf_read(path, read)
             box_start, box_size = _tf_crop_box(tf.image.extract_jpeg_shape(data))
             window = tf.stack([box_start[0], box_start[1], box_size[0], box_size[1]])
             image = tf.image.decode_and_crop_jpeg(data, window, channels=3)
@@ -92,9 +97,10 @@ class ImageWorkload(Workload):
         import tensorflow as tf
 
         paths, labels = self.files()
+        read = self.reads(throttle)
 
         def make(path: Any, label: Any) -> tuple[Any, Any]:
-            image = tf.io.decode_jpeg(_tf_read(path, throttle), channels=3)
+            image = tf.io.decode_jpeg(_tf_read(path, read), channels=3)
             return image, tf.cast(label, tf.int64)
 
         def augment(image: Any, label: Any) -> tuple[Any, Any]:
@@ -140,13 +146,13 @@ def small_cnn(classes: int = 9) -> nn.Module:
     )
 
 
-def _tf_read(path: Any, throttle: IoThrottle | None) -> Any:
-    """A file's bytes in tf.data, through ``throttle`` when given."""
+def _tf_read(path: Any, read: Callable[[str], bytes] | None) -> Any:
+    """A file's bytes in tf.data, through ``read`` when given (as the torch side reads it)."""
     import tensorflow as tf
 
-    if throttle is None:
+    if read is None:
         return tf.io.read_file(path)
-    data = tf.numpy_function(lambda p: throttle.read(p.decode()), [path], tf.string)
+    data = tf.numpy_function(lambda p: read(p.decode()), [path], tf.string)
     return tf.ensure_shape(data, [])
 
 
