@@ -10,9 +10,14 @@ decode-then-crop only by the resampling path: the DCT's downscale replaces part 
 bilinear one (which does not low-pass, so on large reductions the fused path aliases less). The
 box is rounded to the reduced image's pixel grid, a shift of at most half a reduced pixel.
 
-Region decoding (skipping the rows below the box, as tf.data's ``decode_and_crop_jpeg`` does)
-needs libjpeg-turbo's scanline API, which neither simplejpeg nor OpenCV exposes; this op does
-not do it.
+Region decoding: with drapps' compiled decoder (``drapps.ops._jpeg_region``, built at install
+time against the system's libjpeg-turbo), only the rows and iMCU columns the box covers go through
+the inverse DCT, upsampling and colour conversion; the rows above it are only entropy-decoded and
+the decode stops after its last row, as tf.data's ``decode_and_crop_jpeg`` does. Its pixels are
+the whole-image decode's, bit for bit, at every scale (one column beyond the box on each side is
+decoded so the chroma upsampling sees the same neighbours), so it changes speed, never batches.
+Without the compiled decoder (no compiler or no libjpeg headers at install time), the op decodes
+the whole photo; :data:`REGION_DECODER` says which is in use.
 """
 
 from __future__ import annotations
@@ -25,6 +30,19 @@ from drapps._optional import require
 from drapps.ops.image import RandomResizedCrop
 from drapps.ops.op import Op, Spec, expect
 from drapps.runtime.seeding import active_rng
+
+try:
+    from drapps.ops import _jpeg_region
+except ImportError:  # not built: no compiler or no libjpeg headers when installed
+    _jpeg_region = None  # type: ignore[assignment]
+
+REGION_DECODER: str | None = None if _jpeg_region is None else _jpeg_region.library_version()
+"""The library region decodes run on (``"libjpeg-turbo 2.1.5"``), or None when the compiled
+decoder is missing and every decode is of the whole photo."""
+
+PATHS = ("full", "reduced", "region")
+"""What :attr:`DecodeRandomResizedCrop.last_path` can say: the whole photo at full size, the
+whole photo at a reduced DCT scale, or only the box's rows and columns (at any scale)."""
 
 REDUCTIONS = (8, 4, 2)
 """The IDCT scales used, as denominators (libjpeg-turbo's fast power-of-two ones)."""
@@ -44,6 +62,36 @@ def reduction(crop_height: int, crop_width: int, size: int) -> int:
     return 1
 
 
+def decode_region(
+    data: bytes, top: int, left: int, height: int, width: int, denom: int = 1
+) -> np.ndarray:
+    """The box (in the 1/``denom`` scaled image's pixels) of a JPEG, decoded alone: RGB HWC uint8,
+    equal to the same box of the whole image decoded at that scale.
+
+    Raises RuntimeError when the compiled decoder is missing (:data:`REGION_DECODER` is None),
+    ValueError for data libjpeg cannot read or a box outside the image, and NotImplementedError
+    for CMYK JPEGs.
+
+    Example:
+        >>> import numpy as np, simplejpeg
+        >>> photo = np.random.default_rng(0).integers(0, 256, (64, 80, 3), dtype=np.uint8)
+        >>> data = simplejpeg.encode_jpeg(photo, colorspace="RGB")
+        >>> whole = simplejpeg.decode_jpeg(data, colorspace="RGB")
+        >>> box = whole[9:39, 17:57]
+        >>> REGION_DECODER is None or bool((decode_region(data, 9, 17, 30, 40) == box).all())
+        True
+    """
+    if _jpeg_region is None:
+        raise RuntimeError(
+            "drapps' region decoder was not built (it needs a C compiler and libjpeg-turbo's "
+            "headers when drapps is installed; Debian: apt-get install libjpeg62-turbo-dev)"
+        )
+    pixels, rows, cols, channels, x0 = _jpeg_region.decode_region(
+        data, top, left, height, width, denom
+    )
+    return np.frombuffer(pixels, np.uint8).reshape(rows, cols, channels)[:, x0 : x0 + width]
+
+
 def jpeg_size(data: bytes) -> tuple[int, int]:
     """(height, width) of a JPEG, from its header alone."""
     simplejpeg = require("simplejpeg")
@@ -60,13 +108,16 @@ class DecodeRandomResizedCrop(Op):
 
     Draws the same box as ``DecodeJPEG()`` followed by ``RandomResizedCrop(size, scale, ratio)``
     in a :class:`~drapps.ops.Compose`; with ``reduce=False`` it is that full path, pixel for
-    pixel. See the module docstring for how the pixels differ when it reduces.
+    pixel. See the module docstring for how the pixels differ when it reduces. Region decoding
+    never changes the pixels, only the time.
 
     Args:
         size: output side in pixels.
         scale, ratio: as :class:`~drapps.ops.RandomResizedCrop`.
         reduce: decode at 1/2, 1/4 or 1/8 scale when the crop allows it (the default);
             False decodes at full size.
+        region: decode only the box's rows and columns when the compiled decoder is there
+            (the default); False always decodes the whole photo.
 
     Example:
         >>> import numpy as np, simplejpeg
@@ -75,6 +126,8 @@ class DecodeRandomResizedCrop(Op):
         >>> op = DecodeRandomResizedCrop(224, scale=(1.0, 1.0), ratio=(1.2, 1.2))
         >>> op(data).shape, op.last_reduction
         ((224, 224, 3), 4)
+        >>> op.last_path in PATHS
+        True
     """
 
     random = True
@@ -85,13 +138,17 @@ class DecodeRandomResizedCrop(Op):
         scale: tuple[float, float] = (0.08, 1.0),
         ratio: tuple[float, float] = (3 / 4, 4 / 3),
         reduce: bool = True,
+        region: bool = True,
     ) -> None:
-        if not isinstance(reduce, bool):
-            raise ValueError(f"reduce must be True or False, got {reduce!r}")
+        for name, value in (("reduce", reduce), ("region", region)):
+            if not isinstance(value, bool):
+                raise ValueError(f"{name} must be True or False, got {value!r}")
         self.crop = RandomResizedCrop(size, scale, ratio)  # checks size, scale and ratio
-        self.reduce = reduce
+        self.reduce, self.region = reduce, region
         self.last_reduction = 1
         """The denominator the last call decoded at (1: full size), for tests and profiling."""
+        self.last_path = "full"
+        """Which of :data:`PATHS` the last call took."""
 
     def declare(self, takes: Spec) -> Spec:
         expect(self, takes, kind="bytes")
@@ -107,25 +164,36 @@ class DecodeRandomResizedCrop(Op):
         top, left, h, w = self.crop.crop_box(height, width, rng)
         size = self.crop.size
         d = reduction(h, w, size) if self.reduce else 1
-        if d == 1:
-            image = simplejpeg.decode_jpeg(data, colorspace="RGB")
-            region = image[top : top + h, left : left + w]
-        else:
-            image = simplejpeg.decode_jpeg(
-                data, colorspace="RGB", min_height=-(-height // d), min_width=-(-width // d)
-            )
-            sy, sx = image.shape[0] / height, image.shape[1] / width
+        if d > 1:  # the box on the 1/d scaled image's grid (libjpeg's size: ceil(side / d))
+            rows, cols = -(-height // d), -(-width // d)
+            sy, sx = rows / height, cols / width
             y0, x0 = round(top * sy), round(left * sx)
-            y1 = max(y0 + 1, min(image.shape[0], round((top + h) * sy)))
-            x1 = max(x0 + 1, min(image.shape[1], round((left + w) * sx)))
-            region = image[y0:y1, x0:x1]
+            y1 = max(y0 + 1, min(rows, round((top + h) * sy)))
+            x1 = max(x0 + 1, min(cols, round((left + w) * sx)))
+            top, left, h, w = y0, x0, y1 - y0, x1 - x0
+        region = None
+        if self.region and _jpeg_region is not None:
+            try:
+                region = decode_region(data, top, left, h, w, d)
+                self.last_path = "region"
+            except NotImplementedError:  # CMYK: the whole-image decode converts it
+                region = None
+        if region is None:
+            if d == 1:
+                image = simplejpeg.decode_jpeg(data, colorspace="RGB")
+            else:
+                image = simplejpeg.decode_jpeg(
+                    data, colorspace="RGB", min_height=-(-height // d), min_width=-(-width // d)
+                )
+            region = image[top : top + h, left : left + w]
+            self.last_path = "full" if d == 1 else "reduced"
         self.last_reduction = d
         return cv2.resize(region, (size, size), interpolation=cv2.INTER_LINEAR)
 
     def __repr__(self) -> str:
         return (
             f"DecodeRandomResizedCrop(size={self.crop.size}, scale={self.crop.scale}, "
-            f"ratio={self.crop.ratio}, reduce={self.reduce})"
+            f"ratio={self.crop.ratio}, reduce={self.reduce}, region={self.region})"
         )
 
 

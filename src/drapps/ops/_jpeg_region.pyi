@@ -1,0 +1,6 @@
+# The compiled region decoder (_jpeg_region.c), built at install time when libjpeg-turbo's headers
+# are there.
+def decode_region(
+    data: bytes, top: int, left: int, height: int, width: int, denom: int, /
+) -> tuple[bytes, int, int, int, int]: ...
+def library_version() -> str: ...
