@@ -192,3 +192,92 @@ def test_a_forked_child_that_drops_a_batch_releases_nothing(channel) -> None:  #
     os.close(reader)
     os.close(writer_end)
     assert batch.tolist() == list(range(10))
+
+
+def _collated(arena: transport.SlabArena, images: list[torch.Tensor], labels: list[int]):  # type: ignore[no-untyped-def]
+    """The batch torch's default collate makes of (image, label) pairs, stacked into ``arena``."""
+    from torch.utils.data._utils.collate import collate
+
+    return collate(list(zip(images, labels, strict=True)), collate_fn_map=arena.collate_map)
+
+
+def test_a_batch_collated_into_its_slab_is_not_copied_again(
+    channel, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    writer = transport.SlabWriter()
+    arena = transport.SlabArena(writer)
+    images = [torch.randint(0, 256, (3, 40, 50), dtype=torch.uint8) for _ in range(8)]
+    written: list[int] = []
+    real_pwrite = os.pwrite
+
+    def counting_pwrite(fd: int, data: memoryview, offset: int) -> int:
+        written.append(len(data))
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(os, "pwrite", counting_pwrite)
+    try:
+        batch = _collated(arena, images, list(range(8)))
+        assert arena.offset_of(batch[0]) == 0 and arena.offset_of(batch[1]) is None
+        packed = pack(batch, writer, arena=arena)
+        assert sum(written) == 8 * 8  # only the labels: the images are in the slab already
+        assert arena.used == 0 and arena.hand_over() is None  # emptied for the next batch
+        del batch
+        out = unpack(cross(packed, channel, writer))
+        torch.testing.assert_close(out[0], torch.stack(images), rtol=0, atol=0)
+        assert out[1].tolist() == list(range(8))
+    finally:
+        writer.close()
+
+
+def test_the_arena_grows_within_a_batch_and_keeps_what_it_holds(channel) -> None:  # type: ignore[no-untyped-def]
+    arena = transport.SlabArena()
+    small = arena.empty((10,), torch.int64)
+    assert small is not None
+    small.copy_(torch.arange(10))
+    big = arena.empty((3, 1000, 1000), torch.uint8)  # past the first mapping: maps again
+    assert big is not None
+    big.fill_(7)
+    assert arena.offset_of(small) == 0 and arena.offset_of(big) == 128
+    packed = pack({"small": small, "big": big, "other": torch.ones(5)}, arena=arena)
+    del small, big
+    out = unpack(cross(packed, channel))
+    assert out["small"].tolist() == list(range(10))
+    assert int(out["big"].sum()) == 7 * 3_000_000 and out["other"].tolist() == [1.0] * 5
+
+
+def test_a_full_shared_memory_stacks_in_private_memory_instead(
+    channel, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    def full(*args: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    writer = transport.SlabWriter()
+    arena = transport.SlabArena(writer)
+    try:
+        images = [torch.full((4, 4), i, dtype=torch.uint8) for i in range(3)]
+        batch = _collated(arena, images, [0, 1, 2])
+        assert arena.offset_of(batch[0]) is None  # never a SIGBUS on a write to a full slab
+        monkeypatch.undo()
+        out = unpack(cross(pack(batch, writer, arena=arena), channel, writer))
+        torch.testing.assert_close(out[0], torch.stack(images), rtol=0, atol=0)
+    finally:
+        writer.close()
+
+
+def test_a_batch_that_fails_after_collating_gives_its_slab_back() -> None:
+    writer = transport.SlabWriter()
+    arena = transport.SlabArena(writer)
+    try:
+        batch = _collated(arena, [torch.zeros(100)], [0])
+        with pytest.raises(Exception, match="pickle"):
+            pack([batch, lambda: None], writer, arena=arena)  # a lambda cannot be pickled
+        assert len(writer._free) == 1 and arena.used == 0
+        again = _collated(arena, [torch.ones(100)], [1])
+        assert arena.offset_of(again[0]) == 0
+        arena.reset()
+        assert len(writer._free) == 1  # the same slab, not a second one
+    finally:
+        writer.close()
+    gc.collect()
+    assert slab_fds() == []

@@ -37,3 +37,33 @@ def test_a_users_collate_fn_sees_the_worker(in_a_worker: None) -> None:
 
     assert collate(BatchRecipe([], None, ids, "raise"), [1, 2]) == [2, 3]
     assert collate(BatchRecipe([], None, ids, "raise", auto_collation=False), [[5]]) == [6]
+
+
+def test_a_worker_answers_with_its_batch_collated_in_the_slab(in_a_worker: None) -> None:
+    from drapps.runtime.transport import SlabArena, SlabWriter, unpack
+    from drapps.runtime.worker import answer, pack_batch
+
+    dataset = [(torch.full((3, 8, 8), i, dtype=torch.uint8), i) for i in range(6)]
+    recipe = BatchRecipe(dataset, None, default_collate, "raise")
+    writer = SlabWriter()
+    arena = SlabArena(writer)
+    seen: list[int | None] = []
+
+    def pack(batch: object) -> object:
+        seen.append(arena.offset_of(batch[0]))  # type: ignore[index]
+        return pack_batch(batch, writer, arena)
+
+    try:
+        task = (0, 5, 0, 3, [4, 1, 2], 2, None, None)
+        reply = answer(recipe, task, pack, None, arena)  # type: ignore[arg-type]
+        assert reply[0] == "ok" and seen == [0]
+        images, labels = unpack(reply[3])
+        assert labels.tolist() == [4, 1, 2] and images[:, 0, 0, 0].tolist() == [4, 1, 2]
+        # A user collate_fn keeps its own output, copied into a slab as before.
+        mine = BatchRecipe(dataset, None, lambda s: [torch.stack([x for x, _ in s])], "raise")
+        seen.clear()
+        reply = answer(mine, task, pack, None, arena)  # type: ignore[arg-type]
+        assert reply[0] == "ok" and seen == [None]
+        assert unpack(reply[3])[0][:, 0, 0, 0].tolist() == [4, 1, 2]
+    finally:
+        writer.close()

@@ -12,6 +12,11 @@ A slab is never named in ``/dev/shm`` or anywhere else: the kernel frees its pag
 last descriptor and mapping of it are gone, so no signal to any set of drapps' processes
 (SIGKILL to the whole process group included) can leave one behind.
 
+A worker collates a batch straight into its slab (:class:`SlabArena`): torch's default collate
+stacks each batch tensor into memory mapped from the slab, so the pickler only notes where it
+lies, and each image is copied once after its transform instead of twice (stack, then write).
+Anything else in the batch (labels, a user collate's output) is written as above.
+
 Slabs are recycled. A worker keeps the descriptors of the slabs it sent (:class:`SlabWriter`);
 once the last tensor over a slab is garbage-collected in the process that received it, a
 release notice goes back to that worker (:class:`SlabRecycler`, sent by the dispatcher), which
@@ -43,6 +48,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.utils.data._utils.collate import collate_tensor_fn, default_collate_fn_map
 
 from drapps.runtime.errors import fd_limit_error
 
@@ -170,10 +176,11 @@ def _aligned(n: int) -> int:
 
 
 class _SlabPickler(pickle.Pickler):
-    def __init__(self, file: io.BytesIO) -> None:
+    def __init__(self, file: io.BytesIO, arena: SlabArena | None = None) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self.buffers: list[tuple[int, memoryview]] = []
-        self.nbytes = 0
+        self.arena = arena
+        self.nbytes = arena.used if arena is not None else 0
 
     def _place(self, raw: np.ndarray) -> int:
         offset = self.nbytes
@@ -186,6 +193,8 @@ class _SlabPickler(pickle.Pickler):
         if type(obj) is torch.Tensor:
             if obj.layout != torch.strided or obj.device.type != "cpu" or obj.requires_grad:
                 return None
+            if self.arena is not None and (offset := self.arena.offset_of(obj)) is not None:
+                return ("t", offset, obj.dtype, tuple(obj.shape))  # collated in place
             flat = obj.detach().contiguous().reshape(-1)
             # A uint8 view reaches dtypes NumPy lacks (bfloat16) and keeps the copy a memcpy.
             raw = flat.view(torch.uint8).numpy() if flat.numel() else np.empty(0, np.uint8)
@@ -228,7 +237,12 @@ class _SlabUnpickler(pickle.Unpickler):
             )
 
 
-def pack(batch: Any, writer: SlabWriter | None = None, directory: str | None = None) -> Packed:
+def pack(
+    batch: Any,
+    writer: SlabWriter | None = None,
+    directory: str | None = None,
+    arena: SlabArena | None = None,
+) -> Packed:
     """Write ``batch``'s array bytes into a slab and return its skeleton, with the slab's
     descriptor in :attr:`Packed.fd` (:func:`send_message` sends it and then closes it, or
     hands it to ``writer``).
@@ -237,16 +251,24 @@ def pack(batch: Any, writer: SlabWriter | None = None, directory: str | None = N
         writer: the worker's :class:`SlabWriter`: a slab it was told is released is written
             over when there is one, and the batch is marked for recycling.
         directory: see :func:`create_slab`.
+        arena: the slab the batch was collated into (:class:`SlabArena`): its tensors stay where
+            they are, the rest is written after them, and the arena is emptied.
 
     Raises:
         SharedMemoryFullError: shared memory ran out while writing.
     """
     file = io.BytesIO()
-    pickler = _SlabPickler(file)
-    pickler.dump(batch)
-    if not pickler.buffers:
+    pickler = _SlabPickler(file, arena)
+    try:
+        pickler.dump(batch)
+        held = arena.hand_over() if arena is not None else None
+    except BaseException:
+        if arena is not None:
+            arena.reset()
+        raise
+    if held is None and not pickler.buffers:
         return Packed(file.getvalue(), 0)
-    slab, fd = writer.take() if writer is not None else (0, None)
+    slab, fd = held if held is not None else writer.take() if writer is not None else (0, None)
     try:
         if fd is None:
             fd = create_slab(directory)
@@ -259,15 +281,131 @@ def pack(batch: Any, writer: SlabWriter | None = None, directory: str | None = N
         if fd is not None:
             os.close(fd)
         if exc.errno in (errno.ENOSPC, errno.ENOMEM):
-            where = directory or ("memory" if _HAS_MEMFD else SHM_DIR)
-            raise SharedMemoryFullError(
-                exc.errno,
-                f"shared memory ({where}) ran out while writing a "
-                f"{pickler.nbytes / 2**20:.1f} MiB batch; free memory (docker: --shm-size, "
-                "where slabs live in /dev/shm) or lower the loader's memory_budget or prefetch",
-            ) from exc
+            raise _full(pickler.nbytes, directory) from exc
         raise
     return Packed(file.getvalue(), pickler.nbytes, slab, recycle=writer is not None, fd=fd)
+
+
+def _full(nbytes: int, directory: str | None) -> SharedMemoryFullError:
+    where = directory or ("memory" if _HAS_MEMFD else SHM_DIR)
+    return SharedMemoryFullError(
+        errno.ENOSPC,
+        f"shared memory ({where}) ran out while writing a {nbytes / 2**20:.1f} MiB batch; free "
+        "memory (docker: --shm-size, where slabs live in /dev/shm) or lower the loader's "
+        "memory_budget or prefetch",
+    )
+
+
+_PAGE = mmap.PAGESIZE
+
+
+class SlabArena:
+    """A worker's slab for the batch it is collating, mapped writable, so the default collate
+    stacks each tensor straight into it (:meth:`collate_map`) and :func:`pack` writes only what
+    is not there yet. One copy per image after its transform, not two.
+
+    Space is reserved with ``fallocate`` before it is mapped, so a full shared memory is an
+    error to fall back from (the tensor is then stacked in private memory and written as
+    usual), never a SIGBUS on a write through the mapping. The arena's size follows the
+    largest batch so far, so a steady run maps each slab once per batch.
+
+    Example:
+        >>> arena = SlabArena()
+        >>> x = arena.empty((2, 3), torch.int16)
+        >>> arena.offset_of(x), arena.used
+        (0, 64)
+        >>> arena.reset()
+    """
+
+    def __init__(self, writer: SlabWriter | None = None, directory: str | None = None) -> None:
+        self.writer = writer
+        self.directory = directory
+        self.used = 0
+        """Bytes of the slab taken so far (64-byte aligned)."""
+        self._slab: tuple[int, int] | None = None  # (slab id, descriptor)
+        self._reserved = 0
+        self._mappings: list[tuple[int, int, Any]] = []  # (address, bytes, mapping)
+        self._hint = 0
+        self.collate_map = {**default_collate_fn_map, torch.Tensor: self._stack}
+        """torch's default collate map, stacking tensors into this arena."""
+
+    def empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:
+        """An uninitialised tensor in the slab, or None when shared memory is full."""
+        count = 1
+        for dim in shape:
+            count *= dim
+        nbytes = count * dtype.itemsize
+        offset, end = self.used, self.used + nbytes
+        if end > self._reserved and not self._reserve(end):
+            return None
+        self.used = _aligned(end)
+        if not nbytes:
+            return torch.empty(shape, dtype=dtype)
+        mapping = self._mappings[-1][2]  # the newest maps the slab from its start to past ``end``
+        raw = torch.frombuffer(mapping, dtype=torch.uint8, count=nbytes, offset=offset)
+        return raw.view(dtype).view(shape)
+
+    def offset_of(self, tensor: torch.Tensor) -> int | None:
+        """Where ``tensor``'s bytes start in the slab, when it is one of this arena's."""
+        if not self._mappings or not tensor.is_contiguous() or tensor.numel() == 0:
+            return None
+        start = tensor.data_ptr()
+        end = start + tensor.numel() * tensor.element_size()
+        for address, size, _ in self._mappings:
+            if address <= start and end <= address + size:
+                return start - address
+        return None
+
+    def hand_over(self) -> tuple[int, int] | None:
+        """The slab (id, descriptor) :func:`pack` sends, or None when nothing was collated into
+        it; the arena is empty afterwards (the batch's tensors keep their mapping alive)."""
+        held = self._slab
+        self._hint = max(self._hint, self.used)
+        self._slab, self._mappings, self._reserved, self.used = None, [], 0, 0
+        return held
+
+    def reset(self) -> None:
+        """Drop what was collated (the batch failed): the slab goes back to the writer."""
+        held = self.hand_over()
+        if held is None:
+            return
+        if self.writer is not None:
+            self.writer.give_back(*held)
+        else:
+            os.close(held[1])
+
+    def _reserve(self, end: int) -> bool:
+        if self._slab is None:
+            slab, fd = self.writer.take() if self.writer is not None else (0, None)
+            try:
+                self._slab = (slab, fd if fd is not None else create_slab(self.directory))
+            except OSError:
+                return False
+        fd = self._slab[1]
+        size = -(-max(end, self._hint) // _PAGE) * _PAGE
+        try:
+            os.posix_fallocate(fd, 0, size)
+            mapping = map_slab(fd, size)
+        except OSError:
+            return False
+        self._mappings.append((ctypes.addressof(mapping), size, mapping))
+        self._reserved = size
+        return True
+
+    def _stack(self, batch: Any, *, collate_fn_map: Any = None) -> torch.Tensor:
+        first = batch[0]
+        if (
+            first.layout is torch.strided
+            and first.device.type == "cpu"
+            and all(
+                t.shape == first.shape and t.dtype == first.dtype and not t.requires_grad
+                for t in batch
+            )
+        ):
+            out = self.empty((len(batch), *first.shape), first.dtype)
+            if out is not None:
+                return torch.stack(batch, out=out)
+        return collate_tensor_fn(batch, collate_fn_map=collate_fn_map)
 
 
 def send_message(conn: Connection, message: Any, writer: SlabWriter | None = None) -> None:
@@ -371,6 +509,14 @@ class SlabWriter:
                 self._free.append(fd)
             else:
                 os.close(fd)
+
+    def give_back(self, slab: int, fd: int) -> None:
+        """A slab taken (:meth:`take`) but never sent: free for the next batch."""
+        del slab
+        if len(self._free) < self.keep:
+            self._free.append(fd)
+        else:
+            os.close(fd)
 
     def held(self) -> int:
         """Descriptors held (sent and free)."""

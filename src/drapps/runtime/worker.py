@@ -32,6 +32,7 @@ from drapps.runtime.seeding import (
 from drapps.runtime.transport import (
     Packed,
     SharedMemoryFullError,
+    SlabArena,
     SlabWriter,
     pack,
     pack_inline,
@@ -124,15 +125,18 @@ def unsendable(recipe: BatchRecipe) -> tuple[str, Exception] | None:
     return None
 
 
-def collate(recipe: BatchRecipe, samples: list[Any]) -> Any:
+def collate(recipe: BatchRecipe, samples: list[Any], arena: SlabArena | None = None) -> Any:
     """``collate_fn`` over the samples (or over the one sample when auto-batching is off).
 
     torch's ``default_collate`` runs with ``get_worker_info()`` hidden, so that it does not
-    allocate its output in shared memory (see :func:`worker_info_hidden`).
+    allocate its output in shared memory (see :func:`worker_info_hidden`); given the worker's
+    ``arena``, it stacks tensors straight into the slab the batch will cross in.
     """
     batch = samples if recipe.auto_collation else samples[0]
     if recipe.collate_fn is default_collate:
         with worker_info_hidden():
+            if arena is not None:
+                return collate_with(batch, collate_fn_map=arena.collate_map)
             return default_collate(batch)
     return recipe.collate_fn(batch)
 
@@ -145,6 +149,7 @@ def make_batch(
     split: int | None = None,
     *,
     collate: bool = True,
+    arena: SlabArena | None = None,
 ) -> Made:
     """Fetch, transform and collate ``indices``, seeding each sample from (seed, epoch, index).
 
@@ -152,6 +157,7 @@ def make_batch(
     split (the rest run on the batch after the reorder buffer); None runs it whole.
     ``collate=False``: return the list of samples made (a part of a batch, which the training
     process collates with the batch's other parts) and their positions in ``Made.kept``.
+    ``arena``: collate into this slab (see :func:`collate`).
 
     Raises:
         SampleError: a sample failed and ``on_error="raise"``, or collate_fn failed.
@@ -222,7 +228,7 @@ def make_batch(
     if not samples:
         return Made(None, skipped, (fetch_s, transform_s, 0.0), costs)
     t2 = time.perf_counter()
-    batch = collate_samples(recipe, samples, split, indices)
+    batch = collate_samples(recipe, samples, split, indices, arena=arena)
     return Made(batch, skipped, (fetch_s, transform_s, time.perf_counter() - t2), costs)
 
 
@@ -262,10 +268,12 @@ def collate_samples(
     indices: Any,
     *,
     one_thread: bool = False,
+    arena: SlabArena | None = None,
 ) -> Any:
     """The batch of ``samples`` as the recipe collates it (a Pipeline split before its end
     collates each part of a sample its own way). ``one_thread``: torch's default_collate
-    stacks tensors in the calling thread (the training process collating parts).
+    stacks tensors in the calling thread (the training process collating parts); ``arena``:
+    into the worker's slab.
 
     Raises:
         SampleError: collate_fn failed (naming ``indices``).
@@ -275,7 +283,7 @@ def collate_samples(
         if one_thread and recipe.collate_fn is default_collate:
             with worker_info_hidden():
                 return collate_with(rest, collate_fn_map=_ONE_THREAD_MAP)
-        return collate(recipe, rest)
+        return collate(recipe, rest, arena)
 
     try:
         if split is not None:  # a Pipeline split before its end: its parts may differ in shape
@@ -323,6 +331,7 @@ def run_worker(
     set_worker_info(slot, num_workers, base_seed, recipe.dataset)
     init_error = run_worker_init(recipe, slot)
     writer = SlabWriter()
+    arena = SlabArena(writer)
     try:
         while (task := next_task(tasks, parent_pid)) is not PARENT_GONE:
             if task is None:
@@ -334,7 +343,9 @@ def run_worker(
             if (workers_now, seed) != (num_workers, base_seed):
                 num_workers, base_seed = workers_now, seed
                 set_worker_info(slot, num_workers, base_seed, recipe.dataset)
-            reply = answer(recipe, task, lambda batch: pack_batch(batch, writer), init_error)
+            reply = answer(
+                recipe, task, lambda batch: pack_batch(batch, writer, arena), init_error, arena
+            )
             send_message(results, reply, writer)
     except (EOFError, BrokenPipeError, ConnectionResetError):
         pass  # the parent closed our pipes: it is gone or shutting down
@@ -354,6 +365,7 @@ def answer(
     task: tuple[Any, ...],
     pack: Callable[[Any], Packed],
     init_error: SampleError | None = None,
+    arena: SlabArena | None = None,
 ) -> tuple[Any, ...]:
     """The reply to one task message, whoever runs it (a worker process, a Ray actor, a thread).
 
@@ -361,19 +373,27 @@ def answer(
     ``part`` None asks for the whole batch collated, an int for those samples uncollated (one
     part of a batch cut among workers). Replies are
     ``("ok", generation, batch_id, packed, skipped, seconds, costs, part, kept)`` and
-    ``("err", generation, batch_id, SampleError, part)``.
+    ``("err", generation, batch_id, SampleError, part)``. ``arena``: the slab a whole batch is
+    collated into, which ``pack`` sends (:class:`~drapps.runtime.transport.SlabArena`).
     """
     generation, seed, epoch, batch_id, indices, _, split, part = task
     if init_error is not None:
         return ("err", generation, batch_id, init_error, part)
     try:
-        made = make_batch(recipe, seed, epoch, indices, split, collate=part is None)
-    except SampleError as exc:
-        return ("err", generation, batch_id, exc, part)
-    try:
-        packed = None if made.batch is None else pack(made.batch)
-    except Exception as exc:  # the batch cannot cross: unpicklable, slab unwritable
-        return ("err", generation, batch_id, transport_error(batch_id, indices, exc), part)
+        try:
+            made = make_batch(
+                recipe, seed, epoch, indices, split, collate=part is None,
+                arena=arena if part is None else None,
+            )  # fmt: skip
+        except SampleError as exc:
+            return ("err", generation, batch_id, exc, part)
+        try:
+            packed = None if made.batch is None else pack(made.batch)
+        except Exception as exc:  # the batch cannot cross: unpicklable, slab unwritable
+            return ("err", generation, batch_id, transport_error(batch_id, indices, exc), part)
+    finally:
+        if arena is not None:
+            arena.reset()  # a batch that failed or was not sent gives its slab back
     return (
         "ok", generation, batch_id, packed, made.skipped, made.seconds, made.costs, part, made.kept
     )  # fmt: skip
@@ -436,12 +456,14 @@ def run_worker_init(recipe: BatchRecipe, slot: int) -> SampleError | None:
 _warned_full = False
 
 
-def pack_batch(batch: Any, writer: SlabWriter | None = None) -> Packed:
-    """The batch in a slab (one ``writer`` took back, or a new one); through the pipe instead
-    when shared memory is full."""
+def pack_batch(
+    batch: Any, writer: SlabWriter | None = None, arena: SlabArena | None = None
+) -> Packed:
+    """The batch in a slab (the ``arena`` it was collated into, one ``writer`` took back, or a
+    new one); through the pipe instead when shared memory is full."""
     global _warned_full
     try:
-        return pack(batch, writer)
+        return pack(batch, writer, arena=arena)
     except SharedMemoryFullError as exc:
         if not _warned_full:
             _warned_full = True
