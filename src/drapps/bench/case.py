@@ -8,6 +8,7 @@ memory is each case's own, and nothing one run warms or leaks carries into the n
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
@@ -154,6 +155,8 @@ def run_case(spec: dict[str, Any]) -> dict[str, Any]:
         memory.stop()
     # Processes alive at both ends (a worker resized away mid-run takes its last share along).
     cpu_s = sum(cpu_after[p] - cpu_before[p] for p in cpu_after.keys() & cpu_before.keys())
+    me = os.getpid()  # the training process: its loop, and whatever the system runs in it
+    loop_cpu_s = cpu_after.get(me, 0.0) - cpu_before.get(me, 0.0)
     ordered = sorted(waits)
     return {
         "batch_size": batch_size,
@@ -165,6 +168,10 @@ def run_case(spec: dict[str, Any]) -> dict[str, Any]:
         "wait_p50_ms": 1000 * ordered[len(ordered) // 2],
         "wait_p99_ms": 1000 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))],
         "cpu_util": cpu_s / (elapsed * spec["cores"]),
+        # CPU per timed batch: every process of the system, and the training process alone
+        # (its loop and step, plus all of tf.data's or DALI's threads, which run in it).
+        "cpu_ms_per_batch": 1000 * cpu_s / n,
+        "loop_cpu_ms_per_batch": 1000 * loop_cpu_s / n,
         "peak_rss_mib": memory.peak / 2**20,
         "first_batch_s": first_batch_s,
         # the warm-up after the first batch (with --cache: the rest of the first epoch)

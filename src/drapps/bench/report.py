@@ -32,6 +32,12 @@ def _ends(row: dict[str, Any]) -> str:
     return str(ends[0]) if len(set(map(str, ends))) == 1 else ", ".join(map(str, ends))
 
 
+def _cpu_per_batch(row: dict[str, Any]) -> str:
+    if "cpu_ms_per_batch" not in row:  # results from before it was recorded
+        return "-"
+    return f"{row['cpu_ms_per_batch']:.0f} / {row['loop_cpu_ms_per_batch']:.1f}"
+
+
 def scenario_rows(results: dict[str, Any], workload: str, scenario: str) -> list[dict[str, Any]]:
     """The summary rows of one workload and scenario (a new list, free to sort)."""
     return [
@@ -46,9 +52,9 @@ def scenario_table(results: dict[str, Any], workload: str, scenario: str) -> lis
         f"#### `{workload}`, `{scenario}`",
         "",
         "| system | samples/s | 95% CI of the mean | vs oracle static | of limit | loop waited "
-        "| next() p50 / p99 ms | CPU busy | peak RSS MiB | first batch s | end-to-end s "
-        "| workers at end |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| next() p50 / p99 ms | CPU busy | CPU ms/batch: all / training process "
+        "| peak RSS MiB | first batch s | end-to-end s | workers at end |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     best = best_dataloader(rows)
     best_rate = best["samples_per_s"] if best is not None else None
@@ -62,7 +68,7 @@ def scenario_table(results: dict[str, Any], workload: str, scenario: str) -> lis
             f"| {name} | {_spread(row, 'samples_per_s')} | {_interval(row)} | {ratio} | {share} "
             f"| {row['wait_fraction']:.0%} "
             f"| {row['wait_p50_ms']:.1f} / {row['wait_p99_ms']:.0f} "
-            f"| {row['cpu_util']:.0%} | {row['peak_rss_mib']:.0f} "
+            f"| {row['cpu_util']:.0%} | {_cpu_per_batch(row)} | {row['peak_rss_mib']:.0f} "
             f"| {row['first_batch_s']:.2f} | {row['end_to_end_s']:.1f} | {_ends(row)} |"
         )
     if best is not None:
