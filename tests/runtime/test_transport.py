@@ -281,3 +281,34 @@ def test_a_batch_that_fails_after_collating_gives_its_slab_back() -> None:
         writer.close()
     gc.collect()
     assert slab_fds() == []
+
+
+def test_a_recycled_slab_stays_mapped_in_its_worker_and_never_shrinks_under_it(channel) -> None:  # type: ignore[no-untyped-def]
+    writer = transport.SlabWriter()
+    arena = transport.SlabArena(writer)
+    try:
+        mappings = []
+        for round_ in range(4):
+            images = [torch.full((3, 64, 64), round_, dtype=torch.uint8) for _ in range(4)]
+            if round_ == 2:  # a batch a user's collate made: written, not collated in place
+                batch = [torch.stack(images), torch.tensor([1])]
+                packed = pack(batch, writer, arena=arena)
+            else:
+                batch = _collated(arena, images, [0, 1, 2, 3])
+                packed = pack(batch, writer, arena=arena)
+                mappings.append(writer._mapped[packed.fd][1])
+            del batch
+            got = cross(packed, channel, writer)
+            out = unpack(got)
+            assert int(out[0].float().mean()) == round_  # every batch right, whatever came before
+            del out
+            gc.collect()
+            writer.released([(got.slab, True)])
+        assert mappings[0] is mappings[1] is mappings[2]  # one slab, mapped once
+        assert len(writer._mapped) == 1 and writer.held() == 1
+    finally:
+        writer.close()
+    assert writer._mapped == {}
+    del mappings
+    gc.collect()
+    assert slab_fds() == [] and slab_maps() == []

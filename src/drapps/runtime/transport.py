@@ -272,14 +272,20 @@ def pack(
     try:
         if fd is None:
             fd = create_slab(directory)
-        os.ftruncate(fd, pickler.nbytes)
+        if writer is not None:
+            writer.fit(fd, pickler.nbytes)
+        else:
+            os.ftruncate(fd, pickler.nbytes)
         for offset, view in pickler.buffers:
             written = 0
             while written < len(view):
                 written += os.pwrite(fd, view[written:], offset + written)
     except OSError as exc:
         if fd is not None:
-            os.close(fd)
+            if writer is not None:
+                writer._close(fd)
+            else:
+                os.close(fd)
         if exc.errno in (errno.ENOSPC, errno.ENOMEM):
             raise _full(pickler.nbytes, directory) from exc
         raise
@@ -307,7 +313,8 @@ class SlabArena:
     Space is reserved with ``fallocate`` before it is mapped, so a full shared memory is an
     error to fall back from (the tensor is then stacked in private memory and written as
     usual), never a SIGBUS on a write through the mapping. The arena's size follows the
-    largest batch so far, so a steady run maps each slab once per batch.
+    largest batch so far; with a ``writer``, a recycled slab keeps its mapping from the batch
+    before (:meth:`SlabWriter.mapping`).
 
     Example:
         >>> arena = SlabArena()
@@ -384,12 +391,15 @@ class SlabArena:
         fd = self._slab[1]
         size = -(-max(end, self._hint) // _PAGE) * _PAGE
         try:
-            os.posix_fallocate(fd, 0, size)
-            mapping = map_slab(fd, size)
+            if self.writer is not None:
+                mapping = self.writer.mapping(fd, size)
+            else:
+                os.posix_fallocate(fd, 0, size)
+                mapping = map_slab(fd, size)
         except OSError:
             return False
-        self._mappings.append((ctypes.addressof(mapping), size, mapping))
-        self._reserved = size
+        self._mappings.append((ctypes.addressof(mapping), len(mapping), mapping))
+        self._reserved = len(mapping)
         return True
 
     def _stack(self, batch: Any, *, collate_fn_map: Any = None) -> torch.Tensor:
@@ -477,7 +487,10 @@ class SlabWriter:
     writes a later batch into one the receiver has released (:meth:`released`).
 
     Writing over a slab whose pages are already allocated skips allocating and zeroing fresh
-    pages for every batch (about a millisecond per 5 MB batch, see ``docs/runtime.md``).
+    pages for every batch (about a millisecond per 5 MB batch, see ``docs/runtime.md``). A slab
+    a batch was collated into (:class:`SlabArena`) also stays mapped in the worker for as long
+    as the worker holds it, so a recycled slab costs no ``mmap``, page faults or ``munmap``
+    either; its file never shrinks while mapped (a write past its end would be a SIGBUS).
     """
 
     def __init__(self, keep: int = KEEP_FREE, memory: int = _SENT_MEMORY) -> None:
@@ -486,17 +499,54 @@ class SlabWriter:
         self._next = 0
         self._sent: collections.OrderedDict[int, int] = collections.OrderedDict()
         self._free: list[int] = []
+        self._mapped: dict[int, tuple[int, Any]] = {}  # descriptor -> (bytes mapped, mapping)
+        self._length: dict[int, int] = {}  # descriptor -> the file's length, as last set here
 
     def take(self) -> tuple[int, int | None]:
         """A new slab id, and a released slab's descriptor to write into (None: make one)."""
         self._next += 1
         return self._next, (self._free.pop() if self._free else None)
 
+    def mapping(self, fd: int, nbytes: int) -> Any:
+        """The first ``nbytes`` (at least) of slab ``fd``, mapped writable in this process: kept
+        from an earlier batch when it is large enough, else reserved (``fallocate``, so a full
+        shared memory raises OSError here rather than SIGBUS on a write) and mapped.
+
+        Raises:
+            OSError: the space or the mapping could not be had.
+        """
+        held = self._mapped.get(fd)
+        if held is not None and held[0] >= nbytes:
+            return held[1]
+        os.posix_fallocate(fd, 0, nbytes)
+        self._length[fd] = max(nbytes, self._length.get(fd, 0))
+        mapping = map_slab(fd, nbytes)
+        self._mapped[fd] = (nbytes, mapping)
+        return mapping
+
+    def fit(self, fd: int, nbytes: int) -> None:
+        """Make slab ``fd``'s file ``nbytes`` long; a mapped slab only ever grows."""
+        if fd in self._mapped:
+            if nbytes > self._length.get(fd, 0):
+                os.ftruncate(fd, nbytes)
+                self._length[fd] = nbytes
+            return
+        os.ftruncate(fd, nbytes)
+        self._length[fd] = nbytes
+
     def sent(self, slab: int, fd: int) -> None:
         """Keep ``fd`` until the receiver says whether ``slab`` may be written again."""
         self._sent[slab] = fd
         while len(self._sent) > self.memory:
-            os.close(self._sent.popitem(last=False)[1])
+            self._close(self._sent.popitem(last=False)[1])
+
+    def give_back(self, slab: int, fd: int) -> None:
+        """A slab taken (:meth:`take`) but never sent: free for the next batch."""
+        del slab
+        if len(self._free) < self.keep:
+            self._free.append(fd)
+        else:
+            self._close(fd)
 
     def released(self, notices: list[tuple[int, bool]]) -> None:
         """The receiver has let go of these slabs: ``(slab, reusable)`` each; a slab that is
@@ -508,24 +558,21 @@ class SlabWriter:
             if reusable and len(self._free) < self.keep:
                 self._free.append(fd)
             else:
-                os.close(fd)
-
-    def give_back(self, slab: int, fd: int) -> None:
-        """A slab taken (:meth:`take`) but never sent: free for the next batch."""
-        del slab
-        if len(self._free) < self.keep:
-            self._free.append(fd)
-        else:
-            os.close(fd)
+                self._close(fd)
 
     def held(self) -> int:
         """Descriptors held (sent and free)."""
         return len(self._sent) + len(self._free)
 
+    def _close(self, fd: int) -> None:
+        self._mapped.pop(fd, None)  # unmapped once no tensor of this process is over it
+        self._length.pop(fd, None)
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
     def close(self) -> None:
         for fd in [*self._sent.values(), *self._free]:
-            with contextlib.suppress(OSError):
-                os.close(fd)
+            self._close(fd)
         self._sent.clear()
         self._free.clear()
 
