@@ -20,15 +20,19 @@ from drapps.control import (
 
 
 class World:
-    """A toy pipeline: throughput = min(consumer rate, per_worker * min(workers, cores))."""
+    """A toy pipeline: throughput = min(consumer rate, per_worker * min(workers, cores));
+    ``others``: cores that other processes use at the same time (it only shows in cpu_util)."""
 
-    def __init__(self, per_worker: float, consumer: float, cores: int, workers: int = 1) -> None:
+    def __init__(
+        self, per_worker: float, consumer: float, cores: int, workers: int = 1, others: float = 0
+    ) -> None:
         self.per_worker, self.consumer, self.cores, self.workers = (
             per_worker,
             consumer,
             cores,
             workers,
         )
+        self.others = others
 
     def observe(self) -> State:
         produced = self.per_worker * min(self.workers, self.cores)
@@ -36,11 +40,13 @@ class World:
         wait = max(0.0, 1 - produced / self.consumer)
         busy = min(self.cores, self.workers * throughput / self.per_worker / max(1, self.workers))
         queue = 2 * self.workers if produced > self.consumer else 0
+        used = min(self.cores, busy + self.others)
         return state(
             cores=self.cores,
-            cpu_util=busy / self.cores,
-            idle_cores=self.cores - busy,
-            workers_cpu=busy,
+            cpu_util=used / self.cores,
+            idle_cores=self.cores - used,
+            workers_cpu=max(0.0, min(busy, self.cores - self.others)),
+            main_cpu=0.0,
             wait_fraction=wait,
             throughput=throughput,
             workers=self.workers,
@@ -151,12 +157,24 @@ def test_readapts_when_the_consumer_gets_faster() -> None:
 
 
 def test_hysteresis_prevents_flapping_at_the_ceiling() -> None:
-    world = World(per_worker=100, consumer=1000, cores=4, workers=4)
+    # A competitor holds a core's worth of CPU, so another worker might win some of it.
+    world = World(per_worker=100, consumer=1000, cores=4, workers=4, others=1.0)
     actions = world.run(HeuristicPolicy(), ticks=200)
     tries = [a for a in actions if a.workers == +1]
     # Probes at the ceiling back off 8, 16, 32, 64, 120 ticks: a handful, not one per window.
     assert 2 <= len(tries) <= 6
     assert all("back to 4" in b.reason for b in actions if b.workers == -1)
+
+
+def test_no_worker_past_one_per_core_on_a_machine_the_job_saturates_alone() -> None:
+    world = World(per_worker=100, consumer=1000, cores=4, workers=4)
+    actions = world.run(HeuristicPolicy(), ticks=200)
+    assert not [a for a in actions if a.workers == +1] and world.settled() == 4
+    # A pool that grew while a competitor ran comes back to one worker per core once it left.
+    world = World(per_worker=100, consumer=1000, cores=4, workers=6)
+    actions = world.run(HeuristicPolicy(), ticks=60)
+    assert world.settled(20) == 4
+    assert any("saturated by this job alone" in a.reason for a in actions)
 
 
 def test_backoff_is_cancelled_when_conditions_change() -> None:

@@ -65,7 +65,12 @@ class HeuristicConfig:
     which the worker counts as free (it waits on reads, not on the CPU) and is kept unless
     throughput fell."""
     cpu_busy: float = 0.9
-    """CPU utilisation above which the device stage is tried before another worker."""
+    """CPU utilisation above which the device stage is tried before another worker, and above
+    which, with other processes taking less than ``others_low`` of the cores, the job owns a
+    saturated machine: no worker beyond one per core is tried, and a pool above that is
+    tried one smaller."""
+    others_low: float = 0.1
+    """Share of the cores other processes may use while the job still owns the machine."""
     device_room: float = 0.5
     """GPU utilisation below which the device stage may take another op (the proposal's
     "offload when the CPU is busy and the GPU under 50%")."""
@@ -184,9 +189,11 @@ class HeuristicPolicy:
         queue = self._mean("queue_batches")
         workers = self._may_move("workers")
         split = state.split is not None and self._may_move("split")
+        owned = self._owns_the_cpu(state)
         grow = (
             workers
             and state.workers < state.max_workers
+            and not (owned and state.workers >= state.cores)
             and self._may_try("workers", +1, state, wait)
         )
         if wait > c.wait_high and split and self._mean("cpu_util") > c.cpu_busy:
@@ -201,6 +208,24 @@ class HeuristicPolicy:
                 state,
                 f"training loop waited {wait:.0%} of the time with "
                 f"{idle:.1f} idle cores: trying {state.workers + 1} workers",
+            )
+        if (
+            wait > c.wait_high
+            and workers
+            and owned
+            and state.workers > state.cores
+            and self._may_try("workers", -1, state, wait)
+        ):
+            # More CPU-bound workers than cores on a machine nobody else uses only share the
+            # same cores (and take the training process's): one fewer is tried, kept unless
+            # throughput falls. A competitor's return re-opens growth.
+            return self._start(
+                "workers",
+                -1,
+                state,
+                f"the CPU is saturated by this job alone ({state.workers} workers on "
+                f"{state.cores} cores, the loop waited {wait:.0%}): trying "
+                f"{state.workers - 1} workers",
             )
         if (
             wait < c.wait_low
@@ -291,6 +316,17 @@ class HeuristicPolicy:
                 reason=f"the queue stays full ({queue:.1f} of {state.prefetch}): one batch less",
             )
         return NOOP
+
+    def _owns_the_cpu(self, state: State) -> bool:
+        """Whether the cores are saturated and this job's processes use them (over the
+        window): another worker could then only share them. With a competitor (another job, a
+        hog) a worker more wins a larger share of the cores, and may pay."""
+        c = self.config
+        if self._mean("cpu_util") < c.cpu_busy:
+            return False
+        used = self._mean("cpu_util") * state.cores
+        others = used - self._mean("main_cpu") - self._mean("workers_cpu")
+        return others < c.others_low * state.cores
 
     def _mean(self, name: str) -> float:
         """Mean of a State field over the recent window."""
