@@ -312,3 +312,70 @@ def test_a_recycled_slab_stays_mapped_in_its_worker_and_never_shrinks_under_it(c
     del mappings
     gc.collect()
     assert slab_fds() == [] and slab_maps() == []
+
+
+def _worker_round(writer, recycler, channel, value: int):  # type: ignore[no-untyped-def]
+    """One batch from a worker's writer through the socket, unpacked as the dispatcher does."""
+    packed = pack({"x": torch.full((64, 1024), value, dtype=torch.int32)}, writer)
+    got = cross(packed, channel, writer)
+    release = recycler.releaser(0, got.slab)
+    return unpack(got, release=release, mappings=recycler.mappings)
+
+
+def test_the_training_process_reads_a_recycled_slab_through_the_mapping_it_had(channel) -> None:  # type: ignore[no-untyped-def]
+    writer, recycler = transport.SlabWriter(), transport.SlabRecycler()
+    try:
+        first = _worker_round(writer, recycler, channel, 1)
+        address = first["x"].data_ptr()
+        del first
+        gc.collect()
+        assert len(recycler.mappings) == 1 and len(slab_maps()) == 1  # kept, not unmapped
+        writer.released(recycler.drain()[0])
+        second = _worker_round(writer, recycler, channel, 2)  # the same slab, written over
+        assert second["x"].data_ptr() == address and len(recycler.mappings) == 0
+        assert int(second["x"].sum()) == 2 * 64 * 1024  # the worker's new bytes, not the old
+        del second
+        gc.collect()
+        writer.released(recycler.drain()[0])
+    finally:
+        writer.close()
+        recycler.close()
+    assert len(recycler.mappings) == 0
+    gc.collect()
+    assert slab_maps() == [] and slab_fds() == []
+
+
+def test_kept_mappings_are_bounded_and_a_closed_recycler_keeps_none(channel) -> None:  # type: ignore[no-untyped-def]
+    writer, recycler = transport.SlabWriter(keep=8), transport.SlabRecycler()
+    recycler.mappings.keep = 2
+    try:
+        batches = [_worker_round(writer, recycler, channel, i) for i in range(4)]
+        del batches
+        gc.collect()
+        assert len(recycler.mappings) == 2 and len(slab_maps()) == 2  # the oldest unmapped
+        held = _worker_round(writer, recycler, channel, 9)  # a fresh slab (none given back)
+        recycler.close()
+        assert len(slab_maps()) == 1  # only the batch still held
+        del held
+        gc.collect()
+        assert slab_maps() == []  # released after close: unmapped, not kept
+    finally:
+        writer.close()
+        recycler.close()
+
+
+def test_a_slab_mapped_across_a_fork_is_not_kept_mapped(channel) -> None:  # type: ignore[no-untyped-def]
+    writer, recycler = transport.SlabWriter(), transport.SlabRecycler()
+    try:
+        batch = _worker_round(writer, recycler, channel, 3)
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0 if len(recycler.mappings) == 0 else 1)
+        assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+        del batch
+        gc.collect()
+        assert len(recycler.mappings) == 0 and slab_maps() == []
+        assert recycler.drain() == {0: [(1, False)]}
+    finally:
+        writer.close()
+        recycler.close()

@@ -32,7 +32,7 @@ from drapps.ops.op import Op, Spec, expect
 from drapps.runtime.seeding import active_rng
 
 try:
-    from drapps.ops import _jpeg_region
+    import drapps.ops._jpeg_region as _jpeg_region
 except ImportError:  # not built: no compiler or no libjpeg headers when installed
     _jpeg_region = None  # type: ignore[assignment]
 

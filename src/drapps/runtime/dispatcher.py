@@ -780,7 +780,7 @@ class Dispatcher:
         release = None
         if packed.recycle and packed.slab is not None:
             release = self._recycler.releaser(worker.wid, packed.slab)
-        batch = unpack(packed, self._on_release, release)
+        batch = unpack(packed, self._on_release, release, self._recycler.mappings)
         nbytes = packed.nbytes
         if nbytes:
             with self._bytes_lock:

@@ -585,6 +585,8 @@ class SlabRecycler:
     def __init__(self) -> None:
         self._notices: collections.deque[tuple[int, int, bool]] = collections.deque()
         self._closed = False
+        self.mappings = ReceivedMappings()
+        """The receiver's mappings of this recycler's released slabs, for :func:`unpack`."""
 
     def releaser(self, worker: int, slab: int) -> Callable[[bool], None]:
         """What to call, with whether the slab may be written again, once ``slab`` of
@@ -608,6 +610,7 @@ class SlabRecycler:
         """Send no more notices (the workers are stopping; their slabs go with them)."""
         self._closed = True
         self._notices.clear()
+        self.mappings.close()
 
 
 def pack_buffer(batch: Any) -> Packed:
@@ -634,6 +637,7 @@ def unpack(
     packed: Packed,
     on_release: Callable[[int], None] | None = None,
     release: Callable[[bool], None] | None = None,
+    mappings: ReceivedMappings | None = None,
 ) -> Any:
     """Map the slab of a received batch and rebuild the batch (zero-copy); the slab's
     descriptor is closed.
@@ -642,6 +646,8 @@ def unpack(
         on_release: called with the slab's size once the last tensor over it is gone.
         release: called then too, with whether the slab may be written again (a recyclable
             slab: see :class:`SlabRecycler`).
+        mappings: where the slab's mapping is looked up, and kept once it is released as
+            reusable (:class:`ReceivedMappings`, with ``release``).
 
     Both are called only in this process: a forked child that drops its copy of the batch
     (or exits) calls neither.
@@ -659,7 +665,11 @@ def unpack(
     elif packed.fd is not None:
         forks = _forks[0]
         try:
-            slab = map_slab(packed.fd, packed.nbytes)
+            if release is None or mappings is None:
+                slab = map_slab(packed.fd, packed.nbytes)
+            else:
+                key, address, size = mappings.map(packed.fd, packed.nbytes)
+                slab = (ctypes.c_ubyte * packed.nbytes).from_address(address)
         except BaseException:
             if release is not None:
                 release(False)
@@ -670,9 +680,119 @@ def unpack(
         settled = forks if forks % 2 == 0 and _forks[0] == forks else None
         if on_release is not None:
             weakref.finalize(slab, _in_owner, owner, on_release, packed.nbytes)
-        if release is not None:
+        if release is not None and mappings is None:
             weakref.finalize(slab, _release_slab, owner, release, settled)
+        elif release is not None and mappings is not None:
+            weakref.finalize(slab, _retire, owner, release, settled, mappings, key, address, size)
     return _SlabUnpickler(io.BytesIO(packed.skeleton), slab).load()
+
+
+def _release_slab(owner: int, release: Callable[[bool], None], forks: int | None) -> None:
+    if os.getpid() == owner:
+        release(forks is not None and _forks[0] == forks)
+
+
+class ReceivedMappings:
+    """The receiver's mappings of released slabs, kept for the slab's next batch (one set per
+    :class:`SlabRecycler`, closed with it).
+
+    A recycled slab comes back with a new descriptor for the same file: found here by its
+    inode, it is read through the mapping it had, so the training process pays no ``mmap``,
+    page-table population or ``munmap`` per batch. Only slabs released as reusable are kept
+    (the worker writes them only after that), and only a few: one whose worker closed it
+    instead holds its pages until it is pushed out (at most ``keep`` slabs and ``max_bytes``)
+    or the set is closed. A forked child unmaps its inherited copies at once.
+    """
+
+    def __init__(self, keep: int = 4, max_bytes: int = 64 * 2**20) -> None:
+        self.keep, self.max_bytes = keep, max_bytes
+        self._held: collections.OrderedDict[tuple[int, int], tuple[int, int]] = (
+            collections.OrderedDict()
+        )
+        self._lock = threading.Lock()  # finalizers run in whichever thread drops a batch
+        self._closed = False
+        _OPEN_MAPPINGS.add(self)
+
+    def map(self, fd: int, nbytes: int) -> tuple[tuple[int, int], int, int]:
+        """(file key, address, bytes mapped) of at least ``nbytes`` of slab ``fd``."""
+        stat = os.fstat(fd)
+        key = (stat.st_dev, stat.st_ino)
+        with self._lock:
+            held = self._held.pop(key, None)
+        if held is not None:
+            if held[1] >= nbytes:
+                return key, held[0], held[1]
+            _libc.munmap(held[0], held[1])
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+        address = _libc.mmap(None, nbytes, mmap.PROT_READ | mmap.PROT_WRITE, flags, fd, 0)
+        if address is None or address == _MAP_FAILED:
+            code = ctypes.get_errno()
+            raise OSError(code, f"cannot map a {nbytes}-byte slab: {os.strerror(code)}")
+        return key, address, nbytes
+
+    def keep_mapped(self, key: tuple[int, int], address: int, size: int) -> None:
+        """Keep a released slab's mapping (pushing the oldest out past the bounds); once
+        closed, unmap it instead."""
+        gone = []
+        with self._lock:
+            if self._closed:
+                gone.append((address, size))
+            elif (previous := self._held.pop(key, None)) is not None:
+                gone.append(previous)  # mapped again meanwhile: keep the newer one
+            if not self._closed:
+                self._held[key] = (address, size)
+            total = sum(size for _, size in self._held.values())
+            while len(self._held) > self.keep or total > self.max_bytes:
+                _, (old, old_size) = self._held.popitem(last=False)
+                total -= old_size
+                gone.append((old, old_size))
+        for old, old_size in gone:
+            _libc.munmap(old, old_size)
+
+    def close(self) -> None:
+        """Unmap every kept mapping and keep none from now on."""
+        with self._lock:
+            self._closed = True
+            held, self._held = list(self._held.values()), collections.OrderedDict()
+        for address, size in held:
+            _libc.munmap(address, size)
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+
+_OPEN_MAPPINGS: weakref.WeakSet[ReceivedMappings] = weakref.WeakSet()
+
+
+def _close_in_child() -> None:
+    for mappings in list(_OPEN_MAPPINGS):
+        mappings._lock = threading.Lock()  # another thread may have held it at the fork
+        mappings.close()
+
+
+os.register_at_fork(after_in_child=_close_in_child)
+
+
+def _retire(
+    owner: int,
+    release: Callable[[bool], None],
+    forks: int | None,
+    mappings: ReceivedMappings,
+    key: tuple[int, int],
+    address: int,
+    size: int,
+) -> None:
+    """The last tensor over a received, recyclable slab is gone: keep the mapping for the
+    slab's next batch when it may be written again, and tell its worker."""
+    if os.getpid() != owner:
+        _libc.munmap(address, size)  # a forked child's copy of the mapping
+        return
+    reusable = forks is not None and _forks[0] == forks
+    if reusable:
+        mappings.keep_mapped(key, address, size)
+    else:
+        _libc.munmap(address, size)
+    release(reusable)
 
 
 def _in_owner(owner: int, function: Callable[..., None], *args: Any) -> None:
@@ -680,11 +800,6 @@ def _in_owner(owner: int, function: Callable[..., None], *args: Any) -> None:
     children, which run them when they drop their copies or exit."""
     if os.getpid() == owner:
         function(*args)
-
-
-def _release_slab(owner: int, release: Callable[[bool], None], forks: int | None) -> None:
-    if os.getpid() == owner:
-        release(forks is not None and _forks[0] == forks)
 
 
 def discard(packed: Packed, release: Callable[[bool], None] | None = None) -> None:
