@@ -22,15 +22,16 @@ $(PY):
 	$(BENCH_ENV) $(PY) -m pip install -q -c constraints.txt torch==2.13.0
 
 # Everything the tests need (the dev extra: every peer and engine).
-# The region decoder (a C extension, drapps.ops._jpeg_region) is compiled by these installs against
-# the system's libjpeg-turbo; without a compiler or its headers the install goes on without it.
+# The region decoder (a C extension, drapps.ops._jpeg_region, declared in setup.py) is compiled by
+# these installs against the system's libjpeg-turbo; without a compiler or its headers the install
+# goes on without it.
 JPEG_EXT := src/drapps/ops/_jpeg_region.c
-$(STAMP): pyproject.toml constraints.txt $(JPEG_EXT) | $(PY)
+$(STAMP): pyproject.toml setup.py constraints.txt $(JPEG_EXT) | $(PY)
 	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
 # What `make bench` needs, and no more: the image workload, plots, tf.data.
-$(BENCH_STAMP): pyproject.toml constraints.txt $(JPEG_EXT) | $(PY)
+$(BENCH_STAMP): pyproject.toml setup.py constraints.txt $(JPEG_EXT) | $(PY)
 	$(BENCH_ENV) $(PY) -m pip install -q -c constraints.txt -e '.[bench,tf]'
 	touch $(BENCH_STAMP)
 
