@@ -33,9 +33,10 @@ def _photo_jpeg(width: int, height: int) -> bytes:
     return simplejpeg.encode_jpeg(np.ascontiguousarray(photo), quality=90, colorspace="RGB")
 
 
-def test_full_path_is_decode_then_crop_pixel_for_pixel() -> None:
+@pytest.mark.parametrize("region", [True, False])
+def test_full_path_is_decode_then_crop_pixel_for_pixel(region: bool) -> None:
     data = _photo_jpeg(1600, 1200)
-    full = DecodeRandomResizedCrop(224, reduce=False)
+    full = DecodeRandomResizedCrop(224, reduce=False, region=region)
     for seed in range(10):
         fused = full.apply(data, np.random.default_rng(seed))
         decoded = DecodeJPEG()(data)

@@ -322,10 +322,10 @@ class HeuristicPolicy:
         window): another worker could then only share them. With a competitor (another job, a
         hog) a worker more wins a larger share of the cores, and may pay."""
         c = self.config
-        if self._mean("cpu_util") < c.cpu_busy:
+        busy = self._mean("cpu_util")
+        if busy < c.cpu_busy:
             return False
-        used = self._mean("cpu_util") * state.cores
-        others = used - self._mean("main_cpu") - self._mean("workers_cpu")
+        others = busy * state.cores - self._mean("main_cpu") - self._mean("workers_cpu")
         return others < c.others_low * state.cores
 
     def _mean(self, name: str) -> float:

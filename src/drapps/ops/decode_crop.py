@@ -164,8 +164,8 @@ class DecodeRandomResizedCrop(Op):
         top, left, h, w = self.crop.crop_box(height, width, rng)
         size = self.crop.size
         d = reduction(h, w, size) if self.reduce else 1
-        if d > 1:  # the box on the 1/d scaled image's grid (libjpeg's size: ceil(side / d))
-            rows, cols = -(-height // d), -(-width // d)
+        rows, cols = -(-height // d), -(-width // d)  # libjpeg's size at 1/d: ceil(side / d)
+        if d > 1:  # the box on the scaled image's grid
             sy, sx = rows / height, cols / width
             y0, x0 = round(top * sy), round(left * sx)
             y1 = max(y0 + 1, min(rows, round((top + h) * sy)))
@@ -177,14 +177,9 @@ class DecodeRandomResizedCrop(Op):
                 region = decode_region(data, top, left, h, w, d)
                 self.last_path = "region"
             except NotImplementedError:  # CMYK: the whole-image decode converts it
-                region = None
+                pass
         if region is None:
-            if d == 1:
-                image = simplejpeg.decode_jpeg(data, colorspace="RGB")
-            else:
-                image = simplejpeg.decode_jpeg(
-                    data, colorspace="RGB", min_height=-(-height // d), min_width=-(-width // d)
-                )
+            image = simplejpeg.decode_jpeg(data, colorspace="RGB", min_height=rows, min_width=cols)
             region = image[top : top + h, left : left + w]
             self.last_path = "full" if d == 1 else "reduced"
         self.last_reduction = d

@@ -161,14 +161,21 @@ def map_slab(fd: int, nbytes: int) -> Any:
     """``nbytes`` of the slab ``fd``, mapped shared and writable: a ctypes array (a buffer
     NumPy and torch read without copying) that unmaps itself when collected; the descriptor
     may be closed at once."""
+    address = _mmap(fd, nbytes)
+    mapping = (ctypes.c_ubyte * nbytes).from_address(address)
+    weakref.finalize(mapping, _libc.munmap, address, nbytes)
+    return mapping
+
+
+def _mmap(fd: int, nbytes: int) -> int:
+    """The address of ``nbytes`` of slab ``fd`` mapped shared, writable and populated; the
+    caller unmaps it."""
     flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
     address = _libc.mmap(None, nbytes, mmap.PROT_READ | mmap.PROT_WRITE, flags, fd, 0)
     if address is None or address == _MAP_FAILED:
         code = ctypes.get_errno()
         raise OSError(code, f"cannot map a {nbytes}-byte slab: {os.strerror(code)}")
-    mapping = (ctypes.c_ubyte * nbytes).from_address(address)
-    weakref.finalize(mapping, _libc.munmap, address, nbytes)
-    return mapping
+    return int(address)
 
 
 def _aligned(n: int) -> int:
@@ -404,18 +411,24 @@ class SlabArena:
 
     def _stack(self, batch: Any, *, collate_fn_map: Any = None) -> torch.Tensor:
         first = batch[0]
-        if (
-            first.layout is torch.strided
-            and first.device.type == "cpu"
-            and all(
-                t.shape == first.shape and t.dtype == first.dtype and not t.requires_grad
-                for t in batch
-            )
-        ):
+        if uniform_cpu_tensors(batch):
             out = self.empty((len(batch), *first.shape), first.dtype)
             if out is not None:
                 return torch.stack(batch, out=out)
         return collate_tensor_fn(batch, collate_fn_map=collate_fn_map)
+
+
+def uniform_cpu_tensors(batch: Any) -> bool:
+    """Whether ``batch`` (a non-empty list of tensors) is dense CPU tensors of one shape and
+    dtype, none needing grad: what can be stacked into memory chosen by the caller."""
+    first = batch[0]
+    return (
+        first.layout is torch.strided
+        and first.device.type == "cpu"
+        and all(
+            t.shape == first.shape and t.dtype == first.dtype and not t.requires_grad for t in batch
+        )
+    )
 
 
 def send_message(conn: Connection, message: Any, writer: SlabWriter | None = None) -> None:
@@ -723,12 +736,7 @@ class ReceivedMappings:
             if held[1] >= nbytes:
                 return key, held[0], held[1]
             _libc.munmap(held[0], held[1])
-        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-        address = _libc.mmap(None, nbytes, mmap.PROT_READ | mmap.PROT_WRITE, flags, fd, 0)
-        if address is None or address == _MAP_FAILED:
-            code = ctypes.get_errno()
-            raise OSError(code, f"cannot map a {nbytes}-byte slab: {os.strerror(code)}")
-        return key, address, nbytes
+        return key, _mmap(fd, nbytes), nbytes
 
     def keep_mapped(self, key: tuple[int, int], address: int, size: int) -> None:
         """Keep a released slab's mapping (pushing the oldest out past the bounds); once
@@ -737,15 +745,15 @@ class ReceivedMappings:
         with self._lock:
             if self._closed:
                 gone.append((address, size))
-            elif (previous := self._held.pop(key, None)) is not None:
-                gone.append(previous)  # mapped again meanwhile: keep the newer one
-            if not self._closed:
+            else:
+                if (previous := self._held.pop(key, None)) is not None:
+                    gone.append(previous)  # mapped again meanwhile: keep the newer one
                 self._held[key] = (address, size)
-            total = sum(size for _, size in self._held.values())
-            while len(self._held) > self.keep or total > self.max_bytes:
-                _, (old, old_size) = self._held.popitem(last=False)
-                total -= old_size
-                gone.append((old, old_size))
+                total = sum(kept for _, kept in self._held.values())
+                while len(self._held) > self.keep or total > self.max_bytes:
+                    _, (old, old_size) = self._held.popitem(last=False)
+                    total -= old_size
+                    gone.append((old, old_size))
         for old, old_size in gone:
             _libc.munmap(old, old_size)
 
