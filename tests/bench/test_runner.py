@@ -35,6 +35,9 @@ def check_runs(results: dict[str, Any], cases: set[tuple[str, str, str]], repeat
         assert run["samples_per_s"] > 0 and 0 <= run["wait_fraction"] <= 1
         assert run["peak_rss_mib"] > 0 and run["first_batch_s"] > 0
         assert run["end_to_end_s"] >= run["first_batch_s"]
+        # CPU per batch: every process's, and the training process's share of it
+        assert 0 <= run["loop_cpu_ms_per_batch"] <= run["cpu_ms_per_batch"], run["case"]
+        assert run["cpu_ms_per_batch"] > 0, run["case"]
     json.dumps(results)  # the record must be JSON as it stands
 
 
@@ -102,7 +105,7 @@ def test_every_available_system_runs_each_workload(
     assert limit["cores"] == usable_cores() and limit["per_core_samples_per_s"] > 0
     assert limit["samples_per_s"] == pytest.approx(limit["per_core_samples_per_s"] * limit["cores"])
     assert f"Preprocessing limit of `{workload}` here: {limit['samples_per_s']:.0f}" in table
-    assert "| of limit |" in table
+    assert "| of limit |" in table and "| CPU ms/batch: all / training process |" in table
 
 
 # Minutes: behind -m slow.
