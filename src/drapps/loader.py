@@ -100,7 +100,7 @@ class Loader(_DataLoaderAttributes):
             with its meaning. Where drapps differs: ``num_workers`` is ``workers``' other name
             and also takes "auto" (the default); a worker over ``timeout`` on one batch is
             replaced and the batch retried (0 or None: no limit).
-        seed, transform, split, device, workers, max_workers, prefetch, memory_budget,
+        seed, transform, split, offload, device, workers, max_workers, prefetch, memory_budget,
             on_error, max_attempts, policy, min_workers, control_interval, trace, progress,
             dispatch, lookahead, defer_after, shard_by_rank: drapps' own settings, each
             documented once, on the field of the same name of :class:`drapps.LoaderConfig`.
@@ -165,6 +165,7 @@ class Loader(_DataLoaderAttributes):
         seed: int | None = None,
         transform: Callable[[Any], Any] | None = None,
         split: int | Literal["auto"] | None = None,
+        offload: float | Literal["auto"] | None = None,
         device: str | torch.device | None = None,
         cache: Cache | bool | Literal["auto"] | None = "auto",
         backend: Literal["process", "ray"] | Backend = "process",
@@ -317,6 +318,18 @@ class Loader(_DataLoaderAttributes):
             raise ValueError("set_split() needs a drapps.ops.Pipeline as the transform")
         self._parts.split.set(split)
 
+    def set_offload(self, share: float) -> None:
+        """Offload ``share`` of each batch's samples to the device stage from now on: their
+        ops from the split on run there, the others' in the workers (see
+        :meth:`drapps.ops.split.Split.set_share`).
+
+        Raises:
+            ValueError: the transform is not a Pipeline, or ``share`` is not in [0, 1].
+        """
+        if self._parts.split is None:
+            raise ValueError("set_offload() needs a drapps.ops.Pipeline as the transform")
+        self._parts.split.set_share(share)
+
     def set_codec(self, codec: str) -> None:
         """Write new cache entries with ``codec`` (one of the cache's, or "off" to bypass it).
 
@@ -385,7 +398,7 @@ def _choose_engine(
     per_worker = c.prefetch_factor or 2
     budget = c.resolved_memory_budget
     limits = Limits(budget, c.resolved_max_workers)
-    first_split = split.value if split is not None else None
+    first_split = split.cut if split is not None else None
     if c.initial_workers and not backend.sendable(c, recipe):
         c = dataclasses.replace(
             c,
@@ -394,6 +407,7 @@ def _choose_engine(
             multiprocessing_context=None,
             persistent_workers=False,
             split=None if c.split == "auto" else c.split,
+            offload=None if c.offload == "auto" else c.offload,
         )
     if c.initial_workers == 0:
         engine: Engine = InlineEngine(

@@ -128,7 +128,7 @@ def test_iterable_engines_conform(workers: int) -> None:
     check_engine(maker(Shards(), batch_size=3, workers=workers), expected)
 
 
-@pytest.mark.parametrize("workers", [0, 2, "parts"])
+@pytest.mark.parametrize("workers", [0, 2, "parts", "offload"])
 def test_a_split_pipeline_conforms(workers: int | str) -> None:
     with drapps.Loader(
         Pictures(), batch_size=4, shuffle=True, seed=SEED, workers=0, transform=pipeline(2)
@@ -139,9 +139,11 @@ def test_a_split_pipeline_conforms(workers: int | str) -> None:
         batch_size=4,
         shuffle=True,
         seed=SEED,
-        workers=2 if workers == "parts" else workers,
+        workers=2 if workers in ("parts", "offload") else workers,
         dispatch="samples" if workers == "parts" else "batches",
         transform=pipeline(1),  # the flip runs in the device stage, on batches
+        # Half of each batch's samples flipped in the stage, the rest whole in the workers.
+        offload=0.5 if workers == "offload" else None,
     )
     check_engine(make, expected, kill=kill_a_worker if workers else None)
 

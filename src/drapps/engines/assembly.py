@@ -164,7 +164,7 @@ def assemble(
     on_cuda = resolved is not None and resolved.type == "cuda"
     # A non-blocking copy to the GPU needs page-locked memory: pin as batches arrive.
     finish = pinner(c.pin_memory or on_cuda, "" if on_cuda else pin_memory_device)
-    split = Split.of(c.transform, c.split, indexed=not iterable, batched=batched)
+    split = Split.of(c.transform, c.split, indexed=not iterable, batched=batched, offload=c.offload)
     stage = None
     if split is not None or resolved is not None:
         stage = DeviceStage(split.pipeline if split is not None else None, resolved or "cpu")

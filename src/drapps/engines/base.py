@@ -46,7 +46,7 @@ class EngineBatch:
 
     batch: Any
     skipped: Skipped = field(default_factory=list)
-    split: int | None = None
+    split: Any = None
     """The Pipeline split the batch was made with: its device stage starts there."""
     error: BaseException | None = None
     batch_id: int | None = None
@@ -107,8 +107,9 @@ class Engine(ABC):
             "engine (workers=0)"
         )
 
-    def set_split(self, split: int | None) -> None:
-        """Make batches from now on with a Pipeline transform's ops before ``split``."""
+    def set_split(self, split: Any) -> None:
+        """Make batches from now on with a Pipeline transform's ops before ``split`` (an int,
+        or a :class:`drapps.ops.cut.Cut` that offloads only a share of each batch)."""
         return None
 
     def set_prefetch(self, depth: int | None) -> None:

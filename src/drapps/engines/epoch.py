@@ -226,7 +226,7 @@ class Epoch:
             self._delivered.stage_wait_s += time.perf_counter() - began
         return self._stage.finish(staged)
 
-    def _staged(self, batch: Any, indices: list[Any], skipped: Skipped, split: int | None) -> Any:
+    def _staged(self, batch: Any, indices: list[Any], skipped: Skipped, split: Any) -> Any:
         """``batch`` through the device stage: moved to the loader's device, and through the
         ops of its Pipeline from ``split``, the split it was made with."""
         stage = self._stage

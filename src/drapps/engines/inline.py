@@ -38,7 +38,7 @@ class InlineEngine(Engine):
         drop_last: bool,
         limits: Limits,
         finish: Callable[[Any], Any] | None = None,
-        split: int | None = None,
+        split: Any = None,
     ) -> None:
         self._recipe = recipe
         self._batching = (batch_size, drop_last)
@@ -54,7 +54,7 @@ class InlineEngine(Engine):
     def workers(self) -> int:
         return 0
 
-    def set_split(self, split: int | None) -> None:
+    def set_split(self, split: Any) -> None:
         self._split = split
 
     def start_epoch(self, job: EpochJob) -> None:

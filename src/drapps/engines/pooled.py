@@ -60,7 +60,7 @@ class PoolEngine(Engine):
         max_attempts: int,
         context: BaseContext | None,
         finish: Callable[[Any], Any] | None = None,
-        split: int | None = None,
+        split: Any = None,
         pool: WorkerPool | None = None,
         in_order: bool = True,
         round_robin: bool = False,
@@ -120,7 +120,7 @@ class PoolEngine(Engine):
     def resize(self, workers: int) -> None:
         self.dispatcher.resize(workers)
 
-    def set_split(self, split: int | None) -> None:
+    def set_split(self, split: Any) -> None:
         self.dispatcher.set_split(split)
 
     def set_prefetch(self, depth: int | None) -> None:

@@ -25,16 +25,18 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from drapps.ops.cut import Mixed
 from drapps.ops.op import running_on
 from drapps.ops.pipeline import Pipeline
 
@@ -43,6 +45,8 @@ def move(batch: Any, device: torch.device, *, non_blocking: bool = False) -> Any
     """Every tensor of ``batch`` (nested in lists, tuples and dicts) on ``device``."""
     if isinstance(batch, torch.Tensor):
         return batch.to(device, non_blocking=non_blocking)
+    if isinstance(batch, Mixed):
+        return batch.map_tensors(lambda t: t.to(device, non_blocking=non_blocking))
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):
         return type(batch)(*(move(x, device, non_blocking=non_blocking) for x in batch))
     if isinstance(batch, list | tuple):
@@ -99,17 +103,43 @@ class DeviceStage:
     steps on this one: on the CPU, that is what lets the stage use the time the loop spends
     waiting on its accelerator; on a GPU it takes the per-sample Python work off the loop.
 
+    Under device memory pressure the stage shrinks: while the device's free memory is under
+    ``reserve`` of its total it runs the ops on pieces of each batch (halved per batch), and a
+    piece that still runs out of memory is halved and retried, at one sample on the CPU; the
+    controller then lowers the offload share (:attr:`squeezed` counts such batches).
+
     Args:
         pipeline: the loader's Pipeline (None: batches are only moved).
         device: where the stage runs ("cpu", "cuda", "cuda:1", ...).
+        memory: ``() -> (free, total)`` bytes of the device (None: CUDA's ``mem_get_info`` on
+            a GPU, nothing on the CPU).
+        reserve: the share of the device's memory kept free for the model's step.
     """
 
-    def __init__(self, pipeline: Pipeline | None, device: str | torch.device) -> None:
+    def __init__(
+        self,
+        pipeline: Pipeline | None,
+        device: str | torch.device,
+        *,
+        memory: Callable[[], tuple[int, int]] | None = None,
+        reserve: float = 0.1,
+    ) -> None:
         resolved = resolve_device(device)
         assert resolved is not None
+        if not 0.0 <= reserve < 1.0:
+            raise ValueError(f"reserve must be in [0, 1), got {reserve!r}")
         self.pipeline = pipeline
         self.device = resolved
         self.cuda = resolved.type == "cuda"
+        if memory is None and self.cuda:
+            memory = functools.partial(torch.cuda.mem_get_info, resolved)
+        self._memory = memory
+        self.reserve = reserve
+        self.piece: int | None = None
+        """Samples the ops run on at once (None: the whole batch); halved under memory
+        pressure, doubled back when the device has room again."""
+        self.squeezed = 0
+        """Batches run in pieces, or on the CPU, for want of device memory."""
         self._stream = torch.cuda.Stream(resolved) if self.cuda else None
         self._timed: deque[tuple[Any, Any]] = deque()  # CUDA (start, end) events not yet read
         self._lock = threading.Lock()  # the controller thread reads the timers too
@@ -120,19 +150,19 @@ class DeviceStage:
         self.batches = 0
         """Batches the stage has run."""
 
-    def idle(self, start: int | None) -> bool:
+    def idle(self, start: Any) -> bool:
         """Whether a batch made with split ``start`` needs nothing here (no op to run, and
         the CPU is where it already is)."""
         return self.device.type == "cpu" and not self.has_ops(start)
 
-    def run(self, batch: Any, sample_seeds: Sequence[int], start: int | None) -> Any:
+    def run(self, batch: Any, sample_seeds: Sequence[int], start: Any) -> Any:
         """``batch`` on the device with ops ``start..`` applied (``start`` None or the
         pipeline's length: moved only). ``sample_seeds``: the batch's samples' seeds, in order."""
         if self.idle(start):
             return batch
         return self.finish(self.start(batch, sample_seeds, start))
 
-    def ahead(self, batch: Any, sample_seeds: Sequence[int], start: int | None) -> Future[Staged]:
+    def ahead(self, batch: Any, sample_seeds: Sequence[int], start: Any) -> Future[Staged]:
         """:meth:`start` in the stage's thread; pass the result to :meth:`finish` in the
         thread that uses the batch.
 
@@ -146,7 +176,7 @@ class DeviceStage:
                 self._executor = ThreadPoolExecutor(1, thread_name_prefix="drapps-device-stage")
             return self._executor.submit(self.start, batch, sample_seeds, start)
 
-    def start(self, batch: Any, sample_seeds: Sequence[int], start: int | None) -> Staged:
+    def start(self, batch: Any, sample_seeds: Sequence[int], start: Any) -> Staged:
         """Move ``batch`` and run the ops (on CUDA: queued on the side stream)."""
         if self._stream is None:
             t0 = time.perf_counter()
@@ -177,17 +207,53 @@ class DeviceStage:
         self._read_timers()
         return staged.batch
 
-    def has_ops(self, start: int | None) -> bool:
+    def has_ops(self, start: Any) -> bool:
         """Whether a batch made with split ``start`` has ops to run here."""
         pipeline = self.pipeline
-        return pipeline is not None and start is not None and start < len(pipeline.ops)
+        return (
+            pipeline is not None
+            and start is not None
+            and pipeline.stop_of(start) < len(pipeline.ops)
+        )
 
-    def _apply(self, batch: Any, sample_seeds: Sequence[int], start: int | None) -> Any:
+    def _apply(self, batch: Any, sample_seeds: Sequence[int], start: Any) -> Any:
         if not self.has_ops(start):
             return batch
         assert self.pipeline is not None and start is not None
-        with running_on(self.device):
-            return self.pipeline.run_batch(batch, sample_seeds, start)
+        squeezed = self._follow_memory(len(sample_seeds))
+        while True:
+            try:
+                with running_on(self.device):
+                    out = self.pipeline.run_batch(batch, sample_seeds, start, piece=self.piece)
+                break
+            except torch.OutOfMemoryError:
+                # The loader must never be why the model's step runs out of memory: retry in
+                # smaller pieces, and at one sample a piece, on the CPU.
+                squeezed = True
+                if self.cuda:
+                    torch.cuda.empty_cache()
+                if self.piece == 1 or len(sample_seeds) <= 1:
+                    cpu = torch.device("cpu")
+                    with running_on(cpu):
+                        made = self.pipeline.run_batch(move(batch, cpu), sample_seeds, start)
+                    out = move(made, self.device)
+                    break
+                self.piece = max(1, (self.piece or len(sample_seeds)) // 2)
+        self.squeezed += squeezed
+        return out
+
+    def _follow_memory(self, samples: int) -> bool:
+        """Halve :attr:`piece` while the device's free memory is under ``reserve`` of it,
+        double it back (to whole batches) once over twice that; whether this batch is
+        squeezed."""
+        if self._memory is None:
+            return self.piece is not None
+        free, total = self._memory()
+        if free < self.reserve * total:
+            self.piece = max(1, (self.piece or samples) // 2)
+        elif self.piece is not None and free > 2 * self.reserve * total:
+            self.piece = None if 2 * self.piece >= samples else 2 * self.piece
+        return self.piece is not None
 
     def _read_timers(self) -> None:
         with self._lock:

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from drapps.ops.cut import Cut, Mixed, Pending, merge
 from drapps.ops.op import ANY, Op, Opaque, Spec, as_op
 from drapps.runtime.seeding import op_rng, op_stream
 
@@ -108,10 +109,35 @@ class Pipeline:
         them uniform)."""
         return split < len(self.ops) and not self.specs[split].uniform
 
-    def collate(self, samples: list[Any], collate: Callable[[list[Any]], Any], split: int) -> Any:
+    def stop_of(self, cut: int | Cut | None) -> int:
+        """The first op a batch made with ``cut`` may leave to the batch stage (the end for
+        None: the whole pipeline runs in the workers)."""
+        if cut is None:
+            return len(self.ops)
+        return cut.split if isinstance(cut, Cut) else cut
+
+    def run_cut(self, sample: Any, start: int, cut: int | Cut | None, sample_seed: int) -> Any:
+        """Ops ``start..`` on one sample up to where ``cut`` cuts it: the split, or, for a
+        :class:`~drapps.ops.cut.Cut`, the split if the sample is offloaded (its part then
+        marked :class:`~drapps.ops.cut.Pending`) and the end if not."""
+        if not isinstance(cut, Cut):
+            return self.run_sample(sample, start, self.stop_of(cut))
+        if not cut.offloads(sample_seed):
+            return self.run_sample(sample, start, len(self.ops))
+        made = self.run_sample(sample, start, cut.split)
+        return (
+            Pending(made) if self.key is None else _replace(made, self.key, Pending(made[self.key]))
+        )
+
+    def collate(
+        self, samples: list[Any], collate: Callable[[list[Any]], Any], split: int | Cut
+    ) -> Any:
         """Collate samples cut at ``split``: by ``collate`` when the parts the ops transform
         have one shape, else :meth:`gather`. Either kind of batch gives the same result in
-        the batch stage."""
+        the batch stage. Under a :class:`~drapps.ops.cut.Cut` the part is
+        :class:`~drapps.ops.cut.Mixed`: the whole samples stacked, the offloaded ones listed."""
+        if isinstance(split, Cut):
+            return self._collate_mixed(samples, collate)
         if split < len(self.ops) and self.specs[split].kind != "tensor":
             return self.gather(samples, collate)  # bytes or arrays: the stage takes a list
         if self.ragged(split):
@@ -119,6 +145,17 @@ class Pipeline:
             if len(shapes) > 1:
                 return self.gather(samples, collate)
         return collate(samples)
+
+    def _collate_mixed(self, samples: list[Any], collate: Callable[[list[Any]], Any]) -> Any:
+        parts = [self._part(sample) for sample in samples]
+        done_at = [i for i, part in enumerate(parts) if not isinstance(part, Pending)]
+        pending_at = [i for i, part in enumerate(parts) if isinstance(part, Pending)]
+        done = collate([parts[i] for i in done_at]) if done_at else None
+        mixed = Mixed(done, done_at, [parts[i].value for i in pending_at], pending_at)
+        if self.key is None:
+            return mixed
+        rest = collate([_replace(sample, self.key, 0) for sample in samples])
+        return _replace(rest, self.key, mixed)
 
     def _part(self, sample: Any) -> Any:
         """What the ops transform: ``sample[key]``, or the whole sample (or batch)."""
@@ -145,11 +182,37 @@ class Pipeline:
                 value = self.ops[position](value)
         return value if self.key is None else _replace(sample, self.key, value)
 
-    def run_batch(self, batch: Any, sample_seeds: Sequence[int], start: int) -> Any:
+    def run_batch(
+        self, batch: Any, sample_seeds: Sequence[int], start: int | Cut, *, piece: int | None = None
+    ) -> Any:
         """Ops ``start..`` on a collated batch whose samples were seeded ``sample_seeds`` (in
         batch order); a random op draws sample ``i``'s parameters from the same stream
-        :meth:`run_sample` gives it."""
+        :meth:`run_sample` gives it. Under a :class:`~drapps.ops.cut.Cut` only the offloaded
+        samples run them, and the batch is merged back in order. ``piece``: run the ops on at
+        most this many samples at a time (less device memory at once; the same result)."""
         value = self._part(batch)
+        if isinstance(start, Cut):
+            value = self._finish_mixed(value, sample_seeds, start, piece)
+        else:
+            value = self._run_pieces(value, sample_seeds, start, piece)
+        return value if self.key is None else _replace(batch, self.key, value)
+
+    def _run_pieces(
+        self, value: Any, sample_seeds: Sequence[int], start: int, piece: int | None
+    ) -> Any:
+        """:meth:`_run_ops` over pieces of at most ``piece`` samples, joined in order."""
+        n = len(sample_seeds)
+        if piece is None or piece >= n or not isinstance(value, list | torch.Tensor):
+            return self._run_ops(value, sample_seeds, start)
+        made = [
+            self._run_ops(value[i : i + piece], sample_seeds[i : i + piece], start)
+            for i in range(0, n, piece)
+        ]
+        if all(isinstance(m, torch.Tensor) for m in made):
+            return torch.cat(made)
+        return _stacked([row for m in made for row in m])
+
+    def _run_ops(self, value: Any, sample_seeds: Sequence[int], start: int) -> Any:
         for position in range(start, len(self.ops)):
             op = self.ops[position]
             rngs = [op_rng(seed, position) for seed in sample_seeds] if op.random else None
@@ -158,8 +221,24 @@ class Pipeline:
             except Exception as exc:
                 exc.drapps_op = f"op {position} ({op!r})"  # type: ignore[attr-defined]
                 raise
-        value = _stacked(value)
-        return value if self.key is None else _replace(batch, self.key, value)
+        return _stacked(value)
+
+    def _finish_mixed(
+        self, value: Any, sample_seeds: Sequence[int], cut: Cut, piece: int | None
+    ) -> Any:
+        """The offloaded samples through the ops from the split, merged with the whole ones."""
+        if not isinstance(value, Mixed):
+            raise ValueError(f"a batch made with {cut} must hold a Mixed part, got {value!r}")
+        if not value.pending:
+            return value.done
+        seeds = [sample_seeds[i] for i in value.pending_at]
+        made = self._run_pieces(value.pending, seeds, cut.split, piece)
+        if not isinstance(made, torch.Tensor):
+            raise ValueError(
+                f"offload: the ops from {cut.split} on gave {type(made).__name__}, not one "
+                "tensor for the offloaded samples of a batch"
+            )
+        return merge(value.done, value.done_at, made, value.pending_at)
 
     def __repr__(self) -> str:
         return f"Pipeline({self.ops!r}, split={self.split}, key={self.key!r})"

@@ -1,6 +1,7 @@
 """Where a :class:`~drapps.ops.Pipeline` transform is split: its ops before the split run in the
-workers, the rest on each batch in the device stage. The split's owner checks every move and
-tells the batch maker (the loader's engine) the new one.
+workers, the rest on each batch in the device stage, for the share of each batch's samples the
+offload share says (:mod:`drapps.ops.cut`). The split's owner checks every move and tells the
+batch maker (the loader's engine) the new cut.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from drapps.ops.cut import Cut, check_share, cut_of
 from drapps.ops.pipeline import Pipeline, check_split
 
 
@@ -20,29 +22,58 @@ class Split:
         indexed: the dataset is map-style (a split before the end seeds the batch stage's
             ops from each sample's index).
         batched: batches are collated (the batch stage runs on batches).
+        offload: the share of each batch's samples cut at the split (a number in [0, 1] or
+            "auto"; None: all of them).
     """
 
-    def __init__(self, pipeline: Pipeline, start: Any, *, indexed: bool, batched: bool) -> None:
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        start: Any,
+        *,
+        indexed: bool,
+        batched: bool,
+        offload: Any = None,
+    ) -> None:
         self.pipeline = pipeline
         self.adjustable = isinstance(start, str) and start == "auto"
         self._indexed, self._batched = indexed, batched
-        self._listeners: list[Callable[[int], None]] = []
+        self._listeners: list[Callable[[int | Cut], None]] = []
         self.value = self.check(pipeline.split if start is None or self.adjustable else start)
+        self.share_adjustable = isinstance(offload, str) and offload == "auto"
+        self.share = 1.0 if offload is None or self.share_adjustable else check_share(offload)
+        """The share of each batch's samples cut at the split (the rest are made whole in
+        the workers); 1: every sample, as a split alone cuts them."""
+        if offload is not None and not self.adjustable and self.value >= len(pipeline.ops):
+            raise ValueError(
+                f"offload={offload!r} needs ops to offload: a split before the Pipeline's end "
+                f"(split=k or split='auto'), got split={start!r}"
+            )
 
     @classmethod
-    def of(cls, transform: Any, split: Any, *, indexed: bool, batched: bool) -> Split | None:
+    def of(
+        cls, transform: Any, split: Any, *, indexed: bool, batched: bool, offload: Any = None
+    ) -> Split | None:
         """The split of ``transform`` if it is a Pipeline; None otherwise.
 
         Raises:
-            ValueError: a split was given for a transform that is not a Pipeline.
+            ValueError: a split or an offload share was given for a transform that is not a
+                Pipeline.
         """
         if isinstance(transform, Pipeline):
-            return cls(transform, split, indexed=indexed, batched=batched)
-        if split is not None:
-            raise ValueError(
-                f"split={split!r} needs a drapps.ops.Pipeline as the transform, got {transform!r}"
-            )
+            return cls(transform, split, indexed=indexed, batched=batched, offload=offload)
+        for name, value in (("split", split), ("offload", offload)):
+            if value is not None:
+                raise ValueError(
+                    f"{name}={value!r} needs a drapps.ops.Pipeline as the transform, got "
+                    f"{transform!r}"
+                )
         return None
+
+    @property
+    def cut(self) -> int | Cut:
+        """What batches are made with now: the split, or a Cut for a share below 1."""
+        return cut_of(self.value, self.share, len(self.pipeline.ops))
 
     @property
     def points(self) -> list[int]:
@@ -51,9 +82,23 @@ class Split:
             return [len(self.pipeline.ops)]
         return self.pipeline.split_points()
 
-    def listen(self, apply: Callable[[int], None]) -> None:
-        """Call ``apply(split)`` on every move."""
+    def listen(self, apply: Callable[[int | Cut], None]) -> None:
+        """Call ``apply(cut)`` on every move of the split or the share (see :attr:`cut`)."""
         self._listeners.append(apply)
+
+    def set_share(self, share: Any) -> None:
+        """Offload ``share`` of each batch's samples from now on (rounded to 1/64).
+
+        Raises:
+            ValueError: not a number in [0, 1].
+        """
+        self.share = round(check_share(share) * 64) / 64
+        self._tell()
+
+    def _tell(self) -> None:
+        cut = self.cut
+        for apply in self._listeners:
+            apply(cut)
 
     def set(self, split: Any) -> None:
         """Move the split: batches made from now on use it.
@@ -63,8 +108,7 @@ class Split:
                 can run.
         """
         self.value = self.check(split)
-        for apply in self._listeners:
-            apply(self.value)
+        self._tell()
 
     def check(self, split: Any) -> int:
         """``split`` as an int, if this loader can run its Pipeline cut there; else raise."""

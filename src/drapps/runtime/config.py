@@ -101,6 +101,12 @@ class LoaderConfig:
     the device stage (an int, fixed), "auto" (the controller moves it one op at a time while
     training runs, keeping a move only if throughput rose), or None (the Pipeline's own
     ``split``). Batches are the same whatever the split (see ``docs/device.md``)."""
+    offload: float | Literal["auto"] | None = None
+    """With a split before the Pipeline's end: the share of each batch's samples whose ops
+    from the split on run in the device stage (e.g. decoded there by nvJPEG), the rest made
+    whole in the workers; a number in [0, 1], "auto" (the controller moves it while training
+    runs) or None (1: every sample). Batches hold the same samples, in the same order, with
+    the same augmentation, at every share (see ``docs/device.md``)."""
     device: str | None = None
     """Where the device stage runs and batches are delivered: "cuda" moves each batch there
     from pinned memory on a side stream and runs the ops after the split on it, batched; None
@@ -192,6 +198,15 @@ class LoaderConfig:
             if isinstance(self.split, (bool, np.bool_)) or not integer or self.split < 0:
                 raise ValueError(f"split must be None, 'auto' or an int >= 0, got {self.split!r}")
             object.__setattr__(self, "split", int(self.split))
+        if self.offload is not None and not (
+            isinstance(self.offload, str) and self.offload == "auto"
+        ):
+            object.__setattr__(self, "offload", _check_share(self.offload))
+        elif self.offload == "auto" and self.workers == 0:
+            raise ValueError(
+                "offload='auto' needs worker processes to share the batches with: set "
+                "workers > 0 or 'auto'"
+            )
         if self.split == "auto" and self.workers == 0:
             raise ValueError(
                 "split='auto' needs worker processes to move ops away from: set workers > 0 "
@@ -403,3 +418,11 @@ def changed_arguments(function: Callable[..., Any], named: dict[str, Any]) -> se
         return isinstance(value, plain) and type(value) is type(default) and value == default
 
     return {name for name, value in named.items() if not same(value, defaults[name].default)}
+
+
+def _check_share(share: Any) -> float:
+    """``offload`` as a float in [0, 1] (the runtime checks it as the ops' ``check_share``
+    does, without importing the ops)."""
+    if isinstance(share, bool) or not isinstance(share, int | float) or not 0 <= share <= 1:
+        raise ValueError(f"offload must be None, 'auto' or a number in [0, 1], got {share!r}")
+    return float(share)

@@ -76,7 +76,7 @@ class Dispatcher:
         prefetch_per_worker: int = 2,
         finish: Callable[[Any], Any] | None = None,
         pool: WorkerPool | None = None,
-        split: int | None = None,
+        split: Any = None,
         round_robin: bool = False,
         dispatch: str = "auto",
         lookahead: int | None = None,
@@ -205,7 +205,7 @@ class Dispatcher:
         """Set the worker count; returns once the dispatcher has acted on it."""
         self._command("resize", workers, wait_applied=True)
 
-    def set_split(self, split: int | None) -> None:
+    def set_split(self, split: Any) -> None:
         """Make batches dispatched from now on with the transform pipeline's ops before
         ``split`` (batches already in flight keep the split they were sent with)."""
         self._command("split", split, wait_applied=True)

@@ -26,7 +26,7 @@ class PartialBatch:
     indices: list[Any]
     positions: dict[int, tuple[int, ...]]
     opened_at: float
-    split: int | None = None
+    split: Any = None
     samples: dict[int, Any] = field(default_factory=dict)
     skipped: dict[int, tuple[Any, str]] = field(default_factory=dict)
     errors: dict[int, BaseException] = field(default_factory=dict)

@@ -38,8 +38,9 @@ class Task:
     batch_id: int
     indices: list[int]
     assigned_at: float
-    split: int | None = None
-    """The transform Pipeline's split the batch is made with (None: no Pipeline)."""
+    split: Any = None
+    """The transform Pipeline's split the batch is made with (None: no Pipeline; a
+    :class:`drapps.ops.cut.Cut` under an offload share below 1)."""
     work: Work | None = None
     """What the schedule handed out: the whole batch or one part (None: the whole batch)."""
 

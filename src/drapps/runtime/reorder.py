@@ -18,7 +18,7 @@ class Entry:
     nbytes: int = 0
     error: BaseException | None = None
     skipped: list[tuple[int, str]] = field(default_factory=list)
-    split: int | None = None
+    split: Any = None
     """The split the batch was made with: its device stage starts there."""
     batch_id: int = -1
     """The batch's id in its epoch (set when the buffer takes it)."""

@@ -147,7 +147,7 @@ def make_batch(
     seed: int,
     epoch: int,
     indices: list[Any],
-    split: int | None = None,
+    split: Any = None,
     *,
     collate: bool = True,
     arena: SlabArena | None = None,
@@ -155,7 +155,9 @@ def make_batch(
     """Fetch, transform and collate ``indices``, seeding each sample from (seed, epoch, index).
 
     ``split``: with a :class:`drapps.ops.Pipeline` transform, run only its ops before this
-    split (the rest run on the batch after the reorder buffer); None runs it whole.
+    split (the rest run on the batch after the reorder buffer); None runs it whole. A
+    :class:`drapps.ops.cut.Cut` (a split with an offload share) cuts only the samples it
+    offloads there and runs the others whole.
     ``collate=False``: return the list of samples made (a part of a batch, which the training
     process collates with the batch's other parts) and their positions in ``Made.kept``.
     ``arena``: collate into this slab (see :func:`collate`).
@@ -168,13 +170,14 @@ def make_batch(
     fetch_s = transform_s = 0.0
     cache = recipe.cache if recipe.cache is not None and recipe.cache.begin_batch() else None
     pipeline: Any = recipe.transform if hasattr(recipe.transform, "run_sample") else None
-    end = len(pipeline.ops) if pipeline is not None and split is None else split
+    end = pipeline.stop_of(split) if pipeline is not None else split
     held = cache.held_ops(end) if cache is not None and end is not None else 0
     lossy = False
     costs: list[float] = []
     kept: list[int] = []
     for position, index in enumerate(indices):
-        seed_sample(sample_seed_for(seed, epoch, key_of(index)))
+        sample_seed = sample_seed_for(seed, epoch, key_of(index))
+        seed_sample(sample_seed)
         stage = "__getitem__"
         t0 = time.perf_counter()
         try:
@@ -195,7 +198,8 @@ def make_batch(
                 cache.put(index, held, sample, int((made - t0) * 1e9))
                 written_s = time.perf_counter() - made
             if pipeline is not None:
-                sample = pipeline.run_sample(sample, held if cache is not None else 0, end)
+                start = held if cache is not None else 0
+                sample = pipeline.run_cut(sample, start, split, sample_seed)
             elif recipe.transform is not None:
                 sample = recipe.transform(sample)
             fetch_s += written_s
@@ -258,7 +262,7 @@ _ONE_THREAD_MAP = {**default_collate_fn_map, torch.Tensor: _stack_in_this_thread
 def collate_samples(
     recipe: BatchRecipe,
     samples: list[Any],
-    split: int | None,
+    split: Any,
     indices: Any,
     *,
     one_thread: bool = False,
