@@ -1,4 +1,5 @@
-"""The heuristic policy: memory-aware hill climbing on the worker count and the split point.
+"""The heuristic policy: memory-aware hill climbing on the worker count, the split point and
+the offload share.
 
 Design and reasoning: ``docs/controller.md``. In short: while the training loop waits, try one
 more worker and keep it only if throughput rose (or the wait fell) by a margin; when the loop
@@ -14,6 +15,12 @@ the loop does not wait and the device stage holds a large share of the loop's ti
 GPU (or with idle cores to take it back), one op moves back. Each move is kept only if
 throughput rose (or did not fall).
 
+With an ``offload`` knob (the share of each batch's samples finished in the device stage) the
+same probe moves the share by a quarter: up while the loop waits on a saturated CPU and the
+device has room, down while the loop waits on the device stage itself (busy over 80% of the
+time, or its GPU over 90%), or while the stage takes a large share of a busy GPU and the loop
+does not wait; under device memory pressure (batches staged in pieces) it goes down at once.
+
 With a ``codec`` knob (a sample cache) the codec with the lowest modelled cost per sample is
 chosen from the cache's measurements (:mod:`drapps.control.codec_rule`).
 """
@@ -26,6 +33,7 @@ from dataclasses import dataclass
 
 from drapps.control.action import NOOP, Action
 from drapps.control.codec_rule import CodecRule
+from drapps.control.knobs import OFFLOAD_STEP
 from drapps.control.policy import register_policy
 from drapps.control.state import State
 
@@ -79,6 +87,9 @@ class HeuristicConfig:
     time gives an op back to the workers."""
     stage_share: float = 0.2
     """Share of wall time the device stage must take before an op is moved back out of it."""
+    stage_full: float = 0.8
+    """Share of wall time above which the device stage is what a waiting loop waits on (its
+    one thread, or its GPU, is saturated): the offload share is lowered."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.wait_low < self.wait_high <= 1:
@@ -95,10 +106,10 @@ class HeuristicConfig:
 @dataclass
 class _Probe:
     knob: str
-    """"workers" or "split"."""
+    """"workers", "split" or "offload"."""
     direction: int
     started: int
-    value: int
+    value: float
     """The knob's value the probe moved it to."""
     throughput: float
     wait: float
@@ -128,7 +139,9 @@ class HeuristicPolicy:
         self._tick = 0
         self._recent: deque[State] = deque(maxlen=self.config.window)
         self._probe: _Probe | None = None
-        self._backoff = {(knob, d): _Backoff() for knob in ("workers", "split") for d in (+1, -1)}
+        self._backoff = {
+            (knob, d): _Backoff() for knob in ("workers", "split", "offload") for d in (+1, -1)
+        }
         self._flowing = 0  # ticks that delivered data since the start
         self._movable: frozenset[str] | None = None  # None: every knob (not bound)
         self._codec = CodecRule(
@@ -158,6 +171,20 @@ class HeuristicPolicy:
             if state.prefetch > 1:
                 return Action(prefetch=-1, reason=f"{why}: lowering prefetch")
             return NOOP
+        if (
+            state.offload
+            and state.device_squeezed > 0
+            and self._may_move("offload")
+            and self._probe is None
+        ):
+            # The device stage already runs in pieces: the model's step needs the memory.
+            self._recent.clear()
+            return _move(
+                "offload",
+                -1,
+                f"the device is short of memory ({state.device_squeezed:.0%} of batches staged "
+                f"in pieces): offloading {_describe('offload', _stepped(state.offload, -1))}",
+            )
         if (
             state.codec is not None
             and self._may_move("codec")
@@ -189,6 +216,7 @@ class HeuristicPolicy:
         queue = self._mean("queue_batches")
         workers = self._may_move("workers")
         split = state.split is not None and self._may_move("split")
+        offload = state.offload is not None and self._may_move("offload")
         owned = self._owns_the_cpu(state)
         grow = (
             workers
@@ -196,6 +224,10 @@ class HeuristicPolicy:
             and not (owned and state.workers >= state.cores)
             and self._may_try("workers", +1, state, wait)
         )
+        if offload:
+            move = self._offload_move(state, wait, idle, grow)
+            if move is not None:
+                return move
         if wait > c.wait_high and split and self._mean("cpu_util") > c.cpu_busy:
             # The proposal's rule: the CPU is saturated, so the device stage is tried first.
             move = self._split_move(state, wait, idle, grow=False)
@@ -290,6 +322,59 @@ class HeuristicPolicy:
             )
         return None
 
+    def _offload_move(self, state: State, wait: float, idle: float, grow: bool) -> Action | None:
+        """A probe of the offload share, or None: more of each batch to the device while the
+        loop waits on a saturated CPU (or another worker does not help) and the device has
+        room; less while the device stage is what the loop waits on, or while it takes a
+        large share of a busy GPU's time and the loop does not wait."""
+        c = self.config
+        share = float(state.offload or 0.0)
+        readings = [s.gpu_util for s in self._recent if s.gpu_util is not None]
+        gpu = statistics.fmean(readings) if readings else None
+        stage = self._mean("device_stage_share")
+        busy_cpu = self._mean("cpu_util") > c.cpu_busy
+        stage_bound = stage >= c.stage_full or (gpu is not None and gpu >= c.device_busy)
+        if (
+            wait > c.wait_high
+            and share > 0
+            and stage_bound
+            and self._may_try("offload", -1, state, wait)
+        ):
+            return self._start(
+                "offload",
+                -1,
+                state,
+                f"training loop waited {wait:.0%} on the device stage (busy {stage:.0%} of "
+                f"the time): offloading {_describe('offload', _stepped(share, -1))}",
+            )
+        if wait > c.wait_high and share < 1 and (busy_cpu or not grow) and not stage_bound:
+            room = gpu is None or gpu < c.device_room
+            if room and self._may_try("offload", +1, state, wait):
+                where = "the CPU" if gpu is None else f"a GPU {gpu:.0%} busy"
+                return self._start(
+                    "offload",
+                    +1,
+                    state,
+                    f"training loop waited {wait:.0%} on the workers: offloading "
+                    f"{_describe('offload', _stepped(share, +1))} to the device stage on {where}",
+                )
+        busy_device = gpu >= c.device_busy if gpu is not None else idle >= 1.0
+        if (
+            wait < c.wait_low
+            and share > 0
+            and stage > c.stage_share
+            and busy_device
+            and self._may_try("offload", -1, state, wait)
+        ):
+            return self._start(
+                "offload",
+                -1,
+                state,
+                f"the device stage takes {stage:.0%} of the loop's time and the loop does not "
+                f"wait: offloading {_describe('offload', _stepped(share, -1))}",
+            )
+        return None
+
     def _tune_prefetch(self, state: State, wait: float, queue: float) -> Action:
         """More prefetch absorbs bursty batch times; a queue that stays full needs less."""
         c = self.config
@@ -351,7 +436,9 @@ class HeuristicPolicy:
             knob=knob,
             direction=direction,
             started=self._tick,
-            value=int(state.knob(knob)) + direction,
+            value=_stepped(state.offload or 0.0, direction)
+            if knob == "offload"
+            else int(state.knob(knob)) + direction,
             throughput=self._mean("throughput"),
             wait=self._mean("wait_fraction"),
             idle_share=self._mean("idle_cores") / max(1, state.cores),
@@ -363,7 +450,7 @@ class HeuristicPolicy:
     def _judge_probe(self, state: State) -> Action:
         probe, c = self._probe, self.config
         assert probe is not None
-        if int(state.knob(probe.knob)) != probe.value:
+        if abs(float(state.knob(probe.knob)) - probe.value) > 1e-6:
             # The controller clipped the step (a bound, a fixed knob) or it was overridden:
             # nothing to judge, and no use asking again until the backoff's ceiling.
             self._probe = None
@@ -371,8 +458,9 @@ class HeuristicPolicy:
             backoff = self._backoff[probe.knob, probe.direction]
             backoff.until, backoff.clipped = self._tick + c.max_backoff, True
             return NOOP
-        # Workers +1 and split -1 add capacity to the pipeline; the others take it away.
-        adds = probe.direction * (1 if probe.knob == "workers" else -1) > 0
+        # Workers +1, split -1 and offload +1 add capacity to the pipeline; the others take
+        # it away.
+        adds = probe.direction * (-1 if probe.knob == "split" else 1) > 0
         elapsed = self._tick - probe.started
         if not adds and state.wait_fraction > max(c.wait_high, probe.wait_peak + c.wait_low):
             # The shrink was tried because the loop did not wait; a tick in which it starves
@@ -397,7 +485,7 @@ class HeuristicPolicy:
             )
             if not clear:
                 return NOOP
-        if adds and probe.knob == "split":
+        if adds and probe.knob in ("split", "offload"):
             # An op moved to the device stage is kept unless throughput fell: it frees the
             # workers' CPU even when it buys nothing yet, and the next op may be the one that
             # pays (bench: flip alone +3%, crop and flip +17% with one worker on 2 cores).
@@ -411,7 +499,7 @@ class HeuristicPolicy:
         else:
             kept = change > -c.min_gain and wait <= max(c.wait_low, probe.wait + c.wait_low)
         self._probe = None
-        before = _describe(probe.knob, probe.value - probe.direction)
+        before = _describe(probe.knob, _back(probe))
         summary = (
             f"{_describe(probe.knob, probe.value)}: {throughput:.0f} samples/s, waited "
             f"{wait:.0%} ({before}: {probe.throughput:.0f} samples/s, waited {probe.wait:.0%})"
@@ -445,15 +533,33 @@ class HeuristicPolicy:
         # Conditions as they were where we return to: a later change from these re-opens the try.
         backoff.wait, backoff.idle_share = probe.wait, probe.idle_share
         self._recent.clear()
-        before = _describe(probe.knob, probe.value - probe.direction)
+        before = _describe(probe.knob, _back(probe))
         return _move(probe.knob, -probe.direction, f"back to {before}: {summary}")
 
 
 def _move(knob: str, direction: int, reason: str) -> Action:
     if knob == "workers":
         return Action(workers=direction, reason=reason)
+    if knob == "offload":
+        return Action(other={"offload": direction}, reason=reason)
     return Action(split=direction, reason=reason)
 
 
-def _describe(knob: str, value: int) -> str:
-    return f"{value} workers" if knob == "workers" else f"split at op {value}"
+def _stepped(share: float, direction: int) -> float:
+    """The offload share one step from ``share`` (as the knob moves it)."""
+    return min(1.0, max(0.0, round(share + direction * OFFLOAD_STEP, 6)))
+
+
+def _back(probe: _Probe) -> float:
+    """The knob's value before ``probe`` moved it."""
+    if probe.knob == "offload":
+        return _stepped(probe.value, -probe.direction)
+    return probe.value - probe.direction
+
+
+def _describe(knob: str, value: float) -> str:
+    if knob == "workers":
+        return f"{value:.0f} workers"
+    if knob == "offload":
+        return f"{value:.0%} of each batch"
+    return f"split at op {value:.0f}"

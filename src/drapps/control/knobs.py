@@ -22,7 +22,7 @@ from typing import Any
 
 from drapps.control.state import State
 
-Value = int | str
+Value = int | float | str
 
 
 class Knob(ABC):
@@ -224,6 +224,48 @@ class SplitKnob(StepKnob):
         if not 0 <= low <= high:
             raise ValueError(f"split bounds need 0 <= low <= high, got {low}, {high}")
         super().__init__(apply, low=low, high=high, adjustable=adjustable)
+
+
+OFFLOAD_STEP = 0.25
+"""How far one step of the ``offload`` knob moves the share."""
+
+
+class OffloadKnob(Knob):
+    """The share of each batch's samples whose ops from the split on run in the device stage,
+    in [0, 1] (:mod:`drapps.ops.cut`): a step (-1, 0, +1) moves it by ``step``; a float sets
+    it (what a policy with continuous actions gives).
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> knob = OffloadKnob(apply=print)
+        >>> state = SimpleNamespace(knob=lambda name: 0.5)  # the State method it reads
+        >>> knob.propose(state, +1, {}), knob.propose(state, 0.3, {})  # type: ignore[arg-type]
+        (0.75, 0.3)
+    """
+
+    name = "offload"
+
+    def __init__(
+        self,
+        apply: Callable[[float], object],
+        *,
+        step: float = OFFLOAD_STEP,
+        adjustable: bool = True,
+    ) -> None:
+        super().__init__(apply, adjustable=adjustable)
+        if not 0.0 < step <= 1.0:
+            raise ValueError(f"offload step must be in (0, 1], got {step!r}")
+        self.step = step
+
+    def propose(self, state: State, move: Any, chosen: Mapping[str, Value]) -> Value:
+        value = float(self.current(state))
+        if not self.adjustable or move is None:
+            return value
+        target = float(move) if isinstance(move, float) else value + int(move) * self.step
+        return min(1.0, max(0.0, round(target, 6)))
+
+    def bounds(self) -> tuple[float, float]:
+        return 0.0, 1.0
 
 
 class CodecKnob(ChoiceKnob):

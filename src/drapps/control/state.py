@@ -79,6 +79,9 @@ class State:
     pipeline has a ``split`` knob; None otherwise."""
     codec: str | None = None
     """Codec of the sample cache, when the pipeline has a ``codec`` knob; None otherwise."""
+    offload: float | None = None
+    """Share of each batch's samples whose ops from the split on run in the device stage,
+    when the pipeline has an ``offload`` knob; None otherwise."""
     lookahead: int | None = None
     """Batches past the next one whose work may start early, when the pipeline has a
     ``lookahead`` knob (a worker pool that schedules work); None otherwise."""
@@ -90,6 +93,9 @@ class State:
     device and running the ops after the split; 0 without a device stage)."""
     device_stage_share: float = 0.0
     """Share of the interval the device stage was busy (on a GPU: its stream's time)."""
+    device_squeezed: float = 0.0
+    """Share of the interval's staged batches the device stage ran in pieces (or on the CPU)
+    for want of device memory: above 0, the device is under memory pressure."""
     gpu_power_w: float | None = None
     """GPU power draw in watts through NVML, None without a GPU or NVML."""
     cache_hit_rate: float = 0.0
@@ -209,4 +215,5 @@ _KNOB_FIELDS = {
     "split": "split",
     "codec": "codec",
     "lookahead": "lookahead",
+    "offload": "offload",
 }

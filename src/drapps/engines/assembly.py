@@ -16,7 +16,7 @@ from typing import Any
 
 from drapps.cache.sample_cache import SampleCache
 from drapps.cache.setup import open_cache
-from drapps.control.knobs import CodecKnob, Knob, SplitKnob
+from drapps.control.knobs import CodecKnob, Knob, OffloadKnob, SplitKnob
 from drapps.control.policy import check_policy
 from drapps.engines.backends import Backend, Source, source_engine
 from drapps.engines.base import Engine
@@ -68,8 +68,10 @@ class Parts:
             snapshot,
             wait_s=snapshot.wait_s + self.delivered.stage_wait_s,
             split=self.split.value if self.split is not None else None,
+            offload=self.split.share if self.split is not None and self.split.shared else None,
             device_s=seconds,
             device_batches=batches,
+            device_squeezed=self.stage.squeezed,
         )
 
     def start_epoch(self, cursor: EpochCursor, length: Callable[[], int]) -> Epoch:
@@ -97,8 +99,8 @@ class Parts:
         return epoch
 
     def knobs(self) -> list[Knob]:
-        """The knobs beside the engine's: the split (moved only where workers make batches)
-        and the cache's codec."""
+        """The knobs beside the engine's: the split and the offload share (moved only where
+        workers make batches) and the cache's codec."""
         knobs: list[Knob] = []
         split = self.split
         if split is not None and self.engine.tunable:
@@ -106,6 +108,8 @@ class Parts:
             knobs.append(
                 SplitKnob(split.set, low=points[0], high=points[-1], adjustable=split.adjustable)
             )
+        if split is not None and split.shared and self.engine.tunable:
+            knobs.append(OffloadKnob(split.set_share, adjustable=split.share_adjustable))
         if self.cache is not None:
             choices = (*(c.name for c in self.cache.codecs), "off")
             adjustable = self.cache.settings.codec == "auto" and len(choices) > 2

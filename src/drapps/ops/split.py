@@ -12,6 +12,10 @@ from typing import Any
 from drapps.ops.cut import Cut, check_share, cut_of
 from drapps.ops.pipeline import Pipeline, check_split
 
+START_SHARE = 0.5
+"""Where ``offload="auto"`` starts: the middle, so the controller's first try either way
+tells which side has room."""
+
 
 class Split:
     """A Pipeline's split, movable while the loader runs.
@@ -40,8 +44,11 @@ class Split:
         self._indexed, self._batched = indexed, batched
         self._listeners: list[Callable[[int | Cut], None]] = []
         self.value = self.check(pipeline.split if start is None or self.adjustable else start)
+        self.shared = offload is not None
+        """The loader was given an offload share (the ``offload`` knob exists)."""
         self.share_adjustable = isinstance(offload, str) and offload == "auto"
-        self.share = 1.0 if offload is None or self.share_adjustable else check_share(offload)
+        share = 1.0 if offload is None else START_SHARE if self.share_adjustable else offload
+        self.share = check_share(share)
         """The share of each batch's samples cut at the split (the rest are made whole in
         the workers); 1: every sample, as a split alone cuts them."""
         if offload is not None and not self.adjustable and self.value >= len(pipeline.ops):

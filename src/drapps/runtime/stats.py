@@ -57,6 +57,10 @@ class PipelineSnapshot:
     shared_bytes: int = 0
     split: int | None = None
     """The Pipeline's split now (None without a Pipeline transform)."""
+    offload: float | None = None
+    """The offload share now (None unless the loader was given one)."""
+    device_squeezed: int = 0
+    """Batches the device stage ran in pieces or on the CPU for want of device memory."""
     device_s: float = 0.0
     """Seconds the device stage has spent on batches (completed ones)."""
     device_batches: int = 0
@@ -144,6 +148,11 @@ class LoaderStats:
     split: int | None = None
     """Index of the first op of a Pipeline transform run in the device stage now (None
     without a Pipeline)."""
+    offload: float | None = None
+    """Share of each batch's samples whose ops from the split on run in the device stage
+    (None unless the loader was given ``offload``)."""
+    device_squeezed: int = 0
+    """Batches the device stage ran in pieces, or on the CPU, for want of device memory."""
     device_s: float = 0.0
     """Seconds the device stage spent moving batches and running the ops after the split."""
     device_batches: int = 0
@@ -202,6 +211,8 @@ class LoaderStats:
             transform_s=stages.get("transform_s", 0.0),
             collate_s=stages.get("collate_s", 0.0),
             split=snapshot.split,
+            offload=snapshot.offload,
+            device_squeezed=snapshot.device_squeezed,
             device_s=snapshot.device_s,
             device_batches=snapshot.device_batches,
             cache=None if snapshot.cache is None else snapshot.cache.as_dict(),

@@ -182,6 +182,12 @@ class Monitor:
             sample_tail=float((pipe.sample_costs or {}).get("tail_ratio", 1.0)),
             device_stage_s=(pipe.device_s - last.device_s) / staged if staged > 0 else 0.0,
             device_stage_share=min(1.0, max(0.0, pipe.device_s - last.device_s) / dt),
+            offload=pipe.offload,
+            device_squeezed=(
+                min(1.0, (pipe.device_squeezed - last.device_squeezed) / staged)
+                if staged > 0
+                else 0.0
+            ),
             gpu_power_w=gpu_power,
             **cache_state(pipe.cache, last.cache),
         )

@@ -227,6 +227,16 @@ def _device_stage_story(states: list[Any]) -> list[str]:
     line = f"Split: ops from {splits[-1]} on ran in the device stage at the end"
     if len(set(splits)) > 1:
         line += f" (it moved between {min(splits)} and {max(splits)})"
+    shares = [s.offload for s in states if s.offload is not None]
+    if shares:
+        line += f", for {shares[-1]:.0%} of each batch's samples"
+        if len(set(shares)) > 1:
+            line += f" (the share moved between {min(shares):.0%} and {max(shares):.0%})"
+    squeezed = [s.device_squeezed for s in states if s.device_squeezed > 0]
+    if squeezed:
+        line += (
+            f"; short of device memory in {len(squeezed)} ticks, the stage ran batches in pieces"
+        )
     if staged:
         per_batch = statistics.fmean(s.device_stage_s for s in staged)
         share = statistics.fmean(s.device_stage_share for s in staged)

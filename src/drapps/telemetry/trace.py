@@ -36,9 +36,10 @@ class TraceRow:
     t: float
     state: State
     action: Action
-    applied: dict[str, int | str]
+    applied: dict[str, int | float | str]
     """Every knob's value after the tick's action was clipped and applied, by knob name
-    (``{"workers": n, "prefetch": d}``, plus ``split`` / ``codec`` where they exist)."""
+    (``{"workers": n, "prefetch": d}``, plus ``split`` / ``offload`` / ``codec`` where they
+    exist)."""
     reward: float
     workers: dict[str, dict[str, float]] = field(default_factory=dict)
     stages: dict[str, float] = field(default_factory=dict)
@@ -68,7 +69,9 @@ class TraceRow:
             t=float(data["t"]),
             state=State.from_dict(data["state"]),
             action=Action.from_dict(data["action"]),
-            applied={k: v if isinstance(v, str) else int(v) for k, v in data["applied"].items()},
+            applied={
+                k: v if isinstance(v, str | float) else int(v) for k, v in data["applied"].items()
+            },
             reward=float(data["reward"]),
             workers=data.get("workers", {}),
             stages=data.get("stages", {}),
