@@ -42,6 +42,7 @@ class OffloadWorld:
         self.share, self.cpu_rate, self.device_rate = share, cpu_rate, device_rate
         self.consumer = 2000.0
         self.squeezed = 0.0
+        self.t = 0.0
         self.history: list[float] = []
 
     def rate(self, share: float) -> float:
@@ -51,21 +52,25 @@ class OffloadWorld:
 
     def observe(self) -> State:
         rate, r = self.rate(self.share), self.share
+        self.t += 0.5  # a tick
         cpu_util = min(1.0, rate * (1 - r) / self.cpu_rate)
         return state(
             cores=2, cpu_util=cpu_util, idle_cores=2 * (1 - cpu_util), workers=2,
             workers_cpu=2 * cpu_util, wait_fraction=max(0.0, 1 - rate / self.consumer),
             throughput=rate, queue_batches=0, prefetch=4, max_workers=2, split=0,
             offload=self.share, device_stage_share=min(1.0, rate * r / self.device_rate),
-            device_squeezed=self.squeezed,
+            device_squeezed=self.squeezed, t=self.t,
         )  # fmt: skip
 
     def run(self, policy: HeuristicPolicy, ticks: int) -> list[Action]:
         actions = []
         for _ in range(ticks):
             action = policy.decide(self.observe())
-            step = action.other.get("offload", 0)
-            self.share = min(1.0, max(0.0, self.share + 0.25 * step))
+            move = action.other.get("offload")
+            if isinstance(move, float):  # a share to set
+                self.share = move
+            elif move:  # a step
+                self.share = min(1.0, max(0.0, self.share + 0.25 * move))
             actions.append(action)
             self.history.append(self.share)
         return actions
@@ -82,19 +87,21 @@ def test_the_share_settles_where_workers_and_device_balance(start: float) -> Non
     world = OffloadWorld(start)
     actions = world.run(bound(), ticks=200)
     tail = world.history[-60:]
-    # 0.75 gives 1,600 samples/s; 0.5 and 1.0 give 1,200 (workers, then the device, limit).
-    assert max(set(tail), key=tail.count) == 0.75
-    moves = [a.reason for a in actions if a.other.get("offload")]
+    # Balance at 2/3 (1,800 samples/s); it stops where both sides read saturated.
+    assert all(0.6 <= share <= 0.72 for share in tail)
+    assert min(world.rate(share) for share in tail) >= 1550  # 0.5 and 1.0 give 1,200
+    moves = [a.reason for a in actions if "offload" in a.other]
     assert moves and "offloading" in moves[0]
+    # It got there by halving its step on each reversal: few moves, none after it settled.
+    assert len(moves) <= 12
 
 
 def test_a_device_stage_the_loop_waits_on_gives_samples_back() -> None:
     world = OffloadWorld(1.0, cpu_rate=600, device_rate=700)  # best: 0.5 (1,200/s)
     actions = world.run(bound(), ticks=120)
-    first = next(a for a in actions if a.other.get("offload"))
-    assert first.other["offload"] == -1 and "waited" in first.reason
-    assert "on the device stage" in first.reason
-    assert world.history[-1] == 0.5
+    first = next(a for a in actions if "offload" in a.other)
+    assert first.other["offload"] == 0.75 and "the device is saturated" in first.reason
+    assert abs(world.history[-1] - 0.5) <= 0.07  # balance: 600/(1-r) = 700/r at r = 0.54
 
 
 def test_memory_pressure_lowers_the_share_at_once() -> None:
@@ -102,9 +109,10 @@ def test_memory_pressure_lowers_the_share_at_once() -> None:
     world = OffloadWorld(0.75)
     world.run(policy, ticks=10)
     world.squeezed = 0.5
+    before = world.share
     action = policy.decide(world.observe())
-    assert action.other == {"offload": -1}
-    assert "short of memory" in action.reason and "50% of each batch" in action.reason
+    assert action.other["offload"] < before
+    assert "short of memory" in action.reason and "of each batch" in action.reason
 
 
 def test_a_busy_gpu_takes_no_larger_share() -> None:
@@ -112,11 +120,11 @@ def test_a_busy_gpu_takes_no_larger_share() -> None:
         def observe(self) -> State:
             import dataclasses
 
-            return dataclasses.replace(super().observe(), gpu_util=0.7)
+            return dataclasses.replace(super().observe(), gpu_util=0.95)
 
     world = BusyGpu(0.5)
     world.run(bound(), ticks=100)
-    assert max(world.history) == 0.5  # a GPU over half busy has no room for more
+    assert max(world.history) <= 0.5  # a saturated GPU has no room for more
 
 
 # -- on a real loader -----------------------------------------------------------------------

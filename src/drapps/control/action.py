@@ -47,7 +47,8 @@ class Action:
         }  # fmt: skip
         if self.codec is not None:
             moves["codec"] = self.codec
-        moves.update({k: v for k, v in self.other.items() if v not in (0, None)})
+        # A float is a value to set (0.0 included); an int 0 is no step.
+        moves.update({k: v for k, v in self.other.items() if _moves(v)})
         return moves
 
     @property
@@ -88,3 +89,8 @@ class Action:
 
 
 NOOP = Action()
+
+
+def _moves(value: Any) -> bool:
+    """Whether an ``other`` entry asks for a change: a value to set, or a non-zero step."""
+    return value is not None and (isinstance(value, float | str) or value != 0)

@@ -16,10 +16,8 @@ GPU (or with idle cores to take it back), one op moves back. Each move is kept o
 throughput rose (or did not fall).
 
 With an ``offload`` knob (the share of each batch's samples finished in the device stage) the
-same probe moves the share by a quarter: up while the loop waits on a saturated CPU and the
-device has room, down while the loop waits on the device stage itself (busy over 80% of the
-time, or its GPU over 90%), or while the stage takes a large share of a busy GPU and the loop
-does not wait; under device memory pressure (batches staged in pieces) it goes down at once.
+share moves toward where the workers and the device are equally short, read from the
+measurements rather than tried (:mod:`drapps.control.offload_rule`).
 
 With a ``codec`` knob (a sample cache) the codec with the lowest modelled cost per sample is
 chosen from the cache's measurements (:mod:`drapps.control.codec_rule`).
@@ -33,7 +31,7 @@ from dataclasses import dataclass
 
 from drapps.control.action import NOOP, Action
 from drapps.control.codec_rule import CodecRule
-from drapps.control.knobs import OFFLOAD_STEP
+from drapps.control.offload_rule import OffloadRule
 from drapps.control.policy import register_policy
 from drapps.control.state import State
 
@@ -106,10 +104,10 @@ class HeuristicConfig:
 @dataclass
 class _Probe:
     knob: str
-    """"workers", "split" or "offload"."""
+    """"workers" or "split"."""
     direction: int
     started: int
-    value: float
+    value: int
     """The knob's value the probe moved it to."""
     throughput: float
     wait: float
@@ -139,14 +137,17 @@ class HeuristicPolicy:
         self._tick = 0
         self._recent: deque[State] = deque(maxlen=self.config.window)
         self._probe: _Probe | None = None
-        self._backoff = {
-            (knob, d): _Backoff() for knob in ("workers", "split", "offload") for d in (+1, -1)
-        }
+        self._backoff = {(knob, d): _Backoff() for knob in ("workers", "split") for d in (+1, -1)}
         self._flowing = 0  # ticks that delivered data since the start
         self._movable: frozenset[str] | None = None  # None: every knob (not bound)
         self._codec = CodecRule(
             min_gain=self.config.min_gain, memory_floor=self.config.memory_floor
         )
+        c = self.config
+        self._offload = OffloadRule(
+            wait_high=c.wait_high, wait_low=c.wait_low, cpu_busy=c.cpu_busy,
+            device_busy=c.device_busy, stage_full=c.stage_full, hold=c.settle + 1,
+        )  # fmt: skip
 
     def bind(self, movable: tuple[str, ...]) -> None:
         """Only try moves of ``movable`` knobs (the Controller's adjustable ones)."""
@@ -171,20 +172,12 @@ class HeuristicPolicy:
             if state.prefetch > 1:
                 return Action(prefetch=-1, reason=f"{why}: lowering prefetch")
             return NOOP
-        if (
-            state.offload
-            and state.device_squeezed > 0
-            and self._may_move("offload")
-            and self._probe is None
-        ):
-            # The device stage already runs in pieces: the model's step needs the memory.
-            self._recent.clear()
-            return _move(
-                "offload",
-                -1,
-                f"the device is short of memory ({state.device_squeezed:.0%} of batches staged "
-                f"in pieces): offloading {_describe('offload', _stepped(state.offload, -1))}",
-            )
+        offload = state.offload is not None and self._may_move("offload")
+        if offload and state.device_squeezed > 0 and state.offload:
+            # The device stage already runs in pieces: the model's step needs the memory (a
+            # probe under way is left unjudged: the readings now say little of it).
+            self._probe = None
+            return self._offload_choice(state) or NOOP
         if (
             state.codec is not None
             and self._may_move("codec")
@@ -204,6 +197,10 @@ class HeuristicPolicy:
             self._flowing += state.throughput > 0
             self._recent.clear()
             return NOOP
+        if offload and len(self._recent) >= c.early:
+            move = self._offload_choice(state)
+            if move is not None:
+                return move
         # A loop starving by more than twice wait_high needs no full window to say so: the
         # next probe starts from an ``early``-tick baseline (kept probes leave that many).
         measured = len(self._recent)
@@ -216,7 +213,6 @@ class HeuristicPolicy:
         queue = self._mean("queue_batches")
         workers = self._may_move("workers")
         split = state.split is not None and self._may_move("split")
-        offload = state.offload is not None and self._may_move("offload")
         owned = self._owns_the_cpu(state)
         grow = (
             workers
@@ -224,10 +220,6 @@ class HeuristicPolicy:
             and not (owned and state.workers >= state.cores)
             and self._may_try("workers", +1, state, wait)
         )
-        if offload:
-            move = self._offload_move(state, wait, idle, grow)
-            if move is not None:
-                return move
         if wait > c.wait_high and split and self._mean("cpu_util") > c.cpu_busy:
             # The proposal's rule: the CPU is saturated, so the device stage is tried first.
             move = self._split_move(state, wait, idle, grow=False)
@@ -322,58 +314,25 @@ class HeuristicPolicy:
             )
         return None
 
-    def _offload_move(self, state: State, wait: float, idle: float, grow: bool) -> Action | None:
-        """A probe of the offload share, or None: more of each batch to the device while the
-        loop waits on a saturated CPU (or another worker does not help) and the device has
-        room; less while the device stage is what the loop waits on, or while it takes a
-        large share of a busy GPU's time and the loop does not wait."""
-        c = self.config
-        share = float(state.offload or 0.0)
+    def _offload_choice(self, state: State) -> Action | None:
+        """A move of the offload share the rule asks for (:mod:`drapps.control.offload_rule`)."""
         readings = [s.gpu_util for s in self._recent if s.gpu_util is not None]
-        gpu = statistics.fmean(readings) if readings else None
-        stage = self._mean("device_stage_share")
-        busy_cpu = self._mean("cpu_util") > c.cpu_busy
-        stage_bound = stage >= c.stage_full or (gpu is not None and gpu >= c.device_busy)
-        if (
-            wait > c.wait_high
-            and share > 0
-            and stage_bound
-            and self._may_try("offload", -1, state, wait)
-        ):
-            return self._start(
-                "offload",
-                -1,
-                state,
-                f"training loop waited {wait:.0%} on the device stage (busy {stage:.0%} of "
-                f"the time): offloading {_describe('offload', _stepped(share, -1))}",
-            )
-        if wait > c.wait_high and share < 1 and (busy_cpu or not grow) and not stage_bound:
-            room = gpu is None or gpu < c.device_room
-            if room and self._may_try("offload", +1, state, wait):
-                where = "the CPU" if gpu is None else f"a GPU {gpu:.0%} busy"
-                return self._start(
-                    "offload",
-                    +1,
-                    state,
-                    f"training loop waited {wait:.0%} on the workers: offloading "
-                    f"{_describe('offload', _stepped(share, +1))} to the device stage on {where}",
-                )
-        busy_device = gpu >= c.device_busy if gpu is not None else idle >= 1.0
-        if (
-            wait < c.wait_low
-            and share > 0
-            and stage > c.stage_share
-            and busy_device
-            and self._may_try("offload", -1, state, wait)
-        ):
-            return self._start(
-                "offload",
-                -1,
-                state,
-                f"the device stage takes {stage:.0%} of the loop's time and the loop does not "
-                f"wait: offloading {_describe('offload', _stepped(share, -1))}",
-            )
-        return None
+        choice = self._offload.choose(
+            self._tick,
+            float(state.offload or 0.0),
+            wait=self._mean("wait_fraction"),
+            cpu_util=self._mean("cpu_util"),
+            idle_cores=self._mean("idle_cores"),
+            gpu_util=statistics.fmean(readings) if readings else None,
+            stage_share=self._mean("device_stage_share"),
+            squeezed=state.device_squeezed,
+            now=state.t,
+            turnover_s=_turnover_s(state),
+        )
+        if choice is None:
+            return None
+        self._recent.clear()  # batches made with the old share are still arriving
+        return Action(other={"offload": choice[0]}, reason=choice[1])
 
     def _tune_prefetch(self, state: State, wait: float, queue: float) -> Action:
         """More prefetch absorbs bursty batch times; a queue that stays full needs less."""
@@ -436,9 +395,7 @@ class HeuristicPolicy:
             knob=knob,
             direction=direction,
             started=self._tick,
-            value=_stepped(state.offload or 0.0, direction)
-            if knob == "offload"
-            else int(state.knob(knob)) + direction,
+            value=int(state.knob(knob)) + direction,
             throughput=self._mean("throughput"),
             wait=self._mean("wait_fraction"),
             idle_share=self._mean("idle_cores") / max(1, state.cores),
@@ -450,7 +407,7 @@ class HeuristicPolicy:
     def _judge_probe(self, state: State) -> Action:
         probe, c = self._probe, self.config
         assert probe is not None
-        if abs(float(state.knob(probe.knob)) - probe.value) > 1e-6:
+        if int(state.knob(probe.knob)) != probe.value:
             # The controller clipped the step (a bound, a fixed knob) or it was overridden:
             # nothing to judge, and no use asking again until the backoff's ceiling.
             self._probe = None
@@ -458,9 +415,8 @@ class HeuristicPolicy:
             backoff = self._backoff[probe.knob, probe.direction]
             backoff.until, backoff.clipped = self._tick + c.max_backoff, True
             return NOOP
-        # Workers +1, split -1 and offload +1 add capacity to the pipeline; the others take
-        # it away.
-        adds = probe.direction * (-1 if probe.knob == "split" else 1) > 0
+        # Workers +1 and split -1 add capacity to the pipeline; the others take it away.
+        adds = probe.direction * (1 if probe.knob == "workers" else -1) > 0
         elapsed = self._tick - probe.started
         if not adds and state.wait_fraction > max(c.wait_high, probe.wait_peak + c.wait_low):
             # The shrink was tried because the loop did not wait; a tick in which it starves
@@ -485,7 +441,7 @@ class HeuristicPolicy:
             )
             if not clear:
                 return NOOP
-        if adds and probe.knob in ("split", "offload"):
+        if adds and probe.knob == "split":
             # An op moved to the device stage is kept unless throughput fell: it frees the
             # workers' CPU even when it buys nothing yet, and the next op may be the one that
             # pays (bench: flip alone +3%, crop and flip +17% with one worker on 2 cores).
@@ -499,7 +455,7 @@ class HeuristicPolicy:
         else:
             kept = change > -c.min_gain and wait <= max(c.wait_low, probe.wait + c.wait_low)
         self._probe = None
-        before = _describe(probe.knob, _back(probe))
+        before = _describe(probe.knob, probe.value - probe.direction)
         summary = (
             f"{_describe(probe.knob, probe.value)}: {throughput:.0f} samples/s, waited "
             f"{wait:.0%} ({before}: {probe.throughput:.0f} samples/s, waited {probe.wait:.0%})"
@@ -533,33 +489,22 @@ class HeuristicPolicy:
         # Conditions as they were where we return to: a later change from these re-opens the try.
         backoff.wait, backoff.idle_share = probe.wait, probe.idle_share
         self._recent.clear()
-        before = _describe(probe.knob, _back(probe))
+        before = _describe(probe.knob, probe.value - probe.direction)
         return _move(probe.knob, -probe.direction, f"back to {before}: {summary}")
 
 
 def _move(knob: str, direction: int, reason: str) -> Action:
     if knob == "workers":
         return Action(workers=direction, reason=reason)
-    if knob == "offload":
-        return Action(other={"offload": direction}, reason=reason)
     return Action(split=direction, reason=reason)
 
 
-def _stepped(share: float, direction: int) -> float:
-    """The offload share one step from ``share`` (as the knob moves it)."""
-    return min(1.0, max(0.0, round(share + direction * OFFLOAD_STEP, 6)))
+def _turnover_s(state: State) -> float:
+    """Seconds until a batch dispatched now reaches the loop: its own making (the median
+    latency) after the ready queue drains (each worker makes a batch per latency)."""
+    latency = state.latency_p50_s
+    return latency + state.queue_batches * latency / max(1, state.workers)
 
 
-def _back(probe: _Probe) -> float:
-    """The knob's value before ``probe`` moved it."""
-    if probe.knob == "offload":
-        return _stepped(probe.value, -probe.direction)
-    return probe.value - probe.direction
-
-
-def _describe(knob: str, value: float) -> str:
-    if knob == "workers":
-        return f"{value:.0f} workers"
-    if knob == "offload":
-        return f"{value:.0%} of each batch"
-    return f"split at op {value:.0f}"
+def _describe(knob: str, value: int) -> str:
+    return f"{value} workers" if knob == "workers" else f"split at op {value}"

@@ -144,7 +144,9 @@ class Simulator:
         self._in_step = 0
         self._stepping_gpu = False
         self._split = p.start_split
-        self._made_with: dict[int, int] = {}  # batch id -> the split its task was made with
+        self._share = 1.0 if p.offload is None else float(p.offload)
+        # batch id -> the (split, offload share) its task was made with
+        self._made_with: dict[int, tuple[int, float]] = {}
         self._cache = CacheSim(p.cache) if p.cache is not None else None
         self._cache_seen = (0.0, 0.0, 0.0, 0.0, 0.0)  # hits, misses, refused, read s, make s
         self._interval = _Interval()
@@ -209,6 +211,17 @@ class Simulator:
     @property
     def split(self) -> int:
         return self._split
+
+    def set_offload(self, share: float) -> None:
+        """Batches dispatched from now on offload ``share`` of their samples: those run the
+        ops from the split on in the device stage, the rest run them in the workers."""
+        if not 0.0 <= share <= 1.0:
+            raise ValueError(f"offload must be in [0, 1], got {share!r}")
+        self._share = float(share)
+
+    @property
+    def offload(self) -> float:
+        return self._share
 
     def set_codec(self, codec: str) -> None:
         """New cache entries are written with ``codec``; older ones are re-encoded as read."""
@@ -283,6 +296,7 @@ class Simulator:
             max_workers=p.worker_limit,
             prefetch=self.prefetch,
             split=self._split if p.device_ops else None,
+            offload=self._share if p.offload is not None else None,
             lookahead=None if self._inline else self.lookahead,
             sample_tail=p.sample_tail,
             device_stage_s=i.device_s / i.device_batches if i.device_batches else 0.0,
@@ -538,17 +552,22 @@ class Simulator:
             return
         _, _, batch, share = heapq.heappop(self._tasks)
         worker.busy = True
-        self._made_with.setdefault(batch, self._split)
+        self._made_with.setdefault(batch, (self._split, self._share))
         self._make_batch(
             "worker", lambda: self._arrived(worker, batch), self._made_with[batch], share
         )
 
-    def _make_batch(self, owner: str, done: _Callback, split: int, share: float = 1.0) -> None:
+    def _make_batch(
+        self, owner: str, done: _Callback, cut: tuple[int, float], share: float = 1.0
+    ) -> None:
         """Read (latency, then bytes through the shared disk), then the CPU work (the fixed
-        part and the movable ops before ``split``); ``share``: of a mean batch's work."""
+        part, the movable ops before the split, and those after it for the samples not
+        offloaded); ``cut``: (split, offload share); ``share``: of a mean batch's work."""
         p, f = self.pipeline, self._factors
         cost = self._draw(p.cost_cv) * share
+        split, offload = cut
         cpu_s = p.cpu_s + sum(worker_s for worker_s, _ in p.device_ops[:split])
+        cpu_s += (1.0 - offload) * sum(worker_s for worker_s, _ in p.device_ops[split:])
         read = 1.0
         if self._cache is not None and p.cache is not None:
             cached = p.cpu_s * p.cache.make_share
@@ -604,8 +623,8 @@ class Simulator:
                 self.totals.arrived += 1
                 self._take(None)
 
-            self._made_with[-1] = self._split
-            self._make_batch("main", made, self._split, self._whole_share()[0])
+            self._made_with[-1] = (self._split, self._share)
+            self._make_batch("main", made, self._made_with[-1], self._whole_share()[0])
             return
         batch = self._next_consume
         if batch not in self._ready:
@@ -621,8 +640,10 @@ class Simulator:
             self._next_consume += 1
             self._dispatch()
         p = self.pipeline
-        split = self._made_with.pop(-1 if batch is None else batch, len(p.device_ops))
-        device_s = sum(op_s for _, op_s in p.device_ops[split:])
+        split, offload = self._made_with.pop(
+            -1 if batch is None else batch, (len(p.device_ops), 1.0)
+        )
+        device_s = offload * sum(op_s for _, op_s in p.device_ops[split:])
         step = functools.partial(self._step, device_s)
         if p.transport_s > 0 and batch is not None:
             self._cpu_job(p.transport_s, "main", step)

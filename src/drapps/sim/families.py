@@ -8,6 +8,7 @@ A family is a function ``(rng, duration) -> Scenario`` registered by name.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 
@@ -235,3 +236,42 @@ def stragglers(rng: np.random.Generator, duration: float) -> Scenario:
             dispatch="auto",
         )
     )
+
+
+@register_family("gpu-decode", held_out=True)
+def gpu_decode(rng: np.random.Generator, duration: float) -> Scenario:
+    """JPEG decode that the workers or the GPU may run, per sample: the offload share says how
+    much of each batch the GPU decodes, where the model steps too (the GPU decodes as fast as
+    half to one and a half times the machine's cores). The workers are about short of cores.
+    For a quarter of the run another job takes most of the cores (the GPU should decode more);
+    for another quarter the model's step grows severalfold (a larger phase of training: the GPU
+    should decode less): the best share moves with them."""
+    p = _machine(rng)
+    p = p.replace(cpu_s=p.step_s * p.cores * rng.uniform(1.0, 1.6))
+    decode_cpu = p.cpu_s * rng.uniform(0.6, 0.85)
+    decode_gpu = decode_cpu / (p.cores * rng.uniform(0.5, 1.5))
+    p = p.replace(
+        cpu_s=p.cpu_s - decode_cpu,
+        gpu=True,
+        device_ops=((decode_cpu, decode_gpu),),
+        split=0,
+        offload=0.5,
+    )
+    length = 0.25 * duration
+    first = rng.uniform(0.1, 0.25) * duration
+    second = first + length + rng.uniform(0.05, 0.2) * duration
+    hog = float(max(1, round(p.cores * rng.uniform(0.5, 0.8))))
+    heavy = rng.uniform(2.0, 4.0)
+    windows = [
+        (Change(at=0.0, outside_load=hog), Change(at=0.0, outside_load=0.0)),
+        (Change(at=0.0, step_factor=heavy), Change(at=0.0, step_factor=1.0)),
+    ]
+    if rng.uniform() < 0.5:
+        windows.reverse()
+    changes = []
+    for start, (begin, end) in zip((first, second), windows, strict=True):
+        changes += [
+            dataclasses.replace(begin, at=start),
+            dataclasses.replace(end, at=start + length),
+        ]
+    return Scenario(p, tuple(changes))

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from drapps.control.controller import Bounds, Controller, Tick
-from drapps.control.knobs import CodecKnob, Knob, LookaheadKnob, SplitKnob
+from drapps.control.knobs import CodecKnob, Knob, LookaheadKnob, OffloadKnob, SplitKnob
 from drapps.control.policy import Policy, make_policy
 from drapps.control.reward import RewardWeights
 from drapps.sim.engine import Simulator
@@ -106,6 +106,7 @@ def simulate(
     on_tick: Callable[[Tick], None] | None = None,
     move_split: bool = True,
     move_codec: bool = True,
+    move_offload: bool = True,
 ) -> SimRun:
     """Run ``policy`` on ``scenario`` for ``duration`` simulated seconds.
 
@@ -126,6 +127,8 @@ def simulate(
             policy move the split (False holds it where the pipeline starts it).
         move_codec: with ``workers="auto"`` and a pipeline with a cache, let the policy pick
             the codec (False holds the one the cache starts with).
+        move_offload: with ``workers="auto"`` and a pipeline with an ``offload`` share, let
+            the policy move it (False holds it where the pipeline starts it).
     """
     if not duration > 0 or not interval > 0:
         raise ValueError(f"duration and interval must be > 0, got {duration!r}, {interval!r}")
@@ -159,6 +162,7 @@ def simulate(
         weights=weights,
         knobs=[
             *split_knobs(sim, adjustable=controlled and move_split),
+            *offload_knobs(sim, adjustable=controlled and move_offload),
             *codec_knobs(sim, adjustable=controlled and move_codec),
             *lookahead_knobs(sim, adjustable=controlled),
         ],
@@ -188,6 +192,13 @@ def split_knobs(sim: Simulator, *, adjustable: bool) -> list[Knob]:
     if not movable:
         return []
     return [SplitKnob(sim.set_split, low=0, high=movable, adjustable=adjustable)]
+
+
+def offload_knobs(sim: Simulator, *, adjustable: bool) -> list[Knob]:
+    """The offload knob of a simulated pipeline given a share (none otherwise)."""
+    if sim.pipeline.offload is None or not sim.pipeline.device_ops:
+        return []
+    return [OffloadKnob(sim.set_offload, adjustable=adjustable)]
 
 
 def lookahead_knobs(sim: Simulator, *, adjustable: bool) -> list[Knob]:

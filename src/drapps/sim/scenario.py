@@ -56,6 +56,10 @@ class PipelineModel:
     step: on the accelerator when ``gpu`` is set, else as CPU work of the training process."""
     split: int | None = None
     """The split to start from, 0..len(device_ops) (None: all ops in the workers)."""
+    offload: float | None = None
+    """The offload share to start from: the share of each batch's samples whose ops from the
+    split on run in the device stage, the rest in the workers (None: every sample, and no
+    ``offload`` knob)."""
     outside_load: float = 0.0
     """Cores kept busy by other processes."""
     worker_start_s: float = 0.3
@@ -134,6 +138,12 @@ class PipelineModel:
             raise ValueError(
                 f"PipelineModel.split must be None or an int in [0, {len(self.device_ops)}], "
                 f"got {self.split!r}"
+            )
+        if self.offload is not None and not (
+            isinstance(self.offload, int | float) and 0 <= self.offload <= 1
+        ):
+            raise ValueError(
+                f"PipelineModel.offload must be None or a number in [0, 1], got {self.offload!r}"
             )
         if not (0 <= self.slow_share < 1 and 0 <= self.slow_known <= 1):
             raise ValueError(
