@@ -44,7 +44,7 @@ def check_runs(results: dict[str, Any], cases: set[tuple[str, str, str]], repeat
 @pytest.mark.timeout(300)
 def test_opt_in_systems_run_only_when_named(tmp_path: Path) -> None:
     every = [name for name, system in SYSTEMS.items() if system.opt_in]
-    splits = {"drapps-split", "drapps-split-1w"}  # image only: run below
+    splits = {"drapps-split", "drapps-split-1w", "drapps-offload"}  # image only: run below
     caches = {
         "drapps-cache",
         "tf-autotune-cache",
@@ -187,6 +187,28 @@ def test_the_split_systems_run_every_split_and_record_where_it_ended(tmp_path: P
         BenchConfig(device="gpu0")
 
 
+@pytest.mark.timeout(300)
+def test_the_offload_systems_run_every_share_under_the_model_consumer(tmp_path: Path) -> None:
+    config = BenchConfig(
+        workloads=("image",),
+        scenarios=("steady",),
+        systems=("drapps-offload",),
+        consumer="cuda-model",  # without CUDA: the small CPU model's step
+        batch_size=8,
+        size="smoke",
+        repeats=1,
+        data_dir=tmp_path,
+    )
+    results = run_benchmark(config, progress=False)
+    names = ["0", "0.5", "1", "auto", "auto-all"]
+    check_runs(results, {("image", "steady", f"drapps-offload-{n}") for n in names}, repeats=1)
+    assert all(run["batch_size"] == 8 for run in results["runs"])
+    ends = {run["case"]: run["final_workers"] for run in results["runs"]}
+    assert ends["drapps-offload-0.5"].endswith("@0/0.50")  # workers@split/share
+    assert ends["drapps-offload-1"].endswith("@0/1.00")
+    assert "Consumer `cuda-model`" in markdown(results)
+
+
 def test_bad_configs_are_named() -> None:
     with pytest.raises(ValueError, match=r"workload must be one of \['image', 'text', 'synth"):
         BenchConfig(workloads=("imagenet",))
@@ -205,6 +227,10 @@ def test_bad_configs_are_named() -> None:
         BenchConfig(repeats=0)
     with pytest.raises(ValueError, match="size must be one of"):
         BenchConfig(size="huge")
+    with pytest.raises(ValueError, match="batch_size must be None or an int >= 1, got 0"):
+        BenchConfig(batch_size=0)
+    with pytest.raises(ValueError, match="consumer must be one of"):
+        BenchConfig(consumer="gpu-model")
 
 
 def test_an_unavailable_system_named_outright_is_an_error(tmp_path: Path) -> None:

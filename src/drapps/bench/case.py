@@ -65,6 +65,33 @@ class TreeMemory:
         self.sample()
 
 
+class GpuUse:
+    """Samples the GPU's utilisation through NVML every ``interval`` s while running; its
+    mean is the GPU's busy share (None without NVML or a GPU)."""
+
+    def __init__(self, interval: float = 0.1) -> None:
+        from drapps.telemetry.monitor import GpuMeter
+
+        self._meter, self._interval = GpuMeter(), interval
+        self.readings: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench-gpu", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            util = self._meter.read()[0]
+            if util is None:
+                return
+            self.readings.append(util)
+
+    def stop(self) -> float | None:
+        """Stop sampling; the mean utilisation, None when nothing was read."""
+        self._stop.set()
+        self._thread.join(timeout=5)
+        return sum(self.readings) / len(self.readings) if self.readings else None
+
+
 def tree_cpu_seconds(exclude: set[int]) -> dict[int, float]:
     """User + system CPU seconds of this process and each live descendant, by pid."""
     seconds = {}
@@ -81,7 +108,9 @@ def make_step(name: str, workload: Workload, step_ms: float) -> Step:
     """The training step on each batch: ``factor`` scales its time (consumer-shift).
 
     ``cpu-model`` runs the workload's batched step (``model_input``) and a small model on the
-    host's own cores, competing with the loader for them.
+    host's own cores, competing with the loader for them. ``cuda-model`` trains ResNet-50 with
+    mixed precision on the GPU, each step waited for (:mod:`drapps.bench.models`); on a
+    machine without CUDA it is the ``cpu-model`` step.
     """
     if name == "none":
         return lambda x, y, factor: None
@@ -89,10 +118,15 @@ def make_step(name: str, workload: Workload, step_ms: float) -> Step:
         # An accelerator's step: the batched work after the loader (normalisation, the model)
         # runs on the device, so the host only waits.
         return lambda x, y, factor: time.sleep(step_ms * factor / 1000)
-    if name == "cpu-model":
+    if name == "cpu-model" or (name == "cuda-model" and not torch.cuda.is_available()):
         model = workload.cpu_model()
         return lambda x, y, factor: model(workload.model_input(x), y)
-    raise ValueError(f"consumer must be one of ['none', 'sleep', 'cpu-model'], got {name!r}")
+    if name == "cuda-model":
+        gpu_step = workload.cuda_model("cuda")
+        return lambda x, y, factor: gpu_step(x, y)
+    raise ValueError(
+        f"consumer must be one of ['none', 'sleep', 'cpu-model', 'cuda-model'], got {name!r}"
+    )
 
 
 def _mismatch(batch: Any, expected: list[tuple[tuple[int, ...], torch.dtype]]) -> str | None:
@@ -134,6 +168,7 @@ def run_case(spec: dict[str, Any]) -> dict[str, Any]:
             step(batch[0], batch[1], 1.0)
         warmup_s = time.perf_counter() - opened - first_batch_s
         cpu_before = tree_cpu_seconds(scenario.helper_pids())
+        gpu = GpuUse()
         start = time.perf_counter()
         for b in range(n):
             factor = scenario.before_batch(b, n)
@@ -145,6 +180,7 @@ def run_case(spec: dict[str, Any]) -> dict[str, Any]:
             step(batch[0], batch[1], factor)
             ends.append(time.perf_counter() - start)
         elapsed = time.perf_counter() - start
+        gpu_util = gpu.stop()
         end_to_end = time.perf_counter() - opened
         cpu_after = tree_cpu_seconds(scenario.helper_pids())
         final_workers = source.workers()
@@ -173,6 +209,9 @@ def run_case(spec: dict[str, Any]) -> dict[str, Any]:
         "cpu_ms_per_batch": 1000 * cpu_s / n,
         "loop_cpu_ms_per_batch": 1000 * loop_cpu_s / n,
         "peak_rss_mib": memory.peak / 2**20,
+        # NVML's busy share of the GPU over the timed batches (None without a GPU or NVML)
+        "gpu_util": gpu_util,
+        "gpu_idle": None if gpu_util is None else 1.0 - gpu_util,
         "first_batch_s": first_batch_s,
         # the warm-up after the first batch (with --cache: the rest of the first epoch)
         "warmup_samples_per_s": (warmup - 1) * batch_size / warmup_s if warmup > 1 else 0.0,

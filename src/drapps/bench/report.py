@@ -38,6 +38,11 @@ def _cpu_per_batch(row: dict[str, Any]) -> str:
     return f"{row['cpu_ms_per_batch']:.0f} / {row['loop_cpu_ms_per_batch']:.1f}"
 
 
+def _gpu_idle(row: dict[str, Any]) -> str:
+    idle = row.get("gpu_idle")
+    return "-" if idle is None else f"{idle:.0%}"
+
+
 def scenario_rows(results: dict[str, Any], workload: str, scenario: str) -> list[dict[str, Any]]:
     """The summary rows of one workload and scenario (a new list, free to sort)."""
     return [
@@ -56,6 +61,10 @@ def scenario_table(results: dict[str, Any], workload: str, scenario: str) -> lis
         "| peak RSS MiB | first batch s | end-to-end s | workers at end |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    gpu = any(row.get("gpu_idle") is not None for row in rows)
+    if gpu:  # a GPU was read through NVML: its idle share beside the loop's wait
+        lines[2] = lines[2].replace("| loop waited ", "| loop waited | GPU idle ")
+        lines[3] += "---:|"
     best = best_dataloader(rows)
     best_rate = best["samples_per_s"] if best is not None else None
     limit = results.get("limit", {}).get(workload)
@@ -67,7 +76,8 @@ def scenario_table(results: dict[str, Any], workload: str, scenario: str) -> lis
         lines.append(
             f"| {name} | {_spread(row, 'samples_per_s')} | {_interval(row)} | {ratio} | {share} "
             f"| {row['wait_fraction']:.0%} "
-            f"| {row['wait_p50_ms']:.1f} / {row['wait_p99_ms']:.0f} "
+            + (f"| {_gpu_idle(row)} " if gpu else "")
+            + f"| {row['wait_p50_ms']:.1f} / {row['wait_p99_ms']:.0f} "
             f"| {row['cpu_util']:.0%} | {_cpu_per_batch(row)} | {row['peak_rss_mib']:.0f} "
             f"| {row['first_batch_s']:.2f} | {row['end_to_end_s']:.1f} | {_ends(row)} |"
         )

@@ -35,7 +35,7 @@ from drapps.runtime.config import usable_cores
 
 logger = logging.getLogger(__name__)
 
-CONSUMERS = ("none", "sleep", "cpu-model")
+CONSUMERS = ("none", "sleep", "cpu-model", "cuda-model")
 _WINDOWS = {"smoke": (2, 6), "quick": (8, 80), "default": (12, 150)}
 """(warm-up, timed) batches per run for each size."""
 _LIMIT_SAMPLES = {"smoke": 40, "quick": 400, "default": 1000}
@@ -85,9 +85,13 @@ class BenchConfig:
     """The cache systems' memory budget (e.g. "150MB"); None: "auto"."""
     consumer: str = "sleep"
     """The training step: "sleep" (a fixed step per batch, an accelerator stand-in),
-    "cpu-model" (a small real model's forward and backward on the same CPU) or "none"."""
+    "cpu-model" (a small real model's forward and backward on the same CPU), "cuda-model"
+    (ResNet-50 with mixed precision on the GPU; the cpu-model step without CUDA) or "none"."""
     step_ms: float | None = None
     """The sleep consumer's step per batch; None takes the workload's default."""
+    batch_size: int | None = None
+    """Samples per batch for every workload (a GPU model wants more than the CPU default);
+    None: each workload's own."""
     data_dir: Path = field(default_factory=default_data_dir)
     """Where generated data is cached."""
     seed: int = 0
@@ -115,6 +119,12 @@ class BenchConfig:
             counts = getattr(self, name)
             if counts is not None and (not counts or min(counts) < 0):
                 raise ValueError(f"{name} must be ints >= 0, got {counts}")
+        if self.batch_size is not None and (
+            isinstance(self.batch_size, bool)
+            or not isinstance(self.batch_size, int)
+            or self.batch_size < 1
+        ):
+            raise ValueError(f"batch_size must be None or an int >= 1, got {self.batch_size!r}")
         if self.step_ms is not None and self.step_ms <= 0:
             raise ValueError(f"step_ms must be > 0, got {self.step_ms!r}")
         if self.device is not None:
@@ -393,14 +403,15 @@ def run_benchmark(config: BenchConfig, progress: bool = True) -> dict[str, Any]:
                 continue
             workload = workload_class(case.workload)
             step_ms = config.step_ms if config.step_ms is not None else workload.step_ms
+            batch_size = config.batch_size or workload.batch_size
             first = warmup
             if config.cache and config.warmup_batches is None:  # a whole first epoch
-                first = -(-int(params[case.workload]["samples"]) // workload.batch_size)
+                first = -(-int(params[case.workload]["samples"]) // batch_size)
             spec = {
                 **asdict(case),
                 "case": case.name,
                 "params": params[case.workload],
-                "batch_size": workload.batch_size,
+                "batch_size": batch_size,
                 "warmup_batches": first,
                 "measure_batches": measure,
                 "consumer": config.consumer,

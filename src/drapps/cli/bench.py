@@ -53,6 +53,7 @@ def bench_command(args: argparse.Namespace) -> int:
             max_repeats=args.max_repeats,
             budget_s=args.budget,
             step_ms=args.step_ms,
+            batch_size=args.batch_size,
             consumer=args.consumer,
             device=args.device,
             cache=args.cache or None,
@@ -161,8 +162,11 @@ def add_commands(commands: Commands) -> None:
         "--budget", type=float, help="seconds of runs after which no further repeat starts"
     )
     bench.add_argument("--batches", type=int, help="timed batches per run")
-    bench.add_argument("--consumer", help="sleep (default), cpu-model or none")
+    bench.add_argument("--consumer", help="sleep (default), cpu-model, cuda-model or none")
     bench.add_argument("--step-ms", type=float, help="the sleep consumer's step per batch")
+    bench.add_argument(
+        "--batch-size", type=int, help="samples per batch for every workload (default: its own)"
+    )
     bench.add_argument(
         "--device", help="where drapps-split's device stage runs (cuda; default: the CPU)"
     )

@@ -22,8 +22,9 @@ from drapps.runtime.stats import PipelineSnapshot
 logger = logging.getLogger(__name__)
 
 
-class _Gpu:
-    """GPU utilisation and memory through NVML, or nothing."""
+class GpuMeter:
+    """GPU utilisation, memory and power of the first GPU through NVML, or nothing (no
+    ``nvidia-ml-py``, no driver, no GPU)."""
 
     def __init__(self) -> None:
         self._handle: Any = None
@@ -80,7 +81,7 @@ class Monitor:
             self._cpus = list(range(psutil.cpu_count() or 1))
         self._me = psutil.Process()
         self._processes: dict[int, psutil.Process] = {}
-        self._gpu = _Gpu()
+        self._gpu = GpuMeter()
         self._last_t = time.monotonic()
         self._last_boot = _since_boot()  # to tell a worker started since the last sample
         self._last_cpu: dict[int, float] = {}

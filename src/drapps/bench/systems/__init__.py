@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from drapps.bench.systems._base import Source, System, Workers
+from drapps.bench.systems.dali_gpu import DaliGpu
 from drapps.bench.systems.dataloader import DataLoaderSystem, DataLoaderUnorderedSystem
 from drapps.bench.systems.drapps_cache import CACHE_SYSTEMS
 from drapps.bench.systems.drapps_loader import (
@@ -13,6 +14,7 @@ from drapps.bench.systems.drapps_loader import (
     DrappsStaticPinned,
     DrappsStaticSampler,
 )
+from drapps.bench.systems.drapps_offload import DrappsOffload
 from drapps.bench.systems.drapps_split import DrappsSplit, DrappsSplitOneWorker
 from drapps.bench.systems.peers import PEER_SYSTEMS
 from drapps.bench.systems.tfdata import TfDataCacheSystem, TfDataSystem
@@ -33,7 +35,9 @@ _BUILT_IN: tuple[type[System], ...] = (
     DrappsFill,
     DrappsSplit,
     DrappsSplitOneWorker,
+    DrappsOffload,
     *PEER_SYSTEMS,
+    DaliGpu,
     *CACHE_SYSTEMS,
 )
 for _system in _BUILT_IN:

@@ -134,7 +134,7 @@ class DaliCpu(_PeerSystem):
     ) -> Source:
         threads = _count(self.name, workers)
         paths, labels = _image_files(self.name, workload)
-        pipe = _dali_pipeline(paths, labels, batch_size, threads, seed, throttle)
+        pipe = dali_pipeline(paths, labels, batch_size, threads, seed, throttle)
         pipe.build()
 
         def batches() -> Generator[Any, None, None]:
@@ -146,18 +146,26 @@ class DaliCpu(_PeerSystem):
         return _Batches(batches(), threads, None)
 
 
-def _dali_pipeline(
+def dali_pipeline(
     paths: list[str],
     labels: list[int],
     batch_size: int,
     threads: int,
     seed: int,
     throttle: IoThrottle | None,
+    device_id: int | None = None,
 ) -> Any:
+    """The image workload's pipeline in DALI: on the CPU (``device_id`` None), or with the
+    decode on the GPU ``device_id`` (``decoders.image_random_crop(device="mixed")``: nvJPEG,
+    its hardware decoder taking DALI's default share where there is one) and the resize, flip
+    and layout there too."""
     dali = require("nvidia.dali")
     fn, types = dali.fn, dali.types
+    decoder = "cpu" if device_id is None else "mixed"
 
-    @dali.pipeline_def(batch_size=batch_size, num_threads=threads, device_id=None, seed=seed + 1)
+    @dali.pipeline_def(
+        batch_size=batch_size, num_threads=threads, device_id=device_id, seed=seed + 1
+    )
     def pipeline() -> Any:
         if throttle is None:
             jpegs, targets = fn.readers.file(
@@ -171,7 +179,7 @@ def _dali_pipeline(
             )
         images = fn.decoders.image_random_crop(
             jpegs,
-            device="cpu",
+            device=decoder,
             output_type=types.RGB,
             random_area=[0.08, 1.0],
             random_aspect_ratio=list(_RATIO),

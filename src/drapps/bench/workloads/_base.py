@@ -75,6 +75,18 @@ class Workload(ABC):
     def cpu_model(self) -> Callable[[torch.Tensor, torch.Tensor], None]:
         """A small real model's forward and backward on one batch, for the cpu-model consumer."""
 
+    def cuda_model(self, device: str) -> Callable[[torch.Tensor, torch.Tensor], None]:
+        """A real model's mixed-precision training step on the GPU ``device``, for the
+        cuda-model consumer.
+
+        Raises:
+            ValueError: this workload has none (the image workload trains ResNet-50).
+        """
+        raise ValueError(
+            f"the cuda-model consumer trains ResNet-50 on the image workloads; {self.name!r} "
+            "has no GPU model: use --consumer sleep or cpu-model"
+        )
+
     def warm(self) -> None:  # noqa: B027 - synthetic data has nothing to warm
         """Read the data once so runs start alike, not whichever finds a warm page cache."""
 

@@ -124,6 +124,13 @@ class ImageWorkload(Workload):
     def cpu_model(self) -> Callable[[torch.Tensor, torch.Tensor], None]:
         return SgdStep(small_cnn)
 
+    def cuda_model(self, device: str) -> Callable[[torch.Tensor, torch.Tensor], None]:
+        """ResNet-50, bfloat16 autocast, on ``device``; the batch is normalised there."""
+        from drapps.bench.models import DeviceStep, resnet50
+
+        mean, std = _MEAN.to(device), _STD.to(device)
+        return DeviceStep(lambda: resnet50(), device, lambda x: (x.float() - mean) / std)
+
     def warm(self) -> None:
         for path, _ in ImageFolder(self.params["folder"]).samples:
             with open(path, "rb") as file:
