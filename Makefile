@@ -14,7 +14,7 @@ BENCH_ENV := XDG_CACHE_HOME=$(CURDIR)/.cache MPLCONFIGDIR=$(CURDIR)/.cache/matpl
 	KERAS_HOME=$(CURDIR)/.cache/keras DRAPPS_DATA_DIR=$(CURDIR)/.cache/drapps
 
 .PHONY: bench bench-peers bench-scale-out corpus ffmpeg services test test-integration \
-	test-slow test-all lint core clean
+	test-slow test-all lint core clean gpu-wheels gpu-check
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -110,6 +110,25 @@ test-slow: $(STAMP) services
 
 # Every tier, as CI runs it.
 test-all: test test-integration test-slow
+
+# A lent GPU machine has PyTorch, torchvision and NVML but no package index. Here, with one:
+# `make gpu-wheels` puts the wheels it lacks (Python 3.12) in .whl/. There, with .whl carried, one
+# part per command (each well under 10 minutes): `make gpu-check-env`, `-tests`, `-none`,
+# `-model` (or `make gpu-check` for all four). Results: $(GPU_OUT)/gpu-<name>/ (docs/device.md).
+GPU_OUT ?= docs/results
+GPU_SITE := /tmp/drapps-site
+GPU_WHEELS := simplejpeg==1.9.0
+gpu-wheels:
+	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+	  --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+	  --platform manylinux2014_x86_64 -d .whl $(GPU_WHEELS)
+
+gpu-check-%:
+	@if ls .whl/*.whl >/dev/null 2>&1; then python3 -m pip install -q --no-index --no-deps \
+	  --no-compile --no-cache-dir --upgrade --target $(GPU_SITE) .whl/*.whl; fi
+	PYTHONPATH=$(CURDIR)/src:$(GPU_SITE) python3 -m drapps.bench.gpu_check $* $(GPU_OUT)
+
+gpu-check: gpu-check-env gpu-check-tests gpu-check-none gpu-check-model
 
 clean:
 	rm -rf $(VENV) $(CORE) .pytest_cache .mypy_cache .ruff_cache

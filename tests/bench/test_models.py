@@ -65,3 +65,22 @@ def test_the_table_shows_the_gpu_idle_share_when_a_gpu_was_read() -> None:
     assert "| 10% | 25% |" in lines[4] and "| 10% | - |" in lines[5]
     unread = {"summary": [_row("dataloader-1", None)]}
     assert "GPU idle" not in scenario_table(unread, "image", "steady")[2]
+
+
+def test_the_gpu_check_plans_long_windows_and_says_when_there_is_no_gpu(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from drapps.bench import gpu_check
+
+    none = gpu_check.bench_command("none", tmp_path / "none")
+    model = gpu_check.bench_command("cuda-model", tmp_path / "model")
+    assert none[none.index("--seconds") + 1] == "20.0" and "--batch-size" not in none
+    assert model[model.index("--batch-size") + 1] == "256"
+    assert "drapps-offload" in none[none.index("--systems") + 1]
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "NVIDIA H100 80GB HBM3")
+    assert gpu_check.gpu_name() == "h100"
+    assert gpu_check.main(["bench", str(tmp_path)]) == 2
+    assert "part must be one of" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert gpu_check.main(["env", str(tmp_path)]) == 2
+        assert "needs CUDA" in capsys.readouterr().err

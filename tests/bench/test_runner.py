@@ -209,6 +209,26 @@ def test_the_offload_systems_run_every_share_under_the_model_consumer(tmp_path: 
     assert "Consumer `cuda-model`" in markdown(results)
 
 
+@pytest.mark.timeout(300)
+def test_a_run_is_timed_for_at_least_the_seconds_asked(tmp_path: Path) -> None:
+    config = BenchConfig(
+        workloads=("synthetic",),
+        scenarios=("steady",),
+        systems=("dataloader",),
+        workers=(0,),
+        measure_batches=2,
+        measure_s=1.0,
+        size="smoke",
+        repeats=1,
+        data_dir=tmp_path,
+    )
+    (run,) = run_benchmark(config, progress=False)["runs"]
+    assert len(run["timeline"]) > 2 and run["timeline"][-1][0] >= 1.0
+    assert run["samples"] == run["expected_samples"]  # every timed batch counted
+    with pytest.raises(ValueError, match="measure_s times runs by the clock"):
+        BenchConfig(measure_s=5.0, scenarios=("steady", "cpu-contention"))
+
+
 def test_bad_configs_are_named() -> None:
     with pytest.raises(ValueError, match=r"workload must be one of \['image', 'text', 'synth"):
         BenchConfig(workloads=("imagenet",))

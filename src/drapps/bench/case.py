@@ -170,8 +170,10 @@ def run_case(spec: dict[str, Any]) -> dict[str, Any]:
         cpu_before = tree_cpu_seconds(scenario.helper_pids())
         gpu = GpuUse()
         start = time.perf_counter()
-        for b in range(n):
-            factor = scenario.before_batch(b, n)
+        measure_s = spec.get("measure_s") or 0.0
+        b = 0
+        while b < n or time.perf_counter() - start < measure_s:
+            factor = scenario.before_batch(min(b, n - 1), n)
             asked = time.perf_counter()
             batch = next(it)
             waits.append(time.perf_counter() - asked)
@@ -179,6 +181,8 @@ def run_case(spec: dict[str, Any]) -> dict[str, Any]:
             samples += len(batch[0])
             step(batch[0], batch[1], factor)
             ends.append(time.perf_counter() - start)
+            b += 1
+        n = b  # the batches timed (past measure_batches when measure_s asked for more)
         elapsed = time.perf_counter() - start
         gpu_util = gpu.stop()
         end_to_end = time.perf_counter() - opened

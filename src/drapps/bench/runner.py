@@ -74,6 +74,10 @@ class BenchConfig:
     """Batches before timing starts; None takes the size's default."""
     measure_batches: int | None = None
     """Batches timed per run; None takes the size's default."""
+    measure_s: float | None = None
+    """Time each run for at least this many seconds (past ``measure_batches`` where needed),
+    so that a fast system's window is as long as a slow one's; None: the batches alone. Only
+    with the steady scenario (the others change by batch index)."""
     device: str | None = None
     """Where systems with a device stage (``drapps-split``) run it and deliver batches
     ("cuda"); None: the training process's CPU."""
@@ -119,6 +123,13 @@ class BenchConfig:
             counts = getattr(self, name)
             if counts is not None and (not counts or min(counts) < 0):
                 raise ValueError(f"{name} must be ints >= 0, got {counts}")
+        if self.measure_s is not None and not self.measure_s > 0:
+            raise ValueError(f"measure_s must be None or > 0, got {self.measure_s!r}")
+        if self.measure_s is not None and set(self.scenarios) != {"steady"}:
+            raise ValueError(
+                "measure_s times runs by the clock, so it needs the steady scenario alone "
+                f"(the others change by batch index), got {list(self.scenarios)}"
+            )
         if self.batch_size is not None and (
             isinstance(self.batch_size, bool)
             or not isinstance(self.batch_size, int)
@@ -414,6 +425,7 @@ def run_benchmark(config: BenchConfig, progress: bool = True) -> dict[str, Any]:
                 "batch_size": batch_size,
                 "warmup_batches": first,
                 "measure_batches": measure,
+                "measure_s": config.measure_s,
                 "consumer": config.consumer,
                 "device": config.device,
                 "cache_memory": config.cache_memory,

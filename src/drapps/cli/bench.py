@@ -49,6 +49,7 @@ def bench_command(args: argparse.Namespace) -> int:
             workers=args.workers,
             static_workers=args.static_workers,
             measure_batches=args.batches,
+            measure_s=args.seconds,
             repeats=args.repeats,
             max_repeats=args.max_repeats,
             budget_s=args.budget,
@@ -162,6 +163,11 @@ def add_commands(commands: Commands) -> None:
         "--budget", type=float, help="seconds of runs after which no further repeat starts"
     )
     bench.add_argument("--batches", type=int, help="timed batches per run")
+    bench.add_argument(
+        "--seconds",
+        type=float,
+        help="time each run for at least this long, past --batches if needed (steady only)",
+    )
     bench.add_argument("--consumer", help="sleep (default), cpu-model, cuda-model or none")
     bench.add_argument("--step-ms", type=float, help="the sleep consumer's step per batch")
     bench.add_argument(
