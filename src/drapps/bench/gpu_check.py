@@ -97,7 +97,7 @@ def run(part: str, out_root: Path) -> int:
         return 0
     if part == "tests":
         tests = ["tests/gpu", "tests/ops/test_cut.py", "tests/ops/test_device_stage.py"]
-        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests]
+        command = [sys.executable, "-m", "pytest", "-q", "-rP", "-p", "no:cacheprovider", *tests]
         log = out / "tests.log"
     else:
         consumer = "none" if part == "none" else "cuda-model"
