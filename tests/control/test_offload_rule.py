@@ -3,6 +3,7 @@ a toy pipeline whose best share is known, memory pressure, and the knob on a rea
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from types import SimpleNamespace
 from typing import Any
@@ -59,6 +60,7 @@ class OffloadWorld:
             workers_cpu=2 * cpu_util, wait_fraction=max(0.0, 1 - rate / self.consumer),
             throughput=rate, queue_batches=0, prefetch=4, max_workers=2, split=0,
             offload=self.share, device_stage_share=min(1.0, rate * r / self.device_rate),
+            gpu_util=min(1.0, rate * r / self.device_rate),  # a GPU that only runs the stage
             device_squeezed=self.squeezed, t=self.t,
         )  # fmt: skip
 
@@ -100,7 +102,7 @@ def test_a_device_stage_the_loop_waits_on_gives_samples_back() -> None:
     world = OffloadWorld(1.0, cpu_rate=600, device_rate=700)  # best: 0.5 (1,200/s)
     actions = world.run(bound(), ticks=120)
     first = next(a for a in actions if "offload" in a.other)
-    assert first.other["offload"] == 0.75 and "the device is saturated" in first.reason
+    assert first.other["offload"] == 0.75 and "the GPU is saturated" in first.reason
     assert abs(world.history[-1] - 0.5) <= 0.07  # balance: 600/(1-r) = 700/r at r = 0.54
 
 
@@ -120,11 +122,39 @@ def test_a_busy_gpu_takes_no_larger_share() -> None:
         def observe(self) -> State:
             import dataclasses
 
-            return dataclasses.replace(super().observe(), gpu_util=0.95)
+            observed = super().observe()  # the model keeps the GPU busy besides the stage
+            return dataclasses.replace(observed, gpu_util=max(0.95, observed.gpu_util or 0))
 
     world = BusyGpu(0.5)
     world.run(bound(), ticks=100)
     assert max(world.history) <= 0.5  # a saturated GPU has no room for more
+
+
+def cpu_state(**fields: Any) -> State:
+    base = dict(cores=2, workers=2, offload=0.5, split=0, queue_batches=0, prefetch=4,
+                max_workers=8, throughput=500.0, t=0.0)  # fmt: skip
+    return state(**{**base, **fields})
+
+
+def decide_after(policy: HeuristicPolicy, observed: State, ticks: int = 8) -> Action:
+    for n in range(ticks):
+        action = policy.decide(dataclasses.replace(observed, t=0.5 * (n + 1)))
+        if "offload" in action.other:
+            return action
+    return action
+
+
+def test_on_the_cpu_a_stage_sharing_a_saturated_cpu_gives_samples_back() -> None:
+    busy = cpu_state(cpu_util=1.0, idle_cores=0.0, wait_fraction=0.3, device_stage_share=0.4)
+    action = decide_after(bound(), busy)
+    assert action.other["offload"] == 0.25 and "shares the saturated CPU" in action.reason
+
+
+def test_on_the_cpu_idle_cores_take_a_share_when_the_workers_cannot() -> None:
+    idle = cpu_state(cpu_util=0.5, idle_cores=1.0, wait_fraction=0.3, offload=0.0,
+                     device_stage_share=0.0, workers=1)  # fmt: skip
+    action = decide_after(bound(), idle)
+    assert action.other["offload"] == 0.25 and "cores idle" in action.reason
 
 
 # -- on a real loader -----------------------------------------------------------------------

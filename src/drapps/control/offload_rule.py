@@ -63,24 +63,49 @@ class OffloadRule:
             return self._move(tick, share, -1, why, now + turnover_s)
         if tick - self.last_change < self.hold or now < self.until:
             return None
-        device_full = stage_share >= self.stage_full or (
-            gpu_util is not None and gpu_util >= self.device_busy
-        )
+        stage_full = stage_share >= self.stage_full
         cpu_full = cpu_util >= self.cpu_busy
-        where = "the CPU" if gpu_util is None else f"a GPU {gpu_util:.0%} busy"
-        if wait > self.wait_high and cpu_full and not device_full and share < 1:
-            why = (
-                f"training loop waited {wait:.0%} on saturated workers (CPU {cpu_util:.0%}) "
-                f"with the device stage on {where}"
+        waits = wait > self.wait_high
+        if gpu_util is None:
+            direction, why = self._on_the_cpu(share, waits, cpu_full, stage_full, idle_cores)
+        else:
+            gpu_full = stage_full or gpu_util >= self.device_busy
+            direction, why = 0, ""
+            if waits and cpu_full and not gpu_full and share < 1:
+                direction, why = (
+                    +1,
+                    (
+                        f"training loop waited {wait:.0%} on saturated workers (CPU "
+                        f"{cpu_util:.0%}) beside a GPU {gpu_util:.0%} busy"
+                    ),
+                )
+            elif gpu_full and not cpu_full and share > 0 and stage_share > 0.01:
+                direction, why = (
+                    -1,
+                    (
+                        f"the GPU is saturated ({gpu_util:.0%} busy, the stage {stage_share:.0%} "
+                        f"of the time) while the workers' CPU is not ({cpu_util:.0%})"
+                    ),
+                )
+        if direction == 0:
+            return None
+        return self._move(tick, share, direction, why, now + turnover_s)
+
+    def _on_the_cpu(
+        self, share: float, waits: bool, cpu_full: bool, stage_full: bool, idle_cores: float
+    ) -> tuple[int, str]:
+        """The rule when the device stage runs on the training process's CPU: it helps only
+        with cores the workers leave idle, and a stage sharing a saturated CPU with them only
+        adds its own overhead."""
+        if waits and not cpu_full and idle_cores >= 0.5 and not stage_full and share < 1:
+            return +1, (
+                f"training loop waited with {idle_cores:.1f} cores idle beside the workers: "
+                "the device stage on the CPU takes some of their work"
             )
-            return self._move(tick, share, +1, why, now + turnover_s)
-        if device_full and not cpu_full and share > 0 and stage_share > 0.01:
-            why = (
-                f"the device is saturated ({where}, the stage busy {stage_share:.0%}) with "
-                f"{idle_cores:.1f} cores idle"
-            )
-            return self._move(tick, share, -1, why, now + turnover_s)
-        return None
+        if share > 0 and ((waits and cpu_full) or (stage_full and not cpu_full)):
+            where = "shares the saturated CPU" if cpu_full else "is saturated"
+            return -1, f"the device stage on the CPU {where}"
+        return 0, ""
 
     def _move(
         self, tick: int, share: float, direction: int, why: str, until: float
