@@ -331,6 +331,32 @@ def test_a_device_stage_that_holds_the_loop_gives_an_op_back() -> None:
     assert world.history[-1] > 2
 
 
+class StageBoundWorld(SplitWorld):
+    """The stage runs ahead in its own thread: when it is the slowest part, the loop waits on
+    it (the real loader counts that as the loop's wait) and it is busy all the time."""
+
+    def observe(self) -> State:
+        moved = 4 - self.split
+        make = 0.04 - self.op_s * moved
+        stage = self.stage_s * moved
+        rate = 1 / max(make, stage, 0.02)
+        return state(
+            cores=2, cpu_util=0.75, idle_cores=0.5, wait_fraction=max(0.0, 1 - 0.02 * rate),
+            throughput=32 * rate, workers=self.workers, max_workers=4, queue_batches=0,
+            prefetch=2, split=self.split, device_stage_share=min(1.0, stage * rate),
+        )  # fmt: skip
+
+
+def test_a_device_stage_the_loop_waits_on_gives_ops_back() -> None:
+    world = StageBoundWorld(op_s=0.01, stage_s=0.02)
+    world.split = 1  # three ops in a stage that takes 60 ms a batch: it starves the loop
+    actions = world.run(HeuristicPolicy(), ticks=150)
+    back = [a for a in actions if a.split == +1]
+    assert back and "waited" in back[0].reason and "on the device stage" in back[0].reason
+    tail = world.history[-50:]
+    assert max(set(tail), key=tail.count) == 3  # 33 batches/s, against 25 at 2 and at 4
+
+
 class TableWorld(SplitWorld):
     """Throughput per split from a table (what the bench measured with one worker: moving the
     flip alone buys 3%, the crop too 17%, the decode too loses)."""

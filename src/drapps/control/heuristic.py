@@ -286,8 +286,23 @@ class HeuristicPolicy:
         split = int(state.split or 0)
         readings = [s.gpu_util for s in self._recent if s.gpu_util is not None]
         gpu = statistics.fmean(readings) if readings else None
+        share = self._mean("device_stage_share")
+        if (
+            wait > c.wait_high
+            and share >= c.stage_full  # so some op is in the stage: one can move back
+            and self._may_try("split", +1, state, wait)
+        ):
+            # The loop waits on the stage itself (its thread or its GPU saturated): more ops
+            # there, or more workers, would only starve it further.
+            return self._start(
+                "split",
+                +1,
+                state,
+                f"training loop waited {wait:.0%} on the device stage (busy {share:.0%} of "
+                f"the time): moving op {split} back to the workers",
+            )
         if wait > c.wait_high and not grow:
-            room = gpu is None or gpu < c.device_room
+            room = (gpu is None or gpu < c.device_room) and share < c.stage_full
             where = "the CPU" if gpu is None else f"a GPU {gpu:.0%} busy"
             if room and self._may_try("split", -1, state, wait):
                 return self._start(
@@ -297,7 +312,6 @@ class HeuristicPolicy:
                     f"training loop waited {wait:.0%} and another worker does not help: "
                     f"moving op {split - 1} into the device stage on {where}",
                 )
-        share = self._mean("device_stage_share")
         busy = gpu >= c.device_busy if gpu is not None else idle >= 1.0
         if (
             wait < c.wait_low
