@@ -64,6 +64,7 @@ class DrappsOffload(System):
             transform=pipeline,
             persistent_workers=True,
             device=self.device,
+            cache=None,  # the placement alone: a first epoch filling a cache would hide it
             workers="auto",
             **options,
         )

@@ -66,6 +66,7 @@ class DrappsSplit(System):
             transform=pipeline,
             persistent_workers=True,
             device=self.device,
+            cache=None,  # the placement alone: a first epoch filling a cache would hide it
             **options,
         )
         return EpochSource(loader, lambda: f"{loader.stats().workers}@{loader.stats().split}")
