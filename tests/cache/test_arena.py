@@ -55,3 +55,36 @@ def test_a_forked_process_shares_the_entries(tier: ArenaTier) -> None:
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert tier.read("child") == b"c" * 20 and tier.held() == (30, 2)
+
+
+def test_writers_racing_for_the_last_room_never_pass_the_budget() -> None:
+    arena = ArenaTier(1500, entries=64).open()
+    try:
+        digest_a, digest_b = b"a" * 16, b"b" * 16  # stand-ins: only their lengths matter here
+        size = 16 + 1000
+        # Two workers each check for room before either publishes: the first one's bytes
+        # count from its allocation, so the second finds no room.
+        first = arena._allocate(size, digest_a)
+        second = arena._allocate(size, digest_b)
+        assert first is not None and second is None
+        assert arena.held() == (1000, 1)  # reserved, not yet readable
+        assert arena.write("c", b"z" * 400)  # what is left of the budget still serves
+        assert arena.held()[0] <= 1500
+    finally:
+        arena.close()
+
+
+def test_a_write_that_fails_midway_gives_its_room_back() -> None:
+    arena = ArenaTier(1500, entries=64).open()
+    try:
+
+        class Unreadable(bytes):
+            def __len__(self) -> int:
+                return 1000
+
+        with pytest.raises(ValueError, match="memoryview assignment"):
+            arena.write("a", Unreadable())  # its length lies: the copy into the arena fails
+        assert arena.held() == (0, 0)
+        assert arena.write("b", b"y" * 1400)
+    finally:
+        arena.close()

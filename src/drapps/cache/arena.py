@@ -103,6 +103,12 @@ class ArenaTier:
         try:
             view[start : start + _DIGEST] = digest
             view[start + _DIGEST : start + _DIGEST + len(data)] = data
+        except BaseException:
+            with self.region.locked() as locked:
+                if _HEADER.unpack_from(locked, 0)[5] == generation:  # not cleared meanwhile
+                    self._unreserve(locked, len(data))
+                    self._release(locked, offset, _DIGEST + len(data))
+            raise
         finally:
             view.release()
         return self._publish(digest, offset, len(data), generation)
@@ -117,6 +123,9 @@ class ArenaTier:
             magic, slots, used, held, entries, generation, count = _HEADER.unpack_from(view, 0)
             if entries + 1 > _MAX_LOAD * slots or held + nbytes - _DIGEST > self.budget:
                 return None
+            # The entry's bytes count from now, not from its publication: two writers that
+            # both saw room for one would otherwise both be admitted past the budget.
+            held, entries = held + nbytes - _DIGEST, entries + 1
             blocks = self._blocks(view)
             fits = np.flatnonzero(blocks[:count, 1] >= size)
             if len(fits):  # first fit from the free list
@@ -136,21 +145,27 @@ class ArenaTier:
 
     def _publish(self, digest: bytes, offset: int, length: int, generation: int) -> bool:
         """Point the index at a record written in full (a writer killed before this leaves
-        only unreachable bytes)."""
+        unreachable bytes, counted against the budget until the arena is cleared)."""
         with self.region.locked() as view:
             now = _HEADER.unpack_from(view, 0)[5]
             if now != generation:
                 return False  # cleared while we wrote: the space is no longer ours
             slot, old = self._probe(view, digest)
             if slot is None:
+                self._unreserve(view, length)
                 self._release(view, offset, _DIGEST + length)
                 return False
-            _, slots, used, held, entries, _, count = _HEADER.unpack_from(view, 0)
-            _HEADER.pack_into(view, 0, _MAGIC, slots, used, held + length, entries + 1, now, count)
             if old is not None and old[2] >= 0:
                 self._forget(view, old[1], old[2])
             _SLOT.pack_into(view, _HEADER.size + slot * _SLOT.size, digest, offset, length)
         return True
+
+    def _unreserve(self, view: Any, length: int) -> None:
+        """Give back an allocation's reserved bytes and entry (it is not published)."""
+        magic, slots, used, held, entries, generation, count = _HEADER.unpack_from(view, 0)
+        _HEADER.pack_into(
+            view, 0, magic, slots, used, held - length, entries - 1, generation, count
+        )
 
     def _remove(self, view: Any, digest: bytes) -> None:
         """Drop ``digest``'s entry from the index (a tombstone keeps later keys' probes going)
