@@ -221,3 +221,15 @@ def test_the_stage_shrinks_while_free_memory_is_low_and_grows_back() -> None:
         pieces.append(stage.piece)
     assert pieces == [8, 4, 2, 4, 8, None]
     assert stage.squeezed == 5
+
+
+def test_filling_batches_needs_a_fixed_share() -> None:
+    with pytest.raises(ValueError, match="defer_after=0 needs a fixed offload share"):
+        drapps.Loader(
+            Jpegs(), batch_size=8, transform=jpeg_pipeline(), split=0, offload="auto",
+            defer_after=0, workers=2,
+        )  # fmt: skip
+
+
+def test_filled_batches_offload_the_same_batches(reference: list[Any]) -> None:
+    assert_batches_equal(epoch(split=0, offload=0.5, defer_after=30.0), reference)

@@ -303,6 +303,7 @@ class LoaderConfig:
             (self.workers == 0, "worker processes (workers > 0 or 'auto')"),
             (not self.in_order, "in_order=True (batches are filled in order)"),
             (self.split == "auto", "a fixed split (not split='auto')"),
+            (self.offload == "auto", "a fixed offload share (not offload='auto')"),
             (self.batch_size is None, "a batch_size (batches to fill)"),
         ):
             if wrong:
