@@ -121,7 +121,7 @@ def test_bench_rejects_unknown_names_listing_valid_ones(
         capsys.readouterr().err
     )
     assert main(["bench", "--consumer", "gpu"]) == 2
-    assert "consumer must be one of ['none', 'sleep', 'cpu-model'], got 'gpu'" in (
+    assert "consumer must be one of ['none', 'sleep', 'cpu-model', 'cuda-model'], got 'gpu'" in (
         capsys.readouterr().err
     )
     with pytest.raises(SystemExit):
