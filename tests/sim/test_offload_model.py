@@ -72,3 +72,26 @@ def test_gpu_decode_is_a_held_out_family_with_a_share() -> None:
     # A competitor for the cores and a heavier model step, each for a while.
     assert any(c.outside_load for c in scenario.changes)
     assert any(c.step_factor and c.step_factor > 1 for c in scenario.changes)
+
+
+def test_the_learned_policy_may_move_the_share() -> None:
+    from drapps.control import Action, State
+    from drapps.sim.env import PipelineEnv
+
+    knobs = ("workers", "prefetch", "offload")
+    assert len(Action.space(knobs)) == 27
+    assert Action.space(("offload",)) == (
+        Action(other={"offload": -1}),
+        Action(),
+        Action(other={"offload": 1}),
+    )
+    assert Action(other={"offload": 1}).describe(knobs) == "workers+0 prefetch+0 offload+1"
+    env = PipelineEnv(["gpu-decode"], duration=10.0, knobs=knobs)
+    observation, _ = env.reset(seed=0)
+    assert observation.shape == (len(State.features(knobs)),) == (len(State.FEATURES) + 3,)
+    up = Action.space(knobs).index(Action(other={"offload": 1}))
+    shares = []
+    for _ in range(3):
+        _, _, _, _, info = env.step(up)
+        shares.append(info["offload"])
+    assert shares == [0.75, 1.0, 1.0]  # from 0.5, a quarter a step, held at 1

@@ -212,6 +212,8 @@ def train_policy_command(args: argparse.Namespace) -> int:
         learner = make_learner(args.learner)
         # Only scenarios with movable ops give a split policy something to learn from.
         movable = ["device-offload"] if "split" in args.knobs else None
+        if "offload" in args.knobs:  # scenarios with a share to move
+            movable = [*(movable or []), "gpu-decode"]
         families = check_families(args.families or movable or family_names(held_out=False))
         held_out = check_families(args.evaluate_on or movable or family_names(held_out=True))
         env = PipelineEnv(families, duration=args.duration, knobs=args.knobs)
@@ -337,6 +339,7 @@ def add_commands(commands: Commands) -> None:
         type=name_list,
         default=("workers", "prefetch"),
         help="step knobs the policy moves (workers,prefetch; add split to learn the device "
-        "stage's cut, with --families device-offload or others with movable ops)",
+        "stage's cut, with --families device-offload or others with movable ops; add offload "
+        "for the share of each batch finished there, on gpu-decode)",
     )
     train.set_defaults(run=train_policy_command)

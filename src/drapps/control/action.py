@@ -8,8 +8,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 STEPS = (-1, 0, 1)
-STEP_KNOBS = ("workers", "prefetch", "split")
-"""The knobs an Action moves by steps (in :meth:`Action.space` order)."""
+STEP_KNOBS = ("workers", "prefetch", "split", "offload")
+"""The knobs an Action moves by steps (in :meth:`Action.space` order); ``offload`` steps by a
+quarter of the share, in :attr:`Action.other`."""
+_FIELDS = ("workers", "prefetch", "split")
 
 
 @dataclass(frozen=True)
@@ -69,8 +71,8 @@ class Action:
     @staticmethod
     def space(knobs: Sequence[str] = ("workers", "prefetch")) -> tuple[Action, ...]:
         """The discrete actions a learned policy picks from: every combination of one step
-        of each of ``knobs`` (step knobs: workers, prefetch, split), the first knob varying
-        slowest.
+        of each of ``knobs`` (step knobs: workers, prefetch, split, offload), the first knob
+        varying slowest.
 
         Raises:
             ValueError: a knob that is not a step knob, or one named twice.
@@ -79,16 +81,31 @@ class Action:
         if unknown or len(set(knobs)) != len(knobs) or not knobs:
             raise ValueError(f"knobs must be distinct names from {list(STEP_KNOBS)}, got {knobs!r}")
         return tuple(
-            Action(**dict(zip(knobs, steps, strict=True)))  # type: ignore[arg-type]
+            _stepping(dict(zip(knobs, steps, strict=True)))
             for steps in itertools.product(STEPS, repeat=len(knobs))
         )
 
     def describe(self, knobs: Sequence[str]) -> str:
         """The steps of ``knobs`` in words, e.g. ``"workers+1 prefetch+0"``."""
-        return " ".join(f"{k}{getattr(self, k):+d}" for k in knobs)
+        return " ".join(f"{k}{self.step(k):+d}" for k in knobs)
+
+    def step(self, knob: str) -> int:
+        """The step this action asks of the step knob ``knob`` (0: none)."""
+        if knob in _FIELDS:
+            return int(getattr(self, knob))
+        move = self.other.get(knob, 0)
+        return int(move) if isinstance(move, int) else 0
 
 
 NOOP = Action()
+
+
+def _stepping(steps: dict[str, int]) -> Action:
+    """The Action of one step per knob: fields for those that have one, ``other`` for the
+    rest (zero steps left out, so a no-op is :data:`NOOP`)."""
+    fields = {k: v for k, v in steps.items() if k in _FIELDS}
+    other = {k: v for k, v in steps.items() if k not in _FIELDS and v != 0}
+    return Action(**fields, other=other)  # type: ignore[arg-type]
 
 
 def _moves(value: Any) -> bool:

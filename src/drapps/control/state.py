@@ -149,11 +149,21 @@ class State:
     )
     """Appended for a policy that moves the ``codec`` knob."""
 
+    OFFLOAD_FEATURES: ClassVar[tuple[str, ...]] = (
+        "offload",
+        "device_stage_share",
+        "gpu_busy",
+    )
+    """Appended for a policy that moves the ``offload`` knob: the share itself, the stage's
+    busy share and the GPU's (repeated where the split's features have them: each knob's
+    features are its own, so a policy reads the same vector whatever else it moves)."""
+
     @classmethod
     def features(cls, knobs: Sequence[str] = ("workers", "prefetch")) -> tuple[str, ...]:
         """The features a policy moving ``knobs`` reads, in :meth:`vector` order."""
         split = cls.SPLIT_FEATURES if "split" in knobs else ()
-        return cls.FEATURES + split + (cls.CODEC_FEATURES if "codec" in knobs else ())
+        codec = cls.CODEC_FEATURES if "codec" in knobs else ()
+        return cls.FEATURES + split + codec + (cls.OFFLOAD_FEATURES if "offload" in knobs else ())
 
     def vector(self, knobs: Sequence[str] = ("workers", "prefetch")) -> np.ndarray:
         """Features in :meth:`features` order, each scaled to roughly [0, 1] (float32)."""
@@ -180,6 +190,9 @@ class State:
         if "codec" in knobs:
             read = self.cache_read_ms / max(self.cache_make_ms, self.cache_read_ms, 1e-6)
             values += (self.cache_hit_rate, read, self.cache_fill, self.cache_not_admitted)
+        if "offload" in knobs:
+            gpu = self.gpu_util if self.gpu_util is not None else self.device_stage_share
+            values += (self.offload or 0.0, self.device_stage_share, gpu)
         return np.clip(np.asarray(values, dtype=np.float32), 0.0, 1.0)
 
     def knob(self, name: str) -> Any:

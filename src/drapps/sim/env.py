@@ -23,7 +23,7 @@ from drapps.control.state import State
 from drapps.control.static import StaticPolicy
 from drapps.sim.engine import Simulator
 from drapps.sim.families import check_families, draw, family_names
-from drapps.sim.run import split_knobs
+from drapps.sim.run import offload_knobs, split_knobs
 from drapps.sim.scenario import Scenario
 
 gym = require("gymnasium")
@@ -110,7 +110,10 @@ class PipelineEnv(gym.Env):  # type: ignore[name-defined]
             self._sim,
             Bounds(min_workers=1, max_workers=limit, max_prefetch=4 * limit),
             interval=self.interval,
-            knobs=split_knobs(self._sim, adjustable="split" in self.knobs),
+            knobs=[
+                *split_knobs(self._sim, adjustable="split" in self.knobs),
+                *offload_knobs(self._sim, adjustable="offload" in self.knobs),
+            ],
         )
         self._steps = 1
         self._sim.run_until(self.interval)
@@ -132,6 +135,8 @@ class PipelineEnv(gym.Env):  # type: ignore[name-defined]
         info = {"throughput": self._state.throughput, "workers": workers}
         if "split" in applied:
             info["split"] = int(applied["split"])
+        if "offload" in applied:
+            info["offload"] = float(applied["offload"])
         return self._state.vector(self.knobs), value, False, truncated, info
 
     @property
