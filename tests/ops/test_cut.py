@@ -23,7 +23,8 @@ from drapps.ops import (
     Spec,
     ToCHWTensor,
 )
-from drapps.ops.cut import Cut, Mixed, check_share, cut_of
+from drapps.ops.cut import Cut, Mixed, cut_of
+from drapps.runtime.config import check_share
 from drapps.runtime.seeding import sample_seed_for
 from drapps.runtime.worker import BatchRecipe, make_batch
 

@@ -106,8 +106,7 @@ class ArenaTier:
         except BaseException:
             with self.region.locked() as locked:
                 if _HEADER.unpack_from(locked, 0)[5] == generation:  # not cleared meanwhile
-                    self._unreserve(locked, len(data))
-                    self._release(locked, offset, _DIGEST + len(data))
+                    self._forget(locked, offset, len(data))
             raise
         finally:
             view.release()
@@ -152,20 +151,12 @@ class ArenaTier:
                 return False  # cleared while we wrote: the space is no longer ours
             slot, old = self._probe(view, digest)
             if slot is None:
-                self._unreserve(view, length)
-                self._release(view, offset, _DIGEST + length)
+                self._forget(view, offset, length)  # its reservation and its space
                 return False
             if old is not None and old[2] >= 0:
                 self._forget(view, old[1], old[2])
             _SLOT.pack_into(view, _HEADER.size + slot * _SLOT.size, digest, offset, length)
         return True
-
-    def _unreserve(self, view: Any, length: int) -> None:
-        """Give back an allocation's reserved bytes and entry (it is not published)."""
-        magic, slots, used, held, entries, generation, count = _HEADER.unpack_from(view, 0)
-        _HEADER.pack_into(
-            view, 0, magic, slots, used, held - length, entries - 1, generation, count
-        )
 
     def _remove(self, view: Any, digest: bytes) -> None:
         """Drop ``digest``'s entry from the index (a tombstone keeps later keys' probes going)
@@ -177,7 +168,8 @@ class ArenaTier:
             self._forget(view, offset, length)
 
     def _forget(self, view: Any, offset: int, length: int) -> None:
-        """An entry leaves the index: its bytes no longer count, its space is free."""
+        """An entry leaves the index, or an allocation is given up: its bytes no longer
+        count, its space is free."""
         magic, slots, used, held, entries, generation, count = _HEADER.unpack_from(view, 0)
         _HEADER.pack_into(
             view, 0, magic, slots, used, held - length, entries - 1, generation, count

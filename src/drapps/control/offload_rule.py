@@ -69,27 +69,44 @@ class OffloadRule:
         if gpu_util is None:
             direction, why = self._on_the_cpu(share, waits, cpu_full, stage_full, idle_cores)
         else:
-            gpu_full = stage_full or gpu_util >= self.device_busy
-            direction, why = 0, ""
-            if waits and cpu_full and not gpu_full and share < 1:
-                direction, why = (
-                    +1,
-                    (
-                        f"training loop waited {wait:.0%} on saturated workers (CPU "
-                        f"{cpu_util:.0%}) beside a GPU {gpu_util:.0%} busy"
-                    ),
-                )
-            elif gpu_full and not cpu_full and share > 0 and stage_share > 0.01:
-                direction, why = (
-                    -1,
-                    (
-                        f"the GPU is saturated ({gpu_util:.0%} busy, the stage {stage_share:.0%} "
-                        f"of the time) while the workers' CPU is not ({cpu_util:.0%})"
-                    ),
-                )
+            direction, why = self._on_the_gpu(
+                share,
+                wait,
+                cpu_util,
+                gpu_util,
+                stage_share,
+                cpu_full=cpu_full,
+                stage_full=stage_full,
+            )
         if direction == 0:
             return None
         return self._move(tick, share, direction, why, now + turnover_s)
+
+    def _on_the_gpu(
+        self,
+        share: float,
+        wait: float,
+        cpu_util: float,
+        gpu_util: float,
+        stage_share: float,
+        *,
+        cpu_full: bool,
+        stage_full: bool,
+    ) -> tuple[int, str]:
+        """The rule beside a GPU: it takes samples while the workers' CPU is the bottleneck
+        and gives them back while the GPU is."""
+        gpu_full = stage_full or gpu_util >= self.device_busy
+        if wait > self.wait_high and cpu_full and not gpu_full and share < 1:
+            return +1, (
+                f"training loop waited {wait:.0%} on saturated workers (CPU {cpu_util:.0%}) "
+                f"beside a GPU {gpu_util:.0%} busy"
+            )
+        if gpu_full and not cpu_full and share > 0 and stage_share > 0.01:
+            return -1, (
+                f"the GPU is saturated ({gpu_util:.0%} busy, the stage {stage_share:.0%} of "
+                f"the time) while the workers' CPU is not ({cpu_util:.0%})"
+            )
+        return 0, ""
 
     def _on_the_cpu(
         self, share: float, waits: bool, cpu_full: bool, stage_full: bool, idle_cores: float

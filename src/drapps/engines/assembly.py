@@ -108,8 +108,8 @@ class Parts:
             knobs.append(
                 SplitKnob(split.set, low=points[0], high=points[-1], adjustable=split.adjustable)
             )
-        if split is not None and split.shared and self.engine.tunable:
-            knobs.append(OffloadKnob(split.set_share, adjustable=split.share_adjustable))
+            if split.shared:
+                knobs.append(OffloadKnob(split.set_share, adjustable=split.share_adjustable))
         if self.cache is not None:
             choices = (*(c.name for c in self.cache.codecs), "off")
             adjustable = self.cache.settings.codec == "auto" and len(choices) > 2

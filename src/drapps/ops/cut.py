@@ -18,7 +18,6 @@ Example:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -58,19 +57,6 @@ def cut_of(split: int, share: float, length: int) -> int | Cut:
     if share <= 0.0:
         return length
     return Cut(split, share)
-
-
-def check_share(share: Any) -> float:
-    """``share`` as a float in [0, 1].
-
-    Raises:
-        ValueError: not a real number in [0, 1].
-    """
-    if isinstance(share, bool) or not isinstance(share, int | float) or not math.isfinite(share):
-        raise ValueError(f"offload must be a number in [0, 1] or 'auto', got {share!r}")
-    if not 0.0 <= share <= 1.0:
-        raise ValueError(f"offload must be in [0, 1], got {share!r}")
-    return float(share)
 
 
 @dataclass

@@ -9,8 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from drapps.ops.cut import Cut, check_share, cut_of
+from drapps.ops.cut import Cut, cut_of
 from drapps.ops.pipeline import Pipeline, check_split
+from drapps.runtime.config import check_share
 
 START_SHARE = 0.5
 """Where ``offload="auto"`` starts: the middle, so the controller's first try either way

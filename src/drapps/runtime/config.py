@@ -201,7 +201,7 @@ class LoaderConfig:
         if self.offload is not None and not (
             isinstance(self.offload, str) and self.offload == "auto"
         ):
-            object.__setattr__(self, "offload", _check_share(self.offload))
+            object.__setattr__(self, "offload", check_share(self.offload))
         elif self.offload == "auto" and self.workers == 0:
             raise ValueError(
                 "offload='auto' needs worker processes to share the batches with: set "
@@ -421,9 +421,16 @@ def changed_arguments(function: Callable[..., Any], named: dict[str, Any]) -> se
     return {name for name, value in named.items() if not same(value, defaults[name].default)}
 
 
-def _check_share(share: Any) -> float:
-    """``offload`` as a float in [0, 1] (the runtime checks it as the ops' ``check_share``
-    does, without importing the ops)."""
+def check_share(share: Any) -> float:
+    """An offload share as a float in [0, 1] (the loader's argument, ``set_offload``'s and
+    the share knob's owner all check it here).
+
+    Raises:
+        ValueError: not a real number in [0, 1].
+    """
     if isinstance(share, bool) or not isinstance(share, int | float) or not 0 <= share <= 1:
-        raise ValueError(f"offload must be None, 'auto' or a number in [0, 1], got {share!r}")
+        raise ValueError(
+            f"offload must be a number in [0, 1] (or 'auto' for the loader's argument), "
+            f"got {share!r}"
+        )
     return float(share)

@@ -15,19 +15,16 @@ from typing import Any
 import torch
 
 from drapps._optional import require
-from drapps.bench.systems._base import Source, Workers
-from drapps.bench.systems.peers import _Batches, _count, _image_files, _PeerSystem, dali_pipeline
-from drapps.bench.throttle import IoThrottle
-from drapps.bench.workloads import Workload
+from drapps.bench.systems.peers import DaliCpu
 
 
-class DaliGpu(_PeerSystem):
+class DaliGpu(DaliCpu):
     name = "dali-gpu"
     summary = (
         "NVIDIA DALI, GPU pipeline: readers.file -> decoders.image_random_crop on the GPU "
         "(nvJPEG, device='mixed') -> resize -> crop_mirror_normalize on the GPU (extra 'dali')"
     )
-    module, extra, prefix = "nvidia.dali", "dali", "dali-gpu"
+    prefix = "dali-gpu"
 
     @classmethod
     def unavailable(cls) -> str | None:
@@ -36,25 +33,12 @@ class DaliGpu(_PeerSystem):
             return "dali-gpu needs a CUDA GPU, and this machine has none"
         return missing
 
-    def open(
-        self,
-        workload: Workload,
-        workers: Workers,
-        batch_size: int,
-        seed: int,
-        throttle: IoThrottle | None,
-    ) -> Source:
-        threads = _count(self.name, workers)
-        paths, labels = _image_files(self.name, workload)
-        device = torch.cuda.current_device()
-        pipe = dali_pipeline(paths, labels, batch_size, threads, seed, throttle, device)
-        pipe.build()
+    def device_id(self) -> int | None:
+        return torch.cuda.current_device()
+
+    def batches(self, pipe: Any) -> Generator[Any, None, None]:
         iterator_class = require("nvidia.dali.plugin.pytorch").DALIGenericIterator
         iterator: Any = iterator_class(pipe, ["images", "labels"], auto_reset=True)
-
-        def batches() -> Generator[Any, None, None]:
-            while True:  # epochs: the iterator resets itself at the end of each
-                for (out,) in iterator:
-                    yield out["images"], out["labels"].reshape(-1).to(torch.int64)
-
-        return _Batches(batches(), threads, None)
+        while True:  # epochs: the iterator resets itself at the end of each
+            for (out,) in iterator:
+                yield out["images"], out["labels"].reshape(-1).to(torch.int64)

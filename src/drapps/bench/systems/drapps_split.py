@@ -24,20 +24,30 @@ from drapps.bench.workloads import Workload
 SPLITS = ("0", "1", "2", "3", "4", "auto", "auto-workers")
 
 
-class DrappsSplit(System):
-    name = "drapps-split"
-    summary = "the image pipeline as a drapps.ops.Pipeline at each split and split='auto'"
+class PlacementSystem(System):
+    """The image workload's pipeline as a :class:`drapps.ops.Pipeline`, one case per placement
+    a subclass names (:meth:`options`), without the sample cache (a first epoch filling it
+    would hide the placement)."""
+
     opt_in = True
-    workers: ClassVar[int | None] = None
-    """Worker processes (None: one per usable core)."""
+    placements: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def variants(cls, cores: int) -> list[Workers]:
-        return list(SPLITS)
+        return list(cls.placements)
 
     @classmethod
     def case_name(cls, workers: Workers) -> str:
         return f"{cls.name}-{workers}"
+
+    def options(self, placement: str) -> dict[str, Any]:
+        """The Loader arguments of one placement (split, offload, workers)."""
+        raise NotImplementedError
+
+    def ends(self, loader: drapps.Loader) -> str:
+        """Where the run ended, for "workers at end"."""
+        stats = loader.stats()
+        return f"{stats.workers}@{stats.split}"
 
     def open(
         self,
@@ -53,10 +63,6 @@ class DrappsSplit(System):
                 f"{self.name} needs a workload with an op pipeline (image), got {workload.name!r}"
             )
         dataset, pipeline = pipeline_of(throttle)
-        split = str(workers)
-        count = self.workers or len(os.sched_getaffinity(0))
-        options: dict[str, Any] = {"split": "auto" if split.startswith("auto") else int(split)}
-        options["workers"] = "auto" if split == "auto-workers" else count
         loader = drapps.Loader(
             dataset,
             batch_size=batch_size,
@@ -66,10 +72,25 @@ class DrappsSplit(System):
             transform=pipeline,
             persistent_workers=True,
             device=self.device,
-            cache=None,  # the placement alone: a first epoch filling a cache would hide it
-            **options,
+            cache=None,
+            **self.options(str(workers)),
         )
-        return EpochSource(loader, lambda: f"{loader.stats().workers}@{loader.stats().split}")
+        return EpochSource(loader, lambda: self.ends(loader))
+
+
+class DrappsSplit(PlacementSystem):
+    name = "drapps-split"
+    summary = "the image pipeline as a drapps.ops.Pipeline at each split and split='auto'"
+    placements = SPLITS
+    workers: ClassVar[int | None] = None
+    """Worker processes (None: one per usable core)."""
+
+    def options(self, placement: str) -> dict[str, Any]:
+        count = self.workers or len(os.sched_getaffinity(0))
+        return {
+            "split": "auto" if placement.startswith("auto") else int(placement),
+            "workers": "auto" if placement == "auto-workers" else count,
+        }
 
 
 class DrappsSplitOneWorker(DrappsSplit):

@@ -134,19 +134,23 @@ class DaliCpu(_PeerSystem):
     ) -> Source:
         threads = _count(self.name, workers)
         paths, labels = _image_files(self.name, workload)
-        pipe = dali_pipeline(paths, labels, batch_size, threads, seed, throttle)
+        pipe = _dali_pipeline(paths, labels, batch_size, threads, seed, throttle, self.device_id())
         pipe.build()
+        return _Batches(self.batches(pipe), threads, None)
 
-        def batches() -> Generator[Any, None, None]:
-            while True:
-                images, targets = pipe.run()
-                x = torch.from_numpy(images.as_array())
-                yield x, torch.from_numpy(targets.as_array().reshape(-1).astype(np.int64))
+    def device_id(self) -> int | None:
+        """The GPU the pipeline's decode runs on; None: the CPU."""
+        return None
 
-        return _Batches(batches(), threads, None)
+    def batches(self, pipe: Any) -> Generator[Any, None, None]:
+        """The built pipeline's batches as torch tensors, endlessly."""
+        while True:
+            images, targets = pipe.run()
+            x = torch.from_numpy(images.as_array())
+            yield x, torch.from_numpy(targets.as_array().reshape(-1).astype(np.int64))
 
 
-def dali_pipeline(
+def _dali_pipeline(
     paths: list[str],
     labels: list[int],
     batch_size: int,
