@@ -31,7 +31,7 @@ import torch
 
 PARTS = ("env", "tests", "none", "model")
 SECONDS = 20.0
-"""Each bench run's timed window, at least (the issue's floor to separate cases)."""
+"""Each bench run's timed window, at least: long enough for cases to separate."""
 
 
 def gpu_name() -> str:
