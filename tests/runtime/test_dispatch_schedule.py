@@ -63,6 +63,23 @@ def test_a_predicted_straggler_of_a_later_batch_starts_before_the_next_batch() -
     assert first is not None and first.batch_id == 3 and first.positions == (1,)
 
 
+def test_each_pick_is_the_least_slack_of_every_work_not_sent() -> None:
+    # The schedule scores one work per batch (its costliest not sent): the pick must still be
+    # the least slack over every work of every batch in the window, as if all were scored.
+    rng = np.random.default_rng(3)
+    costs = {i: float(rng.pareto(1.5) * 0.002) for i in range(64)}
+    schedule = Schedule(measured(costs, n=64), mode="samples")
+    schedule.reset(plan(batches=8, batch_size=8), 0)
+    seen = [schedule._cut(b, 3) for b in range(8)]  # every batch looked at, none sent
+    interval = schedule.costs.mean * schedule.batch_len / 3
+    while (work := schedule.peek(0, 3, depth=8, may_open=lambda b: True)) is not None:
+        waiting = [w for cut in seen for w in cut.works if w.part not in cut.sent]
+        best = min(waiting, key=lambda w: schedule._score(w, 0, interval))
+        assert work == best
+        schedule.take(work)
+    assert all(len(cut.sent) == len(cut.works) for cut in seen)
+
+
 def test_the_lookahead_bounds_how_far_ahead_work_starts() -> None:
     schedule = Schedule(measured({29: 0.1}), mode="samples", lookahead=2)
     schedule.reset(plan(), 0)

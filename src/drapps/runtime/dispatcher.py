@@ -453,14 +453,15 @@ class Dispatcher:
         typical = self.costs.mean * (len(work.positions) if work is not None else 1)
         return work is None or work.cost <= _SLOW_PART * typical
 
-    def _may_open(self, batch_id: int) -> bool:
-        """Whether work on ``batch_id`` may start (a batch already started always may)."""
+    def _may_open(self, batch_id: int, depth: int) -> bool:
+        """Whether work on ``batch_id`` may start at prefetch depth ``depth`` (a batch already
+        started always may)."""
         if batch_id == self.buffer.next_id or batch_id in self._open:
             return True  # the batch the training loop waits for always goes
         outstanding = len(self._open) + len(self.buffer)
         if self.fill is not None:  # made samples waiting to fill a batch hold memory too
             outstanding += -(-self.fill.pooled // max(1, self.schedule.batch_len))
-        if outstanding >= self.prefetch_depth:
+        if outstanding >= depth:
             return False
         if self._batch_bytes == 0:
             # Size unknown until the first batch lands: one batch per worker until then.
@@ -488,14 +489,17 @@ class Dispatcher:
         plan = self._plan
         if plan is not None and self.schedule.cutting and self.buffer.waiting_s() is not None:
             self._hedge()
+        depth = self.prefetch_depth
+
+        def may_open(batch_id: int) -> bool:
+            return self._may_open(batch_id, depth)
+
         while plan is not None:
             candidates = [w for w in self.pool.live() if self._may_queue(w)]
             if not candidates:
                 return
             live = len(self.pool.live())
-            work = self.schedule.peek(
-                self.buffer.next_id, live, self.prefetch_depth, self._may_open
-            )
+            work = self.schedule.peek(self.buffer.next_id, live, depth, may_open)
             if work is None:
                 return
             retrying = self.schedule.retrying(work)

@@ -54,6 +54,12 @@ class Work:
 class _Cut:
     works: list[Work]
     sent: set[int | None] = field(default_factory=set)
+    pending: list[Work] = field(init=False)
+    """The works not sent yet, the one to start first in front: every work of a batch is due
+    at once, so the costliest (the least slack) goes first, ties by part number."""
+
+    def __post_init__(self) -> None:
+        self.pending = sorted(self.works, key=lambda w: (-w.cost, _part_key(w)))
 
 
 class Schedule:
@@ -159,12 +165,13 @@ class Schedule:
             return None
         interval = self.costs.mean * self._batch_len / max(1, workers)
         best: tuple[float, int, int, Work] | None = None
+        # Each batch's first pending work is its least slack: one score per batch.
         for batch_id, cut in self._cuts.items():
             if batch_id not in self._opened and batch_id >= self._frontier:
                 continue  # looked at, not opened
-            for work in cut.works:
-                if work.part not in cut.sent:
-                    best = _better(best, self._score(work, head, interval), work)
+            if cut.pending:
+                work = cut.pending[0]
+                best = _better(best, self._score(work, head, interval), work)
         end = min(len(plan), max(head, self._frontier) + self.lookahead_for(depth))
         if self._fifo_batches and not self.heavy_tailed():
             end = min(end, self._frontier + 1)
@@ -173,8 +180,8 @@ class Schedule:
                 continue
             if not may_open(batch_id):
                 break
-            for work in self._cut(batch_id, workers).works:
-                best = _better(best, self._score(work, head, interval), work)
+            work = self._cut(batch_id, workers).pending[0]
+            best = _better(best, self._score(work, head, interval), work)
         return None if best is None else best[3]
 
     def take(self, work: Work) -> None:
@@ -185,6 +192,7 @@ class Schedule:
         batch_id = work.batch_id
         cut = self._cuts[batch_id]
         cut.sent.add(work.part)
+        cut.pending.remove(work)
         if batch_id >= self._frontier:
             self._opened.add(batch_id)
             while self._frontier in self._opened:
@@ -200,8 +208,7 @@ class Schedule:
 
     def _score(self, work: Work, head: int, interval: float) -> tuple[float, int, int]:
         """Least slack first: when the work must start to be ready as its batch comes due."""
-        part = -1 if work.part is None else work.part
-        return ((work.batch_id - head) * interval - work.cost, work.batch_id, part)
+        return ((work.batch_id - head) * interval - work.cost, work.batch_id, _part_key(work))
 
     def _cut(self, batch_id: int, workers: int) -> _Cut:
         cut = self._cuts.get(batch_id)
@@ -225,6 +232,10 @@ class Schedule:
             self.cut_batches += 1
         cut = self._cuts[batch_id] = _Cut(works)
         return cut
+
+
+def _part_key(work: Work) -> int:
+    return -1 if work.part is None else work.part
 
 
 def _better(
