@@ -52,3 +52,22 @@ def test_the_tail_ratio_reads_the_slowest_percent_against_the_median() -> None:
     costs.observe(list(range(500, 520)), [0.05] * 20)
     assert costs.tail_ratio() > 8
     assert costs.report()["observed"] == 520
+
+
+def test_learning_costs_the_same_however_the_batches_are_cut(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # The dispatcher observes whole batches, or the parts of batches cut among workers (a
+    # dozen a batch): the learned model takes the same steps per sample either way.
+    steps = {"whole": 0, "parts": 0}
+    for how, size in (("whole", 32), ("parts", 3)):
+        costs = SampleCosts(20_000)
+        learn = costs._mlp.learn
+
+        def counted(x, y, how=how, learn=learn):  # type: ignore[no-untyped-def]
+            steps[how] += 1
+            return learn(x, y)
+
+        monkeypatch.setattr(costs._mlp, "learn", counted)
+        for start in range(0, 9600, size):
+            indices = list(range(start, min(9600, start + size)))
+            costs.observe(indices, [0.001 + 0.01 * (i % 7 == 0) for i in indices])
+    assert steps["parts"] <= 1.2 * steps["whole"], steps

@@ -28,7 +28,8 @@ _WARMUP = 256  # samples before the learned model may be chosen
 _ERROR_DECAY = 0.02  # weight of each new sample in the running errors
 SLOW = 8.0
 """A sample that costs this many times the running median counts as slow (a straggler)."""
-_LEARN_EVERY = 4  # batches observed per scoring and learning step (each costs ~100 us)
+_LEARN_EVERY = 4  # learning steps taken at once, every _LEARN_SAMPLES samples (~100 us each)
+_LEARN_SAMPLES = 128  # samples observed between two scorings (4 batches of 32, however cut)
 _HIDDEN = 8
 _LEARNING_RATE = 0.05
 
@@ -84,7 +85,7 @@ class SampleCosts:
         self._count = 0
         self._median = 0.0
         self._mean = 0.0
-        self._calls = 0
+        self._learnt_at = 0  # samples observed at the last scoring
         self.p99 = 0.0
         """p99 seconds per sample, as of the last :meth:`tail_ratio`."""
         self._median_bytes = 1.0
@@ -154,6 +155,7 @@ class SampleCosts:
             "chosen": self.chosen(),
             "model_us_per_sample": round(1e6 * self.model_s / max(1, self._count), 3),
             "median_ms": round(1e3 * self._median, 4),
+            "mean_ms": round(1e3 * self._mean, 4),
             "tail_ratio": round(self.tail_ratio(), 2),
             "slow_samples": self.slow,
             "slow_excess_s": round(self.slow_excess_s, 3),
@@ -169,9 +171,11 @@ class SampleCosts:
         start = time.perf_counter()
         cost = np.maximum(np.asarray(seconds, dtype=np.float64), 1e-6)
         slots = self._slots(indices)
-        self._calls += 1
-        learn = self._count < _WARMUP or self._calls % _LEARN_EVERY == 0
+        # Every batch's worth of samples while warming up, then one batch's in four.
+        every = _LEARN_SAMPLES // _LEARN_EVERY if self._count < _WARMUP else _LEARN_SAMPLES
+        learn = self._count - self._learnt_at >= every or self._count == 0
         if self._count and learn:  # score both models on what they would have said
+            self._learnt_at = self._count
             actual = np.log(cost)
             guess = np.log(np.maximum(self._history(slots), 1e-6))
             learned_x = self._features(slots)
@@ -181,7 +185,7 @@ class SampleCosts:
                 err = float(np.abs(predicted - actual).mean())
                 self.errors[name] += w * (err - self.errors[name])
             target = actual - math.log(self._median)
-            for _ in range(_LEARN_EVERY):  # as many steps as batches it learns for
+            for _ in range(_LEARN_EVERY):
                 self._mlp.learn(learned_x, target)
         slow = cost[cost >= SLOW * self._median] if self._count >= _WARMUP else cost[:0]
         self.slow += len(slow)
