@@ -345,6 +345,69 @@ def test_the_training_process_reads_a_recycled_slab_through_the_mapping_it_had(c
     assert slab_maps() == [] and slab_fds() == []
 
 
+def _round_of(writer, recycler, channel, rows: int):  # type: ignore[no-untyped-def]
+    packed = pack({"x": torch.full((rows, 1024), rows, dtype=torch.int32)}, writer)
+    got = cross(packed, channel, writer)
+    return unpack(got, release=recycler.releaser(0, got.slab), mappings=recycler.mappings)
+
+
+def test_a_recycled_slab_only_grows_and_the_receiver_maps_all_of_it(channel) -> None:  # type: ignore[no-untyped-def]
+    # Parts of batches cut among workers differ in size. A slab keeps the length of the largest
+    # it held, and the training process maps the whole file, so the next larger part written
+    # into it is read through the mapping it has.
+    writer, recycler = transport.SlabWriter(), transport.SlabRecycler()
+    big_bytes = 64 * 1024 * 4
+    try:
+        big = _round_of(writer, recycler, channel, 64)
+        del big
+        gc.collect()
+        recycler.mappings.forget(tuple(recycler.mappings._held))  # as if pushed out
+        writer.released(recycler.drain()[0])
+        small = _round_of(writer, recycler, channel, 16)  # into the big slab, mapped afresh
+        assert list(writer._length.values()) == [big_bytes]  # not shrunk to the part
+        assert small["x"].shape == (16, 1024) and int(small["x"].sum()) == 16 * 16 * 1024
+        address = small["x"].data_ptr()
+        del small
+        gc.collect()
+        assert [size for _, size in recycler.mappings._held.values()] == [big_bytes]
+        writer.released(recycler.drain()[0])
+        again = _round_of(writer, recycler, channel, 64)
+        assert again["x"].data_ptr() == address and int(again["x"].sum()) == 64 * 64 * 1024
+        assert len(recycler.mappings) == 0  # taken, not mapped again
+        del again
+        gc.collect()
+    finally:
+        writer.close()
+        recycler.close()
+    gc.collect()
+    assert slab_maps() == [] and slab_fds() == []
+
+
+def test_a_worker_keeps_small_released_slabs_by_bytes_and_the_receiver_forgets_closed_ones(
+    channel,
+) -> None:  # type: ignore[no-untyped-def]
+    writer, recycler = transport.SlabWriter(keep=2), transport.SlabRecycler()
+    try:
+        whole = _round_of(writer, recycler, channel, 64)  # the largest slab: 2 of it are kept
+        parts = [_round_of(writer, recycler, channel, 16) for _ in range(10)]
+        del whole, parts
+        gc.collect()
+        writer.released(recycler.drain()[0])
+        # 2 x 64 rows of room: the largest slab and four of the small ones; the rest closed.
+        assert len(writer._free) == 5 and writer.held() == 5
+        assert len(recycler.mappings) == 11  # not yet told which were closed
+        nxt = _round_of(writer, recycler, channel, 16)  # carries the closed slabs' files
+        assert len(recycler.mappings) == 4  # the 6 closed forgotten, 1 mapping taken back
+        assert len(slab_maps()) == 5
+        del nxt
+        gc.collect()
+    finally:
+        writer.close()
+        recycler.close()
+    gc.collect()
+    assert slab_maps() == [] and slab_fds() == []
+
+
 def test_kept_mappings_are_bounded_and_a_closed_recycler_keeps_none(channel) -> None:  # type: ignore[no-untyped-def]
     writer, recycler = transport.SlabWriter(keep=8), transport.SlabRecycler()
     recycler.mappings.keep = 2

@@ -59,7 +59,10 @@ SHM_DIR = os.environ.get("DRAPPS_SHM_DIR") or (
 """The shared-memory filesystem: where slabs go (created and unlinked at once) on systems
 without ``memfd_create``, and what the codec cache's sizing reads."""
 KEEP_FREE = 2
-"""Released slabs a worker keeps for reuse; it closes the others (their pages are freed)."""
+"""Released slabs a worker keeps for reuse, in slabs of the largest size it has made; it
+closes the others (their pages are freed). Smaller slabs (the parts of batches cut among
+several workers) are kept as many as fit in the same bytes, up to ``_KEEP_SLABS``."""
+_KEEP_SLABS = 16
 _SENT_MEMORY = 64
 """Descriptors of sent slabs a worker keeps for reuse; older ones are closed (their pages stay
 while the receiver maps them)."""
@@ -90,6 +93,10 @@ class Packed:
     fd: int | None = None
     """The slab's descriptor in this process: the sender's after :func:`pack`, the receiver's
     after :func:`receive_message`. Never pickled (descriptors cross as ``SCM_RIGHTS``)."""
+    closed: tuple[tuple[int, int], ...] = ()
+    """Files (device, inode) of the slabs the sender closed since its last batch: the
+    receiver lets go of the mappings it kept of them (:meth:`ReceivedMappings.forget`), so
+    their pages are freed now rather than when newer mappings push them out."""
 
 
 def create_slab(directory: str | None = None, name: str = "slab") -> int:
@@ -296,7 +303,10 @@ def pack(
         if exc.errno in (errno.ENOSPC, errno.ENOMEM):
             raise _full(pickler.nbytes, directory) from exc
         raise
-    return Packed(file.getvalue(), pickler.nbytes, slab, recycle=writer is not None, fd=fd)
+    closed = writer.take_closed() if writer is not None else ()
+    return Packed(
+        file.getvalue(), pickler.nbytes, slab, recycle=writer is not None, fd=fd, closed=closed
+    )
 
 
 def _full(nbytes: int, directory: str | None) -> SharedMemoryFullError:
@@ -514,6 +524,9 @@ class SlabWriter:
         self._free: list[int] = []
         self._mapped: dict[int, tuple[int, Any]] = {}  # descriptor -> (bytes mapped, mapping)
         self._length: dict[int, int] = {}  # descriptor -> the file's length, as last set here
+        self._largest = 0  # the longest slab made so far
+        # Files of slabs closed since the last batch was packed (the receiver may map them).
+        self._closed: collections.deque[tuple[int, int]] = collections.deque(maxlen=256)
 
     def take(self) -> tuple[int, int | None]:
         """A new slab id, and a released slab's descriptor to write into (None: make one)."""
@@ -533,19 +546,20 @@ class SlabWriter:
             return held[1]
         os.posix_fallocate(fd, 0, nbytes)
         self._length[fd] = max(nbytes, self._length.get(fd, 0))
+        self._largest = max(self._largest, nbytes)
         mapping = map_slab(fd, nbytes)
         self._mapped[fd] = (nbytes, mapping)
         return mapping
 
     def fit(self, fd: int, nbytes: int) -> None:
-        """Make slab ``fd``'s file ``nbytes`` long; a mapped slab only ever grows."""
-        if fd in self._mapped:
-            if nbytes > self._length.get(fd, 0):
-                os.ftruncate(fd, nbytes)
-                self._length[fd] = nbytes
-            return
-        os.ftruncate(fd, nbytes)
-        self._length[fd] = nbytes
+        """Make slab ``fd``'s file at least ``nbytes`` long. A slab only ever grows: one
+        mapped here must not shrink under its mapping, and the receiver keeps its mapping of
+        the whole file (:meth:`ReceivedMappings.map`), which then fits any later batch or
+        part no larger than the largest the slab held."""
+        if nbytes > self._length.get(fd, 0):
+            os.ftruncate(fd, nbytes)
+            self._length[fd] = nbytes
+            self._largest = max(self._largest, nbytes)
 
     def sent(self, slab: int, fd: int) -> None:
         """Keep ``fd`` until the receiver says whether ``slab`` may be written again."""
@@ -556,7 +570,7 @@ class SlabWriter:
     def give_back(self, slab: int, fd: int) -> None:
         """A slab taken (:meth:`take`) but never sent: free for the next batch."""
         del slab
-        if len(self._free) < self.keep:
+        if self._keeps(fd):
             self._free.append(fd)
         else:
             self._close(fd)
@@ -568,10 +582,19 @@ class SlabWriter:
             fd = self._sent.pop(slab, None)
             if fd is None:
                 continue  # closed already (over the memory)
-            if reusable and len(self._free) < self.keep:
+            if reusable and self._keeps(fd):
                 self._free.append(fd)
             else:
                 self._close(fd)
+
+    def _keeps(self, fd: int) -> bool:
+        """Whether released slab ``fd`` is kept for reuse (see :data:`KEEP_FREE`)."""
+        if len(self._free) < self.keep:
+            return True
+        if len(self._free) >= _KEEP_SLABS:
+            return False
+        held = sum(self._length.get(free, 0) for free in self._free)
+        return held + self._length.get(fd, 0) <= self.keep * self._largest
 
     def held(self) -> int:
         """Descriptors held (sent and free)."""
@@ -581,7 +604,15 @@ class SlabWriter:
         self._mapped.pop(fd, None)  # unmapped once no tensor of this process is over it
         self._length.pop(fd, None)
         with contextlib.suppress(OSError):
+            stat = os.fstat(fd)
+            self._closed.append((stat.st_dev, stat.st_ino))
             os.close(fd)
+
+    def take_closed(self) -> tuple[tuple[int, int], ...]:
+        """The files of the slabs closed since the last call, for the receiver to forget."""
+        closed = tuple(self._closed)
+        self._closed.clear()
+        return closed
 
     def close(self) -> None:
         for fd in [*self._sent.values(), *self._free]:
@@ -681,6 +712,8 @@ def unpack(
             if release is None or mappings is None:
                 slab = map_slab(packed.fd, packed.nbytes)
             else:
+                if packed.closed:
+                    mappings.forget(packed.closed)
                 key, address, size = mappings.map(packed.fd, packed.nbytes)
                 slab = (ctypes.c_ubyte * packed.nbytes).from_address(address)
         except BaseException:
@@ -717,7 +750,7 @@ class ReceivedMappings:
     or the set is closed. A forked child unmaps its inherited copies at once.
     """
 
-    def __init__(self, keep: int = 4, max_bytes: int = 64 * 2**20) -> None:
+    def __init__(self, keep: int = 64, max_bytes: int = 64 * 2**20) -> None:
         self.keep, self.max_bytes = keep, max_bytes
         self._held: collections.OrderedDict[tuple[int, int], tuple[int, int]] = (
             collections.OrderedDict()
@@ -727,7 +760,9 @@ class ReceivedMappings:
         _OPEN_MAPPINGS.add(self)
 
     def map(self, fd: int, nbytes: int) -> tuple[tuple[int, int], int, int]:
-        """(file key, address, bytes mapped) of at least ``nbytes`` of slab ``fd``."""
+        """(file key, address, bytes mapped) of at least ``nbytes`` of slab ``fd``: the whole
+        file is mapped (a recycled slab never shrinks), so a later, smaller batch or part
+        written into it is read through the same mapping."""
         stat = os.fstat(fd)
         key = (stat.st_dev, stat.st_ino)
         with self._lock:
@@ -736,7 +771,8 @@ class ReceivedMappings:
             if held[1] >= nbytes:
                 return key, held[0], held[1]
             _libc.munmap(held[0], held[1])
-        return key, _mmap(fd, nbytes), nbytes
+        size = max(nbytes, stat.st_size)
+        return key, _mmap(fd, size), size
 
     def keep_mapped(self, key: tuple[int, int], address: int, size: int) -> None:
         """Keep a released slab's mapping (pushing the oldest out past the bounds); once
@@ -756,6 +792,17 @@ class ReceivedMappings:
                     gone.append((old, old_size))
         for old, old_size in gone:
             _libc.munmap(old, old_size)
+
+    def forget(self, keys: tuple[tuple[int, int], ...]) -> None:
+        """Unmap the kept mappings of these files (their sender closed them: they will not
+        come back, and the mapping alone holds their pages)."""
+        gone = []
+        with self._lock:
+            for key in keys:
+                if (held := self._held.pop(key, None)) is not None:
+                    gone.append(held)
+        for address, size in gone:
+            _libc.munmap(address, size)
 
     def close(self) -> None:
         """Unmap every kept mapping and keep none from now on."""
