@@ -141,17 +141,22 @@ class ProcessPool(WorkerPool):
 
     def poll(self, timeout: float, wake: int) -> Polled:
         waitables: dict[Any, Worker | None] = {wake: None}
+        sentinels = {}
         for worker in self.workers:
-            waitables[_own(worker).process.sentinel] = None  # its exit is checked below
+            sentinels[_own(worker).process.sentinel] = worker  # ready once it has exited
             if not worker.broken:
                 waitables[_own(worker).results] = worker
-        ready = wait(list(waitables), timeout=timeout)
+        ready = wait([*waitables, *sentinels], timeout=timeout)
         polled = Polled(woke=wake in ready)
         for item in ready:
-            sender = waitables[item]
+            sender = waitables.get(item)
             if sender is not None:
                 polled.replies += self.drain(sender)
-        polled.exited = [w for w in self.workers if not _own(w).process.is_alive()]
+        # A sentinel stays ready once its process is gone, so an exit is never missed; only
+        # those are asked (is_alive reaps the child), not every worker on every poll.
+        polled.exited = [
+            w for s, w in sentinels.items() if s in ready and not _own(w).process.is_alive()
+        ]
         return polled
 
     def drain(self, worker: Worker) -> list[Reply]:
