@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from helpers import GIB, state
@@ -428,3 +430,71 @@ def test_a_worker_tried_while_the_loop_starves_with_idle_cores_is_kept_unless_it
         assert policy.decide(state(**{**after, **busy}, workers=4)) == NOOP
     undo = policy.decide(state(**{**after, **busy}, workers=4))
     assert undo.workers == -1 and "back to 3 workers" in undo.reason, undo
+
+
+def test_with_heavy_tailed_costs_a_worker_is_free_with_less_idle_cpu() -> None:
+    # A few slow reads hold batches: the CPU idles a fifth of the time between bursts while the
+    # loop waits. With heavy-tailed sample costs another worker is kept unless it hurt; with
+    # uniform costs the same readings measure it in full and give it back.
+    before = {"wait_fraction": 0.2, "idle_cores": 0.4, "cores": 2, "throughput": 600.0}
+    after = {"wait_fraction": 0.19, "idle_cores": 0.38, "cores": 2, "throughput": 606.0}
+    outcomes = {}
+    for tail in (40.0, 1.5):
+        policy = HeuristicPolicy()
+        warmed(policy)
+        for _ in range(policy.config.window):
+            grown = policy.decide(state(**before, workers=4, sample_tail=tail))
+            if grown != NOOP:
+                break
+        assert grown.workers == +1, grown
+        for _ in range(policy.config.settle + policy.config.window):
+            decision = policy.decide(state(**after, workers=5, sample_tail=tail))
+            if decision != NOOP:
+                break
+        outcomes[tail] = decision
+    assert outcomes[40.0].reason.startswith("kept 5 workers"), outcomes
+    assert outcomes[1.5].workers == -1 and "back to 4 workers" in outcomes[1.5].reason, outcomes
+
+
+def test_grows_kept_in_a_row_double_so_a_large_machine_is_filled_in_a_few_tries() -> None:
+    # 64 cores, 8 workers: one worker a try (5 ticks each) would take some 280 ticks.
+    world = World(per_worker=100, consumer=6400, cores=64, workers=8)
+    actions = world.run(HeuristicPolicy(), ticks=100)
+    assert max(world.history) >= 64, world.history
+    tries = [a.reason for a in actions if "trying" in a.reason]
+    sizes = [int(r.split("trying ")[1].split()[0]) for r in tries]
+    # Each try moves one step a tick (as every Action does) toward a size that doubled.
+    assert all(a.workers in (-1, 0, 1) for a in actions)
+    assert sizes[:6] == [9, 10, 12, 16, 24, 40], tries
+
+
+class Thrashing(World):
+    """Past ``limit`` workers each one more costs throughput (a disk that seeks between
+    readers), while the cores stay half idle."""
+
+    limit = 8
+
+    def observe(self) -> State:
+        over = max(0, self.workers - self.limit)
+        produced = self.per_worker * min(self.workers, self.limit) * 0.85**over
+        return dataclasses.replace(
+            super().observe(),
+            throughput=min(self.consumer, produced),
+            wait_fraction=max(0.0, 1 - produced / self.consumer),
+            idle_cores=self.cores / 2,
+            cpu_util=0.5,
+        )
+
+
+def test_a_failed_grow_of_several_workers_is_undone_step_by_step() -> None:
+    # From 6 workers the tries go 7, 8 (kept), then 10, which loses throughput: undone.
+    world = Thrashing(per_worker=100, consumer=1500, cores=16, workers=6)
+    actions = world.run(HeuristicPolicy(), ticks=60)
+    back = next(i for i, a in enumerate(actions) if a.reason.startswith("back to"))
+    assert "back to 8 workers: 10 workers" in actions[back].reason, actions[back]
+    assert [a.workers for a in actions[back : back + 2]] == [-1, -1]
+    assert actions[back + 1].reason == "undoing the last try"
+    assert world.history[back + 1] == 8
+    # The next try, once the backoff is over, is one worker again.
+    later = [a.reason for a in actions[back:] if "trying" in a.reason]
+    assert later and "trying 9 workers" in later[0], later

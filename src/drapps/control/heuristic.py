@@ -70,6 +70,15 @@ class HeuristicConfig:
     """Share of the cores idle, before and during a worker's try while the loop starved, at
     which the worker counts as free (it waits on reads, not on the CPU) and is kept unless
     throughput fell."""
+    idle_free_tail: float = 0.15
+    """``idle_free`` while samples' costs are heavy-tailed (``State.sample_tail`` at least
+    ``tail``): the loop then waits on a few slow reads or samples that more workers in
+    flight hide, while the throughput a tick measures swings by tens of percent (a try that
+    helps is rarely seen to), and the CPU idles between the bursts less than a quarter of
+    the time."""
+    tail: float = 8.0
+    """p99 / p50 of samples' costs from which they count as heavy-tailed (the runtime cuts
+    batches into parts from there too)."""
     cpu_busy: float = 0.9
     """CPU utilisation above which the device stage is tried before another worker, and above
     which, with other processes taking less than ``others_low`` of the cores, the job owns a
@@ -107,8 +116,9 @@ class _Probe:
     """"workers" or "split"."""
     direction: int
     started: int
+    """Tick of the probe's last move."""
     value: int
-    """The knob's value the probe moved it to."""
+    """The knob's value the probe moves it to."""
     throughput: float
     wait: float
     """Mean wait over the baseline window."""
@@ -116,6 +126,16 @@ class _Probe:
     wait_peak: float
     """Highest single tick's wait in the baseline window: what one tick of the probe is
     compared with."""
+    size: int = 1
+    """Steps from the knob's value before the probe to ``value``."""
+    at: int = 0
+    """The value the moves asked so far lead to: a probe of several steps moves one step a
+    tick (as every Action does) and is judged once it is at ``value``."""
+
+    @property
+    def before(self) -> int:
+        """The knob's value before the probe."""
+        return self.value - self.direction * self.size
 
 
 @dataclass
@@ -139,6 +159,8 @@ class HeuristicPolicy:
         self._probe: _Probe | None = None
         self._backoff = {(knob, d): _Backoff() for knob in ("workers", "split") for d in (+1, -1)}
         self._flowing = 0  # ticks that delivered data since the start
+        self._kept_in_a_row = 0  # worker grows kept in a row (the next grow's size doubles)
+        self._undo: list[tuple[str, int]] = []  # steps left to undo a failed probe, one a tick
         self._movable: frozenset[str] | None = None  # None: every knob (not bound)
         self._codec = CodecRule(
             min_gain=self.config.min_gain, memory_floor=self.config.memory_floor
@@ -164,7 +186,7 @@ class HeuristicPolicy:
         c = self.config
         low_memory = state.available_bytes < c.memory_floor * state.total_bytes
         if low_memory or state.queue_bytes > state.memory_budget:
-            self._probe = None
+            self._probe, self._undo, self._kept_in_a_row = None, [], 0
             self._recent.clear()
             why = "available memory is below the floor" if low_memory else "queue over budget"
             if state.workers > 1:
@@ -172,6 +194,10 @@ class HeuristicPolicy:
             if state.prefetch > 1:
                 return Action(prefetch=-1, reason=f"{why}: lowering prefetch")
             return NOOP
+        if self._undo:
+            knob, direction = self._undo.pop()
+            self._recent.clear()
+            return _move(knob, direction, "undoing the last try")
         offload = state.offload is not None and self._may_move("offload")
         if offload and state.device_squeezed > 0 and state.offload:
             # The device stage already runs in pieces: the model's step needs the memory (a
@@ -211,6 +237,8 @@ class HeuristicPolicy:
         wait = self._mean("wait_fraction")
         idle = self._mean("idle_cores")
         queue = self._mean("queue_batches")
+        if wait <= c.wait_high:
+            self._kept_in_a_row = 0  # the loop is fed: the next starving starts from one
         workers = self._may_move("workers")
         split = state.split is not None and self._may_move("split")
         owned = self._owns_the_cpu(state)
@@ -226,12 +254,14 @@ class HeuristicPolicy:
             if move is not None:
                 return move
         if wait > c.wait_high and grow:
+            size = self._growth(state)
             return self._start(
                 "workers",
                 +1,
                 state,
                 f"training loop waited {wait:.0%} of the time with "
-                f"{idle:.1f} idle cores: trying {state.workers + 1} workers",
+                f"{idle:.1f} idle cores: trying {state.workers + size} workers",
+                size,
             )
         if (
             wait > c.wait_high
@@ -256,6 +286,7 @@ class HeuristicPolicy:
             and workers
             and state.workers > 1
             and queue >= 0.5 * state.prefetch
+            and not self._spare_for_the_tail(state)
             and self._may_try("workers", -1, state, wait)
         ):
             return self._start(
@@ -404,24 +435,50 @@ class HeuristicPolicy:
         )
         return changed and not backoff.clipped
 
-    def _start(self, knob: str, direction: int, state: State, reason: str) -> Action:
+    def _start(self, knob: str, direction: int, state: State, reason: str, size: int = 1) -> Action:
+        """Start a probe of ``size`` steps of ``knob`` in ``direction`` (its first step now)."""
+        now = int(state.knob(knob))
         self._probe = _Probe(
             knob=knob,
             direction=direction,
             started=self._tick,
-            value=int(state.knob(knob)) + direction,
+            value=now + direction * size,
             throughput=self._mean("throughput"),
             wait=self._mean("wait_fraction"),
             idle_share=self._mean("idle_cores") / max(1, state.cores),
             wait_peak=max(s.wait_fraction for s in self._recent),
+            size=size,
+            at=now + direction,
         )
         self._recent.clear()
         return _move(knob, direction, reason)
 
+    def _growth(self, state: State) -> int:
+        """Workers the next grow tries at once: one, doubling with each grow kept in a row
+        while the loop still starves (a large machine then reaches 64 workers from 8 in a few
+        tries, not 56), at most the pool's size and the room left below ``max_workers``. On a
+        busy CPU (under ``idle_free`` idle) a try stops at one worker per core: past that,
+        CPU-bound workers only share the cores, and the try would be judged as a whole."""
+        size = 2 ** max(0, self._kept_in_a_row - 1)
+        if self._mean("idle_cores") < self.config.idle_free * state.cores:
+            size = min(size, state.cores - state.workers)
+        return max(1, min(size, state.workers, state.max_workers - state.workers))
+
     def _judge_probe(self, state: State) -> Action:
         probe, c = self._probe, self.config
         assert probe is not None
-        if int(state.knob(probe.knob)) != probe.value:
+        now = int(state.knob(probe.knob))
+        if now == probe.at != probe.value:
+            # A probe of several steps: the next one.
+            probe.at += probe.direction
+            probe.started = self._tick
+            self._recent.clear()
+            return _move(probe.knob, probe.direction, f"on to {_describe(probe.knob, probe.value)}")
+        if 0 < (now - probe.before) * probe.direction < probe.size:
+            # Clipped part way (a bound): judged where it stopped.
+            probe.value = probe.at = now
+            probe.size = abs(now - probe.before)
+        elif now != probe.value:
             # The controller clipped the step (a bound, a fixed knob) or it was overridden:
             # nothing to judge, and no use asking again until the backoff's ceiling.
             self._probe = None
@@ -469,11 +526,13 @@ class HeuristicPolicy:
         else:
             kept = change > -c.min_gain and wait <= max(c.wait_low, probe.wait + c.wait_low)
         self._probe = None
-        before = _describe(probe.knob, probe.value - probe.direction)
+        before = _describe(probe.knob, probe.before)
         summary = (
             f"{_describe(probe.knob, probe.value)}: {throughput:.0f} samples/s, waited "
             f"{wait:.0%} ({before}: {probe.throughput:.0f} samples/s, waited {probe.wait:.0%})"
         )
+        grew = probe.knob == "workers" and probe.direction > 0
+        self._kept_in_a_row = self._kept_in_a_row + 1 if kept and grew else 0
         if kept:
             kept_backoff = self._backoff[probe.knob, probe.direction]
             kept_backoff.length, kept_backoff.clipped = 0, False
@@ -487,11 +546,21 @@ class HeuristicPolicy:
         however noisy the throughput."""
         c = self.config
         idle_share = self._mean("idle_cores") / max(1, state.cores)
+        free = c.idle_free_tail if self._mean("sample_tail") >= c.tail else c.idle_free
         return (
             probe.wait > c.wait_high
-            and min(probe.idle_share, idle_share) >= c.idle_free
+            and min(probe.idle_share, idle_share) >= free
             and wait <= probe.wait + c.wait_low
         )
+
+    def _spare_for_the_tail(self, state: State) -> bool:
+        """Whether the workers are kept though the loop does not wait: samples' costs are
+        heavy-tailed and the cores have room (``idle_free_tail``). A worker then costs no
+        throughput, and the next burst of slow samples needs it (a shrink judged between
+        bursts is kept, and the loop starves at the next one)."""
+        c = self.config
+        idle_share = self._mean("idle_cores") / max(1, state.cores)
+        return self._mean("sample_tail") >= c.tail and idle_share >= c.idle_free_tail
 
     def _fail(self, probe: _Probe, summary: str) -> Action:
         """Undo a probe and back off from its direction (doubling on each failure)."""
@@ -503,7 +572,9 @@ class HeuristicPolicy:
         # Conditions as they were where we return to: a later change from these re-opens the try.
         backoff.wait, backoff.idle_share = probe.wait, probe.idle_share
         self._recent.clear()
-        before = _describe(probe.knob, probe.value - probe.direction)
+        self._kept_in_a_row = 0
+        before = _describe(probe.knob, probe.before)
+        self._undo = [(probe.knob, -probe.direction)] * (abs(probe.at - probe.before) - 1)
         return _move(probe.knob, -probe.direction, f"back to {before}: {summary}")
 
 
