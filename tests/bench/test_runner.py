@@ -222,9 +222,11 @@ def test_a_run_is_timed_for_at_least_the_seconds_asked(tmp_path: Path) -> None:
         repeats=1,
         data_dir=tmp_path,
     )
-    (run,) = run_benchmark(config, progress=False)["runs"]
+    results = run_benchmark(config, progress=False)
+    (run,) = results["runs"]
     assert len(run["timeline"]) > 2 and run["timeline"][-1][0] >= 1.0
     assert run["samples"] == run["expected_samples"]  # every timed batch counted
+    assert "2 timed batches and at least 1 s after" in markdown(results)  # the table says so
     with pytest.raises(ValueError, match="measure_s times runs by the clock"):
         BenchConfig(measure_s=5.0, scenarios=("steady", "cpu-contention"))
 

@@ -171,7 +171,9 @@ def markdown(results: dict[str, Any]) -> str:
             if config["consumer"] == "sleep"
             else ""
         )
-        + f"; {config['measure_batches']} timed batches after {config['warmup_batches']} "
+        + f"; {config['measure_batches']} timed batches"
+        + (f" and at least {config['measure_s']:g} s" if config.get("measure_s") else "")
+        + f" after {config['warmup_batches']} "
         f"warm-up per run, each run a fresh process; median (min-max) of {config['repeats']} "
         f"interleaved repeats; size `{config['size']}`.",
         f"Machine: {env['cpu']}, {env['usable_cores']} usable cores, {env['memory_gib']} GiB; "
