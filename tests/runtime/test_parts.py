@@ -96,3 +96,47 @@ def test_the_largest_tensor_of_a_batch_is_found_in_nested_structures() -> None:
     big = torch.zeros(100)
     assert largest_tensor({"a": [torch.zeros(2), (big, "label")], "b": 3}) is big
     assert largest_tensor(["no", "tensors"]) is None
+
+
+class SlowFirstRead:
+    """Sample 29's first read waits 5 s (a cold object store); any later read, from any
+    process, is quick, as a hedged request's usually is."""
+
+    def __init__(self, folder: Any) -> None:
+        self.marker = folder / "29-read"
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if i == 29:
+            try:
+                self.marker.touch(exist_ok=False)
+            except FileExistsError:
+                pass
+            else:
+                time.sleep(5.0)
+        else:
+            time.sleep(0.001)
+        return torch.full((4,), i)
+
+
+def test_a_slow_read_is_raced_by_an_idle_worker_before_its_batch_is_due(tmp_path: Any) -> None:
+    # Batches in plan order (no shuffle): sample 29 is in batch 3. While the loop is still
+    # two batches behind, an idle worker copies the overdue part; the copy reads quickly, and
+    # batch 3 is ready long before the 5-second read ends. The batches are the same.
+    with drapps.Loader(
+        SlowFirstRead(tmp_path), batch_size=8, workers=3, dispatch="samples", prefetch=6
+    ) as loader:
+        got = []
+        started = time.monotonic()
+        for batch in loader:
+            got.append(batch)
+            time.sleep(0.3)  # the training step: the loop reaches batch 3 after ~1 s
+        elapsed = time.monotonic() - started
+        costs = loader.stats().sample_costs
+    assert costs is not None and costs["hedges_ahead"] >= 1, costs
+    assert elapsed < 5.0  # the epoch did not wait out the slow read
+    assert [b.tolist() for b in got] == [
+        [[i] * 4 for i in range(b * 8, b * 8 + 8)] for b in range(8)
+    ]

@@ -43,6 +43,7 @@ _TASKS_PER_WORKER = 2
 # least _HEDGE_MIN_S, is copied to an idle worker (see Dispatcher._hedge).
 _HEDGE_FACTOR = 4.0
 _HEDGE_MIN_S = 0.02
+_HEDGE_AHEAD = 2  # batches from the head whose overdue parts an idle worker may copy early
 # A part predicted to cost this many times a typical one holds its worker to that part alone.
 _SLOW_PART = 2.0
 _WATCH_EVERY = 4  # with light-tailed costs, batches per one whose sample costs are learnt
@@ -176,6 +177,7 @@ class Dispatcher:
             "transport_s": 0.0,
             "assemble_s": 0.0,
             "hedges": 0,
+            "hedges_ahead": 0,
         }
         self.latencies: deque[tuple[float, float]] = deque(maxlen=4096)
         """(arrival time, seconds from dispatch to arrival) of recent batches."""
@@ -403,18 +405,24 @@ class Dispatcher:
         the original and the first answer wins (the other is dropped as a duplicate), so one
         slow read no longer holds the batch ("The Tail at Scale"'s hedged requests). A part
         queued behind a task that overran is copied the same way. The copy makes the same
-        samples with the same seeds, so the batch is the same either way. Copies are made only
-        while the training loop waits, only of parts of the batch it waits for, once each, to
-        the worker with the fewest tasks (one over the usual two at most).
+        samples with the same seeds, so the batch is the same either way. Each part is copied
+        once at most. While the training loop waits, a part of the batch it waits for goes to
+        the worker with the fewest tasks (one over the usual two at most); before that, a part
+        of one of the next ``_HEDGE_AHEAD`` batches goes to an idle worker only, so a slow read
+        is raced before its batch is due, on capacity that would otherwise wait.
         """
         head = self.buffer.next_id
-        if self._plan is None or head not in self._partial:
+        waiting = self.buffer.waiting_s() is not None
+        due_batches = range(head, head + (1 if waiting else _HEDGE_AHEAD))
+        if self._plan is None or not any(b in self._partial for b in due_batches):
             return
         now = time.monotonic()
         for (batch_id, part), holder in list(self._in_flight.items()):
-            if batch_id != head or part is None or (batch_id, part) in self._hedged:
+            if batch_id not in due_batches or part is None or (batch_id, part) in self._hedged:
                 continue
-            task = next((t for t in holder.assigned if (t.batch_id, t.part) == (head, part)), None)
+            task = next(
+                (t for t in holder.assigned if (t.batch_id, t.part) == (batch_id, part)), None
+            )
             started = holder.head_started()
             if task is None or task.work is None or started is None:
                 continue
@@ -424,20 +432,21 @@ class Dispatcher:
             due = max(_HEDGE_MIN_S, _HEDGE_FACTOR * max(typical, running.cost))
             if now - started < due:
                 continue
-            others = [
-                w for w in self.pool.live()
-                if w is not holder and len(w.assigned) <= _TASKS_PER_WORKER
-            ]  # fmt: skip
+            room = _TASKS_PER_WORKER if waiting else 0
+            others = [w for w in self.pool.live() if w is not holder and len(w.assigned) <= room]
             if not others:
                 return
             spare = min(others, key=lambda w: len(w.assigned))
-            copy = Task(task.generation, task.epoch, head, task.indices, now, task.split, task.work)
+            copy = Task(
+                task.generation, task.epoch, batch_id, task.indices, now, task.split, task.work
+            )
             spare.assigned.append(copy)
-            self._hedged.add((head, part))
+            self._hedged.add((batch_id, part))
             self.counters["hedges"] += 1
+            self.counters["hedges_ahead"] += not waiting
             message = (
-                copy.generation, self._plan.seed, copy.epoch, head, copy.indices, self._target,
-                copy.split, part,
+                copy.generation, self._plan.seed, copy.epoch, batch_id, copy.indices,
+                self._target, copy.split, part,
             )  # fmt: skip
             self.pool.send(spare, message)
 
@@ -487,7 +496,7 @@ class Dispatcher:
 
     def _dispatch(self) -> None:
         plan = self._plan
-        if plan is not None and self.schedule.cutting and self.buffer.waiting_s() is not None:
+        if plan is not None and self.schedule.cutting:
             self._hedge()
         depth = self.prefetch_depth
 
@@ -938,6 +947,7 @@ class Dispatcher:
                 **self.costs.report(),
                 "slow_batches": self._slow_batches,
                 "hedges": int(counters["hedges"]),
+                "hedges_ahead": int(counters["hedges_ahead"]),
             },
         )
 
