@@ -1,3 +1,4 @@
+import contextlib
 import errno
 import gc
 import os
@@ -5,6 +6,7 @@ from collections import namedtuple
 from collections.abc import Iterator
 from multiprocessing.connection import Connection, Pipe
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -314,9 +316,9 @@ def test_a_recycled_slab_stays_mapped_in_its_worker_and_never_shrinks_under_it(c
     assert slab_fds() == [] and slab_maps() == []
 
 
-def _worker_round(writer, recycler, channel, value: int):  # type: ignore[no-untyped-def]
+def _worker_round(writer, recycler, channel, value: int, rows: int = 64):  # type: ignore[no-untyped-def]
     """One batch from a worker's writer through the socket, unpacked as the dispatcher does."""
-    packed = pack({"x": torch.full((64, 1024), value, dtype=torch.int32)}, writer)
+    packed = pack({"x": torch.full((rows, 1024), value, dtype=torch.int32)}, writer)
     got = cross(packed, channel, writer)
     release = recycler.releaser(0, got.slab)
     return unpack(got, release=release, mappings=recycler.mappings)
@@ -345,25 +347,37 @@ def test_the_training_process_reads_a_recycled_slab_through_the_mapping_it_had(c
     assert slab_maps() == [] and slab_fds() == []
 
 
-def _round_of(writer, recycler, channel, rows: int):  # type: ignore[no-untyped-def]
-    packed = pack({"x": torch.full((rows, 1024), rows, dtype=torch.int32)}, writer)
-    got = cross(packed, channel, writer)
-    return unpack(got, release=recycler.releaser(0, got.slab), mappings=recycler.mappings)
+def _rows(writer, recycler, channel, rows: int):  # type: ignore[no-untyped-def]
+    """A batch of ``rows`` rows, each holding ``rows`` (a part of that many samples)."""
+    return _worker_round(writer, recycler, channel, rows, rows=rows)
+
+
+@contextlib.contextmanager
+def _recycling(**writer_options: Any) -> Iterator[tuple[transport.SlabWriter, Any]]:
+    """A worker's writer and the training process's recycler, closed on the way out; then
+    no slab is left mapped or open."""
+    writer, recycler = transport.SlabWriter(**writer_options), transport.SlabRecycler()
+    try:
+        yield writer, recycler
+    finally:
+        writer.close()
+        recycler.close()
+    gc.collect()
+    assert slab_maps() == [] and slab_fds() == []
 
 
 def test_a_recycled_slab_only_grows_and_the_receiver_maps_all_of_it(channel) -> None:  # type: ignore[no-untyped-def]
     # Parts of batches cut among workers differ in size. A slab keeps the length of the largest
     # it held, and the training process maps the whole file, so the next larger part written
     # into it is read through the mapping it has.
-    writer, recycler = transport.SlabWriter(), transport.SlabRecycler()
     big_bytes = 64 * 1024 * 4
-    try:
-        big = _round_of(writer, recycler, channel, 64)
+    with _recycling() as (writer, recycler):
+        big = _rows(writer, recycler, channel, 64)
         del big
         gc.collect()
         recycler.mappings.forget(tuple(recycler.mappings._held))  # as if pushed out
         writer.released(recycler.drain()[0])
-        small = _round_of(writer, recycler, channel, 16)  # into the big slab, mapped afresh
+        small = _rows(writer, recycler, channel, 16)  # into the big slab, mapped afresh
         assert list(writer._length.values()) == [big_bytes]  # not shrunk to the part
         assert small["x"].shape == (16, 1024) and int(small["x"].sum()) == 16 * 16 * 1024
         address = small["x"].data_ptr()
@@ -371,41 +385,30 @@ def test_a_recycled_slab_only_grows_and_the_receiver_maps_all_of_it(channel) -> 
         gc.collect()
         assert [size for _, size in recycler.mappings._held.values()] == [big_bytes]
         writer.released(recycler.drain()[0])
-        again = _round_of(writer, recycler, channel, 64)
+        again = _rows(writer, recycler, channel, 64)
         assert again["x"].data_ptr() == address and int(again["x"].sum()) == 64 * 64 * 1024
         assert len(recycler.mappings) == 0  # taken, not mapped again
         del again
         gc.collect()
-    finally:
-        writer.close()
-        recycler.close()
-    gc.collect()
-    assert slab_maps() == [] and slab_fds() == []
 
 
 def test_a_worker_keeps_small_released_slabs_by_bytes_and_the_receiver_forgets_closed_ones(
     channel,
 ) -> None:  # type: ignore[no-untyped-def]
-    writer, recycler = transport.SlabWriter(keep=2), transport.SlabRecycler()
-    try:
-        whole = _round_of(writer, recycler, channel, 64)  # the largest slab: 2 of it are kept
-        parts = [_round_of(writer, recycler, channel, 16) for _ in range(10)]
+    with _recycling(keep=2) as (writer, recycler):
+        whole = _rows(writer, recycler, channel, 64)  # the largest slab: 2 of it are kept
+        parts = [_rows(writer, recycler, channel, 16) for _ in range(10)]
         del whole, parts
         gc.collect()
         writer.released(recycler.drain()[0])
         # 2 x 64 rows of room: the largest slab and four of the small ones; the rest closed.
         assert len(writer._free) == 5 and writer.held() == 5
         assert len(recycler.mappings) == 11  # not yet told which were closed
-        nxt = _round_of(writer, recycler, channel, 16)  # carries the closed slabs' files
+        nxt = _rows(writer, recycler, channel, 16)  # carries the closed slabs' files
         assert len(recycler.mappings) == 4  # the 6 closed forgotten, 1 mapping taken back
         assert len(slab_maps()) == 5
         del nxt
         gc.collect()
-    finally:
-        writer.close()
-        recycler.close()
-    gc.collect()
-    assert slab_maps() == [] and slab_fds() == []
 
 
 def test_kept_mappings_are_bounded_and_a_closed_recycler_keeps_none(channel) -> None:  # type: ignore[no-untyped-def]

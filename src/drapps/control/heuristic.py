@@ -445,7 +445,7 @@ class HeuristicPolicy:
             value=now + direction * size,
             throughput=self._mean("throughput"),
             wait=self._mean("wait_fraction"),
-            idle_share=self._mean("idle_cores") / max(1, state.cores),
+            idle_share=self._idle_share(state),
             wait_peak=max(s.wait_fraction for s in self._recent),
             size=size,
             at=now + direction,
@@ -460,7 +460,7 @@ class HeuristicPolicy:
         busy CPU (under ``idle_free`` idle) a try stops at one worker per core: past that,
         CPU-bound workers only share the cores, and the try would be judged as a whole."""
         size = 2 ** max(0, self._kept_in_a_row - 1)
-        if self._mean("idle_cores") < self.config.idle_free * state.cores:
+        if self._idle_share(state) < self.config.idle_free:
             size = min(size, state.cores - state.workers)
         return max(1, min(size, state.workers, state.max_workers - state.workers))
 
@@ -545,11 +545,10 @@ class HeuristicPolicy:
         ``early`` ticks, so the pool keeps growing while the loop starves and cores sit idle,
         however noisy the throughput."""
         c = self.config
-        idle_share = self._mean("idle_cores") / max(1, state.cores)
-        free = c.idle_free_tail if self._mean("sample_tail") >= c.tail else c.idle_free
+        free = c.idle_free_tail if self._heavy_tailed() else c.idle_free
         return (
             probe.wait > c.wait_high
-            and min(probe.idle_share, idle_share) >= free
+            and min(probe.idle_share, self._idle_share(state)) >= free
             and wait <= probe.wait + c.wait_low
         )
 
@@ -558,9 +557,15 @@ class HeuristicPolicy:
         heavy-tailed and the cores have room (``idle_free_tail``). A worker then costs no
         throughput, and the next burst of slow samples needs it (a shrink judged between
         bursts is kept, and the loop starves at the next one)."""
-        c = self.config
-        idle_share = self._mean("idle_cores") / max(1, state.cores)
-        return self._mean("sample_tail") >= c.tail and idle_share >= c.idle_free_tail
+        return self._heavy_tailed() and self._idle_share(state) >= self.config.idle_free_tail
+
+    def _heavy_tailed(self) -> bool:
+        """Whether samples' costs were heavy-tailed over the window (``tail``)."""
+        return self._mean("sample_tail") >= self.config.tail
+
+    def _idle_share(self, state: State) -> float:
+        """The share of the cores idle over the window."""
+        return self._mean("idle_cores") / max(1, state.cores)
 
     def _fail(self, probe: _Probe, summary: str) -> Action:
         """Undo a probe and back off from its direction (doubling on each failure)."""
