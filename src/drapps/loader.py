@@ -364,10 +364,16 @@ class Loader(_DataLoaderAttributes):
 
         tuner = self._parts.tuner
         rows = list(tuner.rows) if tuner is not None else []
+        stats = self.stats()
+        try:  # an epoch's samples, from the batches in one and the samples per batch so far
+            epoch_samples = round(len(self) * stats.samples / stats.batches) or None
+        except (TypeError, ZeroDivisionError):  # no length, or no batch yet
+            epoch_samples = None
         return bottleneck_report(
             rows,
-            self.stats().as_dict(),
+            stats.as_dict(),
             persistent_workers=self.persistent_workers if self.num_workers else None,
+            epoch_samples=epoch_samples,
         )
 
     # --------------------------------------------------------------------------- lifecycle

@@ -16,6 +16,7 @@ from drapps.bench.report import markdown
 from drapps.bench.runner import Progress
 from drapps.bench.systems import SYSTEMS
 from drapps.runtime.config import usable_cores
+from drapps.telemetry.energy import WATTS_PER_CORE
 
 pytestmark = pytest.mark.integration  # starts real engines or interpreters
 
@@ -38,6 +39,13 @@ def check_runs(results: dict[str, Any], cases: set[tuple[str, str, str]], repeat
         # CPU per batch: every process's, and the training process's share of it
         assert 0 <= run["loop_cpu_ms_per_batch"] <= run["cpu_ms_per_batch"], run["case"]
         assert run["cpu_ms_per_batch"] > 0, run["case"]
+        # joules over the timed batches, and how they were counted
+        timed = len(run["timeline"]) * run["batch_size"]
+        assert run["energy_j"] > 0 and run["energy_source"], run["case"]
+        assert run["mj_per_sample"] == pytest.approx(1000 * run["energy_j"] / timed)
+        if "estimate" in run["energy_source"]:  # CPU time x watts per core, nothing else
+            cpu_s = run["cpu_ms_per_batch"] * len(run["timeline"]) / 1000
+            assert run["energy_j"] == pytest.approx(cpu_s * WATTS_PER_CORE, rel=1e-6)
     json.dumps(results)  # the record must be JSON as it stands
 
 

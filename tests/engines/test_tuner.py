@@ -90,6 +90,11 @@ def test_trace_file_and_report_from_a_real_run(tmp_path: Path) -> None:
     assert len(trace.rows) >= 5 and trace.header["config"]["batch_size"] == 8
     assert trace.rows[-1].state.throughput >= 0 and trace.rows[-1].stages["fetch_s"] > 0
     assert "the training loop waited" in report and "Workers" in report
+    # energy: each tick's watts and how they were counted, and the run's joules per sample
+    assert all(row.state.energy_source for row in trace.rows)
+    assert any((row.state.power_w or 0) > 0 for row in trace.rows)
+    energy = r"Energy: \d+ J over .* mJ per sample, about \d+ J per epoch of 1000000"
+    assert re.search(energy, report)
 
 
 def test_progress_lines_are_whole_lines_at_a_steady_pace(

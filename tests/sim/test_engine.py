@@ -7,6 +7,7 @@ import math
 import pytest
 
 from drapps.sim import Change, PipelineModel, Scenario, Simulator
+from drapps.telemetry.energy import WATTS_PER_CORE
 
 
 def _run(
@@ -129,6 +130,9 @@ def test_state_is_what_the_monitor_reports() -> None:
     # dispatch to arrival: 0.2 s of work after waiting behind one task (prefetch 2 per worker)
     assert s.latency_p50_s == pytest.approx(0.4, rel=0.3)
     assert s.rss_bytes == p.main_rss + 2 * p.worker_rss + s.queue_bytes
+    # power as the real monitor estimates it without RAPL: busy cores at WATTS_PER_CORE
+    assert s.power_w == pytest.approx((s.workers_cpu + s.main_cpu) * WATTS_PER_CORE)
+    assert "estimate" in (s.energy_source or "")
     assert Simulator(Scenario(p.replace(gpu=False)), workers=1).observe().gpu_util is None
 
 

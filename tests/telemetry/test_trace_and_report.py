@@ -221,3 +221,20 @@ def test_report_counts_stragglers_and_says_what_the_dispatcher_did() -> None:
     assert "dispatch='samples' cuts them" in whole
     none = bottleneck_report(rows_of_a_run(), {"sample_costs": {**costs, "slow_samples": 0}})
     assert "Stragglers" not in none
+
+
+def test_report_gives_joules_per_sample_and_epoch_and_says_how_they_were_counted() -> None:
+    source = "CPU-time estimate (6 W per busy core)"
+    rows = [
+        replace(r, state=replace(r.state, power_w=12.0, energy_source=source))
+        for r in rows_of_a_run()
+    ]  # 20 ticks of 0.5 s at 12 W and 800 samples/s: 120 J for 8,000 samples
+    text = bottleneck_report(rows, epoch_samples=1000)
+    assert (
+        "Energy: 120 J over 10.0 s (12.0 W on average), 15.00 mJ per sample, about 15 J per "
+        f"epoch of 1000; counted by {source} (no RAPL or NVML counter was readable: an "
+        "estimate, not a meter reading)." in text
+    )
+    metered = [replace(r, state=replace(r.state, energy_source="RAPL package")) for r in rows]
+    assert "counted by RAPL package." in bottleneck_report(metered)
+    assert "Energy:" not in bottleneck_report(rows_of_a_run())  # older traces: no power figure

@@ -21,6 +21,8 @@ import torch
 from drapps.bench.scenarios import LoadScenario, scenario_class
 from drapps.bench.systems import system_class
 from drapps.bench.workloads import Workload, workload_class
+from drapps.telemetry.energy import EnergyMeter
+from drapps.telemetry.monitor import GpuMeter
 
 Step = Callable[[torch.Tensor, torch.Tensor, float], None]
 
@@ -104,6 +106,12 @@ def tree_cpu_seconds(exclude: set[int]) -> dict[int, float]:
     return seconds
 
 
+def _tree_cpu_delta(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU seconds between two :func:`tree_cpu_seconds`, over the processes alive at both ends
+    (a worker resized away mid-run takes its last share along)."""
+    return sum(after[p] - before[p] for p in after.keys() & before.keys())
+
+
 def make_step(name: str, workload: Workload, step_ms: float) -> Step:
     """The training step on each batch: ``factor`` scales its time (consumer-shift).
 
@@ -149,6 +157,7 @@ def run_case(spec: dict[str, Any]) -> dict[str, Any]:
     step = make_step(spec["consumer"], workload, spec["step_ms"])
     expected = workload.expected(batch_size)
     memory = TreeMemory(scenario.helper_pids)
+    energy = EnergyMeter(gpu=GpuMeter())
     source = None
     try:
         opened = time.perf_counter()
@@ -168,6 +177,7 @@ def run_case(spec: dict[str, Any]) -> dict[str, Any]:
             step(batch[0], batch[1], 1.0)
         warmup_s = time.perf_counter() - opened - first_batch_s
         cpu_before = tree_cpu_seconds(scenario.helper_pids())
+        energy_before = energy.read(sum(cpu_before.values()))
         gpu = GpuUse()
         start = time.perf_counter()
         measure_s = spec.get("measure_s") or 0.0
@@ -187,14 +197,15 @@ def run_case(spec: dict[str, Any]) -> dict[str, Any]:
         gpu_util = gpu.stop()
         end_to_end = time.perf_counter() - opened
         cpu_after = tree_cpu_seconds(scenario.helper_pids())
+        energy_after = energy.read(energy_before.cpu_s + _tree_cpu_delta(cpu_before, cpu_after))
         final_workers = source.workers()
     finally:
         if source is not None:
             source.close()
         scenario.stop()
         memory.stop()
-    # Processes alive at both ends (a worker resized away mid-run takes its last share along).
-    cpu_s = sum(cpu_after[p] - cpu_before[p] for p in cpu_after.keys() & cpu_before.keys())
+    cpu_s = _tree_cpu_delta(cpu_before, cpu_after)
+    joules = energy.between(energy_before, energy_after)
     me = os.getpid()  # the training process: its loop, and whatever the system runs in it
     loop_cpu_s = cpu_after.get(me, 0.0) - cpu_before.get(me, 0.0)
     ordered = sorted(waits)
@@ -213,6 +224,11 @@ def run_case(spec: dict[str, Any]) -> dict[str, Any]:
         "cpu_ms_per_batch": 1000 * cpu_s / n,
         "loop_cpu_ms_per_batch": 1000 * loop_cpu_s / n,
         "peak_rss_mib": memory.peak / 2**20,
+        # joules over the timed batches: RAPL / NVML counters where readable (machine-wide),
+        # else CPU time x watts per core, the source saying which
+        "energy_j": joules.total_j,
+        "mj_per_sample": 1000 * joules.total_j / (n * batch_size),
+        "energy_source": energy.source,
         # NVML's busy share of the GPU over the timed batches (None without a GPU or NVML)
         "gpu_util": gpu_util,
         "gpu_idle": None if gpu_util is None else 1.0 - gpu_util,

@@ -38,6 +38,12 @@ def _cpu_per_batch(row: dict[str, Any]) -> str:
     return f"{row['cpu_ms_per_batch']:.0f} / {row['loop_cpu_ms_per_batch']:.1f}"
 
 
+def _energy(row: dict[str, Any]) -> str:
+    if "mj_per_sample" not in row:  # results from before it was recorded
+        return "-"
+    return f"{row['mj_per_sample']:.2f}"
+
+
 def _gpu_idle(row: dict[str, Any]) -> str:
     idle = row.get("gpu_idle")
     return "-" if idle is None else f"{idle:.0%}"
@@ -58,8 +64,8 @@ def scenario_table(results: dict[str, Any], workload: str, scenario: str) -> lis
         "",
         "| system | samples/s | 95% CI of the mean | vs oracle static | of limit | loop waited "
         "| next() p50 / p99 ms | CPU busy | CPU ms/batch: all / training process "
-        "| peak RSS MiB | first batch s | end-to-end s | workers at end |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| mJ/sample | peak RSS MiB | first batch s | end-to-end s | workers at end |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     gpu = any(row.get("gpu_idle") is not None for row in rows)
     if gpu:  # a GPU was read through NVML: its idle share beside the loop's wait
@@ -78,11 +84,15 @@ def scenario_table(results: dict[str, Any], workload: str, scenario: str) -> lis
             f"| {row['wait_fraction']:.0%} "
             + (f"| {_gpu_idle(row)} " if gpu else "")
             + f"| {row['wait_p50_ms']:.1f} / {row['wait_p99_ms']:.0f} "
-            f"| {row['cpu_util']:.0%} | {_cpu_per_batch(row)} | {row['peak_rss_mib']:.0f} "
+            f"| {row['cpu_util']:.0%} | {_cpu_per_batch(row)} | {_energy(row)} "
+            f"| {row['peak_rss_mib']:.0f} "
             f"| {row['first_batch_s']:.2f} | {row['end_to_end_s']:.1f} | {_ends(row)} |"
         )
     if best is not None:
         lines += ["", f"Oracle static (best DataLoader count, in bold): `{best['case']}`."]
+    sources = sorted({row["energy_source"] for row in rows if row.get("energy_source")})
+    if sources:
+        lines += ["", f"Energy over the timed batches, counted by {'; '.join(sources)}."]
     return lines
 
 

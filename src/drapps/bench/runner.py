@@ -347,6 +347,8 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "repeats": len(group),
             "final_workers": [r["final_workers"] for r in group],
         }
+        if "energy_source" in group[0]:
+            row["energy_source"] = group[0]["energy_source"]
         for metric, value in group[0].items():
             if isinstance(value, bool) or not isinstance(value, int | float):
                 continue

@@ -23,9 +23,14 @@ class RewardWeights:
     """Per unit of the machine's memory the pipeline holds (its RSS over total memory): a
     worker that adds no throughput still costs its memory. Without it, a learned policy
     trained in the simulator learns to hold every worker it may."""
+    energy: float = 0.0
+    """Per unit of ``log1p(power_w)`` (off by default). At 1.0 it and the throughput term
+    together reward ``log`` of samples per joule, so a worker that adds watts but no
+    samples costs reward; between 0 and 1 it trades speed for energy. A State without a
+    power figure pays nothing."""
 
     def __post_init__(self) -> None:
-        for name in ("wait", "imbalance", "memory", "footprint"):
+        for name in ("wait", "imbalance", "memory", "footprint", "energy"):
             if getattr(self, name) < 0:
                 raise ValueError(f"RewardWeights.{name} must be >= 0, got {getattr(self, name)!r}")
 
@@ -49,12 +54,14 @@ def memory_overrun(state: State) -> float:
 
 
 def reward(state: State, weights: RewardWeights = RewardWeights()) -> float:
-    """log1p(throughput) minus weighted consumer wait, imbalance, memory overrun and
-    memory footprint."""
+    """log1p(throughput) minus weighted consumer wait, imbalance, memory overrun, memory
+    footprint and (when weighted) power."""
+    power = math.log1p(state.power_w) if weights.energy and state.power_w else 0.0
     return (
         math.log1p(state.throughput)
         - weights.wait * state.wait_fraction
         - weights.imbalance * imbalance(state)
         - weights.memory * memory_overrun(state)
         - weights.footprint * state.rss_bytes / max(1, state.total_bytes)
+        - weights.energy * power
     )

@@ -98,6 +98,12 @@ class State:
     for want of device memory: above 0, the device is under memory pressure."""
     gpu_power_w: float | None = None
     """GPU power draw in watts through NVML, None without a GPU or NVML."""
+    power_w: float | None = None
+    """Mean watts over the interval: the CPU package and DRAM by RAPL (machine-wide), or an
+    estimate from the pipeline's CPU time, plus the GPU by NVML's energy counter; how, in
+    :attr:`energy_source`. None where not measured (older traces)."""
+    energy_source: str | None = None
+    """How :attr:`power_w` was counted, in words (it says "estimate" when it is one)."""
     cache_hit_rate: float = 0.0
     """Share of the samples looked up in the sample cache over the interval that it held."""
     cache_read_ms: float = 0.0

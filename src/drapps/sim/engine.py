@@ -31,6 +31,7 @@ import numpy as np
 from drapps.control.state import State, percentile
 from drapps.sim.cache import CacheSim
 from drapps.sim.scenario import Change, Scenario
+from drapps.telemetry.energy import WATTS_PER_CORE
 
 _Callback = Callable[[], None]
 
@@ -301,6 +302,8 @@ class Simulator:
             sample_tail=p.sample_tail,
             device_stage_s=i.device_s / i.device_batches if i.device_batches else 0.0,
             device_stage_share=min(1.0, i.device_s / dt),
+            power_w=(i.main_cpu + i.worker_cpu) / dt * WATTS_PER_CORE,
+            energy_source=f"simulated CPU-time estimate ({WATTS_PER_CORE:g} W per busy core)",
             **self._cache_state(),
         )
         self._interval = _Interval()

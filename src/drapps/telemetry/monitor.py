@@ -1,9 +1,10 @@
 """Monitor: samples the machine and the pipeline, and turns each tick into a State.
 
 System figures come from psutil (and NVML when ``nvidia-ml-py`` is installed and a GPU is
-present; its absence is normal). Pipeline figures come from a snapshot function the loader
-provides (:class:`~drapps.runtime.stats.PipelineSnapshot`, the one snapshot ``Loader.stats()``
-reads too), so this module knows nothing of the runtime's internals.
+present; its absence is normal), energy from :mod:`drapps.telemetry.energy`. Pipeline figures
+come from a snapshot function the loader provides (:class:`~drapps.runtime.stats.PipelineSnapshot`,
+the one snapshot ``Loader.stats()`` reads too), so this module knows nothing of the runtime's
+internals.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import psutil
 
 from drapps.control.state import State, percentile
 from drapps.runtime.stats import PipelineSnapshot
+from drapps.telemetry.energy import EnergyMeter
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +84,11 @@ class Monitor:
         self._me = psutil.Process()
         self._processes: dict[int, psutil.Process] = {}
         self._gpu = GpuMeter()
+        self.energy = EnergyMeter(gpu=self._gpu)
+        self._cpu_s = 0.0  # the pipeline's CPU seconds since the first sample, for the estimate
+        self._last_energy = self.energy.read(0.0)
+        self.joules = 0.0
+        """Joules counted since the monitor started (see :attr:`energy`'s ``source``)."""
         self._last_t = time.monotonic()
         self._last_boot = _since_boot()  # to tell a worker started since the last sample
         self._last_cpu: dict[int, float] = {}
@@ -152,6 +159,11 @@ class Monitor:
         disk, net = self._io()
         memory = psutil.virtual_memory()
         gpu_util, gpu_memory, gpu_power = self._gpu.read()
+        workers_cpu = sum(w["cpu"] for w in self.per_worker.values())
+        self._cpu_s += (main_cpu + workers_cpu) * dt
+        reading = self.energy.read(self._cpu_s)
+        joules = self.energy.between(self._last_energy, reading).total_j
+        self._last_energy, self.joules = reading, self.joules + joules
         staged = pipe.device_batches - last.device_batches
         recent = [latency for arrived, latency in pipe.latencies if arrived > self._last_t]
         state = State(
@@ -160,7 +172,7 @@ class Monitor:
             cpu_util=cpu_util,
             idle_cores=idle,
             main_cpu=main_cpu,
-            workers_cpu=sum(w["cpu"] for w in self.per_worker.values()),
+            workers_cpu=workers_cpu,
             rss_bytes=main_rss + int(sum(w["rss"] for w in self.per_worker.values())),
             available_bytes=int(memory.available),
             total_bytes=int(memory.total),
@@ -190,6 +202,8 @@ class Monitor:
                 else 0.0
             ),
             gpu_power_w=gpu_power,
+            power_w=joules / dt,
+            energy_source=self.energy.source,
             **cache_state(pipe.cache, last.cache),
         )
         self._last_t, self._last_io, self._last = now, (disk, net), pipe

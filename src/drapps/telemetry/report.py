@@ -70,13 +70,15 @@ def bottleneck_report(
     *,
     external: str | None = None,
     persistent_workers: bool | None = None,
+    epoch_samples: int | None = None,
 ) -> str:
     """A report a person can act on, from trace rows (and the loader's final stats).
 
     ``external``: the name of a pipeline drapps only watches (``"tf.data"``): the lines about
     drapps' workers and budget are left out, and the advice is about that pipeline's knobs.
     ``persistent_workers``: the loader's setting, for the advice on short epochs (None: not a
-    drapps loader with workers).
+    drapps loader with workers). ``epoch_samples``: samples in an epoch, for the joules per
+    epoch (None: unknown, per sample only).
     """
     if not rows:
         return (
@@ -158,6 +160,7 @@ def bottleneck_report(
         power = [float(s.gpu_power_w) for s in states if s.gpu_power_w is not None]
         watts = f", drawing {statistics.fmean(power):.0f} W" if power else ""
         lines.append(f"GPU: {statistics.fmean(gpu):.0%} utilised on average{watts}.")
+    lines += _energy_story(rows, first, epoch_samples)
     lines += _device_stage_story(states)
     lines += _cache_story(states, (stats or {}).get("cache"))
     lines += _straggler_story(stats or {})
@@ -216,6 +219,32 @@ def _straggler_story(stats: dict[str, Any]) -> list[str]:
             "sample holds only its part."
         )
     return [line]
+
+
+def _energy_story(rows: Sequence[TraceRow], first: float, epoch_samples: int | None) -> list[str]:
+    """Joules over the run and per sample (and per epoch where the epoch's size is known), and
+    how they were counted."""
+    joules = samples = seconds = 0.0
+    source = None
+    for before, row in zip([None, *rows[:-1]], rows, strict=True):
+        dt = first if before is None else row.t - before.t
+        if row.state.power_w is None:
+            continue
+        joules += row.state.power_w * dt
+        samples += row.state.throughput * dt
+        seconds += dt
+        source = row.state.energy_source or source
+    if not seconds or not joules:
+        return []
+    line = f"Energy: {joules:.0f} J over {seconds:.1f} s ({joules / seconds:.1f} W on average)"
+    if samples >= 1:
+        line += f", {1000 * joules / samples:.2f} mJ per sample"
+        if epoch_samples:
+            line += f", about {joules / samples * epoch_samples:.0f} J per epoch of {epoch_samples}"
+    line += f"; counted by {source or 'an unnamed source'}"
+    if source and "estimate" in source:
+        line += " (no RAPL or NVML counter was readable: an estimate, not a meter reading)"
+    return [line + "."]
 
 
 def _device_stage_story(states: list[Any]) -> list[str]:
