@@ -148,3 +148,34 @@ def test_a_policy_for_the_split_reads_the_device_stage_and_moves_the_cut(tmp_pat
     assert Action.space(("split",)) == (Action(split=-1), Action(), Action(split=1))
     with pytest.raises(ValueError, match=r"knobs must be distinct names from \['workers', "):
         Action.space(("codec",))
+
+
+def test_a_continuous_policy_gives_one_output_per_knob_and_round_trips(tmp_path: Path) -> None:
+    """SAC's shape: tanh(outputs) in [-1, 1], a step knob thresholded at 1/3, the offload
+    share set to (value + 1) / 2."""
+    knobs = ("workers", "prefetch", "offload")
+    rng = np.random.default_rng(2)
+    sizes = [len(State.features(knobs)), 8, len(knobs)]
+    layers = [(rng.normal(size=(a, b)), rng.normal(size=b)) for a, b in itertools.pairwise(sizes)]
+    policy = MlpPolicy(layers, knobs=knobs, continuous=True)
+    for k in range(20):
+        s = state(offload=0.5, wait_fraction=k / 20, workers=1 + k % 8)
+        values = np.tanh(policy.scores(s.vector(knobs)))
+        action = policy.decide(s)
+        assert action.workers == (0 if abs(values[0]) <= 1 / 3 else int(np.sign(values[0])))
+        assert action.other["offload"] == pytest.approx((values[2] + 1) / 2, abs=1e-4)
+        assert "offload=" in action.reason or action.is_noop
+    policy.save(tmp_path / "sac.npz")
+    loaded = MlpPolicy.load(tmp_path / "sac.npz")
+    assert loaded.continuous and loaded.knobs == knobs
+    s = state(offload=0.25)
+    assert loaded.decide(s) == policy.decide(s)
+    with pytest.raises(ValueError, match="the last layer must have 3 outputs, got 27"):
+        MlpPolicy([(np.zeros((sizes[0], 27)), np.zeros(27))], knobs=knobs, continuous=True)
+    data = dict(np.load(tmp_path / "sac.npz"))
+    data["header"] = np.asarray(
+        str(data["header"]).replace('"continuous": true', '"continuous": 1')
+    )
+    np.savez(tmp_path / "odd.npz", **data)
+    with pytest.raises(ValueError, match="'continuous' must be true or false, got 1"):
+        MlpPolicy.load(tmp_path / "odd.npz")

@@ -216,7 +216,9 @@ def train_policy_command(args: argparse.Namespace) -> int:
             movable = [*(movable or []), "gpu-decode"]
         families = check_families(args.families or movable or family_names(held_out=False))
         held_out = check_families(args.evaluate_on or movable or family_names(held_out=True))
-        env = PipelineEnv(families, duration=args.duration, knobs=args.knobs)
+        env = PipelineEnv(
+            families, duration=args.duration, knobs=args.knobs, continuous=learner.continuous
+        )
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     print(f"training {args.learner} for {args.steps} steps on {', '.join(families)}")
@@ -326,7 +328,7 @@ def add_commands(commands: Commands) -> None:
         "it against the heuristic on the held-out families, and write it as a .npz that "
         "drapps runs with NumPy (MlpPolicy.load, or Loader(policy=MlpPolicy.load(path))).",
     )
-    train.add_argument("--learner", default="ppo", help="ppo (default) or ddqn")
+    train.add_argument("--learner", default="ppo", help="ppo (default), sac or ddqn")
     train.add_argument("--steps", type=int, default=100_000, help="environment steps (100000)")
     train.add_argument("--seed", type=int, default=0, help="seed (0)")
     train.add_argument("--families", type=name_list, help="training families (default: all)")

@@ -37,6 +37,36 @@ def action_names(knobs: Sequence[str] = KNOBS) -> list[str]:
 
 ACTION_NAMES = action_names()
 
+STEP_AT = 1 / 3
+"""A continuous output above this takes a +1 step of its knob, below minus this a -1 step."""
+
+
+def continuous_names(knobs: Sequence[str]) -> list[str]:
+    """How a policy file names the outputs of a continuous policy: one per knob, a step knob
+    thresholded into a step, ``offload`` set to the share the output maps to."""
+    return [f"{knob}:{'share' if knob == 'offload' else 'step'}" for knob in knobs]
+
+
+def continuous_action(values: np.ndarray, knobs: Sequence[str]) -> Action:
+    """The Action of a continuous policy's outputs in [-1, 1], one per knob: a step knob moves
+    -1 below ``-STEP_AT``, +1 above ``STEP_AT``, else holds; ``offload`` is set to
+    ``(value + 1) / 2``, its share of each batch (a value, not a step: the knob takes any share
+    in [0, 1] at once).
+
+    Example:
+        >>> continuous_action(np.array([0.9, -0.1, -1.0]), ("workers", "prefetch", "offload"))
+        Action(workers=1, prefetch=0, split=0, codec=None, reason='', other={'offload': 0.0})
+    """
+    steps: dict[str, int] = {}
+    other: dict[str, Any] = {}
+    for knob, value in zip(knobs, np.clip(values, -1.0, 1.0), strict=True):
+        if knob == "offload":
+            other["offload"] = round(float(value + 1.0) / 2.0, 4)
+        elif value > STEP_AT or value < -STEP_AT:
+            steps[knob] = 1 if value > 0 else -1
+    fields = {k: v for k, v in steps.items() if k in ("workers", "prefetch", "split")}
+    return Action(**fields, other=other)  # type: ignore[arg-type]
+
 
 class MlpPolicy:
     """Picks the action with the highest score from ``State.vector()`` through tanh layers.
@@ -47,6 +77,9 @@ class MlpPolicy:
         meta: anything worth keeping with the weights (how it was trained, its evaluation).
         knobs: the step knobs it moves (``Action.space(knobs)`` is its output order; with
             ``split`` it also reads ``State.SPLIT_FEATURES``).
+        continuous: True for a policy with one output per knob, squashed by tanh into
+            [-1, 1] and turned into an Action by :func:`continuous_action` (what SAC trains);
+            False for one score per discrete action, the highest taken (PPO, DDQN).
 
     Example:
         >>> import numpy as np
@@ -61,12 +94,15 @@ class MlpPolicy:
         layers: Sequence[tuple[np.ndarray, np.ndarray]],
         meta: dict[str, Any] | None = None,
         knobs: Sequence[str] = KNOBS,
+        continuous: bool = False,
     ) -> None:
         if not layers:
             raise ValueError("an MlpPolicy needs at least one layer")
         self.knobs = tuple(knobs)
         """The knobs this policy moves; a Controller without them refuses it."""
+        self.continuous = continuous
         self.actions = Action.space(self.knobs)
+        outputs = len(self.knobs) if continuous else len(self.actions)
         checked = []
         width = len(State.features(self.knobs))
         for k, (weight, bias) in enumerate(layers):
@@ -79,8 +115,8 @@ class MlpPolicy:
                 )
             checked.append((weight, bias))
             width = weight.shape[1]
-        if width != len(self.actions):
-            raise ValueError(f"the last layer must have {len(self.actions)} outputs, got {width}")
+        if width != outputs:
+            raise ValueError(f"the last layer must have {outputs} outputs, got {width}")
         self.layers = checked
         self.meta = dict(meta or {})
 
@@ -93,19 +129,35 @@ class MlpPolicy:
         return x
 
     def scores(self, features: np.ndarray) -> np.ndarray:
-        """One score per action (logits or Q-values) for a feature vector, or a batch of them."""
+        """One score per action (logits or Q-values) for a feature vector, or a batch of them;
+        for a continuous policy, one pre-tanh output per knob."""
         weight, bias = self.layers[-1]
         return self.hidden(features) @ weight + bias
 
+    def choose(self, features: np.ndarray) -> Action:
+        """The action for one feature vector, without a reason."""
+        scores = self.scores(features)
+        if self.continuous:
+            return continuous_action(np.tanh(scores), self.knobs)
+        return self.actions[int(np.argmax(scores))]
+
+    def describe(self, action: Action) -> str:
+        """The action in words, as this policy's outputs name it."""
+        if self.continuous and "offload" in action.other:
+            steps = [k for k in self.knobs if k != "offload"]
+            moved = Action(workers=action.workers, prefetch=action.prefetch, split=action.split)
+            words = moved.describe(steps) if steps else ""
+            return f"{words} offload={action.other['offload']:.2f}".strip()
+        return action.describe(self.knobs)
+
     def decide(self, state: State) -> Action:
-        scores = self.scores(state.vector(self.knobs))
-        action = self.actions[int(np.argmax(scores))]
+        action = self.choose(state.vector(self.knobs))
         if action.is_noop:
             return action
         return dataclasses.replace(
             action,
             reason=(
-                f"learned policy: {action.describe(self.knobs)} (waited "
+                f"learned policy: {self.describe(action)} (waited "
                 f"{state.wait_fraction:.0%}, {state.idle_cores:.1f} idle cores, "
                 f"{state.queue_batches}/{state.prefetch} ready)"
             ),
@@ -118,8 +170,9 @@ class MlpPolicy:
         header = {
             "format": FORMAT,
             "features": list(State.features(self.knobs)),
-            "actions": action_names(self.knobs),
+            "actions": _output_names(self.knobs, self.continuous),
             "knobs": list(self.knobs),
+            "continuous": self.continuous,
             "meta": self.meta,
         }
         arrays: dict[str, Any] = {"header": np.asarray(json.dumps(header))}
@@ -154,8 +207,14 @@ class MlpPolicy:
             raise ValueError(f"{path}: policy format {header.get('format')!r}, expected {FORMAT}")
         header.setdefault("knobs", list(KNOBS))  # files from before knobs were named
         knobs = header["knobs"]
+        continuous = header.get("continuous", False)
+        if not isinstance(continuous, bool):
+            raise ValueError(f"{path}: 'continuous' must be true or false, got {continuous!r}")
         try:
-            checks = (("features", list(State.features(knobs))), ("actions", action_names(knobs)))
+            checks = (
+                ("features", list(State.features(knobs))),
+                ("actions", _output_names(knobs, continuous)),
+            )
         except (TypeError, ValueError) as exc:
             raise ValueError(
                 f"{path}: trained on knobs {knobs!r}, which this drapps lacks: {exc}"
@@ -167,7 +226,7 @@ class MlpPolicy:
                 )
         meta = header.get("meta")
         try:
-            return cls(layers, meta if isinstance(meta, dict) else None, knobs)
+            return cls(layers, meta if isinstance(meta, dict) else None, knobs, continuous)
         except ValueError as exc:
             raise ValueError(f"{path}: malformed policy: {exc}") from exc
 
@@ -175,6 +234,10 @@ class MlpPolicy:
     def shipped(cls) -> MlpPolicy:
         """The policy that ships with drapps (trained by ``drapps train-policy``)."""
         return cls.load(shipped_path())
+
+
+def _output_names(knobs: Sequence[str], continuous: bool) -> list[str]:
+    return continuous_names(knobs) if continuous else action_names(knobs)
 
 
 def shipped_path() -> Path:

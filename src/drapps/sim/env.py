@@ -1,8 +1,9 @@
 """A gymnasium environment over the simulator: the real State, Action and Reward.
 
 Observation: ``State.vector(knobs)``. Action: an index into ``Action.space(knobs)`` (workers and
-prefetch steps by default; with ``split`` also the split of a pipeline with movable ops),
-clipped by the same Controller code as the real loader. Reward: the shared
+prefetch steps by default; with ``split`` also the split of a pipeline with movable ops), or
+with ``continuous=True`` one value per knob; clipped by the same Controller code as the real
+loader. Reward: the shared
 ``drapps.control.reward``. Each episode draws a scenario from the given families.
 Needs the ``rl`` extra (gymnasium).
 """
@@ -18,7 +19,7 @@ from drapps._optional import require
 from drapps.control.action import Action
 from drapps.control.controller import Bounds, Controller
 from drapps.control.reward import RewardWeights, reward
-from drapps.control.rl import KNOBS
+from drapps.control.rl import KNOBS, continuous_action
 from drapps.control.state import State
 from drapps.control.static import StaticPolicy
 from drapps.sim.engine import Simulator
@@ -43,6 +44,9 @@ class PipelineEnv(gym.Env):  # type: ignore[name-defined]
         knobs: the step knobs the agent moves (``("workers", "prefetch", "split")`` to learn
             the split: scenarios with ``device_ops``, such as the ``device-offload`` family,
             give the split room to move).
+        continuous: actions are one value in [-1, 1] per knob (a Box, for SAC), read by
+            :func:`~drapps.control.rl.continuous_action`; False: an index into
+            ``Action.space(knobs)`` (PPO, DDQN).
 
     ``reset(options={"scenario": s})`` runs a given :class:`Scenario` instead of drawing one.
 
@@ -65,9 +69,11 @@ class PipelineEnv(gym.Env):  # type: ignore[name-defined]
         random_start: bool = True,
         weights: RewardWeights | None = None,
         knobs: Sequence[str] = KNOBS,
+        continuous: bool = False,
     ) -> None:
         super().__init__()
         self.knobs = tuple(knobs)
+        self.continuous = continuous
         self.actions = Action.space(self.knobs)
         self.families = check_families(
             families if families is not None else family_names(held_out=False)
@@ -81,7 +87,10 @@ class PipelineEnv(gym.Env):  # type: ignore[name-defined]
         self.weights = weights or RewardWeights()
         width = len(State.features(self.knobs))
         self.observation_space = gym.spaces.Box(0.0, 1.0, (width,), np.float32)
-        self.action_space = gym.spaces.Discrete(len(self.actions))
+        if continuous:  # one output per knob in [-1, 1], read by continuous_action
+            self.action_space = gym.spaces.Box(-1.0, 1.0, (len(self.knobs),), np.float32)
+        else:
+            self.action_space = gym.spaces.Discrete(len(self.actions))
         self.scenario: Scenario | None = None
         self._sim: Simulator | None = None
         self._controller: Controller | None = None
@@ -120,12 +129,11 @@ class PipelineEnv(gym.Env):  # type: ignore[name-defined]
         self._state = self._sim.observe()
         return self._state.vector(self.knobs), {"scenario": scenario.name, "workers": start}
 
-    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         if self._sim is None or self._controller is None or self._state is None:
             raise RuntimeError("call reset() before step()")
-        if not self.action_space.contains(action):
-            raise ValueError(f"action must be an int in [0, {len(self.actions)}), got {action!r}")
-        applied = self._controller.act(self._state, self.actions[int(action)])
+        chosen = self._action(action)
+        applied = self._controller.act(self._state, chosen)
         workers = int(applied["workers"])
         self._steps += 1
         self._sim.run_until(self._steps * self.interval)
@@ -138,6 +146,22 @@ class PipelineEnv(gym.Env):  # type: ignore[name-defined]
         if "offload" in applied:
             info["offload"] = float(applied["offload"])
         return self._state.vector(self.knobs), value, False, truncated, info
+
+    def _action(self, action: Any) -> Action:
+        """The Action an agent's output stands for (an index, or one value per knob)."""
+        if not self.continuous:
+            if not self.action_space.contains(action):
+                raise ValueError(
+                    f"action must be an int in [0, {len(self.actions)}), got {action!r}"
+                )
+            return self.actions[int(action)]
+        values = np.asarray(action, dtype=np.float32)
+        if values.shape != (len(self.knobs),) or not np.all(np.isfinite(values)):
+            raise ValueError(
+                f"action must be {len(self.knobs)} finite values in [-1, 1] (one per knob "
+                f"{list(self.knobs)}), got {action!r}"
+            )
+        return continuous_action(values, self.knobs)
 
     @property
     def state(self) -> State | None:

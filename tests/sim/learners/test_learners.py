@@ -74,7 +74,34 @@ def test_ppo_exports_the_actor_it_trained() -> None:
     assert np.array_equal(np.argmax(policy.scores(obs), axis=1), expected)
 
 
+def test_sac_exports_the_actor_it_trained_and_moves_every_knob() -> None:
+    """SAC's continuous outputs: the exported NumPy policy gives stable-baselines3's
+    deterministic action, and each output steers its knob (a threshold for a step knob, the
+    share itself for offload)."""
+    pytest.importorskip("stable_baselines3")
+    knobs = ("workers", "prefetch", "offload")
+    env = PipelineEnv(["gpu-decode"], duration=10.0, knobs=knobs, continuous=True)
+    assert env.action_space.shape == (3,)
+    learner = make_learner("sac")
+    policy = learner.train(env, 300, seed=0)
+    assert policy.continuous and policy.knobs == knobs and policy.meta["learner"] == "sac"
+    obs = np.random.default_rng(0).uniform(0, 1, size=(50, env.observation_space.shape[0]))
+    expected, _ = learner.model.predict(obs.astype(np.float32), deterministic=True)  # type: ignore[attr-defined]
+    assert np.allclose(np.tanh(policy.scores(obs.astype(np.float32))), expected, atol=1e-5)
+    for row, values in zip(obs[:10], expected[:10], strict=True):
+        action = policy.choose(row.astype(np.float32))
+        assert action.other["offload"] == pytest.approx((values[2] + 1) / 2, abs=1e-3)
+        assert action.workers == (0 if abs(values[0]) <= 1 / 3 else np.sign(values[0]))
+    env.reset(seed=1)
+    _, _, _, _, info = env.step(np.array([1.0, 0.0, -1.0], dtype=np.float32))
+    assert info["offload"] == 0.0  # the share is set at once, not stepped
+    with pytest.raises(ValueError, match=r"action must be 3 finite values in \[-1, 1\]"):
+        env.step(np.array([0.0, np.nan, 0.0]))
+    with pytest.raises(ValueError, match="SAC needs a PipelineEnv"):
+        learner.train(PipelineEnv(["cpu-bound"], duration=5.0), 10, seed=0)
+
+
 def test_unknown_learner_is_named() -> None:
-    assert learner_names() == ["ddqn", "ppo"]
-    with pytest.raises(ValueError, match=r"learner must be one of \['ddqn', 'ppo'\]"):
+    assert learner_names() == ["ddqn", "ppo", "sac"]
+    with pytest.raises(ValueError, match=r"learner must be one of \['ddqn', 'ppo', 'sac'\]"):
         make_learner("dqn")

@@ -1,6 +1,7 @@
-"""Learners that train a policy in the simulator (extra ``rl``): PPO (default) and DDQN+PER."""
+"""Learners that train a policy in the simulator (extra ``rl``): PPO (default), SAC and
+DDQN+PER."""
 
-from drapps.sim.learners import ddqn, ppo
+from drapps.sim.learners import ddqn, ppo, sac
 from drapps.sim.learners._base import (
     LEARNERS,
     Learner,
@@ -9,4 +10,13 @@ from drapps.sim.learners._base import (
     make_learner,
 )
 
-__all__ = ["LEARNERS", "Learner", "ddqn", "export_mlp", "learner_names", "make_learner", "ppo"]
+__all__ = [
+    "LEARNERS",
+    "Learner",
+    "ddqn",
+    "export_mlp",
+    "learner_names",
+    "make_learner",
+    "ppo",
+    "sac",
+]

@@ -16,6 +16,9 @@ from drapps.sim.env import PipelineEnv
 class Learner(ABC):
     """Trains a policy in a :class:`PipelineEnv` and returns it as an :class:`MlpPolicy`."""
 
+    continuous: bool = False
+    """True for a learner of continuous actions: it needs ``PipelineEnv(continuous=True)``."""
+
     @abstractmethod
     def train(self, env: PipelineEnv, steps: int, seed: int) -> MlpPolicy:
         """Train for ``steps`` environment steps, seeded by ``seed``."""
@@ -45,12 +48,16 @@ def make_learner(name: str) -> Learner:
 
 
 def export_mlp(
-    linears: Sequence[nn.Linear], meta: dict[str, Any], knobs: Sequence[str] = KNOBS
+    linears: Sequence[nn.Linear],
+    meta: dict[str, Any],
+    knobs: Sequence[str] = KNOBS,
+    *,
+    continuous: bool = False,
 ) -> MlpPolicy:
-    """The NumPy policy computing the same scores as ``linears`` with tanh between them, for
-    ``knobs`` (the environment's)."""
+    """The NumPy policy computing the same outputs as ``linears`` with tanh between them, for
+    ``knobs`` (the environment's); ``continuous`` for one output per knob (SAC's mean)."""
     layers = [
         (linear.weight.detach().cpu().numpy().T.copy(), linear.bias.detach().cpu().numpy().copy())
         for linear in linears
     ]
-    return MlpPolicy(layers, meta, knobs)
+    return MlpPolicy(layers, meta, knobs, continuous)
