@@ -179,3 +179,27 @@ def test_a_continuous_policy_gives_one_output_per_knob_and_round_trips(tmp_path:
     np.savez(tmp_path / "odd.npz", **data)
     with pytest.raises(ValueError, match="'continuous' must be true or false, got 1"):
         MlpPolicy.load(tmp_path / "odd.npz")
+
+
+def test_knobs_the_policy_was_not_trained_on_are_moved_by_the_heuristics_rules() -> None:
+    """The shipped policy moves workers and prefetch; on a pipeline with a split and an
+    offload share, the heuristic's rules move those (and only those), so no knob the pipeline
+    has sits still for want of a policy trained on it."""
+    from drapps.sim.families import draw
+    from drapps.sim.run import simulate
+
+    policy = MlpPolicy.shipped()
+    scenario = draw("device-offload", np.random.default_rng(3))
+    run = simulate(scenario, policy, duration=40.0, seed=1)
+    splits = {tick.applied["split"] for tick in run.ticks}
+    assert len(splits) > 1, splits  # the rules moved the cut
+    ruled = [t.action for t in run.ticks if t.action.split]
+    assert all("rule: " in a.reason for a in ruled)
+    learned = [t.action for t in run.ticks if t.action.workers or t.action.prefetch]
+    assert learned and all(a.reason.startswith("learned policy: ") for a in learned)
+    # and on the knobs it knows, it acts exactly as before
+    policy.bind(("workers", "prefetch"))
+    fresh = MlpPolicy.shipped()
+    for k in range(10):
+        s = state(wait_fraction=k / 10, workers=1 + k % 4)
+        assert policy.decide(s) == fresh.decide(s)

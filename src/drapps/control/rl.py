@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from drapps.control.action import Action
+from drapps.control.heuristic import HeuristicPolicy
 from drapps.control.state import State
 
 FORMAT = 1
@@ -119,6 +120,20 @@ class MlpPolicy:
             raise ValueError(f"the last layer must have {outputs} outputs, got {width}")
         self.layers = checked
         self.meta = dict(meta or {})
+        self._rules: HeuristicPolicy | None = None
+        self._ruled: tuple[str, ...] = ()
+
+    def bind(self, movable: tuple[str, ...]) -> None:
+        """Hand the pipeline's movable knobs this policy was not trained on (the ``split``,
+        the ``offload`` share, the ``codec``) to the heuristic's rules for them, so a pipeline
+        with more knobs than the policy still has each one moved. The Controller calls this;
+        a policy that lacks a knob the pipeline has is thereby never refused for it (one
+        trained on a knob the pipeline lacks still is)."""
+        self._ruled = tuple(k for k in movable if k not in self.knobs and k in _RULED)
+        self._rules = None
+        if self._ruled:
+            self._rules = HeuristicPolicy()
+            self._rules.bind(self._ruled)
 
     def hidden(self, features: np.ndarray) -> np.ndarray:
         """The last hidden layer's activations: what the output layer scores."""
@@ -152,16 +167,18 @@ class MlpPolicy:
 
     def decide(self, state: State) -> Action:
         action = self.choose(state.vector(self.knobs))
-        if action.is_noop:
+        if not action.is_noop:
+            action = dataclasses.replace(
+                action,
+                reason=(
+                    f"learned policy: {self.describe(action)} (waited "
+                    f"{state.wait_fraction:.0%}, {state.idle_cores:.1f} idle cores, "
+                    f"{state.queue_batches}/{state.prefetch} ready)"
+                ),
+            )
+        if self._rules is None:
             return action
-        return dataclasses.replace(
-            action,
-            reason=(
-                f"learned policy: {self.describe(action)} (waited "
-                f"{state.wait_fraction:.0%}, {state.idle_cores:.1f} idle cores, "
-                f"{state.queue_batches}/{state.prefetch} ready)"
-            ),
-        )
+        return _with_rules(action, self._rules.decide(state), self._ruled)
 
     # ------------------------------------------------------------------ files
 
@@ -234,6 +251,28 @@ class MlpPolicy:
     def shipped(cls) -> MlpPolicy:
         """The policy that ships with drapps (trained by ``drapps train-policy``)."""
         return cls.load(shipped_path())
+
+
+_RULED = ("split", "offload", "codec")
+"""Knobs the heuristic's rules move for a learned policy not trained on them."""
+
+
+def _with_rules(learned: Action, rules: Action, ruled: Sequence[str]) -> Action:
+    """The learned action on its own knobs, and the rules' moves of the ``ruled`` knobs."""
+    split = rules.split if "split" in ruled else learned.split
+    codec = rules.codec if "codec" in ruled else None
+    ruled_other = {k: v for k, v in rules.other.items() if k in ruled}
+    reasons = [learned.reason] if learned.reason else []
+    if (split != learned.split or codec is not None or ruled_other) and rules.reason:
+        reasons.append(f"rule: {rules.reason}")
+    return Action(
+        workers=learned.workers,
+        prefetch=learned.prefetch,
+        split=split,
+        codec=codec,
+        other={**learned.other, **ruled_other},
+        reason="; ".join(reasons),
+    )
 
 
 def _output_names(knobs: Sequence[str], continuous: bool) -> list[str]:
