@@ -24,6 +24,7 @@ _EXTRAS = {
     "redis": "redis",
     "gymnasium": "rl",
     "stable_baselines3": "rl",
+    "d3rlpy": "rl",
 }
 
 

@@ -203,8 +203,11 @@ def train_policy_command(args: argparse.Namespace) -> int:
     from drapps.sim.evaluate import evaluate
     from drapps.sim.families import check_families, family_names
 
-    if args.steps < 1:
-        raise UsageError(f"--steps must be >= 1, got {args.steps}")
+    if args.offline:
+        return _finetune_offline(args)
+    steps = args.steps or 100_000
+    if steps < 1:
+        raise UsageError(f"--steps must be >= 1, got {steps}")
     try:
         from drapps.sim.env import PipelineEnv
         from drapps.sim.learners import make_learner
@@ -221,9 +224,9 @@ def train_policy_command(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    print(f"training {args.learner} for {args.steps} steps on {', '.join(families)}")
+    print(f"training {args.learner} for {steps} steps on {', '.join(families)}")
     start = time.perf_counter()
-    policy = learner.train(env, args.steps, args.seed)
+    policy = learner.train(env, steps, args.seed)
     trained_s = time.perf_counter() - start
     print(f"trained in {trained_s:.0f} s")
     policy.meta.update({"families": families, "train_s": round(trained_s, 1)})
@@ -240,6 +243,45 @@ def train_policy_command(args: argparse.Namespace) -> int:
         policy.meta["evaluation"] = result.table()
     policy.save(args.out)
     print(f"\nwrote {args.out}")
+    return 0
+
+
+def _finetune_offline(args: argparse.Namespace) -> int:
+    """``train-policy --offline TRACES``: CQL from real runs' traces, starting from a policy."""
+    from drapps.control.rl import MlpPolicy
+    from drapps.sim.learners.offline import finetune, transitions
+
+    steps = args.steps or 5_000
+    if steps < 1:
+        raise UsageError(f"--steps must be >= 1, got {steps}")
+    try:
+        start_from = MlpPolicy.load(args.start) if args.start else MlpPolicy.shipped()
+        data = transitions(args.offline, start_from.knobs)
+    except (ValueError, OSError) as exc:
+        raise UsageError(str(exc)) from None
+    source = args.start or "the shipped policy"
+    print(
+        f"fine-tuning {source} offline (CQL) for {steps} steps on {len(data)} transitions "
+        f"from {len(args.offline)} trace(s)"
+    )
+    began = time.perf_counter()
+    try:
+        policy = finetune(start_from, data, steps, seed=args.seed)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    policy.meta["offline"]["traces"] = [str(Path(p).name) for p in args.offline]
+    policy.meta["offline"]["train_s"] = round(time.perf_counter() - began, 1)
+    print(f"fine-tuned in {time.perf_counter() - began:.0f} s")
+    before = start_from.scores(data.observations).argmax(axis=1)
+    after = policy.scores(data.observations).argmax(axis=1)
+    agree, agreed = (after == data.actions).mean(), (before == data.actions).mean()
+    print(
+        f"on the traces' states it picks the traces' own action {agree:.0%} of the time "
+        f"(before: {agreed:.0%}), and changes "
+        f"{(after != before).mean():.0%} of the starting policy's choices"
+    )
+    policy.save(args.out)
+    print(f"wrote {args.out}")
     return 0
 
 
@@ -329,7 +371,24 @@ def add_commands(commands: Commands) -> None:
         "drapps runs with NumPy (MlpPolicy.load, or Loader(policy=MlpPolicy.load(path))).",
     )
     train.add_argument("--learner", default="ppo", help="ppo (default), sac or ddqn")
-    train.add_argument("--steps", type=int, default=100_000, help="environment steps (100000)")
+    train.add_argument(
+        "--steps",
+        type=int,
+        help="environment steps (100000); with --offline, gradient steps (5000)",
+    )
+    train.add_argument(
+        "--offline",
+        nargs="+",
+        metavar="TRACE",
+        help="fine-tune offline (CQL, needs d3rlpy) from these trace= files of real runs "
+        "instead of training in the simulator",
+    )
+    train.add_argument(
+        "--from",
+        dest="start",
+        metavar="POLICY",
+        help="with --offline: the .npz policy to start from (default: the shipped one)",
+    )
     train.add_argument("--seed", type=int, default=0, help="seed (0)")
     train.add_argument("--families", type=name_list, help="training families (default: all)")
     train.add_argument("--evaluate-on", type=name_list, help="default: the held-out families")
