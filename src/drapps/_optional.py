@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import io
 from types import ModuleType
 
 # The project's distribution on the package index. The import name stays ``drapps``; the index's
@@ -37,9 +39,17 @@ def install_hint(extra: str) -> str:
     return f"pip install '{DISTRIBUTION}[{extra}]'"
 
 
+_QUIET = {"stable_baselines3", "d3rlpy"}
+"""Modules that import the unmaintained ``gym`` where it is installed (d3rlpy depends on it),
+which prints a notice to stderr on import: nothing a drapps user can act on."""
+
+
 def require(module: str) -> ModuleType:
     """Import ``module`` or raise an ImportError that says which extra to install."""
     try:
+        if module.partition(".")[0] in _QUIET:
+            with contextlib.redirect_stderr(io.StringIO()):
+                return importlib.import_module(module)
         return importlib.import_module(module)
     except ImportError as exc:
         extra = _EXTRAS.get(module.partition(".")[0], "dev")

@@ -24,7 +24,6 @@ import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -137,12 +136,6 @@ class CqlConfig:
             raise ValueError(f"CqlConfig.gamma must be in (0, 1), got {self.gamma!r}")
 
 
-def _d3rlpy() -> Any:
-    # d3rlpy imports the old gym package, which prints a notice to stderr on import.
-    with contextlib.redirect_stderr(io.StringIO()):
-        return require("d3rlpy")
-
-
 def finetune(
     policy: MlpPolicy,
     data: Transitions,
@@ -169,7 +162,7 @@ def finetune(
         raise ValueError(f"steps must be >= 1, got {steps!r}")
     import torch
 
-    d3rlpy = _d3rlpy()
+    d3rlpy = require("d3rlpy")
     c = config or CqlConfig()
     d3rlpy.seed(seed)
     torch.manual_seed(seed)
