@@ -9,7 +9,6 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 from helpers import state as make_state
@@ -17,6 +16,7 @@ from helpers import state as make_state
 from drapps.control.reward import RewardWeights, reward
 from drapps.telemetry import Monitor, PipelineSnapshot
 from drapps.telemetry.energy import WATTS_PER_CORE, EnergyMeter, rapl_zones
+from drapps.telemetry.monitor import GpuMeter
 
 
 def write_zone(root: Path, name: str, label: str, energy_uj: int, wraps_at: int = 2**32) -> Path:
@@ -101,17 +101,22 @@ class FakeNvml:
         return self.millijoules
 
 
+def gpu_meter(nvml: FakeNvml) -> GpuMeter:
+    """A GpuMeter whose NVML is ``nvml`` (no GPU here to read a real one)."""
+    meter = GpuMeter.__new__(GpuMeter)
+    meter._handle, meter._nvml = object(), nvml
+    return meter
+
+
 def test_the_gpu_counter_adds_its_joules(tmp_path: Path) -> None:
     nvml = FakeNvml(5_000)
-    meter = EnergyMeter(
-        rapl_root=tmp_path, gpu=SimpleNamespace(_handle=object(), _nvml=nvml), watts_per_core=6
-    )
+    meter = EnergyMeter(rapl_root=tmp_path, gpu=gpu_meter(nvml), watts_per_core=6)
     assert meter.source == "CPU-time estimate (6 W per busy core) + NVML GPU"
     before = meter.read(cpu_s=0.0)
     nvml.millijoules = 305_000
     energy = meter.between(before, meter.read(cpu_s=1.0))
     assert energy.gpu_j == pytest.approx(300.0) and energy.total_j == pytest.approx(306.0)
-    older = EnergyMeter(rapl_root=tmp_path, gpu=SimpleNamespace(_handle=1, _nvml=FakeNvml(None)))
+    older = EnergyMeter(rapl_root=tmp_path, gpu=gpu_meter(FakeNvml(None)))
     assert "NVML" not in older.source and older.read(0.0).gpu_mj is None
 
 

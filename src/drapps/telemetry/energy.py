@@ -68,18 +68,6 @@ def rapl_zones(root: Path = RAPL_ROOT) -> list[_Zone]:
     return zones
 
 
-def gpu_energy_mj(meter: Any) -> int | None:
-    """NVML's total energy of ``meter``'s GPU in millijoules since the driver loaded, or None
-    (no GPU, no NVML, or a board older than Volta)."""
-    handle = getattr(meter, "_handle", None)
-    if handle is None:
-        return None
-    try:
-        return int(meter._nvml.nvmlDeviceGetTotalEnergyConsumption(handle))
-    except Exception:
-        return None
-
-
 @dataclass(frozen=True)
 class EnergyReading:
     """The counters at one instant (cumulative; only differences mean anything)."""
@@ -132,8 +120,8 @@ class EnergyMeter:
         """
         Args:
             rapl_root: where the powercap tree is (a test points it at files it wrote).
-            gpu: a :class:`~drapps.telemetry.monitor.GpuMeter` whose NVML handle to read, or
-                None for no GPU energy.
+            gpu: a :class:`~drapps.telemetry.monitor.GpuMeter` (anything with
+                ``energy_mj() -> int | None``), or None for no GPU energy.
             watts_per_core: for the estimate; default ``DRAPPS_WATTS_PER_CORE`` or
                 :data:`WATTS_PER_CORE`.
 
@@ -153,7 +141,7 @@ class EnergyMeter:
         self.watts_per_core = watts_per_core
         self.zones = rapl_zones(rapl_root)
         self._gpu = gpu
-        self._has_gpu = gpu_energy_mj(gpu) is not None
+        self._has_gpu = gpu is not None and gpu.energy_mj() is not None
 
     @property
     def source(self) -> str:
@@ -178,7 +166,7 @@ class EnergyMeter:
                 counts.append(int(zone.energy.read_text()))
             except (OSError, ValueError):
                 counts.append(-1)  # gone (a hot-unplugged package): that zone counts 0
-        gpu = gpu_energy_mj(self._gpu) if self._has_gpu else None
+        gpu = self._gpu.energy_mj() if self._has_gpu else None
         return EnergyReading(cpu_s=cpu_s, rapl_uj=tuple(counts), gpu_mj=gpu)
 
     def between(self, before: EnergyReading, after: EnergyReading) -> Energy:

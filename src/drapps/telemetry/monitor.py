@@ -54,6 +54,16 @@ class GpuMeter:
             power = None
         return util.gpu / 100.0, int(memory.used), power
 
+    def energy_mj(self) -> int | None:
+        """NVML's total energy of the GPU in millijoules since the driver loaded, or None (no
+        GPU, no NVML, or a board older than Volta)."""
+        if self._handle is None:
+            return None
+        try:
+            return int(self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle))
+        except Exception:
+            return None
+
 
 def _since_boot() -> float:
     """Seconds since boot on the clock /proc's process start times use."""
