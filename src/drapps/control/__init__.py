@@ -7,9 +7,9 @@ Importing this package registers the built-in policies (heuristic, rl, static) i
 from drapps.control.action import NOOP, Action
 from drapps.control.controller import Actuators, Bounds, Controller, Tick
 from drapps.control.heuristic import HeuristicConfig, HeuristicPolicy
-from drapps.control.online import OnlineConfig, OnlineTuner
 from drapps.control.policy import POLICIES, Policy, make_policy, policy_names, register_policy
 from drapps.control.reward import RewardWeights, reward
+from drapps.control.rl import MlpPolicy
 from drapps.control.state import State
 from drapps.control.static import StaticPolicy
 
@@ -22,8 +22,7 @@ __all__ = [
     "Controller",
     "HeuristicConfig",
     "HeuristicPolicy",
-    "OnlineConfig",
-    "OnlineTuner",
+    "MlpPolicy",
     "Policy",
     "RewardWeights",
     "State",

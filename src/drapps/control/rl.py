@@ -20,6 +20,7 @@ import numpy as np
 
 from drapps.control.action import Action
 from drapps.control.heuristic import HeuristicPolicy
+from drapps.control.policy import register_policy
 from drapps.control.state import State
 
 FORMAT = 1
@@ -281,3 +282,9 @@ def _output_names(knobs: Sequence[str], continuous: bool) -> list[str]:
 
 def shipped_path() -> Path:
     return Path(str(resources.files("drapps.control") / "policies" / "rl.npz"))
+
+
+@register_policy("rl")
+def shipped_policy() -> MlpPolicy:
+    """The shipped learned policy (``Loader(policy="rl")``)."""
+    return MlpPolicy.shipped()
