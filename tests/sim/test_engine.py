@@ -218,3 +218,17 @@ def test_the_heuristic_moves_the_split_when_workers_cannot_keep_up() -> None:
     held = simulate(Scenario(p), "heuristic", duration=60.0, seed=1, move_split=False)
     assert moved.summary()["final_split"] < 3 and held.summary()["final_split"] == 3
     assert moved.throughput > 1.3 * held.throughput
+
+
+def test_workers_past_the_machines_memory_page_and_slow_everything() -> None:
+    """Past the memory the machine has, CPU work slows to (room / needed)**2: a worker that
+    does not fit costs throughput, not only the reward's memory terms."""
+    p = PipelineModel(
+        cores=8, cpu_s=0.2, step_s=0.001, worker_rss=2 * 2**30, main_rss=2 * 2**30,
+        total_memory=16 * 2**30, other_memory=2 * 2**30, batch_bytes=2**20,
+    )  # fmt: skip
+    # room for 12 GiB of workers: six fit; eight need 18 GiB of 14
+    fits, crowded = _run(p, workers=6, seconds=30), _run(p, workers=8, seconds=30)
+    assert crowded.totals.samples < 0.8 * fits.totals.samples
+    roomy = p.replace(total_memory=64 * 2**30)  # the same eight workers with room
+    assert _run(roomy, workers=8, seconds=30).totals.samples > fits.totals.samples

@@ -42,3 +42,23 @@ def test_draws_are_seeded() -> None:
 def test_unknown_family_is_named() -> None:
     with pytest.raises(ValueError, match=r"scenario family must be one of \[.*'cpu-bound'"):
         draw("cpu", np.random.default_rng(0))
+
+
+def test_memory_bound_workers_pay_for_storage_until_memory_runs_out() -> None:
+    """The training family that teaches a learned policy memory: reads wait on storage (more
+    workers than cores pay), and each worker is so big that memory runs out somewhere between
+    0.75x and 1.75x the cores, short of the worker limit."""
+    from drapps.control.reward import memory_overrun
+    from drapps.sim.run import simulate
+
+    rng = np.random.default_rng(4)
+    for _ in range(5):
+        scenario = draw("memory-bound", rng, 40.0)
+        p = scenario.pipeline
+        assert p.read_s > p.cpu_s  # waiting on storage, not the CPU
+        free = 0.95 * p.total_memory - p.other_memory - p.main_rss - 4 * p.batch_bytes
+        fits = free / p.worker_rss
+        assert 0.74 * p.cores <= fits <= 1.76 * p.cores
+        crowded = min(p.worker_limit, int(fits) + 2)
+        run = simulate(scenario, "static", workers=crowded, duration=20.0)
+        assert max(memory_overrun(t.state) for t in run.ticks) > 0, (fits, crowded)

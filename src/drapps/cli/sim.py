@@ -205,7 +205,7 @@ def train_policy_command(args: argparse.Namespace) -> int:
 
     if args.offline:
         return _finetune_offline(args)
-    steps = args.steps or 100_000
+    steps = args.steps if args.steps is not None else 100_000
     if steps < 1:
         raise UsageError(f"--steps must be >= 1, got {steps}")
     try:
@@ -251,7 +251,7 @@ def _finetune_offline(args: argparse.Namespace) -> int:
     from drapps.control.rl import MlpPolicy
     from drapps.sim.learners.offline import finetune, transitions
 
-    steps = args.steps or 5_000
+    steps = args.steps if args.steps is not None else 5_000
     if steps < 1:
         raise UsageError(f"--steps must be >= 1, got {steps}")
     try:

@@ -376,8 +376,18 @@ class Simulator:
 
     def _speeds(self) -> None:
         demand = self._demand()
-        self._cpu.speed = min(1.0, self.pipeline.cores / demand) if demand > 0 else 1.0
+        share = min(1.0, self.pipeline.cores / demand) if demand > 0 else 1.0
+        self._cpu.speed = share * self._paging()
         self._disk.speed = 1.0 / max(1, len(self._disk.jobs))
+
+    def _paging(self) -> float:
+        """1.0 while the pipeline fits in the machine's memory; past it, ``(room / needed)**2``:
+        the machine pages, and every CPU job waits on the disk for the pages that did not fit.
+        (A model of swapping; a real machine may kill a worker instead, which is worse.)"""
+        p = self.pipeline
+        needed = p.main_rss + len(self._workers) * p.worker_rss + len(self._ready) * p.batch_bytes
+        room = p.total_memory - p.other_memory
+        return min(1.0, room / needed) ** 2 if needed > 0 else 1.0
 
     def _cpu_job(self, work: float, owner: str, done: _Callback) -> None:
         self._owners[owner] += 1

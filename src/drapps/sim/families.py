@@ -164,11 +164,13 @@ def consumer_shift(rng: np.random.Generator, duration: float) -> Scenario:
 def memory_bound(rng: np.random.Generator, duration: float) -> Scenario:
     """Reads wait on storage, so workers past the cores pay, but each worker holds so much
     memory (a large dataset index, a decoder's buffers) that the machine runs short before
-    the reads are hidden: past that point a worker costs memory and buys nothing."""
+    the reads are hidden: past that point (0.75x to 1.75x the cores, below the worker limit
+    of 2x) a worker costs memory and buys nothing."""
     p = _machine(rng)
     p = p.replace(read_s=p.cpu_s * rng.uniform(1.0, 3.0), cpu_s=p.cpu_s * rng.uniform(0.2, 0.5))
-    free = p.total_memory - p.other_memory - p.main_rss - p.memory_budget // 2
-    fits = p.cores * rng.uniform(0.75, 3.0)  # workers that fit: below and above the cores
+    # room above the reward's memory floor (5% available), less a few ready batches
+    free = 0.95 * p.total_memory - p.other_memory - p.main_rss - 4 * p.batch_bytes
+    fits = p.cores * rng.uniform(0.75, 1.75)  # below and above the cores, within the limit
     return Scenario(p.replace(worker_rss=max(64 * MiB, int(free / fits))))
 
 

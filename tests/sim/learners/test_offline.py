@@ -114,5 +114,7 @@ def test_train_policy_offline_writes_a_tuned_policy(
     assert "fine-tuning the shipped policy offline (CQL) for 50 steps" in text
     tuned = MlpPolicy.load(out)
     assert tuned.meta["offline"]["traces"] == ["run.jsonl"] and tuned.meta["offline"]["steps"] == 50
+    assert main(["train-policy", "--offline", str(trace), "--steps", "0"]) == 2
+    assert "--steps must be >= 1" in capsys.readouterr().err
     assert main(["train-policy", "--offline", str(tmp_path / "none.jsonl")]) == 2
     assert "none.jsonl" in capsys.readouterr().err
