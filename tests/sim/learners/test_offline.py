@@ -112,6 +112,7 @@ def test_train_policy_offline_writes_a_tuned_policy(
     assert main(["train-policy", "--offline", str(trace), "--steps", "50", "--out", str(out)]) == 0
     text = capsys.readouterr().out
     assert "fine-tuning the shipped policy offline (CQL) for 50 steps" in text
+    assert "Signatures" not in text and "epoch=" not in text  # none of d3rlpy's log lines
     tuned = MlpPolicy.load(out)
     assert tuned.meta["offline"]["traces"] == ["run.jsonl"] and tuned.meta["offline"]["steps"] == 50
     assert main(["train-policy", "--offline", str(trace), "--steps", "0"]) == 2

@@ -166,15 +166,17 @@ def finetune(
     c = config or CqlConfig()
     d3rlpy.seed(seed)
     torch.manual_seed(seed)
-    dataset = d3rlpy.dataset.MDPDataset(
-        observations=data.observations,
-        actions=data.actions,
-        rewards=data.rewards,
-        terminals=np.zeros_like(data.rewards),
-        timeouts=data.timeouts,
-        action_space=d3rlpy.ActionSpace.DISCRETE,
-        action_size=len(Action.space(policy.knobs)),
-    )
+    chatter = io.StringIO()  # d3rlpy logs every build and epoch to stdout through structlog
+    with contextlib.redirect_stdout(chatter):
+        dataset = d3rlpy.dataset.MDPDataset(
+            observations=data.observations,
+            actions=data.actions,
+            rewards=data.rewards,
+            terminals=np.zeros_like(data.rewards),
+            timeouts=data.timeouts,
+            action_space=d3rlpy.ActionSpace.DISCRETE,
+            action_size=len(Action.space(policy.knobs)),
+        )
     hidden = [int(w.shape[1]) for w, _ in policy.layers[:-1]]
     cql = d3rlpy.algos.DiscreteCQLConfig(
         learning_rate=c.lr,
@@ -184,7 +186,6 @@ def finetune(
         target_update_interval=c.target_every,
         encoder_factory=d3rlpy.models.VectorEncoderFactory(hidden_units=hidden, activation="tanh"),
     ).create(device="cpu")
-    chatter = io.StringIO()  # d3rlpy logs every build and epoch to stdout through structlog
     with contextlib.redirect_stdout(chatter):
         cql.build_with_dataset(dataset)
     q_funcs = cql.impl._modules.q_funcs  # the one critic (n_critics=1)
