@@ -1,0 +1,172 @@
+"""Offline fine-tuning measured on this machine: collect traces, fine-tune, compare.
+
+Each run is the bench's ``image`` workload through ``drapps.Loader(workers="auto")`` under one
+of the bench's load scenarios, with a 40 ms sleeping training step, in a process of its own:
+
+    python docs/results/offline/measure.py collect --scenario cpu-contention --runs 3 OUT
+    drapps train-policy --offline OUT/traces/*.jsonl --steps 5000 --out OUT/tuned.npz
+    python docs/results/offline/measure.py compare --policies heuristic,rl,OUT/tuned.npz \\
+        --scenarios cpu-contention,slow-io --repeats 3 OUT
+
+``collect`` writes a trace per run (the heuristic and the shipped policy, alternating);
+``compare`` runs every policy on every scenario, repeats interleaved, and writes
+``compare.json`` and ``compare.md``: median samples/s, loop wait, peak RSS of the training
+process tree, and mean reward per controller tick (from each run's trace).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+import drapps
+from drapps.bench.data import default_data_dir
+from drapps.bench.scenarios import scenario_class
+from drapps.bench.workloads import workload_class
+from drapps.control.rl import MlpPolicy
+from drapps.telemetry import read_trace
+
+BATCH, WARMUP, STEP_S = 32, 12, 0.040
+
+
+def one_run(policy: str, scenario_name: str, batches: int, trace: Path) -> dict[str, Any]:
+    """One run in this process; the result as a dict."""
+    workload_type = workload_class("image")
+    workload = workload_type(workload_type.prepare(default_data_dir(), "default", 0))
+    scenario = scenario_class(scenario_name)()
+    chosen: Any = MlpPolicy.load(policy) if policy.endswith(".npz") else policy
+    peak = 0
+    try:
+        with drapps.Loader(
+            workload.dataset(scenario.throttle()), batch_size=BATCH, drop_last=True,
+            workers="auto", persistent_workers=True, policy=chosen, cache=None, shuffle=True,
+            seed=0, trace=trace, control_interval=0.25,
+        ) as loader:  # fmt: skip
+            it = iter(loader)
+            for _ in range(WARMUP):
+                next(it)
+            waits, start = [], time.perf_counter()
+            for b in range(batches):
+                factor = scenario.before_batch(b, batches)
+                asked = time.perf_counter()
+                try:
+                    next(it)
+                except StopIteration:
+                    it = iter(loader)
+                    next(it)
+                waits.append(time.perf_counter() - asked)
+                time.sleep(STEP_S * factor)
+                if b % 10 == 0:
+                    me = psutil.Process()
+                    tree = [me, *me.children(recursive=True)]
+                    helpers = scenario.helper_pids()
+                    peak = max(peak, sum(p.memory_info().rss for p in tree
+                                         if p.pid not in helpers and p.is_running()))  # fmt: skip
+            elapsed = time.perf_counter() - start
+            workers = loader.stats().workers
+    finally:
+        scenario.stop()
+    rows = read_trace(trace).rows
+    return {
+        "policy": policy,
+        "scenario": scenario_name,
+        "samples_per_s": batches * BATCH / elapsed,
+        "wait_fraction": sum(waits) / elapsed,
+        "peak_rss_mib": peak / 2**20,
+        "mean_reward": statistics.fmean(r.reward for r in rows) if rows else float("nan"),
+        "ticks": len(rows),
+        "final_workers": workers,
+    }
+
+
+def spawn(policy: str, scenario: str, batches: int, trace: Path) -> dict[str, Any]:
+    """:func:`one_run` in a fresh process (nothing one run warms carries into the next)."""
+    done = subprocess.run(
+        [sys.executable, __file__, "one", policy, scenario, str(batches), str(trace)],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def collect(args: argparse.Namespace) -> None:
+    folder = Path(args.out) / "traces"
+    folder.mkdir(parents=True, exist_ok=True)
+    for k in range(args.runs):
+        for policy in ("heuristic", "rl"):
+            trace = folder / f"{args.scenario}-{policy}-{k}.jsonl"
+            result = spawn(policy, args.scenario, args.batches, trace)
+            print(json.dumps(result), flush=True)
+
+
+def compare(args: argparse.Namespace) -> None:
+    out = Path(args.out)
+    runs = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for repeat in range(args.repeats):
+            for scenario in args.scenarios.split(","):
+                for policy in args.policies.split(","):
+                    trace = Path(scratch) / f"{len(runs)}.jsonl"
+                    result = {**spawn(policy, scenario, args.batches, trace), "repeat": repeat}
+                    print(json.dumps(result), flush=True)
+                    runs.append(result)
+    (out / "compare.json").write_text(json.dumps(runs, indent=1))
+    lines = [
+        "| scenario | policy | samples/s (min-max) | loop waited | mean reward per tick "
+        "| peak RSS MiB | workers at end |",
+        "|---|---|---:|---:|---:|---:|---|",
+    ]
+    for scenario in args.scenarios.split(","):
+        for policy in args.policies.split(","):
+            mine = [r for r in runs if r["scenario"] == scenario and r["policy"] == policy]
+
+            def median(key: str, rows: list[dict[str, Any]] = mine) -> float:
+                return statistics.median(r[key] for r in rows)
+
+            rates = [r["samples_per_s"] for r in mine]
+            lines.append(
+                f"| {scenario} | {Path(policy).stem} | {median('samples_per_s'):.0f} "
+                f"({min(rates):.0f}-{max(rates):.0f}) | {median('wait_fraction'):.0%} "
+                f"| {median('mean_reward'):.2f} | {median('peak_rss_mib'):.0f} "
+                f"| {', '.join(str(r['final_workers']) for r in mine)} |"
+            )
+    lines.append(
+        f"\nMedians of {args.repeats} interleaved repeats, {args.batches} timed batches of "
+        f"{BATCH} after {WARMUP}, a {STEP_S * 1000:.0f} ms sleeping step, a tick every 0.25 s."
+    )
+    (out / "compare.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["one"]:
+        policy, scenario, batches, trace = sys.argv[2:6]
+        print(json.dumps(one_run(policy, scenario, int(batches), Path(trace))))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    first = commands.add_parser("collect")
+    first.add_argument("--scenario", default="cpu-contention")
+    first.add_argument("--runs", type=int, default=3)
+    first.add_argument("--batches", type=int, default=450)
+    first.add_argument("out")
+    second = commands.add_parser("compare")
+    second.add_argument("--policies", default="heuristic,rl")
+    second.add_argument("--scenarios", default="cpu-contention,slow-io")
+    second.add_argument("--repeats", type=int, default=3)
+    second.add_argument("--batches", type=int, default=450)
+    second.add_argument("out")
+    args = parser.parse_args()
+    collect(args) if args.command == "collect" else compare(args)
+
+
+if __name__ == "__main__":
+    main()
