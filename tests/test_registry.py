@@ -67,7 +67,9 @@ def test_learners_use_the_same_wording() -> None:
     pytest.importorskip("gymnasium")
     from drapps.sim.learners import LEARNERS
 
-    with pytest.raises(ValueError, match=r"^learner must be one of \['ddqn', 'ppo'\], got 'x'$"):
+    with pytest.raises(
+        ValueError, match=r"^learner must be one of \['ddqn', 'ppo', 'sac'\], got 'x'$"
+    ):
         LEARNERS.get("x")
 
 
