@@ -106,12 +106,6 @@ def tree_cpu_seconds(exclude: set[int]) -> dict[int, float]:
     return seconds
 
 
-def _tree_cpu_delta(before: dict[int, float], after: dict[int, float]) -> float:
-    """CPU seconds between two :func:`tree_cpu_seconds`, over the processes alive at both ends
-    (a worker resized away mid-run takes its last share along)."""
-    return sum(after[p] - before[p] for p in after.keys() & before.keys())
-
-
 def make_step(name: str, workload: Workload, step_ms: float) -> Step:
     """The training step on each batch: ``factor`` scales its time (consumer-shift).
 
@@ -177,7 +171,7 @@ def run_case(spec: dict[str, Any]) -> dict[str, Any]:
             step(batch[0], batch[1], 1.0)
         warmup_s = time.perf_counter() - opened - first_batch_s
         cpu_before = tree_cpu_seconds(scenario.helper_pids())
-        energy_before = energy.read(sum(cpu_before.values()))
+        energy_before = energy.read(cpu_s=0.0)
         gpu = GpuUse()
         start = time.perf_counter()
         measure_s = spec.get("measure_s") or 0.0
@@ -197,14 +191,15 @@ def run_case(spec: dict[str, Any]) -> dict[str, Any]:
         gpu_util = gpu.stop()
         end_to_end = time.perf_counter() - opened
         cpu_after = tree_cpu_seconds(scenario.helper_pids())
-        energy_after = energy.read(energy_before.cpu_s + _tree_cpu_delta(cpu_before, cpu_after))
+        # Processes alive at both ends (a worker resized away mid-run takes its last share).
+        cpu_s = sum(cpu_after[p] - cpu_before[p] for p in cpu_after.keys() & cpu_before.keys())
+        energy_after = energy.read(cpu_s)
         final_workers = source.workers()
     finally:
         if source is not None:
             source.close()
         scenario.stop()
         memory.stop()
-    cpu_s = _tree_cpu_delta(cpu_before, cpu_after)
     joules = energy.between(energy_before, energy_after)
     me = os.getpid()  # the training process: its loop, and whatever the system runs in it
     loop_cpu_s = cpu_after.get(me, 0.0) - cpu_before.get(me, 0.0)

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from drapps.runtime.cost import SLOW
-from drapps.telemetry.trace import TraceRow
+from drapps.telemetry.trace import TraceRow, while_loading
 
 _STAGES = ("fetch_s", "transform_s", "collate_s", "transport_s")
 MIN_TICKS = 4
@@ -54,16 +54,6 @@ def _worker_story(rows: Sequence[TraceRow]) -> list[str]:
     return ["Workers went " + " -> ".join(map(str, counts)) + " because:", *changes]
 
 
-def _while_loading(rows: Sequence[TraceRow]) -> Sequence[TraceRow]:
-    """The rows up to the last tick in which the loop took a batch or waited for one: ticks
-    after the loop stopped (the loader left open) say nothing about loading."""
-    last = max(
-        (i for i, r in enumerate(rows) if r.state.throughput > 0 or r.state.wait_fraction > 0),
-        default=len(rows) - 1,
-    )
-    return rows[: last + 1]
-
-
 def bottleneck_report(
     rows: Sequence[TraceRow],
     stats: dict[str, Any] | None = None,
@@ -85,7 +75,7 @@ def bottleneck_report(
             "No telemetry recorded yet: iterate the loader for a few seconds with "
             "workers='auto', trace=... or progress=True."
         )
-    rows = _while_loading(rows)
+    rows = while_loading(rows) or rows  # a loop that never ran: report what there is
     states = [r.state for r in rows]
     # Each tick describes the time since the one before; the first, the time since the start.
     first = rows[1].t - rows[0].t if len(rows) > 1 else rows[0].t

@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -152,3 +153,14 @@ def read_trace(path: str | os.PathLike[str]) -> Trace:
     if header is None:
         raise ValueError(f"{path}: empty file, not a drapps trace")
     return Trace(header, rows)
+
+
+def while_loading(rows: Sequence[TraceRow]) -> Sequence[TraceRow]:
+    """The rows up to the last tick in which the loop took a batch or waited for one (none if
+    it never did): ticks after the loop stopped (the loader left open) say nothing about
+    loading."""
+    last = max(
+        (i for i, r in enumerate(rows) if r.state.throughput > 0 or r.state.wait_fraction > 0),
+        default=-1,
+    )
+    return rows[: last + 1]

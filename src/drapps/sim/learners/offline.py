@@ -31,7 +31,7 @@ from drapps._optional import require
 from drapps.control.action import Action
 from drapps.control.reward import RewardWeights, reward
 from drapps.control.rl import MlpPolicy
-from drapps.telemetry.trace import TraceRow, read_trace
+from drapps.telemetry.trace import TraceRow, read_trace, while_loading
 
 logger = logging.getLogger(__name__)
 
@@ -52,15 +52,6 @@ class Transitions:
 
     def __len__(self) -> int:
         return len(self.actions)
-
-
-def _loading(rows: Sequence[TraceRow]) -> Sequence[TraceRow]:
-    """The rows up to the last one in which the loop took or waited for a batch."""
-    last = max(
-        (i for i, r in enumerate(rows) if r.state.throughput > 0 or r.state.wait_fraction > 0),
-        default=-1,
-    )
-    return rows[: last + 1]
 
 
 def _step(row: TraceRow, knob: str) -> int | None:
@@ -86,7 +77,7 @@ def transitions(
     index = {tuple(a.step(k) for k in knobs): i for i, a in enumerate(Action.space(knobs))}
     obs, actions, rewards, timeouts = [], [], [], []
     for path in paths:
-        rows = _loading(read_trace(path).rows)
+        rows = while_loading(read_trace(path).rows)
         for before, after in itertools.pairwise(rows):
             steps = tuple(_step(before, k) for k in knobs)
             if None in steps:
