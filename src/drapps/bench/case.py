@@ -8,63 +8,22 @@ memory is each case's own, and nothing one run warms or leaks carries into the n
 from __future__ import annotations
 
 import json
-import os
 import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-import psutil
 import torch
 
 from drapps.bench.scenarios import LoadScenario, scenario_class
 from drapps.bench.systems import system_class
+from drapps.bench.usage import TreeUsage
 from drapps.bench.workloads import Workload, workload_class
 from drapps.telemetry.energy import EnergyMeter
 from drapps.telemetry.monitor import GpuMeter
 
 Step = Callable[[torch.Tensor, torch.Tensor, float], None]
-
-
-def process_tree(exclude: set[int]) -> list[psutil.Process]:
-    """This process and its live descendants, less the pids in ``exclude``."""
-    me = psutil.Process()
-    return [p for p in [me, *me.children(recursive=True)] if p.pid not in exclude]
-
-
-class TreeMemory:
-    """Samples the summed RSS of this process and its descendants; keeps the peak.
-
-    RSS counts a shared page once per process that maps it, so shared-memory batches and
-    copy-on-write pages after fork are counted in each worker: an upper bound, the same for
-    every system.
-    """
-
-    def __init__(self, exclude: Callable[[], set[int]], interval: float = 0.05) -> None:
-        self._exclude, self._interval = exclude, interval
-        self.peak = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="bench-rss", daemon=True)
-        self._thread.start()
-
-    def sample(self) -> None:
-        total = 0
-        for process in process_tree(self._exclude()):
-            try:
-                total += process.memory_info().rss
-            except psutil.Error:
-                continue
-        self.peak = max(self.peak, total)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval):
-            self.sample()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-        self.sample()
 
 
 class GpuUse:
@@ -92,18 +51,6 @@ class GpuUse:
         self._stop.set()
         self._thread.join(timeout=5)
         return sum(self.readings) / len(self.readings) if self.readings else None
-
-
-def tree_cpu_seconds(exclude: set[int]) -> dict[int, float]:
-    """User + system CPU seconds of this process and each live descendant, by pid."""
-    seconds = {}
-    for process in process_tree(exclude):
-        try:
-            times = process.cpu_times()
-        except psutil.Error:
-            continue
-        seconds[process.pid] = times.user + times.system
-    return seconds
 
 
 def make_step(name: str, workload: Workload, step_ms: float) -> Step:
@@ -150,7 +97,7 @@ def run_case(spec: dict[str, Any]) -> dict[str, Any]:
     batch_size, warmup, n = spec["batch_size"], spec["warmup_batches"], spec["measure_batches"]
     step = make_step(spec["consumer"], workload, spec["step_ms"])
     expected = workload.expected(batch_size)
-    memory = TreeMemory(scenario.helper_pids)
+    usage = TreeUsage(scenario.helper_pids)
     energy = EnergyMeter(gpu=GpuMeter())
     source = None
     try:
@@ -170,7 +117,7 @@ def run_case(spec: dict[str, Any]) -> dict[str, Any]:
             samples += len(batch[0])
             step(batch[0], batch[1], 1.0)
         warmup_s = time.perf_counter() - opened - first_batch_s
-        cpu_before = tree_cpu_seconds(scenario.helper_pids())
+        usage.open_window()
         energy_before = energy.read(cpu_s=0.0)
         gpu = GpuUse()
         start = time.perf_counter()
@@ -190,19 +137,17 @@ def run_case(spec: dict[str, Any]) -> dict[str, Any]:
         elapsed = time.perf_counter() - start
         gpu_util = gpu.stop()
         end_to_end = time.perf_counter() - opened
-        cpu_after = tree_cpu_seconds(scenario.helper_pids())
-        # Processes alive at both ends (a worker resized away mid-run takes its last share).
-        cpu_s = sum(cpu_after[p] - cpu_before[p] for p in cpu_after.keys() & cpu_before.keys())
+        # Every process of the system's (workers started or retired mid-run included), and
+        # the training process alone: its loop, and whatever the system runs in it.
+        cpu_s, loop_cpu_s = usage.close_window()
         energy_after = energy.read(cpu_s)
         final_workers = source.workers()
     finally:
         if source is not None:
             source.close()
         scenario.stop()
-        memory.stop()
+        usage.stop()
     joules = energy.between(energy_before, energy_after)
-    me = os.getpid()  # the training process: its loop, and whatever the system runs in it
-    loop_cpu_s = cpu_after.get(me, 0.0) - cpu_before.get(me, 0.0)
     ordered = sorted(waits)
     return {
         "batch_size": batch_size,
@@ -218,7 +163,7 @@ def run_case(spec: dict[str, Any]) -> dict[str, Any]:
         # (its loop and step, plus all of tf.data's or DALI's threads, which run in it).
         "cpu_ms_per_batch": 1000 * cpu_s / n,
         "loop_cpu_ms_per_batch": 1000 * loop_cpu_s / n,
-        "peak_rss_mib": memory.peak / 2**20,
+        "peak_rss_mib": usage.peak / 2**20,
         # joules over the timed batches: RAPL / NVML counters where readable (machine-wide),
         # else CPU time x watts per core, the source saying which
         "energy_j": joules.total_j,
