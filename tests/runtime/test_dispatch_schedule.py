@@ -7,7 +7,7 @@ import pytest
 
 from drapps.runtime.cost import SampleCosts
 from drapps.runtime.plan import Plan
-from drapps.runtime.schedule import Schedule, balance
+from drapps.runtime.schedule import PARTS_PER_WORKER, Schedule, balance
 
 
 def plan(batches: int = 8, batch_size: int = 4) -> Plan:
@@ -122,6 +122,32 @@ def test_heavy_tailed_costs_switch_auto_to_parts() -> None:
     schedule.reset(plan(), 0)
     assert schedule.cutting and all(part is not None for _, part in drain(schedule))
     assert Schedule(model, mode="auto", splittable=False).cutting is False
+
+
+def parts_per_batch(schedule: Schedule, batch_id: int, workers: int = 2) -> int:
+    """Hands out every work up to ``batch_id``; the parts ``batch_id`` was cut into."""
+    works = []
+    while (work := schedule.peek(batch_id, workers, 1, lambda b: b <= batch_id)) is not None:
+        schedule.take(work)
+        works.append(work)
+    return max(w.parts for w in works if w.batch_id == batch_id)
+
+
+def test_a_starved_loop_gets_one_part_per_worker_and_two_again_once_fed() -> None:
+    schedule = Schedule(measured({}), mode="samples")
+    schedule.reset(plan(batches=8, batch_size=8), 0)
+    schedule.note_wait(0.0, now=100.0)
+    assert parts_per_batch(schedule, 0) == 4  # two per worker
+    assert schedule.peek(1, 2, 1, lambda b: b == 1) is not None  # batch 1 is cut now
+    schedule.note_wait(0.6, now=100.5)  # half a window: not read yet
+    assert schedule.parts_per_worker == PARTS_PER_WORKER
+    schedule.note_wait(0.8, now=101.0)  # waited 80% of the second: loader-bound
+    assert parts_per_batch(schedule, 1) == 4  # a batch already cut keeps its parts
+    assert parts_per_batch(schedule, 2) == 2
+    schedule.note_wait(1.2, now=102.0)  # 40%: between the two shares, the cut stays
+    assert parts_per_batch(schedule, 3) == 2
+    schedule.note_wait(1.3, now=103.0)  # 10%: the loop has slack again
+    assert parts_per_batch(schedule, 4) == 4
 
 
 def test_bad_mode_is_named() -> None:

@@ -497,6 +497,7 @@ class Dispatcher:
     def _dispatch(self) -> None:
         plan = self._plan
         if plan is not None and self.schedule.cutting:
+            self.schedule.note_wait(self.buffer.waited_s(), time.monotonic())
             self._hedge()
         depth = self.prefetch_depth
 

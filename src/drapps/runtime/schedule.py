@@ -6,7 +6,8 @@ cut and in what order it starts is free. The schedule
 - cuts a batch into **parts** when samples' costs are heavy-tailed (``dispatch="auto"``) or
   always (``"samples"``): its samples are spread over several workers so that a slow one holds
   only its own part, each part of about the same predicted cost (longest first into the
-  lightest part), and the training process collates the parts in plan order;
+  lightest part), and the training process collates the parts in plan order; two parts per
+  worker while the training loop has slack, one while it waits most of the time;
 - starts work **least slack first** over a lookahead of the plan: a part due in ``k`` batches
   may start ``k`` batch-intervals late (the mean batch cost over the workers), less its
   predicted cost, so a predicted-slow part of a later batch starts before the quick parts of
@@ -30,8 +31,15 @@ DISPATCH_MODES = ("auto", "batches", "samples")
 TAIL_RATIO = 8.0
 """p99 / p50 of samples' costs from which ``dispatch="auto"`` cuts batches into parts."""
 PARTS_PER_WORKER = 2
-"""Parts a batch is cut into per worker: a slow part is then a small share of its batch, and
-a worker that finishes early takes another part rather than idling."""
+"""Parts a batch is cut into per worker while the training loop has slack: a slow part is then
+a small share of its batch, and a worker that finishes early takes another part rather than
+idling."""
+STARVED_SHARE, FED_SHARE = 0.5, 0.25
+"""Shares of wall time the training loop waits from which batches are cut into one part per
+worker (the loader is the bottleneck: the training process receives and stitches every part on
+cores the workers need, so fewer parts make more samples), and back to :data:`PARTS_PER_WORKER`
+(the loader keeps up: smaller parts keep next()'s tail short). Between them the cut stays."""
+_SLACK_WINDOW_S = 1.0  # seconds of the loop's wait the share is read over
 _TAIL_EVERY = 64  # samples observed between two readings of the tail
 
 
@@ -105,6 +113,9 @@ class Schedule:
         self._tail_at = -_TAIL_EVERY
         self._heavy = False
         self._batch_len = 1
+        self._window: tuple[float, float] | None = None  # (time, seconds waited) at its start
+        self.parts_per_worker = PARTS_PER_WORKER
+        """Parts per worker a batch is cut into now (see :meth:`note_wait`)."""
         self.cut_batches = 0
         """Batches cut into parts so far."""
 
@@ -139,6 +150,24 @@ class Schedule:
             self._tail_at = self.costs.observed
             self._heavy = self.costs.tail_ratio() >= TAIL_RATIO
         return self._heavy
+
+    def note_wait(self, waited_s: float, now: float) -> None:
+        """The training loop's seconds waited in next() so far, read at ``now`` (monotonic):
+        over each window, a loop that waited :data:`STARVED_SHARE` of it or more gets batches
+        cut one part per worker from now on; one that waited :data:`FED_SHARE` or less,
+        :data:`PARTS_PER_WORKER`. Batches already cut keep their parts."""
+        if self._window is None or now < self._window[0]:
+            self._window = (now, waited_s)
+            return
+        start, waited_then = self._window
+        if now - start < _SLACK_WINDOW_S:
+            return
+        share = (waited_s - waited_then) / (now - start)
+        self._window = (now, waited_s)
+        if share >= STARVED_SHARE:
+            self.parts_per_worker = 1
+        elif share <= FED_SHARE:
+            self.parts_per_worker = PARTS_PER_WORKER
 
     def requeue(self, work: Work) -> None:
         """``work`` was lost (its worker died): it goes out again before anything else."""
@@ -224,7 +253,7 @@ class Schedule:
             works = [Work(batch_id, None, tuple(range(n)), cost)]
         else:
             costs = self.costs.predict(indices) if self.costs.observed else np.zeros(n)
-            groups = balance(costs, min(n, max(2, PARTS_PER_WORKER * workers)))
+            groups = balance(costs, min(n, max(2, self.parts_per_worker * workers)))
             works = [
                 Work(batch_id, part, tuple(g), float(costs[g].sum()), len(groups))
                 for part, g in enumerate(groups)
