@@ -456,6 +456,22 @@ def test_with_heavy_tailed_costs_a_worker_is_free_with_less_idle_cpu() -> None:
     assert outcomes[1.5].workers == -1 and "back to 4 workers" in outcomes[1.5].reason, outcomes
 
 
+def test_with_heavy_tailed_costs_and_idle_cores_a_small_wait_still_grows_the_pool() -> None:
+    # The loop waits 7% on stalls behind slow reads with a third of the cores idle: more
+    # workers in flight hide them at no CPU cost, so the pool grows past the usual 10%
+    # threshold; with uniform costs 7% is fed enough, and a busy CPU keeps the usual rule.
+    readings = {"wait_fraction": 0.07, "cores": 2, "throughput": 700.0}
+    cases = {(40.0, 0.7): True, (1.5, 0.7): False, (40.0, 0.1): False}
+    for (tail, idle), grows in cases.items():
+        policy = HeuristicPolicy()
+        warmed(policy)
+        moves = [
+            policy.decide(state(**readings, idle_cores=idle, workers=4, sample_tail=tail))
+            for _ in range(policy.config.window)
+        ]
+        assert any(m.workers == +1 for m in moves) is grows, (tail, idle, moves)
+
+
 def test_grows_kept_in_a_row_double_so_a_large_machine_is_filled_in_a_few_tries() -> None:
     # 64 cores, 8 workers: one worker a try (5 ticks each) would take some 280 ticks.
     world = World(per_worker=100, consumer=6400, cores=64, workers=8)

@@ -79,6 +79,10 @@ class HeuristicConfig:
     tail: float = 8.0
     """p99 / p50 of samples' costs from which they count as heavy-tailed (the runtime cuts
     batches into parts from there too)."""
+    wait_tail: float = 0.04
+    """``wait_high`` while samples' costs are heavy-tailed and ``idle_free_tail`` of the cores
+    idle: the loop then waits on stalls behind slow samples that more workers in flight hide,
+    and a worker costs no CPU, so the pool grows until the loop waits less than this."""
     cpu_busy: float = 0.9
     """CPU utilisation above which the device stage is tried before another worker, and above
     which, with other processes taking less than ``others_low`` of the cores, the job owns a
@@ -102,6 +106,11 @@ class HeuristicConfig:
         if not 0 <= self.wait_low < self.wait_high <= 1:
             raise ValueError(
                 f"need 0 <= wait_low < wait_high <= 1, got {self.wait_low!r}, {self.wait_high!r}"
+            )
+        if not self.wait_low <= self.wait_tail <= self.wait_high:
+            raise ValueError(
+                f"need wait_low <= wait_tail <= wait_high ({self.wait_low!r}, "
+                f"{self.wait_high!r}), got {self.wait_tail!r}"
             )
         for name in ("window", "settle", "backoff", "max_backoff"):
             if getattr(self, name) < 1:
@@ -237,7 +246,8 @@ class HeuristicPolicy:
         wait = self._mean("wait_fraction")
         idle = self._mean("idle_cores")
         queue = self._mean("queue_batches")
-        if wait <= c.wait_high:
+        starving = wait > self._wait_high(state)
+        if not starving:
             self._kept_in_a_row = 0  # the loop is fed: the next starving starts from one
         workers = self._may_move("workers")
         split = state.split is not None and self._may_move("split")
@@ -253,7 +263,7 @@ class HeuristicPolicy:
             move = self._split_move(state, wait, idle, grow=False)
             if move is not None:
                 return move
-        if wait > c.wait_high and grow:
+        if starving and grow:
             size = self._growth(state)
             return self._start(
                 "workers",
@@ -545,12 +555,20 @@ class HeuristicPolicy:
         ``early`` ticks, so the pool keeps growing while the loop starves and cores sit idle,
         however noisy the throughput."""
         c = self.config
-        free = c.idle_free_tail if self._heavy_tailed() else c.idle_free
+        heavy = self._heavy_tailed()
+        free = c.idle_free_tail if heavy else c.idle_free
         return (
-            probe.wait > c.wait_high
+            probe.wait > (c.wait_tail if heavy else c.wait_high)
             and min(probe.idle_share, self._idle_share(state)) >= free
             and wait <= probe.wait + c.wait_low
         )
+
+    def _wait_high(self, state: State) -> float:
+        """The wait above which the loop starves: ``wait_tail`` while costs are heavy-tailed
+        and the cores have room for workers that wait on slow samples, else ``wait_high``."""
+        if self._spare_for_the_tail(state):
+            return self.config.wait_tail
+        return self.config.wait_high
 
     def _spare_for_the_tail(self, state: State) -> bool:
         """Whether the workers are kept though the loop does not wait: samples' costs are
