@@ -472,6 +472,26 @@ def test_with_heavy_tailed_costs_and_idle_cores_a_small_wait_still_grows_the_poo
         assert any(m.workers == +1 for m in moves) is grows, (tail, idle, moves)
 
 
+def test_with_heavy_tailed_costs_grows_keep_doubling_across_fed_spells_between_bursts() -> None:
+    # Slow reads come in bursts: the loop starves, then is fed for a few ticks, then starves
+    # again, while a fifth of the cores idle. A fed spell between bursts is not the loop being
+    # fed for good: the next grow is still twice the last, so the pool fills in a few tries.
+    policy = HeuristicPolicy()
+    warmed(policy)
+    workers, sizes = 2, []
+    for tick in range(120):
+        fed = tick % 12 >= 7
+        reading = state(
+            wait_fraction=0.0 if fed else 0.2, idle_cores=0.4, cores=2, workers=workers,
+            throughput=400.0 + 40 * workers, sample_tail=40.0, max_workers=32,
+        )  # fmt: skip
+        action = policy.decide(reading)
+        if "trying" in action.reason:
+            sizes.append(int(action.reason.split("trying ")[1].split()[0]) - workers)
+        workers += action.workers
+    assert max(sizes) >= 4, sizes
+
+
 def test_grows_kept_in_a_row_double_so_a_large_machine_is_filled_in_a_few_tries() -> None:
     # 64 cores, 8 workers: one worker a try (5 ticks each) would take some 280 ticks.
     world = World(per_worker=100, consumer=6400, cores=64, workers=8)

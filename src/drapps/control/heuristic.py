@@ -247,8 +247,10 @@ class HeuristicPolicy:
         idle = self._mean("idle_cores")
         queue = self._mean("queue_batches")
         starving = wait > self._wait_high(state)
-        if not starving:
-            self._kept_in_a_row = 0  # the loop is fed: the next starving starts from one
+        if not starving and not self._spare_for_the_tail(state):
+            # The loop is fed: the next starving starts from one. Not between two bursts of
+            # slow samples, though: the loop is fed there, and starves again at the next.
+            self._kept_in_a_row = 0
         workers = self._may_move("workers")
         split = state.split is not None and self._may_move("split")
         owned = self._owns_the_cpu(state)
@@ -467,10 +469,11 @@ class HeuristicPolicy:
         """Workers the next grow tries at once: one, doubling with each grow kept in a row
         while the loop still starves (a large machine then reaches 64 workers from 8 in a few
         tries, not 56), at most the pool's size and the room left below ``max_workers``. On a
-        busy CPU (under ``idle_free`` idle) a try stops at one worker per core: past that,
-        CPU-bound workers only share the cores, and the try would be judged as a whole."""
+        busy CPU (under ``idle_free`` idle; ``idle_free_tail`` with heavy-tailed costs) a try
+        stops at one worker per core: past that, CPU-bound workers only share the cores, and
+        the try would be judged as a whole."""
         size = 2 ** max(0, self._kept_in_a_row - 1)
-        if self._idle_share(state) < self.config.idle_free:
+        if self._idle_share(state) < self._idle_free():
             size = min(size, state.cores - state.workers)
         return max(1, min(size, state.workers, state.max_workers - state.workers))
 
@@ -556,12 +559,17 @@ class HeuristicPolicy:
         however noisy the throughput."""
         c = self.config
         heavy = self._heavy_tailed()
-        free = c.idle_free_tail if heavy else c.idle_free
         return (
             probe.wait > (c.wait_tail if heavy else c.wait_high)
-            and min(probe.idle_share, self._idle_share(state)) >= free
+            and min(probe.idle_share, self._idle_share(state)) >= self._idle_free()
             and wait <= probe.wait + c.wait_low
         )
+
+    def _idle_free(self) -> float:
+        """The idle share from which a worker counts as free: ``idle_free_tail`` while costs
+        are heavy-tailed, else ``idle_free``."""
+        c = self.config
+        return c.idle_free_tail if self._heavy_tailed() else c.idle_free
 
     def _wait_high(self, state: State) -> float:
         """The wait above which the loop starves: ``wait_tail`` while costs are heavy-tailed
