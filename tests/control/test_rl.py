@@ -181,6 +181,35 @@ def test_a_continuous_policy_gives_one_output_per_knob_and_round_trips(tmp_path:
         MlpPolicy.load(tmp_path / "odd.npz")
 
 
+def test_a_policy_over_the_lookahead_reads_its_features_moves_it_and_round_trips(
+    tmp_path: Path,
+) -> None:
+    """The lookahead is a step knob like the others (+1 doubles it, -1 halves it): a policy
+    trained over it reads two more features and names its moves; a continuous one too."""
+    knobs = ("workers", "prefetch", "lookahead")
+    assert State.features(knobs)[-2:] == State.LOOKAHEAD_FEATURES
+    s = state(prefetch=4, lookahead=32, sample_tail=100.0)
+    assert s.vector(knobs)[-2:] == pytest.approx([1.0, 1.0])
+    assert state(prefetch=4, sample_tail=1.0).vector(knobs)[-2:] == pytest.approx([0.25, 0.0])
+    space = Action.space(knobs)
+    assert len(space) == 27 and Action(other={"lookahead": 1}) in space
+    assert Action(other={"lookahead": -1}).describe(knobs) == "workers+0 prefetch+0 lookahead-1"
+    rng = np.random.default_rng(4)
+    for continuous, outputs in ((False, 27), (True, 3)):
+        sizes = [len(State.features(knobs)), 8, outputs]
+        layers = [
+            (rng.normal(size=(a, b)), rng.normal(size=b)) for a, b in itertools.pairwise(sizes)
+        ]
+        policy = MlpPolicy(layers, knobs=knobs, continuous=continuous)
+        moves = {policy.decide(state(lookahead=8, sample_tail=t, wait_fraction=t / 100)).step(
+            "lookahead") for t in range(1, 100, 7)}  # fmt: skip
+        assert moves <= {-1, 0, 1}
+        policy.save(tmp_path / "lookahead.npz")
+        loaded = MlpPolicy.load(tmp_path / "lookahead.npz")
+        assert loaded.knobs == knobs and loaded.continuous is continuous
+        assert loaded.decide(s) == policy.decide(s)
+
+
 def test_knobs_the_policy_was_not_trained_on_are_moved_by_the_heuristics_rules() -> None:
     """The shipped policy moves workers and prefetch; on a pipeline with a split and an
     offload share, the heuristic's rules move those (and only those), so no knob the pipeline

@@ -94,3 +94,22 @@ def test_the_split_is_an_action_where_the_scenario_has_movable_ops() -> None:
     earlier = env.actions.index(Action(split=-1))
     splits = [env.step(earlier)[4]["split"] for _ in range(5)]
     assert splits == [2, 1, 0, 0, 0]  # one op per step, clipped at the first movable op
+
+
+def test_the_lookahead_is_an_action_that_doubles_and_halves_the_pools() -> None:
+    knobs = ("workers", "prefetch", "lookahead")
+    env = PipelineEnv(["slow-reads"], duration=10.0, knobs=knobs, random_start=False)
+    check_env(env, skip_render_check=True)
+    assert env.observation_space.shape == (len(State.FEATURES) + 2,)
+    assert env.action_space.n == 27
+    env.reset(seed=0)
+    further = env.actions.index(Action(other={"lookahead": 1}))
+    nearer = env.actions.index(Action(other={"lookahead": -1}))
+    first = env.step(further)[4]["lookahead"]
+    assert env.step(further)[4]["lookahead"] == 2 * first
+    assert env.step(nearer)[4]["lookahead"] == first
+    continuous = PipelineEnv(["slow-reads"], duration=10.0, knobs=knobs, continuous=True)
+    continuous.reset(seed=0)
+    assert continuous.state is not None and continuous.state.lookahead is not None
+    start = continuous.state.lookahead
+    assert continuous.step(np.array([0.0, 0.0, 1.0], dtype=np.float32))[4]["lookahead"] == 2 * start

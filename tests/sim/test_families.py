@@ -62,3 +62,17 @@ def test_memory_bound_workers_pay_for_storage_until_memory_runs_out() -> None:
         crowded = min(p.worker_limit, int(fits) + 2)
         run = simulate(scenario, "static", workers=crowded, duration=20.0)
         assert max(memory_overrun(t.state) for t in run.ticks) > 0, (fits, crowded)
+
+
+def test_slow_reads_trains_the_lookahead_on_a_heavy_tail_that_batches_are_cut_for() -> None:
+    """The training family with a heavy tail (the held-out ``stragglers`` is another): its
+    samples' costs read as heavy-tailed, so the pool cuts batches into parts and the
+    lookahead knob acts."""
+    from drapps.sim.run import simulate
+
+    rng = np.random.default_rng(2)
+    for _ in range(3):
+        scenario = draw("slow-reads", rng, 30.0)
+        run = simulate(scenario, "static", workers=scenario.pipeline.cores, duration=20.0)
+        assert max(t.state.sample_tail for t in run.ticks) >= 8.0
+        assert all(t.state.lookahead is not None for t in run.ticks)

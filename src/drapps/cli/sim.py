@@ -401,6 +401,7 @@ def add_commands(commands: Commands) -> None:
         default=("workers", "prefetch"),
         help="step knobs the policy moves (workers,prefetch; add split to learn the device "
         "stage's cut, with --families device-offload or others with movable ops; add offload "
-        "for the share of each batch finished there, on gpu-decode)",
+        "for the share of each batch finished there, on gpu-decode; add lookahead for how far "
+        "ahead predicted-slow work starts, which acts where batches are cut into parts)",
     )
     train.set_defaults(run=train_policy_command)

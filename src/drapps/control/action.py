@@ -8,9 +8,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 STEPS = (-1, 0, 1)
-STEP_KNOBS = ("workers", "prefetch", "split", "offload")
+STEP_KNOBS = ("workers", "prefetch", "split", "offload", "lookahead")
 """The knobs an Action moves by steps (in :meth:`Action.space` order); ``offload`` steps by a
-quarter of the share, in :attr:`Action.other`."""
+quarter of the share and ``lookahead`` doubles or halves, both in :attr:`Action.other`."""
 _FIELDS = ("workers", "prefetch", "split")
 
 
@@ -71,8 +71,8 @@ class Action:
     @staticmethod
     def space(knobs: Sequence[str] = ("workers", "prefetch")) -> tuple[Action, ...]:
         """The discrete actions a learned policy picks from: every combination of one step
-        of each of ``knobs`` (step knobs: workers, prefetch, split, offload), the first knob
-        varying slowest.
+        of each of ``knobs`` (step knobs: workers, prefetch, split, offload, lookahead), the
+        first knob varying slowest.
 
         Raises:
             ValueError: a knob that is not a step knob, or one named twice.

@@ -65,7 +65,11 @@ def continuous_action(values: np.ndarray, knobs: Sequence[str]) -> Action:
         if knob == "offload":
             other["offload"] = round(float(value + 1.0) / 2.0, 4)
         elif value > STEP_AT or value < -STEP_AT:
-            steps[knob] = 1 if value > 0 else -1
+            step = 1 if value > 0 else -1
+            if knob in ("workers", "prefetch", "split"):
+                steps[knob] = step
+            else:
+                other[knob] = step
     return Action(**steps, other=other)  # type: ignore[arg-type]
 
 
@@ -160,7 +164,8 @@ class MlpPolicy:
         """The action in words, as this policy's outputs name it."""
         if self.continuous and "offload" in action.other:
             steps = [k for k in self.knobs if k != "offload"]
-            moved = Action(workers=action.workers, prefetch=action.prefetch, split=action.split)
+            steps_only = {k: v for k, v in action.other.items() if k != "offload"}
+            moved = dataclasses.replace(action, reason="", other=steps_only)
             words = moved.describe(steps) if steps else ""
             return f"{words} offload={action.other['offload']:.2f}".strip()
         return action.describe(self.knobs)

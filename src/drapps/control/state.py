@@ -164,12 +164,18 @@ class State:
     busy share and the GPU's (repeated where the split's features have them: each knob's
     features are its own, so a policy reads the same vector whatever else it moves)."""
 
+    LOOKAHEAD_FEATURES: ClassVar[tuple[str, ...]] = ("lookahead_per_prefetch", "sample_tail_log")
+    """Appended for a policy that moves the ``lookahead`` knob: how far past the prefetch depth
+    work may start, and how heavy-tailed samples' costs are (p99 over median, log)."""
+
     @classmethod
     def features(cls, knobs: Sequence[str] = ("workers", "prefetch")) -> tuple[str, ...]:
         """The features a policy moving ``knobs`` reads, in :meth:`vector` order."""
         split = cls.SPLIT_FEATURES if "split" in knobs else ()
         codec = cls.CODEC_FEATURES if "codec" in knobs else ()
-        return cls.FEATURES + split + codec + (cls.OFFLOAD_FEATURES if "offload" in knobs else ())
+        offload = cls.OFFLOAD_FEATURES if "offload" in knobs else ()
+        lookahead = cls.LOOKAHEAD_FEATURES if "lookahead" in knobs else ()
+        return cls.FEATURES + split + codec + offload + lookahead
 
     def vector(self, knobs: Sequence[str] = ("workers", "prefetch")) -> np.ndarray:
         """Features in :meth:`features` order, each scaled to roughly [0, 1] (float32)."""
@@ -199,6 +205,12 @@ class State:
         if "offload" in knobs:
             gpu = self.gpu_util if self.gpu_util is not None else self.device_stage_share
             values += (self.offload or 0.0, self.device_stage_share, gpu)
+        if "lookahead" in knobs:
+            lookahead = self.lookahead if self.lookahead is not None else 2 * self.prefetch
+            values += (
+                lookahead / max(1, self.prefetch) / 8,  # its default, twice the depth: 0.25
+                math.log10(max(1.0, self.sample_tail)) / 2,  # 100x the median -> 1
+            )
         return np.clip(np.asarray(values, dtype=np.float32), 0.0, 1.0)
 
     def knob(self, name: str) -> Any:

@@ -24,7 +24,7 @@ from drapps.control.state import State
 from drapps.control.static import StaticPolicy
 from drapps.sim.engine import Simulator
 from drapps.sim.families import check_families, draw, family_names
-from drapps.sim.run import offload_knobs, split_knobs
+from drapps.sim.run import lookahead_knobs, offload_knobs, split_knobs
 from drapps.sim.scenario import Scenario
 
 gym = require("gymnasium")
@@ -122,6 +122,7 @@ class PipelineEnv(gym.Env):  # type: ignore[name-defined]
             knobs=[
                 *split_knobs(self._sim, adjustable="split" in self.knobs),
                 *offload_knobs(self._sim, adjustable="offload" in self.knobs),
+                *lookahead_knobs(self._sim, adjustable="lookahead" in self.knobs),
             ],
         )
         self._steps = 1
@@ -145,6 +146,8 @@ class PipelineEnv(gym.Env):  # type: ignore[name-defined]
             info["split"] = int(applied["split"])
         if "offload" in applied:
             info["offload"] = float(applied["offload"])
+        if "lookahead" in applied:
+            info["lookahead"] = int(applied["lookahead"])
         return self._state.vector(self.knobs), value, False, truncated, info
 
     def _action(self, action: Any) -> Action:

@@ -174,6 +174,24 @@ def memory_bound(rng: np.random.Generator, duration: float) -> Scenario:
     return Scenario(p.replace(worker_rss=max(64 * MiB, int(free / fits))))
 
 
+@register_family("slow-reads")
+def slow_reads(rng: np.random.Generator, duration: float) -> Scenario:
+    """Reads wait on storage, and a few samples wait 10-40x the rest, mostly at random (a
+    cold object store, a busy network file system): the loader cuts batches into parts
+    (dispatch "auto"), and starting the known-slow ones early (the lookahead) or keeping more
+    reads in flight (workers) hides the tail."""
+    p = _machine(rng)
+    p = p.replace(read_s=p.cpu_s * rng.uniform(0.5, 2.0), cpu_s=p.cpu_s * rng.uniform(0.2, 0.6))
+    return Scenario(
+        p.replace(
+            slow_share=rng.uniform(0.02, 0.08),
+            slow_factor=_log_uniform(rng, 10, 40),
+            slow_known=rng.uniform(0.0, 0.5),
+            dispatch="auto",
+        )
+    )
+
+
 # ---------------------------------------------------------------------------- held-out families
 
 

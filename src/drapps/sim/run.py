@@ -202,8 +202,9 @@ def offload_knobs(sim: Simulator, *, adjustable: bool) -> list[Knob]:
 
 
 def lookahead_knobs(sim: Simulator, *, adjustable: bool) -> list[Knob]:
-    """The lookahead knob of a simulated pool that cuts batches into parts (none otherwise)."""
-    if not sim.pipeline.cuts or sim.workers == 0:
+    """The lookahead knob of a simulated worker pool, as a real pool has (none inline); it
+    only acts while the pool cuts batches into parts."""
+    if sim.workers == 0:
         return []
     high = max(64, 8 * sim.pipeline.worker_limit)
     return [LookaheadKnob(sim.set_lookahead, low=1, high=high, adjustable=adjustable)]
