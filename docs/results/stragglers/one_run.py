@@ -30,15 +30,18 @@ def main() -> None:
     parser.add_argument("--workers", default="auto", help='"auto" or a fixed count')
     parser.add_argument("--batches", type=int, default=900)
     parser.add_argument("--step-ms", type=float, default=0.0)
+    parser.add_argument("--lookahead", default="auto", help='"auto" or a fixed count')
     parser.add_argument("--data-dir", default=str(Path.home() / ".cache" / "drapps"))
     args = parser.parse_args()
     workers = args.workers if args.workers == "auto" else int(args.workers)
+    lookahead = args.lookahead if args.lookahead == "auto" else int(args.lookahead)
     workload = StragglersWorkload(StragglersWorkload.prepare(Path(args.data_dir), "default", 0))
     with tempfile.TemporaryDirectory() as folder:
         trace = Path(folder) / "trace.jsonl"
         with drapps.Loader(
             workload.dataset(None), batch_size=32, drop_last=True, workers=workers,
             persistent_workers=True, cache=None, shuffle=True, seed=0, trace=trace,
+            lookahead=lookahead,
         ) as loader:  # fmt: skip
             batches = iter(loader)
             for _ in range(12):
