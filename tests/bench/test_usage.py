@@ -9,6 +9,8 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import pytest
+
 from drapps.bench.usage import TreeUsage
 
 BURN_S = 0.3
@@ -51,31 +53,21 @@ def retire(process: subprocess.Popen[str]) -> None:
     process.wait(timeout=30)
 
 
-def test_a_worker_started_and_retired_inside_the_window_is_counted() -> None:
+@pytest.mark.parametrize("born_inside", [True, False], ids=["born-inside", "alive-at-start"])
+def test_a_worker_retired_mid_window_counts_its_cpu(born_inside: bool) -> None:
     usage = TreeUsage(set, interval=3600)
     try:
-        usage.open_window()
+        if born_inside:
+            usage.open_window()
         with child() as worker:
+            if not born_inside:
+                usage.open_window()
             burn(worker)
             usage.sample()  # the sampler's last reading before the worker goes
             retire(worker)
         total, mine = usage.close_window()
     finally:
         usage.stop()
-    assert total - mine >= BURN_S * 0.9
-
-
-def test_a_worker_alive_at_the_start_and_retired_mid_window_counts_its_share() -> None:
-    with child() as worker:
-        usage = TreeUsage(set, interval=3600)
-        try:
-            usage.open_window()
-            burn(worker)
-            usage.sample()
-            retire(worker)
-            total, mine = usage.close_window()
-        finally:
-            usage.stop()
     assert total - mine >= BURN_S * 0.9
 
 

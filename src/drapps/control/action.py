@@ -81,9 +81,22 @@ class Action:
         if unknown or len(set(knobs)) != len(knobs) or not knobs:
             raise ValueError(f"knobs must be distinct names from {list(STEP_KNOBS)}, got {knobs!r}")
         return tuple(
-            _stepping(dict(zip(knobs, steps, strict=True)))
+            Action.of_steps(dict(zip(knobs, steps, strict=True)))
             for steps in itertools.product(STEPS, repeat=len(knobs))
         )
+
+    @staticmethod
+    def of_steps(steps: dict[str, int]) -> Action:
+        """The Action of one step per knob: fields for those that have one, ``other`` for the
+        rest (zero steps left out, so a no-op is :data:`NOOP`).
+
+        Example:
+            >>> Action.of_steps({"workers": 1, "lookahead": -1, "prefetch": 0})
+            Action(workers=1, prefetch=0, split=0, codec=None, reason='', other={'lookahead': -1})
+        """
+        fields = {k: v for k, v in steps.items() if k in _FIELDS}
+        other = {k: v for k, v in steps.items() if k not in _FIELDS and v != 0}
+        return Action(**fields, other=other)  # type: ignore[arg-type]
 
     def describe(self, knobs: Sequence[str]) -> str:
         """The steps of ``knobs`` in words, e.g. ``"workers+1 prefetch+0"``."""
@@ -98,14 +111,6 @@ class Action:
 
 
 NOOP = Action()
-
-
-def _stepping(steps: dict[str, int]) -> Action:
-    """The Action of one step per knob: fields for those that have one, ``other`` for the
-    rest (zero steps left out, so a no-op is :data:`NOOP`)."""
-    fields = {k: v for k, v in steps.items() if k in _FIELDS}
-    other = {k: v for k, v in steps.items() if k not in _FIELDS and v != 0}
-    return Action(**fields, other=other)  # type: ignore[arg-type]
 
 
 def _moves(value: Any) -> bool:

@@ -59,18 +59,15 @@ def continuous_action(values: np.ndarray, knobs: Sequence[str]) -> Action:
         >>> continuous_action(np.array([0.9, -0.1, -1.0]), ("workers", "prefetch", "offload"))
         Action(workers=1, prefetch=0, split=0, codec=None, reason='', other={'offload': 0.0})
     """
-    steps: dict[str, int] = {}  # workers, prefetch, split: the step knobs with a field
-    other: dict[str, Any] = {}
+    steps: dict[str, int] = {}
+    share: dict[str, Any] = {}
     for knob, value in zip(knobs, np.clip(values, -1.0, 1.0), strict=True):
         if knob == "offload":
-            other["offload"] = round(float(value + 1.0) / 2.0, 4)
+            share["offload"] = round(float(value + 1.0) / 2.0, 4)
         elif value > STEP_AT or value < -STEP_AT:
-            step = 1 if value > 0 else -1
-            if knob in ("workers", "prefetch", "split"):
-                steps[knob] = step
-            else:
-                other[knob] = step
-    return Action(**steps, other=other)  # type: ignore[arg-type]
+            steps[knob] = 1 if value > 0 else -1
+    action = Action.of_steps(steps)
+    return dataclasses.replace(action, other={**action.other, **share}) if share else action
 
 
 class MlpPolicy:
