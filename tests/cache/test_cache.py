@@ -350,6 +350,38 @@ def test_the_controller_moves_to_a_codec_that_fits_the_dataset(tmp_path: Path) -
     assert any(r.startswith(f"codec {stats['codec']}: ") for r in reasons)
 
 
+@pytest.mark.timeout(120)
+def test_a_learned_policy_over_the_codec_and_priority_steers_the_real_loader(
+    tmp_path: Path,
+) -> None:
+    """A policy trained over every knob drives the real cache and pool as the simulator's:
+    its codec steps go to smaller profiled entries, one a tick, and its priority step lowers
+    the workers'; every sample still comes once per epoch."""
+    from drapps.control import Action, State
+    from drapps.control.rl import MlpPolicy
+
+    knobs = ("workers", "prefetch", "codec", "priority")
+    actions = Action.space(knobs)
+    bias = np.full(len(actions), -1.0, dtype=np.float32)
+    bias[actions.index(Action.of_steps({"codec": 1, "priority": -1}))] = 1.0
+    width = len(State.features(knobs))
+    policy = MlpPolicy([(np.zeros((width, len(actions)), np.float32), bias)], knobs=knobs)
+    trace = tmp_path / "trace.jsonl"
+    with drapps.Loader(
+        Flat(), batch_size=16, shuffle=True, seed=0, workers="auto", policy=policy,
+        cache=Cache(memory=400 * 60_200 // 4), control_interval=0.1, trace=trace,
+    ) as loader:  # fmt: skip
+        for _ in range(4):
+            labels = sorted(int(i) for _, y in loader for i in y)
+            assert labels == list(range(400))
+        stats = loader.stats().cache
+    assert stats is not None
+    smallest = min(stats["profile"], key=lambda name: stats["profile"][name][0])
+    rows = [json.loads(line) for line in trace.open()]
+    assert rows[-1]["applied"]["codec"] == smallest and rows[-1]["applied"]["priority"] == "low"
+    assert rows[-1]["state"]["priority"] == "low"
+
+
 def test_further_tiers_must_be_tiers_with_names_of_their_own(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"Cache\.tiers must hold Tier objects"):
         drapps.Loader(Photos(), workers=0, cache=Cache(tiers=("redis://",)))

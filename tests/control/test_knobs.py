@@ -116,23 +116,39 @@ def test_knob_names_are_unique() -> None:
         Controller(pipe.observe, NOOP_POLICY, None, None, knobs=knobs)
 
 
-def test_a_policy_for_other_knobs_is_refused() -> None:
+def test_a_policy_runs_without_its_situational_knobs_and_needs_the_pool_ones() -> None:
     class SplitPolicy:
         knobs = ("workers", "prefetch", "split")
 
         def decide(self, state: State) -> Action:
-            return NOOP
+            return Action(workers=1, split=-1)
 
     class Fake:
-        def resize(self, workers: int) -> None: ...
+        workers: list[int] = []
+
+        def resize(self, workers: int) -> None:
+            self.workers.append(workers)
+
         def set_prefetch(self, depth: int) -> None: ...
         def batch_bytes(self) -> int:
             return 0
 
+    fake = Fake()
+    controller = Controller(lambda: state(workers=1), SplitPolicy(), fake, Bounds(1, 2, 4))
+    tick = controller.step()  # no split here: that move is dropped, the rest applies
+    assert fake.workers == [2] and "split" not in tick.applied
+    pipe = Pipeline()
     with pytest.raises(
-        ValueError, match=r"trained for the knobs .*'split'.* \(missing: \['split'\]\)"
+        ValueError,
+        match=r"trained for the knobs .*'workers'.* \(missing: \['workers', 'prefetch'\]\)",
     ):
-        Controller(state, SplitPolicy(), Fake(), Bounds(1, 2, 4))
+        Controller(
+            pipe.observe,
+            SplitPolicy(),
+            None,
+            None,
+            knobs=[ThreadsKnob(pipe.set_threads, low=1, high=2)],
+        )
 
 
 def test_a_policy_file_names_its_knobs_and_other_knobs_are_refused(tmp_path: Path) -> None:
@@ -144,11 +160,11 @@ def test_a_policy_file_names_its_knobs_and_other_knobs_are_refused(tmp_path: Pat
         arrays: dict[str, Any] = dict(data)
     header = json.loads(str(arrays["header"]))
     assert header["knobs"] == ["workers", "prefetch"]
-    header["knobs"] = ["workers", "prefetch", "codec"]
+    header["knobs"] = ["workers", "prefetch", "threads"]
     arrays["header"] = np.asarray(json.dumps(header))
     np.savez(path, **arrays)
     with pytest.raises(
-        ValueError, match=r"p\.npz: trained on knobs \['workers', 'prefetch', 'codec'\]"
+        ValueError, match=r"p\.npz: trained on knobs \['workers', 'prefetch', 'threads'\]"
     ):
         MlpPolicy.load(path)
 
@@ -178,3 +194,50 @@ def test_a_clipped_worker_count_says_what_held_it() -> None:
     assert tick.workers == 3 and tick.notes == {"workers": knob.limited_by}
     row = TraceRow(0.0, s, tick.action, dict(tick.applied), 0.0, notes=tick.notes)
     assert TraceRow.from_json(json.loads(json.dumps(row.to_json()))) == row
+
+
+def test_a_codec_step_moves_by_entry_size_and_never_turns_the_cache_off() -> None:
+    from drapps.control.knobs import CodecKnob
+
+    applied: list[str] = []
+    knob = CodecKnob(applied.append, choices=("zstd", "raw", "lz4", "off"))
+    unprofiled = state(codec="raw")
+    assert knob.propose(unprofiled, 1, {}) == "raw"  # no sizes yet: a step holds
+    profile = {"zstd": [900.0, 4.0, 0.8], "raw": [3000.0, 0.0, 0.1], "lz4": [1500.0, 1.0, 0.3]}
+    sized = state(codec="raw", cache_profile=profile)
+    assert knob.by_size(sized) == ["raw", "lz4", "zstd"]
+    assert knob.propose(sized, 1, {}) == "lz4" and knob.propose(sized, -1, {}) == "raw"
+    smallest = state(codec="zstd", cache_profile=profile)
+    assert knob.propose(smallest, 1, {}) == "zstd"  # not "off"
+    assert knob.propose(state(codec="off", cache_profile=profile), -1, {}) == "off"
+    assert knob.propose(sized, "off", {}) == "off"  # a name still sets it (the rule's way)
+    held = CodecKnob(applied.append, choices=("raw", "lz4"), adjustable=False)
+    assert held.propose(sized, 1, {}) == "raw"
+
+
+def test_a_policy_trained_on_the_priority_moves_it_and_its_rule_rests() -> None:
+    from drapps.control.knobs import PriorityKnob
+
+    class Lower:
+        knobs = ("priority",)
+
+        def __init__(self, move: int) -> None:
+            self.move = move
+
+        def decide(self, state: State) -> Action:
+            return Action.of_steps({"priority": self.move})
+
+    busy = state(workers=2, prefetch=4, main_cpu=1.0, cpu_util=1.0)
+    ruled, steered = [], []
+    rule = PriorityKnob(ruled.append, window=2)
+    controller = Controller(lambda: busy, _Noop(), None, None, knobs=[rule])
+    assert [controller.step().applied["priority"] for _ in range(3)] == ["normal", "low", "low"]
+    knob = PriorityKnob(steered.append, window=2)
+    controller = Controller(lambda: busy, Lower(0), None, None, knobs=[knob])
+    assert knob.steered  # the Controller handed it to the policy
+    assert [controller.step().applied["priority"] for _ in range(4)] == ["normal"] * 4
+    controller.policy = Lower(-1)
+    assert controller.step().applied["priority"] == "low" and steered == ["low"]
+    controller.policy = Lower(1)
+    tick = controller.step()
+    assert tick.applied["priority"] == "low" and "cannot be lowered again" in tick.notes["priority"]

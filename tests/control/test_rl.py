@@ -147,7 +147,7 @@ def test_a_policy_for_the_split_reads_the_device_stage_and_moves_the_cut(tmp_pat
         MlpPolicy(policy.layers)  # the split policy's layers, for the default knobs
     assert Action.space(("split",)) == (Action(split=-1), Action(), Action(split=1))
     with pytest.raises(ValueError, match=r"knobs must be distinct names from \['workers', "):
-        Action.space(("codec",))
+        Action.space(("threads",))
 
 
 def test_a_continuous_policy_gives_one_output_per_knob_and_round_trips(tmp_path: Path) -> None:
@@ -234,3 +234,36 @@ def test_knobs_the_policy_was_not_trained_on_are_moved_by_the_heuristics_rules()
     for k in range(10):
         s = state(wait_fraction=k / 10, workers=1 + k % 4)
         assert policy.decide(s) == fresh.decide(s)
+
+
+def test_a_policy_over_every_knob_steers_a_simulated_cache_and_priority(tmp_path: Path) -> None:
+    """The codec and the priority are step knobs like the others: a policy trained over
+    them reads their features, and in the simulator its codec steps pick the cache's codecs
+    by size and its priority step lowers the workers' priority, through the same Controller;
+    on a pipeline without a cache the codec's moves are dropped, not refused."""
+    from drapps.sim.families import draw
+    from drapps.sim.run import simulate
+
+    knobs = ("workers", "prefetch", "codec", "priority")
+    assert State.features(knobs)[-7:] == State.CODEC_FEATURES + State.PRIORITY_FEATURES
+    profile = {"raw": [4000.0, 0.0, 0.1], "zstd": [1000.0, 2.0, 1.0]}
+    s = state(codec="zstd", cache_profile=profile, cache_budget_bytes=2000, cache_samples=4,
+              priority="low")  # fmt: skip
+    assert s.vector(knobs)[-3:] == pytest.approx([0.25, 0.5, 1.0])
+    assert len(Action.space(knobs)) == 81
+    width = len(State.features(knobs))
+    index = Action.space(knobs).index(Action.of_steps({"codec": 1, "priority": -1}))
+    bias = np.full(81, -1.0, dtype=np.float32)
+    bias[index] = 1.0  # always: a smaller codec, and the workers' priority lowered
+    policy = MlpPolicy([(np.zeros((width, 81), np.float32), bias)], knobs=knobs)
+    policy.save(tmp_path / "knobs.npz")
+    loaded = MlpPolicy.load(tmp_path / "knobs.npz")
+    scenario = draw("cached-epochs", np.random.default_rng(1), 20.0)
+    cache = scenario.pipeline.cache
+    assert cache is not None
+    smallest = min(cache.codecs, key=lambda c: c.stored_bytes).name
+    run = simulate(scenario, loaded, duration=20.0)
+    assert run.ticks[-1].applied["codec"] == smallest
+    assert run.ticks[-1].applied["priority"] == "low"
+    uncached = simulate(draw("cpu-bound", np.random.default_rng(1), 5.0), loaded, duration=5.0)
+    assert "codec" not in uncached.ticks[-1].applied

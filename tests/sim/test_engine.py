@@ -7,6 +7,7 @@ import math
 import pytest
 
 from drapps.sim import Change, PipelineModel, Scenario, Simulator
+from drapps.sim.engine import LOW_WEIGHT
 from drapps.telemetry.energy import WATTS_PER_CORE
 
 
@@ -232,3 +233,48 @@ def test_workers_past_the_machines_memory_page_and_slow_everything() -> None:
     assert crowded.totals.samples < 0.8 * fits.totals.samples
     roomy = p.replace(total_memory=64 * 2**30)  # the same eight workers with room
     assert _run(roomy, workers=8, seconds=30).totals.samples > fits.totals.samples
+
+
+def test_low_priority_workers_yield_the_cpu_to_the_training_process() -> None:
+    # 2 cores, workers that could use both, and a step of 20 ms on the CPU then 10 ms off it
+    # (an accelerator): at normal priority the step's CPU part shares the cores with every
+    # worker; at low priority it runs at a whole core and the accelerator's part overlaps the
+    # workers' (the fair scheduler's weights, nice +10 against 0).
+    p = PipelineModel(cores=2, cpu_s=0.05, step_s=0.01, step_cpu_s=0.02, cost_cv=0, step_cv=0)
+    states = {}
+    for priority in ("normal", "low"):
+        sim = Simulator(Scenario(p), workers=4, seed=0)
+        sim.set_priority(priority)
+        sim.run_until(5.0)
+        sim.observe()
+        sim.run_until(25.0)
+        states[priority] = sim.observe()
+        assert states[priority].priority == priority
+    assert states["low"].throughput > 1.08 * states["normal"].throughput
+    assert states["low"].main_cpu > states["normal"].main_cpu
+    # Against another process the workers keep only their weight's share of what it wants.
+    hog = Simulator(Scenario(PipelineModel(cores=2, cpu_s=0.5, outside_load=2.0)), workers=2)
+    hog.set_priority("low")
+    hog.run_until(10.0)
+    # the hog's two weight-1 jobs and the workers' two fill 2 cores by weight
+    shared = 2 * 2 * LOW_WEIGHT / (2 + 2 * LOW_WEIGHT)
+    assert hog.observe().workers_cpu == pytest.approx(shared, rel=0.05)
+    with pytest.raises(ValueError, match="priority must be 'normal' or 'low', got 'idle'"):
+        hog.set_priority("idle")
+
+
+def test_more_runnable_jobs_than_cores_cost_cpu_time() -> None:
+    # CPU-bound workers on 2 cores and a step that waits off the CPU: 8 workers make fewer
+    # samples per CPU second than 2 (switching among 4x the cores), none without the cost.
+    p = PipelineModel(
+        cores=2, cpu_s=0.05, step_s=0.001, cost_cv=0, step_cv=0, transport_s=0, max_workers=8
+    )
+
+    def per_cpu_second(workers: int, model: PipelineModel) -> float:
+        sim = _run(model, workers, seconds=30.0)
+        state = sim.observe()
+        return state.throughput / (state.workers_cpu + state.main_cpu)
+
+    assert per_cpu_second(8, p) == pytest.approx(per_cpu_second(2, p) * (1 - 0.035), rel=0.01)
+    free = p.replace(oversubscription=0.0)
+    assert per_cpu_second(8, free) == pytest.approx(per_cpu_second(2, free), rel=0.01)

@@ -113,3 +113,40 @@ def test_the_lookahead_is_an_action_that_doubles_and_halves_the_pools() -> None:
     assert continuous.state is not None and continuous.state.lookahead is not None
     start = continuous.state.lookahead
     assert continuous.step(np.array([0.0, 0.0, 1.0], dtype=np.float32))[4]["lookahead"] == 2 * start
+
+
+def test_the_codec_steps_through_the_caches_codecs_by_size() -> None:
+    knobs = ("workers", "prefetch", "codec")
+    env = PipelineEnv(["cached-epochs"], duration=20.0, knobs=knobs, random_start=False)
+    check_env(env, skip_render_check=True)
+    assert env.observation_space.shape == (len(State.FEATURES) + len(State.CODEC_FEATURES),)
+    env.reset(seed=1)
+    assert env.scenario is not None and env.scenario.pipeline.cache is not None
+    by_size = [
+        c.name for c in sorted(env.scenario.pipeline.cache.codecs, key=lambda c: -c.stored_bytes)
+    ]
+    smaller = env.actions.index(Action(other={"codec": 1}))
+    larger = env.actions.index(Action(other={"codec": -1}))
+    codecs = [env.step(smaller)[4]["codec"] for _ in range(3)]
+    assert codecs == [by_size[1], by_size[2], by_size[2]]  # one codec a step, then held
+    assert env.step(larger)[4]["codec"] == by_size[1]
+    obs = env.step(env.actions.index(Action()))[0]
+    size_share = obs[len(State.FEATURES) + State.CODEC_FEATURES.index("codec_size_share")]
+    sizes = {c.name: c.stored_bytes for c in env.scenario.pipeline.cache.codecs}
+    assert size_share == pytest.approx(sizes[by_size[1]] / sizes[by_size[0]], rel=1e-4)
+
+
+def test_the_workers_priority_is_an_action_that_only_goes_down() -> None:
+    knobs = ("workers", "prefetch", "priority")
+    env = PipelineEnv(["cpu-consumer"], duration=10.0, knobs=knobs, random_start=False)
+    check_env(env, skip_render_check=True)
+    env.reset(seed=0)
+    hold = env.actions.index(Action())
+    lower = env.actions.index(Action(other={"priority": -1}))
+    raise_ = env.actions.index(Action(other={"priority": 1}))
+    # Steered by the agent, the knob's own rule rests however busy the loop is.
+    assert [env.step(hold)[4]["priority"] for _ in range(12)] == ["normal"] * 12
+    obs, _, _, _, info = env.step(lower)
+    assert info["priority"] == "low" and obs[-1] == 1.0
+    assert env.step(raise_)[4]["priority"] == "low"  # niceness is not lowered again
+    assert env.state is not None and env.state.priority == "low"

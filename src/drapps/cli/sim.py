@@ -402,6 +402,8 @@ def add_commands(commands: Commands) -> None:
         help="step knobs the policy moves (workers,prefetch; add split to learn the device "
         "stage's cut, with --families device-offload or others with movable ops; add offload "
         "for the share of each batch finished there, on gpu-decode; add lookahead for how far "
-        "ahead predicted-slow work starts, which acts where batches are cut into parts)",
+        "ahead predicted-slow work starts, which acts where batches are cut into parts; add "
+        "codec for the sample cache's codec, which acts where a family has a cache; add "
+        "priority for the workers' CPU priority)",
     )
     train.set_defaults(run=train_policy_command)

@@ -8,9 +8,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 STEPS = (-1, 0, 1)
-STEP_KNOBS = ("workers", "prefetch", "split", "offload", "lookahead")
-"""The knobs an Action moves by steps (in :meth:`Action.space` order); ``offload`` steps by a
-quarter of the share and ``lookahead`` doubles or halves, both in :attr:`Action.other`."""
+STEP_KNOBS = ("workers", "prefetch", "split", "offload", "lookahead", "codec", "priority")
+"""The knobs an Action moves by steps (in :meth:`Action.space` order). In :attr:`Action.other`:
+``offload`` steps by a quarter of the share, ``lookahead`` doubles or halves, ``codec`` moves
+to the next smaller (+1) or larger (-1) codec and ``priority`` lowers the workers' (-1)."""
 _FIELDS = ("workers", "prefetch", "split")
 
 
@@ -71,8 +72,7 @@ class Action:
     @staticmethod
     def space(knobs: Sequence[str] = ("workers", "prefetch")) -> tuple[Action, ...]:
         """The discrete actions a learned policy picks from: every combination of one step
-        of each of ``knobs`` (step knobs: workers, prefetch, split, offload, lookahead), the
-        first knob varying slowest.
+        of each of ``knobs`` (:data:`STEP_KNOBS`), the first knob varying slowest.
 
         Raises:
             ValueError: a knob that is not a step knob, or one named twice.

@@ -142,6 +142,9 @@ class Controller:
         if len(set(names)) != len(names):
             raise ValueError(f"knob names must be unique, got {names}")
         check_policy_knobs(policy, names)
+        for knob in self.knobs:
+            if knob.name in (getattr(policy, "knobs", None) or ()):
+                knob.steer()
         bind = getattr(policy, "bind", None)
         if callable(bind):
             bind(tuple(knob.name for knob in self.knobs if knob.adjustable))
@@ -206,8 +209,16 @@ class Controller:
             thread.join(timeout=timeout_s)
 
 
+REQUIRED_KNOBS = ("workers", "prefetch")
+"""Knobs a policy trained on them needs the pipeline to have. The others are situational (a
+``split`` needs movable ops, a ``codec`` a sample cache, ``priority`` worker processes): a
+policy trained on one runs on a pipeline without it, and its moves of it are dropped, as the
+simulator trained it on pipelines without it."""
+
+
 def check_policy_knobs(policy: Policy, names: Sequence[str]) -> None:
-    """Refuse a policy that declares (``policy.knobs``) knobs the pipeline lacks.
+    """Refuse a policy that declares (``policy.knobs``) a :data:`REQUIRED_KNOBS` knob the
+    pipeline lacks.
 
     Raises:
         ValueError: naming the policy's knobs and the pipeline's.
@@ -215,7 +226,7 @@ def check_policy_knobs(policy: Policy, names: Sequence[str]) -> None:
     wanted = getattr(policy, "knobs", None)
     if wanted is None:
         return
-    missing = [name for name in wanted if name not in names]
+    missing = [name for name in wanted if name not in names and name in REQUIRED_KNOBS]
     if missing:
         raise ValueError(
             f"policy {type(policy).__name__} was trained for the knobs {list(wanted)} but this "

@@ -62,6 +62,11 @@ class Knob(ABC):
         """Set the knob on the pipeline."""
         self._apply(value)
 
+    def steer(self) -> None:
+        """The policy was trained on this knob: from now on its moves, not a rule of the
+        knob's own, turn it (the Controller calls this; knobs without a rule ignore it)."""
+        return None
+
     @abstractmethod
     def bounds(self) -> tuple[Any, ...]:
         """(low, high) for a numeric knob, or the allowed values of a choice knob."""
@@ -270,16 +275,47 @@ class OffloadKnob(Knob):
 
 class CodecKnob(ChoiceKnob):
     """The sample cache's codec for new entries (one of the cache's codecs, or "off" to
-    bypass the cache)."""
+    bypass the cache).
+
+    A codec's name sets it (the heuristic's rule); a step (what a learned policy gives) moves
+    along the codecs the cache has profiled, ordered by their entries' size: +1 to the next
+    smaller (more of the dataset fits, a dearer decode), -1 to the next larger. A step never
+    turns the cache off, and holds until the cache has profiled its codecs.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> knob = CodecKnob(apply=print, choices=("raw", "lz4", "zstd", "off"))
+        >>> profile = {"raw": [3000, 0, 0.1], "lz4": [1500, 1, 0.3], "zstd": [900, 4, 0.8]}
+        >>> state = SimpleNamespace(codec="lz4", cache_profile=profile)  # the fields it reads
+        >>> [knob.propose(state, move, {}) for move in (1, -1, 0, "raw")]  # type: ignore[arg-type]
+        ['zstd', 'raw', 'lz4', 'raw']
+    """
 
     name = "codec"
+
+    def propose(self, state: State, move: Any, chosen: Mapping[str, Value]) -> Value:
+        if isinstance(move, str) or move is None:
+            return super().propose(state, move, chosen)
+        current = str(state.codec)
+        order = self.by_size(state)
+        if not self.adjustable or not move or current not in order:
+            return current
+        k = min(len(order) - 1, max(0, order.index(current) + (1 if int(move) > 0 else -1)))
+        return order[k]
+
+    def by_size(self, state: State) -> list[str]:
+        """The profiled codecs among this knob's choices, largest entries first."""
+        profile = state.cache_profile
+        names = [name for name in self.choices if name in profile]
+        return sorted(names, key=lambda name: -profile[name][0])
 
 
 class PriorityKnob(Knob):
     """The workers' CPU priority: ``"normal"``, then ``"low"`` (nice +10) once the training
     process itself competes with them for a saturated CPU.
 
-    Not moved by the policy: a rule decides it. When, over ``window`` ticks in a row, the
+    A policy trained on this knob moves it (a -1 step lowers the workers' priority;
+    :meth:`steer`); for any other, a rule decides it. When, over ``window`` ticks in a row, the
     training process used at least ``main_cpu`` cores (a training step on the CPU, or a heavy
     host side of a GPU step) while the machine's CPU was at least ``busy``, the workers yield to
     it: the step is the critical path, and the workers only need what it leaves. With an idle
@@ -311,13 +347,25 @@ class PriorityKnob(Knob):
             raise ValueError(f"window must be >= 1, got {window!r}")
         self.window, self.main_cpu, self.busy = window, main_cpu, busy
         self.value = "normal"
+        self.steered = False
+        """True once a policy trained on this knob moves it (the rule then rests)."""
         self._streak = 0
 
     def current(self, state: State) -> Value:
         return self.value
 
+    def steer(self) -> None:
+        self.steered = True
+
     def propose(self, state: State, move: Any, chosen: Mapping[str, Value]) -> Value:
-        if not self.adjustable or self.value == "low":
+        self.limited_by = None
+        if self.steered and self.adjustable and move:
+            if int(move) < 0:
+                return "low"
+            if self.value == "low":
+                self.limited_by = "held low: the workers' niceness cannot be lowered again"
+            return self.value
+        if not self.adjustable or self.value == "low" or self.steered:
             return self.value
         competing = state.main_cpu >= self.main_cpu and state.cpu_util >= self.busy
         self._streak = self._streak + 1 if competing else 0

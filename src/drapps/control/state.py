@@ -85,6 +85,9 @@ class State:
     lookahead: int | None = None
     """Batches past the next one whose work may start early, when the pipeline has a
     ``lookahead`` knob (a worker pool that schedules work); None otherwise."""
+    priority: str | None = None
+    """The workers' CPU priority (``"normal"`` or ``"low"``), when the pipeline has a
+    ``priority`` knob (worker processes); None otherwise."""
     sample_tail: float = 1.0
     """p99 over median of the recent per-sample costs (1.0 where not measured): above about
     8, a few slow samples hold whole batches unless they are cut into parts."""
@@ -152,8 +155,13 @@ class State:
         "cache_read_share",
         "cache_fill",
         "cache_not_admitted",
+        "codec_size_share",
+        "cache_fit",
     )
-    """Appended for a policy that moves the ``codec`` knob."""
+    """Appended for a policy that moves the ``codec`` knob: hits, the cost of a hit against a
+    remake, how full the cache is and how many misses it turned away, the current codec's
+    entry size against the largest profiled one's, and the share of the dataset that fits at
+    the current codec."""
 
     OFFLOAD_FEATURES: ClassVar[tuple[str, ...]] = (
         "offload",
@@ -168,6 +176,10 @@ class State:
     """Appended for a policy that moves the ``lookahead`` knob: how far past the prefetch depth
     work may start, and how heavy-tailed samples' costs are (p99 over median, log)."""
 
+    PRIORITY_FEATURES: ClassVar[tuple[str, ...]] = ("priority_low",)
+    """Appended for a policy that moves the ``priority`` knob: 1 once the workers run at low
+    priority (the training process's CPU share is in :attr:`FEATURES` already)."""
+
     @classmethod
     def features(cls, knobs: Sequence[str] = ("workers", "prefetch")) -> tuple[str, ...]:
         """The features a policy moving ``knobs`` reads, in :meth:`vector` order."""
@@ -175,7 +187,8 @@ class State:
         codec = cls.CODEC_FEATURES if "codec" in knobs else ()
         offload = cls.OFFLOAD_FEATURES if "offload" in knobs else ()
         lookahead = cls.LOOKAHEAD_FEATURES if "lookahead" in knobs else ()
-        return cls.FEATURES + split + codec + offload + lookahead
+        priority = cls.PRIORITY_FEATURES if "priority" in knobs else ()
+        return cls.FEATURES + split + codec + offload + lookahead + priority
 
     def vector(self, knobs: Sequence[str] = ("workers", "prefetch")) -> np.ndarray:
         """Features in :meth:`features` order, each scaled to roughly [0, 1] (float32)."""
@@ -202,6 +215,7 @@ class State:
         if "codec" in knobs:
             read = self.cache_read_ms / max(self.cache_make_ms, self.cache_read_ms, 1e-6)
             values += (self.cache_hit_rate, read, self.cache_fill, self.cache_not_admitted)
+            values += self._codec_sizes()
         if "offload" in knobs:
             gpu = self.gpu_util if self.gpu_util is not None else self.device_stage_share
             values += (self.offload or 0.0, self.device_stage_share, gpu)
@@ -211,7 +225,20 @@ class State:
                 lookahead / max(1, self.prefetch) / 8,  # its default, twice the depth: 0.25
                 math.log10(max(1.0, self.sample_tail)) / 2,  # 100x the median -> 1
             )
+        if "priority" in knobs:
+            values += (1.0 if self.priority == "low" else 0.0,)
         return np.clip(np.asarray(values, dtype=np.float32), 0.0, 1.0)
+
+    def _codec_sizes(self) -> tuple[float, float]:
+        """The current codec's entry size over the largest profiled one's, and the share of
+        the dataset the budget holds at the current codec (both 0 until profiled)."""
+        profile = self.cache_profile
+        stored = profile.get(self.codec or "", [0.0])[0]
+        if not profile or stored <= 0:
+            return 0.0, 0.0
+        largest = max(sizes[0] for sizes in profile.values())
+        fit = self.cache_budget_bytes / (stored * self.cache_samples) if self.cache_samples else 0
+        return stored / max(largest, 1e-9), min(1.0, fit)
 
     def knob(self, name: str) -> Any:
         """The current value of the knob called ``name``.
@@ -247,4 +274,5 @@ _KNOB_FIELDS = {
     "codec": "codec",
     "lookahead": "lookahead",
     "offload": "offload",
+    "priority": "priority",
 }

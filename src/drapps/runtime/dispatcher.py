@@ -130,6 +130,7 @@ class Dispatcher:
         )
         self._on_error = recipe.on_error
         self._target = workers
+        self._priority: str | None = None
         self._prefetch = prefetch
         self._split = split
         self._round_robin = round_robin
@@ -217,7 +218,9 @@ class Dispatcher:
         which they inherit) or ``"low"`` (``LOW_NICENESS`` above it); returns whether the pool
         can (worker processes can, Ray actors cannot)."""
         niceness = os.getpriority(os.PRIO_PROCESS, 0)
-        return self.pool.set_priority(niceness + (LOW_NICENESS if priority == "low" else 0))
+        able = self.pool.set_priority(niceness + (LOW_NICENESS if priority == "low" else 0))
+        self._priority = priority if able else None
+        return able
 
     def set_lookahead(self, lookahead: int | None) -> None:
         """Set how many batches past the next one may have work started early (None: twice
@@ -944,6 +947,7 @@ class Dispatcher:
             shared_bytes=int(counters["shared_bytes"]),
             cut_batches=self.schedule.cut_batches,
             lookahead=self.schedule.lookahead_for(self.prefetch_depth),
+            priority=self._priority,
             sample_costs={
                 **self.costs.report(),
                 "slow_batches": self._slow_batches,

@@ -74,6 +74,9 @@ class PipelineSnapshot:
     """Batches made in parts by several workers (see ``LoaderConfig.dispatch``)."""
     lookahead: int = 0
     """Batches past the next one whose work may start early."""
+    priority: str | None = None
+    """The workers' CPU priority (``"normal"`` or ``"low"``); None where the pool cannot
+    set it (Ray actors) or no pool makes batches."""
     sample_costs: dict[str, Any] | None = None
     """The per-sample cost predictor's report (:meth:`drapps.runtime.cost.SampleCosts.report`);
     None where batches are not dispatched by a worker pool."""

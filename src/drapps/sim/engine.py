@@ -6,7 +6,10 @@ batch or stepping) gets ``demand * min(1, cores / total demand)`` of a core, whe
 adds to the demand; every disk read gets an equal share of the bandwidth. Because all jobs on a
 resource run at one common speed, each resource keeps a *virtual clock* that advances at that
 speed, and a job finishes when the clock reaches its start plus its work: an event costs
-O(log jobs), so a 64-core pipeline simulates as fast as a 2-core one.
+O(log jobs), so a 64-core pipeline simulates as fast as a 2-core one. Workers at ``"low"``
+priority (nice +10) weigh :data:`LOW_WEIGHT` against the training process and other processes,
+as the kernel's fair scheduler weighs them: the workers' jobs and the rest then run at two
+speeds, one virtual clock each.
 
 The simulator mirrors ``drapps.Loader``'s dispatcher: tasks are dispatched in batch order while
 in-flight plus ready batches stay under the prefetch depth and the memory budget; idle workers
@@ -34,6 +37,10 @@ from drapps.sim.scenario import Change, Scenario
 from drapps.telemetry.energy import WATTS_PER_CORE
 
 _Callback = Callable[[], None]
+
+LOW_WEIGHT = 110 / 1024
+"""CPU weight of a process at nice +10 against one at nice 0 (the Linux fair scheduler's
+table): what ``"low"`` priority gives the workers."""
 
 
 class _SharedResource:
@@ -122,7 +129,9 @@ class Simulator:
         self._draws: deque[float] = deque()
         self._seq = itertools.count()
         self._events: list[tuple[float, int, _Callback]] = []
-        self._cpu = _SharedResource()
+        self._cpus = {"worker": _SharedResource(), "main": _SharedResource()}
+        self._priority = "normal"
+        self._held = {"worker": 1.0, "main": 1.0}  # cores' worth per job, as CPU time
         self._disk = _SharedResource()
         self._owners = {"worker": 0, "main": 0}
         self._outside = p.outside_load
@@ -234,6 +243,18 @@ class Simulator:
     def codec(self) -> str | None:
         return self._cache.codec if self._cache is not None else None
 
+    def set_priority(self, priority: str) -> None:
+        """Run the workers at ``"normal"`` CPU priority or ``"low"`` (nice +10: they get
+        :data:`LOW_WEIGHT` of a normal process's share while the CPU is saturated)."""
+        if priority not in ("normal", "low"):
+            raise ValueError(f"priority must be 'normal' or 'low', got {priority!r}")
+        self._priority = priority
+        self._speeds()
+
+    @property
+    def priority(self) -> str:
+        return self._priority
+
     @property
     def workers(self) -> int:
         return self._target
@@ -250,17 +271,20 @@ class Simulator:
         """Advance simulated time to ``t`` seconds."""
         while True:
             t_event = self._events[0][0] if self._events else math.inf
-            t_cpu = self._cpu.next_time(self.now)
+            t_workers = self._cpus["worker"].next_time(self.now)
+            t_main = self._cpus["main"].next_time(self.now)
             t_disk = self._disk.next_time(self.now)
-            t_next = min(t_event, t_cpu, t_disk)
+            t_next = min(t_event, t_workers, t_main, t_disk)
             if t_next > t:
                 self._advance(t - self.now)
                 return
             self._advance(t_next - self.now)
             if t_next == t_event:
                 heapq.heappop(self._events)[2]()
-            elif t_next == t_cpu:
-                self._finish(self._cpu)
+            elif t_next == t_workers:
+                self._finish(self._cpus["worker"])
+            elif t_next == t_main:
+                self._finish(self._cpus["main"])
             else:
                 self._finish(self._disk)
 
@@ -299,6 +323,7 @@ class Simulator:
             split=self._split if p.device_ops else None,
             offload=self._share if p.offload is not None else None,
             lookahead=None if self._inline else self.lookahead,
+            priority=None if self._inline else self._priority,
             sample_tail=p.sample_tail,
             device_stage_s=i.device_s / i.device_batches if i.device_batches else 0.0,
             device_stage_share=min(1.0, i.device_s / dt),
@@ -355,12 +380,13 @@ class Simulator:
         if dt <= 0:
             return
         self.now += dt
-        cpu, disk, i = self._cpu, self._disk, self._interval
-        cpu.virtual += cpu.speed * dt
+        disk, i = self._disk, self._interval
+        for cpu in self._cpus.values():
+            cpu.virtual += cpu.speed * dt
         disk.virtual += disk.speed * dt
         i.cpu_busy += min(float(self.pipeline.cores), self._demand()) * dt
-        i.worker_cpu += self._owners["worker"] * cpu.speed * dt
-        i.main_cpu += self._owners["main"] * cpu.speed * dt
+        i.worker_cpu += self._owners["worker"] * self._held["worker"] * dt
+        i.main_cpu += self._owners["main"] * self._held["main"] * dt
         if self._waiting:
             i.wait += dt
             self.totals.wait_s += dt
@@ -375,10 +401,36 @@ class Simulator:
         return self._owners["worker"] + self._owners["main"] + self._outside
 
     def _speeds(self) -> None:
-        demand = self._demand()
-        share = min(1.0, self.pipeline.cores / demand) if demand > 0 else 1.0
-        self._cpu.speed = share * self._paging()
+        workers, others = self._shares()
+        paging, switching = self._paging(), self._switching()
+        # CPU time counts what the jobs hold of the cores; switching spends some of it
+        self._held = {"worker": workers * paging, "main": others * paging}
+        self._cpus["worker"].speed = workers * paging * switching
+        self._cpus["main"].speed = others * paging * switching
         self._disk.speed = 1.0 / max(1, len(self._disk.jobs))
+
+    def _shares(self) -> tuple[float, float]:
+        """Cores' worth each worker job and each other job (the training process's, other
+        processes') gets: an equal share at normal priority; at low priority the CPU is filled
+        by weight, no job above one core, so the others take what they want first."""
+        cores = float(self.pipeline.cores)
+        workers = self._owners["worker"]
+        others = self._owners["main"] + self._outside
+        if workers + others <= cores:
+            return 1.0, 1.0
+        if self._priority == "normal" or workers == 0:
+            share = cores / (workers + others)
+            return share, share
+        level = cores / (others + LOW_WEIGHT * workers)  # speed of a weight-1 job
+        if level <= 1.0:
+            return LOW_WEIGHT * level, level
+        return (cores - others) / workers, 1.0
+
+    def _switching(self) -> float:
+        """The share of CPU time left for work with more runnable jobs than cores: each job
+        beyond one per core costs ``oversubscription`` of it (context switches, caches)."""
+        over = self._demand() / self.pipeline.cores - 1.0
+        return 1.0 / (1.0 + self.pipeline.oversubscription * over) if over > 0 else 1.0
 
     def _paging(self) -> float:
         """1.0 while the pipeline fits in the machine's memory; past it, ``(room / needed)**2``:
@@ -391,7 +443,7 @@ class Simulator:
 
     def _cpu_job(self, work: float, owner: str, done: _Callback) -> None:
         self._owners[owner] += 1
-        self._cpu.add(work, owner, next(self._seq), done)
+        self._cpus[owner].add(work, owner, next(self._seq), done)
         self._speeds()
 
     def _read(self, nbytes: float, done: _Callback) -> None:

@@ -24,7 +24,13 @@ from drapps.control.state import State
 from drapps.control.static import StaticPolicy
 from drapps.sim.engine import Simulator
 from drapps.sim.families import check_families, draw, family_names
-from drapps.sim.run import lookahead_knobs, offload_knobs, split_knobs
+from drapps.sim.run import (
+    codec_knobs,
+    lookahead_knobs,
+    offload_knobs,
+    priority_knobs,
+    split_knobs,
+)
 from drapps.sim.scenario import Scenario
 
 gym = require("gymnasium")
@@ -123,8 +129,13 @@ class PipelineEnv(gym.Env):  # type: ignore[name-defined]
                 *split_knobs(self._sim, adjustable="split" in self.knobs),
                 *offload_knobs(self._sim, adjustable="offload" in self.knobs),
                 *lookahead_knobs(self._sim, adjustable="lookahead" in self.knobs),
+                *codec_knobs(self._sim, adjustable="codec" in self.knobs),
+                *priority_knobs(self._sim, adjustable=True),
             ],
         )
+        for knob in self._controller.knobs:
+            if knob.name in self.knobs:
+                knob.steer()  # the agent moves it, not the knob's rule
         self._steps = 1
         self._sim.run_until(self.interval)
         self._state = self._sim.observe()
@@ -141,13 +152,16 @@ class PipelineEnv(gym.Env):  # type: ignore[name-defined]
         self._state = self._sim.observe()
         value = reward(self._state, self.weights)
         truncated = self._steps * self.interval >= self.duration - 1e-9
-        info = {"throughput": self._state.throughput, "workers": workers}
+        info: dict[str, Any] = {"throughput": self._state.throughput, "workers": workers}
         if "split" in applied:
             info["split"] = int(applied["split"])
         if "offload" in applied:
             info["offload"] = float(applied["offload"])
         if "lookahead" in applied:
             info["lookahead"] = int(applied["lookahead"])
+        for name in ("codec", "priority"):
+            if name in applied:
+                info[name] = str(applied[name])
         return self._state.vector(self.knobs), value, False, truncated, info
 
     def _action(self, action: Any) -> Action:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from drapps.registry import Registry
+from drapps.sim.cache import CacheModel, CodecModel
 from drapps.sim.scenario import Change, GiB, PipelineModel, Scenario
 
 Family = Callable[[np.random.Generator, float], Scenario]
@@ -106,6 +107,26 @@ def _hogged(
     return Scenario(p, (Change(at=start, outside_load=hog), Change(at=end, outside_load=0.0)))
 
 
+def _cached(rng: np.random.Generator, p: PipelineModel, duration: float) -> PipelineModel:
+    """``p`` with a sample cache over a dataset of a few epochs per run, whose budget holds
+    15-110% of it at the largest codec; three codecs trade entry size for decode time (a
+    smaller one fits 2-5x more and decodes 3-10x slower), and the cache starts at a random
+    one, so the best codec may be either way."""
+    samples = p.batch_size * max(8, round(duration / p.step_s / rng.uniform(3.0, 8.0)))
+    make_share = rng.uniform(0.6, 0.9)
+    make = p.cpu_s * make_share / p.batch_size  # CPU seconds a hit saves per sample
+    raw = _log_uniform(rng, 50e3, 2e6)
+    codecs = (
+        CodecModel("raw", raw, make * 0.02, make * rng.uniform(0.03, 0.08)),
+        CodecModel("lz4", raw * rng.uniform(0.4, 0.6), make * 0.1, make * rng.uniform(0.1, 0.2)),
+        CodecModel("zstd", raw * rng.uniform(0.2, 0.35), make * 0.5, make * rng.uniform(0.2, 0.5)),
+    )
+    budget = int(raw * samples * rng.uniform(0.15, 1.1))
+    start = str(rng.choice([c.name for c in codecs]))
+    cache = CacheModel(samples, budget, codecs, make_share=make_share, codec=start)
+    return p.replace(cache=cache)
+
+
 # ---------------------------------------------------------------------------- training families
 
 
@@ -190,6 +211,16 @@ def slow_reads(rng: np.random.Generator, duration: float) -> Scenario:
             dispatch="auto",
         )
     )
+
+
+@register_family("cached-epochs")
+def cached_epochs(rng: np.random.Generator, duration: float) -> Scenario:
+    """A sample cache over a few epochs of reads that wait on storage: a cache hit saves a
+    read and most of a sample's CPU, and the codec decides how much of the dataset fits
+    against what a hit costs to decode."""
+    p = _machine(rng)
+    p = p.replace(read_s=p.cpu_s * rng.uniform(0.0, 1.5))
+    return Scenario(_cached(rng, p, duration))
 
 
 # ---------------------------------------------------------------------------- held-out families
@@ -307,3 +338,28 @@ def gpu_decode(rng: np.random.Generator, duration: float) -> Scenario:
             dataclasses.replace(end, at=start + length),
         ]
     return Scenario(p, tuple(changes))
+
+
+@register_family("cache-slow-storage", held_out=True)
+def cache_slow_storage(rng: np.random.Generator, duration: float) -> Scenario:
+    """A sample cache, and reads whose storage latency rises 3-6x mid-run (a busy network
+    file system) and stays: a miss gets dearer, so a codec that fits more of the dataset
+    pays more than it did."""
+    p = _machine(rng)
+    p = p.replace(read_s=p.cpu_s * rng.uniform(0.2, 1.0))
+    start, _ = _change_window(rng, duration)
+    return Scenario(
+        _cached(rng, p, duration), (Change(at=start, read_factor=rng.uniform(3.0, 6.0)),)
+    )
+
+
+@register_family("cpu-step-contention", held_out=True)
+def cpu_step_contention(rng: np.random.Generator, duration: float) -> Scenario:
+    """A training step that is part CPU work (a heavy host side, a CPU model) and part
+    accelerator, workers that could use every core, and a hog for a while: lowering the
+    workers' priority gives the step its core back, but against the hog they keep less."""
+    p = _machine(rng)
+    p = p.replace(cpu_s=p.step_s * p.cores * rng.uniform(0.6, 1.1))
+    cpu_share = rng.uniform(0.3, 0.7)
+    p = p.replace(step_cpu_s=p.step_s * cpu_share, step_s=p.step_s * (1 - cpu_share))
+    return _hogged(rng, p, duration, (0.25, 0.5))

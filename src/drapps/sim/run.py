@@ -9,7 +9,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from drapps.control.controller import Bounds, Controller, Tick
-from drapps.control.knobs import CodecKnob, Knob, LookaheadKnob, OffloadKnob, SplitKnob
+from drapps.control.knobs import (
+    CodecKnob,
+    Knob,
+    LookaheadKnob,
+    OffloadKnob,
+    PriorityKnob,
+    SplitKnob,
+)
 from drapps.control.policy import Policy, make_policy
 from drapps.control.reward import RewardWeights
 from drapps.sim.engine import Simulator
@@ -165,6 +172,7 @@ def simulate(
             *offload_knobs(sim, adjustable=controlled and move_offload),
             *codec_knobs(sim, adjustable=controlled and move_codec),
             *lookahead_knobs(sim, adjustable=controlled),
+            *priority_knobs(sim, adjustable=controlled),
         ],
     )
     ticks = []
@@ -208,6 +216,14 @@ def lookahead_knobs(sim: Simulator, *, adjustable: bool) -> list[Knob]:
         return []
     high = max(64, 8 * sim.pipeline.worker_limit)
     return [LookaheadKnob(sim.set_lookahead, low=1, high=high, adjustable=adjustable)]
+
+
+def priority_knobs(sim: Simulator, *, adjustable: bool) -> list[Knob]:
+    """The workers' priority knob of a simulated worker pool, as a pool of processes has
+    (none inline): moved by its rule, or by a policy trained on it."""
+    if sim.workers == 0:
+        return []
+    return [PriorityKnob(sim.set_priority, adjustable=adjustable)]
 
 
 def codec_knobs(sim: Simulator, *, adjustable: bool) -> list[Knob]:

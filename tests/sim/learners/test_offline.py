@@ -52,6 +52,15 @@ def test_a_trace_becomes_the_transitions_that_happened(trace: Path) -> None:
         assert took.prefetch == np.sign(before.applied["prefetch"] - before.state.prefetch)
         assert data.rewards[k] == pytest.approx(reward(after.state), rel=1e-5)
         assert np.array_equal(data.observations[k], before.state.vector())
+    # the workers' priority is a knob of a pool of processes: a trace holds its steps too
+    knobs = ("workers", "prefetch", "priority")
+    steered = transitions([trace], knobs)
+    assert len(steered) == per_trace
+    for k in range(per_trace):
+        before = rows[k]
+        assert before.state.priority in ("normal", "low")
+        lowered = before.applied["priority"] != before.state.priority
+        assert Action.space(knobs)[steered.actions[k]].step("priority") == -lowered
     # rewards are recomputed, so an energy term can be added after the run
     greener = transitions([trace], weights=RewardWeights(energy=1.0))
     assert np.all(greener.rewards <= data.rewards[:per_trace] + 1e-6)

@@ -59,6 +59,15 @@ def _step(row: TraceRow, knob: str) -> int | None:
     after, before = row.applied.get(knob), getattr(row.state, knob, None)
     if after is None or before is None:
         return None
+    if after == before:
+        return 0
+    if knob == "codec":  # a step to a smaller entry is +1, as CodecKnob steps
+        sizes = row.state.cache_profile
+        if after not in sizes or before not in sizes:
+            return 0  # "off", or codecs not profiled yet: no step a policy could take
+        return 1 if sizes[after][0] < sizes[before][0] else -1
+    if knob == "priority":
+        return -1 if after == "low" else 1
     return int(np.sign(float(after) - float(before)))
 
 
