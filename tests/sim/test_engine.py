@@ -168,8 +168,8 @@ def test_bad_input_is_named() -> None:
     with pytest.raises(ValueError, match="step_factor"):
         Change(at=1.0, step_factor=0.0)
     p = PipelineModel(cores=2)
-    with pytest.raises(ValueError, match=r"workers must be in \[0, 4\]"):
-        Simulator(Scenario(p), workers=5)
+    with pytest.raises(ValueError, match=r"workers must be in \[0, 8\]"):
+        Simulator(Scenario(p), workers=9)  # the loader's "auto" bound: 2x cores, at least 8
     with pytest.raises(RuntimeError, match="no pool"):
         Simulator(Scenario(p), workers=0).resize(2)
     with pytest.raises(ValueError, match=r"read_factor must be > 0"):
@@ -278,3 +278,13 @@ def test_more_runnable_jobs_than_cores_cost_cpu_time() -> None:
     assert per_cpu_second(8, p) == pytest.approx(per_cpu_second(2, p) * (1 - 0.035), rel=0.01)
     free = p.replace(oversubscription=0.0)
     assert per_cpu_second(8, free) == pytest.approx(per_cpu_second(2, free), rel=0.01)
+
+
+def test_the_worker_bound_is_the_loaders() -> None:
+    from drapps.runtime.config import AUTO_MAX_WORKERS, LoaderConfig
+    from drapps.sim.scenario import AUTO_MAX_WORKERS as SIM_AUTO_MAX_WORKERS
+
+    assert SIM_AUTO_MAX_WORKERS == AUTO_MAX_WORKERS
+    assert PipelineModel(cores=2).worker_limit == 8
+    assert PipelineModel(cores=16).worker_limit == 32
+    assert LoaderConfig(workers="auto").resolved_max_workers >= AUTO_MAX_WORKERS

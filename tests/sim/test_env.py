@@ -60,11 +60,11 @@ def test_actions_move_the_simulated_pool_within_bounds() -> None:
     scenario = Scenario(PipelineModel(cores=2, cpu_s=0.05, step_s=0.01))
     env.reset(seed=0, options={"scenario": scenario})
     add = Action.space().index(Action(1, 0))
-    for _ in range(5):
+    for _ in range(8):
         _, _, _, _, info = env.step(add)
-    assert info["workers"] == 4  # started at one per core, clipped at 2x cores
+    assert info["workers"] == 8  # started at one per core, clipped at the loader's bound
     remove = Action.space().index(Action(-1, 0))
-    for _ in range(6):
+    for _ in range(9):
         _, _, _, _, info = env.step(remove)
     assert info["workers"] == 1
 

@@ -16,6 +16,12 @@ from drapps.sim.cache import CacheModel
 GiB = 2**30
 
 
+AUTO_MAX_WORKERS = 8
+"""The least worker bound ``drapps.Loader(workers="auto")`` gives a machine (its
+``AUTO_MAX_WORKERS``): a simulated 2-core machine may run 8 workers, as a real one may, so a
+policy sees the same worker share on both."""
+
+
 @dataclass(frozen=True)
 class PipelineModel:
     """A data pipeline on one machine, feeding one training loop."""
@@ -82,7 +88,8 @@ class PipelineModel:
     other_memory: int = 4 * GiB
     """Memory used by everything else on the machine."""
     max_workers: int = 0
-    """Upper bound on workers (0: twice the cores, as ``drapps.Loader`` does)."""
+    """Upper bound on workers (0: as ``drapps.Loader(workers="auto")`` bounds them, twice the
+    cores and at least :data:`AUTO_MAX_WORKERS`)."""
     cache: CacheModel | None = None
     """A sample cache in front of the workers' work (None: none; see :mod:`drapps.sim.cache`)."""
     slow_share: float = 0.0
@@ -185,7 +192,7 @@ class PipelineModel:
 
     @property
     def worker_limit(self) -> int:
-        return self.max_workers or 2 * self.cores
+        return self.max_workers or max(2 * self.cores, AUTO_MAX_WORKERS)
 
     def replace(self, **changes: Any) -> PipelineModel:
         return dataclasses.replace(self, **changes)
