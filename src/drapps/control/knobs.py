@@ -286,7 +286,9 @@ class CodecKnob(ChoiceKnob):
         >>> from types import SimpleNamespace
         >>> knob = CodecKnob(apply=print, choices=("raw", "lz4", "zstd", "off"))
         >>> profile = {"raw": [3000, 0, 0.1], "lz4": [1500, 1, 0.3], "zstd": [900, 4, 0.8]}
-        >>> state = SimpleNamespace(codec="lz4", cache_profile=profile)  # the fields it reads
+        >>> state = SimpleNamespace(  # the State fields and method it reads
+        ...     codec="lz4", cache_profile=profile, knob=lambda name: "lz4"
+        ... )
         >>> [knob.propose(state, move, {}) for move in (1, -1, 0, "raw")]  # type: ignore[arg-type]
         ['zstd', 'raw', 'lz4', 'raw']
     """
