@@ -142,15 +142,20 @@ class Controller:
         if len(set(names)) != len(names):
             raise ValueError(f"knob names must be unique, got {names}")
         check_policy_knobs(policy, names)
-        for knob in self.knobs:
-            if knob.name in (getattr(policy, "knobs", None) or ()):
-                knob.steer()
+        self.steer(getattr(policy, "knobs", None) or ())
         bind = getattr(policy, "bind", None)
         if callable(bind):
             bind(tuple(knob.name for knob in self.knobs if knob.adjustable))
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._name = name
+
+    def steer(self, names: Sequence[str]) -> None:
+        """Hand the knobs named ``names`` to the policy's moves (:meth:`Knob.steer`): done
+        for the knobs a policy was trained on, and by an environment whose agent moves them."""
+        for knob in self.knobs:
+            if knob.name in names:
+                knob.steer()
 
     def propose(self, state: State, action: Action) -> dict[str, Value]:
         """Each knob's value that ``action`` leads to within its bounds (nothing applied)."""

@@ -133,9 +133,7 @@ class PipelineEnv(gym.Env):  # type: ignore[name-defined]
                 *priority_knobs(self._sim, adjustable=True),
             ],
         )
-        for knob in self._controller.knobs:
-            if knob.name in self.knobs:
-                knob.steer()  # the agent moves it, not the knob's rule
+        self._controller.steer(self.knobs)  # the agent moves them, not the knobs' rules
         self._steps = 1
         self._sim.run_until(self.interval)
         self._state = self._sim.observe()
