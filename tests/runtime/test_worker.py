@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -10,7 +14,7 @@ from torch.utils.data import default_collate, get_worker_info
 from torch.utils.data._utils import worker as torch_worker
 
 from drapps.runtime.seeding import set_worker_info
-from drapps.runtime.worker import BatchRecipe, collate
+from drapps.runtime.worker import BatchRecipe, collate, make_batch, runqueue_wait
 
 
 @pytest.fixture
@@ -67,3 +71,68 @@ def test_a_worker_answers_with_its_batch_collated_in_the_slab(in_a_worker: None)
         assert unpack(reply[3])[0][:, 0, 0, 0].tolist() == [4, 1, 2]
     finally:
         writer.close()
+
+
+class _Spins:
+    """Each sample burns ``cpu_s`` of this thread's CPU time (its own work), and one sleeps."""
+
+    def __init__(self, cpu_s: float, sleepy: int, sleep_s: float) -> None:
+        self.cpu_s, self.sleepy, self.sleep_s = cpu_s, sleepy, sleep_s
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> int:
+        end = time.thread_time() + self.cpu_s
+        while time.thread_time() < end:
+            pass
+        if i == self.sleepy:
+            time.sleep(self.sleep_s)
+        return i
+
+
+@pytest.fixture
+def one_shared_core() -> Iterator[None]:
+    """This process and a busy one pinned to the same core: each gets about half of it."""
+    if not hasattr(os, "sched_setaffinity") or not os.path.exists("/proc/thread-self/schedstat"):
+        pytest.skip("needs Linux with per-thread scheduler statistics")
+    before = os.sched_getaffinity(0)
+    core = min(before)
+    os.sched_setaffinity(0, {core})
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])  # inherits the pin
+    try:
+        time.sleep(0.2)  # until the hog runs
+        yield
+    finally:
+        hog.kill()
+        hog.wait()
+        os.sched_setaffinity(0, before)
+
+
+def test_a_samples_cost_leaves_out_the_time_another_process_held_its_core(
+    one_shared_core: None,
+) -> None:
+    # Four samples of 30 ms of CPU each, sharing one core with a busy process: each takes
+    # about 60 ms of wall time, but costs its own 30 ms. Sample 2 also sleeps 50 ms (storage
+    # it waited on), which is part of its cost.
+    recipe = BatchRecipe(_Spins(0.03, sleepy=2, sleep_s=0.05), None, default_collate, "raise")
+    started = time.perf_counter()
+    made = make_batch(recipe, 0, 0, [0, 1, 2, 3])
+    wall = time.perf_counter() - started
+    assert wall > 0.05 + 4 * 0.03 * 1.3, "the busy process did not share the core"
+    quick = [made.costs[i] for i in (0, 1, 3)]
+    assert all(0.025 < c < 0.03 * 1.25 for c in quick), made.costs
+    assert 0.075 < made.costs[2] < 0.08 + 0.03 * 0.5, made.costs
+
+
+def test_the_runqueue_wait_grows_only_while_the_thread_waits_for_a_core(
+    one_shared_core: None,
+) -> None:
+    start = runqueue_wait()
+    time.sleep(0.1)  # sleeping is not waiting for a core
+    slept = runqueue_wait() - start
+    end = time.thread_time() + 0.1
+    while time.thread_time() < end:
+        pass
+    contended = runqueue_wait() - start - slept
+    assert slept < 0.02 and contended > 0.05, (slept, contended)

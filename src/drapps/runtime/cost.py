@@ -1,7 +1,9 @@
 """Per-sample cost: what making a sample will take, predicted before it is made.
 
 The dispatcher learns from the seconds each sample took (a worker measures its fetch and
-transform) and predicts the next ones with two models side by side:
+transform, less any time it waited for a core another process held: see
+:func:`drapps.runtime.worker.runqueue_wait`) and predicts the next ones with two models side
+by side:
 
 - a **history** baseline: the sample's own last cost, else the running median;
 - a small **learned** model: a 3-8-1 MLP in NumPy over (seen before, its last cost against the
