@@ -52,3 +52,22 @@ def test_stats_and_the_monitor_read_the_same_snapshot() -> None:
     assert stats.shared_bytes == snapshot.shared_bytes > 0
     assert (state.workers, state.prefetch) == (snapshot.workers, snapshot.prefetch_depth)
     assert state.memory_budget == stats.memory_budget == snapshot.memory_budget
+
+
+def test_the_state_knows_an_ending_epoch_has_nothing_left_to_make() -> None:
+    # Near an epoch's end the queue drains because nothing is left to make, not because the
+    # workers fall behind: what is left, ready, reads as a full queue.
+    options = {"batch_size": 4, "workers": 2, "seed": 0, "prefetch": 4}
+    with drapps.Loader(BusyDataset(40, 0.001), **options) as loader:
+        epoch = iter(loader)
+        for _ in range(8):
+            next(epoch)
+        deadline = time.monotonic() + 30
+        while loader.snapshot().ready_batches < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)  # the last two batches are made
+        state = Monitor(loader.snapshot).sample()
+        rest = list(epoch)
+        after = Monitor(loader.snapshot).sample()
+    assert (state.epoch_left, state.queue_batches, state.prefetch) == (2, 2, 4)
+    assert state.queue_fill == 1.0 and len(rest) == 2
+    assert (after.epoch_left, after.queue_batches, after.queue_fill) == (0, 0, 1.0)

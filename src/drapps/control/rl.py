@@ -122,6 +122,7 @@ class MlpPolicy:
         self.layers = checked
         self.meta = dict(meta or {})
         self._rules: HeuristicPolicy | None = None
+        self._epoch_left: int | None = None
         self._ruled: tuple[str, ...] = ()
 
     def bind(self, movable: tuple[str, ...]) -> None:
@@ -167,8 +168,28 @@ class MlpPolicy:
             return f"{words} offload={action.other['offload']:.2f}".strip()
         return action.describe(self.knobs)
 
+    def _no_evidence(self, state: State) -> str | None:
+        """Why this tick says nothing about the knobs, or None. The policy reads one tick;
+        two kinds of tick show the pipeline starting, not its rate: one in which nothing was
+        delivered or waited for (the run has not begun), and one in which an epoch began
+        (its first batches are made from an empty queue whatever the knobs)."""
+        began = (
+            state.epoch_left is not None
+            and self._epoch_left is not None
+            and state.epoch_left > self._epoch_left
+        )
+        self._epoch_left = state.epoch_left
+        if began:
+            return (
+                "learned policy: holding while an epoch begins (its first batches refill the queue)"
+            )
+        if state.throughput <= 0 and state.wait_fraction <= 0:
+            return "learned policy: holding (no batch delivered or waited for this tick)"
+        return None
+
     def decide(self, state: State) -> Action:
-        action = self.choose(state.vector(self.knobs))
+        why = self._no_evidence(state)
+        action = Action(reason=why) if why else self.choose(state.vector(self.knobs))
         if not action.is_noop:
             action = dataclasses.replace(
                 action,

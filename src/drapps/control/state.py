@@ -88,6 +88,9 @@ class State:
     priority: str | None = None
     """The workers' CPU priority (``"normal"`` or ``"low"``), when the pipeline has a
     ``priority`` knob (worker processes); None otherwise."""
+    epoch_left: int | None = None
+    """Batches of the epoch not yet handed to the training loop; None where unknown (an
+    iterable dataset, between epochs) or where epochs do not end (the simulator)."""
     sample_tail: float = 1.0
     """p99 over median of the recent per-sample costs (1.0 where not measured): above about
     8, a few slow samples hold whole batches unless they are cut into parts."""
@@ -190,6 +193,15 @@ class State:
         priority = cls.PRIORITY_FEATURES if "priority" in knobs else ()
         return cls.FEATURES + split + codec + offload + lookahead + priority
 
+    @property
+    def queue_fill(self) -> float:
+        """Ready batches over the most the queue can hold now: the prefetch depth, or what
+        is left of the epoch near its end. The queue drains as an epoch ends because there
+        is nothing left to make, not because the workers fall behind: all that is left,
+        ready, is a full queue (and an epoch with nothing left holds all it can)."""
+        room = self.prefetch if self.epoch_left is None else min(self.prefetch, self.epoch_left)
+        return self.queue_batches / room if room > 0 else 1.0
+
     def vector(self, knobs: Sequence[str] = ("workers", "prefetch")) -> np.ndarray:
         """Features in :meth:`features` order, each scaled to roughly [0, 1] (float32)."""
         cores = max(1, self.cores)
@@ -201,7 +213,7 @@ class State:
             self.workers_cpu / cores,
             self.available_bytes / max(1, self.total_bytes),
             self.gpu_util if self.gpu_util is not None else 0.0,
-            self.queue_batches / max(1, self.prefetch),
+            self.queue_fill,
             self.queue_bytes / max(1, self.memory_budget),
             self.wait_fraction,
             (math.log10(p50) + 4) / 5,  # 0.1 ms -> 0, 10 s -> 1

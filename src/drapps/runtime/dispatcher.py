@@ -915,6 +915,9 @@ class Dispatcher:
             entry = Entry(error=WorkerTimeoutError(message, stage="worker", indices=task.indices))
         self._deliver(task.generation, task.batch_id, entry)
 
+    def _epoch_left(self) -> int | None:
+        return None if self._plan is None else self.buffer.left
+
     def snapshot(self, *, samples: int, memory_budget: int, max_workers: int) -> PipelineSnapshot:
         """The pipeline's counters now (read without stopping the thread).
 
@@ -948,6 +951,7 @@ class Dispatcher:
             cut_batches=self.schedule.cut_batches,
             lookahead=self.schedule.lookahead_for(self.prefetch_depth),
             priority=self._priority,
+            epoch_left=self._epoch_left(),
             sample_costs={
                 **self.costs.report(),
                 "slow_batches": self._slow_batches,

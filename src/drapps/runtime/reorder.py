@@ -65,6 +65,11 @@ class ReorderBuffer:
     def __len__(self) -> int:
         return len(self._entries)
 
+    @property
+    def left(self) -> int:
+        """Entries of this epoch the consumer has not taken yet (ready ones included)."""
+        return max(0, self.end_id - self.next_id - len(self._ahead))
+
     def reset(self, generation: int, start: int, end: int) -> list[Entry]:
         """Begin a new epoch (``generation``) delivering ids ``start..end-1``; returns dropped."""
         with self._cond:

@@ -77,6 +77,9 @@ class PipelineSnapshot:
     priority: str | None = None
     """The workers' CPU priority (``"normal"`` or ``"low"``); None where the pool cannot
     set it (Ray actors) or no pool makes batches."""
+    epoch_left: int | None = None
+    """Batches of the epoch not yet handed to the training loop (None: not known, as
+    between epochs or for an iterable dataset)."""
     sample_costs: dict[str, Any] | None = None
     """The per-sample cost predictor's report (:meth:`drapps.runtime.cost.SampleCosts.report`);
     None where batches are not dispatched by a worker pool."""
