@@ -176,3 +176,27 @@ def test_more_workers_than_cores_do_not_make_uniform_costs_look_heavy_tailed() -
         os.sched_setaffinity(0, before)
     assert stats.sample_costs is not None and stats.sample_costs["tail_ratio"] < 4
     assert stats.cut_batches == 0
+    # The wall time a task takes per second of its own cost: three workers share the core,
+    # so about 3 (what an overdue part is judged by).
+    assert stats.sample_costs["stretch"] > 2
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "sched_setaffinity") or not os.path.exists("/proc/thread-self/schedstat"),
+    reason="needs Linux with per-thread scheduler statistics",
+)
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 4 worker processes")
+def test_workers_sharing_cores_do_not_make_parts_look_overdue() -> None:
+    # Four workers on one core make each part in about 4x its own cost. A part is overdue
+    # at 4x its predicted cost on the wall, so without the measured stretch every part
+    # looked overdue and was copied to another worker on the same busy core.
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(before)})
+    try:
+        with drapps.Loader(Spinning(), batch_size=32, workers=4, dispatch="samples") as loader:
+            list(loader)
+            costs = loader.stats().sample_costs
+    finally:
+        os.sched_setaffinity(0, before)
+    assert costs is not None and costs["stretch"] > 2.5
+    assert costs["hedges"] <= 2

@@ -44,6 +44,7 @@ _TASKS_PER_WORKER = 2
 _HEDGE_FACTOR = 4.0
 _HEDGE_MIN_S = 0.02
 _HEDGE_AHEAD = 2  # batches from the head whose overdue parts an idle worker may copy early
+_STRETCH_DECAY = 0.05  # weight of each reply in the running wall-over-cost ratio
 # A part predicted to cost this many times a typical one holds its worker to that part alone.
 _SLOW_PART = 2.0
 _WATCH_EVERY = 4  # with light-tailed costs, batches per one whose sample costs are learnt
@@ -160,6 +161,9 @@ class Dispatcher:
         self._partial: dict[int, PartialBatch] = {}
         self._slow_batches = 0  # batches that held a slow sample
         self._replies = 0
+        # Wall seconds a task takes per second of its samples' own cost: above 1 with more
+        # busy workers than cores (costs leave out the time a worker waited for a core).
+        self.stretch = 1.0
         self._hedged: set[tuple[int, int | None]] = set()  # parts copied to a second worker
         self._batch_bytes = 0
         self._live_bytes = 0
@@ -432,7 +436,7 @@ class Dispatcher:
             # The task the holder is on now: this part, or the one it is queued behind.
             running = holder.assigned[0].work or task.work
             typical = self.costs.median * len(running.positions)
-            due = max(_HEDGE_MIN_S, _HEDGE_FACTOR * max(typical, running.cost))
+            due = max(_HEDGE_MIN_S, _HEDGE_FACTOR * max(typical, running.cost) * self.stretch)
             if now - started < due:
                 continue
             room = _TASKS_PER_WORKER if waiting else 0
@@ -452,6 +456,13 @@ class Dispatcher:
                 self._target, copy.split, part,
             )  # fmt: skip
             self.pool.send(spare, message)
+
+    def _note_stretch(self, wall_s: float, costs: list[float]) -> None:
+        """Learn how long a task takes on the wall per second of its samples' own cost."""
+        cost = sum(costs)
+        if cost > 1e-3 and wall_s > 0:
+            ratio = min(max(wall_s / cost, 1.0), 64.0)
+            self.stretch += _STRETCH_DECAY * (ratio - self.stretch)
 
     def _may_queue(self, worker: Worker) -> bool:
         """Whether ``worker`` may take one more task now: up to two, so it never idles between
@@ -610,6 +621,8 @@ class Dispatcher:
             None,
         )
         if task is not None:
+            if kind == "ok" and worker.assigned[0] is task:
+                self._note_stretch(now - max(task.assigned_at, worker.last_progress), reply[6])
             worker.assigned.remove(task)
         worker.last_progress = now
         current = generation == self._generation_now
@@ -955,6 +968,7 @@ class Dispatcher:
             sample_costs={
                 **self.costs.report(),
                 "slow_batches": self._slow_batches,
+                "stretch": round(self.stretch, 2),
                 "hedges": int(counters["hedges"]),
                 "hedges_ahead": int(counters["hedges_ahead"]),
             },
