@@ -68,11 +68,11 @@ class PipelineModel:
     ``offload`` knob)."""
     outside_load: float = 0.0
     """Cores kept busy by other processes."""
-    oversubscription: float = 0.01
+    oversubscription: float = 0.018
     """Share of CPU work lost per runnable job beyond one per core (context switches, caches
-    shared by more processes than cores); the CPU time is still spent. 0.01 is a guess of the
-    size seen on the 2-core VM (7-8 workers made 3.4% fewer samples than 2 in one measured
-    scenario), not a fit."""
+    shared by more processes than cores); the CPU time is still spent. 0.018 is the least
+    squares fit to the image workload loader-bound on the 2-core VM at 2, 3, 4, 6 and 8
+    workers (8 made 4.8% fewer samples than 2; ``docs/results/learners/workers/``)."""
     worker_start_s: float = 0.3
     """CPU seconds a new worker spends starting before it takes tasks."""
     batch_bytes: int = 4 * 2**20
