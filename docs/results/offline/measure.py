@@ -8,15 +8,19 @@ of the bench's load scenarios, with a 40 ms sleeping training step, in a process
     python docs/results/offline/measure.py compare --policies heuristic,rl,OUT/tuned.npz \\
         --scenarios cpu-contention,slow-io --repeats 3 OUT
 
+    python docs/results/offline/measure.py workers --counts 1,2,4,8 --step-ms 0 OUT
+
 ``collect`` writes a trace per run (the heuristic and the shipped policy, alternating);
 ``compare`` runs every policy on every scenario, repeats interleaved, and writes
 ``compare.json`` and ``compare.md``: median samples/s, loop wait, peak RSS of the training
-process tree, and mean reward per controller tick (from each run's trace).
+process tree, and mean reward per controller tick (from each run's trace). ``workers`` runs
+fixed worker counts and adds the CPU each batch cost the workers and the training process.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import subprocess
@@ -38,18 +42,28 @@ from drapps.telemetry import read_trace
 BATCH, WARMUP, STEP_S = 32, 12, 0.040
 
 
-def one_run(policy: str, scenario_name: str, batches: int, trace: Path) -> dict[str, Any]:
-    """One run in this process; the result as a dict."""
+def one_run(
+    policy: str,
+    scenario_name: str,
+    batches: int,
+    trace: Path,
+    step_s: float = STEP_S,
+    cache: bool = False,
+) -> dict[str, Any]:
+    """One run in this process; the result as a dict. ``policy`` ``static:N``: N fixed workers."""
     workload_type = workload_class("image")
     workload = workload_type(workload_type.prepare(default_data_dir(), "default", 0))
     scenario = scenario_class(scenario_name)()
+    workers: Any = "auto"
     chosen: Any = MlpPolicy.load(policy) if policy.endswith(".npz") else policy
+    if policy.startswith("static:"):
+        chosen, workers = "static", int(policy.split(":")[1])
     peak = 0
     try:
         with drapps.Loader(
             workload.dataset(scenario.throttle()), batch_size=BATCH, drop_last=True,
-            workers="auto", persistent_workers=True, policy=chosen, cache=None, shuffle=True,
-            seed=0, trace=trace, control_interval=0.25,
+            workers=workers, persistent_workers=True, policy=chosen, cache=cache or None,
+            shuffle=True, seed=0, trace=trace, control_interval=0.25,
         ) as loader:  # fmt: skip
             it = iter(loader)
             for _ in range(WARMUP):
@@ -64,7 +78,7 @@ def one_run(policy: str, scenario_name: str, batches: int, trace: Path) -> dict[
                     it = iter(loader)
                     next(it)
                 waits.append(time.perf_counter() - asked)
-                time.sleep(STEP_S * factor)
+                time.sleep(step_s * factor)
                 if b % 10 == 0:
                     me = psutil.Process()
                     tree = [me, *me.children(recursive=True)]
@@ -76,7 +90,15 @@ def one_run(policy: str, scenario_name: str, batches: int, trace: Path) -> dict[
     finally:
         scenario.stop()
     rows = read_trace(trace).rows
+    ticks = list(itertools.pairwise(r for r in rows if r.t >= rows[-1].t - elapsed))
+    made = sum(b.state.throughput * (b.t - a.t) for a, b in ticks) / BATCH
+    per_batch = {  # CPU milliseconds per batch delivered, over the timed ticks
+        f"{who}_cpu_ms": 1000 * sum(getattr(b.state, f"{who}_cpu") * (b.t - a.t)
+                                    for a, b in ticks) / max(made, 1e-9)
+        for who in ("workers", "main")
+    }  # fmt: skip
     return {
+        **per_batch,
         "policy": policy,
         "scenario": scenario_name,
         "samples_per_s": batches * BATCH / elapsed,
@@ -88,10 +110,18 @@ def one_run(policy: str, scenario_name: str, batches: int, trace: Path) -> dict[
     }
 
 
-def spawn(policy: str, scenario: str, batches: int, trace: Path) -> dict[str, Any]:
+def spawn(
+    policy: str,
+    scenario: str,
+    batches: int,
+    trace: Path,
+    step_s: float = STEP_S,
+    cache: bool = False,
+) -> dict[str, Any]:
     """:func:`one_run` in a fresh process (nothing one run warms carries into the next)."""
     done = subprocess.run(
-        [sys.executable, __file__, "one", policy, scenario, str(batches), str(trace)],
+        [sys.executable, __file__, "one", policy, scenario, str(batches), str(trace),
+         str(step_s), "cache" if cache else "none"],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -115,7 +145,8 @@ def compare(args: argparse.Namespace) -> None:
             for scenario in args.scenarios.split(","):
                 for policy in args.policies.split(","):
                     trace = Path(scratch) / f"{len(runs)}.jsonl"
-                    result = {**spawn(policy, scenario, args.batches, trace), "repeat": repeat}
+                    result = spawn(policy, scenario, args.batches, trace, cache=args.cache)
+                    result = {**result, "repeat": repeat}
                     print(json.dumps(result), flush=True)
                     runs.append(result)
     (out / "compare.json").write_text(json.dumps(runs, indent=1))
@@ -140,16 +171,58 @@ def compare(args: argparse.Namespace) -> None:
             )
     lines.append(
         f"\nMedians of {args.repeats} interleaved repeats, {args.batches} timed batches of "
-        f"{BATCH} after {WARMUP}, a {STEP_S * 1000:.0f} ms sleeping step, a tick every 0.25 s."
+        f"{BATCH} after {WARMUP}, a {STEP_S * 1000:.0f} ms sleeping step, a tick every 0.25 s"
+        + (", the sample cache on." if args.cache else ".")
     )
     (out / "compare.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
+def per_count(args: argparse.Namespace) -> None:
+    """Fixed worker counts, interleaved: what each costs per batch on this machine."""
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    counts = [int(n) for n in args.counts.split(",")]
+    runs = []
+    for repeat in range(args.repeats):
+        for n in counts:
+            trace = out / f"{args.scenario}-{n}-{repeat}.jsonl"
+            result = spawn(f"static:{n}", args.scenario, args.batches, trace, args.step_ms / 1000)
+            runs.append({**result, "workers": n, "repeat": repeat})
+            print(json.dumps(runs[-1]), flush=True)
+    (out / "workers.json").write_text(json.dumps(runs, indent=1))
+    lines = [
+        "| workers | samples/s (min-max) | loop waited | worker CPU ms/batch "
+        "| training process CPU ms/batch | peak RSS MiB |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for n in counts:
+        mine = [r for r in runs if r["workers"] == n]
+        rates = [r["samples_per_s"] for r in mine]
+
+        def median(key: str, rows: list[dict[str, Any]] = mine) -> float:
+            return statistics.median(r[key] for r in rows)
+
+        lines.append(
+            f"| {n} | {median('samples_per_s'):.0f} ({min(rates):.0f}-{max(rates):.0f}) "
+            f"| {median('wait_fraction'):.0%} | {median('workers_cpu_ms'):.1f} "
+            f"| {median('main_cpu_ms'):.1f} | {median('peak_rss_mib'):.0f} |"
+        )
+    lines.append(
+        f"\n`{args.scenario}`, medians of {args.repeats} interleaved repeats, {args.batches} "
+        f"timed batches of {BATCH} after {WARMUP}, a {args.step_ms:g} ms sleeping step."
+    )
+    (out / "workers.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def main() -> None:
     if sys.argv[1:2] == ["one"]:
-        policy, scenario, batches, trace = sys.argv[2:6]
-        print(json.dumps(one_run(policy, scenario, int(batches), Path(trace))))
+        policy, scenario, batches, trace, step_s, cache = sys.argv[2:8]
+        result = one_run(
+            policy, scenario, int(batches), Path(trace), float(step_s), cache == "cache"
+        )
+        print(json.dumps(result))
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -163,9 +236,17 @@ def main() -> None:
     second.add_argument("--scenarios", default="cpu-contention,slow-io")
     second.add_argument("--repeats", type=int, default=3)
     second.add_argument("--batches", type=int, default=450)
+    second.add_argument("--cache", action="store_true", help="the sample cache on (cache=True)")
     second.add_argument("out")
+    third = commands.add_parser("workers")
+    third.add_argument("--counts", default="1,2,3,4,6,8")
+    third.add_argument("--scenario", default="steady")
+    third.add_argument("--step-ms", type=float, default=0.0)
+    third.add_argument("--repeats", type=int, default=2)
+    third.add_argument("--batches", type=int, default=300)
+    third.add_argument("out")
     args = parser.parse_args()
-    collect(args) if args.command == "collect" else compare(args)
+    {"collect": collect, "compare": compare, "workers": per_count}[args.command](args)
 
 
 if __name__ == "__main__":
