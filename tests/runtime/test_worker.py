@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 
@@ -136,3 +137,16 @@ def test_the_runqueue_wait_grows_only_while_the_thread_waits_for_a_core(
         pass
     contended = runqueue_wait() - start - slept
     assert slept < 0.02 and contended > 0.05, (slept, contended)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/thread-self/schedstat"), reason="needs Linux")
+def test_the_runqueue_file_of_a_thread_is_closed_when_the_thread_ends() -> None:
+    def open_files() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    before = open_files()
+    for _ in range(50):
+        thread = threading.Thread(target=runqueue_wait)
+        thread.start()
+        thread.join()
+    assert open_files() <= before + 2

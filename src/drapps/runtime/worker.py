@@ -239,28 +239,28 @@ def make_batch(
     return Made(batch, skipped, (fetch_s, transform_s, time.perf_counter() - t2), costs)
 
 
-class _RunQueue(threading.local):
-    """This thread's ``/proc/thread-self/schedstat``, kept open (a read is ~0.5 us)."""
+class _SchedStat:
+    """The opening thread's ``/proc/thread-self/schedstat``, kept open (a read is ~0.5 us)
+    and closed with the thread's local data."""
 
-    fd: int | None = None
-    missing = False
+    def __init__(self) -> None:
+        self.fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
 
     def __del__(self) -> None:
-        if self.fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self.fd)
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
 
 
-_run_queue = _RunQueue()
+_threads = threading.local()
 
 
-def _forget_run_queue() -> None:  # a forked child's open file is its parent thread's
-    global _run_queue
-    _run_queue = _RunQueue()
+def _forget_schedstat() -> None:  # a forked child's open file is its parent's thread's
+    global _threads
+    _threads = threading.local()
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_run_queue)
+    os.register_at_fork(after_in_child=_forget_schedstat)
 
 
 def runqueue_wait() -> float:
@@ -272,19 +272,20 @@ def runqueue_wait() -> float:
     a time slice or two), and uniform costs look heavy-tailed. 0.0 where the kernel does not
     say (not Linux, no schedstats): costs are then wall times.
     """
-    local = _run_queue
-    if local.fd is None:
-        if local.missing:
+    local = _threads
+    stat: _SchedStat | None = getattr(local, "stat", None)
+    if stat is None:
+        if getattr(local, "missing", False):
             return 0.0
         try:
-            local.fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+            stat = local.stat = _SchedStat()
         except OSError:
             local.missing = True
             return 0.0
     try:
-        return int(os.pread(local.fd, 64, 0).split()[1]) / 1e9
+        return int(os.pread(stat.fd, 64, 0).split()[1]) / 1e9
     except (OSError, IndexError, ValueError):
-        local.missing = True
+        local.missing, local.stat = True, None
         return 0.0
 
 
