@@ -73,7 +73,10 @@ while time.monotonic() < end:
             elif r < 0.09 and workers != "auto":
                 pids = loader.stats().worker_pids
                 if pids:
-                    os.kill(rng.choice(pids), signal.SIGKILL)
+                    try:
+                        os.kill(rng.choice(pids), signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass  # it left on its own since the read (a retired worker)
             elif r < 0.10:
                 whole = False
                 break
