@@ -164,6 +164,7 @@ class Dispatcher:
         # Wall seconds a task takes per second of its samples' own cost: above 1 with more
         # busy workers than cores (costs leave out the time a worker waited for a core).
         self.stretch = 1.0
+        self._stretches = 0  # replies the stretch has learnt from
         self._hedged: set[tuple[int, int | None]] = set()  # parts copied to a second worker
         self._batch_bytes = 0
         self._live_bytes = 0
@@ -462,7 +463,8 @@ class Dispatcher:
         cost = sum(costs)
         if cost > 1e-3 and wall_s > 0:
             ratio = min(max(wall_s / cost, 1.0), 64.0)
-            self.stretch += _STRETCH_DECAY * (ratio - self.stretch)
+            self._stretches += 1  # the mean of the first replies, then a running average
+            self.stretch += max(_STRETCH_DECAY, 1 / self._stretches) * (ratio - self.stretch)
 
     def _may_queue(self, worker: Worker) -> bool:
         """Whether ``worker`` may take one more task now: up to two, so it never idles between
