@@ -270,17 +270,23 @@ def test_a_policy_over_every_knob_steers_a_simulated_cache_and_priority(tmp_path
     assert "codec" not in uncached.ticks[-1].applied
 
 
+def vm_tick(**fields: object) -> State:
+    """A tick of 4 workers (at most 8) on the project's 2-core, 24 GiB VM."""
+    machine = {"cores": 2, "rss_bytes": 1 * 2**30, "available_bytes": 23 * 2**30,
+               "total_bytes": 24 * 2**30, "workers": 4, "max_workers": 8}  # fmt: skip
+    return state(**{**machine, **fields})
+
+
 def test_the_shipped_policy_does_not_grow_the_pool_as_an_epoch_drains() -> None:
     # A tick near an epoch's end on the 2-core VM (a sleeping step, CPU to spare): five
     # batches ready of a prefetch depth of ten, and five left in the epoch. Read against the
     # depth alone the queue looks half empty while the loop is fed, which the policy (trained
     # where epochs do not end) read as the workers falling behind: one worker more at every
     # epoch's end, and 8 workers where 2 fed the loop.
-    draining = state(
-        cores=2, cpu_util=0.19, idle_cores=1.62, main_cpu=0.04, workers_cpu=0.36,
-        rss_bytes=1 * 2**30, available_bytes=23 * 2**30, total_bytes=24 * 2**30,
-        queue_batches=5, prefetch=10, wait_fraction=0.0, latency_p50_s=0.032,
-        latency_p99_s=0.034, throughput=380.0, workers=4, max_workers=8,
+    draining = vm_tick(
+        cpu_util=0.19, idle_cores=1.62, main_cpu=0.04, workers_cpu=0.36, queue_batches=5,
+        prefetch=10, wait_fraction=0.0, latency_p50_s=0.032, latency_p99_s=0.034,
+        throughput=380.0,
     )  # fmt: skip
     policy = make_policy("rl")
     assert policy.decide(draining).workers == 1  # the premise: unknown end, it grows
@@ -291,11 +297,10 @@ def test_the_learned_policy_holds_through_ticks_that_show_only_the_pipeline_star
     # A tick in which an epoch began: the loop waited on an empty queue for the new epoch's
     # first batches, which more workers do not make sooner. The policy holds there, and reads
     # the next tick as it would any other.
-    begun = state(
-        cores=2, cpu_util=0.3, idle_cores=1.4, main_cpu=0.0, workers_cpu=0.55,
-        rss_bytes=1 * 2**30, available_bytes=23 * 2**30, total_bytes=24 * 2**30,
-        queue_batches=0, prefetch=8, wait_fraction=0.25, latency_p50_s=0.04,
-        latency_p99_s=0.05, throughput=400.0, workers=4, max_workers=8,
+    begun = vm_tick(
+        cpu_util=0.3, idle_cores=1.4, main_cpu=0.0, workers_cpu=0.55, queue_batches=0,
+        prefetch=8, wait_fraction=0.25, latency_p50_s=0.04, latency_p99_s=0.05,
+        throughput=400.0,
     )  # fmt: skip
     policy = make_policy("rl")
     assert policy.decide(begun).workers == 1  # the premise: a starving loop, it grows
