@@ -60,10 +60,31 @@ def test_files_from_another_feature_set_or_not_policies_are_refused(tmp_path: Pa
     np.savez(tmp_path / "old.npz", **data)
     with pytest.raises(ValueError, match="trained on features"):
         MlpPolicy.load(tmp_path / "old.npz")
-    with pytest.raises(ValueError, match=r"layer 0: expected a \(14, n\) weight"):
+    width = len(State.features())
+    with pytest.raises(ValueError, match=rf"layer 0: expected a \({width}, n\) weight"):
         MlpPolicy([(np.zeros((3, 9)), np.zeros(9))])
     with pytest.raises(ValueError, match="9 outputs"):
-        MlpPolicy([(np.zeros((14, 4)), np.zeros(4))])
+        MlpPolicy([(np.zeros((width, 4)), np.zeros(4))])
+
+
+def test_a_policy_reads_the_features_its_file_names(tmp_path: Path) -> None:
+    """A file trained before a feature existed (without ``busy_share``) loads and reads its
+    own list, by name, in its order; the same weights over another order decide by that."""
+    older = tuple(f for f in State.FEATURES if f != "busy_share")
+    rng = np.random.default_rng(3)
+    layers = [(rng.normal(size=(len(older), 8)), rng.normal(size=8)),
+              (rng.normal(size=(8, 9)), rng.normal(size=9))]  # fmt: skip
+    MlpPolicy(layers, features=older).save(tmp_path / "older.npz")
+    loaded = MlpPolicy.load(tmp_path / "older.npz")
+    assert loaded.features == older
+    s = state(wait_fraction=0.4, idle_cores=1.0, in_flight=3.0, workers=4)
+    assert np.array_equal(s.vector(features=older), np.delete(s.vector(), -1))
+    assert loaded.decide(s) == MlpPolicy(layers, features=older).decide(s)
+    reordered = older[::-1]
+    flipped = [(layers[0][0][::-1], layers[0][1]), layers[1]]
+    assert MlpPolicy(flipped, features=reordered).decide(s) == loaded.decide(s)
+    with pytest.raises(ValueError, match=r"features \['cpu_load'\] are not State features"):
+        MlpPolicy(layers, features=("cpu_load", *older[1:]))
 
 
 def test_the_shipped_policy_loads_and_decides() -> None:
@@ -144,7 +165,8 @@ def test_a_policy_for_the_split_reads_the_device_stage_and_moves_the_cut(tmp_pat
     assert moves <= {-1, 0, 1}
     s = state(split=3, device_stage_share=0.3)
     assert loaded.decide(s) == policy.decide(s)
-    with pytest.raises(ValueError, match=r"layer 0: expected a \(14, n\) weight"):
+    width = len(State.features())
+    with pytest.raises(ValueError, match=rf"layer 0: expected a \({width}, n\) weight"):
         MlpPolicy(policy.layers)  # the split policy's layers, for the default knobs
     assert Action.space(("split",)) == (Action(split=-1), Action(), Action(split=1))
     with pytest.raises(ValueError, match=r"knobs must be distinct names from \['workers', "):
@@ -227,7 +249,7 @@ def test_knobs_the_policy_was_not_trained_on_are_moved_by_the_heuristics_rules()
     assert all("rule: " in a.reason for a in ruled)
     bare = MlpPolicy.shipped()  # its own knobs: exactly the network's choice, every tick
     for tick in run.ticks:
-        own = bare.choose(tick.state.vector(bare.knobs))
+        own = bare.choose(tick.state.vector(features=bare.features))
         assert (tick.action.workers, tick.action.prefetch) == (own.workers, own.prefetch)
     # and on the knobs it knows, it acts exactly as before
     policy.bind(("workers", "prefetch"))

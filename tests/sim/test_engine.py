@@ -290,3 +290,20 @@ def test_the_worker_bound_is_the_loaders() -> None:
     assert PipelineModel(cores=2).worker_limit == 8
     assert PipelineModel(cores=16).worker_limit == 32
     assert LoaderConfig(workers="auto").resolved_max_workers >= AUTO_MAX_WORKERS
+
+
+@pytest.mark.parametrize(("step_s", "busy"), [(0.002, (0.9, 1.0)), (0.5, (0.0, 0.2))])
+def test_busy_share_is_batches_in_flight_per_worker(
+    step_s: float, busy: tuple[float, float]
+) -> None:
+    # A step faster than the workers keeps all four at work; a slow one leaves them idle
+    # behind a full queue. By Little's law the interval's batch latencies over its length
+    # are the batches in flight, as the real monitor reads them.
+    p = PipelineModel(cores=4, cpu_s=0.2, step_s=step_s)
+    sim = Simulator(Scenario(p), workers=4, seed=0)
+    sim.run_until(10.0)
+    sim.observe()
+    sim.run_until(20.0)
+    state = sim.observe()
+    assert state.in_flight is not None
+    assert busy[0] <= state.busy_share <= busy[1], state

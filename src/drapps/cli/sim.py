@@ -256,7 +256,7 @@ def _finetune_offline(args: argparse.Namespace) -> int:
         raise UsageError(f"--steps must be >= 1, got {steps}")
     try:
         start_from = MlpPolicy.load(args.start) if args.start else MlpPolicy.shipped()
-        data = transitions(args.offline, start_from.knobs)
+        data = transitions(args.offline, start_from.knobs, features=start_from.features)
     except (ValueError, OSError) as exc:
         raise UsageError(str(exc)) from None
     source = args.start or "the shipped policy"

@@ -23,6 +23,11 @@ class RewardWeights:
     """Per unit of the machine's memory the pipeline holds (its RSS over total memory): a
     worker that adds no throughput still costs its memory. Without it, a learned policy
     trained in the simulator learns to hold every worker it may."""
+    idle: float = 0.0
+    """Per unit of idle workers: those beyond one that sit behind a full queue (1 minus
+    ``State.busy_share``), over the pool's bound. Memory held for nothing, however much
+    the machine has: on a large machine the footprint alone is too small for a learned
+    policy to tell apart from noise."""
     energy: float = 0.0
     """Per unit of ``log1p(power_w)`` (off by default). At 1.0 it and the throughput term
     together reward ``log`` of samples per joule, so a worker that adds watts but no
@@ -30,7 +35,7 @@ class RewardWeights:
     power figure pays nothing."""
 
     def __post_init__(self) -> None:
-        for name in ("wait", "imbalance", "memory", "footprint", "energy"):
+        for name in ("wait", "imbalance", "memory", "footprint", "idle", "energy"):
             if getattr(self, name) < 0:
                 raise ValueError(f"RewardWeights.{name} must be >= 0, got {getattr(self, name)!r}")
 
@@ -53,9 +58,18 @@ def memory_overrun(state: State) -> float:
     return over_budget + low_memory
 
 
+def idle_workers(state: State) -> float:
+    """0..1: workers beyond one left without work (behind a full queue) over the pool's
+    bound; 0 where batches in flight were not measured."""
+    if state.in_flight is None:
+        return 0.0
+    spare = max(0, state.workers - 1) * (1.0 - state.busy_share)
+    return min(1.0, spare / max(1, state.max_workers))
+
+
 def reward(state: State, weights: RewardWeights = RewardWeights()) -> float:
     """log1p(throughput) minus weighted consumer wait, imbalance, memory overrun, memory
-    footprint and (when weighted) power."""
+    footprint, idle workers and (when weighted) power."""
     power = math.log1p(state.power_w) if weights.energy and state.power_w else 0.0
     return (
         math.log1p(state.throughput)
@@ -63,5 +77,6 @@ def reward(state: State, weights: RewardWeights = RewardWeights()) -> float:
         - weights.imbalance * imbalance(state)
         - weights.memory * memory_overrun(state)
         - weights.footprint * state.rss_bytes / max(1, state.total_bytes)
+        - weights.idle * idle_workers(state)
         - weights.energy * power
     )

@@ -82,12 +82,14 @@ class MlpPolicy:
         continuous: True for a policy with one output per knob, squashed by tanh into
             [-1, 1] and turned into an Action by :func:`continuous_action` (what SAC trains);
             False for one score per discrete action, the highest taken (PPO, DDQN).
+        features: the State features it reads, in order (default: ``State.features(knobs)``,
+            what a policy trained now reads; a file keeps the list it was trained on).
 
     Example:
         >>> import numpy as np
         >>> from drapps.control.rl import MlpPolicy
         >>> policy = MlpPolicy.shipped()
-        >>> policy.scores(np.zeros(14, dtype=np.float32)).shape
+        >>> policy.scores(np.zeros(len(policy.features), dtype=np.float32)).shape
         (9,)
     """
 
@@ -97,16 +99,22 @@ class MlpPolicy:
         meta: dict[str, Any] | None = None,
         knobs: Sequence[str] = KNOBS,
         continuous: bool = False,
+        features: Sequence[str] | None = None,
     ) -> None:
         if not layers:
             raise ValueError("an MlpPolicy needs at least one layer")
         self.knobs = tuple(knobs)
+        self.features = tuple(features) if features is not None else State.features(knobs)
+        """The State features it reads (:meth:`State.vector`), in order."""
+        unknown = [name for name in self.features if name not in State.ALL_FEATURES]
+        if unknown:
+            raise ValueError(f"features {unknown} are not State features")
         """The knobs this policy moves; a Controller without them refuses it."""
         self.continuous = continuous
         self.actions = Action.space(self.knobs)
         outputs = len(self.knobs) if continuous else len(self.actions)
         checked = []
-        width = len(State.features(self.knobs))
+        width = len(self.features)
         for k, (weight, bias) in enumerate(layers):
             weight = np.asarray(weight, dtype=np.float32)
             bias = np.asarray(bias, dtype=np.float32)
@@ -189,7 +197,7 @@ class MlpPolicy:
 
     def decide(self, state: State) -> Action:
         why = self._no_evidence(state)
-        action = Action(reason=why) if why else self.choose(state.vector(self.knobs))
+        action = Action(reason=why) if why else self.choose(state.vector(features=self.features))
         if not action.is_noop:
             action = dataclasses.replace(
                 action,
@@ -209,7 +217,7 @@ class MlpPolicy:
         """Write the policy as a ``.npz`` (weights plus a JSON header)."""
         header = {
             "format": FORMAT,
-            "features": list(State.features(self.knobs)),
+            "features": list(self.features),
             "actions": _output_names(self.knobs, self.continuous),
             "knobs": list(self.knobs),
             "continuous": self.continuous,
@@ -251,22 +259,29 @@ class MlpPolicy:
         if not isinstance(continuous, bool):
             raise ValueError(f"{path}: 'continuous' must be true or false, got {continuous!r}")
         try:
-            checks = (
-                ("features", list(State.features(knobs))),
-                ("actions", _output_names(knobs, continuous)),
-            )
+            actions = _output_names(knobs, continuous)
         except (TypeError, ValueError) as exc:
             raise ValueError(
                 f"{path}: trained on knobs {knobs!r}, which this drapps lacks: {exc}"
             ) from None
-        for key, ours in checks:
-            if header.get(key) != ours:
-                raise ValueError(
-                    f"{path}: trained on {key} {header.get(key)!r}, this drapps has {ours!r}"
-                )
+        if header.get("actions") != actions:
+            raise ValueError(
+                f"{path}: trained on actions {header.get('actions')!r}, this drapps has {actions!r}"
+            )
+        features = header.get("features")
+        if not isinstance(features, list) or not all(isinstance(f, str) for f in features):
+            raise ValueError(f"{path}: 'features' must be a list of names, got {features!r}")
+        unknown = [name for name in features if name not in State.ALL_FEATURES]
+        if unknown:
+            raise ValueError(
+                f"{path}: trained on features {unknown} this drapps lacks (it has "
+                f"{sorted(State.ALL_FEATURES)})"
+            )
         meta = header.get("meta")
         try:
-            return cls(layers, meta if isinstance(meta, dict) else None, knobs, continuous)
+            return cls(
+                layers, meta if isinstance(meta, dict) else None, knobs, continuous, features
+            )
         except ValueError as exc:
             raise ValueError(f"{path}: malformed policy: {exc}") from exc
 

@@ -91,6 +91,10 @@ class State:
     epoch_left: int | None = None
     """Batches of the epoch not yet handed to the training loop; None where unknown (an
     iterable dataset, between epochs) or where epochs do not end (the simulator)."""
+    in_flight: float | None = None
+    """Batches being made, on average over the interval: the sum of the latencies of the
+    batches received in it over its length (Little's law). None where not measured (older
+    traces)."""
     sample_tail: float = 1.0
     """p99 over median of the recent per-sample costs (1.0 where not measured): above about
     8, a few slow samples hold whole batches unless they are cut into parts."""
@@ -148,6 +152,7 @@ class State:
         "throughput_log",
         "worker_share",
         "prefetch_per_worker",
+        "busy_share",
     )
 
     SPLIT_FEATURES: ClassVar[tuple[str, ...]] = ("device_stage_share",)
@@ -202,44 +207,77 @@ class State:
         room = self.prefetch if self.epoch_left is None else min(self.prefetch, self.epoch_left)
         return self.queue_batches / room if room > 0 else 1.0
 
-    def vector(self, knobs: Sequence[str] = ("workers", "prefetch")) -> np.ndarray:
-        """Features in :meth:`features` order, each scaled to roughly [0, 1] (float32)."""
+    ALL_FEATURES: ClassVar[frozenset[str]] = frozenset(
+        FEATURES
+        + SPLIT_FEATURES
+        + CODEC_FEATURES
+        + OFFLOAD_FEATURES
+        + LOOKAHEAD_FEATURES
+        + PRIORITY_FEATURES
+    )
+    """Every feature a policy may read (a policy file names the ones it was trained on)."""
+
+    @property
+    def busy_share(self) -> float:
+        """Batches being made per worker, 0..1: near 1 the workers are all at work (on the
+        CPU or waiting on reads); near 0 they sit idle because the queue is full, and fewer
+        would do. 0 where not measured."""
+        if self.in_flight is None:
+            return 0.0
+        return min(1.0, self.in_flight / max(1, self.workers))
+
+    def feature_values(self) -> dict[str, float]:
+        """Every feature by name, each scaled to roughly [0, 1] (before clipping)."""
         cores = max(1, self.cores)
         p50 = max(self.latency_p50_s, 1e-4)
-        values: tuple[float, ...] = (
-            self.cpu_util,
-            self.idle_cores / cores,
-            self.main_cpu / cores,
-            self.workers_cpu / cores,
-            self.available_bytes / max(1, self.total_bytes),
-            self.gpu_util if self.gpu_util is not None else 0.0,
-            self.queue_fill,
-            self.queue_bytes / max(1, self.memory_budget),
-            self.wait_fraction,
-            (math.log10(p50) + 4) / 5,  # 0.1 ms -> 0, 10 s -> 1
-            math.log10(max(self.latency_p99_s, p50) / p50) / 2,
-            math.log10(1 + self.throughput) / 6,  # up to a million samples/s
-            self.workers / max(1, self.max_workers),
-            self.prefetch / max(1, self.workers) / 8,
-        )
-        if "split" in knobs:
-            values += (self.device_stage_share,)
-        if "codec" in knobs:
-            read = self.cache_read_ms / max(self.cache_make_ms, self.cache_read_ms, 1e-6)
-            values += (self.cache_hit_rate, read, self.cache_fill, self.cache_not_admitted)
-            values += self._codec_sizes()
-        if "offload" in knobs:
-            gpu = self.gpu_util if self.gpu_util is not None else self.device_stage_share
-            values += (self.offload or 0.0, self.device_stage_share, gpu)
-        if "lookahead" in knobs:
-            lookahead = self.lookahead if self.lookahead is not None else 2 * self.prefetch
-            values += (
-                lookahead / max(1, self.prefetch) / 8,  # its default, twice the depth: 0.25
-                math.log10(max(1.0, self.sample_tail)) / 2,  # 100x the median -> 1
-            )
-        if "priority" in knobs:
-            values += (1.0 if self.priority == "low" else 0.0,)
-        return np.clip(np.asarray(values, dtype=np.float32), 0.0, 1.0)
+        gpu = self.gpu_util if self.gpu_util is not None else 0.0
+        read = self.cache_read_ms / max(self.cache_make_ms, self.cache_read_ms, 1e-6)
+        size, fit = self._codec_sizes()
+        lookahead = self.lookahead if self.lookahead is not None else 2 * self.prefetch
+        return {
+            "cpu_util": self.cpu_util,
+            "idle_core_share": self.idle_cores / cores,
+            "main_cpu_share": self.main_cpu / cores,
+            "workers_cpu_share": self.workers_cpu / cores,
+            "memory_available_share": self.available_bytes / max(1, self.total_bytes),
+            "gpu_util": gpu,
+            "queue_fill": self.queue_fill,
+            "queue_bytes_share": self.queue_bytes / max(1, self.memory_budget),
+            "wait_fraction": self.wait_fraction,
+            "latency_p50_log": (math.log10(p50) + 4) / 5,  # 0.1 ms -> 0, 10 s -> 1
+            "latency_spread_log": math.log10(max(self.latency_p99_s, p50) / p50) / 2,
+            "throughput_log": math.log10(1 + self.throughput) / 6,  # up to a million samples/s
+            "worker_share": self.workers / max(1, self.max_workers),
+            "prefetch_per_worker": self.prefetch / max(1, self.workers) / 8,
+            "busy_share": self.busy_share,
+            "device_stage_share": self.device_stage_share,
+            "cache_hit_rate": self.cache_hit_rate,
+            "cache_read_share": read,
+            "cache_fill": self.cache_fill,
+            "cache_not_admitted": self.cache_not_admitted,
+            "codec_size_share": size,
+            "cache_fit": fit,
+            "offload": self.offload or 0.0,
+            "gpu_busy": self.gpu_util if self.gpu_util is not None else self.device_stage_share,
+            "lookahead_per_prefetch": lookahead / max(1, self.prefetch) / 8,  # default: 0.25
+            "sample_tail_log": math.log10(max(1.0, self.sample_tail)) / 2,  # 100x -> 1
+            "priority_low": 1.0 if self.priority == "low" else 0.0,
+        }
+
+    def vector(
+        self,
+        knobs: Sequence[str] = ("workers", "prefetch"),
+        features: Sequence[str] | None = None,
+    ) -> np.ndarray:
+        """The ``features`` named (default: :meth:`features` of ``knobs``, in that order),
+        each clipped to [0, 1] (float32).
+
+        Raises:
+            KeyError: a name that is not a feature.
+        """
+        values = self.feature_values()
+        names = self.features(knobs) if features is None else features
+        return np.clip(np.asarray([values[n] for n in names], dtype=np.float32), 0.0, 1.0)
 
     def _codec_sizes(self) -> tuple[float, float]:
         """The current codec's entry size over the largest profiled one's, and the share of

@@ -324,6 +324,7 @@ class Simulator:
             offload=self._share if p.offload is not None else None,
             lookahead=None if self._inline else self.lookahead,
             priority=None if self._inline else self._priority,
+            in_flight=sum(i.latencies) / dt,
             sample_tail=p.sample_tail,
             device_stage_s=i.device_s / i.device_batches if i.device_batches else 0.0,
             device_stage_share=min(1.0, i.device_s / dt),

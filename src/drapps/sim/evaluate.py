@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from drapps.control.policy import Policy
+from drapps.control.reward import RewardWeights
 from drapps.sim.families import draw
 from drapps.sim.run import SimRun, oracle_static, simulate
 
@@ -76,9 +77,11 @@ def evaluate(
     interval: float = 0.5,
     seed: int = 0,
     baselines: Sequence[str] = BASELINES,
+    weights: RewardWeights | None = None,
 ) -> Evaluation:
     """Run every policy (fresh per episode when given by name) on ``episodes`` scenarios of
-    each family, seeded by ``seed``."""
+    each family, seeded by ``seed``, scored by the reward with ``weights`` (default: the
+    shared reward's)."""
     for name in baselines:
         if name not in BASELINES:
             raise ValueError(f"baselines must be among {BASELINES}, got {name!r}")
@@ -90,16 +93,28 @@ def evaluate(
             scenario = draw(family, rng, duration)
             run_seed = int(rng.integers(2**31))
             runs: dict[str, SimRun] = {}
-            oracle = oracle_static(scenario, duration=duration, interval=interval, seed=run_seed)
+            oracle = oracle_static(
+                scenario, duration=duration, interval=interval, seed=run_seed, weights=weights
+            )
             if "oracle-static" in baselines:
                 runs["oracle-static"] = oracle
             if "dataloader" in baselines:
                 runs["dataloader"] = simulate(
-                    scenario, duration=duration, interval=interval, seed=run_seed, workers=0
+                    scenario,
+                    duration=duration,
+                    interval=interval,
+                    seed=run_seed,
+                    workers=0,
+                    weights=weights,
                 )
             for name, policy in policies.items():
                 runs[name] = simulate(
-                    scenario, policy, duration=duration, interval=interval, seed=run_seed
+                    scenario,
+                    policy,
+                    duration=duration,
+                    interval=interval,
+                    seed=run_seed,
+                    weights=weights,
                 )
             for name, run in runs.items():
                 summary = run.summary()

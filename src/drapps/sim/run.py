@@ -235,14 +235,28 @@ def codec_knobs(sim: Simulator, *, adjustable: bool) -> list[Knob]:
 
 
 def oracle_static(
-    scenario: Scenario, *, duration: float = 60.0, interval: float = 0.5, seed: int = 0
+    scenario: Scenario,
+    *,
+    duration: float = 60.0,
+    interval: float = 0.5,
+    seed: int = 0,
+    weights: RewardWeights | None = None,
 ) -> SimRun:
     """The best fixed worker count for this scenario, found by trying them (hindsight: no real
-    loader can know it in advance). Every count up to 16, then a geometric grid."""
+    loader can know it in advance). Every count up to 16, then a geometric grid; its ticks
+    scored with ``weights``."""
     limit = scenario.pipeline.worker_limit
     counts = sorted({*range(1, min(limit, 16) + 1), *_grid(16, limit)})
     runs = [
-        simulate(scenario, "static", duration=duration, interval=interval, seed=seed, workers=n)
+        simulate(
+            scenario,
+            "static",
+            duration=duration,
+            interval=interval,
+            seed=seed,
+            workers=n,
+            weights=weights,
+        )
         for n in counts
     ]
     return max(runs, key=lambda run: (run.throughput, -run.wait_fraction))

@@ -203,6 +203,7 @@ class Monitor:
             split=pipe.split,
             lookahead=pipe.lookahead or None,
             epoch_left=pipe.epoch_left,
+            in_flight=sum(recent) / dt,
             priority=pipe.priority,
             sample_tail=float((pipe.sample_costs or {}).get("tail_ratio", 1.0)),
             device_stage_s=(pipe.device_s - last.device_s) / staged if staged > 0 else 0.0,

@@ -69,7 +69,7 @@ def test_ppo_exports_the_actor_it_trained() -> None:
     env = PipelineEnv(["cpu-bound"], duration=10.0)
     learner = make_learner("ppo")
     policy = learner.train(env, 256, seed=0)
-    obs = np.random.default_rng(0).uniform(0, 1, size=(50, 14)).astype(np.float32)
+    obs = np.random.default_rng(0).uniform(0, 1, size=(50, len(policy.features))).astype(np.float32)
     expected, _ = learner.model.predict(obs, deterministic=True)  # type: ignore[attr-defined]
     assert np.array_equal(np.argmax(policy.scores(obs), axis=1), expected)
 

@@ -15,6 +15,7 @@ from drapps.cli import main
 from drapps.control.action import Action
 from drapps.control.reward import RewardWeights, reward
 from drapps.control.rl import MlpPolicy
+from drapps.control.state import State
 from drapps.telemetry import read_trace
 
 pytest.importorskip("d3rlpy")
@@ -80,12 +81,14 @@ def bandit(n: int = 600, seed: int = 0) -> Transitions:
     """Every action tried in random states; only 'workers+1 prefetch-1' pays."""
     rng = np.random.default_rng(seed)
     actions = rng.integers(0, 9, size=n)
+    features = MlpPolicy.shipped().features
     return Transitions(
-        observations=rng.uniform(0, 1, size=(n, 14)).astype(np.float32),
+        observations=rng.uniform(0, 1, size=(n, len(features))).astype(np.float32),
         actions=actions,
         rewards=np.where(actions == 6, 1.0, 0.0).astype(np.float32),
         timeouts=np.tile([0.0] * 9 + [1.0], n // 10).astype(np.float32),
         knobs=("workers", "prefetch"),
+        features=features,
     )
 
 
@@ -109,7 +112,10 @@ def test_fine_tuning_refuses_what_it_cannot_tune() -> None:
         finetune(start, data, steps=0)
     with pytest.raises(ValueError, match="the policy moves"):
         finetune(start, replace(data, knobs=("workers",)), steps=1)
-    sac = MlpPolicy([(np.zeros((14, 2)), np.zeros(2))], continuous=True)
+    with pytest.raises(ValueError, match="the policy reads features"):
+        finetune(start, replace(data, features=State.features()[::-1]), steps=1)
+    width = len(State.features())
+    sac = MlpPolicy([(np.zeros((width, 2)), np.zeros(2))], continuous=True)
     with pytest.raises(ValueError, match="not sac's"):
         finetune(sac, data, steps=1)
 

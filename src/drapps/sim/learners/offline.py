@@ -31,6 +31,7 @@ from drapps._optional import require
 from drapps.control.action import Action
 from drapps.control.reward import RewardWeights, reward
 from drapps.control.rl import MlpPolicy
+from drapps.control.state import State
 from drapps.telemetry.trace import TraceRow, read_trace, while_loading
 
 logger = logging.getLogger(__name__)
@@ -41,7 +42,7 @@ class Transitions:
     """Transitions from traces, as arrays (one row per transition)."""
 
     observations: np.ndarray
-    """``State.vector(knobs)`` of the State each action was taken in."""
+    """``State.vector(knobs, features)`` of the State each action was taken in."""
     actions: np.ndarray
     """Index of the step each knob took, in ``Action.space(knobs)``."""
     rewards: np.ndarray
@@ -49,6 +50,8 @@ class Transitions:
     timeouts: np.ndarray
     """1.0 on each trace's last transition (a run's end is not a terminal state)."""
     knobs: tuple[str, ...]
+    features: tuple[str, ...] = ()
+    """The State features of :attr:`observations`, in order."""
 
     def __len__(self) -> int:
         return len(self.actions)
@@ -75,8 +78,10 @@ def transitions(
     paths: Sequence[str | os.PathLike[str]],
     knobs: Sequence[str] = ("workers", "prefetch"),
     weights: RewardWeights | None = None,
+    features: Sequence[str] | None = None,
 ) -> Transitions:
-    """The transitions of the traces at ``paths`` for a policy moving ``knobs``.
+    """The transitions of the traces at ``paths`` for a policy moving ``knobs`` and reading
+    ``features`` (default: ``State.features(knobs)``).
 
     Raises:
         ValueError: a file is not a trace (naming it), a trace lacks one of ``knobs`` (a run
@@ -95,7 +100,7 @@ def transitions(
                     f"{path}: its rows have no {missing!r} knob; a policy moving {list(knobs)} "
                     "needs traces of pipelines that have each"
                 )
-            obs.append(before.state.vector(knobs))
+            obs.append(before.state.vector(knobs, features))
             actions.append(index[tuple(int(step or 0) for step in steps)])
             rewards.append(reward(after.state, weights))
             timeouts.append(0.0)
@@ -112,6 +117,7 @@ def transitions(
         rewards=np.asarray(rewards, dtype=np.float32),
         timeouts=np.asarray(timeouts, dtype=np.float32),
         knobs=tuple(knobs),
+        features=tuple(State.features(knobs) if features is None else features),
     )
 
 
@@ -150,13 +156,19 @@ def finetune(
     of actions kept.
 
     Raises:
-        ValueError: a continuous policy, knobs that differ from the data's, or steps < 1.
+        ValueError: a continuous policy, knobs or features that differ from the data's, or
+            steps < 1.
     """
     if policy.continuous:
         raise ValueError("offline fine-tuning takes a discrete policy (ppo, ddqn), not sac's")
     if tuple(policy.knobs) != data.knobs:
         raise ValueError(
             f"the policy moves {list(policy.knobs)} but the transitions are for {list(data.knobs)}"
+        )
+    if policy.features != data.features:
+        raise ValueError(
+            f"the policy reads features {list(policy.features)} but the transitions hold "
+            f"{list(data.features)}"
         )
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps!r}")
@@ -219,4 +231,4 @@ def finetune(
         "offline": {"learner": "cql", "steps": steps, "seed": seed,
                     "transitions": len(data), "alpha": c.alpha},
     }  # fmt: skip
-    return MlpPolicy(layers, meta, policy.knobs)
+    return MlpPolicy(layers, meta, policy.knobs, features=policy.features)
