@@ -19,6 +19,7 @@ from drapps.control import (
     policy_names,
     reward,
 )
+from drapps.control.reward import RewardWeights, idle_workers
 
 
 class World:
@@ -221,6 +222,21 @@ def test_reward_prefers_throughput_and_punishes_waiting_and_overrun() -> None:
     assert reward(state(throughput=2000)) > fed
     # the same throughput from a bigger footprint (more idle workers' memory) is worth less
     assert reward(state(throughput=1000, rss_bytes=8 * GIB)) < fed
+
+
+def test_the_idle_term_charges_workers_left_behind_a_full_queue() -> None:
+    # Eight workers with half a batch in flight: 7 of them idle, less the share of a batch
+    # the rest keep; none charged where batches in flight were not measured, or for one.
+    idle = state(workers=8, max_workers=8, in_flight=0.5)
+    assert idle_workers(idle) == pytest.approx(7 * (1 - 0.5 / 8) / 8)
+    assert idle_workers(state(workers=8, max_workers=8, in_flight=8.0)) == 0.0
+    assert idle_workers(state(workers=8)) == 0.0 and idle.busy_share == 0.5 / 8
+    assert idle_workers(state(workers=1, in_flight=0.0)) == 0.0
+    weights = RewardWeights(idle=0.5)
+    assert reward(idle) == reward(state(workers=8, max_workers=8, in_flight=8.0))
+    assert reward(idle, weights) == pytest.approx(reward(idle) - 0.5 * idle_workers(idle))
+    with pytest.raises(ValueError, match=r"RewardWeights\.idle must be >= 0"):
+        RewardWeights(idle=-1.0)
 
 
 def test_actions_take_one_step_per_knob() -> None:
