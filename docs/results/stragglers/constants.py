@@ -5,7 +5,9 @@
 
 ``--parts-per-worker N`` fixes the parts a batch is cut into per worker (the dispatcher
 otherwise picks one or two by the training loop's wait); ``--no-copies`` turns off the copies
-of overdue parts. The arguments after ``--`` go to ``one_run.py``.
+of overdue parts, and ``--hedge-factor F`` copies a part once it has run F times its predicted
+cost (times the measured stretch; 4 by default). The arguments after ``--`` go to
+``one_run.py``.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parts-per-worker", type=int)
     parser.add_argument("--no-copies", action="store_true")
+    parser.add_argument("--hedge-factor", type=float, help="a part is overdue at F x its cost")
     parser.add_argument("rest", nargs=argparse.REMAINDER)
     args = parser.parse_args()
     if args.parts_per_worker is not None:
@@ -32,6 +35,8 @@ def main() -> None:
         )
     if args.no_copies:
         dispatcher._HEDGE_FACTOR = float("inf")
+    elif args.hedge_factor is not None:
+        dispatcher._HEDGE_FACTOR = args.hedge_factor
     rest = args.rest[1:] if args.rest[:1] == ["--"] else args.rest
     sys.argv = ["one_run.py", *rest]
     runpy.run_path(str(Path(__file__).with_name("one_run.py")), run_name="__main__")
