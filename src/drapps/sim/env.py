@@ -61,7 +61,7 @@ class PipelineEnv(gym.Env):  # type: ignore[name-defined]
         >>> env = PipelineEnv(duration=5.0)
         >>> obs, info = env.reset(seed=0)
         >>> obs.shape
-        (14,)
+        (15,)
     """
 
     metadata: dict[str, Any] = {"render_modes": []}
