@@ -211,6 +211,7 @@ def test_state_vector_is_bounded_and_ordered() -> None:
     assert vector.shape == (len(State.FEATURES),) and vector.dtype == np.float32
     assert np.all((vector >= 0) & (vector <= 1))
     assert vector[State.FEATURES.index("wait_fraction")] == pytest.approx(0.3)
+    assert set(state().feature_values()) == State.ALL_FEATURES  # every name has its value
     assert State.from_dict(state().as_dict()) == state()
 
 

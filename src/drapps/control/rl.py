@@ -104,12 +104,12 @@ class MlpPolicy:
         if not layers:
             raise ValueError("an MlpPolicy needs at least one layer")
         self.knobs = tuple(knobs)
+        """The knobs this policy moves; a Controller without them refuses it."""
         self.features = tuple(features) if features is not None else State.features(knobs)
         """The State features it reads (:meth:`State.vector`), in order."""
         unknown = [name for name in self.features if name not in State.ALL_FEATURES]
         if unknown:
             raise ValueError(f"features {unknown} are not State features")
-        """The knobs this policy moves; a Controller without them refuses it."""
         self.continuous = continuous
         self.actions = Action.space(self.knobs)
         outputs = len(self.knobs) if continuous else len(self.actions)

@@ -188,6 +188,16 @@ class State:
     """Appended for a policy that moves the ``priority`` knob: 1 once the workers run at low
     priority (the training process's CPU share is in :attr:`FEATURES` already)."""
 
+    ALL_FEATURES: ClassVar[frozenset[str]] = frozenset(
+        FEATURES
+        + SPLIT_FEATURES
+        + CODEC_FEATURES
+        + OFFLOAD_FEATURES
+        + LOOKAHEAD_FEATURES
+        + PRIORITY_FEATURES
+    )
+    """Every feature a policy may read (a policy file names the ones it was trained on)."""
+
     @classmethod
     def features(cls, knobs: Sequence[str] = ("workers", "prefetch")) -> tuple[str, ...]:
         """The features a policy moving ``knobs`` reads, in :meth:`vector` order."""
@@ -206,16 +216,6 @@ class State:
         ready, is a full queue (and an epoch with nothing left holds all it can)."""
         room = self.prefetch if self.epoch_left is None else min(self.prefetch, self.epoch_left)
         return self.queue_batches / room if room > 0 else 1.0
-
-    ALL_FEATURES: ClassVar[frozenset[str]] = frozenset(
-        FEATURES
-        + SPLIT_FEATURES
-        + CODEC_FEATURES
-        + OFFLOAD_FEATURES
-        + LOOKAHEAD_FEATURES
-        + PRIORITY_FEATURES
-    )
-    """Every feature a policy may read (a policy file names the ones it was trained on)."""
 
     @property
     def busy_share(self) -> float:

@@ -1,7 +1,11 @@
 """Train PPO with a training reward whose footprint weight is FOOTPRINT, then compare it with
 the heuristic and the shipped policy on the held-out families under the shared reward.
 
-    python docs/results/learners/footprint/train.py FOOTPRINT OUT.npz [--steps N] [--episodes E]
+    python docs/results/learners/footprint/train.py FOOTPRINT OUT.npz [--idle W] [--steps N]
+        [--episodes E] [--n-steps N] [--batch B] [--ent C]
+
+``--idle W`` adds the reward's idle-worker term at weight W (training and scoring both);
+``--n-steps``, ``--batch`` and ``--ent`` set PPO's rollout length, minibatch and entropy bonus.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from drapps.control.rl import MlpPolicy
 from drapps.sim.env import PipelineEnv
 from drapps.sim.evaluate import evaluate
 from drapps.sim.families import family_names
-from drapps.sim.learners import make_learner
+from drapps.sim.learners.ppo import Ppo, PpoConfig
 
 
 def main() -> None:
@@ -29,19 +33,24 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=150_000)
     parser.add_argument("--episodes", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--n-steps", type=int, default=PpoConfig.n_steps)
+    parser.add_argument("--batch", type=int, default=PpoConfig.batch)
+    parser.add_argument("--ent", type=float, default=PpoConfig.ent_coef)
     args = parser.parse_args()
     torch.set_num_threads(1)
     families = family_names(held_out=False)
     weights = RewardWeights(footprint=args.footprint, idle=args.idle)
     env = PipelineEnv(families, weights=weights)
     began = time.perf_counter()
-    policy = make_learner("ppo").train(env, args.steps, args.seed)
+    config = PpoConfig(n_steps=args.n_steps, batch=args.batch, ent_coef=args.ent)
+    policy = Ppo(config).train(env, args.steps, args.seed)
     policy.meta.update(
         {
             "families": families,
             "train_s": round(time.perf_counter() - began, 1),
             "train_footprint": args.footprint,
             "train_idle": args.idle,
+            "ppo": {"n_steps": config.n_steps, "batch": config.batch, "ent_coef": config.ent_coef},
         }
     )
     policy.save(args.out)
