@@ -238,3 +238,28 @@ def test_report_gives_joules_per_sample_and_epoch_and_says_how_they_were_counted
     metered = [replace(r, state=replace(r.state, energy_source="RAPL package")) for r in rows]
     assert "counted by RAPL package." in bottleneck_report(metered)
     assert "Energy:" not in bottleneck_report(rows_of_a_run())  # older traces: no power figure
+
+
+def test_workers_idle_behind_a_full_queue_get_a_count_that_would_keep_up() -> None:
+    # A fed loop: 6 workers with 0.6 batches in flight between them (a slow training step,
+    # or batches from a cache) would be kept up with by one; at 4 in flight, not fewer.
+    def fed(in_flight: float | None) -> list[TraceRow]:
+        return [
+            replace(r, state=replace(r.state, wait_fraction=0.0, workers=6, in_flight=in_flight))
+            for r in rows_of_a_run()
+        ]
+
+    idle = bottleneck_report(fed(0.6))
+    assert "over the last 4 s the loop waited 0%, and the 6 workers had 0.6 batches" in idle
+    assert "in flight on average (10% of them busy)" in idle
+    assert "about 1 would keep up" in idle and "or workers=1 if the load stays" in idle
+    for busy in (fed(4.0), fed(None)):  # busy enough, or not measured (an older trace)
+        text = bottleneck_report(busy)
+        assert "would keep up" not in text and "Advice: none needed." in text
+    # A first epoch that starved the loop (slow reads, then a cache) leaves the whole run's
+    # wait high; the advice reads the second half, where the workers sat idle.
+    rows = fed(0.6)
+    for k in range(8):
+        rows[k] = replace(rows[k], state=replace(rows[k].state, wait_fraction=0.9))
+    text = bottleneck_report(rows)
+    assert "the input pipeline is the bottleneck" in text and "about 1 would keep up" in text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 from typing import Any
@@ -310,6 +311,7 @@ def _advice(
     states = [r.state for r in rows]
     last = states[-1]
     advice = []
+    spare = _idle_workers_advice(rows)
     epochs = int(stats.get("epoch", 0)) + 1
     idle = statistics.fmean(s.idle_cores for s in states)
     if persistent_workers is False and epochs >= 3 and wait > 0.10 and idle >= 0.5:
@@ -334,12 +336,44 @@ def _advice(
                 "Advice: the pipeline is CPU-bound on this machine: more workers will not "
                 "help; " + _CHEAPER + "."
             )
-    elif wait > 0.10 and last.workers >= last.max_workers:
+    elif wait > 0.10 and last.workers >= last.max_workers and spare is None:
         advice.append(
             f"Advice: workers are at max_workers={last.max_workers} with idle CPU: raise it."
         )
-    if not advice and wait < 0.03 and last.workers > 1:
-        advice.append(
-            "Advice: none needed; spare workers are released while the loop does not wait."
-        )
+    if spare is not None:
+        advice.append(spare)
+    elif not advice and wait < 0.03 and last.workers > 1:
+        advice.append("Advice: none needed.")
     return advice
+
+
+_BUSY_ENOUGH = 0.8
+"""Share of the time a worker is given work at which the advice counts the pool right-sized."""
+
+
+def _idle_workers_advice(rows: Sequence[TraceRow]) -> str | None:
+    """When, over the run's second half at the last worker count, the loop did not wait and
+    the workers sat mostly idle behind a full queue: how many would keep up (batches in
+    flight over a worker's busy share)."""
+    workers = rows[-1].state.workers
+    recent = [
+        r.state
+        for r in rows[len(rows) // 2 :]
+        if r.state.in_flight is not None and r.state.workers == workers
+    ]
+    if workers < 2 or len(recent) < MIN_TICKS:
+        return None
+    waited = statistics.fmean(s.wait_fraction for s in recent)
+    in_flight = statistics.fmean(s.in_flight or 0.0 for s in recent)
+    busy = statistics.fmean(s.busy_share for s in recent)
+    need = max(1, math.ceil(in_flight / _BUSY_ENOUGH))
+    if waited >= 0.03 or busy >= 0.5 or need >= workers:
+        return None
+    seconds = recent[-1].t - recent[0].t
+    return (
+        f"Advice: over the last {seconds:.0f} s the loop waited {waited:.0%}, and the {workers} "
+        f"workers had {in_flight:.1f} batches in flight on average ({busy:.0%} of them busy): "
+        f"about {need} would keep up, and each one more holds its memory. Pass "
+        'workers="auto" (the heuristic policy sheds idle workers and grows them back when '
+        f"the loop waits), or workers={need} if the load stays like this."
+    )
