@@ -7,6 +7,7 @@ import time
 
 import pytest
 from helpers import BusyDataset
+from helpers import SlowDataset as SleepingDataset
 
 import drapps
 from drapps.runtime.stats import PipelineSnapshot
@@ -73,27 +74,14 @@ def test_the_state_knows_an_ending_epoch_has_nothing_left_to_make() -> None:
     assert (after.epoch_left, after.queue_batches, after.queue_fill) == (0, 0, 1.0)
 
 
-class SleepyDataset:
-    """Each sample waits ``seconds`` off the CPU (a read from slow storage)."""
-
-    def __init__(self, n: int, seconds: float) -> None:
-        self.n, self.seconds = n, seconds
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, index: int) -> int:
-        time.sleep(self.seconds)
-        return index
-
-
 @pytest.mark.parametrize(("step_s", "busy"), [(0.0, True), (0.25, False)])
 def test_the_state_tells_busy_workers_from_idle_ones(step_s: float, busy: bool) -> None:
     # Both runs' workers use almost no CPU. A loop that takes batches as fast as they come
     # keeps every worker at work (waiting on its reads); a slow loop leaves them idle behind
     # a full queue, so fewer would do. Batches in flight per worker says which.
     options = {"batch_size": 4, "workers": 2, "seed": 0, "prefetch": 4}
-    with drapps.Loader(SleepyDataset(4000, 0.005), **options) as loader:
+    reads = SleepingDataset(4000, 0.005)  # each sample waits 5 ms off the CPU
+    with drapps.Loader(reads, **options) as loader:
         epoch = iter(loader)
         for _ in range(4):
             next(epoch)
