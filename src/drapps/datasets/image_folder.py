@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from drapps.datasets._fingerprint import file_fingerprint
+from drapps.datasets.read_ahead import ReadAhead
 from drapps.ops.image import decode_jpeg
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg")
@@ -25,7 +27,10 @@ class ImageFolder:
         transform: applied to each decoded image.
         decode: JPEG bytes -> image (HWC uint8 RGB by default).
         read: path -> bytes; a plain file read by default (the benchmark passes a throttled
-            one to model slow storage).
+            one to model slow storage). Called from several threads when reading ahead.
+        read_threads: files read at once ahead of their samples when a drapps worker hints
+            its next indices (:meth:`read_ahead`); 0 reads each file only when its sample is
+            asked for.
     """
 
     def __init__(
@@ -34,6 +39,7 @@ class ImageFolder:
         transform: Callable[[Any], Any] | None = None,
         decode: Callable[[bytes], Any] = decode_jpeg,
         read: Callable[[str], bytes] | None = None,
+        read_threads: int = 4,
     ) -> None:
         self.root = os.fspath(root)
         if not os.path.isdir(self.root):
@@ -47,9 +53,14 @@ class ImageFolder:
                     self.samples.append((os.path.join(folder, file), target))
         if not self.samples:
             raise ValueError(f"found no {'/'.join(IMAGE_EXTENSIONS)} files under {self.root!r}")
+        if not isinstance(read_threads, int) or read_threads < 0:
+            raise ValueError(f"read_threads must be an int >= 0, got {read_threads!r}")
         self.transform = transform
         self.decode = decode
         self.read = read
+        self.read_threads = read_threads
+        reader = functools.partial(_read_file, read)  # not a bound method: no cycle via threads
+        self._reads = ReadAhead(reader, threads=read_threads) if read_threads else None
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -61,14 +72,29 @@ class ImageFolder:
             return None
         return file_fingerprint([path for path, _ in self.samples], self.decode)
 
+    def read_ahead(self, indices: Sequence[int]) -> None:
+        """Start reading the files of ``indices``, in this order, in background threads (a
+        hint: drapps' workers give each task's indices, and those of the task queued behind
+        it, before making them)."""
+        if self._reads is not None:
+            self._reads.hint([self.samples[index][0] for index in indices])
+
+    def close(self) -> None:
+        """Stop the read-ahead threads (a later hint starts them again)."""
+        if self._reads is not None:
+            self._reads.close()
+
     def __getitem__(self, index: int) -> tuple[Any, int]:
         path, target = self.samples[index]
-        if self.read is not None:
-            data = self.read(path)
-        else:
-            with open(path, "rb") as file:
-                data = file.read()
+        data = self._reads.take(path) if self._reads is not None else _read_file(self.read, path)
         image = self.decode(data)
         if self.transform is not None:
             image = self.transform(image)
         return image, target
+
+
+def _read_file(read: Callable[[str], bytes] | None, path: str) -> bytes:
+    if read is not None:
+        return read(path)
+    with open(path, "rb") as file:
+        return file.read()
