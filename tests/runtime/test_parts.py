@@ -144,6 +144,58 @@ def test_a_slow_read_is_raced_by_an_idle_worker_before_its_batch_is_due(tmp_path
     ]
 
 
+class OneStuckRead:
+    """Every read takes 100 ms; sample 32's first read, from any process, takes 30 s."""
+
+    def __init__(self, folder: Any) -> None:
+        self.marker = folder / "32-read"
+
+    def __len__(self) -> int:
+        return 96
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if i == 32:
+            try:
+                self.marker.touch(exist_ok=False)
+            except FileExistsError:
+                pass
+            else:
+                time.sleep(30.0)
+        time.sleep(0.1)
+        return torch.full((4,), i)
+
+
+def test_a_part_stuck_on_one_sample_is_copied_before_the_part_looks_overdue(
+    tmp_path: Any,
+) -> None:
+    # Two workers, parts of 8 samples at 100 ms, two parts a worker: a part looks overdue
+    # only after 4x its 0.8 s. Batch 1's first sample stalls in its read (at 1.6 s); the
+    # worker shows the training process which sample it is on and since when, and 4x one
+    # sample's 100 ms later its part, and the part queued behind it, are copied to the other
+    # worker, which makes all four of batch 1's parts: batch 1 comes about 3.2 s after the
+    # loop asks. Copied only once the part looked overdue, it would come after about 4.8 s
+    # (and with no copy, after the read's 30 s). Nothing of batch 0 is copied: before any
+    # cost is measured, nothing says a part runs late.
+    with drapps.Loader(
+        OneStuckRead(tmp_path), batch_size=32, workers=2, dispatch="samples"
+    ) as loader:
+        got, waits = [], []
+        batches = iter(loader)
+        while True:
+            asked = time.monotonic()
+            try:
+                got.append(next(batches))
+            except StopIteration:
+                break
+            waits.append(time.monotonic() - asked)
+        costs = loader.stats().sample_costs
+    assert costs is not None and 1 <= costs["hedges_stalled"] <= costs["hedges"] <= 3, costs
+    assert waits[1] < 4.4, waits
+    assert [b.tolist() for b in got] == [
+        [[i] * 4 for i in range(b * 32, b * 32 + 32)] for b in range(3)
+    ]
+
+
 class Spinning:
     """Every sample burns ``cpu_s`` of its thread's CPU: uniform costs, all CPU."""
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -11,11 +12,21 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from helpers import wait_until
 from torch.utils.data import default_collate, get_worker_info
 from torch.utils.data._utils import worker as torch_worker
 
+import drapps
+from drapps.runtime.progress import SampleClock
 from drapps.runtime.seeding import set_worker_info
-from drapps.runtime.worker import BatchRecipe, collate, make_batch, runqueue_wait
+from drapps.runtime.worker import (
+    BatchRecipe,
+    Inbox,
+    collate,
+    make_batch,
+    read_ahead_of,
+    runqueue_wait,
+)
 
 
 @pytest.fixture
@@ -150,3 +161,83 @@ def test_the_runqueue_file_of_a_thread_is_closed_when_the_thread_ends() -> None:
         thread.start()
         thread.join()
     assert open_files() <= before + 2
+
+
+def task(generation: int, batch_id: int) -> tuple[object, ...]:
+    """A task message for ``batch_id`` (indices and the rest do not matter to the inbox)."""
+    return (generation, 0, 0, batch_id, [batch_id], 2, None, None)
+
+
+def test_the_inbox_takes_the_earliest_batch_first_and_a_stop_last() -> None:
+    receive, send = multiprocessing.Pipe(duplex=False)
+    released: list[object] = []
+    inbox = Inbox(receive, os.getpid(), released.append)
+    for message in (task(1, 5), task(1, 6), ("free", "slab-a"), task(1, 3), None, task(1, 0)):
+        send.send(message)
+    # A copy of an overdue part of batch 3 overtakes batches 5 and 6; the stop stays behind
+    # them, and what came after the stop stays after it.
+    assert [t[3] for t in inbox.waiting()] == [5, 6, 3, 0]
+    taken = [inbox.next() for _ in range(5)]
+    assert [m if m is None else m[3] for m in taken] == [3, 5, 6, None, 0]
+    assert released == ["slab-a"]  # handed over at once, not queued as a task
+
+
+def test_the_inbox_takes_a_newer_generation_before_an_older_one() -> None:
+    receive, send = multiprocessing.Pipe(duplex=False)
+    inbox = Inbox(receive, os.getpid(), lambda notices: None)
+    for message in (task(1, 2), task(2, 7)):
+        send.send(message)
+    assert [inbox.next()[:4:3] for _ in range(2)] == [(2, 7), (1, 2)]
+
+
+class Hinted:
+    """Answers, for each sample, whether its index was hinted to ``read_ahead`` before."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.hinted = n, set[int]()
+
+    def __len__(self) -> int:
+        return self.n
+
+    def read_ahead(self, indices: list[int]) -> None:
+        self.hinted.update(indices)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.tensor([i, i in self.hinted])
+
+
+def test_workers_hint_each_tasks_indices_before_making_them() -> None:
+    with drapps.Loader(Hinted(40), batch_size=4, shuffle=True, seed=1, workers=2) as loader:
+        got = torch.cat(list(loader))
+    assert sorted(got[:, 0].tolist()) == list(range(40))
+    assert got[:, 1].all()
+
+
+def test_no_hints_go_to_a_dataset_behind_a_sample_cache() -> None:
+    dataset = Hinted(4)
+    assert read_ahead_of(BatchRecipe(dataset, None, default_collate, "raise")) is not None
+    cached = BatchRecipe(dataset, None, default_collate, "raise", cache=object())  # type: ignore[arg-type]
+    assert read_ahead_of(cached) is None
+    assert read_ahead_of(BatchRecipe(list(range(4)), None, default_collate, "raise")) is None
+
+
+def test_a_worker_shows_which_sample_it_is_making_to_the_training_process() -> None:
+    context = multiprocessing.get_context("spawn")
+    clock = SampleClock(context)
+    process = context.Process(target=make_sample_four_of_batch_two, args=(clock,))
+    process.start()
+    try:
+        assert wait_until(lambda: clock.read() is not None, timeout=60)
+        sample = clock.read()
+        assert sample is not None
+        assert (sample.batch_id, sample.part, sample.position) == (2, 1, 4)
+        assert 0 < sample.started <= time.monotonic()  # one clock for both processes
+    finally:
+        process.kill()
+        process.join()
+
+
+def make_sample_four_of_batch_two(clock: SampleClock) -> None:
+    clock.begin_task(2, 1)
+    clock.begin_sample(4)
+    time.sleep(60)

@@ -184,6 +184,7 @@ class Dispatcher:
             "assemble_s": 0.0,
             "hedges": 0,
             "hedges_ahead": 0,
+            "hedges_stalled": 0,
         }
         self.latencies: deque[tuple[float, float]] = deque(maxlen=4096)
         """(arrival time, seconds from dispatch to arrival) of recent batches."""
@@ -412,10 +413,14 @@ class Dispatcher:
         network filesystem) is usually fast the second time it is asked for: the copy races
         the original and the first answer wins (the other is dropped as a duplicate), so one
         slow read no longer holds the batch ("The Tail at Scale"'s hedged requests). A part
-        queued behind a task that overran is copied the same way. The copy makes the same
+        queued behind a task that overran is copied the same way, and so is one whose worker
+        has been on one sample for ``_HEDGE_FACTOR`` times that sample's cost (its
+        :class:`~drapps.runtime.progress.SampleClock`), before the part as a whole looks
+        overdue. The copy makes the same
         samples with the same seeds, so the batch is the same either way. Each part is copied
         once at most. While the training loop waits, a part of the batch it waits for goes to
-        the worker with the fewest tasks (one over the usual two at most); before that, a part
+        the worker with the fewest tasks (two over the usual two at most) that is not stalled
+        itself; before that, a part
         of one of the next ``_HEDGE_AHEAD`` batches goes to an idle worker only, so a slow read
         is raced before its batch is due, on capacity that would otherwise wait.
         """
@@ -424,6 +429,8 @@ class Dispatcher:
         due_batches = range(head, head + (1 if waiting else _HEDGE_AHEAD))
         if self._plan is None or not any(b in self._partial for b in due_batches):
             return
+        if not self.costs.observed:
+            return  # no cost measured yet: nothing says a part runs late
         now = time.monotonic()
         for (batch_id, part), holder in list(self._in_flight.items()):
             if batch_id not in due_batches or part is None or (batch_id, part) in self._hedged:
@@ -438,25 +445,72 @@ class Dispatcher:
             running = holder.assigned[0].work or task.work
             typical = self.costs.median * len(running.positions)
             due = max(_HEDGE_MIN_S, _HEDGE_FACTOR * max(typical, running.cost) * self.stretch)
-            if now - started < due:
+            overdue = now - started >= due
+            if not overdue and not self._stalled(holder, now):
                 continue
-            room = _TASKS_PER_WORKER if waiting else 0
-            others = [w for w in self.pool.live() if w is not holder and len(w.assigned) <= room]
+            # While the loop waits, a copy may go to a worker holding one task more than
+            # usual (it takes the copy first), so the parts queued behind a stalled one are
+            # copied too; never to a worker that is stalled itself.
+            room = _TASKS_PER_WORKER + 1 if waiting else 0
+            others = [
+                w
+                for w in self.pool.live()
+                if w is not holder and len(w.assigned) <= room and not self._stalled(w, now)
+            ]
             if not others:
                 return
             spare = min(others, key=lambda w: len(w.assigned))
             copy = Task(
                 task.generation, task.epoch, batch_id, task.indices, now, task.split, task.work
             )
-            spare.assigned.append(copy)
+            # The worker takes it before the later batches it holds (see worker.Inbox).
+            place = 1 + sum(
+                1 for t in list(spare.assigned)[1:]
+                if (-t.generation, t.batch_id) <= (-copy.generation, batch_id)
+            )  # fmt: skip
+            spare.assigned.insert(min(place, len(spare.assigned)), copy)
             self._hedged.add((batch_id, part))
             self.counters["hedges"] += 1
             self.counters["hedges_ahead"] += not waiting
+            self.counters["hedges_stalled"] += not overdue
             message = (
                 copy.generation, self._plan.seed, copy.epoch, batch_id, copy.indices,
                 self._target, copy.split, part,
             )  # fmt: skip
             self.pool.send(spare, message)
+
+    def _stalled(self, worker: Worker, now: float) -> bool:
+        """Whether the one sample ``worker`` is making has run ``_HEDGE_FACTOR`` times its
+        predicted cost (times the stretch), and at least ``_HEDGE_MIN_S``: a slow read holds
+        its part, and every part queued behind it, well before the part looks overdue."""
+        due = self._stall_due(worker)
+        return due is not None and now >= due
+
+    def _stall_due(self, worker: Worker) -> float | None:
+        """When the sample ``worker`` is making will count as stalled (None: none is made)."""
+        sample = worker.clock.read() if worker.clock is not None else None
+        if sample is None or not worker.assigned or not self.costs.observed:
+            return None  # no cost measured yet: nothing to judge it by
+        head = worker.assigned[0]
+        predicted = self.costs.median
+        if (head.batch_id, head.part) == (sample.batch_id, sample.part) and sample.position < len(
+            head.indices
+        ):
+            index = head.indices[sample.position]
+            predicted = max(predicted, float(self.costs.predict([index])[0]))
+        return sample.started + max(_HEDGE_MIN_S, _HEDGE_FACTOR * predicted * self.stretch)
+
+    def _next_stall_s(self) -> float:
+        """Seconds until a part of the batch the loop waits for may count as stalled (the
+        dispatcher wakes then rather than at the next reply, which may be far)."""
+        head, soonest = self.buffer.next_id, _TICK_S
+        now = time.monotonic()
+        for (batch_id, part), holder in self._in_flight.items():
+            if batch_id == head and (batch_id, part) not in self._hedged:
+                due = self._stall_due(holder)
+                if due is not None:
+                    soonest = min(soonest, due - now)
+        return soonest
 
     def _note_stretch(self, wall_s: float, costs: list[float]) -> None:
         """Learn how long a task takes on the wall per second of its samples' own cost."""
@@ -593,6 +647,8 @@ class Dispatcher:
         waited = self.buffer.waiting_s()
         if self.fill is not None and self._defer_after is not None and waited is not None:
             tick = max(0.001, min(tick, self._defer_after - waited))  # to fill it on time
+        if waited is not None and self.schedule.cutting:
+            tick = max(0.001, min(tick, self._next_stall_s()))
         if self._timeout is None:
             return tick
         now = time.monotonic()
@@ -973,6 +1029,7 @@ class Dispatcher:
                 "stretch": round(self.stretch, 2),
                 "hedges": int(counters["hedges"]),
                 "hedges_ahead": int(counters["hedges_ahead"]),
+                "hedges_stalled": int(counters["hedges_stalled"]),
             },
         )
 

@@ -23,6 +23,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from drapps.runtime.progress import SampleClock
 from drapps.runtime.schedule import Work
 
 Reply = tuple["Worker", tuple[Any, ...]]
@@ -71,6 +72,8 @@ class Worker:
     """Its id as ``torch.utils.data.get_worker_info()`` reports it."""
     last_error: str | None = None
     """The last line of the error that killed it, when it could say."""
+    clock: SampleClock | None = None
+    """Where it is within its task, when its pool can tell (process workers)."""
 
     def head_started(self) -> float | None:
         """When the worker began its current task, or None when it has none."""

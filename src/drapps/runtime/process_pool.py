@@ -24,6 +24,7 @@ from typing import Any
 
 from drapps.runtime.errors import fd_limit_error
 from drapps.runtime.pool import Polled, Reply, Task, Worker, WorkerPool, describe_exit
+from drapps.runtime.progress import SampleClock
 from drapps.runtime.transport import receive_message, starting_worker
 from drapps.runtime.worker import BatchRecipe, run_worker
 
@@ -116,15 +117,16 @@ class ProcessPool(WorkerPool):
 
     def spawn(self, num_workers: int = 1, seed: int = 0) -> Worker:
         wid, slot = self.next_ids()
+        clock = SampleClock(self._context)
         process, task_send, result_recv = start_worker_process(
             self._context,
             run_worker,
             (self._recipe, wid),
-            {"slot": slot, "num_workers": num_workers, "base_seed": seed},
+            {"slot": slot, "num_workers": num_workers, "base_seed": seed, "clock": clock},
             name=f"drapps-worker-{slot}",
         )
         worker = ProcessWorker(
-            wid, slot=slot, process=process, tasks=task_send, results=result_recv
+            wid, slot=slot, process=process, tasks=task_send, results=result_recv, clock=clock
         )
         self.workers.append(worker)
         if self._niceness is not None and process.pid is not None:

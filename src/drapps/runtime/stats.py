@@ -176,9 +176,10 @@ class LoaderStats:
     ``tail_ratio`` (p99 over median), each model's error (mean absolute log error:
     ``history_error``, ``learned_error``), the model ``chosen`` and its own cost
     ``model_us_per_sample``; the dispatcher's counts of ``slow_batches`` and hedged copies
-    (``hedges``, ``hedges_ahead``); and ``stretch``, the wall seconds a task takes per second
-    of its samples' own cost (above 1 with more busy workers than cores). None where no
-    worker pool dispatches batches."""
+    (``hedges``; ``hedges_ahead``, made before the loop waited; ``hedges_stalled``, made for
+    one stalled sample before its part looked overdue); and ``stretch``, the wall seconds a
+    task takes per second of its samples' own cost (above 1 with more busy workers than
+    cores). None where no worker pool dispatches batches."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

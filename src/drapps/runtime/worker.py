@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import os
@@ -9,7 +10,7 @@ import signal
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any, Protocol
@@ -21,6 +22,7 @@ from torch.utils.data._utils.collate import collate as collate_with
 from torch.utils.data._utils.collate import collate_tensor_fn, default_collate_fn_map
 
 from drapps.runtime.errors import SampleError, describe_failure, sample_error, sample_path
+from drapps.runtime.progress import SampleClock, current_clock, use_clock
 from drapps.runtime.sampling import key_of
 from drapps.runtime.seeding import (
     clear_sample,
@@ -176,10 +178,13 @@ def make_batch(
     lossy = False
     costs: list[float] = []
     kept: list[int] = []
+    clock = current_clock()
     for position, index in enumerate(indices):
         sample_seed = sample_seed_for(seed, epoch, key_of(index))
         seed_sample(sample_seed)
         stage = "__getitem__"
+        if clock is not None:
+            clock.begin_sample(position)
         t0 = time.perf_counter()
         queued = runqueue_wait()
         try:
@@ -225,6 +230,8 @@ def make_batch(
             ) from exc
         finally:
             clear_sample()
+            if clock is not None:
+                clock.end_sample()
         costs.append(time.perf_counter() - t0 - (runqueue_wait() - queued))
         samples.append(sample)
         kept.append(position)
@@ -366,30 +373,36 @@ def run_worker(
     slot: int = 0,
     num_workers: int = 1,
     base_seed: int = 0,
+    clock: SampleClock | None = None,
 ) -> None:
     """The worker process: take task messages (see :func:`answer`) until ``None``;
     ``("free", notices)`` says which of its slabs the training process has released
     (:class:`SlabWriter`).
 
     ``slot`` is the worker's id as ``torch.utils.data.get_worker_info()`` reports it (0 to
-    ``num_workers - 1``; a replacement takes the id of the worker it replaces).
+    ``num_workers - 1``; a replacement takes the id of the worker it replaces). ``clock``:
+    where this worker tells the training process which sample it is making.
 
     Replies as :func:`answer` says. Exits by itself when its parent dies.
     """
     enter_worker_process()
+    use_clock(clock)
     seed_worker(base_seed, slot)
     set_worker_info(slot, num_workers, base_seed, recipe.dataset)
     init_error = run_worker_init(recipe, slot)
     writer = SlabWriter()
     arena = SlabArena(writer)
+    inbox = Inbox(tasks, parent_pid, writer.released)
+    read_ahead = read_ahead_of(recipe)
     try:
-        while (task := next_task(tasks, parent_pid)) is not PARENT_GONE:
+        while (task := inbox.next()) is not PARENT_GONE:
             if task is None:
                 return  # asked to stop
-            if task[0] == "free":  # slabs the training process has released
-                writer.released(task[1])
-                continue
             workers_now, seed = task[5], task[1]
+            if read_ahead is not None:
+                hint_reads(read_ahead, [task, *inbox.waiting()])
+            if clock is not None:
+                clock.begin_task(task[3], task[7])
             if (workers_now, seed) != (num_workers, base_seed):
                 num_workers, base_seed = workers_now, seed
                 set_worker_info(slot, num_workers, base_seed, recipe.dataset)
@@ -481,6 +494,76 @@ def next_task(tasks: Connection, parent_pid: int) -> Any:
         if os.getppid() != parent_pid:
             return PARENT_GONE
     return tasks.recv()
+
+
+class Inbox:
+    """A worker's messages from the training process. Of the tasks waiting, the one for the
+    earliest batch (of the newest generation) goes first, then the order sent: a copy of an
+    overdue part of the batch the loop waits for overtakes the later batches queued before
+    it. The tasks behind the current one are visible (to read ahead for); slab releases
+    (``("free", notices)``) go to ``released`` as they arrive; a stop (``None``) stays behind
+    every task sent before it."""
+
+    def __init__(self, tasks: Connection, parent_pid: int, released: Callable[[Any], None]) -> None:
+        self.tasks, self.parent_pid, self.released = tasks, parent_pid, released
+        self._queued: collections.deque[Any] = collections.deque()
+
+    def next(self) -> Any:
+        """The next task, ``None`` (stop) or ``PARENT_GONE``."""
+        self.waiting()
+        while True:
+            if self._queued:
+                return self._take_first()
+            message = next_task(self.tasks, self.parent_pid)
+            if not self._free(message):
+                return message
+
+    def waiting(self) -> list[Any]:
+        """The tasks sent after the current one and not taken yet (without blocking)."""
+        while self.tasks.poll():
+            message = self.tasks.recv()
+            if not self._free(message):
+                self._queued.append(message)
+        return [m for m in self._queued if m is not None]
+
+    def _take_first(self) -> Any:
+        queued = self._queued
+        end = next((i for i, m in enumerate(queued) if not isinstance(m, tuple)), len(queued))
+        if end == 0:
+            return queued.popleft()  # None (stop) or PARENT_GONE
+        first = min(range(end), key=lambda i: urgency(queued[i]))
+        task = queued[first]
+        del queued[first]
+        return task
+
+    def _free(self, message: Any) -> bool:
+        if isinstance(message, tuple) and message[0] == "free":
+            self.released(message[1])
+            return True
+        return False
+
+
+def urgency(task: tuple[Any, ...]) -> tuple[int, int]:
+    """Sort key of a task message: the newest generation, then the earliest batch, first."""
+    return (-task[0], task[3])
+
+
+def read_ahead_of(recipe: BatchRecipe) -> Callable[[Sequence[Any]], None] | None:
+    """The dataset's ``read_ahead(indices)`` hint, if it has one and no sample cache stands in
+    front of it (a cached sample is not read, and reading it anyway would spend the storage
+    the cache is there to save)."""
+    method = getattr(recipe.dataset, "read_ahead", None)
+    return method if callable(method) and recipe.cache is None else None
+
+
+def hint_reads(read_ahead: Callable[[Sequence[Any]], None], tasks: list[Any]) -> None:
+    """Tell the dataset which indices come next, the current task's first. A hint that fails
+    is dropped: the sample itself then fails in ``__getitem__``, named as usual."""
+    for task in tasks:
+        try:
+            read_ahead(list(task[4]))
+        except Exception as exc:
+            logger.debug("read_ahead(%r) failed: %r", task[4], exc)
 
 
 def _exit_on_sigterm(signum: int, frame: Any) -> None:
