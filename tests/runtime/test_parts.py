@@ -145,10 +145,10 @@ def test_a_slow_read_is_raced_by_an_idle_worker_before_its_batch_is_due(tmp_path
 
 
 class OneStuckRead:
-    """Every read takes 100 ms; sample 32's first read, from any process, takes 30 s."""
+    """Every read takes 100 ms; sample 32's first read, from any process, ``stuck_s`` more."""
 
-    def __init__(self, folder: Any) -> None:
-        self.marker = folder / "32-read"
+    def __init__(self, folder: Any, stuck_s: float = 30.0) -> None:
+        self.marker, self.stuck_s = folder / "32-read", stuck_s
 
     def __len__(self) -> int:
         return 96
@@ -160,7 +160,7 @@ class OneStuckRead:
             except FileExistsError:
                 pass
             else:
-                time.sleep(30.0)
+                time.sleep(self.stuck_s)
         time.sleep(0.1)
         return torch.full((4,), i)
 
@@ -170,12 +170,12 @@ def test_a_part_stuck_on_one_sample_is_copied_before_the_part_looks_overdue(
 ) -> None:
     # Two workers, parts of 8 samples at 100 ms, two parts a worker: a part looks overdue
     # only after 4x its 0.8 s. Batch 1's first sample stalls in its read (at 1.6 s); the
-    # worker shows the training process which sample it is on and since when, and 4x one
-    # sample's 100 ms later its part, and the part queued behind it, are copied to the other
-    # worker, which makes all four of batch 1's parts: batch 1 comes about 3.2 s after the
-    # loop asks. Copied only once the part looked overdue, it would come after about 4.8 s
-    # (and with no copy, after the read's 30 s). Nothing of batch 0 is copied: before any
-    # cost is measured, nothing says a part runs late.
+    # worker shows the training process which sample it is on and since when. Once it has
+    # waited as long as a copy would take on the other worker, its part and the part queued
+    # behind it are copied there, and that worker makes all four of batch 1's parts: batch 1
+    # comes about 3.2 s after the loop asks. Copied only once the part looked overdue, it
+    # would come after about 4.8 s (and with no copy, after the read's 30 s). Nothing of
+    # batch 0 is copied: before any cost is measured, nothing says a part runs late.
     with drapps.Loader(
         OneStuckRead(tmp_path), batch_size=32, workers=2, dispatch="samples"
     ) as loader:
@@ -191,6 +191,23 @@ def test_a_part_stuck_on_one_sample_is_copied_before_the_part_looks_overdue(
         costs = loader.stats().sample_costs
     assert costs is not None and 1 <= costs["hedges_stalled"] <= costs["hedges"] <= 3, costs
     assert waits[1] < 4.4, waits
+    assert [b.tolist() for b in got] == [
+        [[i] * 4 for i in range(b * 32, b * 32 + 32)] for b in range(3)
+    ]
+
+
+def test_a_stalled_sample_is_not_copied_where_the_copy_would_come_after_it(
+    tmp_path: Any,
+) -> None:
+    # The same two workers, batch 1's first read 0.6 s slower. It counts as stalled after
+    # 4x its 100 ms, but a copy would take 0.8 s or more on the other, busy worker: the read
+    # ends first, and no copy is made.
+    with drapps.Loader(
+        OneStuckRead(tmp_path, stuck_s=0.6), batch_size=32, workers=2, dispatch="samples"
+    ) as loader:
+        got = list(loader)
+        costs = loader.stats().sample_costs
+    assert costs is not None and costs["hedges"] == 0, costs
     assert [b.tolist() for b in got] == [
         [[i] * 4 for i in range(b * 32, b * 32 + 32)] for b in range(3)
     ]

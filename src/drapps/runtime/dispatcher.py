@@ -44,6 +44,7 @@ _TASKS_PER_WORKER = 2
 _HEDGE_FACTOR = 4.0
 _HEDGE_MIN_S = 0.02
 _HEDGE_AHEAD = 2  # batches from the head whose overdue parts an idle worker may copy early
+_STALL_POLL_S = 0.005  # how often a stalled sample is looked at again once it is due
 _STRETCH_DECAY = 0.05  # weight of each reply in the running wall-over-cost ratio
 # A part predicted to cost this many times a typical one holds its worker to that part alone.
 _SLOW_PART = 2.0
@@ -460,6 +461,8 @@ class Dispatcher:
             if not others:
                 return
             spare = min(others, key=lambda w: len(w.assigned))
+            if not overdue and now - self._stall_start(holder) < self._copy_s(spare, task, now):
+                continue  # the copy would likely come after the read it races
             copy = Task(
                 task.generation, task.epoch, batch_id, task.indices, now, task.split, task.work
             )
@@ -500,6 +503,29 @@ class Dispatcher:
             predicted = max(predicted, float(self.costs.predict([index])[0]))
         return sample.started + max(_HEDGE_MIN_S, _HEDGE_FACTOR * predicted * self.stretch)
 
+    def _stall_start(self, worker: Worker) -> float:
+        """When the sample ``worker`` is making began (now: none)."""
+        sample = worker.clock.read() if worker.clock is not None else None
+        return time.monotonic() if sample is None else sample.started
+
+    def _copy_s(self, worker: Worker, task: Task, now: float) -> float:
+        """How long a copy of ``task`` sent to ``worker`` now would take: what is left of the
+        task it is on (it takes the copy next), then the copy, both at the measured stretch.
+        A copy for one stalled sample is sent once the sample has waited that long: a read
+        with a heavy-tailed latency that has lasted ``t`` is likely to last about as long
+        again, so the copy then tends to win, and where copies come late (busy workers,
+        cores that are all in use) fewer are made."""
+        work = task.work
+        own = self.costs.median * len(task.indices)
+        copy = max(own, work.cost if work is not None else 0.0) * self.stretch
+        if not worker.assigned:
+            return copy
+        head = worker.assigned[0]
+        head_cost = max(head.work.cost if head.work is not None else 0.0,
+                        self.costs.median * len(head.indices))  # fmt: skip
+        left = head_cost * self.stretch - (now - (worker.head_started() or now))
+        return max(0.0, left) + copy
+
     def _next_stall_s(self) -> float:
         """Seconds until a part of the batch the loop waits for may count as stalled (the
         dispatcher wakes then rather than at the next reply, which may be far)."""
@@ -509,7 +535,8 @@ class Dispatcher:
             if batch_id == head and (batch_id, part) not in self._hedged:
                 due = self._stall_due(holder)
                 if due is not None:
-                    soonest = min(soonest, due - now)
+                    # Past its due, look again soon: the copy waits until it would win.
+                    soonest = min(soonest, max(due - now, _STALL_POLL_S))
         return soonest
 
     def _note_stretch(self, wall_s: float, costs: list[float]) -> None:
