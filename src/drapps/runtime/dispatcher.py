@@ -416,14 +416,14 @@ class Dispatcher:
         slow read no longer holds the batch ("The Tail at Scale"'s hedged requests). A part
         queued behind a task that overran is copied the same way, and so is one whose worker
         has been on one sample for ``_HEDGE_FACTOR`` times that sample's cost (its
-        :class:`~drapps.runtime.progress.SampleClock`), before the part as a whole looks
-        overdue. The copy makes the same
-        samples with the same seeds, so the batch is the same either way. Each part is copied
-        once at most. While the training loop waits, a part of the batch it waits for goes to
-        the worker with the fewest tasks (two over the usual two at most) that is not stalled
-        itself; before that, a part
-        of one of the next ``_HEDGE_AHEAD`` batches goes to an idle worker only, so a slow read
-        is raced before its batch is due, on capacity that would otherwise wait.
+        :class:`~drapps.runtime.progress.SampleClock`) and as long as the copy would take,
+        before the part as a whole looks overdue. The copy makes the same samples with the
+        same seeds, so the batch is the same either way. Each part is copied once at most.
+        While the training loop waits, a part of the batch it waits for goes to the worker
+        with the fewest tasks (two over the usual two at most) that is not stalled itself;
+        before that, a part of one of the next ``_HEDGE_AHEAD`` batches goes to an idle
+        worker only, so a slow read is raced before its batch is due, on capacity that would
+        otherwise wait.
         """
         head = self.buffer.next_id
         waiting = self.buffer.waiting_s() is not None
