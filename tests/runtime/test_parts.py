@@ -101,25 +101,26 @@ def test_the_largest_tensor_of_a_batch_is_found_in_nested_structures() -> None:
 
 
 class SlowFirstRead:
-    """Sample 29's first read waits 5 s (a cold object store); any later read, from any
-    process, is quick, as a hedged request's usually is."""
+    """``n`` samples whose every read takes ``each_s``; sample ``index``'s first read, from
+    any process, waits ``first_s`` more (a cold object store), and any later read is quick,
+    as a hedged request's usually is."""
 
-    def __init__(self, folder: Any) -> None:
-        self.marker = folder / "29-read"
+    def __init__(self, folder: Any, *, n: int, index: int, first_s: float, each_s: float) -> None:
+        self.marker = folder / f"{index}-read"
+        self.n, self.index, self.first_s, self.each_s = n, index, first_s, each_s
 
     def __len__(self) -> int:
-        return 64
+        return self.n
 
     def __getitem__(self, i: int) -> torch.Tensor:
-        if i == 29:
+        if i == self.index:
             try:
                 self.marker.touch(exist_ok=False)
             except FileExistsError:
                 pass
             else:
-                time.sleep(5.0)
-        else:
-            time.sleep(0.001)
+                time.sleep(self.first_s)
+        time.sleep(self.each_s)
         return torch.full((4,), i)
 
 
@@ -128,7 +129,11 @@ def test_a_slow_read_is_raced_by_an_idle_worker_before_its_batch_is_due(tmp_path
     # two batches behind, an idle worker copies the overdue part; the copy reads quickly, and
     # batch 3 is ready long before the 5-second read ends. The batches are the same.
     with drapps.Loader(
-        SlowFirstRead(tmp_path), batch_size=8, workers=3, dispatch="samples", prefetch=6
+        SlowFirstRead(tmp_path, n=64, index=29, first_s=5.0, each_s=0.001),
+        batch_size=8,
+        workers=3,
+        dispatch="samples",
+        prefetch=6,
     ) as loader:
         got = []
         started = time.monotonic()
@@ -144,27 +149,6 @@ def test_a_slow_read_is_raced_by_an_idle_worker_before_its_batch_is_due(tmp_path
     ]
 
 
-class OneStuckRead:
-    """Every read takes 100 ms; sample 32's first read, from any process, ``stuck_s`` more."""
-
-    def __init__(self, folder: Any, stuck_s: float = 30.0) -> None:
-        self.marker, self.stuck_s = folder / "32-read", stuck_s
-
-    def __len__(self) -> int:
-        return 96
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        if i == 32:
-            try:
-                self.marker.touch(exist_ok=False)
-            except FileExistsError:
-                pass
-            else:
-                time.sleep(self.stuck_s)
-        time.sleep(0.1)
-        return torch.full((4,), i)
-
-
 def test_a_part_stuck_on_one_sample_is_copied_before_the_part_looks_overdue(
     tmp_path: Any,
 ) -> None:
@@ -176,7 +160,10 @@ def test_a_part_stuck_on_one_sample_is_copied_before_the_part_looks_overdue(
     # quickly, and the epoch ends long before the 30 s read. Nothing of batch 0 is copied:
     # before any cost is measured, nothing says a part runs late.
     with drapps.Loader(
-        OneStuckRead(tmp_path), batch_size=32, workers=2, dispatch="samples"
+        SlowFirstRead(tmp_path, n=96, index=32, first_s=30.0, each_s=0.1),
+        batch_size=32,
+        workers=2,
+        dispatch="samples",
     ) as loader:
         got, waits = [], []
         batches = iter(loader)
@@ -202,7 +189,10 @@ def test_a_stalled_sample_is_not_copied_where_the_copy_would_come_after_it(
     # 4x its 100 ms, but a copy would take 0.8 s or more on the other, busy worker: the read
     # ends first, and no copy is made.
     with drapps.Loader(
-        OneStuckRead(tmp_path, stuck_s=0.6), batch_size=32, workers=2, dispatch="samples"
+        SlowFirstRead(tmp_path, n=96, index=32, first_s=0.6, each_s=0.1),
+        batch_size=32,
+        workers=2,
+        dispatch="samples",
     ) as loader:
         got = list(loader)
         costs = loader.stats().sample_costs
