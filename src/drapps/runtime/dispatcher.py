@@ -32,7 +32,7 @@ from drapps.runtime.reorder import Entry, ReorderBuffer
 from drapps.runtime.schedule import Schedule, Work
 from drapps.runtime.stats import STAGES, PipelineSnapshot
 from drapps.runtime.transport import Packed, SlabRecycler, discard, unpack
-from drapps.runtime.worker import BatchRecipe, collate_samples, splittable
+from drapps.runtime.worker import BatchRecipe, collate_samples, splittable, urgency
 
 logger = logging.getLogger(__name__)
 
@@ -467,10 +467,10 @@ class Dispatcher:
                 task.generation, task.epoch, batch_id, task.indices, now, task.split, task.work
             )
             # The worker takes it before the later batches it holds (see worker.Inbox).
+            first = urgency(copy.generation, batch_id)
             place = 1 + sum(
-                1 for t in list(spare.assigned)[1:]
-                if (-t.generation, t.batch_id) <= (-copy.generation, batch_id)
-            )  # fmt: skip
+                1 for t in list(spare.assigned)[1:] if urgency(t.generation, t.batch_id) <= first
+            )
             spare.assigned.insert(min(place, len(spare.assigned)), copy)
             self._hedged.add((batch_id, part))
             self.counters["hedges"] += 1

@@ -531,7 +531,7 @@ class Inbox:
         end = next((i for i, m in enumerate(queued) if not isinstance(m, tuple)), len(queued))
         if end == 0:
             return queued.popleft()  # None (stop) or PARENT_GONE
-        first = min(range(end), key=lambda i: urgency(queued[i]))
+        first = min(range(end), key=lambda i: urgency(queued[i][0], queued[i][3]))
         task = queued[first]
         del queued[first]
         return task
@@ -543,9 +543,10 @@ class Inbox:
         return False
 
 
-def urgency(task: tuple[Any, ...]) -> tuple[int, int]:
-    """Sort key of a task message: the newest generation, then the earliest batch, first."""
-    return (-task[0], task[3])
+def urgency(generation: int, batch_id: int) -> tuple[int, int]:
+    """Sort key of a task: the newest generation, then the earliest batch, first (the order
+    a worker takes the tasks it holds in, and the dispatcher's model of it)."""
+    return (-generation, batch_id)
 
 
 def read_ahead_of(recipe: BatchRecipe) -> Callable[[Sequence[Any]], None] | None:
