@@ -137,6 +137,24 @@ def test_state_is_what_the_monitor_reports() -> None:
     assert Simulator(Scenario(p.replace(gpu=False)), workers=1).observe().gpu_util is None
 
 
+def test_throughput_counts_the_step_under_way_and_loses_no_sample() -> None:
+    # A fed loop whose step (1.3 s) is longer than a tick (0.5 s): counted in whole batches a
+    # tick would read 0 or a batch; counted by the share of the step done it reads the rate.
+    p = PipelineModel(cores=4, cpu_s=0.01, step_s=1.3, step_cv=0, cost_cv=0, transport_s=0)
+    sim = Simulator(Scenario(p), workers=2, seed=0)
+    counted = 0.0
+    rates = []
+    for tick in range(1, 61):
+        sim.run_until(tick * 0.5)
+        rates.append(sim.observe().throughput)
+        counted += rates[-1] * 0.5
+    steady = rates[10:]
+    assert min(steady) == pytest.approx(p.batch_size / 1.3, rel=0.05)
+    assert max(steady) == pytest.approx(p.batch_size / 1.3, rel=0.05)
+    # what was counted of the step under way is taken off when its batch is done
+    assert 0 <= counted - sim.totals.samples < p.batch_size
+
+
 def test_resize_grows_after_start_cost_and_shrinks_after_the_task() -> None:
     p = PipelineModel(cores=8, cpu_s=0.5, step_s=0.001, worker_start_s=1.0, cost_cv=0)
     sim = Simulator(Scenario(p), workers=1)

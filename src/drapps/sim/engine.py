@@ -152,6 +152,9 @@ class Simulator:
         self._seen_batch = False
         self._waiting = False
         self._in_step = 0
+        self._step_began = 0.0
+        self._step_s: float | None = None  # the last step's length, taken to done
+        self._credited = 0.0  # samples of the step under way counted at the last observe()
         self._stepping_gpu = False
         self._split = p.start_split
         self._share = 1.0 if p.offload is None else float(p.offload)
@@ -289,9 +292,18 @@ class Simulator:
                 self._finish(self._disk)
 
     def observe(self) -> State:
-        """The State over the interval since the last observation (as the real Monitor)."""
+        """The State over the interval since the last observation (as the real Monitor).
+
+        Throughput counts the batch under way by the share of its step done (against the last
+        step's length, at most 99%), and what it counted is taken off once the batch is done:
+        with steps a sizeable part of a tick, whole batches would make it jump by a batch a
+        tick (to zero with steps longer than a tick) whatever the pipeline did.
+        """
         p, i = self.pipeline, self._interval
         dt = max(self.now - self._last_observed, 1e-9)
+        under_way = self._step_done() * p.batch_size
+        samples = max(0.0, i.samples + under_way - self._credited)
+        self._credited = under_way
         cpu_util = min(1.0, i.cpu_busy / (p.cores * dt))
         live = len(self._workers)
         ready_bytes = len(self._ready) * p.batch_bytes
@@ -316,7 +328,7 @@ class Simulator:
             wait_fraction=min(1.0, i.wait / dt),
             latency_p50_s=percentile(i.latencies, 0.5),
             latency_p99_s=percentile(i.latencies, 0.99),
-            throughput=i.samples / dt,
+            throughput=samples / dt,
             workers=self._target,
             max_workers=p.worker_limit,
             prefetch=self.prefetch,
@@ -335,6 +347,13 @@ class Simulator:
         self._interval = _Interval()
         self._last_observed = self.now
         return state
+
+    def _step_done(self) -> float:
+        """The share of the step under way done, by the last step's length (0 when none is
+        under way or none has finished yet)."""
+        if not self._in_step or not self._step_s:
+            return 0.0
+        return min(0.99, (self.now - self._step_began) / self._step_s)
 
     def _cache_state(self) -> dict[str, Any]:
         """The State's cache fields over the interval (as the real monitor's)."""
@@ -701,6 +720,7 @@ class Simulator:
     def _take(self, batch: int | None) -> None:
         self._waiting = False
         self._in_step = 1
+        self._step_began = self.now
         if batch is not None:
             self.totals.ready_residence += self.now - self._ready.pop(batch)
             self._next_consume += 1
@@ -751,6 +771,7 @@ class Simulator:
     def _stepped(self) -> None:
         self._stepping_gpu = False
         self._in_step = 0
+        self._step_s = self.now - self._step_began
         self.totals.consumed += 1
         self.totals.samples += self.pipeline.batch_size
         self._interval.samples += self.pipeline.batch_size
