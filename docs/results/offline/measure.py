@@ -139,6 +139,7 @@ def collect(args: argparse.Namespace) -> None:
 
 def compare(args: argparse.Namespace) -> None:
     out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     runs = []
     with tempfile.TemporaryDirectory() as scratch:
         for repeat in range(args.repeats):
@@ -150,6 +151,13 @@ def compare(args: argparse.Namespace) -> None:
                     print(json.dumps(result), flush=True)
                     runs.append(result)
     (out / "compare.json").write_text(json.dumps(runs, indent=1))
+    table = compare_table(runs, args)
+    (out / "compare.md").write_text(table)
+    print(table, end="")
+
+
+def compare_table(runs: list[dict[str, Any]], args: argparse.Namespace) -> str:
+    """``compare``'s Markdown table of ``runs``."""
     lines = [
         "| scenario | policy | samples/s (min-max) | loop waited | mean reward per tick "
         "| peak RSS MiB | workers at end |",
@@ -174,8 +182,7 @@ def compare(args: argparse.Namespace) -> None:
         f"{BATCH} after {WARMUP}, a {STEP_S * 1000:.0f} ms sleeping step, a tick every 0.25 s"
         + (", the sample cache on." if args.cache else ".")
     )
-    (out / "compare.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    return "\n".join(lines) + "\n"
 
 
 def per_count(args: argparse.Namespace) -> None:
