@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import replace
 
@@ -98,6 +99,25 @@ def test_the_thread_ticks_and_stops() -> None:
         time.sleep(0.01)
     ctl.stop()
     assert len(ticks) >= 3 and all(t.reward == ticks[0].reward for t in ticks)
+
+
+def test_a_stopped_controller_copies_and_a_running_one_refuses() -> None:
+    ticks: list[Tick] = []
+    ctl = Controller(
+        lambda: state(), Scripted(), Knobs(), Bounds(1, 4, 16), interval=0.01, on_tick=ticks.append
+    )
+    twin = copy.deepcopy(ctl)
+    assert twin.step().applied == ctl.step().applied
+    ctl.start()
+    with pytest.raises(TypeError, match="running Controller"):
+        copy.deepcopy(ctl)
+    ctl.stop()
+    twin.start()  # the copy has a stop event of its own
+    deadline = time.monotonic() + 5
+    while len(ticks) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    twin.stop()
+    assert not twin._thread.is_alive()  # type: ignore[union-attr]
 
 
 def test_bad_bounds_and_interval_are_named() -> None:

@@ -40,6 +40,27 @@ def test_same_seed_same_episode() -> None:
     assert any(not np.array_equal(x[0], y[0]) for x, y in zip(a, c, strict=True))
 
 
+def test_a_branch_replays_the_episode_and_leaves_it_as_it_was() -> None:
+    env = PipelineEnv(["consumer-shift"], duration=30.0)
+    env.reset(seed=2)
+    for _ in range(10):
+        env.step(7)  # a worker more each tick: batches in flight at the branch
+    here = env.state
+
+    def run(branch: PipelineEnv, action: int) -> tuple[list[np.ndarray], list[float]]:
+        ticks = [branch.step(action) for _ in range(12)]
+        return [t[0] for t in ticks], [t[1] for t in ticks]
+
+    grow, again, shed = run(env.branch(), 7), run(env.branch(), 7), run(env.branch(), 1)
+    assert all(np.array_equal(a, b) for a, b in zip(grow[0], again[0], strict=True))
+    assert grow[1] == again[1] != shed[1]
+    assert env.state is here
+    # the original goes on as a fresh branch would: nothing of the copies reached it
+    assert run(env, 7)[1] == grow[1]
+    with pytest.raises(RuntimeError, match="reset"):
+        PipelineEnv().branch()
+
+
 def test_reward_is_the_shared_reward_and_episodes_truncate() -> None:
     env = PipelineEnv(duration=5.0, interval=0.5)
     env.reset(seed=1)

@@ -11,7 +11,7 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from drapps.control.action import Action
 from drapps.control.knobs import Knob, PrefetchKnob, Value, WorkersKnob
@@ -149,6 +149,19 @@ class Controller:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._name = name
+
+    def __getstate__(self) -> dict[str, Any]:
+        """A Controller that is not ticking on its thread copies and pickles (a simulated
+        episode branches with its Controller); a running one refuses."""
+        if self._thread is not None and self._thread.is_alive():
+            raise TypeError("a running Controller cannot be copied; stop() it first")
+        state = self.__dict__.copy()
+        state["_stop"], state["_thread"] = None, None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._stop = threading.Event()
 
     def steer(self, names: Sequence[str]) -> None:
         """Hand the knobs named ``names`` to the policy's moves (:meth:`Knob.steer`): done

@@ -638,9 +638,8 @@ class Simulator:
         _, _, batch, share = heapq.heappop(self._tasks)
         worker.busy = True
         self._made_with.setdefault(batch, (self._split, self._share))
-        self._make_batch(
-            "worker", lambda: self._arrived(worker, batch), self._made_with[batch], share
-        )
+        arrived = functools.partial(self._arrived, worker, batch)
+        self._make_batch("worker", arrived, self._made_with[batch], share)
 
     def _make_batch(
         self, owner: str, done: _Callback, cut: tuple[int, float], share: float = 1.0
@@ -659,19 +658,29 @@ class Simulator:
             cache_cpu, read = self._cache.batch(p.batch_size, cached / p.batch_size)
             cpu_s += cache_cpu - cached
 
-        def compute() -> None:
-            self._cpu_job(cpu_s * f["cpu"] * cost, owner, done)
-
-        def read_bytes() -> None:
-            if p.read_bytes > 0 and read > 0:
-                self._read(p.read_bytes * f["read"] * cost * read, compute)
-            else:
-                compute()
-
+        # Events are partials of methods, not closures, so that a deep copy of the simulator
+        # (``Simulator.branch``) carries them over to the copy.
+        read_bytes = functools.partial(self._read_bytes, cpu_s, cost, read, owner, done)
         if p.read_s > 0 and read > 0:
             self._at(self.now + p.read_s * f["read"] * cost * read, read_bytes)
         else:
             read_bytes()
+
+    def _read_bytes(
+        self, cpu_s: float, cost: float, read: float, owner: str, done: _Callback
+    ) -> None:
+        """A batch's bytes through the shared disk (``read``: the share of them it reads),
+        then its CPU work (``cost``: its drawn factor; both scaled by the factors of the time
+        each starts)."""
+        p = self.pipeline
+        compute = functools.partial(self._compute, cpu_s, cost, owner, done)
+        if p.read_bytes > 0 and read > 0:
+            self._read(p.read_bytes * self._factors["read"] * cost * read, compute)
+        else:
+            compute()
+
+    def _compute(self, cpu_s: float, cost: float, owner: str, done: _Callback) -> None:
+        self._cpu_job(cpu_s * self._factors["cpu"] * cost, owner, done)
 
     def _arrived(self, worker: _Worker, batch: int) -> None:
         worker.busy = False
@@ -700,14 +709,7 @@ class Simulator:
         """The training loop asks for the next batch in order."""
         if self._inline:
             self._waiting = True  # the real loader counts inline batch making as waiting
-            started = self.now
-
-            def made() -> None:
-                self._interval.latencies.append(self.now - started)
-                self.totals.dispatched += 1
-                self.totals.arrived += 1
-                self._take(None)
-
+            made = functools.partial(self._made_inline, self.now)
             self._made_with[-1] = (self._split, self._share)
             self._make_batch("main", made, self._made_with[-1], self._whole_share()[0])
             return
@@ -716,6 +718,13 @@ class Simulator:
             self._waiting = True
             return
         self._take(batch)
+
+    def _made_inline(self, started: float) -> None:
+        """The training loop made a batch itself (``workers=0``), begun at ``started``."""
+        self._interval.latencies.append(self.now - started)
+        self.totals.dispatched += 1
+        self.totals.arrived += 1
+        self._take(None)
 
     def _take(self, batch: int | None) -> None:
         self._waiting = False
@@ -746,20 +755,22 @@ class Simulator:
             i.device_batches += 1
             i.device_s += device_s
         gpu_stage = device_s if p.gpu else 0.0
-
-        def accelerator() -> None:
-            if p.step_s + p.gpu_s + gpu_stage > 0:
-                self._stepping_gpu = p.gpu
-                self._at(self.now + p.step_s * factor + p.gpu_s + gpu_stage, self._stepped)
-            else:
-                self._stepped()
-
+        accelerator = functools.partial(self._accelerator, factor, gpu_stage)
         if device_s > 0 and not p.gpu:
             cpu_stage = device_s * self._factors["cpu"]
             after = functools.partial(self._cpu_step, factor, accelerator)
             self._cpu_job(cpu_stage, "main", after)
             return
         self._cpu_step(factor, accelerator)
+
+    def _accelerator(self, factor: float, gpu_stage: float) -> None:
+        """The step's time off the CPU (the accelerator, or a sleep) and the GPU stage."""
+        p = self.pipeline
+        if p.step_s + p.gpu_s + gpu_stage > 0:
+            self._stepping_gpu = p.gpu
+            self._at(self.now + p.step_s * factor + p.gpu_s + gpu_stage, self._stepped)
+        else:
+            self._stepped()
 
     def _cpu_step(self, factor: float, accelerator: _Callback) -> None:
         p = self.pipeline

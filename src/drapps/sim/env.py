@@ -10,6 +10,7 @@ Needs the ``rl`` extra (gymnasium).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from typing import Any
 
@@ -140,10 +141,16 @@ class PipelineEnv(gym.Env):  # type: ignore[name-defined]
         return self._state.vector(self.knobs), {"scenario": scenario.name, "workers": start}
 
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        return self.apply(self._action(action))
+
+    def apply(self, action: Action) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        """:meth:`step` with an :class:`Action` instead of the agent's output: how a policy
+        that is not the agent (the heuristic, a policy file) drives an episode or a branch
+        of it. Knobs outside the agent's stay as the environment has them (held, or moved by
+        their own rules) whatever the action asks."""
         if self._sim is None or self._controller is None or self._state is None:
             raise RuntimeError("call reset() before step()")
-        chosen = self._action(action)
-        applied = self._controller.act(self._state, chosen)
+        applied = self._controller.act(self._state, action)
         workers = int(applied["workers"])
         self._steps += 1
         self._sim.run_until(self._steps * self.interval)
@@ -177,6 +184,14 @@ class PipelineEnv(gym.Env):  # type: ignore[name-defined]
                 f"{list(self.knobs)}), got {action!r}"
             )
         return continuous_action(values, self.knobs)
+
+    def branch(self) -> PipelineEnv:
+        """An independent copy of the episode at this tick (the simulator with its pending
+        events and random draws, the knobs, the State): the same actions on two branches
+        give the same ticks (common random numbers), so they compare actions exactly."""
+        if self._sim is None:
+            raise RuntimeError("call reset() before branch()")
+        return copy.deepcopy(self)
 
     @property
     def state(self) -> State | None:
