@@ -325,3 +325,30 @@ def test_busy_share_is_batches_in_flight_per_worker(
     state = sim.observe()
     assert state.in_flight is not None
     assert busy[0] <= state.busy_share <= busy[1], state
+
+
+def test_an_epoch_ends_with_a_drained_queue_and_the_next_starts_empty() -> None:
+    """As a Loader between epochs: nothing of the next epoch is made before the loop took the
+    last batch of this one, so the loop waits at every epoch's start; the State says how much
+    of the epoch is left."""
+    p = PipelineModel(cores=4, cpu_s=0.05, step_s=0.05, epoch_batches=30)
+    endless = _run(p.replace(epoch_batches=None), workers=4, seconds=30.0)
+    sim = Simulator(Scenario(p), workers=4, seed=0)
+    left = []
+    while sim.now < 30.0 - 1e-9:
+        sim.run_until(sim.now + 0.01)
+        state = sim.observe()
+        assert state.epoch_left is not None and 0 <= state.epoch_left <= 30
+        epoch_end = 30 * (sim.totals.epochs + 1)
+        # nothing past the epoch's end is made or dispatched
+        assert sim.totals.dispatched <= epoch_end
+        left.append(state.epoch_left)
+    assert sim.totals.epochs >= 10 and sim.totals.consumed >= 10 * 30
+    assert sim.totals.dispatched == sim.totals.arrived + sim.in_flight
+    assert min(left) == 0 and max(left) == 30
+    # each epoch's start refills the queue while the loop waits; endless, it never waits
+    assert sim.totals.wait_s > 10 * 0.02 and endless.totals.wait_s < 0.1
+    assert sim.totals.consumed < endless.totals.consumed
+    assert Simulator(Scenario(p), workers=0, seed=0).observe().epoch_left is None  # inline
+    with pytest.raises(ValueError, match="epoch_batches must be an int >= 1"):
+        PipelineModel(cores=2, epoch_batches=0)

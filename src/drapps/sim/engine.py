@@ -97,6 +97,8 @@ class Totals:
     """Integral of the ready-buffer length over time (Little's law: L)."""
     ready_residence: float = 0.0
     """Summed seconds consumed batches spent in the ready buffer (Little's law: W)."""
+    epochs: int = 0
+    """Epochs begun after the first."""
 
 
 class Simulator:
@@ -149,6 +151,7 @@ class Simulator:
         self._ready: dict[int, float] = {}  # batch id -> arrival time
         self._next_dispatch = 0
         self._next_consume = 0
+        self._epoch_end = p.epoch_batches or math.inf  # the batch id that starts the next
         self._seen_batch = False
         self._waiting = False
         self._in_step = 0
@@ -337,6 +340,11 @@ class Simulator:
             lookahead=None if self._inline else self.lookahead,
             priority=None if self._inline else self._priority,
             in_flight=sum(i.latencies) / dt,
+            epoch_left=(
+                int(self._epoch_end - self._next_consume)
+                if self.pipeline.epoch_batches and not self._inline
+                else None
+            ),
             sample_tail=p.sample_tail,
             device_stage_s=i.device_s / i.device_batches if i.device_batches else 0.0,
             device_stage_share=min(1.0, i.device_s / dt),
@@ -550,7 +558,7 @@ class Simulator:
         p = self.pipeline
         while True:
             outstanding = len(self._in_flight) + len(self._ready)
-            if outstanding >= self.prefetch:
+            if outstanding >= self.prefetch or self._next_dispatch >= self._epoch_end:
                 break
             if not self._seen_batch:
                 if outstanding >= max(1, self._target):
@@ -571,8 +579,8 @@ class Simulator:
         if p.cuts:
             # Predicted-slow parts of later batches within the lookahead start early, least
             # slack first (their memory is left out: one sample each).
-            end = self._next_consume + self.lookahead
-            for batch in range(self._next_dispatch, end):
+            end = min(self._next_consume + self.lookahead, self._epoch_end)
+            for batch in range(self._next_dispatch, int(end)):
                 if batch in self._early:
                     continue
                 self._early.add(batch)
@@ -706,7 +714,12 @@ class Simulator:
     # ------------------------------------------------------------------ internals: consumer
 
     def _consume(self) -> None:
-        """The training loop asks for the next batch in order."""
+        """The training loop asks for the next batch in order (the first of a new epoch once
+        it has taken the last of this one)."""
+        if self._next_consume >= self._epoch_end:
+            self._epoch_end += self.pipeline.epoch_batches or math.inf
+            self.totals.epochs += 1
+            self._dispatch()
         if self._inline:
             self._waiting = True  # the real loader counts inline batch making as waiting
             made = functools.partial(self._made_inline, self.now)

@@ -55,7 +55,20 @@ def draw(name: str, rng: np.random.Generator, duration: float = 60.0) -> Scenari
         ValueError: no family has that name (the message lists them).
     """
     scenario = FAMILIES.get(name)(rng, duration)
-    return Scenario(scenario.pipeline, scenario.changes, name)
+    pipeline = scenario.pipeline.replace(epoch_batches=_epoch(rng, scenario.pipeline))
+    return Scenario(pipeline, scenario.changes, name)
+
+
+def _epoch(rng: np.random.Generator, p: PipelineModel) -> int | None:
+    """Batches per epoch: a cache's dataset; otherwise, for two draws in three, 2 to 60
+    seconds of the training loop's steps (a small dataset ends an epoch every few seconds,
+    as the bench's does), and none for the third (epochs longer than a run)."""
+    if p.cache is not None:
+        return max(1, p.cache.samples // p.batch_size)
+    seconds = _log_uniform(rng, 2.0, 60.0)
+    if rng.uniform() < 1 / 3:
+        return None
+    return max(2, round(seconds / (p.step_s + p.step_cpu_s + p.gpu_s + p.transport_s)))
 
 
 # ---------------------------------------------------------------------------- building blocks

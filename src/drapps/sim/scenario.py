@@ -105,9 +105,16 @@ class PipelineModel:
     """As ``drapps.Loader(dispatch=...)``: "batches" (a batch is one task), "samples" (cut
     into two parts per worker, predicted-slow samples alone, started least slack first over
     the lookahead) or "auto" (cut when slow samples cost over 8x a typical one)."""
+    epoch_batches: int | None = None
+    """Batches per epoch (None: one epoch without end). As a Loader with persistent workers
+    between epochs: nothing of the next epoch is made before the training loop has taken the
+    last batch of this one, so each epoch's end drains the queue and its start refills it
+    while the loop waits."""
 
     def __post_init__(self) -> None:
         _check_int(self, "cores", 1)
+        if self.epoch_batches is not None:
+            _check_int(self, "epoch_batches", 1)
         _check_int(self, "batch_size", 1)
         _check_int(self, "read_bytes", 0)
         _check_int(self, "batch_bytes", 1)
