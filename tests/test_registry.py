@@ -68,7 +68,7 @@ def test_learners_use_the_same_wording() -> None:
     from drapps.sim.learners import LEARNERS
 
     with pytest.raises(
-        ValueError, match=r"^learner must be one of \['ddqn', 'ppo', 'sac'\], got 'x'$"
+        ValueError, match=r"^learner must be one of \['ddqn', 'ppo', 'rollout', 'sac'\], got 'x'$"
     ):
         LEARNERS.get("x")
 

@@ -142,10 +142,12 @@ def compare(args: argparse.Namespace) -> None:
     out.mkdir(parents=True, exist_ok=True)
     runs = []
     with tempfile.TemporaryDirectory() as scratch:
+        folder = Path(args.traces or scratch)
+        folder.mkdir(parents=True, exist_ok=True)
         for repeat in range(args.repeats):
             for scenario in args.scenarios.split(","):
                 for policy in args.policies.split(","):
-                    trace = Path(scratch) / f"{len(runs)}.jsonl"
+                    trace = folder / f"{scenario}-{Path(policy).stem}-{repeat}.jsonl"
                     result = spawn(policy, scenario, args.batches, trace, cache=args.cache)
                     result = {**result, "repeat": repeat}
                     print(json.dumps(result), flush=True)
@@ -244,6 +246,7 @@ def main() -> None:
     second.add_argument("--repeats", type=int, default=3)
     second.add_argument("--batches", type=int, default=450)
     second.add_argument("--cache", action="store_true", help="the sample cache on (cache=True)")
+    second.add_argument("--traces", help="keep each run's trace in this folder")
     second.add_argument("out")
     third = commands.add_parser("workers")
     third.add_argument("--counts", default="1,2,3,4,6,8")

@@ -209,10 +209,21 @@ def train_policy_command(args: argparse.Namespace) -> int:
     if steps < 1:
         raise UsageError(f"--steps must be >= 1, got {steps}")
     try:
+        from drapps.control.rl import MlpPolicy
         from drapps.sim.env import PipelineEnv
         from drapps.sim.learners import make_learner
 
         learner = make_learner(args.learner)
+        if args.start is not None:
+            from drapps.sim.learners.rollout import RolloutConfig, RolloutPolicyIteration
+
+            if not isinstance(learner, RolloutPolicyIteration):
+                raise ValueError(
+                    f"--from names the policy to start from with --offline or --learner "
+                    f"rollout, not --learner {args.learner}"
+                )
+            MlpPolicy.load(args.start)  # refused here, before any training, if unreadable
+            learner = RolloutPolicyIteration(RolloutConfig(start=args.start))
         # Only scenarios with movable ops give a split policy something to learn from.
         movable = ["device-offload"] if "split" in args.knobs else None
         if "offload" in args.knobs:  # scenarios with a share to move
@@ -370,7 +381,7 @@ def add_commands(commands: Commands) -> None:
         "it against the heuristic on the held-out families, and write it as a .npz that "
         "drapps runs with NumPy (MlpPolicy.load, or Loader(policy=MlpPolicy.load(path))).",
     )
-    train.add_argument("--learner", default="ppo", help="ppo (default), sac or ddqn")
+    train.add_argument("--learner", default="ppo", help="ppo (default), sac, ddqn or rollout")
     train.add_argument(
         "--steps",
         type=int,
@@ -387,7 +398,8 @@ def add_commands(commands: Commands) -> None:
         "--from",
         dest="start",
         metavar="POLICY",
-        help="with --offline: the .npz policy to start from (default: the shipped one)",
+        help="the .npz policy to start from: with --offline (default: the shipped one), or "
+        "the policy --learner rollout's first round follows (default: the heuristic)",
     )
     train.add_argument("--seed", type=int, default=0, help="seed (0)")
     train.add_argument("--families", type=name_list, help="training families (default: all)")

@@ -102,6 +102,8 @@ def test_sac_exports_the_actor_it_trained_and_moves_every_knob() -> None:
 
 
 def test_unknown_learner_is_named() -> None:
-    assert learner_names() == ["ddqn", "ppo", "sac"]
-    with pytest.raises(ValueError, match=r"learner must be one of \['ddqn', 'ppo', 'sac'\]"):
+    assert learner_names() == ["ddqn", "ppo", "rollout", "sac"]
+    with pytest.raises(
+        ValueError, match=r"learner must be one of \['ddqn', 'ppo', 'rollout', 'sac'\]"
+    ):
         make_learner("dqn")

@@ -1,7 +1,7 @@
-"""Learners that train a policy in the simulator (extra ``rl``): PPO (default), SAC and
-DDQN+PER."""
+"""Learners that train a policy in the simulator (extra ``rl``): PPO (default), SAC,
+DDQN+PER and rollout policy iteration."""
 
-from drapps.sim.learners import ddqn, ppo, sac
+from drapps.sim.learners import ddqn, ppo, rollout, sac
 from drapps.sim.learners._base import (
     LEARNERS,
     Learner,
@@ -18,5 +18,6 @@ __all__ = [
     "learner_names",
     "make_learner",
     "ppo",
+    "rollout",
     "sac",
 ]

@@ -1,0 +1,309 @@
+"""Rollout policy iteration: every action tried from the same simulated moment.
+
+PPO and DDQN read an action's worth from the one trajectory that followed it, through the
+noise of everything else that happened there: a worker shed while the loop is fed gains a few
+hundredths of reward a tick, less than a tick's throughput moves by itself, and neither
+learner tells the two apart. The simulator can do what a real machine cannot: copy a moment
+(:meth:`PipelineEnv.branch`). Here each labelled State is copied once per action; every copy
+takes its action, then follows the same policy for ``horizon`` ticks with the same random
+draws (common random numbers), so two actions' returns differ by what the actions did. A
+network is fitted to those returns and picks the best; the next iteration's copies follow it
+(approximate policy iteration, as in Lagoudakis and Parr's "Reinforcement learning as
+classification", 2003). The first iteration follows ``start``, the heuristic by default: a
+policy that takes the best action against a policy's returns is at least as good as that
+policy (the policy improvement theorem), as far as the returns are measured and fitted well.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from multiprocessing import get_context
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from drapps.control.action import Action
+from drapps.control.policy import Policy, make_policy
+from drapps.control.rl import MlpPolicy
+from drapps.sim.env import PipelineEnv
+from drapps.sim.learners._base import Learner, export_mlp, register_learner
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """Hyperparameters of :class:`RolloutPolicyIteration`."""
+
+    hidden: tuple[int, ...] = (64, 64)
+    """Hidden layer widths of the network (the shipped policy's shape)."""
+    gamma: float = 0.95
+    """Discount per controller tick."""
+    horizon: int = 20
+    """Ticks each copy runs: its action, then ``horizon - 1`` of the followed policy's."""
+    every: int = 5
+    """Ticks between labelled States along an episode."""
+    explore: float = 0.2
+    """Share of an episode's ticks that take a random action, so that the labelled States
+    include ones the policy would not reach by itself."""
+    iterations: int = 3
+    """Rounds of labelling and fitting; each round's copies follow the last round's network."""
+    start: str = "heuristic"
+    """The policy the first round follows: a policy name or a policy file (``.npz``)."""
+    temperature: float = 0.3
+    """Return per unit of score. An action's target score is the followed policy's score
+    for it plus its return over the State's mean divided by this: the policy that follows
+    from ``pi(a|s) * exp(advantage / temperature)``, the best trade of return against
+    distance (KL) from the followed policy. Small: the returns decide; large: the followed
+    policy's ranking stays except where returns differ by more."""
+    keep: float = 0.0
+    """The score of the followed policy's own action where that policy has no scores of
+    its own (the heuristic; a policy file's scores are used as they are)."""
+    aggregate: bool = True
+    """Fit each round on every round's States so far (False: on its own)."""
+    lr: float = 1e-3
+    fit_steps: int = 20_000
+    """Gradient steps per fit (minibatches of ``batch`` States)."""
+    batch: int = 256
+    processes: int = 0
+    """Processes that label episodes (0: one per core)."""
+
+    def __post_init__(self) -> None:
+        for name in ("horizon", "every", "iterations", "fit_steps", "batch"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"RolloutConfig.{name} must be >= 1, got {getattr(self, name)!r}")
+        if not 0 <= self.explore <= 1:
+            raise ValueError(f"RolloutConfig.explore must be in [0, 1], got {self.explore!r}")
+        if not 0 < self.gamma <= 1:
+            raise ValueError(f"RolloutConfig.gamma must be in (0, 1], got {self.gamma!r}")
+        if not self.temperature > 0:
+            raise ValueError(f"RolloutConfig.temperature must be > 0, got {self.temperature!r}")
+        if self.keep < 0:
+            raise ValueError(f"RolloutConfig.keep must be >= 0, got {self.keep!r}")
+        if self.processes < 0:
+            raise ValueError(f"RolloutConfig.processes must be >= 0, got {self.processes!r}")
+
+
+def branch_return(
+    env: PipelineEnv, policy: Policy, first: Action, horizon: int, gamma: float
+) -> tuple[float, int]:
+    """The discounted reward of taking ``first`` now, then ``policy``'s actions, over
+    ``horizon`` ticks, on a copy of ``env`` (which is left as it was); and the steps run.
+    ``policy`` is copied too and sees the copied tick as it would have, so a policy that
+    keeps windows (the heuristic) carries on from its own history."""
+    env = env.branch()
+    policy = copy.deepcopy(policy)
+    state = env.state
+    assert state is not None  # branch() refuses an episode that was not reset
+    policy.decide(state)  # what it would have done: its windows see this tick
+    total, discount, action = 0.0, 1.0, first
+    for _ in range(horizon):
+        _, reward, _, _, _ = env.apply(action)
+        total += discount * reward
+        discount *= gamma
+        state = env.state
+        assert state is not None
+        action = policy.decide(state)
+    return total, horizon
+
+
+@dataclass
+class Labels:
+    """Labelled States: what :func:`label_episode` returns, and what a fit reads."""
+
+    features: np.ndarray
+    """The States' feature vectors (one row per State)."""
+    returns: np.ndarray
+    """Each action's return from the State (one column per action of the environment)."""
+    own: np.ndarray
+    """The index of the action the followed policy took itself there."""
+    prior: np.ndarray | None = None
+    """The followed policy's scores there, less their mean (None: it has none)."""
+    steps: int = 0
+    """Environment steps run to label them."""
+
+    def scores(self, keep: float) -> np.ndarray:
+        """The followed policy's scores, or ``keep`` for its own action where it has none."""
+        if self.prior is not None:
+            return self.prior
+        return keep * np.eye(self.returns.shape[1], dtype=np.float32)[self.own]
+
+    @classmethod
+    def concat(cls, parts: Sequence[Labels], keep: float = 0.0) -> Labels:
+        """One set of labels; where only some parts have scores, the others' stand in as
+        ``keep`` for the own action (:meth:`scores`)."""
+        scored = any(p.prior is not None for p in parts)
+        return cls(
+            np.concatenate([p.features for p in parts]),
+            np.concatenate([p.returns for p in parts]),
+            np.concatenate([p.own for p in parts]),
+            np.concatenate([p.scores(keep) for p in parts]) if scored else None,
+            sum(p.steps for p in parts),
+        )
+
+
+def nearest(action: Action, actions: Sequence[Action], knobs: Sequence[str]) -> int:
+    """The index in ``actions`` (an ``Action.space(knobs)``) of the action that steps
+    ``knobs`` as ``action`` does (its reason, and its moves of other knobs, aside)."""
+    return actions.index(Action.of_steps({k: action.step(k) for k in knobs}))
+
+
+def label_episode(env: PipelineEnv, policy: Policy, config: RolloutConfig, seed: int) -> Labels:
+    """One episode driven by ``policy`` (a share ``config.explore`` of its ticks random):
+    every ``config.every`` ticks, the return of each of the environment's actions
+    (:func:`branch_return`)."""
+    rng = np.random.default_rng(seed)
+    policy = copy.deepcopy(policy)
+    env.reset(seed=seed)
+    ticks = round(env.duration / env.interval)
+    features, returns, own, prior, steps = [], [], [], [], 0
+    scored = isinstance(policy, MlpPolicy) and not policy.continuous
+    for tick in range(ticks):
+        state = env.state
+        assert state is not None
+        labelled = tick % config.every == 0
+        if labelled:
+            row = []
+            for action in env.actions:
+                value, ran = branch_return(env, policy, action, config.horizon, config.gamma)
+                row.append(value)
+                steps += ran
+            features.append(state.vector(env.knobs))
+            returns.append(row)
+        chosen = policy.decide(state)
+        if labelled:
+            own.append(nearest(chosen, env.actions, env.knobs))
+            if scored:
+                assert isinstance(policy, MlpPolicy)
+                scores = policy.scores(state.vector(features=policy.features))
+                prior.append(scores - scores.mean())
+        if rng.random() < config.explore:
+            chosen = env.actions[int(rng.integers(len(env.actions)))]
+        env.apply(chosen)
+        steps += 1
+    return Labels(
+        np.asarray(features, np.float32),
+        np.asarray(returns, np.float32),
+        np.asarray(own),
+        np.asarray(prior, np.float32) if scored else None,
+        steps,
+    )
+
+
+def _label_episodes(
+    env: PipelineEnv, policy: Policy, config: RolloutConfig, seeds: Sequence[int]
+) -> Labels:
+    """:func:`label_episode` for each seed, stacked."""
+    return Labels.concat([label_episode(env, policy, config, seed) for seed in seeds])
+
+
+def _network(sizes: list[int]) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for k in range(len(sizes) - 1):
+        layers.append(nn.Linear(sizes[k], sizes[k + 1]))
+        if k < len(sizes) - 2:
+            layers.append(nn.Tanh())
+    return nn.Sequential(*layers)
+
+
+def fit(labels: Labels, config: RolloutConfig, seed: int) -> nn.Sequential:
+    """A network scoring each action by the followed policy's score for it plus its return
+    over the State's mean, over ``config.temperature`` (Huber loss, so that a few States
+    where one action is a disaster do not drown the rest)."""
+    torch.manual_seed(seed)
+    features, returns = labels.features, labels.returns
+    net = _network([features.shape[1], *config.hidden, returns.shape[1]])
+    optimizer = torch.optim.Adam(net.parameters(), lr=config.lr)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, config.fit_steps)
+    advantage = returns - returns.mean(axis=1, keepdims=True)
+    target = labels.scores(config.keep) + advantage / config.temperature
+    x, y = torch.as_tensor(features), torch.as_tensor(target)
+    generator = torch.Generator().manual_seed(seed)
+    for _ in range(config.fit_steps):
+        rows = torch.randint(len(x), (config.batch,), generator=generator)
+        loss = nn.functional.smooth_l1_loss(net(x[rows]), y[rows])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+    return net
+
+
+def regret(scores: np.ndarray, returns: np.ndarray) -> float:
+    """Mean return given up by taking each row's highest-scored action instead of its best."""
+    chosen = returns[np.arange(len(returns)), scores.argmax(axis=1)]
+    return float(np.mean(returns.max(axis=1) - chosen))
+
+
+@register_learner("rollout")
+class RolloutPolicyIteration(Learner):
+    """Approximate policy iteration from copies of the simulator (common random numbers)."""
+
+    def __init__(self, config: RolloutConfig | None = None) -> None:
+        self.config = config or RolloutConfig()
+        self.history: list[dict[str, Any]] = []
+        """Per round: States labelled, steps run, and the mean return given up on them by the
+        fitted policy's choices and by the followed policy's own."""
+
+    def _start(self) -> Policy:
+        start = self.config.start
+        return MlpPolicy.load(start) if start.endswith(".npz") else make_policy(start)
+
+    def train(self, env: PipelineEnv, steps: int, seed: int) -> MlpPolicy:
+        c = self.config
+        ticks = round(env.duration / env.interval)
+        per_episode = ticks + -(-ticks // c.every) * len(env.actions) * c.horizon
+        episodes = max(1, steps // (c.iterations * per_episode))
+        processes = c.processes or os.cpu_count() or 1
+        policy: Policy = self._start()
+        rounds: list[Labels] = []
+        # Processes are spawned, not forked: this process has torch's threads running.
+        pool = ProcessPoolExecutor(processes, get_context("spawn")) if processes > 1 else None
+        try:
+            for round_ in range(c.iterations):
+                seeds = [seed * 1_000_003 + round_ * 100_003 + e for e in range(episodes)]
+                size = max(1, len(seeds) // (8 * processes))  # small jobs even out the load
+                chunks = [seeds[k : k + size] for k in range(0, len(seeds), size)]
+                if pool is None:
+                    parts = [_label_episodes(env, policy, c, chunk) for chunk in chunks]
+                else:
+                    jobs = [pool.submit(_label_episodes, env, policy, c, ch) for ch in chunks]
+                    parts = [job.result() for job in jobs]
+                rounds.append(Labels.concat(parts, c.keep))
+                labels = Labels.concat(rounds, c.keep) if c.aggregate else rounds[-1]
+                net = fit(labels, c, seed + round_)
+                policy = export_mlp([m for m in net if isinstance(m, nn.Linear)], {}, env.knobs)
+                scores = policy.scores(labels.features)
+                followed = np.eye(len(env.actions))[labels.own]  # its own choices
+                self.history.append(
+                    {
+                        "round": round_,
+                        "states": len(labels.features),
+                        "steps": sum(r.steps for r in rounds),
+                        "regret": round(regret(scores, labels.returns), 4),
+                        "followed_regret": round(regret(followed, labels.returns), 4),
+                    }
+                )
+                logger.info("rollout round %d: %s", round_, self.history[-1])
+        finally:
+            if pool is not None:
+                pool.shutdown(cancel_futures=True)
+        assert isinstance(policy, MlpPolicy)
+        policy.meta.update(
+            {
+                "learner": "rollout",
+                "steps": self.history[-1]["steps"],
+                "seed": seed,
+                "start": c.start,
+                "horizon": c.horizon,
+                "rounds": self.history,
+            }
+        )
+        return policy

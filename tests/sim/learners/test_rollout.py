@@ -1,0 +1,144 @@
+"""Rollout policy iteration: actions compared on copies of one simulated moment."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("gymnasium")
+
+from drapps.control.action import Action
+from drapps.control.policy import make_policy
+from drapps.control.rl import MlpPolicy
+from drapps.sim import PipelineModel, Scenario
+from drapps.sim.env import PipelineEnv
+from drapps.sim.learners import make_learner
+from drapps.sim.learners.rollout import (
+    Labels,
+    RolloutConfig,
+    RolloutPolicyIteration,
+    branch_return,
+    fit,
+    label_episode,
+    nearest,
+    regret,
+)
+
+# Reads wait 0.2 s on storage and cost little CPU: on 2 cores, more workers keep more reads
+# in flight and the loop, stepping 10 ms, waits less.
+READS = Scenario(PipelineModel(cores=2, cpu_s=0.01, read_s=0.2, step_s=0.01))
+
+
+def _started(scenario: Scenario, ticks: int) -> PipelineEnv:
+    env = PipelineEnv(random_start=False, duration=30.0)
+    env.reset(seed=0, options={"scenario": scenario})
+    for _ in range(ticks):
+        env.step(4)
+    return env
+
+
+def test_a_branch_return_tells_actions_apart_and_leaves_the_episode_alone() -> None:
+    env = _started(READS, 4)
+    here = env.state
+    heuristic = make_policy("heuristic")
+    grow, _ = branch_return(env, heuristic, Action(workers=1), 10, 0.95)
+    again, _ = branch_return(env, heuristic, Action(workers=1), 10, 0.95)
+    shed, steps = branch_return(env, heuristic, Action(workers=-1), 10, 0.95)
+    assert grow == again  # the same draws after the same action
+    assert grow > shed + 0.1 and steps == 10
+    assert env.state is here
+
+
+def test_an_episode_is_labelled_every_few_ticks_with_one_return_per_action() -> None:
+    env = PipelineEnv(["io-latency"], duration=10.0)
+    config = RolloutConfig(horizon=4, every=5)
+    labels = label_episode(env, make_policy("heuristic"), config, seed=3)
+    assert labels.features.shape == (4, len(env.observation_space.low))
+    assert labels.returns.shape == (4, len(env.actions)) and labels.own.shape == (4,)
+    assert labels.steps == 20 + 4 * len(env.actions) * 4
+    again = label_episode(env, make_policy("heuristic"), config, seed=3)
+    assert np.array_equal(labels.returns, again.returns)  # seeded: the same labels
+
+
+def test_the_followed_policys_action_is_found_by_its_steps_of_the_agents_knobs() -> None:
+    actions, knobs = Action.space(), ("workers", "prefetch")
+    moved = Action(workers=1, prefetch=-1, codec="lz4", reason="the heuristic's")
+    assert actions[nearest(moved, actions, knobs)] == Action(workers=1, prefetch=-1)
+    assert actions[nearest(Action(reason="hold"), actions, knobs)] == Action()
+
+
+def _labels(keep_best: float) -> Labels:
+    """States whose best action is to grow above the middle of feature 0 and to shed below,
+    the followed policy holding, which is worse by ``keep_best``."""
+    rng = np.random.default_rng(0)
+    features = rng.uniform(size=(2000, 5)).astype(np.float32)
+    returns = rng.normal(0, 0.01, size=(2000, 9)).astype(np.float32)
+    best = np.where(features[:, 0] > 0.5, 7, 1)
+    returns[np.arange(2000), best] += 1.0
+    returns[:, 4] += 1.0 - keep_best
+    return Labels(features, returns, np.full(2000, 4))
+
+
+def test_the_fitted_network_scores_the_best_action_highest_unless_kept() -> None:
+    labels = _labels(keep_best=0.3)
+    net = fit(labels, RolloutConfig(fit_steps=3000), seed=0)
+    scores = net(torch.as_tensor(labels.features)).detach().numpy()
+    assert regret(scores, labels.returns) < 0.03
+    assert regret(np.tile(np.eye(9)[4], (2000, 1)), labels.returns) > 0.25  # always holding
+    kept = fit(labels, RolloutConfig(fit_steps=3000, temperature=1.0, keep=0.5), seed=0)
+    assert np.all(kept(torch.as_tensor(labels.features)).detach().numpy().argmax(axis=1) == 4)
+
+
+def test_a_followed_policys_scores_hold_where_returns_differ_by_less_than_the_temperature() -> None:
+    labels = _labels(keep_best=0.3)
+    prior = np.zeros_like(labels.returns)
+    prior[:, 4] = 2.0  # the followed policy holds, by 2 in score
+    scored = Labels(labels.features, labels.returns, labels.own, prior)
+    x = torch.as_tensor(labels.features)
+    for temperature, chosen in ((0.05, "best"), (1.0, "held")):
+        net = fit(scored, RolloutConfig(fit_steps=3000, temperature=temperature), seed=0)
+        picks = net(x).detach().numpy().argmax(axis=1)
+        # 0.3 of return is 6 in score at 0.05, more than the 2 held; 0.3 at 1.0, less
+        held = np.mean(picks == 4)
+        assert held > 0.99 if chosen == "held" else held < 0.1
+
+
+def _episode_reward(env: PipelineEnv, act: Callable[[np.ndarray], int]) -> float:
+    total = 0.0
+    for episode in range(6):
+        obs, _ = env.reset(seed=1000 + episode)
+        done = False
+        while not done:
+            obs, reward, terminated, truncated, _ = env.step(act(obs))
+            total += reward
+            done = terminated or truncated
+    return total / 6
+
+
+def test_a_small_training_run_beats_holding_and_random_actions() -> None:
+    env = PipelineEnv(["io-latency"], duration=10.0)
+    config = RolloutConfig(horizon=6, every=4, iterations=2, processes=1, fit_steps=3000)
+    policy = RolloutPolicyIteration(config).train(env, 12_000, seed=0)
+    assert isinstance(policy, MlpPolicy) and policy.meta["learner"] == "rollout"
+    assert [r["round"] for r in policy.meta["rounds"]] == [0, 1]
+    assert policy.meta["rounds"][1]["states"] > policy.meta["rounds"][0]["states"]
+    rng = np.random.default_rng(0)
+    trained = _episode_reward(env, lambda obs: int(np.argmax(policy.scores(obs))))
+    held = _episode_reward(env, lambda obs: 4)
+    random = _episode_reward(env, lambda obs: int(rng.integers(9)))
+    assert trained > max(held, random) + 2.0, (trained, held, random)  # 119, 113, 109
+
+
+def test_the_learner_is_registered_and_bad_settings_are_named() -> None:
+    assert isinstance(make_learner("rollout"), RolloutPolicyIteration)
+    with pytest.raises(ValueError, match="horizon must be >= 1"):
+        RolloutConfig(horizon=0)
+    with pytest.raises(ValueError, match="explore must be in"):
+        RolloutConfig(explore=1.5)
+    with pytest.raises(ValueError, match="keep must be >= 0"):
+        RolloutConfig(keep=-0.1)
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        RolloutConfig(temperature=0)
