@@ -314,7 +314,9 @@ def test_the_shipped_policy_does_not_grow_the_pool_as_an_epoch_drains() -> None:
     )  # fmt: skip
     policy = make_policy("rl")
     assert policy.decide(draining).workers == 1  # the premise: unknown end, it grows
-    assert policy.decide(replace(draining, epoch_left=5)).is_noop
+    policy.decide(replace(draining, epoch_left=6))  # the tick before, in the same epoch
+    held = policy.decide(replace(draining, epoch_left=5))
+    assert held.is_noop and "epoch begins" not in held.reason
 
 
 def test_the_learned_policy_holds_through_ticks_that_show_only_the_pipeline_starting() -> None:
@@ -328,6 +330,8 @@ def test_the_learned_policy_holds_through_ticks_that_show_only_the_pipeline_star
     )  # fmt: skip
     policy = make_policy("rl")
     assert policy.decide(begun).workers == 1  # the premise: a starving loop, it grows
+    first = policy.decide(replace(begun, epoch_left=78))  # the first tick of the first epoch
+    assert first.is_noop and "epoch begins" in first.reason
     policy.decide(replace(begun, epoch_left=3, queue_batches=3, wait_fraction=0.0))
     held = policy.decide(replace(begun, epoch_left=75))  # 75 left after 3: a new epoch
     assert held.is_noop and "epoch begins" in held.reason

@@ -180,11 +180,11 @@ class MlpPolicy:
         """Why this tick says nothing about the knobs, or None. The policy reads one tick;
         two kinds of tick show the pipeline starting, not its rate: one in which nothing was
         delivered or waited for (the run has not begun), and one in which an epoch began
-        (its first batches are made from an empty queue whatever the knobs)."""
-        began = (
-            state.epoch_left is not None
-            and self._epoch_left is not None
-            and state.epoch_left > self._epoch_left
+        (its first batches are made from an empty queue whatever the knobs): what the epoch
+        has left rose, or is known for the first time (the run's first epoch, or one after
+        a spell between epochs)."""
+        began = state.epoch_left is not None and (
+            self._epoch_left is None or state.epoch_left > self._epoch_left
         )
         self._epoch_left = state.epoch_left
         if began:
