@@ -211,6 +211,7 @@ def test_the_offload_systems_run_every_share_under_the_model_consumer(tmp_path: 
     names = ["0", "0.5", "1", "auto", "auto-all"]
     check_runs(results, {("image", "steady", f"drapps-offload-{n}") for n in names}, repeats=1)
     assert all(run["batch_size"] == 8 for run in results["runs"])
+    assert results["workloads"]["image"].endswith("; batch 8")  # the size the runs used
     ends = {run["case"]: run["final_workers"] for run in results["runs"]}
     assert ends["drapps-offload-0.5"].endswith("@0/0.50")  # workers@split/share
     assert ends["drapps-offload-1"].endswith("@0/1.00")

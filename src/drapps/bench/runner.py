@@ -364,6 +364,15 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return summary
 
 
+def _summary(workload: str, batch_size: int | None) -> str:
+    """The workload's one-line summary, its "; batch N" the batch size the run used."""
+    summary = workload_class(workload).summary
+    if batch_size is None:
+        return summary
+    head, sep, _ = summary.rpartition("; batch ")
+    return f"{head}; batch {batch_size}" if sep else summary
+
+
 def run_benchmark(config: BenchConfig, progress: bool = True) -> dict[str, Any]:
     """Prepare the data, run every case ``repeats`` times interleaved, summarise."""
     cores = usable_cores()
@@ -454,7 +463,7 @@ def run_benchmark(config: BenchConfig, progress: bool = True) -> dict[str, Any]:
     return {
         "benchmark": "drapps-bench",
         "version": 2,
-        "workloads": {w: workload_class(w).summary for w in config.workloads},
+        "workloads": {w: _summary(w, config.batch_size) for w in config.workloads},
         "scenarios": {s: SCENARIOS[s].summary for s in config.scenarios},
         "systems": {s: SYSTEMS[s].summary for s in systems},
         "skipped": skipped,
