@@ -13,6 +13,7 @@ pytest.importorskip("gymnasium")
 from drapps.control.action import Action
 from drapps.control.policy import make_policy
 from drapps.control.rl import MlpPolicy
+from drapps.control.state import State
 from drapps.sim import PipelineModel, Scenario
 from drapps.sim.env import PipelineEnv
 from drapps.sim.learners import make_learner
@@ -63,6 +64,20 @@ def test_an_episode_is_labelled_every_few_ticks_with_one_return_per_action() -> 
     assert np.array_equal(labels.returns, again.returns)  # seeded: the same labels
 
 
+def test_a_policy_file_followed_gives_its_scores_and_the_heuristic_none() -> None:
+    env = PipelineEnv(["cpu-bound"], duration=5.0)
+    config = RolloutConfig(horizon=2, every=5)
+    shipped = MlpPolicy.shipped()
+    labels = label_episode(env, shipped, config, seed=0)
+    assert labels.prior is not None and labels.prior.shape == labels.returns.shape
+    assert np.allclose(labels.prior.sum(axis=1), 0.0, atol=1e-4)  # less their mean
+    scores = shipped.scores(
+        labels.features[:, [State.features().index(f) for f in shipped.features]]
+    )
+    assert np.allclose(labels.prior, scores - scores.mean(axis=1, keepdims=True), atol=1e-5)
+    assert label_episode(env, make_policy("heuristic"), config, seed=0).prior is None
+
+
 def test_the_followed_policys_action_is_found_by_its_steps_of_the_agents_knobs() -> None:
     actions, knobs = Action.space(), ("workers", "prefetch")
     moved = Action(workers=1, prefetch=-1, codec="lz4", reason="the heuristic's")
@@ -84,7 +99,7 @@ def _labels(keep_best: float) -> Labels:
 
 def test_the_fitted_network_scores_the_best_action_highest_unless_kept() -> None:
     labels = _labels(keep_best=0.3)
-    net = fit(labels, RolloutConfig(fit_steps=3000), seed=0)
+    net = fit(labels, RolloutConfig(fit_steps=1500), seed=0)
     scores = net(torch.as_tensor(labels.features)).detach().numpy()
     assert regret(scores, labels.returns) < 0.03
     assert regret(np.tile(np.eye(9)[4], (2000, 1)), labels.returns) > 0.25  # always holding
@@ -99,7 +114,7 @@ def test_a_followed_policys_scores_hold_where_returns_differ_by_less_than_the_te
     scored = Labels(labels.features, labels.returns, labels.own, prior)
     x = torch.as_tensor(labels.features)
     for temperature, chosen in ((0.05, "best"), (1.0, "held")):
-        net = fit(scored, RolloutConfig(fit_steps=3000, temperature=temperature), seed=0)
+        net = fit(scored, RolloutConfig(fit_steps=1500, temperature=temperature), seed=0)
         picks = net(x).detach().numpy().argmax(axis=1)
         # 0.3 of return is 6 in score at 0.05, more than the 2 held; 0.3 at 1.0, less
         held = np.mean(picks == 4)
@@ -118,9 +133,10 @@ def _episode_reward(env: PipelineEnv, act: Callable[[np.ndarray], int]) -> float
     return total / 6
 
 
+@pytest.mark.timeout(300)  # a minute with both cores busy
 def test_a_small_training_run_beats_holding_and_random_actions() -> None:
     env = PipelineEnv(["io-latency"], duration=10.0)
-    config = RolloutConfig(horizon=6, every=4, iterations=2, processes=1, fit_steps=3000)
+    config = RolloutConfig(horizon=6, every=4, iterations=2, processes=1, fit_steps=1500)
     policy = RolloutPolicyIteration(config).train(env, 12_000, seed=0)
     assert isinstance(policy, MlpPolicy) and policy.meta["learner"] == "rollout"
     assert [r["round"] for r in policy.meta["rounds"]] == [0, 1]

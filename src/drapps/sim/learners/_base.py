@@ -47,6 +47,17 @@ def make_learner(name: str) -> Learner:
     return LEARNERS.get(name)()
 
 
+def tanh_mlp(sizes: Sequence[int]) -> nn.Sequential:
+    """Linear layers of ``sizes`` with tanh between them: the shipped policy's shape, which
+    :func:`export_mlp` turns into an :class:`MlpPolicy`."""
+    layers: list[nn.Module] = []
+    for k in range(len(sizes) - 1):
+        layers.append(nn.Linear(sizes[k], sizes[k + 1]))
+        if k < len(sizes) - 2:
+            layers.append(nn.Tanh())
+    return nn.Sequential(*layers)
+
+
 def export_mlp(
     linears: Sequence[nn.Linear],
     meta: dict[str, Any],

@@ -18,7 +18,7 @@ from torch import nn
 
 from drapps.control.rl import MlpPolicy
 from drapps.sim.env import PipelineEnv
-from drapps.sim.learners._base import Learner, export_mlp, register_learner
+from drapps.sim.learners._base import Learner, export_mlp, register_learner, tanh_mlp
 from drapps.sim.learners.replay import PrioritizedReplay
 
 logger = logging.getLogger(__name__)
@@ -50,15 +50,6 @@ class DdqnConfig:
     """Importance-weight exponent, annealed from the first to the second over the run."""
 
 
-def _network(sizes: list[int]) -> nn.Sequential:
-    layers: list[nn.Module] = []
-    for k in range(len(sizes) - 1):
-        layers.append(nn.Linear(sizes[k], sizes[k + 1]))
-        if k < len(sizes) - 2:
-            layers.append(nn.Tanh())
-    return nn.Sequential(*layers)
-
-
 @register_learner("ddqn")
 class Ddqn(Learner):
     """Double DQN with prioritized replay."""
@@ -72,8 +63,8 @@ class Ddqn(Learner):
         rng = np.random.default_rng(seed)
         obs_size = env.observation_space.shape[0]
         actions = int(env.action_space.n)
-        online = _network([obs_size, *c.hidden, actions])
-        target = _network([obs_size, *c.hidden, actions])
+        online = tanh_mlp([obs_size, *c.hidden, actions])
+        target = tanh_mlp([obs_size, *c.hidden, actions])
         target.load_state_dict(online.state_dict())
         optimizer = torch.optim.Adam(online.parameters(), lr=c.lr)
         replay = PrioritizedReplay(c.buffer, obs_size, alpha=c.alpha)

@@ -7,10 +7,13 @@ learner tells the two apart. The simulator can do what a real machine cannot: co
 (:meth:`PipelineEnv.branch`). Here each labelled State is copied once per action; every copy
 takes its action, then follows the same policy for ``horizon`` ticks with the same random
 draws (common random numbers), so two actions' returns differ by what the actions did. A
-network is fitted to those returns and picks the best; the next iteration's copies follow it
-(approximate policy iteration, as in Lagoudakis and Parr's "Reinforcement learning as
-classification", 2003). The first iteration follows ``start``, the heuristic by default: a
-policy that takes the best action against a policy's returns is at least as good as that
+network is fitted to the followed policy's scores plus those returns over a temperature (the
+policy ``pi(a|s) * exp(advantage / temperature)``, which keeps the followed policy's ranking
+except where the returns say otherwise), and the next round's copies follow it: approximate
+policy iteration, as in Lagoudakis and Parr's "Reinforcement learning as classification"
+(2003), with a KL-regularised improvement step. The first round follows ``start``, the
+heuristic by default, or a policy file (``drapps train-policy --learner rollout --from``):
+a policy that takes the best action against a policy's returns is at least as good as that
 policy (the policy improvement theorem), as far as the returns are measured and fitted well.
 """
 
@@ -33,7 +36,7 @@ from drapps.control.action import Action
 from drapps.control.policy import Policy, make_policy
 from drapps.control.rl import MlpPolicy
 from drapps.sim.env import PipelineEnv
-from drapps.sim.learners._base import Learner, export_mlp, register_learner
+from drapps.sim.learners._base import Learner, export_mlp, register_learner, tanh_mlp
 
 logger = logging.getLogger(__name__)
 
@@ -164,7 +167,10 @@ def label_episode(env: PipelineEnv, policy: Policy, config: RolloutConfig, seed:
     env.reset(seed=seed)
     ticks = round(env.duration / env.interval)
     features, returns, own, prior, steps = [], [], [], [], 0
-    scored = isinstance(policy, MlpPolicy) and not policy.continuous
+    # A discrete policy over the environment's actions has a score for each of them.
+    scorer = None
+    if isinstance(policy, MlpPolicy) and not policy.continuous and policy.actions == env.actions:
+        scorer = policy
     for tick in range(ticks):
         state = env.state
         assert state is not None
@@ -180,9 +186,8 @@ def label_episode(env: PipelineEnv, policy: Policy, config: RolloutConfig, seed:
         chosen = policy.decide(state)
         if labelled:
             own.append(nearest(chosen, env.actions, env.knobs))
-            if scored:
-                assert isinstance(policy, MlpPolicy)
-                scores = policy.scores(state.vector(features=policy.features))
+            if scorer is not None:
+                scores = scorer.scores(state.vector(features=scorer.features))
                 prior.append(scores - scores.mean())
         if rng.random() < config.explore:
             chosen = env.actions[int(rng.integers(len(env.actions)))]
@@ -192,7 +197,7 @@ def label_episode(env: PipelineEnv, policy: Policy, config: RolloutConfig, seed:
         np.asarray(features, np.float32),
         np.asarray(returns, np.float32),
         np.asarray(own),
-        np.asarray(prior, np.float32) if scored else None,
+        np.asarray(prior, np.float32) if scorer is not None else None,
         steps,
     )
 
@@ -204,22 +209,13 @@ def _label_episodes(
     return Labels.concat([label_episode(env, policy, config, seed) for seed in seeds])
 
 
-def _network(sizes: list[int]) -> nn.Sequential:
-    layers: list[nn.Module] = []
-    for k in range(len(sizes) - 1):
-        layers.append(nn.Linear(sizes[k], sizes[k + 1]))
-        if k < len(sizes) - 2:
-            layers.append(nn.Tanh())
-    return nn.Sequential(*layers)
-
-
 def fit(labels: Labels, config: RolloutConfig, seed: int) -> nn.Sequential:
     """A network scoring each action by the followed policy's score for it plus its return
     over the State's mean, over ``config.temperature`` (Huber loss, so that a few States
     where one action is a disaster do not drown the rest)."""
     torch.manual_seed(seed)
     features, returns = labels.features, labels.returns
-    net = _network([features.shape[1], *config.hidden, returns.shape[1]])
+    net = tanh_mlp([features.shape[1], *config.hidden, returns.shape[1]])
     optimizer = torch.optim.Adam(net.parameters(), lr=config.lr)
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, config.fit_steps)
     advantage = returns - returns.mean(axis=1, keepdims=True)
@@ -251,6 +247,8 @@ class RolloutPolicyIteration(Learner):
         self.history: list[dict[str, Any]] = []
         """Per round: States labelled, steps run, and the mean return given up on them by the
         fitted policy's choices and by the followed policy's own."""
+        self.labels: Labels | None = None
+        """The States the last fit read, with their returns (to fit again without labelling)."""
 
     def _start(self) -> Policy:
         start = self.config.start
@@ -278,6 +276,7 @@ class RolloutPolicyIteration(Learner):
                     parts = [job.result() for job in jobs]
                 rounds.append(Labels.concat(parts, c.keep))
                 labels = Labels.concat(rounds, c.keep) if c.aggregate else rounds[-1]
+                self.labels = labels
                 net = fit(labels, c, seed + round_)
                 policy = export_mlp([m for m in net if isinstance(m, nn.Linear)], {}, env.knobs)
                 scores = policy.scores(labels.features)
