@@ -233,9 +233,10 @@ def test_the_idle_term_charges_workers_left_behind_a_full_queue() -> None:
     assert idle_workers(state(workers=8, max_workers=8, in_flight=8.0)) == 0.0
     assert idle_workers(state(workers=8)) == 0.0 and idle.busy_share == 0.5 / 8
     assert idle_workers(state(workers=1, in_flight=0.0)) == 0.0
-    weights = RewardWeights(idle=0.5)
-    assert reward(idle) == reward(state(workers=8, max_workers=8, in_flight=8.0))
-    assert reward(idle, weights) == pytest.approx(reward(idle) - 0.5 * idle_workers(idle))
+    off = RewardWeights(idle=0.0)
+    assert reward(idle, off) == reward(state(workers=8, max_workers=8, in_flight=8.0), off)
+    assert reward(idle) == pytest.approx(reward(idle, off) - 0.5 * idle_workers(idle))
+    assert RewardWeights().idle == 0.5  # charged by default
     with pytest.raises(ValueError, match=r"RewardWeights\.idle must be >= 0"):
         RewardWeights(idle=-1.0)
 

@@ -23,11 +23,12 @@ class RewardWeights:
     """Per unit of the machine's memory the pipeline holds (its RSS over total memory): a
     worker that adds no throughput still costs its memory. Without it, a learned policy
     trained in the simulator learns to hold every worker it may."""
-    idle: float = 0.0
+    idle: float = 0.5
     """Per unit of idle workers: those beyond one that sit behind a full queue (1 minus
     ``State.busy_share``), over the pool's bound. Memory held for nothing, however much
     the machine has: on a large machine the footprint alone is too small for a learned
-    policy to tell apart from noise."""
+    policy to tell apart from noise, and a policy trained without this term kept every
+    worker it had grown once the loop was fed (8 on 2 cores, reading from a full cache)."""
     energy: float = 0.0
     """Per unit of ``log1p(power_w)`` (off by default). At 1.0 it and the throughput term
     together reward ``log`` of samples per joule, so a worker that adds watts but no
