@@ -90,7 +90,8 @@ def test_a_policy_reads_the_features_its_file_names(tmp_path: Path) -> None:
 def test_the_shipped_policy_loads_and_decides() -> None:
     assert shipped_path().is_file()
     policy = make_policy("rl")
-    assert isinstance(policy, MlpPolicy) and policy.meta.get("learner") in ("ppo", "ddqn")
+    assert isinstance(policy, MlpPolicy)
+    assert policy.meta.get("learner") in ("ppo", "ddqn", "rollout")
     states = [state(wait_fraction=w, idle_cores=i) for w in (0.0, 0.5) for i in (0.0, 6.0)]
     for s in states:
         assert isinstance(policy.decide(s), Action)
@@ -294,6 +295,15 @@ def test_a_policy_over_every_knob_steers_a_simulated_cache_and_priority(tmp_path
     assert "codec" not in uncached.ticks[-1].applied
 
 
+def _always_growing() -> MlpPolicy:
+    """A learned policy whose network adds a worker on every tick it acts: what it holds
+    through is the policy's rule, not its weights."""
+    actions = Action.space()
+    bias = np.zeros(len(actions), np.float32)
+    bias[actions.index(Action(workers=1))] = 1.0
+    return MlpPolicy([(np.zeros((len(State.FEATURES), len(actions)), np.float32), bias)])
+
+
 def vm_tick(**fields: object) -> State:
     """A tick of 4 workers (at most 8) on the project's 2-core, 24 GiB VM."""
     machine = {"cores": 2, "rss_bytes": 1 * 2**30, "available_bytes": 23 * 2**30,
@@ -313,10 +323,9 @@ def test_the_shipped_policy_does_not_grow_the_pool_as_an_epoch_drains() -> None:
         throughput=380.0,
     )  # fmt: skip
     policy = make_policy("rl")
-    assert policy.decide(draining).workers == 1  # the premise: unknown end, it grows
     policy.decide(replace(draining, epoch_left=6))  # the tick before, in the same epoch
     held = policy.decide(replace(draining, epoch_left=5))
-    assert held.is_noop and "epoch begins" not in held.reason
+    assert held.workers <= 0 and "epoch begins" not in held.reason
 
 
 def test_the_learned_policy_holds_through_ticks_that_show_only_the_pipeline_starting() -> None:
@@ -328,13 +337,34 @@ def test_the_learned_policy_holds_through_ticks_that_show_only_the_pipeline_star
         prefetch=8, wait_fraction=0.25, latency_p50_s=0.04, latency_p99_s=0.05,
         throughput=400.0,
     )  # fmt: skip
-    policy = make_policy("rl")
-    assert policy.decide(begun).workers == 1  # the premise: a starving loop, it grows
+    policy = _always_growing()
+    assert policy.decide(begun).workers == 1  # nothing known of epochs: its network's choice
     first = policy.decide(replace(begun, epoch_left=78))  # the first tick of the first epoch
     assert first.is_noop and "epoch begins" in first.reason
     policy.decide(replace(begun, epoch_left=3, queue_batches=3, wait_fraction=0.0))
     held = policy.decide(replace(begun, epoch_left=75))  # 75 left after 3: a new epoch
     assert held.is_noop and "epoch begins" in held.reason
     assert policy.decide(replace(begun, epoch_left=74)).workers == 1  # a wait mid-epoch
+    # Its last batch delivered, the loop between epochs: nothing is left to make.
+    done = policy.decide(replace(begun, epoch_left=0, queue_batches=0, wait_fraction=0.0))
+    assert done.is_noop and "all delivered" in done.reason
     # Before the first batch: nothing delivered, nothing waited for.
-    assert make_policy("rl").decide(replace(begun, throughput=0.0, wait_fraction=0.0)).is_noop
+    assert _always_growing().decide(replace(begun, throughput=0.0, wait_fraction=0.0)).is_noop
+
+
+def test_a_policy_decides_once_per_the_interval_it_was_trained_at() -> None:
+    # Trained at one decision per 0.5 s, on a loader ticking every 0.25 s: a step every other
+    # tick, as in training, and an epoch's start held for 0.5 s, the one tick it was there.
+    policy = _always_growing()
+    assert policy.interval == 0.5  # a file that records no interval: the training default
+    tick = vm_tick(wait_fraction=0.3, queue_batches=0, prefetch=8, throughput=400.0)
+    moves = [policy.decide(replace(tick, t=0.25 * k)).workers for k in range(1, 6)]
+    assert moves == [1, 0, 1, 0, 1]
+    held = policy.decide(replace(tick, t=1.5 + 0.2))  # 0.45 s after its last: still between
+    assert held.is_noop and "between decisions (one per 0.5 s)" in held.reason
+    begun = [policy.decide(replace(tick, t=t, epoch_left=e)) for t, e in ((2.0, 60), (2.25, 55))]
+    assert [a.is_noop for a in begun] == [True, True] and "epoch begins" in begun[0].reason
+    assert policy.decide(replace(tick, t=2.5, epoch_left=50)).workers == 1
+    assert policy.decide(replace(tick, t=0.1)).workers == 1  # earlier: a new run, afresh
+    fast = MlpPolicy(policy.layers, {"interval": 0.25})  # trained at the loader's tick
+    assert [fast.decide(replace(tick, t=0.25 * k)).workers for k in range(1, 4)] == [1, 1, 1]

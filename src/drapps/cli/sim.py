@@ -240,7 +240,9 @@ def train_policy_command(args: argparse.Namespace) -> int:
     policy = learner.train(env, steps, args.seed)
     trained_s = time.perf_counter() - start
     print(f"trained in {trained_s:.0f} s")
-    policy.meta.update({"families": families, "train_s": round(trained_s, 1)})
+    policy.meta.update(
+        {"families": families, "train_s": round(trained_s, 1), "interval": env.interval}
+    )
     if args.episodes > 0:
         result = evaluate(
             {"heuristic": "heuristic", "learned": policy},

@@ -28,6 +28,9 @@ ACTIONS = Action.space()
 
 
 KNOBS = ("workers", "prefetch")
+TRAINED_INTERVAL = 0.5
+"""Seconds between decisions in training (``PipelineEnv``'s and the Loader's default
+``control_interval``): what a policy file that does not record its own was trained at."""
 """The knobs :data:`ACTIONS` move (the shipped policy's); a policy file names its knobs and a
 pipeline without them refuses it."""
 
@@ -131,6 +134,12 @@ class MlpPolicy:
         self.meta = dict(meta or {})
         self._rules: HeuristicPolicy | None = None
         self._epoch_left: int | None = None
+        self.interval = float(self.meta.get("interval", TRAINED_INTERVAL))
+        """Seconds between its decisions in training. On a controller that ticks faster it
+        decides once per this many seconds and holds on the ticks between: one step of a knob
+        per tick, taken twice as often as trained, overshoots what the step was learned for,
+        and an epoch's start, one tick long in training, spans several short ticks."""
+        self._decided_at: float | None = None
         self._ruled: tuple[str, ...] = ()
 
     def bind(self, movable: tuple[str, ...]) -> None:
@@ -178,11 +187,12 @@ class MlpPolicy:
 
     def _no_evidence(self, state: State) -> str | None:
         """Why this tick says nothing about the knobs, or None. The policy reads one tick;
-        two kinds of tick show the pipeline starting, not its rate: one in which nothing was
-        delivered or waited for (the run has not begun), and one in which an epoch began
-        (its first batches are made from an empty queue whatever the knobs): what the epoch
-        has left rose, or is known for the first time (the run's first epoch, or one after
-        a spell between epochs)."""
+        three kinds of tick show the pipeline starting or stopped, not its rate: one in which
+        nothing was delivered or waited for (the run has not begun), one in which an epoch
+        began (its first batches are made from an empty queue whatever the knobs): what the
+        epoch has left rose, or is known for the first time (the run's first epoch, or one
+        after a spell between epochs), and one that ends with the epoch's every batch
+        delivered (nothing is left for the workers to make, whatever their number)."""
         began = state.epoch_left is not None and (
             self._epoch_left is None or state.epoch_left > self._epoch_left
         )
@@ -193,10 +203,25 @@ class MlpPolicy:
             )
         if state.throughput <= 0 and state.wait_fraction <= 0:
             return "learned policy: holding (no batch delivered or waited for this tick)"
+        if state.epoch_left == 0:
+            return "learned policy: holding (the epoch's batches are all delivered)"
         return None
+
+    def _between_decisions(self, state: State) -> bool:
+        """True on a tick less than :attr:`interval` after its last decision (or hold at an
+        epoch's start). A State no later than that decision (a new run, or States read out
+        of order from a trace) is decided afresh."""
+        last = self._decided_at
+        if last is None or state.t <= last:
+            return False
+        return state.t - last < self.interval * 0.999  # float ticks: 0.49999 is 0.5
 
     def decide(self, state: State) -> Action:
         why = self._no_evidence(state)
+        if why is None and self._between_decisions(state):
+            why = f"learned policy: holding between decisions (one per {self.interval:g} s)"
+        elif why is None or "epoch begins" in why:
+            self._decided_at = state.t
         action = Action(reason=why) if why else self.choose(state.vector(features=self.features))
         if not action.is_noop:
             action = dataclasses.replace(

@@ -90,7 +90,7 @@ class State:
     ``priority`` knob (worker processes); None otherwise."""
     epoch_left: int | None = None
     """Batches of the epoch not yet handed to the training loop; None where unknown (an
-    iterable dataset, between epochs) or where epochs do not end (the simulator)."""
+    iterable dataset, between epochs) or where epochs do not end."""
     in_flight: float | None = None
     """Batches being made, on average over the interval: the sum of the latencies of the
     batches received in it over its length (Little's law). None where not measured (older
