@@ -1,17 +1,31 @@
 #!/usr/bin/env bash
-# The learner comparison: PPO, SAC and DDQN+PER trained on the same training families, seed and
-# steps, one after the other (so each training time is its own), then evaluated with the
-# heuristic and the shipped policy on the same scenarios of every family.
-# Usage: docs/results/learners/compare.sh [STEPS] [SEED]   (from the repository root, extra rl)
+# The learner comparison: PPO, SAC, DDQN+PER and rollout policy iteration trained on the same
+# training families and seed, then evaluated with the heuristic and the shipped policy on the
+# same scenarios of every family. PPO, SAC and DDQN take STEPS environment steps; rollout policy
+# iteration takes ROLLOUT_STEPS, counting the steps of its copies (3 rounds of 100 episodes by
+# default), from the heuristic, and one round of 300 episodes from the shipped policy (a
+# fine-tuning of it).
+# PPO and the rollouts run alone; SAC and DDQN side by side, one core each.
+# Usage: docs/results/learners/compare.sh [STEPS] [SEED] [EPISODES] [ROLLOUT_STEPS]
+#   (from the repository root, extra rl)
 set -euo pipefail
 steps=${1:-150000}
 seed=${2:-0}
+episodes=${3:-32}
+rollout_steps=${4:-1332000}
 out=docs/results/learners
-for learner in ppo sac ddqn; do
-    .venv/bin/drapps train-policy --learner "$learner" --steps "$steps" --seed "$seed" \
-        --episodes 0 --out "$out/$learner.npz" | tee "$out/train-$learner.txt"
-done
-.venv/bin/drapps evaluate-policy --policies "heuristic,rl,$out/ppo.npz,$out/sac.npz,$out/ddqn.npz" \
-    --episodes 8 --seed "$seed" --out "$out/eval" | tee "$out/eval.txt"
+train() {
+    .venv/bin/drapps train-policy --learner "$1" --steps "$2" --seed "$seed" --episodes 0 \
+        --out "$out/$3.npz" "${@:4}" > "$out/train-$3.txt"
+}
+train ppo "$steps" ppo
+train sac "$steps" sac & train ddqn "$steps" ddqn & wait
+train rollout "$rollout_steps" rollout
+.venv/bin/python docs/results/learners/rollout/train.py "$out/rollout-from-rl.npz" \
+    --start src/drapps/control/policies/rl.npz --rounds 1 --seed "$seed" --evaluate 0 \
+    > "$out/train-rollout-from-rl.txt"
+.venv/bin/drapps evaluate-policy --episodes "$episodes" --seed "$seed" --out "$out/eval" \
+    --policies "heuristic,rl,$out/ppo.npz,$out/sac.npz,$out/ddqn.npz,$out/rollout.npz,$out/rollout-from-rl.npz" \
+    > "$out/eval.txt"
 .venv/bin/python docs/results/learners/table.py "$out" > "$out/table.md"
 cat "$out/table.md"
