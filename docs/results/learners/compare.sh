@@ -3,8 +3,8 @@
 # training families and seed, then evaluated with the heuristic and the shipped policy on the
 # same scenarios of every family. PPO, SAC and DDQN take STEPS environment steps; rollout policy
 # iteration takes ROLLOUT_STEPS, counting the steps of its copies (3 rounds of 100 episodes by
-# default), from the heuristic, and one round of 300 episodes from the shipped policy (a
-# fine-tuning of it).
+# default), from the heuristic, and one round of 300 episodes from the PPO policy shipped
+# before it (which is how the shipped policy was made).
 # PPO and the rollouts run alone; SAC and DDQN side by side, one core each.
 # Usage: docs/results/learners/compare.sh [STEPS] [SEED] [EPISODES] [ROLLOUT_STEPS]
 #   (from the repository root, extra rl)
@@ -22,10 +22,10 @@ train ppo "$steps" ppo
 train sac "$steps" sac & train ddqn "$steps" ddqn & wait
 train rollout "$rollout_steps" rollout
 .venv/bin/python docs/results/learners/rollout/train.py "$out/rollout-from-rl.npz" \
-    --start src/drapps/control/policies/rl.npz --rounds 1 --seed "$seed" --evaluate 0 \
+    --start "$out/ppo-shipped-before.npz" --rounds 1 --seed "$seed" --evaluate 0 \
     > "$out/train-rollout-from-rl.txt"
 .venv/bin/drapps evaluate-policy --episodes "$episodes" --seed "$seed" --out "$out/eval" \
-    --policies "heuristic,rl,$out/ppo.npz,$out/sac.npz,$out/ddqn.npz,$out/rollout.npz,$out/rollout-from-rl.npz" \
+    --policies "heuristic,$out/ppo-shipped-before.npz,$out/ppo.npz,$out/sac.npz,$out/ddqn.npz,$out/rollout.npz,$out/rollout-from-rl.npz" \
     > "$out/eval.txt"
 .venv/bin/python docs/results/learners/table.py "$out" > "$out/table.md"
 cat "$out/table.md"

@@ -28,7 +28,8 @@ def main(out: Path) -> None:
         trained = statistics.fmean(table[f][name]["reward"] for f in training)
         seconds = "-"
         if name.endswith(".npz"):
-            seconds = f"{MlpPolicy.load(name).meta.get('train_s', float('nan')):.0f} s"
+            trained_s = MlpPolicy.load(name).meta.get("train_s")
+            seconds = "-" if trained_s is None else f"{trained_s:.0f} s"
         print(
             f"| {names[name]} | {statistics.fmean(rewards):.2f} | "
             f"{', '.join(behind) if name != 'heuristic' else '-'} | {relative:.1%} | "
