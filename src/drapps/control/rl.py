@@ -28,11 +28,11 @@ ACTIONS = Action.space()
 
 
 KNOBS = ("workers", "prefetch")
+"""The knobs :data:`ACTIONS` move (the shipped policy's); a policy file names its knobs and a
+pipeline without them refuses it."""
 TRAINED_INTERVAL = 0.5
 """Seconds between decisions in training (``PipelineEnv``'s and the Loader's default
 ``control_interval``): what a policy file that does not record its own was trained at."""
-"""The knobs :data:`ACTIONS` move (the shipped policy's); a policy file names its knobs and a
-pipeline without them refuses it."""
 
 
 def action_names(knobs: Sequence[str] = KNOBS) -> list[str]:
@@ -198,6 +198,7 @@ class MlpPolicy:
         )
         self._epoch_left = state.epoch_left
         if began:
+            self._decided_at = state.t  # its next decision: one interval on
             return (
                 "learned policy: holding while an epoch begins (its first batches refill the queue)"
             )
@@ -220,7 +221,7 @@ class MlpPolicy:
         why = self._no_evidence(state)
         if why is None and self._between_decisions(state):
             why = f"learned policy: holding between decisions (one per {self.interval:g} s)"
-        elif why is None or "epoch begins" in why:
+        elif why is None:
             self._decided_at = state.t
         action = Action(reason=why) if why else self.choose(state.vector(features=self.features))
         if not action.is_noop:
