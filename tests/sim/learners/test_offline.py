@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -20,7 +21,7 @@ from drapps.telemetry import read_trace
 
 pytest.importorskip("d3rlpy")
 
-from drapps.sim.learners.offline import Transitions, finetune, transitions
+from drapps.sim.learners.offline import Transitions, _score_scale, finetune, transitions
 
 
 @pytest.fixture(scope="module")
@@ -96,13 +97,27 @@ def bandit(n: int = 600, seed: int = 0) -> Transitions:
 @pytest.mark.timeout(600)
 def test_cql_fine_tuning_moves_the_policy_to_the_action_that_pays() -> None:
     data = bandit()
-    start = MlpPolicy.shipped()
     assert Action.space()[6] == Action(workers=1, prefetch=-1)
+    rng = np.random.default_rng(1)
+    sizes = [len(data.features), 64, 64, 9]  # the shipped policy's shape, trained elsewhere
+    start = MlpPolicy(
+        [(rng.normal(0, 0.3, (a, b)), rng.normal(0, 0.3, b)) for a, b in itertools.pairwise(sizes)],
+        {"learner": "ppo"},
+        features=data.features,
+    )
     before = np.mean(start.scores(data.observations).argmax(axis=1) == 6)
     tuned = finetune(start, data, steps=1500, seed=0)
     after = np.mean(tuned.scores(data.observations).argmax(axis=1) == 6)
     assert before < 0.5 and after > 0.9, (before, after)
     assert tuned.meta["offline"]["transitions"] == len(data) and tuned.knobs == start.knobs
+    # The shipped policy's scores stand further apart than one step's rewards: they are cut
+    # to the rewards' spread first, so a few hundred transitions can reorder them.
+    shipped = MlpPolicy.shipped()
+    spread = np.mean(np.std(shipped.scores(data.observations), axis=1))
+    assert spread > np.std(data.rewards)  # the premise
+    scale = _score_scale(shipped, data)
+    assert scale * spread == pytest.approx(np.std(data.rewards), rel=1e-4)
+    assert _score_scale(start, replace(data, rewards=np.zeros_like(data.rewards))) == 1.0
 
 
 def test_fine_tuning_refuses_what_it_cannot_tune() -> None:

@@ -142,6 +142,19 @@ class CqlConfig:
             raise ValueError(f"CqlConfig.gamma must be in (0, 1), got {self.gamma!r}")
 
 
+def _score_scale(policy: MlpPolicy, data: Transitions) -> float:
+    """What the policy's scores are multiplied by to start the Q-network: at most 1, and
+    small enough that the scores' spread between actions (their standard deviation, averaged
+    over the data's States) is no wider than the rewards' own. A policy's scores are logits
+    or fitted returns of any scale; one whose actions stand tens apart (a rollout policy's
+    returns over a temperature) would otherwise take thousands of steps of data to reorder."""
+    spread = float(np.mean(np.std(policy.scores(data.observations), axis=1)))
+    target = float(np.std(data.rewards))
+    if spread <= 0.0 or target <= 0.0:
+        return 1.0
+    return min(1.0, target / spread)
+
+
 def finetune(
     policy: MlpPolicy,
     data: Transitions,
@@ -152,15 +165,18 @@ def finetune(
     """``policy`` fine-tuned by discrete CQL on ``data`` for ``steps`` gradient steps.
 
     The Q-network starts from the policy's layers, its output shifted by the mean reward's
-    discounted sum so that its values start near the returns' scale with the policy's ranking
-    of actions kept.
+    discounted sum and its spread between actions cut to at most the rewards' (see
+    :func:`_score_scale`), so that its values start near the returns' scale with the policy's
+    ranking of actions kept.
 
     Raises:
         ValueError: a continuous policy, knobs or features that differ from the data's, or
             steps < 1.
     """
     if policy.continuous:
-        raise ValueError("offline fine-tuning takes a discrete policy (ppo, ddqn), not sac's")
+        raise ValueError(
+            "offline fine-tuning takes a discrete policy (ppo, ddqn, rollout), not sac's"
+        )
     if tuple(policy.knobs) != data.knobs:
         raise ValueError(
             f"the policy moves {list(policy.knobs)} but the transitions are for {list(data.knobs)}"
@@ -202,13 +218,15 @@ def finetune(
         cql.build_with_dataset(dataset)
     q_funcs = cql.impl._modules.q_funcs  # the one critic (n_critics=1)
     shift = float(np.mean(data.rewards)) / (1.0 - c.gamma)
+    scale = _score_scale(policy, data)
     with torch.no_grad():
         for q in q_funcs:
             linears = [m for m in q._encoder._layers if isinstance(m, torch.nn.Linear)]
             for linear, (weight, bias) in zip([*linears, q._fc], policy.layers, strict=True):
                 linear.weight.copy_(torch.as_tensor(weight.T))
                 linear.bias.copy_(torch.as_tensor(bias))
-            q._fc.bias.add_(shift)
+            q._fc.weight.mul_(scale)
+            q._fc.bias.mul_(scale).add_(shift)
     cql.impl._modules.targ_q_funcs.load_state_dict(q_funcs.state_dict())
     with contextlib.redirect_stdout(chatter):
         cql.fit(
