@@ -28,12 +28,19 @@ def states() -> list[State]:
         latency_p50_s=0.03, latency_p99_s=0.05, throughput=700.0, workers=2, max_workers=8,
         prefetch=4, epoch_left=50, in_flight=1.0,
     )  # fmt: skip
-    return [
-        replace(base, t=0.5 * (k + 1), wait_fraction=float(rng.uniform(0, 0.5)),
-                queue_batches=int(rng.integers(0, 8)), workers=int(rng.integers(1, 9)),
-                epoch_left=50)  # fmt: skip
-        for k in range(DECISIONS)
-    ]
+    ticks = []
+    for k in range(DECISIONS):
+        wait, ready, workers = rng.uniform(0, 0.5), rng.integers(0, 8), rng.integers(1, 9)
+        ticks.append(
+            replace(
+                base,
+                t=0.5 * (k + 1),
+                wait_fraction=float(wait),
+                queue_batches=int(ready),
+                workers=int(workers),
+            )
+        )
+    return ticks
 
 
 def main(paths: list[str]) -> None:
@@ -47,8 +54,10 @@ def main(paths: list[str]) -> None:
                 policy.decide(state)
             rounds.append((time.perf_counter() - began) / DECISIONS * 1e6)
         sizes = [policy.layers[0][0].shape[0]] + [w.shape[1] for w, _ in policy.layers]
-        print(f"{path or 'shipped'} ({' -> '.join(map(str, sizes))}): median "
-              f"{statistics.median(rounds):.0f} us per decision, fastest {min(rounds):.0f} us")
+        print(
+            f"{path or 'shipped'} ({' -> '.join(map(str, sizes))}): median "
+            f"{statistics.median(rounds):.0f} us per decision, fastest {min(rounds):.0f} us"
+        )
 
 
 if __name__ == "__main__":

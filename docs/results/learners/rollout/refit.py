@@ -10,16 +10,13 @@ with the heuristic and the shipped policy on N scenarios of every held-out famil
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 
 import numpy as np
 import torch
 from torch import nn
+from train import report  # beside this script
 
-from drapps.control.rl import KNOBS, MlpPolicy
-from drapps.sim.evaluate import evaluate
-from drapps.sim.families import family_names
+from drapps.control.rl import KNOBS
 from drapps.sim.learners._base import export_mlp
 from drapps.sim.learners.rollout import Labels, RolloutConfig, fit, regret
 
@@ -41,29 +38,15 @@ def main() -> None:
     scores = policy.scores(labels.features)
     changed = float(np.mean(scores.argmax(axis=1) != labels.own))
     print(
-        f"temperature {args.temperature}: return given up per State {regret(scores, labels.returns):.3f}"
+        f"temperature {args.temperature}: return given up per State "
+        f"{regret(scores, labels.returns):.3f}"
         f" (the followed policy's own choices: "
         f"{regret(np.eye(labels.returns.shape[1])[labels.own], labels.returns):.3f}); "
         f"{changed:.0%} of its choices changed"
     )
     policy.save(args.out)
-    if args.evaluate <= 0:
-        return
-    result = evaluate(
-        {"heuristic": "heuristic", "rl": MlpPolicy.shipped(), "new": policy},
-        family_names(held_out=True),
-        episodes=args.evaluate,
-        seed=args.seed,
-    )
-    print(result.markdown())
-    table = result.table()
-    for name in ("heuristic", "rl", "new"):
-        behind = [f for f in table if table[f][name]["reward"] < table[f]["heuristic"]["reward"]]
-        mean = statistics.fmean(t[name]["reward"] for t in table.values())
-        relative = statistics.fmean(t[name]["relative"] for t in table.values())
-        print(f"{name}: mean reward {mean:.3f}, throughput {relative:.1%}, behind on {behind}")
-    with open(args.out.removesuffix(".npz") + ".json", "w") as fh:
-        json.dump(table, fh, indent=1)
+    if args.evaluate > 0:
+        report(policy, args.evaluate, args.seed, args.out)
 
 
 if __name__ == "__main__":

@@ -67,24 +67,31 @@ def main() -> None:
     )
     policy.save(args.out)
     print(f"trained in {policy.meta['train_s']} s; wrote {args.out}", flush=True)
-    if args.evaluate <= 0:
-        return
+    if args.evaluate > 0:
+        report(policy, args.evaluate, args.seed, args.out)
+
+
+def report(policy: MlpPolicy, episodes: int, seed: int, out: str) -> None:
+    """Score ``policy``, the heuristic and the shipped policy on ``episodes`` scenarios of
+    every held-out family; print the table and a line per policy, and write the table beside
+    ``out`` as ``.json``."""
     result = evaluate(
         {"heuristic": "heuristic", "rl": MlpPolicy.shipped(), "new": policy},
         family_names(held_out=True),
-        episodes=args.evaluate,
-        seed=args.seed,
+        episodes=episodes,
+        seed=seed,
     )
     print(result.markdown())
     table = result.table()
     for name in ("heuristic", "rl", "new"):
         behind = [f for f in table if table[f][name]["reward"] < table[f]["heuristic"]["reward"]]
+        mean = statistics.fmean(t[name]["reward"] for t in table.values())
+        relative = statistics.fmean(t[name]["relative"] for t in table.values())
         print(
-            f"{name}: mean reward {statistics.fmean(t[name]['reward'] for t in table.values()):.3f}, "
-            f"throughput {statistics.fmean(t[name]['relative'] for t in table.values()):.1%} of "
-            f"the oracle, behind the heuristic on {behind or 'none'}"
+            f"{name}: mean reward {mean:.3f}, throughput {relative:.1%} of the oracle, "
+            f"behind the heuristic on {behind or 'none'}"
         )
-    with open(args.out.removesuffix(".npz") + ".json", "w") as fh:
+    with open(out.removesuffix(".npz") + ".json", "w") as fh:
         json.dump(table, fh, indent=1)
 
 

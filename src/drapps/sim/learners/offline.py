@@ -146,7 +146,7 @@ def _score_scale(policy: MlpPolicy, data: Transitions) -> float:
     """What the policy's scores are multiplied by to start the Q-network: at most 1, and
     small enough that the scores' spread between actions (their standard deviation, averaged
     over the data's States) is no wider than the rewards' own. A policy's scores are logits
-    or fitted returns of any scale; one whose actions stand tens apart (a rollout policy's
+    or fitted returns of any scale; one whose actions stand several apart (a rollout policy's
     returns over a temperature) would otherwise take thousands of steps of data to reorder."""
     spread = float(np.mean(np.std(policy.scores(data.observations), axis=1)))
     target = float(np.std(data.rewards))
