@@ -368,3 +368,6 @@ def test_a_policy_decides_once_per_the_interval_it_was_trained_at() -> None:
     assert policy.decide(replace(tick, t=0.1)).workers == 1  # earlier: a new run, afresh
     fast = MlpPolicy(policy.layers, {"interval": 0.25})  # trained at the loader's tick
     assert [fast.decide(replace(tick, t=0.25 * k)).workers for k in range(1, 4)] == [1, 1, 1]
+    for bad in (0, -0.5, "0.5", None):
+        with pytest.raises(ValueError, match=r"meta\['interval'\] must be seconds > 0"):
+            MlpPolicy(policy.layers, {"interval": bad})

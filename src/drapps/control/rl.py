@@ -134,7 +134,10 @@ class MlpPolicy:
         self.meta = dict(meta or {})
         self._rules: HeuristicPolicy | None = None
         self._epoch_left: int | None = None
-        self.interval = float(self.meta.get("interval", TRAINED_INTERVAL))
+        interval = self.meta.get("interval", TRAINED_INTERVAL)
+        if isinstance(interval, bool) or not isinstance(interval, int | float) or interval <= 0:
+            raise ValueError(f"meta['interval'] must be seconds > 0, got {interval!r}")
+        self.interval = float(interval)
         """Seconds between its decisions in training. On a controller that ticks faster it
         decides once per this many seconds and holds on the ticks between: one step of a knob
         per tick, taken twice as often as trained, overshoots what the step was learned for,
