@@ -25,6 +25,8 @@ def test_the_rule_needs_a_run_of_competing_ticks_and_never_goes_back() -> None:
     idle = state(cores=2, cpu_util=0.5, main_cpu=0.8)  # a CPU step, but cores to spare
     proposals = [knob.propose(s, None, {}) for s in (busy, busy, calm, busy, idle, busy, busy)]
     assert proposals == ["normal"] * 7  # every run of 3 was broken
+    starved = state(cores=2, cpu_util=1.0, main_cpu=0.3, main_wait=0.6)  # asks, is not given
+    assert PriorityKnob(applied.append, window=1).propose(starved, None, {}) == "low"
     assert knob.propose(busy, None, {}) == "low"
     knob.apply("low")
     assert applied == ["low"] and knob.propose(calm, None, {}) == "low"  # one-way

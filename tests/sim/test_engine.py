@@ -270,6 +270,8 @@ def test_low_priority_workers_yield_the_cpu_to_the_training_process() -> None:
         assert states[priority].priority == priority
     assert states["low"].throughput > 1.08 * states["normal"].throughput
     assert states["low"].main_cpu > states["normal"].main_cpu
+    # what the step did not get at normal priority, it waited for: asked, not given
+    assert states["normal"].main_wait > 0.1 > states["low"].main_wait
     # Against another process the workers keep only their weight's share of what it wants.
     hog = Simulator(Scenario(PipelineModel(cores=2, cpu_s=0.5, outside_load=2.0)), workers=2)
     hog.set_priority("low")

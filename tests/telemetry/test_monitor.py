@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -96,3 +97,24 @@ def test_a_worker_started_since_the_last_sample_counts_from_its_start() -> None:
     finally:
         worker.kill()
         worker.wait()
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs CPU affinity")
+def test_a_loop_that_waits_for_a_core_counts_the_wait(burner: subprocess.Popen[bytes]) -> None:
+    """The training loop and another busy process on one core: the loop gets part of it and
+    waits for the rest, and the State says both (what it asked of the CPU, not what it got)."""
+    core = min(os.sched_getaffinity(0))
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(burner.pid, {core})
+    os.sched_setaffinity(0, {core})  # this thread only: the loop's
+    try:
+        monitor = Monitor(Pipeline())
+        monitor.sample()
+        spin = time.process_time() + 0.3
+        while time.process_time() < spin:
+            pass
+        state = monitor.sample()
+    finally:
+        os.sched_setaffinity(0, before)
+    assert state.main_wait > 0.1  # it shared the core (how much: the scheduler's call)
+    assert state.main_cpu + state.main_wait > 0.6  # ready to run all along, run or waiting

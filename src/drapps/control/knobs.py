@@ -318,17 +318,19 @@ class PriorityKnob(Knob):
 
     A policy trained on this knob moves it (a -1 step lowers the workers' priority;
     :meth:`steer`); for any other, a rule decides it. When, over ``window`` ticks in a row, the
-    training process used at least ``main_cpu`` cores (a training step on the CPU, or a heavy
-    host side of a GPU step) while the machine's CPU was at least ``busy``, the workers yield to
-    it: the step is the critical path, and the workers only need what it leaves. With an idle
-    CPU, or a training loop that mostly waits on an accelerator, priority changes nothing, so
-    it stays normal (and workers keep their share against outside load). The change is one-way:
-    without privilege a process may not lower its children's niceness again.
+    training process asked for at least ``main_cpu`` cores (a training step on the CPU, or a
+    heavy host side of a GPU step; what it used plus the time its loop waited for a core, so a
+    loop starved by contention counts for what it wants, not for what it got) while the
+    machine's CPU was at least ``busy``, the workers yield to it: the step is the critical
+    path, and the workers only need what it leaves. With an idle CPU, or a training loop that
+    mostly waits on an accelerator, priority changes nothing, so it stays normal (and workers
+    keep their share against outside load). The change is one-way: without privilege a
+    process may not lower its children's niceness again.
 
     Example:
         >>> from types import SimpleNamespace
         >>> knob = PriorityKnob(apply=print, window=2)
-        >>> busy = SimpleNamespace(main_cpu=0.9, cpu_util=0.97)  # the State fields it reads
+        >>> busy = SimpleNamespace(main_cpu=0.3, main_wait=0.6, cpu_util=0.97)  # what it reads
         >>> [knob.propose(busy, None, {}) for _ in range(2)]  # type: ignore[arg-type]
         ['normal', 'low']
     """
@@ -369,7 +371,8 @@ class PriorityKnob(Knob):
             return self.value
         if not self.adjustable or self.value == "low" or self.steered:
             return self.value
-        competing = state.main_cpu >= self.main_cpu and state.cpu_util >= self.busy
+        asked = state.main_cpu + state.main_wait
+        competing = asked >= self.main_cpu and state.cpu_util >= self.busy
         self._streak = self._streak + 1 if competing else 0
         return "low" if self._streak >= self.window else "normal"
 

@@ -95,6 +95,10 @@ class State:
     """Batches being made, on average over the interval: the sum of the latencies of the
     batches received in it over its length (Little's law). None where not measured (older
     traces)."""
+    main_wait: float = 0.0
+    """Cores' worth of time the training loop's thread was ready to run but waited for a CPU
+    over the interval (the kernel's run-queue wait; 0 where it does not say): with
+    :attr:`main_cpu`, what the loop asked of the CPU, not only what it got."""
     sample_tail: float = 1.0
     """p99 over median of the recent per-sample costs (1.0 where not measured): above about
     8, a few slow samples hold whole batches unless they are cut into parts."""

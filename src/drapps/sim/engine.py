@@ -75,6 +75,7 @@ class _Interval:
     cpu_busy: float = 0.0
     worker_cpu: float = 0.0
     main_cpu: float = 0.0
+    main_wait: float = 0.0
     wait: float = 0.0
     gpu_busy: float = 0.0
     device_s: float = 0.0
@@ -134,6 +135,7 @@ class Simulator:
         self._cpus = {"worker": _SharedResource(), "main": _SharedResource()}
         self._priority = "normal"
         self._held = {"worker": 1.0, "main": 1.0}  # cores' worth per job, as CPU time
+        self._main_share = 1.0  # of a core, per job of the training process
         self._disk = _SharedResource()
         self._owners = {"worker": 0, "main": 0}
         self._outside = p.outside_load
@@ -340,6 +342,7 @@ class Simulator:
             lookahead=None if self._inline else self.lookahead,
             priority=None if self._inline else self._priority,
             in_flight=sum(i.latencies) / dt,
+            main_wait=i.main_wait / dt,
             epoch_left=(
                 int(self._epoch_end - self._next_consume)
                 if self.pipeline.epoch_batches and not self._inline
@@ -415,6 +418,7 @@ class Simulator:
         i.cpu_busy += min(float(self.pipeline.cores), self._demand()) * dt
         i.worker_cpu += self._owners["worker"] * self._held["worker"] * dt
         i.main_cpu += self._owners["main"] * self._held["main"] * dt
+        i.main_wait += self._owners["main"] * (1.0 - self._main_share) * dt
         if self._waiting:
             i.wait += dt
             self.totals.wait_s += dt
@@ -430,6 +434,7 @@ class Simulator:
 
     def _speeds(self) -> None:
         workers, others = self._shares()
+        self._main_share = others  # of a core; the rest of the time it waits for one
         paging, switching = self._paging(), self._switching()
         # CPU time counts what the jobs hold of the cores; switching spends some of it
         self._held = {"worker": workers * paging, "main": others * paging}

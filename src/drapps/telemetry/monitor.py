@@ -81,6 +81,16 @@ def _started_since_boot(pid: int) -> float | None:
         return None
 
 
+def _run_queue_wait_s(pid: int) -> float | None:
+    """Seconds the main thread of ``pid`` has waited on a run queue, ready to run (the second
+    figure of /proc's schedstat), or None where the kernel does not say."""
+    try:
+        with open(f"/proc/{pid}/schedstat") as schedstat:
+            return int(schedstat.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 class Monitor:
     """Call :meth:`sample` once per tick; each call reports the interval since the last."""
 
@@ -102,6 +112,7 @@ class Monitor:
         self._last_t = time.monotonic()
         self._last_boot = _since_boot()  # to tell a worker started since the last sample
         self._last_cpu: dict[int, float] = {}
+        self._last_wait = _run_queue_wait_s(self._me.pid)
         self._last_io = self._io()
         self._last: PipelineSnapshot | None = None
         psutil.cpu_percent(percpu=True)  # primes psutil's per-core counters
@@ -159,6 +170,11 @@ class Monitor:
             total, idle = pipe.pool_cores
             cpu_util = 1.0 - idle / total if total > 0 else 1.0
         main_cpu, main_rss = self._cpu_and_rss(self._me.pid, dt)
+        waited = _run_queue_wait_s(self._me.pid)
+        main_wait = 0.0
+        if waited is not None and self._last_wait is not None:
+            main_wait = max(0.0, waited - self._last_wait) / dt
+        self._last_wait = waited
         self.per_worker = {}
         for pid in pipe.worker_pids:
             cores, rss = self._cpu_and_rss(pid, dt)
@@ -204,6 +220,7 @@ class Monitor:
             lookahead=pipe.lookahead or None,
             epoch_left=pipe.epoch_left,
             in_flight=sum(recent) / dt,
+            main_wait=main_wait,
             priority=pipe.priority,
             sample_tail=float((pipe.sample_costs or {}).get("tail_ratio", 1.0)),
             device_stage_s=(pipe.device_s - last.device_s) / staged if staged > 0 else 0.0,
