@@ -223,6 +223,9 @@ def test_reward_prefers_throughput_and_punishes_waiting_and_overrun() -> None:
     assert reward(state(throughput=2000)) > fed
     # the same throughput from a bigger footprint (more idle workers' memory) is worth less
     assert reward(state(throughput=1000, rss_bytes=8 * GIB)) < fed
+    # what is charged is the memory held: pages forked workers share count once
+    shared = state(throughput=1000, rss_bytes=8 * GIB, pss_bytes=2 * GIB)
+    assert shared.held_bytes == 2 * GIB and reward(shared) == pytest.approx(fed)
 
 
 def test_the_idle_term_charges_workers_left_behind_a_full_queue() -> None:

@@ -114,7 +114,7 @@ def test_progress_lines_are_whole_lines_at_a_steady_pace(
     for line in lines:
         assert re.fullmatch(
             r"\[drapps\] +\d+ samples/s \| waited +\d+% \| workers \d+ \| ready \d+ of "
-            r"prefetch \d+ \| cpu +\d+% \| rss [\d.]+ GiB",
+            r"prefetch \d+ \| cpu +\d+% \| memory [\d.]+ GiB",
             line,
         ), line
 

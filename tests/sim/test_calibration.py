@@ -8,6 +8,7 @@ reported in docs/sim.md.
 
 from __future__ import annotations
 
+import statistics
 import subprocess
 import sys
 import time
@@ -76,6 +77,20 @@ def test_record_reads_the_schedule_and_the_outside_load(traces: tuple[Path, Path
     assert recorded.first_workers == 2 and {w for w, _ in recorded.schedule} == {2}
     assert max(c.outside_load or 0.0 for c in recorded.outside) >= 0.5  # the hog was seen
     assert 0 < recorded.wait_fraction < 1 and recorded.throughput > 100
+
+
+def test_a_workers_memory_is_what_it_holds_not_its_resident_set(
+    traces: tuple[Path, Path],
+) -> None:
+    """The workers are forked: most of their resident set is the training process's pages.
+    Calibration models a worker by the memory it holds (its proportional set size)."""
+    _, two = traces
+    last = read_trace(two).rows[-1]
+    pipeline = calibrate(two)
+    sizes = [(w["pss"], w["rss"]) for w in last.workers.values()]
+    assert len(sizes) == 2 and all(pss < rss for pss, rss in sizes)
+    assert pipeline.worker_rss == int(statistics.median(pss for pss, _ in sizes))
+    assert pipeline.main_rss == last.state.held_bytes - int(sum(pss for pss, _ in sizes))
 
 
 def test_bad_traces_are_named(tmp_path: Path) -> None:

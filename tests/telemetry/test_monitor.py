@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -10,6 +11,7 @@ from dataclasses import replace
 import pytest
 
 from drapps.telemetry import Monitor, PipelineSnapshot
+from drapps.telemetry.monitor import PSS_EVERY_S
 
 
 class Pipeline:
@@ -118,3 +120,41 @@ def test_a_loop_that_waits_for_a_core_counts_the_wait(burner: subprocess.Popen[b
         os.sched_setaffinity(0, before)
     assert state.main_wait > 0.1  # it shared the core (how much: the scheduler's call)
     assert state.main_cpu + state.main_wait > 0.6  # ready to run all along, run or waiting
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps_rollup"), reason="needs smaps_rollup")
+def test_memory_a_forked_worker_shares_is_held_once() -> None:
+    """A worker forked from a training process that holds 200 MiB shows those pages in its
+    resident set, but holds none of them: the State's held memory counts them once."""
+    held = bytearray(200 * 2**20)
+    held[::4096] = b"x" * len(held[::4096])  # resident, not just reserved
+    worker = multiprocessing.get_context("fork").Process(target=time.sleep, args=(60,))
+    worker.start()
+    try:
+        pipeline = Pipeline()
+        pipeline.snapshot = replace(pipeline.snapshot, worker_pids=(worker.pid,))
+        state = Monitor(pipeline).sample()
+    finally:
+        worker.kill()
+        worker.join()
+    mib = 2**20
+    assert state.rss_bytes > 2 * 200 * mib  # the 200 MiB once per process
+    assert state.pss_bytes is not None and state.held_bytes == state.pss_bytes
+    assert state.rss_bytes - state.pss_bytes > 150 * mib  # ... and once here
+
+
+def test_the_proportional_size_is_read_now_and_then_and_carried_between(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    reads: list[int] = []
+
+    def proportional(pid: int) -> int:
+        reads.append(pid)
+        return 100
+
+    monkeypatch.setattr("drapps.telemetry.monitor._proportional_bytes", proportional)
+    monitor = Monitor(Pipeline())
+    assert monitor._held(7, rss=1000, now=0.0) == 100  # first sight: read
+    assert monitor._held(7, rss=1500, now=1.0) == 600  # carried by the resident set's growth
+    assert monitor._held(7, rss=200, now=1.5) == 0  # never below nothing
+    assert monitor._held(7, rss=1500, now=2.0 + PSS_EVERY_S) == 100 and len(reads) == 2

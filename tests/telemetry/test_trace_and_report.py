@@ -82,6 +82,17 @@ def test_report_says_where_the_time_went() -> None:
     assert "CPU-bound" in text
 
 
+def test_report_gives_the_memory_held_with_shared_pages_once() -> None:
+    gib = 2**30
+    rows = rows_of_a_run()
+    assert "Memory: peak 2.00 GiB held by our processes, as little" in bottleneck_report(rows)
+    shared = [replace(r, state=replace(r.state, pss_bytes=gib // 2)) for r in rows]
+    assert (
+        "Memory: peak 0.50 GiB held by our processes (their resident sets add up to 2.00 GiB, "
+        "counting the pages workers share with the training process in each)"
+    ) in bottleneck_report(shared)
+
+
 def test_report_without_rows_says_how_to_get_them() -> None:
     assert "No telemetry recorded yet" in bottleneck_report([])
 

@@ -13,7 +13,9 @@ of the bench's load scenarios, with a 40 ms sleeping training step, in a process
 ``collect`` writes a trace per run (the heuristic and the shipped policy, alternating);
 ``compare`` runs every policy on every scenario, repeats interleaved, and writes
 ``compare.json`` and ``compare.md``: median samples/s, loop wait, peak RSS of the training
-process tree, and mean reward per controller tick (from each run's trace). ``workers`` runs
+process tree (each process's resident set in full, sampled every 10 batches), peak memory
+the tree held (the largest ``State.held_bytes`` in the run's trace: shared pages once), and
+mean reward per controller tick (from each run's trace). ``workers`` runs
 fixed worker counts and adds the CPU each batch cost the workers and the training process.
 """
 
@@ -104,6 +106,7 @@ def one_run(
         "samples_per_s": batches * BATCH / elapsed,
         "wait_fraction": sum(waits) / elapsed,
         "peak_rss_mib": peak / 2**20,
+        "peak_held_mib": max(r.state.held_bytes for r in rows) / 2**20 if rows else float("nan"),
         "mean_reward": statistics.fmean(r.reward for r in rows) if rows else float("nan"),
         "ticks": len(rows),
         "final_workers": workers,
@@ -162,8 +165,8 @@ def compare_table(runs: list[dict[str, Any]], args: argparse.Namespace) -> str:
     """``compare``'s Markdown table of ``runs``."""
     lines = [
         "| scenario | policy | samples/s (min-max) | loop waited | mean reward per tick "
-        "| peak RSS MiB | workers at end |",
-        "|---|---|---:|---:|---:|---:|---|",
+        "| peak held MiB | peak RSS sum MiB | workers at end |",
+        "|---|---|---:|---:|---:|---:|---:|---|",
     ]
     for scenario in args.scenarios.split(","):
         for policy in args.policies.split(","):
@@ -173,10 +176,16 @@ def compare_table(runs: list[dict[str, Any]], args: argparse.Namespace) -> str:
                 return statistics.median(r[key] for r in rows)
 
             rates = [r["samples_per_s"] for r in mine]
+            helds = [r["peak_held_mib"] for r in mine if "peak_held_mib" in r]
+            held = (
+                f"{statistics.median(helds):.0f} ({min(helds):.0f}-{max(helds):.0f})"
+                if helds
+                else "-"
+            )
             lines.append(
                 f"| {scenario} | {Path(policy).stem} | {median('samples_per_s'):.0f} "
                 f"({min(rates):.0f}-{max(rates):.0f}) | {median('wait_fraction'):.0%} "
-                f"| {median('mean_reward'):.2f} | {median('peak_rss_mib'):.0f} "
+                f"| {median('mean_reward'):.2f} | {held} | {median('peak_rss_mib'):.0f} "
                 f"| {', '.join(str(r['final_workers']) for r in mine)} |"
             )
     lines.append(

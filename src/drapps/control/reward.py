@@ -20,9 +20,9 @@ class RewardWeights:
     memory: float = 4.0
     """Per unit of memory overrun (queue over budget, or the machine under 5% available)."""
     footprint: float = 1.0
-    """Per unit of the machine's memory the pipeline holds (its RSS over total memory): a
-    worker that adds no throughput still costs its memory. Without it, a learned policy
-    trained in the simulator learns to hold every worker it may."""
+    """Per unit of the machine's memory the pipeline holds (``State.held_bytes`` over total
+    memory): a worker that adds no throughput still costs its memory. Without it, a learned
+    policy trained in the simulator learns to hold every worker it may."""
     idle: float = 0.5
     """Per unit of idle workers: those beyond one that sit behind a full queue (1 minus
     ``State.busy_share``), over the pool's bound. Memory held for nothing, however much
@@ -77,7 +77,7 @@ def reward(state: State, weights: RewardWeights = RewardWeights()) -> float:
         - weights.wait * state.wait_fraction
         - weights.imbalance * imbalance(state)
         - weights.memory * memory_overrun(state)
-        - weights.footprint * state.rss_bytes / max(1, state.total_bytes)
+        - weights.footprint * state.held_bytes / max(1, state.total_bytes)
         - weights.idle * idle_workers(state)
         - weights.energy * power
     )

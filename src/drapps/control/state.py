@@ -41,7 +41,9 @@ class State:
     workers_cpu: float
     """Cores used by all worker processes together."""
     rss_bytes: int
-    """Resident memory of the training process and its workers."""
+    """Resident memory of the training process and its workers, each process's resident set
+    in full: pages a forked worker shares with the training process count once per process
+    (see :attr:`pss_bytes` and :attr:`held_bytes`)."""
     available_bytes: int
     """Memory available to new allocations on the machine."""
     total_bytes: int
@@ -95,6 +97,11 @@ class State:
     """Batches being made, on average over the interval: the sum of the latencies of the
     batches received in it over its length (Little's law). None where not measured (older
     traces)."""
+    pss_bytes: int | None = None
+    """Memory the training process and its workers hold, each page once: the sum of their
+    proportional set sizes (a page n processes map counts 1/n in each; Linux). A forked worker
+    shows most of the training process's pages in its resident set, but holds only the pages
+    it wrote (tens of MiB against hundreds). None where not measured."""
     main_wait: float = 0.0
     """Cores' worth of time the training loop's thread was ready to run but waited for a CPU
     over the interval (the kernel's run-queue wait; 0 where it does not say): with
@@ -220,6 +227,11 @@ class State:
         ready, is a full queue (and an epoch with nothing left holds all it can)."""
         room = self.prefetch if self.epoch_left is None else min(self.prefetch, self.epoch_left)
         return self.queue_batches / room if room > 0 else 1.0
+
+    @property
+    def held_bytes(self) -> int:
+        """Memory the pipeline holds: :attr:`pss_bytes` where measured, else :attr:`rss_bytes`."""
+        return self.pss_bytes if self.pss_bytes is not None else self.rss_bytes
 
     @property
     def busy_share(self) -> float:

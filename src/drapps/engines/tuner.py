@@ -104,7 +104,7 @@ class AutoTuner:
         line = (
             f"[drapps] {rate:7.0f} samples/s | waited {waited:4.0%} | workers {tick.workers} "
             f"| ready {s.queue_batches} of prefetch {tick.prefetch} | cpu {s.cpu_util:4.0%} "
-            f"| rss {s.rss_bytes / 2**30:.2f} GiB"
+            f"| memory {s.held_bytes / 2**30:.2f} GiB"
         )
         sys.stderr.write(line + "\n")
         sys.stderr.flush()

@@ -139,7 +139,7 @@ def calibrate(trace: Trace | str | os.PathLike[str], *, refine: bool = True) -> 
     busy = recorded.duration * (1 - recorded.wait_fraction) / batches  # loop time per batch
     step_cpu = max(0.0, main_cpu - transport)
     last = rows[-1].state
-    worker_rss = [float(w.get("rss", 0.0)) for w in rows[-1].workers.values()]
+    worker_rss = [float(w.get("pss", w.get("rss", 0.0))) for w in rows[-1].workers.values()]
     queue = [r.state.queue_bytes / r.state.queue_batches for r in rows if r.state.queue_batches]
     spreads = [
         r.state.latency_p99_s / r.state.latency_p50_s for r in rows if r.state.latency_p50_s > 0
@@ -158,9 +158,9 @@ def calibrate(trace: Trace | str | os.PathLike[str], *, refine: bool = True) -> 
         batch_bytes=max(1, int(statistics.median(queue))) if queue else 2**20,
         memory_budget=max(1, last.memory_budget),
         worker_rss=int(statistics.median(worker_rss)) if worker_rss else 300 * 2**20,
-        main_rss=max(0, last.rss_bytes - int(sum(worker_rss))),
+        main_rss=max(0, last.held_bytes - int(sum(worker_rss))),
         total_memory=last.total_bytes,
-        other_memory=max(0, last.total_bytes - last.available_bytes - last.rss_bytes),
+        other_memory=max(0, last.total_bytes - last.available_bytes - last.held_bytes),
         max_workers=last.max_workers,
     )
     return _refine(pipeline, recorded) if refine else pipeline

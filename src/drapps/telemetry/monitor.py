@@ -81,6 +81,25 @@ def _started_since_boot(pid: int) -> float | None:
         return None
 
 
+PSS_EVERY_S = 2.0
+"""Seconds between reads of a process's proportional set size: the kernel walks its page
+tables for it (1-2 ms for a worker with torch loaded), so in between it is carried forward by
+the change in the process's resident set, which costs microseconds."""
+
+
+def _proportional_bytes(pid: int) -> int | None:
+    """The proportional set size of ``pid`` in bytes (each resident page divided by the number
+    of processes that map it: /proc's smaps_rollup, Linux 4.14 on), or None where unknown."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as rollup:
+            for line in rollup:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def _run_queue_wait_s(pid: int) -> float | None:
     """Seconds the main thread of ``pid`` has waited on a run queue, ready to run (the second
     figure of /proc's schedstat), or None where the kernel does not say."""
@@ -112,6 +131,7 @@ class Monitor:
         self._last_t = time.monotonic()
         self._last_boot = _since_boot()  # to tell a worker started since the last sample
         self._last_cpu: dict[int, float] = {}
+        self._pss: dict[int, tuple[float, int, int]] = {}  # pid: (read at, PSS, RSS then)
         self._last_wait = _run_queue_wait_s(self._me.pid)
         self._last_io = self._io()
         self._last: PipelineSnapshot | None = None
@@ -157,6 +177,19 @@ class Monitor:
         self._last_cpu[pid] = total
         return (total - previous) / dt, rss
 
+    def _held(self, pid: int, rss: int, now: float) -> int | None:
+        """Proportional bytes ``pid`` holds: read every :data:`PSS_EVERY_S`, carried by the
+        change in ``rss`` in between; None where the kernel does not say."""
+        last = self._pss.get(pid)
+        if last is None or now - last[0] >= PSS_EVERY_S:
+            pss = _proportional_bytes(pid)
+            if pss is None:
+                self._pss.pop(pid, None)
+                return None
+            self._pss[pid] = (now, pss, rss)
+            return pss
+        return max(0, last[1] + rss - last[2])
+
     def sample(self) -> State:
         now = time.monotonic()
         dt = max(now - self._last_t, 1e-6)
@@ -170,6 +203,7 @@ class Monitor:
             total, idle = pipe.pool_cores
             cpu_util = 1.0 - idle / total if total > 0 else 1.0
         main_cpu, main_rss = self._cpu_and_rss(self._me.pid, dt)
+        held = [self._held(self._me.pid, main_rss, now)]
         waited = _run_queue_wait_s(self._me.pid)
         main_wait = 0.0
         if waited is not None and self._last_wait is not None:
@@ -179,9 +213,14 @@ class Monitor:
         for pid in pipe.worker_pids:
             cores, rss = self._cpu_and_rss(pid, dt)
             self.per_worker[pid] = {"cpu": cores, "rss": float(rss)}
+            if rss:  # gone since it was listed otherwise
+                held.append(self._held(pid, rss, now))
+                if held[-1] is not None:
+                    self.per_worker[pid]["pss"] = float(held[-1])
         for gone in set(self._last_cpu) - set(pipe.worker_pids) - {self._me.pid}:
             self._last_cpu.pop(gone, None)
             self._processes.pop(gone, None)
+            self._pss.pop(gone, None)
         disk, net = self._io()
         memory = psutil.virtual_memory()
         gpu_util, gpu_memory, gpu_power = self._gpu.read()
@@ -200,6 +239,7 @@ class Monitor:
             main_cpu=main_cpu,
             workers_cpu=workers_cpu,
             rss_bytes=main_rss + int(sum(w["rss"] for w in self.per_worker.values())),
+            pss_bytes=None if None in held else sum(h for h in held if h is not None),
             available_bytes=int(memory.available),
             total_bytes=int(memory.total),
             disk_read_bps=max(0.0, disk - self._last_io[0]) / dt,

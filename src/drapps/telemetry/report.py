@@ -137,8 +137,14 @@ def bottleneck_report(
     lines.append(cpu_line)
     gib = 2**30
     memory = (
-        f"Memory: peak {max(s.rss_bytes for s in states) / gib:.2f} GiB in our processes, "
-        f"as little as {min(s.available_bytes for s in states) / gib:.1f} GiB available"
+        f"Memory: peak {max(s.held_bytes for s in states) / gib:.2f} GiB held by our processes"
+        + (
+            f" (their resident sets add up to {max(s.rss_bytes for s in states) / gib:.2f} "
+            "GiB, counting the pages workers share with the training process in each), "
+            if any(s.pss_bytes is not None for s in states)
+            else ", "
+        )
+        + f"as little as {min(s.available_bytes for s in states) / gib:.1f} GiB available"
     )
     if external is None:
         memory += (

@@ -6,7 +6,7 @@ Format (version 1), one JSON object per line:
   "config": {...}}``: the loader's settings;
 * then per tick ``{"type": "tick", "t": <s>, "state": {State fields}, "action": {Action
   fields}, "applied": {"workers": n, "prefetch": d}, "reward": r, "workers": {pid: {"cpu",
-  "rss"}}, "stages": {"fetch_s", "transform_s", "collate_s", "transport_s"}, "notes": {knob:
+  "rss", "pss"}}, "stages": {"fetch_s", "transform_s", "collate_s", "transport_s"}, "notes": {knob:
   why its value differs from what the action asked}}`` (``notes`` only when there is one).
 
 ``state`` holds every :class:`~drapps.control.State` field, so the simulator can calibrate from
