@@ -20,7 +20,7 @@ from drapps.control.knobs import PriorityKnob
 def test_the_rule_needs_a_run_of_competing_ticks_and_never_goes_back() -> None:
     applied: list[str] = []
     knob = PriorityKnob(applied.append, window=3)
-    busy = state(cores=2, cpu_util=0.95, main_cpu=0.8)
+    busy = state(cores=2, cpu_util=0.95, main_cpu=0.9)
     calm = state(cores=2, cpu_util=0.95, main_cpu=0.1)  # the loop waits on an accelerator
     idle = state(cores=2, cpu_util=0.5, main_cpu=0.8)  # a CPU step, but cores to spare
     proposals = [knob.propose(s, None, {}) for s in (busy, busy, calm, busy, idle, busy, busy)]

@@ -319,13 +319,13 @@ class PriorityKnob(Knob):
     A policy trained on this knob moves it (a -1 step lowers the workers' priority;
     :meth:`steer`); for any other, a rule decides it. When, over ``window`` ticks in a row, the
     training process asked for at least ``main_cpu`` cores (a training step on the CPU, or a
-    heavy host side of a GPU step; what it used plus the time its loop waited for a core, so a
-    loop starved by contention counts for what it wants, not for what it got) while the
-    machine's CPU was at least ``busy``, the workers yield to it: the step is the critical
-    path, and the workers only need what it leaves. With an idle CPU, or a training loop that
-    mostly waits on an accelerator, priority changes nothing, so it stays normal (and workers
-    keep their share against outside load). The change is one-way: without privilege a
-    process may not lower its children's niceness again.
+    heavy host side of a GPU step, that wants most of a core; what it used plus the time its
+    loop waited for a core, so a loop starved by contention counts for what it wants, not for
+    what it got) while the machine's CPU was at least ``busy``, the workers yield to it: the
+    step is the critical path, and the workers only need what it leaves. With an idle CPU, or
+    a training loop that mostly waits on an accelerator, priority changes nothing, so it stays
+    normal (and workers keep their share against outside load). The change is one-way:
+    without privilege a process may not lower its children's niceness again.
 
     Example:
         >>> from types import SimpleNamespace
@@ -342,7 +342,7 @@ class PriorityKnob(Knob):
         apply: Callable[[str], object],
         *,
         window: int = 6,
-        main_cpu: float = 0.5,
+        main_cpu: float = 0.8,
         busy: float = 0.9,
         adjustable: bool = True,
     ) -> None:
