@@ -4,6 +4,7 @@ Each run is the bench's ``image`` workload through ``drapps.Loader(workers="auto
 of the bench's load scenarios, with a 40 ms sleeping training step, in a process of its own:
 
     python docs/results/offline/measure.py collect --scenario cpu-contention --runs 3 OUT
+    python docs/results/offline/measure.py collect --scenario slow-io --cache --runs 3 OUT
     drapps train-policy --offline OUT/traces/*.jsonl --steps 5000 --out OUT/tuned.npz
     python docs/results/offline/measure.py compare --policies heuristic,rl,OUT/tuned.npz \\
         --scenarios cpu-contention,slow-io --repeats 3 OUT
@@ -135,8 +136,9 @@ def collect(args: argparse.Namespace) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     for k in range(args.runs):
         for policy in ("heuristic", "rl"):
-            trace = folder / f"{args.scenario}-{policy}-{k}.jsonl"
-            result = spawn(policy, args.scenario, args.batches, trace)
+            cached = "-cache" if args.cache else ""
+            trace = folder / f"{args.scenario}{cached}-{policy}-{k}.jsonl"
+            result = spawn(policy, args.scenario, args.batches, trace, cache=args.cache)
             print(json.dumps(result), flush=True)
 
 
@@ -248,6 +250,7 @@ def main() -> None:
     first.add_argument("--scenario", default="cpu-contention")
     first.add_argument("--runs", type=int, default=3)
     first.add_argument("--batches", type=int, default=450)
+    first.add_argument("--cache", action="store_true", help="the sample cache on (cache=True)")
     first.add_argument("out")
     second = commands.add_parser("compare")
     second.add_argument("--policies", default="heuristic,rl")
