@@ -14,11 +14,13 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from helpers import BusyDataset
 
 import drapps
-from drapps.sim.calibration import calibrate, record, replay
+from drapps.sim.calibration import TraceFamily, calibrate, record, replay
+from drapps.sim.families import draw
 from drapps.telemetry.trace import read_trace
 
 
@@ -101,3 +103,79 @@ def test_bad_traces_are_named(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="not JSON"):
         (tmp_path / "bad.jsonl").write_text("nope\n")
         calibrate(tmp_path / "bad.jsonl")
+
+
+def test_a_trace_family_draws_the_traced_runs_scaled_with_their_load_stretched(
+    traces: tuple[Path, Path],
+) -> None:
+    pytest.importorskip("gymnasium")
+    from drapps.sim.env import PipelineEnv
+
+    one, two = traces
+    family = TraceFamily.from_traces([one, two], spread=1.25)
+    calibrated = [calibrate(one), calibrate(two)]
+    assert [p for p, _, _ in family.runs] == calibrated
+    stretched = [
+        [x for c in outside for x in (c.at * 60.0 / spans, c.outside_load or 0.0)]
+        for _, outside, spans in family.runs
+    ]
+    drawn = set()
+    for seed in range(20):
+        scenario = draw(family, np.random.default_rng(seed), duration=60.0)
+        assert scenario.name == "traces" and scenario.pipeline.cores == calibrated[0].cores
+        changes = [x for c in scenario.changes for x in (c.at, c.outside_load or 0.0)]
+        k = next(k for k, run in enumerate(stretched) if run == pytest.approx(changes))
+        drawn.add(k)
+        p, base = scenario.pipeline, calibrated[k]  # its costs scaled within the spread
+        for name in ("cpu_s", "step_s"):
+            assert getattr(base, name) / 1.25 <= getattr(p, name) <= getattr(base, name) * 1.25
+    assert drawn == {0, 1}
+    assert max(stretched[1][1::2]) >= 0.5  # the hog, in the drawn load
+    env = PipelineEnv([family, "cpu-bound"], duration=5.0)
+    obs, _ = env.reset(seed=1)
+    assert obs.shape == env.observation_space.shape
+    assert env.step(4)[1] != 0.0
+
+
+def test_a_trace_family_refuses_what_it_cannot_draw_from(
+    traces: tuple[Path, Path], tmp_path: Path
+) -> None:
+    with pytest.raises(ValueError, match="at least one traced run"):
+        TraceFamily.from_traces([])
+    with pytest.raises(ValueError, match="spread must be >= 1"):
+        TraceFamily.from_traces([traces[0]], spread=0.5)
+    short = tmp_path / "short.jsonl"
+    short.write_text('{"type": "header", "version": 1, "config": {"batch_size": 4}}\n')
+    with pytest.raises(ValueError, match=r"short\.jsonl: a trace needs at least 4 ticks"):
+        TraceFamily.from_traces([traces[0], short])
+
+
+def test_train_policy_calibrate_fine_tunes_from_traces(
+    traces: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("gymnasium")
+    from drapps.cli import main
+    from drapps.control.rl import MlpPolicy
+
+    one, two = traces
+    out = tmp_path / "tuned.npz"
+    argv = ["train-policy", "--calibrate", str(one), str(two), "--steps", "1", "--duration", "5",
+            "--episodes", "0", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "calibrating the simulator from 2 trace(s)" in text
+    assert "the States of 1 episodes of the traced runs, held over 4 episodes" in text
+    tuned = MlpPolicy.load(out)
+    meta = tuned.meta["finetune"]
+    assert meta["traces"] == [one.name, two.name] and meta["temperature"] == 0.1
+    assert meta["states"] == 2 and meta["anchor_states"] == 8
+    assert tuned.features == MlpPolicy.shipped().features
+    for bad, message in (
+        (["--offline", str(one)], "--offline and --calibrate are two ways"),
+        (["--learner", "ppo"], "--calibrate fine-tunes with --learner rollout, not ppo"),
+        (["--from", str(tmp_path / "none.npz")], "none.npz"),
+    ):
+        assert main(["train-policy", "--calibrate", str(one), *bad]) == 2
+        assert message in capsys.readouterr().err
+    assert main(["train-policy", "--calibrate", str(tmp_path / "gone.jsonl")]) == 2
+    assert "gone.jsonl" in capsys.readouterr().err

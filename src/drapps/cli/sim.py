@@ -15,6 +15,16 @@ from drapps.sim.scenario import Scenario
 if TYPE_CHECKING:
     from drapps.sim.run import SimRun
 
+CALIBRATED_EPISODES = 80
+"""Episodes of the traced runs ``train-policy --calibrate`` labels by default."""
+ANCHORS_PER_EPISODE = 4
+"""Episodes of the training families, per traced-run episode, whose States hold the policy
+where it was (unbranched, they cost a fortieth of a labelled episode each)."""
+
+FIT_PASSES = 500
+"""Passes over the labelled States ``train-policy --calibrate`` fits at most (20,000 steps
+of 256 at most: about 9,000 States)."""
+
 ONE_PER_CORE = -1
 """The worker count of ``--policy static``: one per core of the scenario's machine."""
 
@@ -203,8 +213,13 @@ def train_policy_command(args: argparse.Namespace) -> int:
     from drapps.sim.evaluate import evaluate
     from drapps.sim.families import check_families, family_names
 
+    if args.offline and args.calibrate:
+        raise UsageError("--offline and --calibrate are two ways to fine-tune: give one")
     if args.offline:
         return _finetune_offline(args)
+    if args.calibrate:
+        return _finetune_calibrated(args)
+    args.learner = args.learner or "ppo"
     steps = args.steps if args.steps is not None else 100_000
     if steps < 1:
         raise UsageError(f"--steps must be >= 1, got {steps}")
@@ -246,6 +261,74 @@ def train_policy_command(args: argparse.Namespace) -> int:
     if args.episodes > 0:
         result = evaluate(
             {"heuristic": "heuristic", "learned": policy},
+            held_out,
+            episodes=args.episodes,
+            duration=args.duration,
+            seed=args.seed + 1,
+        )
+        print(f"\nheld-out families, {args.episodes} episodes each:")
+        print(result.markdown())
+        policy.meta["evaluation"] = result.table()
+    policy.save(args.out)
+    print(f"\nwrote {args.out}")
+    return 0
+
+
+def _finetune_calibrated(args: argparse.Namespace) -> int:
+    """``train-policy --calibrate TRACES``: one rollout round in the simulator calibrated from
+    real runs, starting from a policy and anchored to it over the training families."""
+    from drapps.control.rl import MlpPolicy, shipped_path
+    from drapps.sim.calibration import TraceFamily
+    from drapps.sim.env import PipelineEnv
+    from drapps.sim.evaluate import evaluate
+    from drapps.sim.families import check_families, family_names
+    from drapps.sim.learners.rollout import RolloutConfig, RolloutPolicyIteration
+
+    if args.learner not in (None, "rollout"):
+        raise UsageError(f"--calibrate fine-tunes with --learner rollout, not {args.learner}")
+    start_path = args.start or str(shipped_path())
+    try:
+        start = MlpPolicy.load(start_path)
+        config = RolloutConfig(start=start_path, temperature=args.temperature, passes=FIT_PASSES)
+        held_out = check_families(args.evaluate_on or family_names(held_out=True))
+        anchor = PipelineEnv(
+            check_families(args.families or family_names(held_out=False)),
+            duration=args.duration,
+            knobs=start.knobs,
+        )
+        ticks = round(anchor.duration / anchor.interval)
+        per_episode = ticks + -(-ticks // config.every) * len(anchor.actions) * config.horizon
+        steps = args.steps if args.steps is not None else CALIBRATED_EPISODES * per_episode
+        if steps < 1:
+            raise UsageError(f"--steps must be >= 1, got {steps}")
+        print(f"calibrating the simulator from {len(args.calibrate)} trace(s)")
+        family = TraceFamily.from_traces(args.calibrate)
+        target = PipelineEnv([family], duration=args.duration, knobs=start.knobs)
+    except (ValueError, OSError) as exc:
+        raise UsageError(str(exc)) from None
+    episodes = max(1, steps // per_episode)
+    anchors = ANCHORS_PER_EPISODE * episodes
+    source = args.start or "the shipped policy"
+    print(
+        f"fine-tuning {source}: every action tried from the States of {episodes} episodes of "
+        f"the traced runs, held over {anchors} episodes of the training families"
+    )
+    began = time.perf_counter()
+    learner = RolloutPolicyIteration(config)
+    policy = learner.finetune(target, anchor, episodes, anchors, args.seed)
+    trained_s = time.perf_counter() - began
+    policy.meta["finetune"]["traces"] = [Path(p).name for p in args.calibrate]
+    policy.meta["finetune"]["train_s"] = round(trained_s, 1)
+    done = learner.history[-1]
+    print(
+        f"fine-tuned in {trained_s:.0f} s: on the traced runs' States it gives up "
+        f"{done['regret']:.2f} of return against the best action (the start: "
+        f"{done['followed_regret']:.2f}), and keeps the start's choice on "
+        f"{done['anchor_agreement']:.0%} of the training families' States"
+    )
+    if args.episodes > 0:
+        result = evaluate(
+            {"heuristic": "heuristic", "start": start, "fine-tuned": policy},
             held_out,
             episodes=args.episodes,
             duration=args.duration,
@@ -383,7 +466,7 @@ def add_commands(commands: Commands) -> None:
         "it against the heuristic on the held-out families, and write it as a .npz that "
         "drapps runs with NumPy (MlpPolicy.load, or Loader(policy=MlpPolicy.load(path))).",
     )
-    train.add_argument("--learner", default="ppo", help="ppo (default), sac, ddqn or rollout")
+    train.add_argument("--learner", help="ppo (default), sac, ddqn or rollout")
     train.add_argument(
         "--steps",
         type=int,
@@ -397,10 +480,26 @@ def add_commands(commands: Commands) -> None:
         "instead of training in the simulator",
     )
     train.add_argument(
+        "--calibrate",
+        nargs="+",
+        metavar="TRACE",
+        help="fine-tune in the simulator calibrated from these trace= files of real runs: "
+        "every action tried from the States those runs reach (a rollout round), the policy "
+        "held where the training families go",
+    )
+    train.add_argument(
+        "--temperature",
+        type=float,
+        default=0.1,
+        help="with --calibrate: return per unit of the policy's score (0.1); smaller lets "
+        "the traced runs' returns move the policy further",
+    )
+    train.add_argument(
         "--from",
         dest="start",
         metavar="POLICY",
-        help="the .npz policy to start from: with --offline (default: the shipped one), or "
+        help="the .npz policy to start from: with --offline or --calibrate (default: the "
+        "shipped one), or "
         "the policy --learner rollout's first round follows (default: the heuristic)",
     )
     train.add_argument("--seed", type=int, default=0, help="seed (0)")

@@ -19,11 +19,15 @@ the honest check.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import os
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from drapps.sim.run import SimRun, simulate
 from drapps.sim.scenario import Change, PipelineModel, Scenario
@@ -203,6 +207,62 @@ def _refine(pipeline: PipelineModel, recorded: RecordedRun) -> PipelineModel:
         if error < best_error:
             best, best_error = candidate, error
     return best
+
+
+@dataclass(frozen=True)
+class TraceFamily:
+    """A scenario family made of real runs: each draw is one traced run's calibrated pipeline
+    (:func:`calibrate`) under its recorded outside load, the worker cost, read latency and
+    step each scaled by a factor up to ``spread`` either way, and the load's changes
+    stretched to the episode's length. Training on it puts the States of a real machine
+    into the simulator, where every action can be tried from them
+    (``drapps train-policy --calibrate``). Pass it where a family name goes
+    (``PipelineEnv(families=[..., TraceFamily.from_traces(paths)])``).
+    """
+
+    runs: tuple[tuple[PipelineModel, tuple[Change, ...], float], ...]
+    """Per traced run: the calibrated pipeline, its outside load's changes, the seconds the
+    trace spans."""
+    spread: float = 1.25
+    name: str = "traces"
+
+    def __post_init__(self) -> None:
+        if not self.runs:
+            raise ValueError("a TraceFamily needs at least one traced run")
+        if not self.spread >= 1:
+            raise ValueError(f"TraceFamily.spread must be >= 1, got {self.spread!r}")
+
+    @classmethod
+    def from_traces(
+        cls, traces: Sequence[Trace | str | os.PathLike[str]], spread: float = 1.25
+    ) -> TraceFamily:
+        """Calibrate each trace (refined by replay, a few seconds each).
+
+        Raises:
+            ValueError: no traces, or one :func:`calibrate` refuses (the message names it).
+        """
+        runs = []
+        for trace in traces:
+            try:
+                data = load(trace)
+                runs.append((calibrate(data), record(data).outside, record(data).duration))
+            except ValueError as exc:
+                raise ValueError(f"{trace}: {exc}") from None
+        return cls(tuple(runs), spread)
+
+    def __call__(self, rng: np.random.Generator, duration: float) -> Scenario:
+        pipeline, outside, spans = self.runs[int(rng.integers(len(self.runs)))]
+        low, high = -math.log(self.spread), math.log(self.spread)
+        pipeline = pipeline.replace(
+            cpu_s=pipeline.cpu_s * math.exp(rng.uniform(low, high)),
+            read_s=pipeline.read_s * math.exp(rng.uniform(low, high)),
+            step_s=pipeline.step_s * math.exp(rng.uniform(low, high)),
+        )
+        stretch = duration / max(spans, 1e-9)
+        changes = tuple(
+            dataclasses.replace(c, at=c.at * stretch) if c.at is not None else c for c in outside
+        )
+        return Scenario(pipeline, changes, self.name)
 
 
 def _batch_size(trace: Trace) -> int:

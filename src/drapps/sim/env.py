@@ -24,7 +24,7 @@ from drapps.control.rl import KNOBS, continuous_action
 from drapps.control.state import State
 from drapps.control.static import StaticPolicy
 from drapps.sim.engine import Simulator
-from drapps.sim.families import check_families, draw, family_names
+from drapps.sim.families import Family, check_sources, draw, family_names
 from drapps.sim.run import (
     codec_knobs,
     lookahead_knobs,
@@ -42,7 +42,9 @@ class PipelineEnv(gym.Env):  # type: ignore[name-defined]
     per controller ``interval``.
 
     Args:
-        families: scenario family names to draw from (default: the training families).
+        families: scenario families to draw from, by name or as generators (a
+            :class:`~drapps.sim.calibration.TraceFamily` of real runs); default: the training
+            families.
         duration: simulated seconds per episode.
         interval: seconds between decisions (the Loader's ``control_interval``).
         random_start: start each episode at a random worker count (training explores more);
@@ -69,7 +71,7 @@ class PipelineEnv(gym.Env):  # type: ignore[name-defined]
 
     def __init__(
         self,
-        families: Sequence[str] | None = None,
+        families: Sequence[str | Family] | None = None,
         *,
         duration: float = 60.0,
         interval: float = 0.5,
@@ -82,7 +84,7 @@ class PipelineEnv(gym.Env):  # type: ignore[name-defined]
         self.knobs = tuple(knobs)
         self.continuous = continuous
         self.actions = Action.space(self.knobs)
-        self.families = check_families(
+        self.families = check_sources(
             families if families is not None else family_names(held_out=False)
         )
         if not self.families:

@@ -48,15 +48,37 @@ def check_families(names: Sequence[str]) -> list[str]:
     return FAMILIES.check(list(names))
 
 
-def draw(name: str, rng: np.random.Generator, duration: float = 60.0) -> Scenario:
-    """One scenario of family ``name``.
+def check_sources(families: Sequence[str | Family]) -> list[str | Family]:
+    """``families`` as a list, each a known family's name or a family itself (a generator
+    with a ``name``, such as a :class:`~drapps.sim.calibration.TraceFamily` of real runs).
+
+    Raises:
+        ValueError: a name is not a family (the message lists them), or an entry is neither
+            a name nor a named generator.
+    """
+    for entry in families:
+        if isinstance(entry, str):
+            FAMILIES.get(entry)
+        elif not callable(entry) or not isinstance(getattr(entry, "name", None), str):
+            raise ValueError(f"a family must be a name or a generator with a name, got {entry!r}")
+    return list(families)
+
+
+def family_label(family: str | Family) -> str:
+    """A family's name, whether given by name or as a generator."""
+    return family if isinstance(family, str) else str(getattr(family, "name", "custom"))
+
+
+def draw(family: str | Family, rng: np.random.Generator, duration: float = 60.0) -> Scenario:
+    """One scenario of ``family`` (a registered name, or a family itself).
 
     Raises:
         ValueError: no family has that name (the message lists them).
     """
-    scenario = FAMILIES.get(name)(rng, duration)
+    generate = FAMILIES.get(family) if isinstance(family, str) else family
+    scenario = generate(rng, duration)
     pipeline = scenario.pipeline.replace(epoch_batches=_epoch(rng, scenario.pipeline))
-    return Scenario(pipeline, scenario.changes, name)
+    return Scenario(pipeline, scenario.changes, family_label(family))
 
 
 def _epoch(rng: np.random.Generator, p: PipelineModel) -> int | None:

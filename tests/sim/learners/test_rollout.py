@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -158,3 +159,79 @@ def test_the_learner_is_registered_and_bad_settings_are_named() -> None:
         RolloutConfig(keep=-0.1)
     with pytest.raises(ValueError, match="temperature must be > 0"):
         RolloutConfig(temperature=0)
+
+
+class _Reads:
+    """A family of one scenario, given as a generator (as a TraceFamily is)."""
+
+    name = "reads"
+
+    def __call__(self, rng: np.random.Generator, duration: float) -> Scenario:
+        return READS
+
+
+def test_an_episode_unbranched_records_states_with_no_returns() -> None:
+    env = PipelineEnv(["io-latency"], duration=10.0)
+    config = RolloutConfig(horizon=4, every=5)
+    labels = label_episode(env, MlpPolicy.shipped(), config, seed=3, branch=False)
+    assert labels.features.shape == (4, len(env.observation_space.low))
+    assert not labels.returns.any() and labels.steps == 20  # no copies run
+    assert labels.prior is not None
+
+
+def test_finetune_moves_the_policy_where_the_target_pays_and_holds_it_elsewhere(
+    tmp_path: Path,
+) -> None:
+    """From a policy that always holds: on the reads scenario growing pays, and the fine-tuned
+    policy grows there; over the anchor's States it still holds."""
+    env = PipelineEnv(duration=10.0)
+    width, actions = len(env.observation_space.low), len(env.actions)
+    rng = np.random.default_rng(0)
+    bias = np.zeros(actions)
+    bias[env.actions.index(Action())] = 1.0  # holds, by about 1 in score, whatever it reads
+    holding = MlpPolicy(
+        [(rng.normal(0, 0.3, (width, 64)), np.zeros(64)),
+         (rng.normal(0, 0.2, (64, 64)), np.zeros(64)),
+         (rng.normal(0, 0.01, (64, actions)), bias)],
+        {"learner": "test"},
+    )  # fmt: skip
+    start = tmp_path / "hold.npz"
+    holding.save(start)
+    target = PipelineEnv([_Reads()], duration=10.0, random_start=False)
+    anchor = PipelineEnv(["cpu-bound"], duration=10.0)
+    config = RolloutConfig(
+        start=str(start), horizon=6, every=4, processes=1, fit_steps=1500, temperature=0.05
+    )
+    learner = RolloutPolicyIteration(config)
+    tuned = learner.finetune(target, anchor, episodes=2, anchor_episodes=4, seed=0)
+    done = learner.history[-1]
+    assert done["states"] == 2 * 5 and done["anchor_states"] == 4 * 5
+    assert done["regret"] < done["followed_regret"]
+    assert done["anchor_agreement"] > 0.9
+    assert tuned.meta["finetune"]["start"] == str(start) and tuned.meta["learner"] == "test"
+    obs, _ = target.reset(seed=5)
+    assert env.actions[int(np.argmax(tuned.scores(obs)))].step("workers") == 1
+    with pytest.raises(ValueError, match="discrete policy file over the environment's actions"):
+        RolloutPolicyIteration(RolloutConfig(start="heuristic")).finetune(
+            target, anchor, 1, 1, seed=0
+        )
+
+
+def test_a_fit_makes_at_most_the_passes_asked_for() -> None:
+    labels = _labels(keep_best=0.3)
+    with pytest.raises(ValueError, match="passes must be > 0"):
+        RolloutConfig(passes=0)
+    steps: list[int] = []
+    original = torch.optim.Adam.step
+
+    def count(self: torch.optim.Adam, *args: object, **kwargs: object) -> object:
+        steps.append(1)
+        return original(self, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.optim.Adam, "step", count)
+        fit(labels, RolloutConfig(fit_steps=1500, passes=10, batch=200), seed=0)
+        assert len(steps) == 100  # 10 passes over 2,000 States, 200 at a time
+        steps.clear()
+        fit(labels, RolloutConfig(fit_steps=50, passes=10, batch=200), seed=0)
+        assert len(steps) == 50

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 import os
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -75,6 +76,9 @@ class RolloutConfig:
     fit_steps: int = 20_000
     """Gradient steps per fit (minibatches of ``batch`` States)."""
     batch: int = 256
+    passes: float | None = None
+    """At most this many passes over the labelled States per fit, where that is fewer than
+    ``fit_steps`` (None: ``fit_steps`` however few the States)."""
     processes: int = 0
     """Processes that label episodes (0: one per core)."""
 
@@ -90,6 +94,8 @@ class RolloutConfig:
             raise ValueError(f"RolloutConfig.temperature must be > 0, got {self.temperature!r}")
         if self.keep < 0:
             raise ValueError(f"RolloutConfig.keep must be >= 0, got {self.keep!r}")
+        if self.passes is not None and not self.passes > 0:
+            raise ValueError(f"RolloutConfig.passes must be > 0, got {self.passes!r}")
         if self.processes < 0:
             raise ValueError(f"RolloutConfig.processes must be >= 0, got {self.processes!r}")
 
@@ -158,10 +164,13 @@ def nearest(action: Action, actions: Sequence[Action], knobs: Sequence[str]) -> 
     return actions.index(Action.of_steps({k: action.step(k) for k in knobs}))
 
 
-def label_episode(env: PipelineEnv, policy: Policy, config: RolloutConfig, seed: int) -> Labels:
+def label_episode(
+    env: PipelineEnv, policy: Policy, config: RolloutConfig, seed: int, *, branch: bool = True
+) -> Labels:
     """One episode driven by ``policy`` (a share ``config.explore`` of its ticks random):
     every ``config.every`` ticks, the return of each of the environment's actions
-    (:func:`branch_return`)."""
+    (:func:`branch_return`). ``branch=False`` records the States alone, every action's
+    return 0: a fit then keeps ``policy``'s own scores there (an anchor)."""
     rng = np.random.default_rng(seed)
     policy = copy.deepcopy(policy)
     env.reset(seed=seed)
@@ -176,10 +185,9 @@ def label_episode(env: PipelineEnv, policy: Policy, config: RolloutConfig, seed:
         assert state is not None
         labelled = tick % config.every == 0
         if labelled:
-            row = []
-            for action in env.actions:
-                value, ran = branch_return(env, policy, action, config.horizon, config.gamma)
-                row.append(value)
+            row = [0.0] * len(env.actions)
+            for k, action in enumerate(env.actions if branch else ()):
+                row[k], ran = branch_return(env, policy, action, config.horizon, config.gamma)
                 steps += ran
             features.append(state.vector(env.knobs))
             returns.append(row)
@@ -203,26 +211,47 @@ def label_episode(env: PipelineEnv, policy: Policy, config: RolloutConfig, seed:
 
 
 def _label_episodes(
-    env: PipelineEnv, policy: Policy, config: RolloutConfig, seeds: Sequence[int]
+    env: PipelineEnv,
+    policy: Policy,
+    config: RolloutConfig,
+    seeds: Sequence[int],
+    branch: bool = True,
 ) -> Labels:
     """:func:`label_episode` for each seed, stacked."""
-    return Labels.concat([label_episode(env, policy, config, seed) for seed in seeds])
+    return Labels.concat(
+        [label_episode(env, policy, config, seed, branch=branch) for seed in seeds]
+    )
 
 
-def fit(labels: Labels, config: RolloutConfig, seed: int) -> nn.Sequential:
+def fit(
+    labels: Labels, config: RolloutConfig, seed: int, start: MlpPolicy | None = None
+) -> nn.Sequential:
     """A network scoring each action by the followed policy's score for it plus its return
     over the State's mean, over ``config.temperature`` (Huber loss, so that a few States
-    where one action is a disaster do not drown the rest)."""
+    where one action is a disaster do not drown the rest). ``start``: begin from that
+    policy's weights (its layers must have the network's shape) instead of at random."""
     torch.manual_seed(seed)
     features, returns = labels.features, labels.returns
+    steps = config.fit_steps
+    if config.passes is not None:
+        steps = min(steps, max(1, math.ceil(config.passes * len(features) / config.batch)))
     net = tanh_mlp([features.shape[1], *config.hidden, returns.shape[1]])
+    if start is not None:
+        linears = [m for m in net if isinstance(m, nn.Linear)]
+        shapes = [tuple(w.shape) for w, _ in start.layers]
+        if shapes != [(m.in_features, m.out_features) for m in linears]:
+            raise ValueError(f"the start policy's layers {shapes} do not fit this network")
+        with torch.no_grad():
+            for linear, (weight, bias) in zip(linears, start.layers, strict=True):
+                linear.weight.copy_(torch.as_tensor(weight.T))
+                linear.bias.copy_(torch.as_tensor(bias))
     optimizer = torch.optim.Adam(net.parameters(), lr=config.lr)
-    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, config.fit_steps)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, steps)
     advantage = returns - returns.mean(axis=1, keepdims=True)
     target = labels.scores(config.keep) + advantage / config.temperature
     x, y = torch.as_tensor(features), torch.as_tensor(target)
     generator = torch.Generator().manual_seed(seed)
-    for _ in range(config.fit_steps):
+    for _ in range(steps):
         rows = torch.randint(len(x), (config.batch,), generator=generator)
         loss = nn.functional.smooth_l1_loss(net(x[rows]), y[rows])
         optimizer.zero_grad()
@@ -254,27 +283,121 @@ class RolloutPolicyIteration(Learner):
         start = self.config.start
         return MlpPolicy.load(start) if start.endswith(".npz") else make_policy(start)
 
+    def _pool(self) -> ProcessPoolExecutor | None:
+        processes = self.config.processes or os.cpu_count() or 1
+        # Processes are spawned, not forked: this process has torch's threads running.
+        return ProcessPoolExecutor(processes, get_context("spawn")) if processes > 1 else None
+
+    def _label(
+        self,
+        pool: ProcessPoolExecutor | None,
+        env: PipelineEnv,
+        policy: Policy,
+        seeds: Sequence[int],
+        branch: bool = True,
+    ) -> Labels:
+        """:func:`label_episode` for every seed, on ``pool``'s processes where there is one."""
+        c = self.config
+        processes = (c.processes or os.cpu_count() or 1) if pool is not None else 1
+        size = max(1, len(seeds) // (8 * processes))  # small jobs even out the load
+        chunks = [seeds[k : k + size] for k in range(0, len(seeds), size)]
+        if pool is None:
+            parts = [_label_episodes(env, policy, c, chunk, branch) for chunk in chunks]
+        else:
+            jobs = [pool.submit(_label_episodes, env, policy, c, ch, branch) for ch in chunks]
+            parts = [job.result() for job in jobs]
+        return Labels.concat(parts, c.keep)
+
+    def finetune(
+        self,
+        target: PipelineEnv,
+        anchor: PipelineEnv,
+        episodes: int,
+        anchor_episodes: int,
+        seed: int,
+    ) -> MlpPolicy:
+        """One round from the policy file ``config.start``, improved where ``target``'s
+        scenarios go (a :class:`~drapps.sim.calibration.TraceFamily` of real runs) and held
+        where ``anchor``'s go (the training families).
+
+        ``episodes`` of ``target`` are labelled with every action's return (as a round of
+        :meth:`train`); ``anchor_episodes`` of ``anchor`` only record the States the policy
+        reaches, whose target is its own scores. The network starts from the policy's
+        weights. So the policy changes where the real runs' States say an action pays, and
+        stays as it was over the simulator's families, which its held-out record rests on.
+
+        Raises:
+            ValueError: ``config.start`` is not a policy file for ``target``'s actions.
+        """
+        c = self.config
+        start = self._start()
+        if not isinstance(start, MlpPolicy) or start.continuous or start.actions != target.actions:
+            raise ValueError(
+                f"finetune starts from a discrete policy file over the environment's actions "
+                f"({c.start!r} is not one)"
+            )
+        if anchor.actions != target.actions:
+            raise ValueError("the anchor and target environments must have the same actions")
+        pool = self._pool()
+        try:
+            improved = self._label(
+                pool, target, start, [seed * 1_000_003 + e for e in range(episodes)]
+            )
+            held = self._label(
+                pool,
+                anchor,
+                start,
+                [seed * 1_000_003 + 500_009 + e for e in range(anchor_episodes)],
+                branch=False,
+            )
+        finally:
+            if pool is not None:
+                pool.shutdown(cancel_futures=True)
+        labels = Labels.concat([improved, held], c.keep)
+        self.labels = labels
+        net = fit(labels, c, seed, start=start)
+        policy = export_mlp(
+            [m for m in net if isinstance(m, nn.Linear)], dict(start.meta), target.knobs
+        )
+        n = len(improved.features)
+        scores = policy.scores(improved.features)
+        before = start.scores(improved.features)
+        anchored = policy.scores(held.features).argmax(axis=1) == start.scores(
+            held.features
+        ).argmax(axis=1)
+        self.history.append(
+            {
+                "states": n,
+                "anchor_states": len(held.features),
+                "steps": improved.steps + held.steps,
+                "regret": round(regret(scores, improved.returns), 4),
+                "followed_regret": round(regret(before, improved.returns), 4),
+                "anchor_agreement": round(float(anchored.mean()), 4),
+            }
+        )
+        logger.info("rollout finetune: %s", self.history[-1])
+        policy.meta["finetune"] = {
+            "learner": "rollout",
+            "start": c.start,
+            "seed": seed,
+            "temperature": c.temperature,
+            "horizon": c.horizon,
+            **self.history[-1],
+        }
+        return policy
+
     def train(self, env: PipelineEnv, steps: int, seed: int) -> MlpPolicy:
         c = self.config
         ticks = round(env.duration / env.interval)
         per_episode = ticks + -(-ticks // c.every) * len(env.actions) * c.horizon
         episodes = max(1, steps // (c.iterations * per_episode))
-        processes = c.processes or os.cpu_count() or 1
         policy: Policy = self._start()
         rounds: list[Labels] = []
-        # Processes are spawned, not forked: this process has torch's threads running.
-        pool = ProcessPoolExecutor(processes, get_context("spawn")) if processes > 1 else None
+        pool = self._pool()
         try:
             for round_ in range(c.iterations):
                 seeds = [seed * 1_000_003 + round_ * 100_003 + e for e in range(episodes)]
-                size = max(1, len(seeds) // (8 * processes))  # small jobs even out the load
-                chunks = [seeds[k : k + size] for k in range(0, len(seeds), size)]
-                if pool is None:
-                    parts = [_label_episodes(env, policy, c, chunk) for chunk in chunks]
-                else:
-                    jobs = [pool.submit(_label_episodes, env, policy, c, ch) for ch in chunks]
-                    parts = [job.result() for job in jobs]
-                rounds.append(Labels.concat(parts, c.keep))
+                rounds.append(self._label(pool, env, policy, seeds))
                 labels = Labels.concat(rounds, c.keep) if c.aggregate else rounds[-1]
                 self.labels = labels
                 net = fit(labels, c, seed + round_)
