@@ -112,14 +112,14 @@ def test_a_trace_family_draws_the_traced_runs_scaled_with_their_load_stretched(
     from drapps.sim.env import PipelineEnv
 
     one, two = traces
-    family = TraceFamily.from_traces([one, two], spread=1.25)
+    family = TraceFamily.from_traces([one, two], spread=1.25, varied=0.5)
     calibrated = [calibrate(one), calibrate(two)]
     assert [p for p, _, _ in family.runs] == calibrated
     stretched = [
         [x for c in outside for x in (c.at * 60.0 / spans, c.outside_load or 0.0)]
         for _, outside, spans in family.runs
     ]
-    drawn = set()
+    drawn, spreads = set(), set()
     for seed in range(20):
         scenario = draw(family, np.random.default_rng(seed), duration=60.0)
         assert scenario.name == "traces" and scenario.pipeline.cores == calibrated[0].cores
@@ -129,7 +129,15 @@ def test_a_trace_family_draws_the_traced_runs_scaled_with_their_load_stretched(
         p, base = scenario.pipeline, calibrated[k]  # its costs scaled within the spread
         for name in ("cpu_s", "step_s"):
             assert getattr(base, name) / 1.25 <= getattr(p, name) <= getattr(base, name) * 1.25
-    assert drawn == {0, 1}
+        # the run's own cost spread, or in about half the draws one between 0.1 and 1.5
+        assert p.cost_cv == base.cost_cv or 0.1 <= p.cost_cv <= 1.5
+        spreads.add(p.cost_cv == base.cost_cv)
+    assert drawn == {0, 1} and spreads == {True, False}
+    same = TraceFamily(family.runs, varied=0.0)
+    assert all(
+        same(np.random.default_rng(seed), 60.0).pipeline.cost_cv in {c.cost_cv for c in calibrated}
+        for seed in range(10)
+    )
     assert max(stretched[1][1::2]) >= 0.5  # the hog, in the drawn load
     env = PipelineEnv([family, "cpu-bound"], duration=5.0)
     obs, _ = env.reset(seed=1)
@@ -144,6 +152,8 @@ def test_a_trace_family_refuses_what_it_cannot_draw_from(
         TraceFamily.from_traces([])
     with pytest.raises(ValueError, match="spread must be >= 1"):
         TraceFamily.from_traces([traces[0]], spread=0.5)
+    with pytest.raises(ValueError, match=r"varied must be in \[0, 1\]"):
+        TraceFamily.from_traces([traces[0]], varied=1.5)
     short = tmp_path / "short.jsonl"
     short.write_text('{"type": "header", "version": 1, "config": {"batch_size": 4}}\n')
     with pytest.raises(ValueError, match=r"short\.jsonl: a trace needs at least 4 ticks"):
@@ -168,6 +178,7 @@ def test_train_policy_calibrate_fine_tunes_from_traces(
     tuned = MlpPolicy.load(out)
     meta = tuned.meta["finetune"]
     assert meta["traces"] == [one.name, two.name] and meta["temperature"] == 0.1
+    assert meta["start"] == "the shipped policy"
     assert meta["states"] == 2 and meta["anchor_states"] == 8
     assert tuned.features == MlpPolicy.shipped().features
     for bad, message in (

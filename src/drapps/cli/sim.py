@@ -317,6 +317,7 @@ def _finetune_calibrated(args: argparse.Namespace) -> int:
     learner = RolloutPolicyIteration(config)
     policy = learner.finetune(target, anchor, episodes, anchors, args.seed)
     trained_s = time.perf_counter() - began
+    policy.meta["finetune"]["start"] = args.start or "the shipped policy"
     policy.meta["finetune"]["traces"] = [Path(p).name for p in args.calibrate]
     policy.meta["finetune"]["train_s"] = round(trained_s, 1)
     done = learner.history[-1]

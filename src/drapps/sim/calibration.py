@@ -214,8 +214,11 @@ class TraceFamily:
     """A scenario family made of real runs: each draw is one traced run's calibrated pipeline
     (:func:`calibrate`) under its recorded outside load, the worker cost, read latency and
     step each scaled by a factor up to ``spread`` either way, and the load's changes
-    stretched to the episode's length. Training on it puts the States of a real machine
-    into the simulator, where every action can be tried from them
+    stretched to the episode's length. In a share ``varied`` of the draws the batches' cost
+    spread (``cost_cv``) is drawn between 0.1 and 1.5 instead of the run's own: a few traced
+    runs show one spread (the bench's images cost within 2% of each other), and a policy
+    taught only by them would read any spread as that one. Training on it puts the States of
+    a real machine into the simulator, where every action can be tried from them
     (``drapps train-policy --calibrate``). Pass it where a family name goes
     (``PipelineEnv(families=[..., TraceFamily.from_traces(paths)])``).
     """
@@ -224,6 +227,7 @@ class TraceFamily:
     """Per traced run: the calibrated pipeline, its outside load's changes, the seconds the
     trace spans."""
     spread: float = 1.25
+    varied: float = 0.5
     name: str = "traces"
 
     def __post_init__(self) -> None:
@@ -231,10 +235,15 @@ class TraceFamily:
             raise ValueError("a TraceFamily needs at least one traced run")
         if not self.spread >= 1:
             raise ValueError(f"TraceFamily.spread must be >= 1, got {self.spread!r}")
+        if not 0 <= self.varied <= 1:
+            raise ValueError(f"TraceFamily.varied must be in [0, 1], got {self.varied!r}")
 
     @classmethod
     def from_traces(
-        cls, traces: Sequence[Trace | str | os.PathLike[str]], spread: float = 1.25
+        cls,
+        traces: Sequence[Trace | str | os.PathLike[str]],
+        spread: float = 1.25,
+        varied: float = 0.5,
     ) -> TraceFamily:
         """Calibrate each trace (refined by replay, a few seconds each).
 
@@ -248,7 +257,7 @@ class TraceFamily:
                 runs.append((calibrate(data), record(data).outside, record(data).duration))
             except ValueError as exc:
                 raise ValueError(f"{trace}: {exc}") from None
-        return cls(tuple(runs), spread)
+        return cls(tuple(runs), spread, varied)
 
     def __call__(self, rng: np.random.Generator, duration: float) -> Scenario:
         pipeline, outside, spans = self.runs[int(rng.integers(len(self.runs)))]
@@ -258,6 +267,8 @@ class TraceFamily:
             read_s=pipeline.read_s * math.exp(rng.uniform(low, high)),
             step_s=pipeline.step_s * math.exp(rng.uniform(low, high)),
         )
+        if rng.uniform() < self.varied:
+            pipeline = pipeline.replace(cost_cv=rng.uniform(0.1, 1.5))
         stretch = duration / max(spans, 1e-9)
         changes = tuple(
             dataclasses.replace(c, at=c.at * stretch) if c.at is not None else c for c in outside
