@@ -190,3 +190,5 @@ def test_train_policy_calibrate_fine_tunes_from_traces(
         assert message in capsys.readouterr().err
     assert main(["train-policy", "--calibrate", str(tmp_path / "gone.jsonl")]) == 2
     assert "gone.jsonl" in capsys.readouterr().err
+    assert main(["train-policy", "--temperature", "0.2", "--steps", "10"]) == 2
+    assert "--temperature applies to --calibrate" in capsys.readouterr().err

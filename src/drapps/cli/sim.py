@@ -219,6 +219,8 @@ def train_policy_command(args: argparse.Namespace) -> int:
         return _finetune_offline(args)
     if args.calibrate:
         return _finetune_calibrated(args)
+    if args.temperature is not None:
+        raise UsageError("--temperature applies to --calibrate")
     args.learner = args.learner or "ppo"
     steps = args.steps if args.steps is not None else 100_000
     if steps < 1:
@@ -289,7 +291,8 @@ def _finetune_calibrated(args: argparse.Namespace) -> int:
     start_path = args.start or str(shipped_path())
     try:
         start = MlpPolicy.load(start_path)
-        config = RolloutConfig(start=start_path, temperature=args.temperature, passes=FIT_PASSES)
+        temperature = args.temperature if args.temperature is not None else 0.1
+        config = RolloutConfig(start=start_path, temperature=temperature, passes=FIT_PASSES)
         held_out = check_families(args.evaluate_on or family_names(held_out=True))
         anchor = PipelineEnv(
             check_families(args.families or family_names(held_out=False)),
@@ -317,7 +320,7 @@ def _finetune_calibrated(args: argparse.Namespace) -> int:
     learner = RolloutPolicyIteration(config)
     policy = learner.finetune(target, anchor, episodes, anchors, args.seed)
     trained_s = time.perf_counter() - began
-    policy.meta["finetune"]["start"] = args.start or "the shipped policy"
+    policy.meta["finetune"]["start"] = source
     policy.meta["finetune"]["traces"] = [Path(p).name for p in args.calibrate]
     policy.meta["finetune"]["train_s"] = round(trained_s, 1)
     done = learner.history[-1]
@@ -491,7 +494,6 @@ def add_commands(commands: Commands) -> None:
     train.add_argument(
         "--temperature",
         type=float,
-        default=0.1,
         help="with --calibrate: return per unit of the policy's score (0.1); smaller lets "
         "the traced runs' returns move the policy further",
     )
