@@ -13,6 +13,7 @@ from drapps.control.policy import Policy, policy_names
 from drapps.sim.scenario import Scenario
 
 if TYPE_CHECKING:
+    from drapps.control.rl import MlpPolicy
     from drapps.sim.run import SimRun
 
 CALIBRATED_EPISODES = 80
@@ -210,7 +211,6 @@ def simulate_command(args: argparse.Namespace) -> int:
 
 
 def train_policy_command(args: argparse.Namespace) -> int:
-    from drapps.sim.evaluate import evaluate
     from drapps.sim.families import check_families, family_names
 
     if args.offline and args.calibrate:
@@ -260,13 +260,22 @@ def train_policy_command(args: argparse.Namespace) -> int:
     policy.meta.update(
         {"families": families, "train_s": round(trained_s, 1), "interval": env.interval}
     )
+    return _evaluate_and_save(args, policy, {"heuristic": "heuristic", "learned": policy}, held_out)
+
+
+def _evaluate_and_save(
+    args: argparse.Namespace,
+    policy: MlpPolicy,
+    compared: dict[str, Policy | str],
+    held_out: list[str],
+) -> int:
+    """Score ``compared`` on ``args.episodes`` scenarios of each held-out family (none: 0),
+    keep the table in ``policy``'s file, and write it to ``args.out``."""
+    from drapps.sim.evaluate import evaluate
+
     if args.episodes > 0:
         result = evaluate(
-            {"heuristic": "heuristic", "learned": policy},
-            held_out,
-            episodes=args.episodes,
-            duration=args.duration,
-            seed=args.seed + 1,
+            compared, held_out, episodes=args.episodes, duration=args.duration, seed=args.seed + 1
         )
         print(f"\nheld-out families, {args.episodes} episodes each:")
         print(result.markdown())
@@ -282,9 +291,8 @@ def _finetune_calibrated(args: argparse.Namespace) -> int:
     from drapps.control.rl import MlpPolicy, shipped_path
     from drapps.sim.calibration import TraceFamily
     from drapps.sim.env import PipelineEnv
-    from drapps.sim.evaluate import evaluate
     from drapps.sim.families import check_families, family_names
-    from drapps.sim.learners.rollout import RolloutConfig, RolloutPolicyIteration
+    from drapps.sim.learners.rollout import RolloutConfig, RolloutPolicyIteration, episode_steps
 
     if args.learner not in (None, "rollout"):
         raise UsageError(f"--calibrate fine-tunes with --learner rollout, not {args.learner}")
@@ -299,8 +307,7 @@ def _finetune_calibrated(args: argparse.Namespace) -> int:
             duration=args.duration,
             knobs=start.knobs,
         )
-        ticks = round(anchor.duration / anchor.interval)
-        per_episode = ticks + -(-ticks // config.every) * len(anchor.actions) * config.horizon
+        per_episode = episode_steps(anchor, config)
         steps = args.steps if args.steps is not None else CALIBRATED_EPISODES * per_episode
         if steps < 1:
             raise UsageError(f"--steps must be >= 1, got {steps}")
@@ -330,20 +337,12 @@ def _finetune_calibrated(args: argparse.Namespace) -> int:
         f"{done['followed_regret']:.2f}), and keeps the start's choice on "
         f"{done['anchor_agreement']:.0%} of the training families' States"
     )
-    if args.episodes > 0:
-        result = evaluate(
-            {"heuristic": "heuristic", "start": start, "fine-tuned": policy},
-            held_out,
-            episodes=args.episodes,
-            duration=args.duration,
-            seed=args.seed + 1,
-        )
-        print(f"\nheld-out families, {args.episodes} episodes each:")
-        print(result.markdown())
-        policy.meta["evaluation"] = result.table()
-    policy.save(args.out)
-    print(f"\nwrote {args.out}")
-    return 0
+    compared: dict[str, Policy | str] = {
+        "heuristic": "heuristic",
+        "start": start,
+        "fine-tuned": policy,
+    }
+    return _evaluate_and_save(args, policy, compared, held_out)
 
 
 def _finetune_offline(args: argparse.Namespace) -> int:

@@ -254,7 +254,8 @@ class TraceFamily:
         for trace in traces:
             try:
                 data = load(trace)
-                runs.append((calibrate(data), record(data).outside, record(data).duration))
+                recorded = record(data)
+                runs.append((calibrate(data), recorded.outside, recorded.duration))
             except ValueError as exc:
                 raise ValueError(f"{trace}: {exc}") from None
         return cls(tuple(runs), spread, varied)

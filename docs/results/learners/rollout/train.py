@@ -24,7 +24,7 @@ from drapps.control.rl import MlpPolicy
 from drapps.sim.env import PipelineEnv
 from drapps.sim.evaluate import evaluate
 from drapps.sim.families import family_names
-from drapps.sim.learners.rollout import RolloutConfig, RolloutPolicyIteration
+from drapps.sim.learners.rollout import RolloutConfig, RolloutPolicyIteration, episode_steps
 
 
 def main() -> None:
@@ -48,8 +48,7 @@ def main() -> None:
         horizon=args.horizon,
     )
     env = PipelineEnv(family_names(held_out=False))
-    ticks = round(env.duration / env.interval)
-    per_episode = ticks + -(-ticks // config.every) * len(env.actions) * config.horizon
+    per_episode = episode_steps(env, config)
     began = time.perf_counter()
     learner = RolloutPolicyIteration(config)
     policy = learner.train(env, args.rounds * args.episodes * per_episode, args.seed)

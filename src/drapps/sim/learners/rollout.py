@@ -210,6 +210,13 @@ def label_episode(
     )
 
 
+def episode_steps(env: PipelineEnv, config: RolloutConfig) -> int:
+    """Environment steps one labelled episode of ``env`` runs: its ticks, and every action's
+    copy of ``config.horizon`` ticks at every ``config.every``-th."""
+    ticks = round(env.duration / env.interval)
+    return ticks + -(-ticks // config.every) * len(env.actions) * config.horizon
+
+
 def _label_episodes(
     env: PipelineEnv,
     policy: Policy,
@@ -283,8 +290,11 @@ class RolloutPolicyIteration(Learner):
         start = self.config.start
         return MlpPolicy.load(start) if start.endswith(".npz") else make_policy(start)
 
+    def _processes(self) -> int:
+        return self.config.processes or os.cpu_count() or 1
+
     def _pool(self) -> ProcessPoolExecutor | None:
-        processes = self.config.processes or os.cpu_count() or 1
+        processes = self._processes()
         # Processes are spawned, not forked: this process has torch's threads running.
         return ProcessPoolExecutor(processes, get_context("spawn")) if processes > 1 else None
 
@@ -298,7 +308,7 @@ class RolloutPolicyIteration(Learner):
     ) -> Labels:
         """:func:`label_episode` for every seed, on ``pool``'s processes where there is one."""
         c = self.config
-        processes = (c.processes or os.cpu_count() or 1) if pool is not None else 1
+        processes = self._processes() if pool is not None else 1
         size = max(1, len(seeds) // (8 * processes))  # small jobs even out the load
         chunks = [seeds[k : k + size] for k in range(0, len(seeds), size)]
         if pool is None:
@@ -388,9 +398,7 @@ class RolloutPolicyIteration(Learner):
 
     def train(self, env: PipelineEnv, steps: int, seed: int) -> MlpPolicy:
         c = self.config
-        ticks = round(env.duration / env.interval)
-        per_episode = ticks + -(-ticks // c.every) * len(env.actions) * c.horizon
-        episodes = max(1, steps // (c.iterations * per_episode))
+        episodes = max(1, steps // (c.iterations * episode_steps(env, c)))
         policy: Policy = self._start()
         rounds: list[Labels] = []
         pool = self._pool()
