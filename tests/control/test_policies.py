@@ -228,6 +228,23 @@ def test_reward_prefers_throughput_and_punishes_waiting_and_overrun() -> None:
     assert shared.held_bytes == 2 * GIB and reward(shared) == pytest.approx(fed)
 
 
+def test_the_start_term_charges_each_worker_added() -> None:
+    # A worker added for half a second holds its pages as long as the peak is read; the
+    # footprint term, charged per tick, sees it for half a second. Each one added is charged.
+    kept, added = state(workers=2), state(workers=2, workers_added=1)
+    weights = RewardWeights(start=0.25)
+    assert reward(added, weights) == pytest.approx(reward(kept, weights) - 0.25)
+    assert reward(state(workers=4, workers_added=3), weights) == pytest.approx(
+        reward(state(workers=4), weights) - 0.75
+    )
+    assert reward(added, RewardWeights(start=0.0)) == reward(kept, RewardWeights(start=0.0))
+    assert State.from_dict({k: v for k, v in added.as_dict().items() if k != "workers_added"}) == (
+        kept
+    )  # older traces: none added
+    with pytest.raises(ValueError, match=r"RewardWeights\.start must be >= 0"):
+        RewardWeights(start=-0.1)
+
+
 def test_the_idle_term_charges_workers_left_behind_a_full_queue() -> None:
     # Eight workers with half a batch in flight: 7 of them idle, less the share of a batch
     # the rest keep; none charged where batches in flight were not measured, or for one.

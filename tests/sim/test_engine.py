@@ -166,10 +166,13 @@ def test_resize_grows_after_start_cost_and_shrinks_after_the_task() -> None:
     sim.run_until(4.1)  # they have each made one
     assert sim.totals.arrived >= 10
     sim.run_until(10.0)
-    assert sim.observe().workers_cpu > 3.0
+    grown = sim.observe()
+    assert grown.workers_cpu > 3.0 and grown.workers_added == 3  # since the observation before
+    sim.run_until(10.5)
+    assert sim.observe().workers_added == 0
     sim.resize(1)
     sim.run_until(11.0)
-    sim.observe()
+    assert sim.observe().workers_added == 0  # shed, not added
     sim.run_until(15.0)
     assert sim.observe().workers_cpu == pytest.approx(1.0, rel=0.05)
 

@@ -158,3 +158,14 @@ def test_the_proportional_size_is_read_now_and_then_and_carried_between(
     assert monitor._held(7, rss=1500, now=1.0) == 600  # carried by the resident set's growth
     assert monitor._held(7, rss=200, now=1.5) == 0  # never below nothing
     assert monitor._held(7, rss=1500, now=2.0 + PSS_EVERY_S) == 100 and len(reads) == 2
+
+
+def test_workers_added_counts_the_pools_growth_since_the_last_sample() -> None:
+    pipeline = Pipeline()
+    monitor = Monitor(pipeline)
+    assert monitor.sample().workers_added == 0  # the first sample: nothing to compare with
+    pipeline.snapshot = replace(pipeline.snapshot, workers=3)
+    assert monitor.sample().workers_added == 2
+    assert monitor.sample().workers_added == 0
+    pipeline.snapshot = replace(pipeline.snapshot, workers=2)
+    assert monitor.sample().workers_added == 0  # shed, not added

@@ -29,6 +29,14 @@ class RewardWeights:
     the machine has: on a large machine the footprint alone is too small for a learned
     policy to tell apart from noise, and a policy trained without this term kept every
     worker it had grown once the loop was fed (8 on 2 cores, reading from a full cache)."""
+    start: float = 0.0
+    """Per worker added (``State.workers_added``): a worker started costs its fork and cold
+    start, and holds its pages from that tick on, so a worker kept for half a second raises
+    the pipeline's peak memory as much as one kept for the run, while the footprint term,
+    charged per tick, sees it for half a second. Without it, a learned policy added a worker
+    whenever the queue ran low with a core idle and shed it at the next decision, the loop
+    never waiting. Off by default: the shipped policy was trained without it
+    (``docs/controller.md`` says what it did at 0.2)."""
     energy: float = 0.0
     """Per unit of ``log1p(power_w)`` (off by default). At 1.0 it and the throughput term
     together reward ``log`` of samples per joule, so a worker that adds watts but no
@@ -36,7 +44,7 @@ class RewardWeights:
     power figure pays nothing."""
 
     def __post_init__(self) -> None:
-        for name in ("wait", "imbalance", "memory", "footprint", "idle", "energy"):
+        for name in ("wait", "imbalance", "memory", "footprint", "idle", "start", "energy"):
             if getattr(self, name) < 0:
                 raise ValueError(f"RewardWeights.{name} must be >= 0, got {getattr(self, name)!r}")
 
@@ -70,7 +78,7 @@ def idle_workers(state: State) -> float:
 
 def reward(state: State, weights: RewardWeights = RewardWeights()) -> float:
     """log1p(throughput) minus weighted consumer wait, imbalance, memory overrun, memory
-    footprint, idle workers and (when weighted) power."""
+    footprint, idle workers, workers added and (when weighted) power."""
     power = math.log1p(state.power_w) if weights.energy and state.power_w else 0.0
     return (
         math.log1p(state.throughput)
@@ -79,5 +87,6 @@ def reward(state: State, weights: RewardWeights = RewardWeights()) -> float:
         - weights.memory * memory_overrun(state)
         - weights.footprint * state.held_bytes / max(1, state.total_bytes)
         - weights.idle * idle_workers(state)
+        - weights.start * state.workers_added
         - weights.energy * power
     )

@@ -102,6 +102,10 @@ class State:
     proportional set sizes (a page n processes map counts 1/n in each; Linux). A forked worker
     shows most of the training process's pages in its resident set, but holds only the pages
     it wrote (tens of MiB against hundreds). None where not measured."""
+    workers_added: int = 0
+    """Workers the pool grew by since the last tick (its size now less its size then, where
+    more): each is a process started, or a parked one taken back, and its pages are held
+    from that moment (0 in older traces)."""
     main_wait: float = 0.0
     """Cores' worth of time the training loop's thread was ready to run but waited for a CPU
     over the interval (the kernel's run-queue wait; 0 where it does not say): with

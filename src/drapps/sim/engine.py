@@ -169,6 +169,7 @@ class Simulator:
         self._cache_seen = (0.0, 0.0, 0.0, 0.0, 0.0)  # hits, misses, refused, read s, make s
         self._interval = _Interval()
         self._last_observed = 0.0
+        self._observed_workers = workers  # the pool's size at the last observe()
         self._batch_changes = sorted(
             (c for c in scenario.changes if c.at_batch is not None),
             key=lambda c: c.at_batch or 0,
@@ -335,6 +336,7 @@ class Simulator:
             latency_p99_s=percentile(i.latencies, 0.99),
             throughput=samples / dt,
             workers=self._target,
+            workers_added=max(0, self._target - self._observed_workers),
             max_workers=p.worker_limit,
             prefetch=self.prefetch,
             split=self._split if p.device_ops else None,
@@ -357,6 +359,7 @@ class Simulator:
         )
         self._interval = _Interval()
         self._last_observed = self.now
+        self._observed_workers = self._target
         return state
 
     def _step_done(self) -> float:
