@@ -87,6 +87,30 @@ def test_evaluate_policy_writes_its_table(
         assert "--policies takes policies that move the workers" in capsys.readouterr().err
 
 
+def test_reward_weights_are_set_from_the_command_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # bursty moves the workers: charging each one added costs the heuristic reward, and only
+    # that term changes, so throughput stays as it was
+    argv = ["evaluate-policy", "--families", "bursty", "--episodes", "2", "--policies", "heuristic"]
+    assert main([*argv, "--out", str(tmp_path / "plain")]) == 0
+    assert main([*argv, "--reward", "start=0.5", "--out", str(tmp_path / "charged")]) == 0
+    plain, charged = (
+        json.loads((tmp_path / name / "results.json").read_text())["bursty"]["heuristic"]
+        for name in ("plain", "charged")
+    )
+    assert charged["reward"] < plain["reward"] and charged["relative"] == plain["relative"]
+    capsys.readouterr()
+    for bad, message in (
+        ("start=x", "reward weight start must be a number, got 'x'"),
+        ("bogus=1", "names: wait, imbalance, memory, footprint, idle, start, energy"),
+        ("idle=-1", "RewardWeights.idle must be >= 0"),
+    ):
+        with pytest.raises(SystemExit):
+            main(["evaluate-policy", "--reward", bad])
+        assert message in capsys.readouterr().err
+
+
 def test_train_policy_writes_a_loadable_policy(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -97,6 +121,12 @@ def test_train_policy_writes_a_loadable_policy(
                  "--out", str(out)]) == 0  # fmt: skip
     policy = MlpPolicy.load(out)
     assert policy.meta["learner"] == "ddqn" and "bursty" in policy.meta["evaluation"]
+    assert "reward" not in policy.meta  # the default reward
+    charged = tmp_path / "charged.npz"
+    assert main(["train-policy", "--learner", "ddqn", "--steps", "200", "--families",
+                 "cpu-bound", "--episodes", "0", "--duration", "10", "--reward", "start=0.2",
+                 "--out", str(charged)]) == 0  # fmt: skip
+    assert MlpPolicy.load(charged).meta["reward"]["start"] == 0.2  # kept with the policy
     capsys.readouterr()
     assert main(["train-policy", "--learner", "a3c", "--steps", "10"]) == 2
     assert "learner must be one of" in capsys.readouterr().err

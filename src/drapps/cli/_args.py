@@ -38,6 +38,35 @@ def name_list(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
+def reward_weights(text: str) -> Any:
+    """``"start=0.2,energy=1"`` -> ``RewardWeights(start=0.2, energy=1.0)`` (the rest at
+    their defaults)."""
+    from dataclasses import fields
+
+    from drapps.control.reward import RewardWeights
+
+    names = [f.name for f in fields(RewardWeights)]
+    given: dict[str, float] = {}
+    for part in name_list(text):
+        name, sep, value = part.partition("=")
+        name = name.strip()
+        if not sep or name not in names:
+            raise argparse.ArgumentTypeError(
+                f"expected reward weights like start=0.2,energy=1 (names: {', '.join(names)}), "
+                f"got {part!r}"
+            )
+        try:
+            given[name] = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"reward weight {name} must be a number, got {value.strip()!r}"
+            ) from None
+    try:
+        return RewardWeights(**given)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def step_range(text: str) -> tuple[int, int]:
     """``"20:60"`` -> ``(20, 60)``."""
     start, sep, stop = text.partition(":")

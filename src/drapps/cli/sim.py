@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from drapps.cli._args import Commands, UsageError, check_positive, name_list
+from drapps.cli._args import Commands, UsageError, check_positive, name_list, reward_weights
 from drapps.control.policy import Policy, policy_names
 from drapps.sim.scenario import Scenario
 
@@ -32,6 +33,13 @@ ONE_PER_CORE = -1
 POLICY_HELP = (
     "heuristic (default), rl (the shipped learned policy), static (one worker per core), "
     "static-N, dataloader (num_workers=0), oracle-static, or a policy .npz file"
+)
+
+
+REWARD_HELP = (
+    "reward weights other than the defaults, like start=0.2 (charge each worker added) or "
+    "energy=1 (samples per joule); names: wait, imbalance, memory, footprint, idle, start, "
+    "energy"
 )
 
 
@@ -248,7 +256,11 @@ def train_policy_command(args: argparse.Namespace) -> int:
         families = check_families(args.families or movable or family_names(held_out=False))
         held_out = check_families(args.evaluate_on or movable or family_names(held_out=True))
         env = PipelineEnv(
-            families, duration=args.duration, knobs=args.knobs, continuous=learner.continuous
+            families,
+            duration=args.duration,
+            knobs=args.knobs,
+            continuous=learner.continuous,
+            weights=args.reward,
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None
@@ -275,11 +287,18 @@ def _evaluate_and_save(
 
     if args.episodes > 0:
         result = evaluate(
-            compared, held_out, episodes=args.episodes, duration=args.duration, seed=args.seed + 1
+            compared,
+            held_out,
+            episodes=args.episodes,
+            duration=args.duration,
+            seed=args.seed + 1,
+            weights=args.reward,
         )
         print(f"\nheld-out families, {args.episodes} episodes each:")
         print(result.markdown())
         policy.meta["evaluation"] = result.table()
+    if args.reward is not None:
+        policy.meta["reward"] = asdict(args.reward)
     policy.save(args.out)
     print(f"\nwrote {args.out}")
     return 0
@@ -306,6 +325,7 @@ def _finetune_calibrated(args: argparse.Namespace) -> int:
             check_families(args.families or family_names(held_out=False)),
             duration=args.duration,
             knobs=start.knobs,
+            weights=args.reward,
         )
         per_episode = episode_steps(anchor, config)
         steps = args.steps if args.steps is not None else CALIBRATED_EPISODES * per_episode
@@ -313,7 +333,9 @@ def _finetune_calibrated(args: argparse.Namespace) -> int:
             raise UsageError(f"--steps must be >= 1, got {steps}")
         print(f"calibrating the simulator from {len(args.calibrate)} trace(s)")
         family = TraceFamily.from_traces(args.calibrate)
-        target = PipelineEnv([family], duration=args.duration, knobs=start.knobs)
+        target = PipelineEnv(
+            [family], duration=args.duration, knobs=start.knobs, weights=args.reward
+        )
     except (ValueError, OSError) as exc:
         raise UsageError(str(exc)) from None
     episodes = max(1, steps // per_episode)
@@ -355,7 +377,9 @@ def _finetune_offline(args: argparse.Namespace) -> int:
         raise UsageError(f"--steps must be >= 1, got {steps}")
     try:
         start_from = MlpPolicy.load(args.start) if args.start else MlpPolicy.shipped()
-        data = transitions(args.offline, start_from.knobs, features=start_from.features)
+        data = transitions(
+            args.offline, start_from.knobs, weights=args.reward, features=start_from.features
+        )
     except (ValueError, OSError) as exc:
         raise UsageError(str(exc)) from None
     source = args.start or "the shipped policy"
@@ -379,6 +403,8 @@ def _finetune_offline(args: argparse.Namespace) -> int:
         f"(before: {agreed:.0%}), and changes "
         f"{(after != before).mean():.0%} of the starting policy's choices"
     )
+    if args.reward is not None:
+        policy.meta["reward"] = asdict(args.reward)
     policy.save(args.out)
     print(f"wrote {args.out}")
     return 0
@@ -406,7 +432,9 @@ def evaluate_command(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     start = time.perf_counter()
-    result = evaluate(policies, families, episodes=args.episodes, seed=args.seed)
+    result = evaluate(
+        policies, families, episodes=args.episodes, seed=args.seed, weights=args.reward
+    )
     table = result.markdown()
     print(table)
     elapsed = time.perf_counter() - start
@@ -461,6 +489,7 @@ def add_commands(commands: Commands) -> None:
     evaluation.add_argument("--episodes", type=int, default=8, help="per family (8)")
     evaluation.add_argument("--seed", type=int, default=0, help="scenario draws (0)")
     evaluation.add_argument("--out", help="folder for results.json and results.md")
+    evaluation.add_argument("--reward", type=reward_weights, metavar="NAME=W,...", help=REWARD_HELP)
     evaluation.set_defaults(run=evaluate_command)
     train = commands.add_parser(
         "train-policy",
@@ -504,6 +533,7 @@ def add_commands(commands: Commands) -> None:
         "shipped one), or "
         "the policy --learner rollout's first round follows (default: the heuristic)",
     )
+    train.add_argument("--reward", type=reward_weights, metavar="NAME=W,...", help=REWARD_HELP)
     train.add_argument("--seed", type=int, default=0, help="seed (0)")
     train.add_argument("--families", type=name_list, help="training families (default: all)")
     train.add_argument("--evaluate-on", type=name_list, help="default: the held-out families")
