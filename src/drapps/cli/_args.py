@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
+
+if TYPE_CHECKING:
+    from drapps.control.reward import RewardWeights
 
 
 class UsageError(Exception):
@@ -38,7 +41,7 @@ def name_list(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
-def reward_weights(text: str) -> Any:
+def reward_weights(text: str) -> RewardWeights:
     """``"start=0.2,energy=1"`` -> ``RewardWeights(start=0.2, energy=1.0)`` (the rest at
     their defaults)."""
     from dataclasses import fields

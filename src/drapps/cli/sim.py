@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from drapps.cli._args import Commands, UsageError, check_positive, name_list, reward_weights
 from drapps.control.policy import Policy, policy_names
+from drapps.control.reward import RewardWeights
 from drapps.sim.scenario import Scenario
 
 if TYPE_CHECKING:
@@ -38,8 +39,7 @@ POLICY_HELP = (
 
 REWARD_HELP = (
     "reward weights other than the defaults, like start=0.2 (charge each worker added) or "
-    "energy=1 (samples per joule); names: wait, imbalance, memory, footprint, idle, start, "
-    "energy"
+    "energy=1 (samples per joule); names: " + ", ".join(f.name for f in fields(RewardWeights))
 )
 
 
