@@ -297,11 +297,17 @@ def _evaluate_and_save(
         print(f"\nheld-out families, {args.episodes} episodes each:")
         print(result.markdown())
         policy.meta["evaluation"] = result.table()
+    _save(args, policy)
+    print(f"\nwrote {args.out}")
+    return 0
+
+
+def _save(args: argparse.Namespace, policy: MlpPolicy) -> None:
+    """Write ``policy`` to ``args.out``, with the reward weights it was trained on where
+    ``--reward`` set them."""
     if args.reward is not None:
         policy.meta["reward"] = asdict(args.reward)
     policy.save(args.out)
-    print(f"\nwrote {args.out}")
-    return 0
 
 
 def _finetune_calibrated(args: argparse.Namespace) -> int:
@@ -403,9 +409,7 @@ def _finetune_offline(args: argparse.Namespace) -> int:
         f"(before: {agreed:.0%}), and changes "
         f"{(after != before).mean():.0%} of the starting policy's choices"
     )
-    if args.reward is not None:
-        policy.meta["reward"] = asdict(args.reward)
-    policy.save(args.out)
+    _save(args, policy)
     print(f"wrote {args.out}")
     return 0
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from drapps.control.state import State
 
@@ -44,9 +44,11 @@ class RewardWeights:
     power figure pays nothing."""
 
     def __post_init__(self) -> None:
-        for name in ("wait", "imbalance", "memory", "footprint", "idle", "start", "energy"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"RewardWeights.{name} must be >= 0, got {getattr(self, name)!r}")
+        for weight in fields(self):
+            if getattr(self, weight.name) < 0:
+                raise ValueError(
+                    f"RewardWeights.{weight.name} must be >= 0, got {getattr(self, weight.name)!r}"
+                )
 
 
 def imbalance(state: State) -> float:
