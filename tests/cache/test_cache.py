@@ -365,7 +365,11 @@ def test_a_learned_policy_over_the_codec_and_priority_steers_the_real_loader(
     bias = np.full(len(actions), -1.0, dtype=np.float32)
     bias[actions.index(Action.of_steps({"codec": 1, "priority": -1}))] = 1.0
     width = len(State.features(knobs))
-    policy = MlpPolicy([(np.zeros((width, len(actions)), np.float32), bias)], knobs=knobs)
+    # It decides on the loader's tick: at the trained 0.5 s, each decision would fall on an
+    # epoch's start once the cache is warm (epochs here are shorter than that), and a policy
+    # holds an interval after an epoch begins, so how many steps it took was the runner's speed.
+    layers = [(np.zeros((width, len(actions)), np.float32), bias)]
+    policy = MlpPolicy(layers, knobs=knobs, meta={"interval": 0.1})
     trace = tmp_path / "trace.jsonl"
     with drapps.Loader(
         Flat(), batch_size=16, shuffle=True, seed=0, workers="auto", policy=policy,
