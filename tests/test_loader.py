@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
+import os
 import random
 import time
 
@@ -16,6 +19,7 @@ from helpers import (
     SlowDataset,
     assert_batches_equal,
     flatten_indices,
+    slab_maps,
 )
 
 import drapps
@@ -114,6 +118,50 @@ def test_a_grow_reuses_workers_parked_by_a_shrink() -> None:
         assert len(list(it)) == 14
         stats = loader.stats()
     assert set(stats.worker_pids) == before and stats.workers == 3
+
+
+def _slab_files(pid: int) -> set[int]:
+    """Inodes of the slab files ``pid`` holds open."""
+    found = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):  # closed, or the worker gone, since it was listed
+            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("/memfd:drapps-slab"):
+                found.add(os.stat(f"/proc/{pid}/fd/{fd}").st_ino)
+    return found
+
+
+def test_the_slabs_of_a_retired_worker_are_not_kept_mapped() -> None:
+    # The training process keeps its mapping of a released slab for the slab's next batch.
+    # A worker retired by a shrink sends none again: its slabs must go with it, or the
+    # training process alone holds their pages after every shrink.
+    options = {"batch_size": 8, "workers": 3, "persistent_workers": True}
+    with drapps.Loader(BigDataset(64, 64 * 1024), **options) as loader:
+        it = iter(loader)
+        for _ in range(4):
+            next(it)
+        first = set(loader.stats().worker_pids)
+        loader.resize(1)
+        files: dict[int, set[int]] = {}
+        deadline = time.monotonic() + 30
+        while len(loader.stats().worker_pids) > 1 and time.monotonic() < deadline:
+            for pid in loader.stats().worker_pids:  # each worker's files, last seen alive
+                with contextlib.suppress(FileNotFoundError):  # exited since it was listed
+                    files[pid] = _slab_files(pid)
+            try:
+                next(it)
+            except StopIteration:
+                it = iter(loader)
+            time.sleep(0.02)
+        left = set(loader.stats().worker_pids)
+        assert len(left) == 1 and len(first - left) == 2  # two retired (after ~5 s parked)
+        for _ in range(4):  # the loop goes on with the one left
+            next(it)
+        del it
+        gc.collect()
+        retired = set().union(*(files[pid] for pid in first - left))
+        assert retired  # their slabs were seen
+        mapped = {int(line.split()[4]) for line in slab_maps()}
+        assert mapped and not mapped & retired
 
 
 @pytest.mark.parametrize(("workers_before", "workers_after"), [(2, 1), (0, 3), (3, 0)])

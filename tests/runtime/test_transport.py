@@ -321,7 +321,7 @@ def _worker_round(writer, recycler, channel, value: int, rows: int = 64):  # typ
     packed = pack({"x": torch.full((rows, 1024), value, dtype=torch.int32)}, writer)
     got = cross(packed, channel, writer)
     release = recycler.releaser(0, got.slab)
-    return unpack(got, release=release, mappings=recycler.mappings)
+    return unpack(got, release=release, mappings=recycler.mappings, sender=0)
 
 
 def test_the_training_process_reads_a_recycled_slab_through_the_mapping_it_had(channel) -> None:  # type: ignore[no-untyped-def]
@@ -383,7 +383,7 @@ def test_a_recycled_slab_only_grows_and_the_receiver_maps_all_of_it(channel) -> 
         address = small["x"].data_ptr()
         del small
         gc.collect()
-        assert [size for _, size in recycler.mappings._held.values()] == [big_bytes]
+        assert [size for _, size, _ in recycler.mappings._held.values()] == [big_bytes]
         writer.released(recycler.drain()[0])
         again = _rows(writer, recycler, channel, 64)
         assert again["x"].data_ptr() == address and int(again["x"].sum()) == 64 * 64 * 1024
@@ -409,6 +409,25 @@ def test_a_worker_keeps_small_released_slabs_by_bytes_and_the_receiver_forgets_c
         assert len(slab_maps()) == 5
         del nxt
         gc.collect()
+
+
+def test_the_slabs_of_a_worker_that_exited_are_unmapped_and_not_kept(channel) -> None:  # type: ignore[no-untyped-def]
+    # A worker's slab files close with it: a mapping the training process kept for the slab's
+    # next batch would then be all that holds the pages, for a batch that never comes.
+    with _recycling() as (writer, recycler):
+        released = [_worker_round(writer, recycler, channel, 1)]
+        held = _worker_round(writer, recycler, channel, 2)  # still in the loop's hands
+        del released
+        gc.collect()
+        assert len(recycler.mappings) == 1 and len(slab_maps()) == 2
+        writer.close()  # the worker exits
+        recycler.mappings.gone(0)
+        assert len(recycler.mappings) == 0 and len(slab_maps()) == 1
+        assert int(held["x"].sum()) == 2 * 64 * 1024  # a batch the loop holds is untouched
+        del held
+        gc.collect()
+        assert len(recycler.mappings) == 0 and slab_maps() == []  # released, not kept
+        recycler.drain()
 
 
 def test_kept_mappings_are_bounded_and_a_closed_recycler_keeps_none(channel) -> None:  # type: ignore[no-untyped-def]

@@ -373,6 +373,7 @@ class Dispatcher:
                 for worker in list(self.pool.workers):
                     self.pool.kill(worker)
                     self.pool.reap(worker)
+                    self._recycler.mappings.gone(worker.wid)
         elif name == "resize":
             self._target = value
         elif name == "prefetch":
@@ -895,7 +896,7 @@ class Dispatcher:
         release = None
         if packed.recycle and packed.slab is not None:
             release = self._recycler.releaser(worker.wid, packed.slab)
-        batch = unpack(packed, self._on_release, release, self._recycler.mappings)
+        batch = unpack(packed, self._on_release, release, self._recycler.mappings, worker.wid)
         nbytes = packed.nbytes
         if nbytes:
             with self._bytes_lock:
@@ -940,6 +941,7 @@ class Dispatcher:
     def _on_exit(self, worker: Worker, reason: str) -> None:
         self._on_replies(self.pool.drain(worker))  # replies sent before it exited still count
         unanswered = self.pool.reap(worker)
+        self._recycler.mappings.gone(worker.wid)  # its slabs will not come back
         if reason == "died":
             reason = self.pool.exit_reason(worker)
         if worker.last_error:

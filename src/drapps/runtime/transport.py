@@ -682,6 +682,7 @@ def unpack(
     on_release: Callable[[int], None] | None = None,
     release: Callable[[bool], None] | None = None,
     mappings: ReceivedMappings | None = None,
+    sender: int | None = None,
 ) -> Any:
     """Map the slab of a received batch and rebuild the batch (zero-copy); the slab's
     descriptor is closed.
@@ -692,6 +693,7 @@ def unpack(
             slab: see :class:`SlabRecycler`).
         mappings: where the slab's mapping is looked up, and kept once it is released as
             reusable (:class:`ReceivedMappings`, with ``release``).
+        sender: the id of the worker that wrote the slab, for :meth:`ReceivedMappings.gone`.
 
     Both are called only in this process: a forked child that drops its copy of the batch
     (or exits) calls neither.
@@ -729,7 +731,9 @@ def unpack(
         if release is not None and mappings is None:
             weakref.finalize(slab, _release_slab, owner, release, settled)
         elif release is not None and mappings is not None:
-            weakref.finalize(slab, _retire, owner, release, settled, mappings, key, address, size)
+            weakref.finalize(
+                slab, _retire, owner, release, settled, mappings, key, address, size, sender
+            )
     return _SlabUnpickler(io.BytesIO(packed.skeleton), slab).load()
 
 
@@ -747,14 +751,18 @@ class ReceivedMappings:
     page-table population or ``munmap`` per batch. Only slabs released as reusable are kept
     (the worker writes them only after that), and only a few: one whose worker closed it
     instead holds its pages until it is pushed out (at most ``keep`` slabs and ``max_bytes``)
-    or the set is closed. A forked child unmaps its inherited copies at once.
+    or the set is closed. A worker that exits sends none of its slabs again: :meth:`gone`
+    unmaps them at once, and they are not kept once released. A forked child unmaps its
+    inherited copies at once.
     """
 
     def __init__(self, keep: int = 64, max_bytes: int = 64 * 2**20) -> None:
         self.keep, self.max_bytes = keep, max_bytes
-        self._held: collections.OrderedDict[tuple[int, int], tuple[int, int]] = (
+        # file key -> (address, bytes mapped, the sender's id or None)
+        self._held: collections.OrderedDict[tuple[int, int], tuple[int, int, int | None]] = (
             collections.OrderedDict()
         )
+        self._gone: set[int] = set()  # senders that exited
         self._lock = threading.Lock()  # finalizers run in whichever thread drops a batch
         self._closed = False
         _OPEN_MAPPINGS.add(self)
@@ -774,23 +782,26 @@ class ReceivedMappings:
         size = max(nbytes, stat.st_size)
         return key, _mmap(fd, size), size
 
-    def keep_mapped(self, key: tuple[int, int], address: int, size: int) -> None:
+    def keep_mapped(
+        self, key: tuple[int, int], address: int, size: int, sender: int | None = None
+    ) -> None:
         """Keep a released slab's mapping (pushing the oldest out past the bounds); once
-        closed, unmap it instead."""
+        closed, or once ``sender`` (the worker that wrote it) is :meth:`gone`, unmap it
+        instead."""
         gone = []
         with self._lock:
-            if self._closed:
-                gone.append((address, size))
+            if self._closed or (sender is not None and sender in self._gone):
+                gone.append((address, size, sender))
             else:
                 if (previous := self._held.pop(key, None)) is not None:
                     gone.append(previous)  # mapped again meanwhile: keep the newer one
-                self._held[key] = (address, size)
-                total = sum(kept for _, kept in self._held.values())
+                self._held[key] = (address, size, sender)
+                total = sum(kept for _, kept, _ in self._held.values())
                 while len(self._held) > self.keep or total > self.max_bytes:
-                    _, (old, old_size) = self._held.popitem(last=False)
-                    total -= old_size
-                    gone.append((old, old_size))
-        for old, old_size in gone:
+                    _, oldest = self._held.popitem(last=False)
+                    total -= oldest[1]
+                    gone.append(oldest)
+        for old, old_size, _ in gone:
             _libc.munmap(old, old_size)
 
     def forget(self, keys: tuple[tuple[int, int], ...]) -> None:
@@ -801,15 +812,24 @@ class ReceivedMappings:
             for key in keys:
                 if (held := self._held.pop(key, None)) is not None:
                     gone.append(held)
-        for address, size in gone:
+        for address, size, _ in gone:
             _libc.munmap(address, size)
+
+    def gone(self, sender: int) -> None:
+        """``sender`` exited: unmap the kept mappings of the slabs it wrote, and keep none
+        of its slabs released from now on (its descriptors closed with it, so a mapping
+        here would be all that holds their pages, and it will send none of them again)."""
+        with self._lock:
+            self._gone.add(sender)
+            keys = [key for key, held in self._held.items() if held[2] == sender]
+        self.forget(tuple(keys))
 
     def close(self) -> None:
         """Unmap every kept mapping and keep none from now on."""
         with self._lock:
             self._closed = True
             held, self._held = list(self._held.values()), collections.OrderedDict()
-        for address, size in held:
+        for address, size, _ in held:
             _libc.munmap(address, size)
 
     def __len__(self) -> int:
@@ -836,6 +856,7 @@ def _retire(
     key: tuple[int, int],
     address: int,
     size: int,
+    sender: int | None,
 ) -> None:
     """The last tensor over a received, recyclable slab is gone: keep the mapping for the
     slab's next batch when it may be written again, and tell its worker."""
@@ -844,7 +865,7 @@ def _retire(
         return
     reusable = forks is not None and _forks[0] == forks
     if reusable:
-        mappings.keep_mapped(key, address, size)
+        mappings.keep_mapped(key, address, size, sender)
     else:
         _libc.munmap(address, size)
     release(reusable)
