@@ -143,6 +143,31 @@ def test_memory_a_forked_worker_shares_is_held_once() -> None:
     assert state.rss_bytes - state.pss_bytes > 150 * mib  # ... and once here
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps_rollup"), reason="needs smaps_rollup")
+def test_held_memory_stays_counted_once_when_a_worker_starts_or_exits() -> None:
+    """A fork shares the training process's pages without moving its resident set: the
+    training process's last reading, carried forward, would still count them in full beside
+    the new worker's share. Every process is read again when the workers change."""
+    held = bytearray(200 * 2**20)
+    held[::4096] = b"x" * len(held[::4096])
+    pipeline = Pipeline()
+    monitor = Monitor(pipeline)
+    alone = monitor.sample().held_bytes
+    worker = multiprocessing.get_context("fork").Process(target=time.sleep, args=(60,))
+    worker.start()
+    try:
+        pipeline.snapshot = replace(pipeline.snapshot, worker_pids=(worker.pid,))
+        shared = monitor.sample().held_bytes  # well within PSS_EVERY_S of the first
+    finally:
+        worker.kill()
+        worker.join()
+    pipeline.snapshot = replace(pipeline.snapshot, worker_pids=())
+    after = monitor.sample().held_bytes
+    mib = 2**20
+    assert abs(shared - alone) < 50 * mib  # not the 200 MiB + half of it
+    assert abs(after - alone) < 50 * mib  # nor half of it once the worker is gone
+
+
 def test_the_proportional_size_is_read_now_and_then_and_carried_between(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -84,7 +84,9 @@ def _started_since_boot(pid: int) -> float | None:
 PSS_EVERY_S = 2.0
 """Seconds between reads of a process's proportional set size: the kernel walks its page
 tables for it (1-2 ms for a worker with torch loaded), so in between it is carried forward by
-the change in the process's resident set, which costs microseconds."""
+the change in the process's resident set, which costs microseconds. Every process is read
+again whenever a worker starts or exits: a fork shares pages that the others held alone, and
+an exit leaves them to the others, neither of which moves any resident set."""
 
 
 def _proportional_bytes(pid: int) -> int | None:
@@ -177,11 +179,12 @@ class Monitor:
         self._last_cpu[pid] = total
         return (total - previous) / dt, rss
 
-    def _held(self, pid: int, rss: int, now: float) -> int | None:
-        """Proportional bytes ``pid`` holds: read every :data:`PSS_EVERY_S`, carried by the
-        change in ``rss`` in between; None where the kernel does not say."""
+    def _held(self, pid: int, rss: int, now: float, fresh: bool = False) -> int | None:
+        """Proportional bytes ``pid`` holds: read every :data:`PSS_EVERY_S` (or now, when
+        ``fresh``), carried by the change in ``rss`` in between; None where the kernel does
+        not say."""
         last = self._pss.get(pid)
-        if last is None or now - last[0] >= PSS_EVERY_S:
+        if fresh or last is None or now - last[0] >= PSS_EVERY_S:
             pss = _proportional_bytes(pid)
             if pss is None:
                 self._pss.pop(pid, None)
@@ -203,7 +206,9 @@ class Monitor:
             total, idle = pipe.pool_cores
             cpu_util = 1.0 - idle / total if total > 0 else 1.0
         main_cpu, main_rss = self._cpu_and_rss(self._me.pid, dt)
-        held = [self._held(self._me.pid, main_rss, now)]
+        # A worker started or gone since the last sample changed who shares which pages.
+        fresh = set(pipe.worker_pids) != set(last.worker_pids)
+        held = [self._held(self._me.pid, main_rss, now, fresh)]
         waited = _run_queue_wait_s(self._me.pid)
         main_wait = 0.0
         if waited is not None and self._last_wait is not None:
@@ -214,7 +219,7 @@ class Monitor:
             cores, rss = self._cpu_and_rss(pid, dt)
             self.per_worker[pid] = {"cpu": cores, "rss": float(rss)}
             if rss:  # gone since it was listed otherwise
-                held.append(self._held(pid, rss, now))
+                held.append(self._held(pid, rss, now, fresh))
                 if held[-1] is not None:
                     self.per_worker[pid]["pss"] = float(held[-1])
         for gone in set(self._last_cpu) - set(pipe.worker_pids) - {self._me.pid}:
