@@ -2,11 +2,12 @@
 
     python docs/results/learners/rollout/train.py OUT.npz [--start heuristic|POLICY.npz]
         [--rounds R] [--episodes E] [--temperature T] [--horizon H] [--seed S]
-        [--evaluate N] [--labels LABELS.npz]
+        [--evaluate N] [--labels LABELS.npz] [--reward NAME=W,...]
 
 ``--episodes`` is per round; ``--evaluate N`` scores the result, the heuristic and the shipped
 policy on N scenarios of every held-out family (0: not at all) and writes the table beside
-OUT as ``.json``.
+OUT as ``.json``. ``--reward`` sets reward weights for the training, as ``drapps train-policy
+--reward`` does.
 """
 
 from __future__ import annotations
@@ -16,10 +17,13 @@ import json
 import logging
 import statistics
 import time
+from dataclasses import asdict
 
 import numpy as np
 import torch
 
+from drapps.cli._args import reward_weights
+from drapps.control.reward import RewardWeights
 from drapps.control.rl import MlpPolicy
 from drapps.sim.env import PipelineEnv
 from drapps.sim.evaluate import evaluate
@@ -38,6 +42,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--evaluate", type=int, default=32)
     parser.add_argument("--labels", help="write the labelled States here (.npz), to fit again")
+    parser.add_argument("--reward", type=reward_weights, default=RewardWeights())
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     torch.set_num_threads(1)
@@ -47,7 +52,7 @@ def main() -> None:
         temperature=args.temperature,
         horizon=args.horizon,
     )
-    env = PipelineEnv(family_names(held_out=False))
+    env = PipelineEnv(family_names(held_out=False), weights=args.reward)
     per_episode = episode_steps(env, config)
     began = time.perf_counter()
     learner = RolloutPolicyIteration(config)
@@ -62,6 +67,7 @@ def main() -> None:
             "families": family_names(held_out=False),
             "train_s": round(time.perf_counter() - began, 1),
             "temperature": args.temperature,
+            "reward": asdict(args.reward),
         }
     )
     policy.save(args.out)
