@@ -372,8 +372,7 @@ class Dispatcher:
             if fresh_workers:
                 for worker in list(self.pool.workers):
                     self.pool.kill(worker)
-                    self.pool.reap(worker)
-                    self._recycler.mappings.gone(worker.wid)
+                    self._reap(worker)
         elif name == "resize":
             self._target = value
         elif name == "prefetch":
@@ -938,10 +937,16 @@ class Dispatcher:
                 self.pool.kill(worker)
                 self._on_exit(worker, f"exceeded timeout={self._timeout}s")
 
+    def _reap(self, worker: Worker) -> list[Task]:
+        """Drop an exited ``worker`` from the pool and unmap the slabs of it this process
+        kept (they will not come back); its unanswered tasks."""
+        unanswered = self.pool.reap(worker)
+        self._recycler.mappings.gone(worker.wid)
+        return unanswered
+
     def _on_exit(self, worker: Worker, reason: str) -> None:
         self._on_replies(self.pool.drain(worker))  # replies sent before it exited still count
-        unanswered = self.pool.reap(worker)
-        self._recycler.mappings.gone(worker.wid)  # its slabs will not come back
+        unanswered = self._reap(worker)
         if reason == "died":
             reason = self.pool.exit_reason(worker)
         if worker.last_error:
