@@ -14,7 +14,7 @@ from helpers import state
 
 from drapps.control.action import Action
 from drapps.control.policy import make_policy
-from drapps.control.rl import MlpPolicy, shipped_path
+from drapps.control.rl import MlpPolicy, may_grow, shipped_path
 from drapps.control.state import State
 
 
@@ -371,3 +371,44 @@ def test_a_policy_decides_once_per_the_interval_it_was_trained_at() -> None:
     for bad in (0, -0.5, "0.5", None):
         with pytest.raises(ValueError, match=r"meta\['interval'\] must be seconds > 0"):
             MlpPolicy(policy.layers, {"interval": bad})
+
+
+def test_a_learned_policy_adds_no_worker_while_the_loop_is_fed_and_its_workers_sit_idle() -> None:
+    # A tick recorded on the 2-core VM as the training step fell from 80 to 20 ms: the loop
+    # did not wait, two batches of four were ready, and the two workers were at work 77% of
+    # the tick. The shipped network added a third worker there, shed it a second later, and
+    # the third process set the run's peak memory; in the simulator it was worth nothing.
+    fed = vm_tick(
+        workers=2, prefetch=4, queue_batches=2, in_flight=1.54, wait_fraction=0.0,
+        cpu_util=0.75, idle_cores=0.49, main_cpu=0.04, workers_cpu=1.51,
+        latency_p50_s=0.032, latency_p99_s=0.04, throughput=1653.0,
+    )  # fmt: skip
+    assert not may_grow(fed)
+    shipped = make_policy("rl")
+    assert shipped.decide(fed).workers <= 0
+    actions = Action.space()
+    bias = np.zeros(len(actions), np.float32)
+    bias[actions.index(Action(workers=1))] = 2.0  # its network's choice
+    bias[actions.index(Action(prefetch=1))] = 1.0  # the best of the rest
+    grower = MlpPolicy([(np.zeros((len(State.FEATURES), len(actions)), np.float32), bias)])
+    held = grower.decide(fed)
+    assert (held.workers, held.prefetch) == (0, 1)
+    assert "no worker added: the loop is fed and its workers 77% at work" in held.reason
+    # The loop waited, or every worker was at work, or batch times came in bursts (a full
+    # queue may drain in one), or nothing says: it grows.
+    for tick in (
+        replace(fed, wait_fraction=0.05),
+        replace(fed, in_flight=2.0),
+        replace(fed, latency_p99_s=0.09),
+        replace(fed, in_flight=None),
+    ):
+        assert may_grow(tick)
+        assert grower.decide(replace(tick, t=tick.t + 1.0)).workers == 1
+    # A continuous policy's worker step is dropped, its other knobs kept.
+    both_up = MlpPolicy(
+        [(np.zeros((len(State.FEATURES), 2), np.float32), np.full(2, 3.0, np.float32))],
+        continuous=True,
+    )
+    moved = both_up.decide(fed)
+    assert (moved.workers, moved.prefetch) == (0, 1)
+    assert both_up.decide(replace(fed, t=1.0, wait_fraction=0.3)).workers == 1

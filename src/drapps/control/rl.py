@@ -42,6 +42,32 @@ def action_names(knobs: Sequence[str] = KNOBS) -> list[str]:
 
 ACTION_NAMES = action_names()
 
+FED_WAIT = 0.02
+"""A tick whose training loop waited less than this share of it was fed (:func:`may_grow`)."""
+BUSY_TO_GROW = 0.9
+"""Workers at work (``State.busy_share``) from which a fed loop's pool may still grow."""
+STEADY_SPREAD = 2.5
+"""p99 / p50 of batch times under which batches come steadily (the heuristic's ``bursty``)."""
+
+
+def may_grow(state: State) -> bool:
+    """Whether a learned policy may add a worker on this tick: not while the training loop
+    is fed (it waited less than ``FED_WAIT`` of the tick), its workers sat idle part of the
+    tick (``busy_share`` under ``BUSY_TO_GROW``: the queue full) and batches came steadily
+    (their p99 time under ``STEADY_SPREAD`` times their p50). The pool then makes batches
+    faster than the loop takes them and will go on doing so: a worker added makes nothing
+    the loop takes sooner, and its memory raises the run's peak for as long as it stays. In
+    the simulator such a worker is worth as much as none, so the reward does not tell apart
+    a network that adds it from one that does not; the rule does. With bursty batch times a
+    full queue can drain in a burst, and a worker added ahead of it pays: growth is left to
+    the network, as it is where batches in flight were not measured."""
+    if state.wait_fraction >= FED_WAIT or state.in_flight is None:
+        return True
+    if state.latency_p99_s >= STEADY_SPREAD * state.latency_p50_s:
+        return True
+    return state.busy_share >= BUSY_TO_GROW
+
+
 STEP_AT = 1 / 3
 """A continuous output above this takes a +1 step of its knob, below minus this a -1 step."""
 
@@ -115,6 +141,7 @@ class MlpPolicy:
             raise ValueError(f"features {unknown} are not State features")
         self.continuous = continuous
         self.actions = Action.space(self.knobs)
+        self._adds = np.array([action.workers > 0 for action in self.actions])
         outputs = len(self.knobs) if continuous else len(self.actions)
         checked = []
         width = len(self.features)
@@ -171,11 +198,17 @@ class MlpPolicy:
         weight, bias = self.layers[-1]
         return self.hidden(features) @ weight + bias
 
-    def choose(self, features: np.ndarray) -> Action:
-        """The action for one feature vector, without a reason."""
-        scores = self.scores(features)
+    def choose(self, features: np.ndarray, grow: bool = True) -> Action:
+        """The action for one feature vector, without a reason; ``grow=False`` leaves out
+        every action that adds a worker (the best of the rest is taken)."""
+        return self._pick(self.scores(features), grow)
+
+    def _pick(self, scores: np.ndarray, grow: bool) -> Action:
         if self.continuous:
-            return continuous_action(np.tanh(scores), self.knobs)
+            action = continuous_action(np.tanh(scores), self.knobs)
+            return action if grow or action.workers <= 0 else dataclasses.replace(action, workers=0)
+        if not grow:
+            scores = np.where(self._adds, -np.inf, scores)
         return self.actions[int(np.argmax(scores))]
 
     def describe(self, action: Action) -> str:
@@ -226,7 +259,13 @@ class MlpPolicy:
             why = f"learned policy: holding between decisions (one per {self.interval:g} s)"
         elif why is None:
             self._decided_at = state.t
-        action = Action(reason=why) if why else self.choose(state.vector(features=self.features))
+        grow, masked = may_grow(state), False
+        if why:
+            action = Action(reason=why)
+        else:
+            scores = self.scores(state.vector(features=self.features))
+            action = self._pick(scores, grow)
+            masked = not grow and self._pick(scores, True).workers > 0
         if not action.is_noop:
             action = dataclasses.replace(
                 action,
@@ -235,6 +274,13 @@ class MlpPolicy:
                     f"{state.wait_fraction:.0%}, {state.idle_cores:.1f} idle cores, "
                     f"{state.queue_batches}/{state.prefetch} ready)"
                 ),
+            )
+        if masked:
+            held = "learned policy: holding" if action.is_noop else action.reason
+            action = dataclasses.replace(
+                action,
+                reason=f"{held}; no worker added: the loop is fed and its workers "
+                f"{state.busy_share:.0%} at work",
             )
         if self._rules is None:
             return action
