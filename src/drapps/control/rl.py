@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from drapps.control.action import Action
-from drapps.control.heuristic import HeuristicPolicy
+from drapps.control.heuristic import HeuristicConfig, HeuristicPolicy
 from drapps.control.policy import register_policy
 from drapps.control.state import State
 
@@ -46,7 +46,7 @@ FED_WAIT = 0.02
 """A tick whose training loop waited less than this share of it was fed (:func:`may_grow`)."""
 BUSY_TO_GROW = 0.9
 """Workers at work (``State.busy_share``) from which a fed loop's pool may still grow."""
-STEADY_SPREAD = 2.5
+STEADY_SPREAD = HeuristicConfig().bursty
 """p99 / p50 of batch times under which batches come steadily (the heuristic's ``bursty``)."""
 
 
@@ -259,13 +259,14 @@ class MlpPolicy:
             why = f"learned policy: holding between decisions (one per {self.interval:g} s)"
         elif why is None:
             self._decided_at = state.t
-        grow, masked = may_grow(state), False
+        masked = False
         if why:
             action = Action(reason=why)
         else:
             scores = self.scores(state.vector(features=self.features))
-            action = self._pick(scores, grow)
-            masked = not grow and self._pick(scores, True).workers > 0
+            action = self._pick(scores, True)
+            if action.workers > 0 and not may_grow(state):
+                action, masked = self._pick(scores, False), True
         if not action.is_noop:
             action = dataclasses.replace(
                 action,
