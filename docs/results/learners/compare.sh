@@ -5,7 +5,9 @@
 # iteration takes ROLLOUT_STEPS, counting the steps of its copies (3 rounds of 100 episodes by
 # default), from the heuristic, and one round of 300 episodes from the PPO policy shipped
 # before it (which is how the shipped policy was made).
-# PPO and the rollouts run alone; SAC and DDQN side by side, one core each.
+# PPO and the rollouts run alone; SAC and DDQN side by side, one core each: one thread each
+# (OMP_NUM_THREADS=1). So run on the 2-core VM they took 7 and 10 minutes, where a try with
+# torch's default of two threads each had not finished either in 56.
 # Usage: docs/results/learners/compare.sh [STEPS] [SEED] [EPISODES] [ROLLOUT_STEPS]
 #   (from the repository root, extra rl)
 set -euo pipefail
@@ -15,7 +17,7 @@ episodes=${3:-32}
 rollout_steps=${4:-1332000}
 out=docs/results/learners
 train() {
-    .venv/bin/drapps train-policy --learner "$1" --steps "$2" --seed "$seed" --episodes 0 \
+    OMP_NUM_THREADS=1 .venv/bin/drapps train-policy --learner "$1" --steps "$2" --seed "$seed" --episodes 0 \
         --out "$out/$3.npz" "${@:4}" > "$out/train-$3.txt"
 }
 train ppo "$steps" ppo

@@ -7,7 +7,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from drapps.control.rl import MlpPolicy
+from drapps.control.rl import MlpPolicy, shipped_path
 from drapps.sim.families import family_names
 
 
@@ -27,8 +27,8 @@ def main(out: Path) -> None:
         relative = statistics.fmean(table[f][name]["relative"] for f in held_out)
         trained = statistics.fmean(table[f][name]["reward"] for f in training)
         seconds = "-"
-        if name.endswith(".npz"):
-            trained_s = MlpPolicy.load(name).meta.get("train_s")
+        if name.endswith(".npz") or name == "rl":
+            trained_s = MlpPolicy.load(shipped_path() if name == "rl" else name).meta.get("train_s")
             seconds = "-" if trained_s is None else f"{trained_s:.0f} s"
         print(
             f"| {names[name]} | {statistics.fmean(rewards):.2f} | "
