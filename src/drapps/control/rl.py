@@ -198,12 +198,13 @@ class MlpPolicy:
         weight, bias = self.layers[-1]
         return self.hidden(features) @ weight + bias
 
-    def choose(self, features: np.ndarray, grow: bool = True) -> Action:
-        """The action for one feature vector, without a reason; ``grow=False`` leaves out
-        every action that adds a worker (the best of the rest is taken)."""
-        return self._pick(self.scores(features), grow)
+    def choose(self, features: np.ndarray) -> Action:
+        """The action for one feature vector, without a reason."""
+        return self._pick(self.scores(features), grow=True)
 
     def _pick(self, scores: np.ndarray, grow: bool) -> Action:
+        """The best-scored action; ``grow=False`` leaves out every action that adds a worker
+        (a continuous policy's worker step is dropped)."""
         if self.continuous:
             action = continuous_action(np.tanh(scores), self.knobs)
             return action if grow or action.workers <= 0 else dataclasses.replace(action, workers=0)
