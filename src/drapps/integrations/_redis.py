@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from drapps._optional import require
+
+# One redaction for every message, error and repr about a URL; it lives with Source, which
+# needs it a floor below the integrations.
+from drapps.engines.backends import redact_url as redact
 
 # A Redis that stops answering must not hang a worker or the training loop: every call gives
 # up after this long and the caller decides (the cache tier goes on without it).
@@ -20,9 +23,10 @@ def check_url(url: Any, what: str) -> str:
         ValueError: anything else, naming ``what`` it was given as.
     """
     if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://")):
+        shown = repr(redact(url)) if isinstance(url, str) else redact(url)
         raise ValueError(
             f"{what} must be a Redis URL (redis://[user:password@]host:port/db, rediss://... "
-            f"or unix:///path/to/redis.sock), got {url!r}"
+            f"or unix:///path/to/redis.sock), got {shown}"
         )
     return url
 
@@ -56,8 +60,3 @@ def redis_errors() -> tuple[type[BaseException], ...]:
 def response_error() -> type[BaseException]:
     """The exception for a call Redis answered with an error (NOPERM, OOM, NOGROUP, ...)."""
     return require("redis").exceptions.ResponseError
-
-
-def redact(url: str) -> str:
-    """``url`` without its password, for messages."""
-    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)

@@ -48,12 +48,15 @@ _BLOCK_MS = 500
 _PAYLOAD_TTL_S = 3600
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class QueueAddress:
     """Where a queue lives: the Redis URL and the queue's name (``?queue=`` in the URL)."""
 
     url: str
     name: str
+
+    def __repr__(self) -> str:
+        return f"QueueAddress(url={redact(self.url)!r}, name={self.name!r})"
 
     @classmethod
     def parse(cls, source: str, what: str = "source") -> QueueAddress:
