@@ -3,13 +3,15 @@ redis-server on loopback with a password."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -241,3 +243,102 @@ def test_producers_gone_quiet_is_a_timeout_not_a_lost_redis(server: RedisServer)
     with drapps.Loader(source=source(server, "quiet"), batch_size=4, timeout=1) as loader:
         with pytest.raises(TimeoutError, match="no batch arrived on queue 'quiet' for 1 s"):
             next(iter(loader))
+
+
+class FakeProducer:
+    """A producer that answers each task with whatever ``plant(client, gen, batch)`` stores:
+    ``(key, announced nbytes)``. At most ``limit`` tasks, so a reader that keeps asking ends
+    in its own timeout rather than the test's."""
+
+    def __init__(
+        self,
+        server: RedisServer,
+        queue: str,
+        plant: Callable[[Any, str, int], tuple[str, int]],
+        limit: int = 8,
+    ) -> None:
+        import redis
+
+        self.client: Any = redis.Redis(port=server.port, password=PASSWORD)
+        self.queue, self.plant, self.limit = queue, plant, limit
+        self.answered: dict[int, int] = {}  # batch id -> times answered
+        self.client.hset(f"{queue}:meta", mapping={"length": 16, "dataset": "Photos"})
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="fake-producer", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import redis
+
+        tasks = f"{self.queue}:tasks"
+        with contextlib.suppress(redis.exceptions.ResponseError):  # the group is there
+            self.client.xgroup_create(tasks, "producers", id="0", mkstream=True)
+        while not self._stop.is_set() and sum(self.answered.values()) < self.limit:
+            got = self.client.xreadgroup("producers", "fake", {tasks: ">"}, count=1, block=100)
+            for _, entries in got or []:
+                for entry_id, fields in entries:
+                    gen, batch = fields[b"gen"].decode(), int(fields[b"batch"])
+                    key, nbytes = self.plant(self.client, gen, batch)
+                    fields_out = {"gen": gen, "batch": batch, "key": key, "nbytes": nbytes}
+                    self.client.xadd(f"{self.queue}:ready", fields_out)
+                    self.client.xack(tasks, "producers", entry_id)
+                    self.answered[batch] = self.answered.get(batch, 0) + 1
+
+    def sent_bytes(self) -> int:
+        """Bytes Redis has sent to its clients so far."""
+        return int(self.client.info("stats")["total_net_output_bytes"])
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self.client.close()
+
+
+MIB = 2**20
+
+
+@pytest.mark.parametrize(
+    ("stored", "expected"),
+    [
+        (4 * MIB, r"holds 4194304 bytes in Redis, over max_batch_bytes=1048576 \(its entry "
+                  r"announced 64\)"),
+        (100, r"holds 100 bytes in Redis, but its entry announced 64"),
+    ],
+    ids=["over-the-limit", "not-as-announced"],
+)  # fmt: skip
+def test_stored_bytes_that_are_not_what_was_announced_are_refused_unread(
+    server: RedisServer, stored: int, expected: str
+) -> None:
+    def plant(client: Any, gen: str, batch: int) -> tuple[str, int]:
+        key = f"liar:batch:{gen}:{batch}"
+        client.set(key, b"\0" * stored)
+        return key, 64  # announced small
+
+    producer = FakeProducer(server, "liar", plant)
+    try:
+        with drapps.Loader(
+            source=drapps.Source(source(server, "liar"), max_batch_bytes="1MiB"),
+            batch_size=4,
+            timeout=3,
+        ) as loader:
+            before = producer.sent_bytes()
+            with pytest.raises(ValueError, match=f"batch 0 on queue 'liar' {expected}"):
+                next(iter(loader))
+            assert producer.sent_bytes() - before < MIB  # its bytes never left Redis
+            assert producer.answered[0] == 1  # and were not asked for again
+    finally:
+        producer.close()
+
+
+def test_bytes_that_keep_vanishing_are_an_error_after_a_few_tries(server: RedisServer) -> None:
+    def plant(client: Any, gen: str, batch: int) -> tuple[str, int]:
+        return f"gone:batch:{gen}:{batch}", 64  # announced, never stored (evicted, say)
+
+    producer = FakeProducer(server, "gone", plant, limit=20)
+    try:
+        with drapps.Loader(source=source(server, "gone"), batch_size=4, timeout=3) as loader:
+            with pytest.raises(RuntimeError, match="batch 0 on queue 'gone' was made 4 times"):
+                next(iter(loader))
+            assert producer.answered[0] == 4
+    finally:
+        producer.close()

@@ -19,7 +19,9 @@ Exactly once: batches are delivered in batch order and a batch made twice (a cla
 first producer was only slow) is dropped by id. Back-pressure: the training host keeps at most
 ``prefetch`` tasks ahead of what it has delivered, and producers wait while ``Q:ready`` holds
 ``max_ready`` batches. Sizes: a batch's size is in its stream entry and checked against
-``max_batch_bytes`` before its bytes are fetched.
+``max_batch_bytes`` before its bytes are fetched, and no more than that size (and one byte) is
+fetched: stored bytes of another size are refused with an error that names both. A batch
+whose bytes are gone when read (evicted, expired) is asked for again, a few times at most.
 """
 
 from __future__ import annotations
@@ -373,14 +375,34 @@ class QueueReader:
                 ),
             )
             return
-        data = self._client.get(key)
-        if data is None or len(data) != nbytes:
-            # Expired or lost with a Redis restart: ask for it again.
+        # At most one byte more than announced crosses the network, whatever the key holds
+        # (or comes to hold meanwhile): one more tells a larger value apart.
+        data = self._client.getrange(key, 0, nbytes) if key else b""
+        if not data:
+            # Expired, evicted or lost with a Redis restart: ask for it again.
             self.release(entry_id, key)
             logger.warning("batch %d's bytes are missing on Redis; asking for it again", batch_id)
             held[batch_id] = (entry_id, "", _Again())
             return
+        if len(data) != nbytes:
+            stored = len(data) if len(data) < nbytes else int(self._client.strlen(key))
+            self.release(entry_id, key)
+            held[batch_id] = (entry_id, "", self._mismatch(batch_id, stored, nbytes))
+            return
         held[batch_id] = (entry_id, key, wire.decode(data))
+
+    def _mismatch(self, batch_id: int, stored: int, nbytes: int) -> ValueError:
+        """The error for a batch whose stored bytes are not the size its entry announced."""
+        where = f"batch {batch_id} on queue {self.address.name!r} holds {stored} bytes in Redis"
+        if stored > self._max_bytes:
+            return ValueError(
+                f"{where}, over max_batch_bytes={self._max_bytes} (its entry announced "
+                f"{nbytes}); refusing to read it"
+            )
+        return ValueError(
+            f"{where}, but its entry announced {nbytes}; refusing to read it (a producer of "
+            "another drapps version, or something else writing the queue's keys?)"
+        )
 
     def release(self, entry_id: Any, key: str) -> None:
         """Acknowledge and delete a ready entry and its bytes."""
@@ -412,6 +434,10 @@ class _Again:
     """A batch whose bytes were lost: the reader posts its task again."""
 
 
+_REMAKES = 3
+"""Times a batch whose bytes were lost is asked for again before that is an error."""
+
+
 def iterate(
     reader: QueueReader,
     plan: Any,
@@ -423,6 +449,8 @@ def iterate(
 
     Raises:
         ConnectionError: Redis went away (the batches delivered so far stand).
+        ValueError: a batch over ``max_batch_bytes``, or stored at another size than announced.
+        RuntimeError: a batch's bytes were gone every time it was made.
     """
     gen = ""
     held: dict[int, Any] = {}
@@ -435,7 +463,17 @@ def iterate(
                 posted += 1
             reader.receive(gen, want, held)
             entry_id, key, batch = held.pop(want)
-            while isinstance(batch, _Again):  # its bytes were lost: ask for it until it comes
+            remakes = 0
+            while isinstance(batch, _Again):  # its bytes were lost: ask for it again
+                if remakes == _REMAKES:
+                    raise RuntimeError(
+                        f"batch {want} on queue {reader.address.name!r} was made "
+                        f"{remakes + 1} times and its bytes were gone each time it was read: "
+                        "Redis drops them first (a maxmemory-policy that evicts them, a "
+                        "restart, or another client deleting them); the queue's keys must stay "
+                        "until they are read"
+                    )
+                remakes += 1
                 reader.post(gen, plan.epoch, want, plan.seed, plan.batch(want))
                 reader.receive(gen, want, held)
                 entry_id, key, batch = held.pop(want)
