@@ -5,8 +5,8 @@
 A sample's entry holds ``dataset[i]`` after the pipeline's ops up to the first one that draws
 randomness (or that drapps cannot see into), so the random suffix (crops, flips, masking) runs
 after the cache, seeded exactly as without it. Entries live in tiers, shared memory first and
-then a disk directory; a sample that fits in neither is made every epoch, and the stats say how
-many are.
+then a disk directory; a sample that fits in neither (or that a tier fails to store) is made
+every epoch, and the stats say how many are.
 """
 
 from __future__ import annotations
@@ -70,7 +70,10 @@ class SampleCache:
             if settings.disk is not None:
                 disk = Path(settings.disk)
                 budget = _disk_budget(settings.disk_bytes, disk)
-                self.tiers.append(DirectoryTier(disk / "drapps-cache", budget, "disk").open())
+                directory = DirectoryTier(
+                    disk / "drapps-cache", budget, "disk", shared_group=settings.shared_group
+                )
+                self.tiers.append(directory.open())
             self.tiers += [tier.open() for tier in settings.tiers]
             self.control = ControlBlock()
             self.control.set(codec=0, enabled=True)
@@ -86,6 +89,7 @@ class SampleCache:
         self._unmigrated: set[str] = set()  # keys whose re-encoding found no room
         self._refused = 0  # size of the last entry no tier had room for
         self._warned_uncacheable = False
+        self._warned: set[str] = set()  # tier failures logged once per process
 
     # ------------------------------------------------------------------ worker side
 
@@ -108,7 +112,7 @@ class SampleCache:
         key = self.key(index, ops)
         t0 = time.perf_counter_ns()
         for tier in self.tiers:
-            data = tier.read(key)
+            data = self._read(tier, key, index)
             if data is None:
                 continue
             if isinstance(data, bytes):
@@ -117,8 +121,7 @@ class SampleCache:
                 sample, exact, written_by = unpack(data, self.decoders)
             except CorruptEntry as exc:
                 logger.warning("dropping a corrupt cache entry of sample %r: %s", index, exc)
-                tier.drop(key)
-                self._pending["corrupt"] += 1
+                self._drop(tier, key)
                 continue
             self._pending["hits"] += 1
             self._pending["lossy_hits"] += not exact
@@ -152,7 +155,7 @@ class SampleCache:
         key = self.key(index, ops)
         self._refused = 0
         for tier in self.tiers:
-            if tier.write(key, packed.data):
+            if self._write(tier, key, packed.data):
                 self._pending["writes"] += 1
                 self._pending["bytes_written"] += len(packed.data)
                 self._pending["raw_bytes_written"] += packed.raw_bytes
@@ -176,6 +179,49 @@ class SampleCache:
         return hashlib.blake2b(
             f"{self.namespace}:{ops}:{index!r}".encode(), digest_size=20
         ).hexdigest()
+
+    def _read(self, tier: Tier, key: str, index: Any) -> bytearray | bytes | None:
+        """The tier's entry for ``key``; None where it has none, cannot be read, or holds
+        something that is not an entry (counted corrupt and dropped: a sample is never lost
+        to what a shared directory holds)."""
+        try:
+            return tier.read(key)
+        except CorruptEntry as exc:
+            self._warn(
+                "unusable",
+                "the %s tier holds something that is not an entry for sample %r (%s): the "
+                "sample is made again, and what is there dropped where it can be",
+                tier.name,
+                index,
+                exc,
+            )
+            self._drop(tier, key)
+        except OSError as exc:
+            self._warn("read", "the %s tier could not read sample %r (%s)", tier.name, index, exc)
+        return None
+
+    def _write(self, tier: Tier, key: str, data: bytes) -> bool:
+        """Whether the tier stored the entry; a store that fails is one without room."""
+        try:
+            return tier.write(key, data)
+        except OSError as exc:
+            self._warn("write", "the %s tier could not store %s (%s)", tier.name, key, exc)
+            return False
+
+    def _drop(self, tier: Tier, key: str) -> None:
+        self._pending["corrupt"] += 1
+        try:
+            tier.drop(key)
+        except OSError as exc:
+            self._warn("drop", "the %s tier could not drop %s (%s)", tier.name, key, exc)
+
+    def _warn(self, what: str, message: str, *args: Any) -> None:
+        """Log a tier's failure: the first of each kind in this process as a warning."""
+        if what in self._warned:
+            logger.debug(message, *args)
+        else:
+            self._warned.add(what)
+            logger.warning(message + " (further ones are logged at debug level)", *args)
 
     def _codec(self) -> Codec:
         return self.codecs[self._codec_index] if self._codec_index >= 0 else self.fallback
@@ -201,7 +247,7 @@ class SampleCache:
         if key in self._unmigrated or codec.name in written_by:
             return
         packed = pack(sample, codec, self.fallback, self.settings.min_psnr)
-        if tier.write(key, packed.data):
+        if self._write(tier, key, packed.data):
             self._pending["migrations"] += 1
         else:
             self._unmigrated.add(key)  # no room for it re-encoded: keep it as it is

@@ -49,6 +49,12 @@ class Cache:
     """The dataset's identity in entry keys. Default: ``dataset.cache_fingerprint()`` where
     the dataset has one (drapps' datasets: files, sizes and mtimes), else a hash of the
     pickled dataset."""
+    shared_group: bool = False
+    """Share the disk tier with the other members of its directory's group: its folders are
+    made 2770 (setgid, so entries take the group) and its entries 0660, and entries written by
+    the group's members are read (each is still checked). False: the disk tier is this user's
+    alone (folders 0700, entries 0600), and a directory other users can write into is
+    refused."""
 
     def __post_init__(self) -> None:
         for name in ("memory", "disk_bytes"):
@@ -58,6 +64,12 @@ class Cache:
                     budget_bytes(value, name)
                 except (TypeError, ValueError) as exc:
                     raise ValueError(f"Cache.{name}: {exc}") from None
+        if not isinstance(self.shared_group, bool):
+            raise ValueError(f"Cache.shared_group must be a bool, got {self.shared_group!r}")
+        if self.shared_group and self.disk is None:
+            raise ValueError(
+                "Cache.shared_group applies to the disk tier; name its directory with disk=..."
+            )
         if self.min_psnr is not None and not (
             isinstance(self.min_psnr, (int, float)) and self.min_psnr > 0
         ):
