@@ -121,27 +121,65 @@ class GradientNoiseScale:
         product; each average's variance is a single reading's times the EMA's
         ``sum(w^2) / sum(w)^2`` (about ``(1 - beta) / (1 + beta)`` once warm).
         """
+        spread = self._spread()
+        if spread is None:
+            return None
+        s, t, var_s, var_t, cov = spread
+        if s <= 0.0 or t <= 0.0:
+            return math.inf
+        relative_var = var_t / (t * t) + var_s / (s * s) - 2.0 * cov / (s * t)
+        return math.sqrt(max(relative_var, 0.0))
+
+    def interval(self, z: float = 1.96) -> tuple[float, float] | None:
+        """Fieller's confidence interval for B_noise (about 95% at the default ``z``), or None
+        before ``min_updates`` updates.
+
+        B is in it when ``|trace - B * sq_norm|`` is within ``z`` standard errors of that
+        difference (a linear combination of the two averaged terms, so its error is exact where
+        the ratio's :attr:`relative_error` is only a first-order guess). Where ``|G|^2`` is
+        lost in the noise the ratio's error is huge, yet a well-measured ``tr(Sigma)`` still
+        bounds B_noise from below: the interval is then ``(low, inf)``. ``(0, inf)`` makes no
+        claim: no bound is supported, or the data fit no B_noise in ``[0, inf]`` (a term
+        averaged well below zero).
+        """
+        spread = self._spread()
+        if spread is None:
+            return None
+        s, t, var_s, var_t, cov = spread
+        # B is inside where a B^2 - 2 b B + c <= 0: (t - B s)^2 <= z^2 var(t - B s).
+        z2 = z * z
+        a = s * s - z2 * var_s
+        b = t * s - z2 * cov
+        c = t * t - z2 * var_t
+        disc = b * b - a * c
+        if a > 0.0:
+            # |G|^2 is resolved: a bounded interval (empty where it is resolved below zero).
+            if disc < 0.0 or s < 0.0:
+                return (0.0, math.inf)
+            root = math.sqrt(disc)
+            low, high = (b - root) / a, (b + root) / a
+            return (0.0, math.inf) if high < 0.0 else (max(low, 0.0), high)
+        # |G|^2 is not resolved from zero, so B_noise = inf is inside; only a lower bound can be.
+        if a == 0.0:
+            return (max(c / (2.0 * b), 0.0), math.inf) if b > 0.0 else (0.0, math.inf)
+        if disc < 0.0:
+            return (0.0, math.inf)
+        root = math.sqrt(disc)
+        below, above = (b + root) / a, (b - root) / a  # a < 0: inside is outside (below, above)
+        return (above, math.inf) if below < 0.0 < above else (0.0, math.inf)
+
+    def _spread(self) -> tuple[float, float, float, float, float] | None:
+        """The averaged |G|^2 and tr(Sigma), the variances of the two averages and their
+        covariance; None before ``min_updates`` updates."""
         if self.updates < self.min_updates:
             return None
         n, b = self.updates, self.beta
         correction = 1.0 - b**n
         s, t = self._sq_norm / correction, self._trace / correction
-        if s <= 0.0 or t <= 0.0:
-            return math.inf
         ss, tt, st = (m / correction for m in self._moments)
         shrink = (1.0 - b) * (1.0 - b ** (2 * n)) / ((1.0 + b) * correction**2)
-        var_s, var_t, cov = (ss - s * s) * shrink, (tt - t * t) * shrink, (st - s * t) * shrink
-        relative_var = var_t / (t * t) + var_s / (s * s) - 2.0 * cov / (s * t)
-        return math.sqrt(max(relative_var, 0.0))
-
-    def interval(self, z: float = 1.96) -> tuple[float, float] | None:
-        """``estimate * (1 -+ z * relative_error)``, floored at 0: about a 95% interval."""
-        estimate, error = self.estimate, self.relative_error
-        if estimate is None or error is None:
-            return None
-        if math.isinf(estimate) or math.isinf(error):
-            return (0.0, math.inf)
-        return (max(0.0, estimate * (1.0 - z * error)), estimate * (1.0 + z * error))
+        var_s, var_t = max(ss - s * s, 0.0) * shrink, max(tt - t * t, 0.0) * shrink
+        return s, t, var_s, var_t, (st - s * t) * shrink
 
     def state_dict(self) -> dict[str, Any]:
         return {
