@@ -13,7 +13,11 @@ from drapps.train import AdaptiveAccumulation, GradientNoiseScale, MixedPrecisio
 
 
 def grads(model: torch.nn.Module) -> list[torch.Tensor]:
-    return [p.grad.detach().clone() for p in model.parameters()]
+    found = []
+    for p in model.parameters():
+        assert p.grad is not None
+        found.append(p.grad.detach().clone())
+    return found
 
 
 class GradRecorder(torch.optim.SGD):
@@ -94,7 +98,11 @@ class FixedEstimate(GradientNoiseScale):
     def relative_error(self) -> float | None:
         return None if self.value is None else self.error
 
+    def interval(self, z: float = 1.96) -> tuple[float, float] | None:
+        return None if self.value is None else self.bounds
+
     error = 0.0
+    bounds = (0.0, math.inf)
 
 
 class BatchLog:
@@ -398,3 +406,88 @@ def test_items_in_another_unit_than_the_micro_batch_size_are_refused() -> None:
                        r"micro_batch_size=32: count both in the same unit"):  # fmt: skip
         with acc.micro_batch(32 * 1024):  # ... but 32 x 1,024 tokens counted
             pass
+
+
+def regression_run(
+    b_noise: float, dim: int, micro_batch_size: int, steps: int, seed: int
+) -> tuple[AdaptiveAccumulation, list[tuple[int, float | None, tuple[float, float] | None]]]:
+    """Train-free steps on 0.5 (w.x - y)^2 with a known B_noise, k chosen by the accumulator.
+
+    Returns it and, for each change of k, the new batch size with the relative error and the
+    interval that moved it."""
+    noise_var = (b_noise - 1.0) / dim - 1.0  # |w - w*|^2 = 1
+    assert noise_var >= 0.0 and regression_b_noise(1.0, noise_var, dim) == pytest.approx(b_noise)
+    model = torch.nn.Linear(dim, 1, bias=False)
+    with torch.no_grad():
+        model.weight.zero_()
+        model.weight[0, 0] = 1.0
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # hold w: B_noise stays known
+    estimator = GradientNoiseScale()
+    changes: list[tuple[int, float | None, tuple[float, float] | None]] = []
+
+    class Witness:
+        def set_batch_size(self, batch_size: int) -> None:
+            changes.append((batch_size, estimator.relative_error, estimator.interval()))
+
+    acc = AdaptiveAccumulation(
+        model, micro_batch_size, max_k=16, estimator=estimator, follower=Witness(),
+        max_overhead=1.0,
+    )  # fmt: skip
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        items = micro_batch_size * acc.k
+        for x, y in linear_regression_batches(g, [micro_batch_size] * acc.k, dim):
+            with acc.micro_batch(len(y)):
+                (0.5 * (model(x) - y * math.sqrt(noise_var)).square().sum() / items).backward()
+        acc.step(optimizer)
+    return acc, changes[1:]  # the first is the starting batch
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_large_noise_scale_grows_k_on_its_lower_bound_while_its_error_is_large(
+    seed: int,
+) -> None:
+    # B_noise 500 at micro-batches of 8: with k = 1 the estimate pairs batches of 8 and 16,
+    # where |G|^2 is lost in the noise and the relative error stays near 1.5; tr(Sigma) is
+    # well measured all the same, so the interval's lower bound is far above 8.
+    acc, changes = regression_run(500.0, dim=10, micro_batch_size=8, steps=600, seed=seed)
+    assert acc.k > 1
+    ks = [k for _, k in acc.history]
+    assert ks == sorted(ks)  # it only ever grew
+    _, error, bounds = changes[0]
+    assert error is not None and error > acc.max_relative_error  # the old gate was shut
+    assert bounds is not None and bounds[0] > 8  # the lower bound opened it
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_noise_scale_below_the_micro_batch_never_grows_k(seed: int) -> None:
+    acc, changes = regression_run(4.0, dim=3, micro_batch_size=8, steps=600, seed=seed)
+    assert acc.history == [(0, 1)] and changes == []
+    bounds = acc.estimator.interval()
+    assert bounds is not None and bounds[1] < 8  # sure it is below: only min_k holds k at 1
+
+
+@pytest.mark.parametrize(
+    ("value", "straddling", "excluding", "moved_to"),
+    [
+        (64.0, (10.0, 200.0), (40.0, 200.0), 10),  # wants 16: grows only to floor(40 / 4)
+        (4.0, (2.0, 20.0), (2.0, 8.0), 2),  # wants 1: shrinks only to ceil(8 / 4)
+    ],
+    ids=["grow", "shrink"],
+)
+def test_a_noisy_estimate_moves_k_only_when_its_interval_leaves_the_batch(
+    value: float,
+    straddling: tuple[float, float],
+    excluding: tuple[float, float],
+    moved_to: int,
+) -> None:
+    model = tiny_mlp()
+    estimator = FixedEstimate(value)
+    estimator.error = 0.6  # over max_relative_error: not sure enough to go to the estimate
+    estimator.bounds = straddling  # around the batch of 4 x 4 = 16
+    acc = AdaptiveAccumulation(
+        model, 4, k=4, max_k=16, patience=3, estimator=estimator, max_overhead=math.inf
+    )
+    assert run_steps(acc, model, 20) == [4] * 20
+    estimator.bounds = excluding
+    assert run_steps(acc, model, 3) == [4, 4, moved_to]

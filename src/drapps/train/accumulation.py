@@ -50,6 +50,21 @@ class AdaptiveAccumulation:
     the two steps' gradients are the small batches and their mean the big one (biased only by the
     one parameter update between them).
 
+    Choosing k: each measured step names the k it is evidence for, if any.
+
+    - A sure estimate (relative error at most ``max_relative_error``) wants
+      ``round(B_noise / micro_batch_size)``.
+    - A less sure one still counts when its confidence interval
+      (:meth:`GradientNoiseScale.interval`, about 95%) lies wholly on one side of the effective
+      batch: a lower bound above the batch wants ``floor(low / micro_batch_size)``, an upper
+      bound below it ``ceil(high / micro_batch_size)``. So a large B_noise whose ``|G|^2`` is
+      still lost in the noise of small batches grows k as far as the evidence goes, and the
+      bigger batch then measures it better.
+    - An interval that straddles the batch is evidence for no move, so k holds.
+
+    The wanted k is clipped to ``[min_k, max_k]``; k takes it once it has differed from k by at
+    least ``tolerance`` on ``patience`` steps in a row.
+
     Args:
         model: the module whose parameters' gradients are measured.
         micro_batch_size: items (samples or tokens) in a full micro-batch; ``k * micro_batch_size``
@@ -59,10 +74,10 @@ class AdaptiveAccumulation:
         k: the starting factor (``min_k`` by default).
         tolerance: hysteresis; k changes only when the wanted factor differs from the current one
             by at least this ratio ...
-        patience: ... for this many consecutive steps ...
-        max_relative_error: ... on which the estimate's standard error
-            (:attr:`GradientNoiseScale.relative_error`) was at most this share of it; k holds
-            while the estimate is less sure than that.
+        patience: ... for this many consecutive steps (see "Choosing k" above).
+        max_relative_error: an estimate whose standard error
+            (:attr:`GradientNoiseScale.relative_error`) is at most this share of it is sure:
+            k goes to it. A less sure one moves k only as far as its confidence bound.
         estimator: the :class:`GradientNoiseScale` to feed (a fresh one by default).
         follower: told the new effective batch size whenever k changes, e.g. a
             :class:`~drapps.train.WarmupCosine` that scales the learning rate with it.
@@ -401,24 +416,24 @@ class AdaptiveAccumulation:
         )
 
     def _adapt(self) -> None:
-        estimate = self.estimator.estimate
-        error = self.estimator.relative_error
-        if estimate is None or error is None or error > self.max_relative_error:
+        wanted = self._wanted()
+        if wanted is None:
             self._want_streak = 0  # not sure enough to count as evidence either way
             return
-        wanted = self.max_k if math.isinf(estimate) else round(estimate / self.micro_batch_size)
-        wanted = min(self.max_k, max(self.min_k, wanted))
         ratio = wanted / self._k
         if ratio >= self.tolerance or ratio <= 1.0 / self.tolerance:
             self._want_streak += 1
         else:
             self._want_streak = 0
         if self._want_streak >= self.patience:
+            low, high = self.estimator.interval() or (0.0, math.inf)
             logger.info(
-                "accumulation: k %d -> %d (B_noise ~ %.0f items, micro-batch %d)",
+                "accumulation: k %d -> %d (B_noise ~ %.0f items, %.0f..%.0f, micro-batch %d)",
                 self._k,
                 wanted,
-                estimate,
+                self.estimator.estimate,
+                low,
+                high,
                 self.micro_batch_size,
             )
             self._k, self._want_streak = wanted, 0
@@ -426,6 +441,27 @@ class AdaptiveAccumulation:
             self.history.append((self.steps, wanted))
             if self.follower is not None:
                 self.follower.set_batch_size(self.batch_size)
+
+    def _wanted(self) -> int | None:
+        """The k this step's estimate is evidence for (clipped to the bounds), or None."""
+        estimate = self.estimator.estimate
+        error = self.estimator.relative_error
+        if estimate is None or error is None:
+            return None
+        if error <= self.max_relative_error:
+            wanted = self.max_k if math.isinf(estimate) else round(estimate / self.micro_batch_size)
+        else:
+            bounds = self.estimator.interval()
+            if bounds is None:
+                return None
+            low, high = bounds
+            if low > self.batch_size:
+                wanted = self.max_k if math.isinf(low) else math.floor(low / self.micro_batch_size)
+            elif high < self.batch_size:
+                wanted = math.ceil(high / self.micro_batch_size)
+            else:
+                return None
+        return min(self.max_k, max(self.min_k, wanted))
 
     def _check_overhead(self) -> None:
         if not (self.measuring and self.measure_every == 1 and self.guard.verdict()):
