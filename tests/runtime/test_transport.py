@@ -464,3 +464,88 @@ def test_a_slab_mapped_across_a_fork_is_not_kept_mapped(channel) -> None:  # typ
     finally:
         writer.close()
         recycler.close()
+
+
+def _layouts() -> dict[str, Any]:
+    base = torch.arange(20.0)
+    return {
+        "transposed": torch.arange(12.0).reshape(3, 4).t(),
+        "expanded": torch.arange(3.0).expand(4, 3),
+        "offset": base[5:9],
+        "stepped": base[::3],
+        "zero_size": torch.empty(0, 3).t(),
+        "scalar": torch.tensor(3.0),
+        "view_of_large": torch.arange(10_000.0)[5:7],
+        "bfloat16": torch.arange(6.0).to(torch.bfloat16).reshape(2, 3).t(),
+        "float8": torch.arange(4.0).to(torch.float8_e4m3fn),
+        "complex": torch.arange(4.0).to(torch.complex64) * 1j,
+        "bool": torch.tensor([True, False]).expand(3, 2),
+    }
+
+
+def test_tensors_keep_their_strides_and_values(channel: tuple[Connection, Connection]) -> None:
+    """As DataLoader's workers send them: a transposed or expanded tensor arrives with its
+    strides (it was made contiguous, and stride-0 views grew to full size)."""
+    sent = _layouts()
+    got = unpack(cross(pack(sent), channel))
+    for name, tensor in sent.items():
+        assert got[name].dtype == tensor.dtype, name
+        assert got[name].shape == tensor.shape, name
+        assert got[name].stride() == tensor.stride(), name
+        assert _bits(got[name]) == _bits(tensor), name  # float8 and bfloat16 have no ==
+
+
+def _bits(tensor: torch.Tensor) -> bytes:
+    return bytes(tensor.contiguous().reshape(-1).view(torch.uint8)) if tensor.numel() else b""
+
+
+def test_views_of_one_storage_still_share_it(channel: tuple[Connection, Connection]) -> None:
+    base = torch.arange(20.0)
+    got = unpack(cross(pack((base[:10], base[5:15])), channel))
+    got[0][7] = -1.0  # element 7 of the storage: element 2 of the second view
+    assert got[1][2] == -1.0
+
+
+def test_conjugate_and_negative_views_arrive_as_their_values(
+    channel: tuple[Connection, Connection],
+) -> None:
+    """The conjugate bit is a flag on the view, not in the bytes (torch's own reductions
+    drop it, and DataLoader's workers then deliver the unconjugated numbers)."""
+    z = torch.tensor([1 + 2j, 3 - 4j], dtype=torch.complex64)
+    sent = {"conj": z.conj(), "neg": z.conj().imag}
+    got = unpack(cross(pack(sent), channel))
+    assert torch.equal(got["conj"], z.conj().resolve_conj())
+    assert torch.equal(got["neg"], torch.tensor([-2.0, 4.0]))
+
+
+def test_arrays_keep_structured_dtypes_and_fortran_order(
+    channel: tuple[Connection, Connection],
+) -> None:
+    """A structured array's dtype string is ``|V12``: it arrived as raw bytes."""
+    record = np.zeros(3, dtype=[("a", "<i4"), ("b", "<f8")])
+    record["a"], record["b"] = [1, 2, 3], [0.5, 1.5, 2.5]
+    fortran = np.asfortranarray(np.arange(6, dtype=">i4").reshape(2, 3))
+    sent = {
+        "record": record,
+        "fortran": fortran,
+        "dates": np.array(["2026-01-01", "2026-11-27"], dtype="datetime64[D]"),
+        "text": np.array(["ab", "cde"]),
+        "readonly": np.frombuffer(b"\x01\x02\x03\x04", dtype=np.uint8),
+    }
+    got = unpack(cross(pack(sent), channel))
+    for name, array in sent.items():
+        assert got[name].dtype == array.dtype, name
+        assert got[name].flags.f_contiguous == array.flags.f_contiguous, name
+        np.testing.assert_array_equal(got[name], array)
+    assert got["record"].dtype.names == ("a", "b")
+
+
+def test_a_quantized_tensor_is_pickled_not_read_as_bytes(
+    channel: tuple[Connection, Connection],
+) -> None:
+    """Its bytes are not its values (scale and zero point live beside them); read as raw
+    bytes it crashed the receiving process."""
+    q = torch.quantize_per_tensor(torch.tensor([0.1, 0.5, 0.9]), 0.1, 0, torch.quint8)
+    got = unpack(cross(pack({"q": q}), channel))["q"]
+    assert got.is_quantized and got.q_scale() == q.q_scale()
+    assert torch.equal(got.dequantize(), q.dequantize())

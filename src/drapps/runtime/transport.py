@@ -33,6 +33,7 @@ import contextlib
 import ctypes
 import errno
 import io
+import math
 import mmap
 import os
 import pickle
@@ -190,11 +191,22 @@ def _aligned(n: int) -> int:
 
 
 class _SlabPickler(pickle.Pickler):
+    """Pickles a batch with its tensors' and arrays' bytes placed in a slab.
+
+    A tensor keeps its strides, as DataLoader's does: its bytes are placed as they lie in
+    its storage, the whole storage (once, so views of one storage still share memory after
+    the trip) when it is at most :data:`_WHOLE_STORAGE` times what the view spans, else only
+    the span. Tensors whose bytes do not say what they hold (quantized, sparse, nested,
+    tensor subclasses) are pickled the ordinary way; conjugate and negative views are
+    resolved first, so their values arrive, not their unconjugated storage.
+    """
+
     def __init__(self, file: io.BytesIO, arena: SlabArena | None = None) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self.buffers: list[tuple[int, memoryview]] = []
         self.arena = arena
         self.nbytes = arena.used if arena is not None else 0
+        self._storages: dict[tuple[int, int], int] = {}  # (address, bytes) -> slab offset
 
     def _place(self, raw: np.ndarray) -> int:
         offset = self.nbytes
@@ -205,18 +217,57 @@ class _SlabPickler(pickle.Pickler):
 
     def persistent_id(self, obj: Any) -> Any:
         if type(obj) is torch.Tensor:
-            if obj.layout != torch.strided or obj.device.type != "cpu" or obj.requires_grad:
-                return None
-            if self.arena is not None and (offset := self.arena.offset_of(obj)) is not None:
-                return ("t", offset, obj.dtype, tuple(obj.shape))  # collated in place
-            flat = obj.detach().contiguous().reshape(-1)
-            # A uint8 view reaches dtypes NumPy lacks (bfloat16) and keeps the copy a memcpy.
-            raw = flat.view(torch.uint8).numpy() if flat.numel() else np.empty(0, np.uint8)
-            return ("t", self._place(raw), obj.dtype, tuple(obj.shape))
+            return self._tensor_id(obj)
         if type(obj) is np.ndarray and not obj.dtype.hasobject:
-            raw = np.ascontiguousarray(obj).reshape(-1).view(np.uint8)
-            return ("a", self._place(raw), obj.dtype.str, obj.shape)
+            # Fortran order is kept, as pickling keeps it; any other layout arrives C-ordered.
+            order = "F" if obj.flags.f_contiguous and not obj.flags.c_contiguous else "C"
+            raw = np.ravel(obj, order=order).view(np.uint8)  # type: ignore[call-overload]
+            # The dtype itself, not its string: a structured dtype's string names no fields.
+            return ("a", self._place(raw), obj.dtype, obj.shape, order)
         return None
+
+    def _tensor_id(self, obj: torch.Tensor) -> Any:
+        if (
+            obj.layout != torch.strided
+            or obj.device.type != "cpu"
+            or obj.requires_grad
+            or obj.is_quantized
+            or obj.is_nested
+        ):
+            return None  # pickled whole (or refused by pickling, naming the type)
+        if obj.is_conj() or obj.is_neg():
+            obj = obj.resolve_conj().resolve_neg()
+        shape, stride = tuple(obj.shape), obj.stride()
+        if self.arena is not None and (offset := self.arena.offset_of(obj)) is not None:
+            return ("t", offset, obj.dtype, shape)  # collated in place
+        if obj.numel() == 0:
+            return ("s", 0, 0, obj.dtype, shape, stride, 0)
+        itemsize = obj.element_size()
+        span = _span(shape, stride)
+        storage = obj.untyped_storage()
+        whole = storage.nbytes()
+        if whole <= _WHOLE_STORAGE * span * itemsize and whole % itemsize == 0:
+            key = (storage.data_ptr(), whole)
+            offset = self._storages.get(key)
+            if offset is None:
+                raw = torch.empty(0, dtype=torch.uint8).set_(storage).numpy()
+                offset = self._storages[key] = self._place(raw)
+            return ("s", offset, whole, obj.dtype, shape, stride, obj.storage_offset())
+        # A small view of a large storage: only the bytes it spans.
+        flat = obj.as_strided((span,), (1,))
+        # A uint8 view reaches dtypes NumPy lacks (bfloat16) and keeps the copy a memcpy.
+        raw = flat.view(torch.uint8).numpy()
+        return ("s", self._place(raw), span * itemsize, obj.dtype, shape, stride, 0)
+
+
+def _span(shape: tuple[int, ...], stride: tuple[int, ...]) -> int:
+    """Elements from a non-empty strided tensor's first to its last, both included."""
+    return 1 + sum((size - 1) * step for size, step in zip(shape, stride, strict=True))
+
+
+_WHOLE_STORAGE = 4
+"""A tensor's whole storage travels (shared by its other views in the batch) when it is at
+most this many times the bytes the tensor spans; a smaller view sends only its span."""
 
 
 class _SlabUnpickler(pickle.Unpickler):
@@ -225,22 +276,44 @@ class _SlabUnpickler(pickle.Unpickler):
         self.slab = slab
 
     def persistent_load(self, pid: Any) -> Any:
-        kind, offset, dtype, shape = pid
-        count = 1
-        for dim in shape:
-            count *= dim
+        kind, offset = pid[0], pid[1]
+        if kind == "s":
+            return self._strided(*pid[1:])
         if kind == "t":
+            dtype, shape = pid[2], pid[3]
+            count = math.prod(shape)
             if count == 0:  # no bytes in any slab: a batch of only these has none
                 return torch.empty(shape, dtype=dtype)
             self._check(offset, count * dtype.itemsize)
             return torch.frombuffer(self.slab, dtype=dtype, count=count, offset=offset).view(shape)
-        array_dtype = np.dtype(dtype)
-        if count == 0:
-            return np.empty(shape, dtype=array_dtype)
+        array_dtype, shape, order = np.dtype(pid[2]), pid[3], pid[4]
+        count = math.prod(shape)
+        if count == 0 or array_dtype.itemsize == 0:
+            return np.empty(shape, dtype=array_dtype, order=order)
         self._check(offset, count * array_dtype.itemsize)
-        return np.frombuffer(self.slab, dtype=array_dtype, count=count, offset=offset).reshape(
-            shape
-        )
+        flat = np.frombuffer(self.slab, dtype=array_dtype, count=count, offset=offset)
+        return flat.reshape(shape, order=order)
+
+    def _strided(
+        self,
+        offset: int,
+        nbytes: int,
+        dtype: torch.dtype,
+        shape: tuple[int, ...],
+        stride: tuple[int, ...],
+        storage_offset: int,
+    ) -> torch.Tensor:
+        if math.prod(shape) == 0:
+            return torch.empty_strided(shape, stride, dtype=dtype)
+        count = nbytes // dtype.itemsize
+        last = storage_offset + _span(shape, stride) - 1
+        if last >= count or storage_offset < 0 or min(stride, default=0) < 0:
+            raise pickle.UnpicklingError(
+                f"a tensor of shape {shape} and stride {stride} reaches past its {nbytes} bytes"
+            )
+        self._check(offset, nbytes)
+        base = torch.frombuffer(self.slab, dtype=dtype, count=count, offset=offset)
+        return base.as_strided(shape, stride, storage_offset)
 
     def _check(self, offset: int, nbytes: int) -> None:
         if self.slab is None:
