@@ -10,9 +10,11 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
+import torch
 from helpers import SlowDataset, leaks, shm_names, slab_fds
 
 import drapps
@@ -101,11 +103,16 @@ def wait_gone(pids: list[int], timeout_s: float = 10.0) -> list[int]:
     deadline = time.monotonic() + timeout_s
     alive = pids
     while alive and time.monotonic() < deadline:
-        alive = [
-            p for p in alive if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
-        ]
+        alive = [p for p in alive if _alive(p)]
         time.sleep(0.05)
     return alive
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 LOOP = """
@@ -128,13 +135,40 @@ def test_ctrl_c_in_the_training_process() -> None:
     assert not shm_names()
 
 
-def test_workers_exit_by_themselves_when_the_training_process_is_killed() -> None:
-    proc = run_script(LOOP)
+@pytest.mark.parametrize("method", ["fork", "forkserver"])
+def test_workers_exit_by_themselves_when_the_training_process_is_killed(method: str) -> None:
+    """Under forkserver a worker's parent is the fork server, not the training process: it
+    watches the training process itself."""
+    body = LOOP.replace("workers=2)", f"workers=2, multiprocessing_context={method!r})")
+    proc = run_script(body)
     pids = read_pids(proc)
     proc.kill()
     proc.communicate(timeout=30)
     assert not wait_gone(pids)
     assert not shm_names()
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("iterable", [False, True])
+def test_forkserver_workers_stay_while_the_loop_is_away(iterable: bool) -> None:
+    """Under forkserver a worker once took its changed parent pid (the fork server's) for
+    the training process's death and exited after a second without a task: lost batches
+    ("exited with code 0 on each of 3 attempts"), or a broken pipe for a stream."""
+    data: Any = SlowDataset(16) if not iterable else Stream16()
+    with drapps.Loader(
+        data, batch_size=4, workers=2, persistent_workers=True, multiprocessing_context="forkserver"
+    ) as loader:
+        for _ in range(2):
+            assert sum(len(batch) for batch in loader) == 16
+            pids = loader.stats().worker_pids
+            time.sleep(2.5)  # the loop is away (evaluation, a checkpoint)
+            assert [p for p in pids if _alive(p)] == list(pids)
+
+
+class Stream16(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        info = torch.utils.data.get_worker_info()
+        yield from range(info.id, 16, info.num_workers)
 
 
 def test_recycled_slabs_never_overwrite_a_batch_the_loop_still_holds() -> None:

@@ -35,6 +35,7 @@ from drapps.runtime.transport import Packed, discard, receive_message, send_mess
 from drapps.runtime.worker import (
     PARENT_GONE,
     BatchRecipe,
+    Parent,
     collate,
     enter_worker_process,
     next_task,
@@ -43,8 +44,6 @@ from drapps.runtime.worker import (
 )
 
 logger = logging.getLogger(__name__)
-
-_PARENT_CHECK_S = 1.0
 
 
 class Unsharded(Exception):
@@ -154,7 +153,8 @@ def run_stream_worker(
     failed: SampleError | None = None
     initialised = False
     try:
-        while (task := next_task(tasks, parent_pid)) is not PARENT_GONE:
+        parent = Parent(parent_pid)
+        while (task := next_task(tasks, parent)) is not PARENT_GONE:
             if task is None:
                 return  # asked to stop
             if task[0] == "start":

@@ -6,13 +6,14 @@ import collections
 import contextlib
 import logging
 import os
+import select
 import signal
 import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection
+from multiprocessing.connection import Connection, wait
 from typing import Any, Protocol
 
 import numpy as np
@@ -392,7 +393,7 @@ def run_worker(
     init_error = run_worker_init(recipe, slot)
     writer = SlabWriter()
     arena = SlabArena(writer)
-    inbox = Inbox(tasks, parent_pid, writer.released)
+    inbox = Inbox(tasks, Parent(parent_pid), writer.released)
     read_ahead = read_ahead_of(recipe)
     try:
         while (task := inbox.next()) is not PARENT_GONE:
@@ -488,12 +489,48 @@ def enter_worker_process() -> None:
 PARENT_GONE = object()
 
 
-def next_task(tasks: Connection, parent_pid: int) -> Any:
+class Parent:
+    """The training process, as a worker watches it: :meth:`gone` once it has exited.
+
+    A worker's own parent is the training process only under ``fork`` and ``spawn``; under
+    ``forkserver`` it is the fork server, which outlives the training process, so a changed
+    ``os.getppid()`` cannot be the sign. A pidfd of the training process (Linux 5.3+) turns
+    readable when it exits, whoever the worker's parent is; where there is none, the parent
+    pid (when it is the training process) or the process's existence is checked.
+    """
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.fd: int | None = None
+        self._by_ppid = os.getppid() == pid
+        if not self._by_ppid and hasattr(os, "pidfd_open"):
+            with contextlib.suppress(OSError):
+                self.fd = os.pidfd_open(pid)
+
+    def gone(self) -> bool:
+        """Whether the training process has exited."""
+        if self._by_ppid:
+            return os.getppid() != self.pid
+        if self.fd is not None:
+            return bool(select.select([self.fd], [], [], 0)[0])
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            pass  # it exists, as another user's process: ours has not been reaped yet
+        return False
+
+
+def next_task(tasks: Connection, parent: Parent) -> Any:
     """The next message from the training process, or ``PARENT_GONE`` once it has died."""
-    while not tasks.poll(_PARENT_CHECK_S):
-        if os.getppid() != parent_pid:
+    watched: list[Any] = [tasks] if parent.fd is None else [tasks, parent.fd]
+    while True:
+        ready = wait(watched, _PARENT_CHECK_S)
+        if tasks in ready or tasks.poll():
+            return tasks.recv()
+        if parent.gone():
             return PARENT_GONE
-    return tasks.recv()
 
 
 class Inbox:
@@ -504,8 +541,8 @@ class Inbox:
     (``("free", notices)``) go to ``released`` as they arrive; a stop (``None``) stays behind
     every task sent before it."""
 
-    def __init__(self, tasks: Connection, parent_pid: int, released: Callable[[Any], None]) -> None:
-        self.tasks, self.parent_pid, self.released = tasks, parent_pid, released
+    def __init__(self, tasks: Connection, parent: Parent, released: Callable[[Any], None]) -> None:
+        self.tasks, self.parent, self.released = tasks, parent, released
         self._queued: collections.deque[Any] = collections.deque()
 
     def next(self) -> Any:
@@ -514,7 +551,7 @@ class Inbox:
         while True:
             if self._queued:
                 return self._take_first()
-            message = next_task(self.tasks, self.parent_pid)
+            message = next_task(self.tasks, self.parent)
             if not self._free(message):
                 return message
 
