@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -55,6 +56,10 @@ class Parts:
         self.delivered = Delivered()
         self.tuner: AutoTuner | None = None
         self.owner = os.getpid()
+        self.turn = threading.RLock()
+        """Held while an epoch starts or takes a batch from the engine: an ``iter(loader)``
+        in one thread waits for a ``next()`` under way in another, so a batch of the new
+        epoch never reaches the iterator it superseded."""
 
     def snapshot(self) -> PipelineSnapshot:
         """Every part's counters now, in one snapshot."""
@@ -81,21 +86,23 @@ class Parts:
             self.tuner.start()
         if self.claim is not None:
             self.claim.claim(self.engine)
-        job = cursor.next_job()
         split = self.split
-        epoch = Epoch(
-            job,
-            self.engine,
-            self.stage,
-            self.delivered,
-            is_current=cursor.is_current,
-            split=(lambda: split.value) if split is not None else (lambda: None),
-            length=length,
-            batched=cursor.batched,
-            batch_size=cursor.batch_size or 1,
-        )
-        self.delivered.epoch = job.epoch
-        cursor.follow(epoch)
+        with self.turn:
+            job = cursor.next_job()
+            epoch = Epoch(
+                job,
+                self.engine,
+                self.stage,
+                self.delivered,
+                is_current=cursor.is_current,
+                split=(lambda: split.value) if split is not None else (lambda: None),
+                length=length,
+                batched=cursor.batched,
+                batch_size=cursor.batch_size or 1,
+                turn=self.turn,
+            )
+            self.delivered.epoch = job.epoch
+            cursor.follow(epoch)
         return epoch
 
     def knobs(self) -> list[Knob]:

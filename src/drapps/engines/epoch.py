@@ -8,6 +8,8 @@ counts what it delivers. It is superseded by the loader's next ``iter()``, ``set
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -70,6 +72,8 @@ class Epoch:
         length: the batches of a stream epoch (its dataset's ``__len__``; TypeError without).
         batched: batches are collated (``batch_size=None`` delivers samples, which may be None).
         batch_size: samples counted for a stream batch whose length cannot be read.
+        turn: held while this epoch takes a batch from the engine (the loader's, which its
+            next epoch's start takes too).
     """
 
     def __init__(
@@ -84,8 +88,11 @@ class Epoch:
         length: Callable[[], int],
         batched: bool,
         batch_size: int,
+        turn: threading.RLock | None = None,
     ) -> None:
+        self._turn = turn if turn is not None else contextlib.nullcontext()
         self.epoch = job.epoch
+        self.seed = job.seed
         self._job = job
         self.plan = job.plan
         self.position = job.start if job.plan is not None else 0
@@ -103,6 +110,10 @@ class Epoch:
         same ``seed``, and ``set_epoch``), they replay this epoch bit for bit."""
         if not self.finished:
             engine.start_epoch(job)
+        self.streams: int | None = None
+        """An iterable dataset's epoch: the workers streaming it (0: the training process)."""
+        if job.plan is None:
+            self.streams = engine.workers if job.workers is None else job.workers
         if job.plan is None:  # a resumed stream replays its first batches and drops them
             for _ in range(job.start):
                 if engine.next() is None:
@@ -119,6 +130,10 @@ class Epoch:
         return max(0, self._length() - self.position)
 
     def __next__(self) -> Any:
+        with self._turn:  # the check and the take are one step: no newer epoch starts between
+            return self._next()
+
+    def _next(self) -> Any:
         if not self._is_current(self):
             raise RuntimeError(
                 "this epoch's iterator was superseded by a newer iter(loader), set_epoch() or "

@@ -1,0 +1,57 @@
+"""One epoch's iterator over any engine: what it delivers, and what superseding it does."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+import drapps
+
+
+class Slow:
+    def __len__(self) -> int:
+        return 40
+
+    def __getitem__(self, i: int) -> int:
+        time.sleep(0.01)
+        return i
+
+
+class SlowStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        info = torch.utils.data.get_worker_info()
+        start, step = (0, 1) if info is None else (info.id, info.num_workers)
+        for i in range(start, 40, step):
+            time.sleep(0.01)
+            yield i
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("dataset", [Slow, SlowStream])
+def test_a_new_iterator_never_loses_a_batch_to_the_one_it_superseded(
+    workers: int, dataset: type
+) -> None:
+    """The old iterator, inside next() in another thread, took the new epoch's first batch
+    before it saw that it had been superseded (4 trials of 4)."""
+    with drapps.Loader(dataset(), batch_size=4, num_workers=workers, seed=0) as loader:
+        old = iter(loader)
+        next(old)
+        ended: list[BaseException] = []
+
+        def pull() -> None:
+            try:
+                while True:
+                    next(old)
+            except (StopIteration, RuntimeError) as exc:
+                ended.append(exc)
+
+        puller = threading.Thread(target=pull)
+        puller.start()
+        time.sleep(0.02)  # the puller is inside next()
+        got = [x for batch in iter(loader) for x in batch.tolist()]
+        puller.join(timeout=30)
+    assert sorted(got) == list(range(40))
+    assert isinstance(ended[0], StopIteration) or "superseded" in str(ended[0])
