@@ -290,7 +290,7 @@ class Loader(_DataLoaderAttributes):
             ValueError: the state is malformed or was taken from a loader with another seed,
                 dataset length, batch size, shuffle or drop_last.
         """
-        self._cursor.load_state_dict(state)
+        self._cursor.load_state_dict(state, workers=self.num_workers)
 
     # ----------------------------------------------------------------------------- control
 
@@ -417,7 +417,13 @@ def _choose_engine(
         )
     if c.initial_workers == 0:
         engine: Engine = InlineEngine(
-            recipe, c.batch_size, c.drop_last, limits, finish, split=first_split
+            recipe,
+            c.batch_size,
+            c.drop_last,
+            limits,
+            finish,
+            split=first_split,
+            seeded=c.seed is not None,
         )
         return engine, c
     if c.defer_after is not None and (iterable or not splittable(recipe)):

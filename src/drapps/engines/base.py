@@ -38,6 +38,8 @@ class EpochJob:
     """Start the epoch with new workers (DataLoader's ``persistent_workers=False``)."""
     persistent: bool = True
     """Keep the workers once the epoch is over (False: they exit, as DataLoader's do)."""
+    workers: int | None = None
+    """An iterable dataset's resumed epoch: the workers it streamed in (None: the engine's)."""
 
 
 @dataclass

@@ -31,6 +31,10 @@ class Positioned(Protocol):
     position: int
     finished: bool
     plan: EpochPlan | None
+    seed: int
+    """The epoch's base seed (drawn, when the loader has no ``seed``)."""
+    streams: int | None
+    """An iterable dataset's epoch: the workers streaming it (0: the training process)."""
 
     def undelivered(self) -> list[int] | None: ...
 
@@ -93,6 +97,7 @@ class EpochCursor:
         self._next_epoch = 0
         self._next_batch = 0
         self._pending: SampledPlan | None = None
+        self._pending_stream: tuple[int, int] | None = None  # a resumed stream's (seed, workers)
         self._base_seed: int | None = None
         self.epochs_started = 0
         # A weak reference: the iterator holds the loader, not the other way round.
@@ -143,6 +148,9 @@ class EpochCursor:
             if self._iterable:
                 epoch, start = self._next_epoch, self._next_batch
                 self._next_epoch, self._next_batch = epoch + 1, 0
+                if self._pending_stream is not None:  # replayed with the seed and workers it had
+                    (seed, workers), self._pending_stream = self._pending_stream, None
+                    return EpochJob(epoch, seed, None, start, fresh, self._persistent, workers)
                 return EpochJob(epoch, self._epoch_seed(), None, start, fresh, self._persistent)
             plan: EpochPlan
             if self._pending is not None:
@@ -169,7 +177,7 @@ class EpochCursor:
                 sampler.set_epoch(epoch)
         with self._lock:
             self._next_epoch, self._next_batch = epoch, 0
-            self._pending = None
+            self._pending, self._pending_stream = None, None
             self._active = lambda: None
 
     def length(self) -> int:
@@ -212,9 +220,12 @@ class EpochCursor:
             plan: EpochPlan | None = None
             remaining: list[int] | None = None
             owed: list[list[Any]] | None = None
+            stream: tuple[int, int] | None = self._pending_stream
             if active is not None and not active.finished:
                 epoch, next_batch = active.epoch, active.position
                 plan, remaining, owed = active.plan, active.undelivered(), active.owed()
+                if active.streams is not None:
+                    stream = (active.seed, active.streams)
             elif self._pending is not None:
                 plan = self._pending
                 epoch, next_batch = plan.epoch, plan.first
@@ -231,6 +242,10 @@ class EpochCursor:
             "shuffle": shuffle,
             "drop_last": drop_last,
         }
+        if stream is not None and next_batch > 0:
+            # A stream is replayed up to its position: with the seed it was drawn with (each
+            # worker's RNGs start from it), over the same workers (each streams its shard).
+            state["seed"], state["workers"] = stream
         if owed is not None and plan is not None:
             # Batches filled from made samples: the samples still owed, in plan order.
             state["seed"] = plan.seed
@@ -244,8 +259,12 @@ class EpochCursor:
             state["batches"] = [[plain_key(key) for key in plan.batch(b)] for b in ids]
         return state
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any], workers: int | None = None) -> None:
         """Resume from :meth:`state_dict`: the next ``iter(loader)`` yields the remaining batches.
+
+        Args:
+            workers: the loader's worker count now (an iterable dataset's resumed epoch runs
+                with the workers it was saved from, which needs workers if it had them).
 
         Raises:
             ValueError: the state is malformed or was taken from a loader with another seed,
@@ -261,16 +280,31 @@ class EpochCursor:
         next_batch = checked_index("state next_batch", state.get("next_batch"))
         current = self.state_dict()
         batches = state.get("batches")
+        streams = state.get("workers")
         keys: tuple[str, ...] = ("num_samples", "batch_size")
         if batches is None:
             keys = ("seed", "num_samples", "batch_size", "shuffle", "drop_last")
+            if streams is not None and self._seed is None:
+                keys = keys[1:]  # the seed this loader drew for the stream, not one it was given
         for key in keys:
             if state.get(key) != current[key]:
                 raise ValueError(
                     f"state was saved with {key}={state.get(key)!r} but this loader has "
                     f"{key}={current[key]!r}"
                 )
-        pending = None
+        pending, pending_stream = None, None
+        if streams is not None:
+            if not self._iterable:
+                raise ValueError("state holds an iterable dataset's stream; this loader's is not")
+            streams = checked_index("state workers", streams)
+            if workers is not None and (streams == 0) != (workers == 0):
+                raise ValueError(
+                    f"state was saved from a loader whose iterable dataset streamed in "
+                    f"{streams or 'the training process (workers=0)'}"
+                    f"{' worker processes' if streams else ''}, but this loader has "
+                    f"workers={workers}: the stream replays only as it was made"
+                )
+            pending_stream = (checked_index("state seed", state.get("seed")), streams)
         if batches is not None:
             if not isinstance(batches, list) or not all(isinstance(b, list) for b in batches):
                 raise ValueError("state batches must be a list of lists of dataset keys")
@@ -285,5 +319,5 @@ class EpochCursor:
                 )
         with self._lock:
             self._next_epoch, self._next_batch = epoch, next_batch
-            self._pending = pending
+            self._pending, self._pending_stream = pending, pending_stream
             self._active = lambda: None

@@ -6,13 +6,14 @@ iterated here, as DataLoader does with no workers. The loop's wait is the time s
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from drapps.engines.base import Engine, EngineBatch, EpochJob, Limits
 from drapps.runtime.plan import EpochPlan
-from drapps.runtime.seeding import preserved_global_rngs
+from drapps.runtime.seeding import WorkerRngs, preserved_global_rngs
 from drapps.runtime.stats import PipelineSnapshot, inline_snapshot
 from drapps.runtime.stream import StreamBatcher
 from drapps.runtime.worker import BatchRecipe, make_batch
@@ -27,6 +28,9 @@ class InlineEngine(Engine):
         limits: the loader's memory budget (reported; nothing is held ahead).
         finish: applied to each batch as it is made (pinning).
         split: a Pipeline transform's split to start with.
+        seeded: the loader has a ``seed``: an iterable dataset's stream draws from RNGs of
+            its own, seeded from it as a lone worker's are (False: from the training
+            process's own RNGs, as under DataLoader with no workers).
     """
 
     kind = "inline"
@@ -39,8 +43,10 @@ class InlineEngine(Engine):
         limits: Limits,
         finish: Callable[[Any], Any] | None = None,
         split: Any = None,
+        seeded: bool = False,
     ) -> None:
         self._recipe = recipe
+        self._seeded = seeded
         self._batching = (batch_size, drop_last)
         self._limits = limits
         self._finish = finish
@@ -59,7 +65,7 @@ class InlineEngine(Engine):
 
     def start_epoch(self, job: EpochJob) -> None:
         self._plan, self._position = job.plan, job.start
-        self._made = self._stream() if job.plan is None else iter(())
+        self._made = self._stream(job.seed) if job.plan is None else iter(())
 
     def next(self) -> EngineBatch | None:
         began = time.perf_counter()
@@ -84,11 +90,17 @@ class InlineEngine(Engine):
             return EngineBatch(None, split=split, error=exc)
         return EngineBatch(self._finished(made.batch), made.skipped, split)
 
-    def _stream(self) -> Iterator[EngineBatch]:
-        batcher = StreamBatcher(self._recipe, *self._batching)
+    def _stream(self, seed: int) -> Iterator[EngineBatch]:
+        # With a seed, the stream is seeded as a lone worker's is: the same seed gives the same
+        # stream on every run (and a resumed epoch replays it), and the training loop's own
+        # draws neither change it nor are changed by it.
+        rngs = WorkerRngs(seed) if self._seeded else None
+        with rngs.active() if rngs is not None else contextlib.nullcontext():
+            batcher = StreamBatcher(self._recipe, *self._batching)
         while True:
             try:
-                batch = batcher.next_batch()
+                with rngs.active() if rngs is not None else contextlib.nullcontext():
+                    batch = batcher.next_batch()
             except StopIteration:
                 return
             skipped, batcher.skipped = batcher.skipped, []

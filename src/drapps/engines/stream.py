@@ -55,8 +55,9 @@ class StreamEngine(Engine):
         return self._workers
 
     def start_epoch(self, job: EpochJob) -> None:
+        workers = job.workers if job.workers is not None else self._workers
         generation = self.pool.start_epoch(
-            self._workers, job.seed, fresh=job.fresh, solo_unless_sharded=self._solo_unless_sharded
+            workers, job.seed, fresh=job.fresh, solo_unless_sharded=self._solo_unless_sharded
         )
         self._batches = self.pool.batches(generation)
 

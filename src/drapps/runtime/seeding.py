@@ -177,18 +177,24 @@ _fallback: np.random.Generator | None = None
 _fallback_pid = -1
 
 
-def seed_worker(base_seed: int, worker_id: int) -> None:
+def seed_worker(base_seed: int, worker_id: int, *, devices: bool = True) -> None:
     """Seed a new worker's global RNGs as DataLoader seeds its workers.
 
     ``torch``'s and Python's generators get ``base_seed + worker_id``; NumPy's gets the state
     torch derives from both, so code that draws outside a sample (``worker_init_fn``, an
     iterable dataset's stream) sees the numbers it would see under DataLoader.
+
+    ``devices``: seed every accelerator's generator too, as ``torch.manual_seed`` does (False:
+    only the CPU generator, for a worker that runs in the training process).
     """
     from torch.utils.data._utils.worker import _generate_state
 
     seed = (base_seed + worker_id) & _MASK63
     random.seed(seed)
-    torch.manual_seed(seed)
+    if devices:
+        torch.manual_seed(seed)
+    else:
+        torch.default_generator.manual_seed(seed)
     np.random.seed(_generate_state(base_seed, worker_id))
 
 
@@ -255,6 +261,49 @@ def worker_info_hidden() -> Iterator[None]:
         torch_worker._worker_info = info
 
 
+def _global_states() -> tuple[Any, Any, torch.Tensor]:
+    return random.getstate(), np.random.get_state(), torch.default_generator.get_state()
+
+
+def _set_global_states(states: tuple[Any, Any, torch.Tensor]) -> None:
+    random.setstate(states[0])
+    np.random.set_state(states[1])
+    torch.default_generator.set_state(states[2])
+
+
+class WorkerRngs:
+    """The global RNG states of a worker that lives in the training process: an iterable
+    dataset's stream with ``workers=0``, seeded as DataLoader seeds worker 0 (so it streams
+    as one worker does), and swapped in only while the stream runs, so neither the stream nor
+    the training loop sees the other's draws.
+
+    Example:
+        >>> import random
+        >>> rngs = WorkerRngs(7)
+        >>> with rngs.active():
+        ...     first = random.random()
+        >>> with WorkerRngs(7).active():
+        ...     random.random() == first
+        True
+    """
+
+    def __init__(self, base_seed: int) -> None:
+        with preserved_global_rngs():
+            seed_worker(base_seed, 0, devices=False)
+            self._states = _global_states()
+
+    @contextmanager
+    def active(self) -> Iterator[None]:
+        """The block runs with this worker's RNG states; the caller's are back after it."""
+        caller = _global_states()
+        _set_global_states(self._states)
+        try:
+            yield
+        finally:
+            self._states = _global_states()
+            _set_global_states(caller)
+
+
 @contextmanager
 def preserved_global_rngs() -> Iterator[None]:
     """Restore Python's, NumPy's and torch's global RNG states on exit.
@@ -262,13 +311,9 @@ def preserved_global_rngs() -> Iterator[None]:
     With ``workers=0`` samples are made in the training process; reseeding its global RNGs per
     sample must not change the randomness the training loop itself sees (dropout, shuffling...).
     """
-    py_state = random.getstate()
-    np_state = np.random.get_state()
-    torch_state = torch.default_generator.get_state()
+    states = _global_states()
     try:
         yield
     finally:
-        random.setstate(py_state)
-        np.random.set_state(np_state)
-        torch.default_generator.set_state(torch_state)
+        _set_global_states(states)
         clear_sample()
