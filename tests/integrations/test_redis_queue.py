@@ -280,9 +280,9 @@ class FakeProducer:
                     gen, batch = fields[b"gen"].decode(), int(fields[b"batch"])
                     key, nbytes = self.plant(self.client, gen, batch)
                     fields_out = {"gen": gen, "batch": batch, "key": key, "nbytes": nbytes}
+                    self.answered[batch] = self.answered.get(batch, 0) + 1  # before it is read
                     self.client.xadd(f"{self.queue}:ready", fields_out)
                     self.client.xack(tasks, "producers", entry_id)
-                    self.answered[batch] = self.answered.get(batch, 0) + 1
 
     def sent_bytes(self) -> int:
         """Bytes Redis has sent to its clients so far."""
