@@ -4,9 +4,11 @@ redis-server on loopback with a password."""
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -20,10 +22,11 @@ import torch
 from _queue_data import Photos
 from _redis_server import PASSWORD, RedisServer, redis_server, restart
 from conformance import check_engine
+from helpers import wait_until
 
 import drapps
 from drapps.integrations import wire
-from drapps.integrations.redis_queue import QueueAddress
+from drapps.integrations.redis_queue import QueueAddress, QueueInUseError, QueueReader
 
 pytestmark = pytest.mark.integration  # starts real engines or interpreters
 
@@ -342,3 +345,88 @@ def test_bytes_that_keep_vanishing_are_an_error_after_a_few_tries(server: RedisS
             assert producer.answered[0] == 4
     finally:
         producer.close()
+
+
+def test_a_second_reader_of_a_queue_is_refused_naming_the_first(server: RedisServer) -> None:
+    producers = serve(server, "one", "photos")
+    try:
+        with drapps.Loader(
+            source=source(server, "one"), batch_size=8, shuffle=True, seed=5
+        ) as first:
+            batches = iter(first)
+            got = [next(batches), next(batches)]
+            holder = rf"host {socket.gethostname()}, pid {os.getpid()} \(this process\), since "
+            with pytest.raises(
+                QueueInUseError, match=rf"queue 'one' is already read by another loader \({holder}"
+            ) as info:
+                drapps.Loader(source=source(server, "one"), batch_size=8, shuffle=True, seed=5)
+            assert PASSWORD not in str(info.value)
+            got += list(batches)  # the first reads on, untouched
+        assert same(got, local()[0])
+        # Closed, it lets go at once: the next loader reads the queue.
+        with drapps.Loader(
+            source=source(server, "one"), batch_size=8, shuffle=True, seed=5
+        ) as after:
+            assert same(list(after), local()[0])
+    finally:
+        stop(producers)
+
+
+def reader(server: RedisServer, queue: str, **options: Any) -> QueueReader:
+    return QueueReader(
+        QueueAddress.parse(source(server, queue)), max_batch_bytes=MIB, timeout=5, **options
+    )
+
+
+def test_a_crashed_readers_hold_on_the_queue_runs_out(server: RedisServer) -> None:
+    code = (
+        "import sys, time\n"
+        "from drapps.integrations.redis_queue import QueueAddress, QueueReader\n"
+        "address = QueueAddress.parse(sys.argv[1])\n"
+        "held = QueueReader(address, max_batch_bytes=1, timeout=5, lease_s=1)\n"
+        "print('holding', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", code, source(server, "crash")],
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"holding\n"
+        with pytest.raises(QueueInUseError, match=rf"pid {holder.pid}, since .* runs out in"):
+            reader(server, "crash")
+        os.killpg(holder.pid, signal.SIGKILL)  # it never lets go: its hold runs out
+        holder.wait()
+        taken: list[QueueReader] = []
+
+        def take() -> bool:
+            with contextlib.suppress(QueueInUseError):
+                taken.append(reader(server, "crash"))
+            return bool(taken)
+
+        assert wait_until(take, timeout=10)
+        taken[0].close()
+    finally:
+        stop(holder)
+        if holder.stdout is not None:
+            holder.stdout.close()
+
+
+def test_a_reader_whose_queue_was_taken_says_by_whom_rather_than_time_out(
+    server: RedisServer,
+) -> None:
+    import redis
+
+    first = reader(server, "taken", lease_s=0.6)
+    try:
+        gen = first.begin()
+        # Another reader holds it now (the first was paused past its lease, say).
+        other = {"host": "elsewhere", "pid": 4242, "since": time.time(), "token": "x"}
+        client = redis.Redis(port=server.port, password=PASSWORD)
+        client.set("taken:reader", json.dumps(other))
+        client.close()
+        with pytest.raises(QueueInUseError, match=r"host elsewhere, pid 4242, since"):
+            first.receive(gen, 0, {})
+    finally:
+        first.close()

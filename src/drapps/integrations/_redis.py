@@ -60,3 +60,8 @@ def redis_errors() -> tuple[type[BaseException], ...]:
 def response_error() -> type[BaseException]:
     """The exception for a call Redis answered with an error (NOPERM, OOM, NOGROUP, ...)."""
     return require("redis").exceptions.ResponseError
+
+
+def watch_error() -> type[BaseException]:
+    """The exception for a transaction a watched key's change called off (WATCH/MULTI)."""
+    return require("redis").exceptions.WatchError

@@ -6,6 +6,8 @@ each epoch exactly as a local loader would and posts its batches as tasks; produ
 the same code a worker process runs, and push it back. Keys, for a queue named ``Q``:
 
 ``Q:meta``     hash: the dataset's length and name, written by every producer at start.
+``Q:reader``   the one reader that holds the queue (host, pid, since), with an expiry its
+               holder renews: a second reader is refused, naming it (:class:`ReaderLease`).
 ``Q:gen``      the generation the training host reads now; tasks of another are dropped.
 ``Q:tasks``    stream of tasks ``{gen, epoch, batch, seed, indices}``; consumer group
                ``producers``. A task is acknowledged (and deleted) once its batch is pushed;
@@ -32,14 +34,24 @@ import logging
 import os
 import secrets
 import socket
+import threading
 import time
 import urllib.parse
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any
 
 from drapps.integrations import wire
-from drapps.integrations._redis import check_url, connect, redact, redis_errors, response_error
+from drapps.integrations._redis import (
+    check_url,
+    connect,
+    redact,
+    redis_errors,
+    response_error,
+    watch_error,
+)
 from drapps.runtime.errors import SampleError
 
 logger = logging.getLogger(__name__)
@@ -48,6 +60,9 @@ PRODUCERS = "producers"
 TRAINER = "trainer"
 _BLOCK_MS = 500
 _PAYLOAD_TTL_S = 3600
+LEASE_S = 15.0
+"""How long a reader's hold on its queue outlives its last renewal (renewed every third of it):
+the longest a reader that crashed keeps the next one out."""
 
 
 @dataclass(frozen=True, repr=False)
@@ -266,10 +281,187 @@ class Producer:
 # --------------------------------------------------------------------------------- reader
 
 
+class QueueInUseError(RuntimeError):
+    """Another reader holds the queue: a queue has one reader (give each loader its own)."""
+
+
+class ReaderLease:
+    """One reader per queue: ``Q:reader`` names the reader that holds it.
+
+    Taken only when nobody holds it (``SET NX``), with an expiry of ``lease_s`` that a thread
+    renews every third of that while the reader lives. So a reader that exits, crashes or
+    loses Redis lets go within ``lease_s``, and :meth:`release` lets go at once. A renewal
+    first compares the holder (WATCH/MULTI): a lease that ran out and was taken by another
+    reader is never renewed over it, and its old holder learns so at its next
+    :meth:`check`.
+
+    Args:
+        client: the reader's Redis client (shared: redis-py's pool is thread-safe).
+        address: the queue.
+        lease_s: seconds the hold outlives its last renewal.
+
+    Raises:
+        QueueInUseError: another reader holds the queue.
+    """
+
+    def __init__(self, client: Any, address: QueueAddress, lease_s: float) -> None:
+        if isinstance(lease_s, bool) or not isinstance(lease_s, (int, float)) or lease_s <= 0:
+            raise ValueError(f"lease_s must be > 0 seconds, got {lease_s!r}")
+        self._client = client
+        self._key = address.key("reader")
+        self._queue = address.name
+        self._lease_ms = max(1, int(lease_s * 1000))
+        self._holder = json.dumps(
+            {
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "since": round(time.time(), 3),
+                "token": secrets.token_hex(8),
+            }
+        ).encode()
+        self._lock = threading.Lock()
+        self._lost: bytes | None = None  # what the key held when it stopped being ours
+        self._renewed = 0.0
+        self._stop = threading.Event()
+        with self._lock:
+            self._take()
+        self._thread = threading.Thread(
+            target=self._run, name=f"drapps-queue-lease-{address.name}", daemon=True
+        )
+        self._thread.start()
+
+    def check(self) -> None:
+        """Raise unless this reader still holds the queue. Local, unless the renewing thread
+        has not renewed for half the lease (a paused process, a slow Redis): then it renews
+        here first, so a reader never acts on a lease that may have run out.
+
+        Raises:
+            QueueInUseError: another reader holds the queue now.
+            ConnectionError: the hold ran out and nobody has it (Redis did not answer the
+                renewals, or restarted empty); what this reader posted may be gone.
+        """
+        if self._lost is None and time.monotonic() - self._renewed > self._lease_ms / 2000:
+            with self._lock:
+                self._renew()
+        lost = self._lost
+        if lost is None:
+            return
+        if lost:
+            raise QueueInUseError(self._in_use(lost))
+        raise ConnectionError(
+            f"this reader's hold on queue {self._queue!r} ran out (Redis did not answer its "
+            f"renewals for {self._lease_ms / 1000:g} s, or restarted empty); the batches "
+            "delivered so far stand: resume with a new loader from state_dict()"
+        )
+
+    def hold(self) -> None:
+        """Before a generation begins: hold the queue, taking it again if the hold ran out
+        and nobody has it (Redis restarted between epochs, say).
+
+        Raises:
+            QueueInUseError: another reader holds the queue.
+        """
+        with self._lock:
+            if self._lost == b"":
+                self._take()
+        self.check()
+
+    def release(self) -> None:
+        """Stop renewing and let go of the queue, if it is still this reader's. Idempotent;
+        quiet when Redis is gone (the hold then runs out by itself)."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=10)
+        with self._lock, contextlib.suppress(*redis_errors(), response_error(), watch_error()):
+            if self._lost is None:
+                with self._client.pipeline() as pipe:
+                    pipe.watch(self._key)
+                    if pipe.get(self._key) == self._holder:
+                        pipe.multi()
+                        pipe.delete(self._key)
+                        pipe.execute()
+            self._lost = b""
+
+    # --------------------------------------------------------------------------- plumbing
+
+    def _take(self) -> None:
+        for _ in range(3):  # a holder whose key runs out between the SET and the GET
+            if self._client.set(self._key, self._holder, nx=True, px=self._lease_ms):
+                self._renewed = time.monotonic()
+                self._lost = None
+                return
+            held = self._client.get(self._key)
+            if held is not None:
+                raise QueueInUseError(self._in_use(held))
+        raise QueueInUseError(f"queue {self._queue!r}: its reader keeps changing; try again")
+
+    def _renew(self) -> None:
+        """Extend the hold if it is still ours; else note what the key holds (b"": nothing)."""
+        try:
+            with self._client.pipeline() as pipe:
+                pipe.watch(self._key)
+                held = pipe.get(self._key)
+                if held == self._holder:
+                    pipe.multi()
+                    pipe.pexpire(self._key, self._lease_ms)
+                    pipe.execute()
+                    self._renewed = time.monotonic()
+                    return
+        except watch_error():  # changed between the GET and the PEXPIRE
+            held = self._client.get(self._key)
+        self._lost = held or b""
+        logger.warning("the reader of queue %r lost its hold on it", self._queue)
+
+    def _run(self) -> None:
+        every = self._lease_ms / 3000
+        wait = every
+        while not self._stop.wait(wait):
+            wait = every
+            try:
+                with self._lock:
+                    if self._lost is None:
+                        self._renew()
+            except (*redis_errors(), response_error()):
+                wait = min(every, 1.0)  # soon again: the hold runs out if this lasts
+
+    def _in_use(self, held: bytes) -> str:
+        """Who holds the queue, for the error."""
+        try:
+            who = json.loads(held)
+            host, pid, since = str(who["host"]), int(who["pid"]), float(who["since"])
+        except (ValueError, KeyError, TypeError):
+            holder = f"a holder drapps does not know: {held[:80]!r}"
+        else:
+            here = host == socket.gethostname() and pid == os.getpid()
+            stamp = datetime.fromtimestamp(since, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+            holder = (
+                f"host {host}, pid {pid}{' (this process)' if here else ''}, since {stamp}, "
+                f"{max(0.0, time.time() - since):.0f} s ago"
+            )
+        left_ms = int(self._client.pttl(self._key))
+        runs_out = (
+            f"; if that reader is gone, its hold runs out in {left_ms / 1000:.0f} s"
+            if left_ms > 0
+            else ""
+        )
+        return (
+            f"queue {self._queue!r} is already read by another loader ({holder}): a queue has "
+            "one reader. Close that loader, or give each loader its own queue (?queue=NAME) "
+            f"and its own `drapps serve` producers{runs_out}"
+        )
+
+
 class QueueReader:
     """The training host's side of one queue: posts tasks, receives batches in order.
 
-    Used by :class:`RemoteLoader`; one reader per loader.
+    Used by :class:`~drapps.integrations.redis_source.RedisSource`. A queue has one reader:
+    it holds the queue (:class:`ReaderLease`) from here until :meth:`close`.
+
+    Raises:
+        ConnectionError: Redis cannot be reached.
+        QueueInUseError: another reader holds the queue.
     """
 
     def __init__(
@@ -280,6 +472,7 @@ class QueueReader:
         timeout: float,
         username: str | None = None,
         password: str | None = None,
+        lease_s: float = LEASE_S,
     ) -> None:
         self.address = address
         self._max_bytes = max_batch_bytes
@@ -287,13 +480,19 @@ class QueueReader:
         self._client = connect(address.url, username=username, password=password)
         try:
             self._client.ping()
+            _ensure_group(self._client, address.key("ready"), TRAINER)
+            _ensure_group(self._client, address.key("tasks"), PRODUCERS)
+            self._lease = ReaderLease(self._client, address, lease_s)
         except redis_errors() as exc:
+            self._client.close()
             raise ConnectionError(
                 f"cannot reach the Redis of queue {address.name!r} at {redact(address.url)}: "
                 f"{type(exc).__name__}: {exc}"
             ) from None
-        _ensure_group(self._client, address.key("ready"), TRAINER)
-        _ensure_group(self._client, address.key("tasks"), PRODUCERS)
+        except BaseException:
+            self._client.close()
+            raise
+        self._finalizer = weakref.finalize(self, _close, self._client, self._lease)
         self._name = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
 
     def length(self) -> int:
@@ -312,12 +511,18 @@ class QueueReader:
             time.sleep(0.1)
 
     def begin(self) -> str:
-        """Start a generation (one epoch's reading); tasks of any other are dropped."""
+        """Start a generation (one epoch's reading); tasks of any other are dropped.
+
+        Raises:
+            QueueInUseError: another reader took the queue.
+        """
+        self._lease.hold()
         gen = secrets.token_hex(6)
         self._client.set(self.address.key("gen"), gen)
         return gen
 
     def post(self, gen: str, epoch: int, batch_id: int, seed: int, indices: list[int]) -> None:
+        self._lease.check()
         self._client.xadd(
             self.address.key("tasks"),
             {
@@ -335,10 +540,12 @@ class QueueReader:
 
         Raises:
             TimeoutError: nothing arrived for ``timeout`` seconds.
+            QueueInUseError: another reader took the queue.
         """
         ready = self.address.key("ready")
         deadline = time.monotonic() + self._timeout
         while want not in held:
+            self._lease.check()  # never read (and drop) another reader's batches
             got = self._client.xreadgroup(
                 TRAINER, self._name, {ready: ">"}, count=16, block=_BLOCK_MS
             )
@@ -425,9 +632,15 @@ class QueueReader:
         held.clear()
 
     def close(self) -> None:
-        """Close the connection. Idempotent."""
-        with contextlib.suppress(Exception):
-            self._client.close()
+        """Let go of the queue and close the connection. Idempotent."""
+        self._finalizer()
+
+
+def _close(client: Any, lease: ReaderLease) -> None:
+    """A reader's end (also when it is garbage-collected): the queue, then the connection."""
+    lease.release()
+    with contextlib.suppress(Exception):
+        client.close()
 
 
 class _Again:

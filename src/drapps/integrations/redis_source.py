@@ -55,6 +55,9 @@ class RedisSource(Engine):
         prefetch: tasks posted ahead of the batch being read ("auto": 8).
         timeout: seconds without any batch before giving up (TimeoutError).
         finish: applied to each batch as it is read (pinning).
+
+    Raises:
+        QueueInUseError: another loader reads the queue (a queue has one reader).
     """
 
     kind = "redis"
@@ -92,7 +95,12 @@ class RedisSource(Engine):
             password=source.password,
         )
         self._finalizer = weakref.finalize(self, self._reader.close)
-        self.dataset = RemoteDataset(self._reader.length(), self.address.name)
+        try:
+            length = self._reader.length()
+        except BaseException:
+            self._finalizer()  # let go of the queue now, not when this is collected
+            raise
+        self.dataset = RemoteDataset(length, self.address.name)
         self._batches: Iterator[Any] = iter(())
         self.wait_s = 0.0
 
