@@ -80,3 +80,33 @@ def test_a_stream_made_by_workers_cannot_resume_without_them() -> None:
     with drapps.Loader(ShuffledStream(), batch_size=4, num_workers=0) as again:
         with pytest.raises(ValueError, match=r"streamed in 2 worker processes.*workers=0"):
             again.load_state_dict(state)
+
+
+def _epochs_then_resumed(workers: int, stop: int) -> tuple[list[list[int]], list[list[int]]]:
+    """Three epochs of persistent workers, straight; and the same with epoch 1 stopped after
+    ``stop`` batches and resumed in a new loader (whose workers have drawn nothing)."""
+
+    def loader() -> drapps.Loader:
+        return drapps.Loader(ShuffledStream(), batch_size=4, num_workers=workers,
+                             persistent_workers=True, seed=3)  # fmt: skip
+
+    with loader() as straight:
+        expected = [[x for b in straight for x in b.tolist()] for _ in range(3)]
+    with loader() as first:
+        got = [[x for b in first for x in b.tolist()]]
+        it = iter(first)
+        got.append([x for _ in range(stop) for x in next(it).tolist()])
+        state = json.loads(json.dumps(first.state_dict()))
+    with loader() as again:
+        again.load_state_dict(state)
+        got[1] += [x for b in again for x in b.tolist()]
+        got.append([x for b in again for x in b.tolist()])
+    return expected, got
+
+
+def test_persistent_stream_workers_draw_on_from_epoch_to_epoch_and_resume_so() -> None:
+    """Reseeded at every epoch, persistent workers streamed the same order every epoch
+    (DataLoader seeds a worker once); a resumed later epoch replays their states."""
+    expected, got = _epochs_then_resumed(workers=2, stop=5)
+    assert expected[0] != expected[1] != expected[2]
+    assert got == expected

@@ -40,6 +40,8 @@ class EpochJob:
     """Keep the workers once the epoch is over (False: they exit, as DataLoader's do)."""
     workers: int | None = None
     """An iterable dataset's resumed epoch: the workers it streamed in (None: the engine's)."""
+    rngs: list[dict[str, Any]] | None = None
+    """A resumed epoch of persistent stream workers: each one's RNG states at its start."""
 
 
 @dataclass
@@ -96,6 +98,11 @@ class Engine(ABC):
     def ready(self) -> EngineBatch | None:
         """The next batch if it is made already, without waiting (None: not yet, or never
         ahead of the loop). What it returns is the next :meth:`next` would have returned."""
+        return None
+
+    def stream_rngs(self) -> list[dict[str, Any]] | None:
+        """An iterable dataset's persistent workers: each one's RNG states at the start of
+        the epoch under way (they draw on from epoch to epoch); None otherwise."""
         return None
 
     def end_epoch(self, job: EpochJob) -> None:

@@ -57,7 +57,12 @@ class StreamEngine(Engine):
     def start_epoch(self, job: EpochJob) -> None:
         workers = job.workers if job.workers is not None else self._workers
         generation = self.pool.start_epoch(
-            workers, job.seed, fresh=job.fresh, solo_unless_sharded=self._solo_unless_sharded
+            workers,
+            job.seed,
+            fresh=job.fresh,
+            solo_unless_sharded=self._solo_unless_sharded,
+            rngs=job.rngs,
+            keep_rngs=job.persistent,
         )
         self._batches = self.pool.batches(generation)
 
@@ -68,6 +73,9 @@ class StreamEngine(Engine):
     def next(self) -> EngineBatch | None:
         item = next(self._batches, None)
         return None if item is None else EngineBatch(item[0], item[1])
+
+    def stream_rngs(self) -> list[dict[str, Any]] | None:
+        return self.pool.rngs
 
     def resize(self, workers: int) -> None:
         self._workers = workers  # streams cannot move between workers: from the next epoch

@@ -10,6 +10,7 @@ explicit NumPy generator for the same sample, for code that prefers not to touch
 
 from __future__ import annotations
 
+import base64
 import functools
 import os
 import random
@@ -259,6 +260,37 @@ def worker_info_hidden() -> Iterator[None]:
         yield
     finally:
         torch_worker._worker_info = info
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's global RNG states (Python's, NumPy's, torch's CPU generator) as plain
+    data (JSON-safe): what a persistent stream worker has drawn to, for a checkpoint."""
+    version, words, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    words_bytes = np.asarray(keys, dtype="<u4").tobytes()
+    return {
+        "python": [version, list(words), gauss],
+        "numpy": [kind, base64.b64encode(words_bytes).decode(), pos, has_gauss, cached],
+        "torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode(),
+    }
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what :func:`rng_state` gave.
+
+    Raises:
+        ValueError: ``state`` is not such a dict.
+    """
+    try:
+        version, words, gauss = state["python"]
+        kind, keys, pos, has_gauss, cached = state["numpy"]
+        torch_bytes = base64.b64decode(state["torch"], validate=True)
+        random.setstate((version, tuple(int(w) for w in words), gauss))
+        array = np.frombuffer(base64.b64decode(keys, validate=True), "<u4")
+        np.random.set_state((kind, array.astype(np.uint32), pos, has_gauss, cached))
+        torch.set_rng_state(torch.frombuffer(bytearray(torch_bytes), dtype=torch.uint8))
+    except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+        raise ValueError(f"not an RNG state from a drapps checkpoint: {exc}") from None
 
 
 def _global_states() -> tuple[Any, Any, torch.Tensor]:

@@ -28,8 +28,14 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from drapps.runtime.errors import SampleError, sample_error, warn_once
-from drapps.runtime.process_pool import start_worker_process
-from drapps.runtime.seeding import seed_worker, set_worker_info, worker_info_read
+from drapps.runtime.process_pool import release_process, start_worker_process
+from drapps.runtime.seeding import (
+    rng_state,
+    seed_worker,
+    set_rng_state,
+    set_worker_info,
+    worker_info_read,
+)
 from drapps.runtime.stats import PipelineSnapshot
 from drapps.runtime.transport import Packed, discard, receive_message, send_message, unpack
 from drapps.runtime.worker import (
@@ -140,32 +146,42 @@ def run_stream_worker(
     results: Connection,
     parent_pid: int,
 ) -> None:
-    """A stream worker: ``("start", generation, seed, num_workers, solo_unless_sharded)`` begins
-    a new pass over the dataset (``solo_unless_sharded``: a worker past the first ends its
-    stream at the first item unless the dataset has read ``get_worker_info()`` by then); each
-    ``("next", generation)`` is answered with ``("ok", generation, packed, skipped)``,
-    ``("end", generation)`` (``("end", generation, "unsharded")`` for such a stop) or
-    ``("err", generation, SampleError)``; ``None`` stops.
+    """A stream worker: ``("start", generation, seed, num_workers, solo_unless_sharded, rngs,
+    report)`` begins a new pass over the dataset (``solo_unless_sharded``: a worker past the
+    first ends its stream at the first item unless the dataset has read
+    ``get_worker_info()`` by then). Its global RNGs are seeded at its first pass only, as
+    DataLoader seeds a worker once: a persistent worker's later passes draw on, so each epoch
+    streams another order. ``rngs``: the states to start the pass from instead (a resumed
+    checkpoint's); ``report``: reply ``("started", generation, states)`` with the states the
+    pass starts from. Each ``("next", generation)`` is answered with ``("ok", generation,
+    packed, skipped)``, ``("end", generation)`` (``("end", generation, "unsharded")`` for such
+    a stop) or ``("err", generation, SampleError)``; ``None`` stops.
     """
     enter_worker_process()
     batcher: StreamBatcher | None = None
     generation = -1
     failed: SampleError | None = None
-    initialised = False
+    initialised = seeded = False
     try:
         parent = Parent(parent_pid)
         while (task := next_task(tasks, parent)) is not PARENT_GONE:
             if task is None:
                 return  # asked to stop
             if task[0] == "start":
-                _, generation, seed, num_workers, solo_unless_sharded = task
+                _, generation, seed, num_workers, solo_unless_sharded, rngs, report = task
                 watch = solo_unless_sharded and slot > 0
-                seed_worker(seed, slot)
+                if not seeded:
+                    seed_worker(seed, slot)
+                    seeded = True
                 set_worker_info(slot, num_workers, seed, recipe.dataset, watched=watch)
                 batcher, failed = None, None
                 if not initialised:  # a failed worker_init_fn is tried again next epoch
                     failed = run_worker_init(recipe, slot)
                     initialised = failed is None
+                if rngs is not None:
+                    set_rng_state(rngs)
+                if report:
+                    send_message(results, ("started", generation, rng_state()))
                 if failed is None:
                     try:
                         batcher = StreamBatcher(recipe, batch_size, drop_last, unless_sharded=watch)
@@ -243,6 +259,8 @@ class StreamPool:
         self._finish = finish
         self.workers: list[_StreamWorker] = []
         self._generation = 0
+        self.rngs: list[dict[str, Any]] | None = None
+        """Each worker's RNG states at the start of the pass (persistent workers only)."""
         self.wait_s = 0.0
         self.shared_bytes = 0
 
@@ -268,23 +286,44 @@ class StreamPool:
         )
 
     def start_epoch(
-        self, workers: int, seed: int, *, fresh: bool, solo_unless_sharded: bool = False
+        self,
+        workers: int,
+        seed: int,
+        *,
+        fresh: bool,
+        solo_unless_sharded: bool = False,
+        rngs: list[dict[str, Any]] | None = None,
+        keep_rngs: bool = False,
     ) -> int:
         """Begin a pass over the dataset with ``workers`` processes; returns its generation.
 
-        ``solo_unless_sharded``: only the first worker streams a dataset that does not shard
-        itself through ``get_worker_info()`` (the others end before their first item), so a
-        default worker count never duplicates its items.
+        Args:
+            solo_unless_sharded: only the first worker streams a dataset that does not shard
+                itself through ``get_worker_info()`` (the others end before their first
+                item), so a default worker count never duplicates its items.
+            rngs: each worker's RNG states to start from (a resumed persistent epoch's).
+            keep_rngs: note each worker's RNG states at the start of the pass in
+                :attr:`rngs` (persistent workers draw on from one epoch to the next, so a
+                checkpoint of a later epoch needs them; fresh workers are seeded from
+                ``seed``).
         """
+        if rngs is not None and len(rngs) != workers:
+            raise ValueError(f"rngs must hold {workers} workers' states, got {len(rngs)}")
         if fresh or len(self.workers) != workers:
             self.shutdown(grace_s=0.0)  # nothing of the old streams is worth waiting for
         while len(self.workers) < workers:
             self._spawn(len(self.workers))
         self._generation += 1
+        generation = self._generation
         for worker in self.workers:
             worker.requested, worker.active = 0, True
-            worker.tasks.send(("start", self._generation, seed, workers, solo_unless_sharded))
-        return self._generation
+            state = rngs[worker.slot] if rngs is not None else None
+            start = ("start", generation, seed, workers, solo_unless_sharded, state, keep_rngs)
+            worker.tasks.send(start)
+        self.rngs = None
+        if keep_rngs:
+            self.rngs = [self._receive(worker, generation)[2] for worker in self.workers]
+        return generation
 
     def batches(self, generation: int) -> Iterator[tuple[Any, list[tuple[int, str]]]]:
         """The pass's batches, round-robin over the workers whose streams have not ended."""
@@ -379,4 +418,5 @@ class StreamPool:
                 worker.process.join(timeout=5.0)
             worker.tasks.close()
             worker.results.close()
+            release_process(worker.process)
         self.workers = []
