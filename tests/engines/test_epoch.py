@@ -55,3 +55,25 @@ def test_a_new_iterator_never_loses_a_batch_to_the_one_it_superseded(
         puller.join(timeout=30)
     assert sorted(got) == list(range(40))
     assert isinstance(ended[0], StopIteration) or "superseded" in str(ended[0])
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("dataset", [Slow, SlowStream])
+def test_a_checkpoint_after_the_last_batch_resumes_at_the_end_of_its_epoch(
+    workers: int, dataset: type
+) -> None:
+    """Taken once the loop holds every batch of an epoch but before its end, a checkpoint
+    pointed at the next epoch: the resumed ``for batch in loader`` ran that one as the rest
+    of this one, and the loop made an epoch more than it was told."""
+    with drapps.Loader(dataset(), batch_size=8, num_workers=workers, seed=0) as first:
+        it = iter(first)
+        epoch0: list[int] = []
+        while len(epoch0) < 40:  # every batch, but not the epoch's end
+            epoch0 += next(it).tolist()
+        state = first.state_dict()
+        expected_epoch1 = [x for batch in first for x in batch.tolist()]
+    assert sorted(epoch0) == list(range(40))
+    with drapps.Loader(dataset(), batch_size=8, num_workers=workers, seed=0) as again:
+        again.load_state_dict(state)
+        assert list(again) == []  # the rest of epoch 0
+        assert [x for batch in again for x in batch.tolist()] == expected_epoch1

@@ -29,12 +29,18 @@ class Positioned(Protocol):
 
     epoch: int
     position: int
-    finished: bool
     plan: EpochPlan | None
     seed: int
     """The epoch's base seed (drawn, when the loader has no ``seed``)."""
     streams: int | None
     """An iterable dataset's epoch: the workers streaming it (0: the training process)."""
+    rngs: list[dict[str, Any]] | None
+    """Persistent stream workers: each one's RNG states at the start of the epoch."""
+
+    @property
+    def ended(self) -> bool:
+        """The loop has seen the epoch's end."""
+        ...
 
     def undelivered(self) -> list[int] | None: ...
 
@@ -97,7 +103,8 @@ class EpochCursor:
         self._next_epoch = 0
         self._next_batch = 0
         self._pending: SampledPlan | None = None
-        self._pending_stream: tuple[int, int] | None = None  # a resumed stream's (seed, workers)
+        # A resumed stream's (seed, workers, each worker's RNG states or None).
+        self._pending_stream: tuple[int, int, list[dict[str, Any]] | None] | None = None
         self._base_seed: int | None = None
         self.epochs_started = 0
         # A weak reference: the iterator holds the loader, not the other way round.
@@ -148,9 +155,11 @@ class EpochCursor:
             if self._iterable:
                 epoch, start = self._next_epoch, self._next_batch
                 self._next_epoch, self._next_batch = epoch + 1, 0
-                if self._pending_stream is not None:  # replayed with the seed and workers it had
-                    (seed, workers), self._pending_stream = self._pending_stream, None
-                    return EpochJob(epoch, seed, None, start, fresh, self._persistent, workers)
+                if self._pending_stream is not None:  # replayed as it was made
+                    (seed, workers, rngs), self._pending_stream = self._pending_stream, None
+                    return EpochJob(
+                        epoch, seed, None, start, fresh, self._persistent, workers, rngs
+                    )
                 return EpochJob(epoch, self._epoch_seed(), None, start, fresh, self._persistent)
             plan: EpochPlan
             if self._pending is not None:
@@ -220,12 +229,12 @@ class EpochCursor:
             plan: EpochPlan | None = None
             remaining: list[int] | None = None
             owed: list[list[Any]] | None = None
-            stream: tuple[int, int] | None = self._pending_stream
-            if active is not None and not active.finished:
+            stream = self._pending_stream
+            if active is not None and not active.ended:
                 epoch, next_batch = active.epoch, active.position
                 plan, remaining, owed = active.plan, active.undelivered(), active.owed()
                 if active.streams is not None:
-                    stream = (active.seed, active.streams)
+                    stream = (active.seed, active.streams, active.rngs)
             elif self._pending is not None:
                 plan = self._pending
                 epoch, next_batch = plan.epoch, plan.first
@@ -242,10 +251,13 @@ class EpochCursor:
             "shuffle": shuffle,
             "drop_last": drop_last,
         }
-        if stream is not None and next_batch > 0:
+        if stream is not None:
             # A stream is replayed up to its position: with the seed it was drawn with (each
-            # worker's RNGs start from it), over the same workers (each streams its shard).
-            state["seed"], state["workers"] = stream
+            # worker's RNGs start from it), over the same workers (each streams its shard),
+            # persistent ones from the RNG states they had drawn to.
+            state["seed"], state["workers"] = stream[:2]
+            if stream[2] is not None:
+                state["stream_rngs"] = stream[2]
         if owed is not None and plan is not None:
             # Batches filled from made samples: the samples still owed, in plan order.
             state["seed"] = plan.seed
@@ -304,7 +316,14 @@ class EpochCursor:
                     f"{' worker processes' if streams else ''}, but this loader has "
                     f"workers={workers}: the stream replays only as it was made"
                 )
-            pending_stream = (checked_index("state seed", state.get("seed")), streams)
+            rngs = state.get("stream_rngs")
+            if rngs is not None and (
+                not isinstance(rngs, list)
+                or len(rngs) != streams
+                or not all(isinstance(r, dict) for r in rngs)
+            ):
+                raise ValueError(f"state stream_rngs must be {streams} RNG states, got {rngs!r}")
+            pending_stream = (checked_index("state seed", state.get("seed")), streams, rngs)
         if batches is not None:
             if not isinstance(batches, list) or not all(isinstance(b, list) for b in batches):
                 raise ValueError("state batches must be a list of lists of dataset keys")

@@ -112,8 +112,11 @@ class Epoch:
             engine.start_epoch(job)
         self.streams: int | None = None
         """An iterable dataset's epoch: the workers streaming it (0: the training process)."""
+        self.rngs: list[dict[str, Any]] | None = None
+        """Persistent stream workers: each one's RNG states at the start of the epoch."""
         if job.plan is None:
             self.streams = engine.workers if job.workers is None else job.workers
+            self.rngs = engine.stream_rngs()
         if job.plan is None:  # a resumed stream replays its first batches and drops them
             for _ in range(job.start):
                 if engine.next() is None:
@@ -123,6 +126,13 @@ class Epoch:
 
     def __iter__(self) -> Epoch:
         return self
+
+    @property
+    def ended(self) -> bool:
+        """The loop has seen the epoch's end (its StopIteration): a checkpoint then points
+        past it. Until then a checkpoint holds the epoch, even with every batch delivered, so
+        that a resumed ``for batch in loader`` finishes it (with no batches) before the next."""
+        return self._ended
 
     def __len__(self) -> int:
         if self.plan is not None:
