@@ -946,9 +946,9 @@ class Dispatcher:
 
     def _on_exit(self, worker: Worker, reason: str) -> None:
         self._on_replies(self.pool.drain(worker))  # replies sent before it exited still count
-        unanswered = self._reap(worker)
         if reason == "died":
-            reason = self.pool.exit_reason(worker)
+            reason = self.pool.exit_reason(worker)  # before the reap lets go of the process
+        unanswered = self._reap(worker)
         if worker.last_error:
             reason = f"{reason} (its last error: {worker.last_error})"
         expected = worker.retiring and not unanswered

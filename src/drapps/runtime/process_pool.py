@@ -84,6 +84,14 @@ def start_worker_process(
     return process, task_send, result_recv
 
 
+def release_process(process: BaseProcess) -> None:
+    """Close an exited worker's sentinel now: a traceback that holds the process object (an
+    error the training loop keeps) would otherwise hold its descriptor too."""
+    if process.exitcode is not None:
+        with contextlib.suppress(ValueError):
+            process.close()
+
+
 @dataclass(eq=False, kw_only=True)
 class ProcessWorker(Worker):
     """A worker process and our ends of its pipes."""
@@ -194,9 +202,11 @@ class ProcessPool(WorkerPool):
         return describe_exit(_own(worker).process.exitcode)
 
     def reap(self, worker: Worker) -> list[Task]:
-        _own(worker).process.join(timeout=5.0)
-        _own(worker).tasks.close()
-        _own(worker).results.close()  # with any slab descriptors still in it
+        own = _own(worker)
+        own.process.join(timeout=5.0)
+        own.tasks.close()
+        own.results.close()  # with any slab descriptors still in it
+        release_process(own.process)
         return self.forget(worker)
 
     def shutdown(self, grace_s: float = 2.0) -> None:
