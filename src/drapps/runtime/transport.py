@@ -502,14 +502,21 @@ class SlabArena:
 
 
 def uniform_cpu_tensors(batch: Any) -> bool:
-    """Whether ``batch`` (a non-empty list of tensors) is dense CPU tensors of one shape and
-    dtype, none needing grad: what can be stacked into memory chosen by the caller."""
+    """Whether ``batch`` (a non-empty list) is plain, dense CPU tensors of one shape and
+    dtype, none needing grad: what can be stacked into memory chosen by the caller (not a
+    quantized tensor, whose bytes need their quantizer, nor a subclass)."""
     first = batch[0]
     return (
-        first.layout is torch.strided
+        type(first) is torch.Tensor
+        and first.layout is torch.strided
         and first.device.type == "cpu"
+        and not first.is_quantized
         and all(
-            t.shape == first.shape and t.dtype == first.dtype and not t.requires_grad for t in batch
+            type(t) is torch.Tensor
+            and t.shape == first.shape
+            and t.dtype == first.dtype
+            and not t.requires_grad
+            for t in batch
         )
     )
 
