@@ -416,3 +416,42 @@ def test_the_cached_ops_still_count_as_transform_time() -> None:
         list(loader)  # epoch 1 makes every sample: the slow op runs 8 times
         stats = loader.stats()
     assert stats.transform_s >= 8 * 0.005
+
+
+def test_entries_keep_layouts_and_dtypes_numpy_lacks() -> None:
+    """A transposed tensor came back contiguous, a Fortran array C-ordered; a float8 tensor
+    or a conjugate view failed the sample (``.numpy()`` refuses them)."""
+    from drapps.cache.entry import pack, unpack
+    from drapps.cache.registry import CODECS
+
+    none = CODECS.get("none")
+    sample = {
+        "transposed": torch.arange(12.0).reshape(3, 4).t(),
+        "fortran": np.asfortranarray(np.arange(6).reshape(2, 3)),
+        "float8": torch.arange(4.0).to(torch.float8_e4m3fn),
+        "bfloat16": torch.arange(6.0).to(torch.bfloat16).reshape(2, 3).t(),
+        "conj": (torch.arange(3.0) * 1j).conj(),
+    }
+    got = unpack(bytearray(pack(sample, none, none, None).data), {"none": none}).sample
+    for name, value in sample.items():
+        if isinstance(value, np.ndarray):
+            assert got[name].strides == value.strides and np.array_equal(got[name], value)
+            continue
+        assert got[name].dtype == value.dtype and got[name].stride() == value.stride(), name
+        bits = value.resolve_conj().contiguous().view(torch.uint8)
+        assert torch.equal(got[name].contiguous().view(torch.uint8), bits), name
+
+
+@pytest.mark.parametrize(
+    "value",
+    [np.ma.masked_array([1, 2], mask=[True, False]), np.zeros(2, dtype=[("a", "<i4")])],
+    ids=["masked", "structured"],
+)
+def test_entries_refuse_what_they_would_change(value: Any) -> None:
+    """A masked array was stored as its data (its mask lost, then a failed reshape)."""
+    from drapps.cache.entry import Uncacheable, pack
+    from drapps.cache.registry import CODECS
+
+    none = CODECS.get("none")
+    with pytest.raises(Uncacheable):
+        pack({"x": value}, none, none, None)

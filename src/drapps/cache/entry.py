@@ -211,8 +211,10 @@ def _checked(data: bytearray | memoryview) -> tuple[memoryview, int]:
 # ------------------------------------------------------------------------------ the header
 # A node is a one-key object: {"v": JSON value}, {"y": base64 bytes}, {"g": [dtype, value]}
 # (a NumPy scalar), {"a": slot} (an array leaf), {"h": slot} (a bfloat16 tensor's bits as
-# int16), {"l": [...]}, {"t": [...]}, {"d": [[key,
-# value], ...]} or {"n": [module, qualname, fields, [...]]} (a named tuple).
+# int16), {"x": [slot, dtype]} (a float8 tensor's bits as uint8), {"p": [node, order]} (a
+# node's array or tensor with its dimensions permuted: a transposed layout), {"l": [...]},
+# {"t": [...]}, {"d": [[key, value], ...]} or {"n": [module, qualname, fields, [...]]} (a
+# named tuple).
 
 _DTYPE_KINDS = frozenset("biufc")
 
@@ -229,16 +231,29 @@ def _plain(value: Any) -> Any:
 def _flatten(value: Any, encode: Any, depth: int) -> Any:
     if depth > _MAX_DEPTH:
         raise Uncacheable(f"the sample nests deeper than {_MAX_DEPTH} levels")
-    if isinstance(value, np.ndarray) and value.dtype.kind in _DTYPE_KINDS:
+    if type(value) is np.ndarray and value.dtype.kind in _DTYPE_KINDS and not value.dtype.fields:
+        if value.ndim > 1 and value.flags.f_contiguous and not value.flags.c_contiguous:
+            # Fortran order comes back as it was: the C-ordered transpose, transposed back.
+            order = list(range(value.ndim))[::-1]
+            return {"p": [{"a": encode(value.transpose(order), False)}, order]}
         return {"a": encode(value, False)}
     if (
         type(value) is torch.Tensor
         and value.device.type == "cpu"
         and not value.requires_grad
         and value.layout == torch.strided
+        and not value.is_quantized
     ):
+        value = value.resolve_conj().resolve_neg()
+        dense = _dense_order(value)
+        if dense is not None:  # a transposed layout comes back with its strides
+            inner = _flatten(value.permute(dense).contiguous(), encode, depth + 1)
+            return {"p": [inner, _inverse(dense)]}
         if value.dtype == torch.bfloat16:  # NumPy has no bfloat16: its bits, as int16
             return {"h": encode(value.contiguous().view(torch.int16).numpy(), True)}
+        name = str(value.dtype).removeprefix("torch.")
+        if name in _BITS_DTYPES:  # nor float8: its bits, as uint8
+            return {"x": [encode(value.contiguous().view(torch.uint8).numpy(), True), name]}
         return {"a": encode(value.numpy(), True)}
     if value is None or type(value) in (bool, int, float, str):  # not their subclasses
         return {"v": value}
@@ -271,6 +286,35 @@ def _flatten(value: Any, encode: Any, depth: int) -> Any:
     )
 
 
+_BITS_DTYPES = frozenset(
+    name for name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+    if hasattr(torch, name)
+)  # fmt: skip
+"""torch dtypes NumPy lacks whose bits an entry keeps as uint8 (``{"x": [slot, name]}``)."""
+
+
+def _dense_order(tensor: torch.Tensor) -> list[int] | None:
+    """The order of dimensions that lays a dense, non-overlapping but non-contiguous
+    tensor out contiguously (a transposed one); None for any other."""
+    if tensor.dim() < 2 or tensor.is_contiguous():
+        return None
+    strides, sizes = tensor.stride(), tensor.shape
+    order = sorted(range(tensor.dim()), key=lambda d: (-strides[d], d))
+    step = 1
+    for dim in reversed(order):  # innermost first: each stride spans the dimensions inside it
+        if sizes[dim] != 1 and strides[dim] != step:
+            return None
+        step *= sizes[dim]
+    return order
+
+
+def _inverse(order: list[int]) -> list[int]:
+    inverse = [0] * len(order)
+    for position, dim in enumerate(order):
+        inverse[dim] = position
+    return inverse
+
+
 def _unflatten(node: Any, arrays: list[Any], depth: int) -> Any:
     if depth > _MAX_DEPTH or not isinstance(node, dict) or len(node) != 1:
         raise CorruptEntry("entry header holds a malformed node")
@@ -282,6 +326,23 @@ def _unflatten(node: Any, arrays: list[Any], depth: int) -> Any:
             return arrays[value]
         if kind == "h" and type(value) is int and 0 <= value < len(arrays):
             return arrays[value].view(torch.bfloat16)
+        if kind == "x" and isinstance(value, list) and len(value) == 2 and value[1] in _BITS_DTYPES:
+            slot = value[0]
+            if type(slot) is int and 0 <= slot < len(arrays):
+                return arrays[slot].view(getattr(torch, value[1]))
+        if kind == "p" and isinstance(value, list) and len(value) == 2:
+            inner, order = _unflatten(value[0], arrays, depth + 1), value[1]
+            if not (
+                isinstance(order, list)
+                and sorted(order) == list(range(len(order)))
+                and all(type(d) is int for d in order)
+                and isinstance(inner, torch.Tensor | np.ndarray)
+                and inner.ndim == len(order)
+            ):
+                raise CorruptEntry("entry header holds a malformed 'p' node")
+            return (
+                inner.permute(order) if isinstance(inner, torch.Tensor) else inner.transpose(order)
+            )
         if kind == "y" and isinstance(value, str):
             return base64.b64decode(value, validate=True)
         if kind == "g" and isinstance(value, list) and len(value) == 2:
