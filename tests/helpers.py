@@ -210,6 +210,27 @@ def slab_maps(pid: int | None = None) -> list[str]:
         return [line for line in maps if "/memfd:drapps-slab" in line]
 
 
+def slab_bytes_held() -> int:
+    """Bytes of drapps' slabs held anywhere in this process tree: each slab once (by inode),
+    its allocated pages where a process holds it open, else the size of its mappings."""
+    import psutil
+
+    held: dict[int, int] = {}
+    for process in [psutil.Process(), *psutil.Process().children(recursive=True)]:
+        with contextlib.suppress(OSError, psutil.Error):
+            fd_dir = f"/proc/{process.pid}/fd"
+            for fd in os.listdir(fd_dir):
+                with contextlib.suppress(OSError):
+                    if os.readlink(f"{fd_dir}/{fd}").startswith("/memfd:drapps-slab"):
+                        stat = os.stat(f"{fd_dir}/{fd}")
+                        held[stat.st_ino] = stat.st_blocks * 512
+            for line in slab_maps(process.pid):
+                fields = line.split()
+                start, end = (int(x, 16) for x in fields[0].split("-"))
+                held.setdefault(int(fields[4]), end - start)
+    return sum(held.values())
+
+
 def shm_names() -> set[str]:
     """Everything named like drapps' in the shared-memory filesystem (and ``/dev/shm``)."""
     names: set[str] = set()

@@ -19,7 +19,9 @@ from helpers import (
     SlowDataset,
     assert_batches_equal,
     flatten_indices,
+    slab_bytes_held,
     slab_maps,
+    wait_until,
 )
 
 import drapps
@@ -231,6 +233,35 @@ def test_ready_batches_stay_under_the_memory_budget_when_the_consumer_stalls() -
     # Batches crossed by shared memory: the pipes carried only a small skeleton per batch.
     assert stats.shared_bytes == 24 * batch_bytes
     assert stats.pickled_bytes / stats.batches < 1024
+
+
+class Growing:
+    """Batches of 4 that grow from 64 KiB to 2 MiB a sample: the slabs a worker keeps for
+    reuse are the largest it made."""
+
+    def __len__(self) -> int:
+        return 128
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.full(((i // 4 + 1) * 16384,), float(i))
+
+
+def test_batches_and_the_slabs_kept_for_reuse_stay_under_the_memory_budget() -> None:
+    """Each worker kept two released slabs of its largest batch, outside the budget: with a
+    128 MB budget about 408 MiB stayed held, idle between epochs too."""
+    budget, largest_batch = 24 * 2**20, 4 * 2 * 2**20
+    with drapps.Loader(
+        Growing(), batch_size=4, workers=3, memory_budget=budget, persistent_workers=True
+    ) as loader:
+        for _ in range(2):
+            peak = 0
+            for batch in loader:
+                del batch
+                peak = max(peak, slab_bytes_held())
+            gc.collect()
+            # The batch the loop waits for is always made, so the bound is one batch more.
+            assert peak <= budget + largest_batch
+            assert wait_until(lambda: slab_bytes_held() <= budget, timeout=10)  # idle
 
 
 def test_memory_budget_parses_sizes() -> None:

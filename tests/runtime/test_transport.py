@@ -149,7 +149,9 @@ def test_a_released_slab_is_written_over_by_its_worker(channel) -> None:  # type
     assert slab_fds() == []
 
 
-def test_the_writer_keeps_a_few_released_slabs_and_closes_the_rest() -> None:
+def test_the_writer_keeps_the_slabs_released_as_reusable_and_closes_the_rest() -> None:
+    """Which released slabs are kept is the receiver's decision (it counts them in the
+    memory budget): the writer keeps those it is told are reusable."""
     writer = transport.SlabWriter(keep=2)
     packed = [pack([np.ones(1000)], writer) for _ in range(4)]
     assert writer.held() == 0  # kept only once sent
@@ -157,9 +159,9 @@ def test_the_writer_keeps_a_few_released_slabs_and_closes_the_rest() -> None:
         assert p.fd is not None and p.slab is not None
         writer.sent(p.slab, p.fd)
     writer.released([(p.slab, True) for p in packed[:3]])  # type: ignore[misc]
-    assert len(writer._free) == 2 and writer.held() == 3  # the third: closed
+    assert len(writer._free) == 3 and writer.held() == 4
     writer.released([(packed[3].slab, False)])  # type: ignore[list-item]
-    assert writer.held() == 2  # not reusable (mapped across a fork): closed too
+    assert writer.held() == 3  # not reusable (not kept by the receiver): closed
     writer.close()
     assert slab_fds() == []
 
@@ -400,12 +402,14 @@ def test_a_worker_keeps_small_released_slabs_by_bytes_and_the_receiver_forgets_c
         parts = [_rows(writer, recycler, channel, 16) for _ in range(10)]
         del whole, parts
         gc.collect()
+        # 2 x 64 rows of room: the largest slab and four of the small ones; the rest let go.
+        assert len(recycler.mappings) == 5
         writer.released(recycler.drain()[0])
-        # 2 x 64 rows of room: the largest slab and four of the small ones; the rest closed.
-        assert len(writer._free) == 5 and writer.held() == 5
-        assert len(recycler.mappings) == 11  # not yet told which were closed
+        assert len(writer._free) == 5 and writer.held() == 5  # the other 6 closed
+        held = recycler.mappings.held_bytes()  # the 6 let go count until closed
         nxt = _rows(writer, recycler, channel, 16)  # carries the closed slabs' files
-        assert len(recycler.mappings) == 4  # the 6 closed forgotten, 1 mapping taken back
+        assert len(recycler.mappings) == 4  # 1 mapping taken back
+        assert recycler.mappings.held_bytes() < held - 6 * 16 * 1024 * 4 + 1  # 6 forgotten
         assert len(slab_maps()) == 5
         del nxt
         gc.collect()
@@ -430,15 +434,22 @@ def test_the_slabs_of_a_worker_that_exited_are_unmapped_and_not_kept(channel) ->
         recycler.drain()
 
 
-def test_kept_mappings_are_bounded_and_a_closed_recycler_keeps_none(channel) -> None:  # type: ignore[no-untyped-def]
-    writer, recycler = transport.SlabWriter(keep=8), transport.SlabRecycler()
-    recycler.mappings.keep = 2
+def test_kept_slabs_are_bounded_by_the_budget_and_a_closed_recycler_keeps_none(channel) -> None:  # type: ignore[no-untyped-def]
+    """A slab kept for reuse holds its pages: it is kept only while the budget has room,
+    and counted until its worker closes it once it is not."""
+    slab = 64 * 1024 * 4
+    writer, recycler = transport.SlabWriter(), transport.SlabRecycler()
+    recycler.mappings.keep = 8  # the worker's share would take them all
+    recycler.mappings.room = lambda: 2 * slab - recycler.mappings.held_bytes_unlocked()
     try:
         batches = [_worker_round(writer, recycler, channel, i) for i in range(4)]
         del batches
         gc.collect()
-        assert len(recycler.mappings) == 2 and len(slab_maps()) == 2  # the oldest unmapped
-        held = _worker_round(writer, recycler, channel, 9)  # a fresh slab (none given back)
+        assert len(recycler.mappings) == 2 and len(slab_maps()) == 2  # two let go
+        assert recycler.mappings.held_bytes() == 4 * slab  # until their worker closes them
+        writer.released(recycler.drain()[0])
+        assert len(writer._free) == 2
+        held = _worker_round(writer, recycler, channel, 9)  # into a kept slab
         recycler.close()
         assert len(slab_maps()) == 1  # only the batch still held
         del held

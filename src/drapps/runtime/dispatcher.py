@@ -170,7 +170,8 @@ class Dispatcher:
         self._batch_bytes = 0
         self._live_bytes = 0
         self._bytes_lock = threading.Lock()
-        self._recycler = SlabRecycler()  # released slabs go back to their workers
+        # Released slabs go back to their workers, those the budget has room for kept.
+        self._recycler = SlabRecycler(room=self._room_to_keep)
         # Counters read by snapshot().
         self.counters: dict[str, float] = {
             "worker_restarts": 0,
@@ -573,9 +574,19 @@ class Dispatcher:
             # Size unknown until the first batch lands: one batch per worker until then.
             return outstanding < max(1, len(self.pool.live()))
         # Live bytes: batches in the buffer and those the training loop still holds, whose
-        # pages stay in shared memory until their last tensor is gone.
-        projected = self._live_bytes + (len(self._open) + 1) * self._batch_bytes
+        # pages stay in shared memory until their last tensor is gone; kept: released slabs
+        # the workers keep to write later batches into.
+        kept = self._recycler.mappings.held_bytes()
+        projected = self._live_bytes + kept + (len(self._open) + 1) * self._batch_bytes
         return projected <= self._budget
+
+    def _room_to_keep(self) -> int:
+        """Bytes the budget has left for one more released slab kept for reuse, beside the
+        live batches, the slabs kept already and the batches under way (called from the
+        finalizer of a batch's last tensor, in any thread)."""
+        kept = self._recycler.mappings.held_bytes_unlocked()
+        under_way = len(self._open) * self._batch_bytes
+        return self._budget - self._live_bytes - kept - under_way
 
     def _send_releases(self) -> None:
         """Tell each worker which of its slabs the training process has let go of."""
@@ -895,8 +906,13 @@ class Dispatcher:
         release = None
         if packed.recycle and packed.slab is not None:
             release = self._recycler.releaser(worker.wid, packed.slab)
-        batch = unpack(packed, self._on_release, release, self._recycler.mappings, worker.wid)
-        nbytes = packed.nbytes
+        # A recycled slab may be longer than its batch (slabs only grow): its pages count.
+        nbytes = max(packed.nbytes, os.fstat(packed.fd).st_size if packed.fd is not None else 0)
+
+        def on_release(_: int) -> None:
+            self._on_release(nbytes)
+
+        batch = unpack(packed, on_release, release, self._recycler.mappings, worker.wid)
         if nbytes:
             with self._bytes_lock:
                 self._live_bytes += nbytes

@@ -606,7 +606,7 @@ class SlabWriter:
         self._length: dict[int, int] = {}  # descriptor -> the file's length, as last set here
         self._largest = 0  # the longest slab made so far
         # Files of slabs closed since the last batch was packed (the receiver may map them).
-        self._closed: collections.deque[tuple[int, int]] = collections.deque(maxlen=256)
+        self._closed: collections.deque[tuple[int, int]] = collections.deque(maxlen=4096)
 
     def take(self) -> tuple[int, int | None]:
         """A new slab id, and a released slab's descriptor to write into (None: make one)."""
@@ -656,19 +656,22 @@ class SlabWriter:
             self._close(fd)
 
     def released(self, notices: list[tuple[int, bool]]) -> None:
-        """The receiver has let go of these slabs: ``(slab, reusable)`` each; a slab that is
-        not reusable (it was mapped across a fork) is closed, as are those over ``keep``."""
+        """The receiver has let go of these slabs: ``(slab, reusable)`` each. The receiver
+        decides which are kept (:class:`ReceivedMappings`, which counts them in the memory
+        budget): a reusable one is kept for a later batch, any other closed (it was mapped
+        across a fork, or keeping it would pass the budget or the worker's share)."""
         for slab, reusable in notices:
             fd = self._sent.pop(slab, None)
             if fd is None:
                 continue  # closed already (over the memory)
-            if reusable and self._keeps(fd):
+            if reusable and len(self._free) < _KEEP_SLABS:
                 self._free.append(fd)
             else:
                 self._close(fd)
 
     def _keeps(self, fd: int) -> bool:
-        """Whether released slab ``fd`` is kept for reuse (see :data:`KEEP_FREE`)."""
+        """Whether slab ``fd``, taken for a batch that failed, is kept for the next one (see
+        :data:`KEEP_FREE`)."""
         if len(self._free) < self.keep:
             return True
         if len(self._free) >= _KEEP_SLABS:
@@ -704,12 +707,16 @@ class SlabWriter:
 class SlabRecycler:
     """The receiver's side: release notices, gathered per worker for the dispatcher to send
     (:meth:`drain`). Finalizers add to it from any thread, the collector's included, so it
-    takes no lock (a deque's append and popleft are atomic)."""
+    takes no lock (a deque's append and popleft are atomic).
 
-    def __init__(self) -> None:
+    Args:
+        room: bytes the memory budget has left for one more kept slab (None: no budget).
+    """
+
+    def __init__(self, room: Callable[[], int] | None = None) -> None:
         self._notices: collections.deque[tuple[int, int, bool]] = collections.deque()
         self._closed = False
-        self.mappings = ReceivedMappings()
+        self.mappings = ReceivedMappings(room=room)
         """The receiver's mappings of this recycler's released slabs, for :func:`unpack`."""
 
     def releaser(self, worker: int, slab: int) -> Callable[[bool], None]:
@@ -806,14 +813,14 @@ def unpack(
             os.close(packed.fd)
         # A fork during the mapping may or may not have copied it: not reusable either way.
         settled = forks if forks % 2 == 0 and _forks[0] == forks else None
-        if on_release is not None:
-            weakref.finalize(slab, _in_owner, owner, on_release, packed.nbytes)
-        if release is not None and mappings is None:
-            weakref.finalize(slab, _release_slab, owner, release, settled)
-        elif release is not None and mappings is not None:
-            weakref.finalize(
-                slab, _retire, owner, release, settled, mappings, key, address, size, sender
-            )
+        if release is not None and mappings is not None:  # one finalizer: release, then keep
+            retired = (owner, release, settled, mappings, key, address, size, sender)
+            weakref.finalize(slab, _retire, *retired, on_release, packed.nbytes)
+        else:
+            if on_release is not None:
+                weakref.finalize(slab, _in_owner, owner, on_release, packed.nbytes)
+            if release is not None:
+                weakref.finalize(slab, _release_slab, owner, release, settled)
     return _SlabUnpickler(io.BytesIO(packed.skeleton), slab).load()
 
 
@@ -824,24 +831,35 @@ def _release_slab(owner: int, release: Callable[[bool], None], forks: int | None
 
 class ReceivedMappings:
     """The receiver's mappings of released slabs, kept for the slab's next batch (one set per
-    :class:`SlabRecycler`, closed with it).
+    :class:`SlabRecycler`, closed with it), and the decision which released slabs are kept.
 
     A recycled slab comes back with a new descriptor for the same file: found here by its
     inode, it is read through the mapping it had, so the training process pays no ``mmap``,
-    page-table population or ``munmap`` per batch. Only slabs released as reusable are kept
-    (the worker writes them only after that), and only a few: one whose worker closed it
-    instead holds its pages until it is pushed out (at most ``keep`` slabs and ``max_bytes``)
-    or the set is closed. A worker that exits sends none of its slabs again: :meth:`gone`
-    unmaps them at once, and they are not kept once released. A forked child unmaps its
-    inherited copies at once.
+    page-table population or ``munmap`` per batch. A released slab is kept (here mapped, in
+    its worker open) only while it fits both its worker's share (:data:`KEEP_FREE` slabs of
+    the largest it has sent, or as many smaller ones as fit in their bytes, at most
+    ``_KEEP_SLABS``) and the memory budget's ``room()``; any other is unmapped and its worker
+    told to close it. So what is kept is exactly what is counted (:meth:`held_bytes`). A
+    worker that closed a kept slab names it with its next batch (:meth:`forget`); a worker
+    that exits sends none of its slabs again: :meth:`gone` unmaps them at once. A forked
+    child unmaps its inherited copies at once.
+
+    Args:
+        keep: the worker's share, in slabs of the largest it sent (:data:`KEEP_FREE`).
+        room: bytes the budget has left for one more kept slab (None: no budget).
     """
 
-    def __init__(self, keep: int = 64, max_bytes: int = 64 * 2**20) -> None:
-        self.keep, self.max_bytes = keep, max_bytes
+    def __init__(self, keep: int = KEEP_FREE, room: Callable[[], int] | None = None) -> None:
+        self.keep = keep
+        self.room = room
         # file key -> (address, bytes mapped, the sender's id or None)
         self._held: collections.OrderedDict[tuple[int, int], tuple[int, int, int | None]] = (
             collections.OrderedDict()
         )
+        self._largest: dict[int | None, int] = {}  # sender -> the largest slab it sent
+        # Released slabs not kept, until their worker says it closed them (its pages live
+        # till then): file key -> (bytes, sender).
+        self._closing: dict[tuple[int, int], tuple[int, int | None]] = {}
         self._gone: set[int] = set()  # senders that exited
         self._lock = threading.Lock()  # finalizers run in whichever thread drops a batch
         self._closed = False
@@ -864,25 +882,55 @@ class ReceivedMappings:
 
     def keep_mapped(
         self, key: tuple[int, int], address: int, size: int, sender: int | None = None
-    ) -> None:
-        """Keep a released slab's mapping (pushing the oldest out past the bounds); once
-        closed, or once ``sender`` (the worker that wrote it) is :meth:`gone`, unmap it
-        instead."""
+    ) -> bool:
+        """Keep a released slab's mapping for its next batch if it fits its worker's share
+        and the budget's room; else (or once closed, or once ``sender`` is :meth:`gone`)
+        unmap it. Returns whether it is kept: its worker keeps the slab only then."""
         gone = []
         with self._lock:
-            if self._closed or (sender is not None and sender in self._gone):
-                gone.append((address, size, sender))
-            else:
-                if (previous := self._held.pop(key, None)) is not None:
-                    gone.append(previous)  # mapped again meanwhile: keep the newer one
+            if (previous := self._held.pop(key, None)) is not None:
+                gone.append(previous)  # mapped again meanwhile: this one is the slab's
+            largest = self._largest[sender] = max(size, self._largest.get(sender, 0))
+            mine = [held for held in self._held.values() if held[2] == sender]
+            share = len(mine) < self.keep or (
+                len(mine) < _KEEP_SLABS
+                and sum(held[1] for held in mine) + size <= self.keep * largest
+            )
+            kept = (
+                not self._closed
+                and (sender is None or sender not in self._gone)
+                and share
+                and (self.room is None or size <= self.room())
+            )
+            if kept:
                 self._held[key] = (address, size, sender)
-                total = sum(kept for _, kept, _ in self._held.values())
-                while len(self._held) > self.keep or total > self.max_bytes:
-                    _, oldest = self._held.popitem(last=False)
-                    total -= oldest[1]
-                    gone.append(oldest)
+            else:
+                gone.append((address, size, sender))
+                self._note_closing(key, size, sender)
         for old, old_size, _ in gone:
             _libc.munmap(old, old_size)
+        return kept
+
+    def let_go(self, key: tuple[int, int], address: int, size: int, sender: int | None) -> None:
+        """Unmap a released slab its worker must close (it was mapped across a fork)."""
+        with self._lock:
+            self._note_closing(key, size, sender)
+        _libc.munmap(address, size)
+
+    def _note_closing(self, key: tuple[int, int], size: int, sender: int | None) -> None:
+        if sender is not None and sender not in self._gone and not self._closed:
+            self._closing[key] = (size, sender)
+
+    def held_bytes(self) -> int:
+        """Bytes of released slabs still held: kept for reuse (each mapped here, open in its
+        worker), or not kept and not yet closed by their worker."""
+        with self._lock:
+            return self.held_bytes_unlocked()
+
+    def held_bytes_unlocked(self) -> int:
+        """:meth:`held_bytes` for ``room()``, which runs with the lock held."""
+        kept = sum(size for _, size, _ in self._held.values())
+        return kept + sum(size for size, _ in self._closing.values())
 
     def forget(self, keys: tuple[tuple[int, int], ...]) -> None:
         """Unmap the kept mappings of these files (their sender closed them: they will not
@@ -890,6 +938,7 @@ class ReceivedMappings:
         gone = []
         with self._lock:
             for key in keys:
+                self._closing.pop(key, None)
                 if (held := self._held.pop(key, None)) is not None:
                     gone.append(held)
         for address, size, _ in gone:
@@ -902,6 +951,7 @@ class ReceivedMappings:
         with self._lock:
             self._gone.add(sender)
             keys = [key for key, held in self._held.items() if held[2] == sender]
+            keys += [key for key, closing in self._closing.items() if closing[1] == sender]
         self.forget(tuple(keys))
 
     def close(self) -> None:
@@ -909,6 +959,7 @@ class ReceivedMappings:
         with self._lock:
             self._closed = True
             held, self._held = list(self._held.values()), collections.OrderedDict()
+            self._closing.clear()
         for address, size, _ in held:
             _libc.munmap(address, size)
 
@@ -937,17 +988,22 @@ def _retire(
     address: int,
     size: int,
     sender: int | None,
+    on_release: Callable[[int], None] | None,
+    nbytes: int,
 ) -> None:
-    """The last tensor over a received, recyclable slab is gone: keep the mapping for the
-    slab's next batch when it may be written again, and tell its worker."""
+    """The last tensor over a received, recyclable slab is gone: its batch's bytes are no
+    longer live; keep the mapping for the slab's next batch when it may be written again and
+    fits (:meth:`ReceivedMappings.keep_mapped`), and tell its worker."""
     if os.getpid() != owner:
         _libc.munmap(address, size)  # a forked child's copy of the mapping
         return
+    if on_release is not None:  # first: the budget's room then counts this slab as kept
+        on_release(nbytes)
     reusable = forks is not None and _forks[0] == forks
     if reusable:
-        mappings.keep_mapped(key, address, size, sender)
+        reusable = mappings.keep_mapped(key, address, size, sender)
     else:
-        _libc.munmap(address, size)
+        mappings.let_go(key, address, size, sender)
     release(reusable)
 
 
