@@ -159,3 +159,12 @@ def test_the_floor_check_finds_an_arrow_up_and_a_two_way_one(tmp_path: Path) -> 
         "pkg.low.base -> pkg.mid_a.thing (up from floor 0 to 1)",
         "pkg.mid_a.thing -> pkg.mid_b.other (and back: pkg.mid_b.other -> pkg.mid_a.thing)",
     ]
+
+
+def test_a_missing_dotted_module_is_not_installed_rather_than_an_error() -> None:
+    """``find_spec("nvidia.dali")`` raises where ``nvidia`` is missing: the bench's peer
+    list (``drapps bench``) failed to import without DALI."""
+    from drapps._optional import installed
+
+    assert not installed("drapps_no_such_parent.child")
+    assert installed("drapps.loader")

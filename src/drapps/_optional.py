@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 import io
 from types import ModuleType
 
@@ -42,6 +43,15 @@ def install_hint(extra: str) -> str:
 _QUIET = {"stable_baselines3", "d3rlpy"}
 """Modules that import the unmaintained ``gym`` where it is installed (d3rlpy depends on it),
 which prints a notice to stderr on import: nothing a drapps user can act on."""
+
+
+def installed(module: str) -> bool:
+    """Whether ``module`` can be imported, without importing it (a dotted name whose parent
+    package is missing, such as ``nvidia.dali``, is not installed rather than an error)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
 
 
 def require(module: str) -> ModuleType:

@@ -19,7 +19,6 @@ Each part prints its command lines as it goes, so a part cut short still says ho
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import subprocess
@@ -28,6 +27,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from drapps._optional import installed
 
 PARTS = ("env", "tests", "none", "model")
 SECONDS = 20.0
@@ -50,7 +51,7 @@ def environment() -> str:
     )
     lines.append(f"cpu cores usable {len(os.sched_getaffinity(0))}")
     for module in ("torchvision", "nvidia.dali", "pynvml", "simplejpeg", "cv2"):
-        found = importlib.util.find_spec(module) is not None
+        found = installed(module)
         version = ""
         if found:
             try:
@@ -68,7 +69,7 @@ def bench_command(consumer: str, out: Path) -> list[str]:
     """The bench run of one part: loader-bound (``none``) or beside ResNet-50."""
     cores = len(os.sched_getaffinity(0))
     systems = ["dataloader", "drapps-heuristic", "drapps-offload"]
-    if importlib.util.find_spec("nvidia.dali") is not None:
+    if installed("nvidia.dali"):
         systems.append("dali-gpu")
     command = [
         sys.executable, "-m", "drapps.cli", "bench", "--workload", "image", "--scenario", "steady",

@@ -23,7 +23,6 @@ batch 32, reshuffled every epoch. How each reaches its speed is in ``docs/bench.
 from __future__ import annotations
 
 import gc
-import importlib.util
 import os
 import shutil
 import tempfile
@@ -33,7 +32,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from drapps._optional import install_hint, require
+from drapps._optional import install_hint, installed, require
 from drapps.bench.systems._base import EpochSource, Source, System, Workers
 from drapps.bench.throttle import IoThrottle
 from drapps.bench.workloads import Workload
@@ -45,7 +44,7 @@ _RATIO = (3 / 4, 4 / 3)
 
 def _missing(module: str, extra: str, also: str = "") -> str | None:
     """Why a peer cannot run: its package is not installed (None when it is)."""
-    if importlib.util.find_spec(module) is None:
+    if not installed(module):
         return f"{module} is not installed: {install_hint(extra)}{also}"
     return None
 
@@ -400,7 +399,7 @@ class Ffcv(_PeerSystem):
 
     @classmethod
     def unavailable(cls) -> str | None:
-        if importlib.util.find_spec("ffcv") is None:
+        if not installed("ffcv"):
             return (
                 "ffcv is not installed: it builds against the OS's OpenCV and libjpeg-turbo "
                 "(Debian: libopencv-dev libturbojpeg0-dev pkg-config), see docs/bench.md"
