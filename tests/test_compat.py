@@ -364,9 +364,11 @@ def test_pin_memory_without_an_accelerator_warns_like_dataloader() -> None:
         pytest.skip("an accelerator is present: tests/gpu covers pinning")
     with pytest.warns(UserWarning, match="no accelerator is found"):
         list(DataLoader(Indexed(4), batch_size=2, pin_memory=True))
-    with pytest.warns(UserWarning, match="no accelerator is found"):
+    with pytest.warns(UserWarning, match="no accelerator is found") as warned:
         with drapps.Loader(Indexed(4), batch_size=2, pin_memory=True, workers=1) as loader:
             assert [b.tolist() for b in loader] == [[0, 1], [2, 3]]
+    # At the user's line, as DataLoader's is (it pointed into drapps/loader.py).
+    assert {w.filename for w in warned} == {__file__}
 
 
 def test_in_order_false_without_worker_processes_keeps_the_order() -> None:
@@ -496,10 +498,11 @@ def test_more_workers_than_cores_warn_as_in_dataloader_and_run() -> None:
     with pytest.warns(UserWarning, match="excessive worker creation might get DataLoader"):
         torch_loader = DataLoader(Indexed(8), batch_size=2, num_workers=many)
     expected = [b.tolist() for b in torch_loader]
-    with pytest.warns(UserWarning, match="excessive worker creation might get DataLoader"):
+    with pytest.warns(UserWarning, match="excessive worker creation might get DataLoader") as w:
         with drapps.Loader(Indexed(8), batch_size=2, num_workers=many) as loader:
             assert loader.config.resolved_max_workers == many
             assert [b.tolist() for b in loader] == expected
+    assert {warning.filename for warning in w} == {__file__}
 
 
 def test_a_loader_type_takes_a_parameter_as_dataloaders_does() -> None:

@@ -12,7 +12,6 @@ import importlib
 import multiprocessing
 import pickle
 import re
-import warnings
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from multiprocessing.context import BaseContext
@@ -20,6 +19,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from drapps.registry import Registry
+from drapps.runtime.errors import warn_user
 from drapps.runtime.pool import WorkerPool
 from drapps.runtime.sampling import is_iterable_dataset
 from drapps.runtime.worker import BatchRecipe, unsendable
@@ -61,7 +61,7 @@ class Backend(ABC):
         )
         if c.workers != "auto":
             raise pickle.PicklingError(f"{why}, or use num_workers=0") from exc
-        warnings.warn(f"drapps: {why}; until then batches are made in this process", stacklevel=5)
+        warn_user(f"drapps: {why}; until then batches are made in this process")
         return False
 
 

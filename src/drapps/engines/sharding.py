@@ -59,7 +59,6 @@ class RankShard:
                     f"torch.distributed runs {size} ranks but the sampler "
                     f"{type(self._user_sampler).__name__} is not a distributed one: every "
                     "rank iterates all of it (use DistributedSampler to split it)",
-                    stacklevel=3,
                 )
             return None
         if warn and not self._warned:

@@ -7,7 +7,6 @@ import multiprocessing
 import operator
 import os
 import re
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from multiprocessing.context import BaseContext
@@ -16,6 +15,7 @@ from typing import Any, Literal
 import numpy as np
 import psutil
 
+from drapps.runtime.errors import warn_user
 from drapps.runtime.transport import slab_space
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)\s*$", re.IGNORECASE)
@@ -397,13 +397,12 @@ def warn_excessive_workers(workers: Any) -> None:
     usable cores."""
     cores = usable_cores()
     if _is_int(workers) and workers > cores:
-        warnings.warn(
+        warn_user(
             f"This DataLoader will create {workers} worker processes in total. Our suggested "
             f"max number of worker in current system is {cores}, which is smaller than what "
             "this DataLoader is going to create. Please be aware that excessive worker creation "
             "might get DataLoader running slow or even freeze, lower the worker number to avoid "
-            "potential slowness/freeze if necessary.",
-            stacklevel=3,
+            "potential slowness/freeze if necessary."
         )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import sys
 import warnings
 from typing import Any
 
@@ -192,9 +193,22 @@ def fd_limit_error() -> RuntimeError:
 _warned: set[str] = set()
 
 
-def warn_once(key: str, message: str, stacklevel: int = 1) -> None:
-    """``warnings.warn(message)`` the first time ``key`` is seen in this process;
-    ``stacklevel`` counts from the caller, as ``warnings.warn``'s does."""
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def warn_user(message: str, category: type[Warning] = UserWarning) -> None:
+    """``warnings.warn(message)``, naming the user's line: the first frame outside drapps
+    (a loader's constructor, the ``for`` over its batches), not the line in drapps that
+    noticed."""
+    frame = sys._getframe(1)
+    level = 2
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)
+
+
+def warn_once(key: str, message: str) -> None:
+    """:func:`warn_user` the first time ``key`` is seen in this process."""
     if key not in _warned:
         _warned.add(key)
-        warnings.warn(message, stacklevel=stacklevel + 1)
+        warn_user(message)

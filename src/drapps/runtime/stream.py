@@ -347,7 +347,6 @@ class StreamPool:
                         "before its first item, so one worker streams it (each of several "
                         "workers would yield all of it); shard it by get_worker_info() to use "
                         "more, or set num_workers to choose the count",
-                        stacklevel=3,
                     )
                 continue
             if reply[0] == "err":

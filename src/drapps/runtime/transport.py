@@ -40,7 +40,6 @@ import pickle
 import socket
 import tempfile
 import threading
-import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -51,7 +50,7 @@ import numpy as np
 import torch
 from torch.utils.data._utils.collate import collate_tensor_fn, default_collate_fn_map
 
-from drapps.runtime.errors import fd_limit_error
+from drapps.runtime.errors import fd_limit_error, warn_user
 
 _ALIGN = 64
 SHM_DIR = os.environ.get("DRAPPS_SHM_DIR") or (
@@ -1030,17 +1029,15 @@ def pinner(pin_memory: bool, device: str = "") -> Callable[[Any], Any] | None:
     accelerator = getattr(torch, "accelerator", None)
     available = accelerator.is_available() if accelerator is not None else torch.cuda.is_available()
     if not available:
-        warnings.warn(
+        warn_user(
             "'pin_memory' argument is set as true but no accelerator is found, then device "
-            "pinned memory won't be used.",
-            stacklevel=3,
+            "pinned memory won't be used."
         )
         return None
     if device:
-        warnings.warn(
+        warn_user(
             "pin_memory_device is deprecated, the current accelerator will be used as the "
-            f"device, ignore pin_memory_device='{device}'.",
-            stacklevel=3,
+            f"device, ignore pin_memory_device='{device}'."
         )
     from torch.utils.data._utils.pin_memory import pin_memory as pin
 
