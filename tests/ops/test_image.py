@@ -85,3 +85,17 @@ def test_pipeline_in_a_loader_is_deterministic_across_worker_counts(image: np.nd
             outs.append(torch.cat(list(loader)))
     assert torch.equal(outs[0], outs[1])
     assert not torch.equal(outs[0][0], outs[0][1])  # samples draw different crops
+
+
+def test_a_missing_image_extra_is_named_when_the_op_or_dataset_is_made(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: object
+) -> None:
+    """Without simplejpeg the error came at the first batch, from inside a worker."""
+    from drapps.datasets import ImageFolder
+    from drapps.ops import DecodeJPEG
+    from drapps.ops.decode_crop import DecodeRandomResizedCrop
+
+    monkeypatch.setitem(__import__("sys").modules, "simplejpeg", None)  # not importable
+    for make in (DecodeJPEG, lambda: DecodeRandomResizedCrop(8), lambda: ImageFolder(tmp_path)):
+        with pytest.raises(ImportError, match=r"pip install 'drapps-loader\[image\]'"):
+            make()

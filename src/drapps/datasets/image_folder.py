@@ -7,6 +7,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from drapps._optional import require
 from drapps.datasets._fingerprint import file_fingerprint
 from drapps.datasets.read_ahead import ReadAhead
 from drapps.ops.image import decode_jpeg
@@ -41,6 +42,8 @@ class ImageFolder:
         read: Callable[[str], bytes] | None = None,
         read_threads: int = 4,
     ) -> None:
+        if decode is decode_jpeg:
+            require("simplejpeg")  # a missing extra is named here, not at the first batch
         self.root = os.fspath(root)
         if not os.path.isdir(self.root):
             raise ValueError(f"root must be a directory of class folders, got {self.root!r}")

@@ -144,6 +144,7 @@ class DecodeRandomResizedCrop(Op):
             if not isinstance(value, bool):
                 raise ValueError(f"{name} must be True or False, got {value!r}")
         self.crop = RandomResizedCrop(size, scale, ratio)  # checks size, scale and ratio
+        require("simplejpeg")  # a missing extra is named here, not at the first batch
         self.reduce, self.region = reduce, region
         self.last_reduction = 1
         """The denominator the last call decoded at (1: full size), for tests and profiling."""

@@ -40,6 +40,9 @@ class DecodeJPEG(Op):
 
     batchable = True
 
+    def __init__(self) -> None:
+        require("simplejpeg")  # a missing extra is named here, not at the first batch
+
     def declare(self, takes: Spec) -> Spec:
         expect(self, takes, kind="bytes")
         return _IMAGE
