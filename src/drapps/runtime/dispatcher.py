@@ -31,7 +31,7 @@ from drapps.runtime.process_pool import ProcessPool
 from drapps.runtime.reorder import Entry, ReorderBuffer
 from drapps.runtime.schedule import Schedule, Work
 from drapps.runtime.stats import STAGES, PipelineSnapshot
-from drapps.runtime.transport import Packed, SlabRecycler, discard, unpack
+from drapps.runtime.transport import PAGE, Packed, SlabRecycler, discard, unpack
 from drapps.runtime.worker import BatchRecipe, collate_samples, splittable, urgency
 
 logger = logging.getLogger(__name__)
@@ -906,8 +906,11 @@ class Dispatcher:
         release = None
         if packed.recycle and packed.slab is not None:
             release = self._recycler.releaser(worker.wid, packed.slab)
-        # A recycled slab may be longer than its batch (slabs only grow): its pages count.
-        nbytes = max(packed.nbytes, os.fstat(packed.fd).st_size if packed.fd is not None else 0)
+        # A batch written into a longer slab kept for reuse (slabs only grow) holds all of its
+        # pages: the slab's length counts (beyond the page a small batch is rounded up to).
+        nbytes = packed.nbytes
+        if packed.fd is not None and (length := os.fstat(packed.fd).st_size) > nbytes + PAGE:
+            nbytes = length
 
         def on_release(_: int) -> None:
             self._on_release(nbytes)

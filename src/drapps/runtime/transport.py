@@ -391,7 +391,8 @@ def _full(nbytes: int, directory: str | None) -> SharedMemoryFullError:
     )
 
 
-_PAGE = mmap.PAGESIZE
+PAGE = mmap.PAGESIZE
+"""Bytes of a page: shared memory is allocated in whole pages."""
 
 
 class SlabArena:
@@ -478,7 +479,7 @@ class SlabArena:
             except OSError:
                 return False
         fd = self._slab[1]
-        size = -(-max(end, self._hint) // _PAGE) * _PAGE
+        size = -(-max(end, self._hint) // PAGE) * PAGE
         try:
             if self.writer is not None:
                 mapping = self.writer.mapping(fd, size)
