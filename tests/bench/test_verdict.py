@@ -5,42 +5,14 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from typing import Any
 
 import pytest
+from fake_runs import results, runs
 
 from drapps.bench.report import brief
 from drapps.bench.runner import QUICK_SYSTEMS, BenchConfig, chosen_systems
 from drapps.bench.verdict import OutsideLoad, busy_reasons, comparisons, settled, verdict
 from drapps.runtime.config import usable_cores
-
-
-def runs(rates: dict[str, list[float]], scenario: str = "steady") -> list[dict[str, Any]]:
-    """Runs of the image workload: ``{case: [samples/s per repeat]}``."""
-    found = []
-    for case, per_repeat in rates.items():
-        system = case.rsplit("-", 1)[0] if case.startswith("dataloader") else case
-        for repeat, rate in enumerate(per_repeat):
-            found.append(
-                {
-                    "workload": "image",
-                    "scenario": scenario,
-                    "system": system,
-                    "case": case,
-                    "repeat": repeat,
-                    "samples_per_s": rate,
-                }
-            )
-    return found
-
-
-def results(found: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-    return {
-        "runs": found,
-        "environment": {"usable_cores": 2},
-        "scenarios": {"steady": "nothing changes"},
-        **extra,
-    }
 
 
 def test_a_steady_lead_is_named_with_its_interval() -> None:

@@ -1,10 +1,19 @@
-"""Benchmark results as Markdown, made from the JSON the runner writes."""
+"""Benchmark results as Markdown and as the terminal's brief, made from the JSON the runner
+writes. Every throughput and ratio they print comes from :mod:`drapps.bench.figures`, as the
+verdict's do."""
 
 from __future__ import annotations
 
 import textwrap
 from typing import Any
 
+from drapps.bench.figures import (
+    RATE_STATISTIC,
+    RATIO_STATISTIC,
+    CaseFigures,
+    ScenarioFigures,
+    scenario_figures,
+)
 from drapps.bench.verdict import verdict
 
 
@@ -16,7 +25,8 @@ def _spread(row: dict[str, Any], metric: str, scale: float = 1.0, digits: int = 
 
 
 def best_dataloader(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The DataLoader case with the highest median throughput: the best hand-tuned count."""
+    """The DataLoader case with the highest median throughput: the best hand-tuned count (the
+    summary rows' form of :attr:`drapps.bench.figures.ScenarioFigures.best`)."""
     static = [r for r in rows if r["system"] == "dataloader"]
     return max(static, key=lambda r: r["samples_per_s"]) if static else None
 
@@ -25,6 +35,21 @@ def _interval(row: dict[str, Any]) -> str:
     if "samples_per_s_ci95" not in row:
         return "-"
     return f"{row['samples_per_s_mean']:.0f} +- {row['samples_per_s_ci95']:.0f}"
+
+
+def _figures(results: dict[str, Any], workload: str, scenario: str) -> ScenarioFigures:
+    return scenario_figures(results.get("runs", []), workload, scenario)
+
+
+def ratio_cell(case: CaseFigures | None, best: str | None, interval: bool = True) -> str:
+    """``"0.93x (0.91-0.94)"``: the case's paired ratio to the best DataLoader count, with its
+    interval where it has one (not for the best count itself); ``"-"`` without a ratio."""
+    if case is None or case.vs_best is None:
+        return "-"
+    ratio = f"{case.vs_best.ratio:.2f}x"
+    if not interval or case.case == best or case.vs_best.pairs < 2:
+        return ratio
+    return f"{ratio} ({case.vs_best.low:.2f}-{case.vs_best.high:.2f})"
 
 
 def _ends(row: dict[str, Any]) -> str:
@@ -62,7 +87,8 @@ def scenario_table(results: dict[str, Any], workload: str, scenario: str) -> lis
     lines = [
         f"#### `{workload}`, `{scenario}`",
         "",
-        "| system | samples/s | 95% CI of the mean | vs oracle static | of limit | loop waited "
+        "| system | samples/s | 95% CI of the mean | vs oracle static (95% interval) | of limit "
+        "| loop waited "
         "| next() p50 / p99 ms | CPU busy | CPU ms/batch: all / training process "
         "| mJ/sample | peak RSS MiB | first batch s | end-to-end s | workers at end |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
@@ -72,10 +98,10 @@ def scenario_table(results: dict[str, Any], workload: str, scenario: str) -> lis
         lines[2] = lines[2].replace("| loop waited ", "| loop waited | GPU idle ")
         lines[3] += "---:|"
     best = best_dataloader(rows)
-    best_rate = best["samples_per_s"] if best is not None else None
+    found = _figures(results, workload, scenario)
     limit = results.get("limit", {}).get(workload)
     for row in rows:
-        ratio = "-" if best_rate is None else f"{row['samples_per_s'] / best_rate:.2f}x"
+        ratio = ratio_cell(found.get(row["case"]), found.best)
         share = "-" if limit is None else f"{row['samples_per_s'] / limit['samples_per_s']:.2f}"
         case = row["case"]
         name = f"**{case}**" if row is best else case
@@ -89,7 +115,11 @@ def scenario_table(results: dict[str, Any], workload: str, scenario: str) -> lis
             f"| {row['first_batch_s']:.2f} | {row['end_to_end_s']:.1f} | {_ends(row)} |"
         )
     if best is not None:
-        lines += ["", f"Oracle static (best DataLoader count, in bold): `{best['case']}`."]
+        lines += [
+            "",
+            f"Oracle static (best DataLoader count, in bold): `{best['case']}`. samples/s: "
+            f"{RATE_STATISTIC}; vs oracle static: {RATIO_STATISTIC}.",
+        ]
     sources = sorted({row["energy_source"] for row in rows if row.get("energy_source")})
     if sources:
         lines += ["", f"Energy over the timed batches, counted by {'; '.join(sources)}."]
@@ -108,7 +138,8 @@ def limit_line(workload: str, limit: dict[str, Any]) -> str:
 
 
 def headline(results: dict[str, Any]) -> list[str]:
-    """One row per workload and scenario: each system's throughput over the oracle static."""
+    """One row per workload and scenario: each system's throughput over the oracle static,
+    paired by repeat (the verdict's figures)."""
     others = sorted(
         {r["case"] for r in results["summary"] if r["system"] != "dataloader"},
         key=lambda c: (not c.startswith("tf"), c),
@@ -125,46 +156,66 @@ def headline(results: dict[str, Any]) -> list[str]:
             best = best_dataloader(list(rows.values()))
             if best is None:
                 continue
-            cells = [
-                f"{rows[c]['samples_per_s'] / best['samples_per_s']:.2f}x" if c in rows else "-"
-                for c in others
-            ]
+            found = _figures(results, workload, scenario)
+            cells = [ratio_cell(found.get(c), found.best) for c in others]
             lines.append(
                 f"| `{workload}`, `{scenario}` | {best['samples_per_s']:.0f} "
                 f"({best['case']}) | " + " | ".join(cells) + " |"
             )
-    return lines if len(lines) > 2 else []
+    if len(lines) <= 2:
+        return []
+    return [*lines, "", f"Each ratio: {RATIO_STATISTIC}."]
 
 
 def brief(results: dict[str, Any]) -> str:
     """What a terminal shows after a run: per workload and scenario a narrow table (each
-    system's median samples/s, its 95% interval, its ratio to the best fixed DataLoader, the
-    loop's wait where a training step ran, the workers at the end), then the verdict."""
+    system's median samples/s with the repeats' min-max, its paired ratio to the best fixed
+    DataLoader with that ratio's 95% interval, the loop's wait where a training step ran, the
+    workers at the end), a line saying which statistic each column is, then the verdict,
+    which states the same figures."""
     waits = results["config"]["consumer"] != "none"  # with no step the loop always waits
     lines: list[str] = []
+    repeats = 0
     for workload in results["workloads"]:
         for scenario in results["scenarios"]:
-            rows = scenario_rows(results, workload, scenario)
-            if not rows:
+            rows = {r["case"]: r for r in scenario_rows(results, workload, scenario)}
+            found = _figures(results, workload, scenario)
+            if not found.cases:
                 continue
-            rows.sort(key=lambda r: -r["samples_per_s"])
-            best = best_dataloader(rows)
-            head = f"  {'system':22s} {'samples/s':>10s} {'95% interval':>16s} {'vs best DL':>10s}"
+            head = (
+                f"  {'system':22s} {'samples/s':>9s} {'min-max':>11s} {'vs best DL':>10s} "
+                f"{'95% interval':>12s}"
+            )
             lines += [
                 f"{workload}, {scenario}:",
                 head + (f" {'loop waited':>11s}" if waits else "") + "  workers at end",
             ]
-            for row in rows:
-                rate = row["samples_per_s"]
-                ratio = "-" if best is None else f"{rate / best['samples_per_s']:.2f}x"
-                name = row["case"] + (" *" if row is best else "")
-                line = f"  {name:22s} {rate:10.0f} {_interval(row):>16s} {ratio:>10s}"
-                line += f" {row['wait_fraction']:11.0%}" if waits else ""
-                lines.append(f"{line}  {_ends(row)}")
+            for case in found.cases:
+                repeats = max(repeats, case.repeats)
+                spread = f"{case.low:.0f}-{case.high:.0f}"
+                comparison = case.vs_best
+                interval = (
+                    "-" if comparison is None or case.case == found.best else comparison.interval
+                )
+                name = case.case + (" *" if case.case == found.best else "")
+                line = (
+                    f"  {name:22s} {case.median:9.0f} {spread:>11s} "
+                    f"{ratio_cell(case, found.best, interval=False):>10s} {interval:>12s}"
+                )
+                row = rows.get(case.case)
+                if waits:
+                    line += f" {row['wait_fraction']:11.0%}" if row else f" {'-':>11s}"
+                lines.append(f"{line}  {_ends(row) if row else '-'}")
             lines.append("")
     if lines:
-        lines.append("* the best fixed DataLoader count in that scenario")
-        lines.append("")
+        plural = "repeat" if repeats == 1 else "repeats"
+        legend = (
+            f"samples/s: the median of {repeats} {plural}, with their min-max. vs best DL: "
+            "the ratio to the best fixed DataLoader count (*, the highest median), paired by "
+            "repeat: the geometric mean of the per-repeat ratios, and its 95% interval. The "
+            "verdict states the same figures."
+        )
+        lines += [textwrap.fill(legend, 100), ""]
     said = [textwrap.fill(line, 100, subsequent_indent="  ") for line in verdict(results)]
     return "\n".join([*lines, *said])
 
@@ -211,7 +262,9 @@ def markdown(results: dict[str, Any]) -> str:
         "loop spent blocked in next(); CPU busy is all processes' CPU time over the usable "
         "cores (the scenario's own hog left out); peak RSS sums all processes (shared pages "
         "count once per process); end-to-end runs from opening the loader to the last batch. "
-        "Read a gap smaller than the min-max spreads, or between overlapping 95% intervals of "
-        "the mean (Student t over the repeats), as noise.",
+        f"samples/s is the {RATE_STATISTIC}; a ratio to the oracle static is the "
+        f"{RATIO_STATISTIC}, as in the verdict. Read a ratio whose interval holds 1.00, or a "
+        "gap between overlapping 95% intervals of the mean (Student t over the repeats), as "
+        "noise.",
     ]
     return "\n".join(lines)

@@ -1,9 +1,9 @@
 """The bench's verdict: who was faster, by how much, how sure, and whether the machine let us tell.
 
-Ratios are paired by repeat: repeat ``r`` runs every case once, interleaved, so the ratio of two
-systems within one repeat cancels the machine's drift between repeats. The interval is Student's
-t over the repeats' log ratios, turned back into a ratio. A comparison whose interval holds 1.0
-is *not separable*: the verdict says so instead of printing a ratio that noise could reverse.
+Its ratios are :mod:`drapps.bench.figures`' (the tables print the same ones): paired by
+repeat, the geometric mean of the per-repeat ratios with Student's t interval over their logs.
+A comparison whose interval holds 1.0 is *not separable*: the verdict says so instead of
+printing a ratio that noise could reverse.
 
 A busy machine makes every ratio doubtful, so the runner records the CPU time that processes
 outside the benchmark took during each repeat (:class:`OutsideLoad`); past
@@ -13,133 +13,37 @@ than :data:`SPEED_SWING`, the verdict says the machine was busy instead of namin
 
 from __future__ import annotations
 
-import math
 import os
 import statistics
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import psutil
 
-from drapps.bench.confidence import mean_interval
+from drapps.bench.figures import TF, Comparison, figures
 
 BUSY_SHARE = 0.15
 """Outside CPU above this share of the usable cores, in any repeat, means a busy machine."""
 SPEED_SWING = 1.5
 """A per-core preprocessing speed whose max/min over the repeats exceeds this means a busy (or
 throttled) machine."""
-ADAPTIVE = ("drapps-heuristic", "drapps-rl", "drapps-static")
-"""The drapps systems the verdict is about, in order of preference: the adaptive ones, then a
-fixed count where no adaptive one ran."""
 
 
-@dataclass(frozen=True)
-class Comparison:
-    """``system`` against ``against`` in one workload and scenario, paired by repeat."""
-
-    workload: str
-    scenario: str
-    system: str
-    against: str
-    ratio: float
-    """Geometric mean over the repeats of system / against samples/s."""
-    low: float
-    high: float
-    """The 95% interval of the ratio (equal to ``ratio`` with fewer than 2 pairs)."""
-    pairs: int
-
-    @property
-    def separated(self) -> bool:
-        """The interval lies wholly above or below 1.0."""
-        return self.pairs >= 2 and (self.low > 1.0 or self.high < 1.0)
-
-    def describe(self, subject: str, other: str, busy: bool = False) -> str:
-        """``"drapps was 1.08x the best fixed DataLoader (95% interval 1.03-1.13x)"``; on a
-        busy machine the figures without a winner."""
-        interval = f"95% interval {self.low:.2f}-{self.high:.2f}x"
-        if busy:
-            return f"{subject} measured {self.ratio:.2f}x {other} ({interval})"
-        if not self.separated:
-            return (
-                f"{subject} and {other} were not separable "
-                f"({self.ratio:.2f}x, {interval}, {self.pairs} repeats)"
-            )
-        return f"{subject} was {self.ratio:.2f}x {other} ({interval})"
-
-
-def paired(
-    runs: list[dict[str, Any]], workload: str, scenario: str, case: str, against: str
-) -> Comparison | None:
-    """The paired comparison of two cases, or None when either has no run."""
-    rates: dict[str, dict[int, float]] = {case: {}, against: {}}
-    for run in runs:
-        if (run["workload"], run["scenario"]) == (workload, scenario) and run["case"] in rates:
-            rates[run["case"]][run["repeat"]] = run["samples_per_s"]
-    common = sorted(set(rates[case]) & set(rates[against]))
-    logs = [
-        math.log(rates[case][r] / rates[against][r])
-        for r in common
-        if rates[case][r] > 0 and rates[against][r] > 0
-    ]
-    if not logs:
-        return None
-    interval = mean_interval(logs)
-    mean, half = interval if interval is not None else (statistics.fmean(logs), 0.0)
-    return Comparison(
-        workload,
-        scenario,
-        case,
-        against,
-        math.exp(mean),
-        math.exp(mean - half),
-        math.exp(mean + half),
-        len(logs),
-    )
-
-
-def _best_dataloader(runs: list[dict[str, Any]], workload: str, scenario: str) -> str | None:
-    """report.best_dataloader's rule (the highest median) on raw runs: the runner asks between
-    repeats, before any summary exists."""
-    by_case: dict[str, list[float]] = {}
-    for run in runs:
-        if (run["workload"], run["scenario"], run["system"]) == (workload, scenario, "dataloader"):
-            by_case.setdefault(run["case"], []).append(run["samples_per_s"])
-    if not by_case:
-        return None
-    return max(by_case, key=lambda case: statistics.median(by_case[case]))
-
-
-def _case_of(runs: list[dict[str, Any]], workload: str, scenario: str, system: str) -> str | None:
-    for run in runs:
-        if (run["workload"], run["scenario"], run["system"]) == (workload, scenario, system):
-            return str(run["case"])
-    return None
+def _words(comparison: Comparison, best: str | None) -> str:
+    if comparison.against == best:
+        return f"the best fixed DataLoader ({best})"
+    return "tf.data AUTOTUNE" if comparison.against.startswith(TF) else comparison.against
 
 
 def comparisons(runs: list[dict[str, Any]]) -> list[tuple[Comparison, str, str]]:
     """The comparisons a verdict makes, with the words for each side: drapps' system against
-    the best fixed DataLoader count and against tf.data AUTOTUNE, per workload and scenario."""
-    found = []
-    pairs = list(dict.fromkeys((r["workload"], r["scenario"]) for r in runs))
-    for workload, scenario in pairs:
-        ours = next(
-            (c for s in ADAPTIVE if (c := _case_of(runs, workload, scenario, s)) is not None),
-            None,
-        )
-        if ours is None:
-            continue
-        best = _best_dataloader(runs, workload, scenario)
-        if best is not None:
-            comparison = paired(runs, workload, scenario, ours, best)
-            if comparison is not None:
-                found.append((comparison, "drapps", f"the best fixed DataLoader ({best})"))
-        tf = _case_of(runs, workload, scenario, "tf-autotune")
-        if tf is not None:
-            comparison = paired(runs, workload, scenario, ours, tf)
-            if comparison is not None:
-                found.append((comparison, "drapps", "tf.data AUTOTUNE"))
-    return found
+    the best fixed DataLoader count and against tf.data AUTOTUNE, per workload and scenario
+    (:func:`drapps.bench.figures.figures`, which the tables read too)."""
+    return [
+        (comparison, "drapps", _words(comparison, found.best))
+        for found in figures(runs)
+        for comparison in found.verdict
+    ]
 
 
 def settled(runs: list[dict[str, Any]]) -> bool:
@@ -204,7 +108,9 @@ def busy_reasons(results: dict[str, Any]) -> list[str]:
 
 
 def verdict(results: dict[str, Any]) -> list[str]:
-    """A few sentences a person can act on, made from ``results`` alone."""
+    """A few sentences a person can act on, made from ``results`` alone: whether the machine
+    was busy, then drapps against the best fixed DataLoader count and tf.data, the same
+    figures the tables print."""
     runs = results["runs"]
     found = comparisons(runs)
     cores = results["environment"]["usable_cores"]
