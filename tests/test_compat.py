@@ -661,3 +661,13 @@ def test_workers_exit_when_an_epoch_ends_unless_persistent(persistent: bool) -> 
         assert gone is not persistent
         assert [int(i) for b in loader for i in b] == list(range(8))  # the next epoch runs
         assert (set(loader.stats().worker_pids) == set(pids)) is persistent
+
+
+def test_far_more_batches_ahead_than_a_loop_can_use_get_a_word() -> None:
+    """``prefetch_factor=10**9`` was taken with no word: the memory budget alone bounds it."""
+    with pytest.warns(UserWarning, match="prefetch_factor=1000000000 asks for more") as warned:
+        with drapps.Loader(
+            Indexed(4), batch_size=2, num_workers=1, prefetch_factor=10**9
+        ) as loader:
+            assert [b.tolist() for b in loader] == [[0, 1], [2, 3]]
+    assert {w.filename for w in warned} == {__file__}

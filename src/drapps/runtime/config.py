@@ -143,8 +143,16 @@ class LoaderConfig:
     trace: str | None = None
     """Write every tick's State, Action and Reward to this JSONL file."""
     progress: bool = False
-    """Print a status line to stderr every 5 s (10 s into a file): samples/s and the loop's
-    wait averaged over that span, workers, ready batches, CPU, RSS."""
+    """Print a status line to stderr every 5 s (10 s into a file) once batches flow: samples/s
+    and the loop's wait averaged over that span, workers, ready batches, CPU, memory; a run
+    that ends sooner gets one line with its averages when the loader closes."""
+    telemetry: bool = True
+    """Watch the pipeline and the machine every ``control_interval`` on a background thread,
+    so :meth:`Loader.report` can say where the time went, whatever the worker count (a fixed
+    one, 0 and iterable datasets included; with nothing to tune the thread only records).
+    False: no such thread where nothing is tuned, and no report. Settings that need it refuse
+    False: ``workers``, ``split`` or ``offload`` "auto", ``trace`` and ``progress``; a sample
+    cache's ``codec="auto"`` keeps its first codec."""
     prefetch_factor: int | None = None
     """DataLoader's name for batches made ahead per worker (needs workers); None: 2."""
     persistent_workers: bool = False
@@ -258,6 +266,14 @@ class LoaderConfig:
                     "give prefetch (batches in total) or prefetch_factor (per worker), not both: "
                     f"got prefetch={self.prefetch!r}, prefetch_factor={self.prefetch_factor!r}"
                 )
+        ahead = self.prefetch_factor or (self.prefetch if self.prefetch != "auto" else 0)
+        if ahead > _FAR_AHEAD:
+            name = "prefetch_factor" if self.prefetch_factor else "prefetch"
+            warn_user(
+                f"{name}={ahead} asks for more batches made ahead than a training loop can use; "
+                f"the memory budget ({self.memory_budget!r}) is what bounds them, so set "
+                f"memory_budget= for a bound of your own (or a {name} of a few batches)"
+            )
         if self.persistent_workers and self.workers == 0:
             raise ValueError(
                 "persistent_workers option needs num_workers > 0 (persistent_workers=True "
@@ -277,6 +293,10 @@ class LoaderConfig:
             )
         if not isinstance(self.progress, bool):
             raise ValueError(f"progress must be a bool, got {self.progress!r}")
+        if not isinstance(self.telemetry, bool):
+            raise ValueError(f"telemetry must be a bool, got {self.telemetry!r}")
+        if not self.telemetry:
+            self._check_without_telemetry()
         context = self.multiprocessing_context
         methods = multiprocessing.get_all_start_methods()
         if isinstance(context, str) and context not in methods:
@@ -294,6 +314,21 @@ class LoaderConfig:
                 "multiprocessing_context can only be used with multi-process loading "
                 f"(num_workers > 0), but got num_workers=0 and multiprocessing_context={context!r}"
             )
+
+    def _check_without_telemetry(self) -> None:
+        """``telemetry=False`` with a setting that reads the telemetry is refused."""
+        for needs, name, instead in (
+            (self.workers == "auto", "workers='auto'", "give a worker count (num_workers=n)"),
+            (self.split == "auto", "split='auto'", "give a split"),
+            (self.offload == "auto", "offload='auto'", "give a share"),
+            (self.trace is not None, f"trace={self.trace!r}", "leave trace out"),
+            (self.progress, "progress=True", "leave progress out"),
+        ):
+            if needs:
+                raise ValueError(
+                    f"telemetry=False turns off the telemetry that {name} needs: {instead}, "
+                    "or leave telemetry on"
+                )
 
     def _check_defer(self) -> None:
         value = self.defer_after
@@ -390,6 +425,11 @@ def checked_index(name: str, value: Any) -> int:
     if number >= 2**63:
         raise ValueError(f"{name} must be below 2**63, got {value!r}")
     return number
+
+
+_FAR_AHEAD = 1024
+"""More batches made ahead than this (``prefetch``, or ``prefetch_factor`` per worker) is
+never what a loop needs: it gets a warning."""
 
 
 def warn_excessive_workers(workers: Any) -> None:

@@ -202,9 +202,20 @@ def warn_user(message: str, category: type[Warning] = UserWarning) -> None:
     noticed."""
     frame = sys._getframe(1)
     level = 2
-    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+    while frame.f_back is not None and _ours(frame):
         frame, level = frame.f_back, level + 1
     warnings.warn(message, category, stacklevel=level)
+
+
+def _ours(frame: Any) -> bool:
+    """A frame of drapps' code, or of a dataclass's generated ``__init__`` that drapps called
+    (its code comes from a string)."""
+    if frame.f_code.co_filename.startswith(_PACKAGE):
+        return True
+    caller = frame.f_back
+    return frame.f_code.co_filename == "<string>" and caller.f_code.co_filename.startswith(
+        _PACKAGE
+    )
 
 
 def warn_once(key: str, message: str) -> None:
