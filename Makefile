@@ -6,6 +6,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
 BENCH_STAMP := $(VENV)/.installed-bench
 PEERS_STAMP := $(VENV)/.installed-peers
 # The bench keeps its data and every cache (pip's, matplotlib's, the generated photos) in the
@@ -21,14 +22,19 @@ $(PY):
 	$(BENCH_ENV) $(PY) -m pip install -q --upgrade pip
 	$(BENCH_ENV) $(PY) -m pip install -q -c constraints.txt torch==2.13.0
 
-# Everything the tests need (the dev extra: every peer and engine).
+# What the fast tier needs (the test extra: the core, image, cache and text, the test tools).
 # The region decoder (a C extension, drapps.ops._jpeg_region, declared in setup.py) is compiled by
 # these installs against the system's libjpeg-turbo; without a compiler or its headers the install
 # goes on without it.
 JPEG_EXT := src/drapps/ops/_jpeg_region.c
+$(TEST_STAMP): pyproject.toml setup.py constraints.txt $(JPEG_EXT) | $(PY)
+	$(PY) -m pip install -q -c constraints.txt -e '.[test]'
+	touch $(TEST_STAMP)
+
+# Everything the heavier tiers need (the dev extra: every peer and engine).
 $(STAMP): pyproject.toml setup.py constraints.txt $(JPEG_EXT) | $(PY)
 	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
-	touch $(STAMP)
+	touch $(STAMP) $(TEST_STAMP)
 
 # What `make bench` needs, and no more: the image workload, plots, tf.data.
 $(BENCH_STAMP): pyproject.toml setup.py constraints.txt $(JPEG_EXT) | $(PY)
@@ -80,7 +86,7 @@ bench-scale-out: $(STAMP) services
 	ip netns exec drapps-bench env RAY_AUTH_MODE=disabled $(VENV)/bin/drapps bench-scale-out \
 	  --out bench-results/scale-out; status=$$?; ip netns delete drapps-bench; exit $$status
 
-lint: $(STAMP)
+lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff check src tests .ci
 	$(VENV)/bin/ruff format --check src tests .ci
 	$(VENV)/bin/mypy
@@ -93,15 +99,16 @@ core:
 	$(CORE)/bin/python -m pip install -q -c constraints.txt -e .
 	$(CORE)/bin/python .ci/import_every_module.py
 
-# The fast tier: lint, types, doctests and the unit tests.
+# The fast tier: lint, types, doctests and the unit tests, in the test extra's environment.
 test: lint
 	$(VENV)/bin/pytest -q --doctest-modules src/drapps
 	$(VENV)/bin/pytest -q
 
-# Tests that start real engines and interpreters: Redis, a Ray cluster, torchrun, TensorFlow,
-# the command line; and the no-extras install that imports every module.
+# Tests that start real engines and interpreters (Redis, a Ray cluster, torchrun, TensorFlow,
+# the command line) or need the heavier extras (scikit-image's photos, DALI); and the
+# no-extras install that imports every module.
 test-integration: $(STAMP) core services
-	$(VENV)/bin/pytest -q -m "integration and not slow"
+	$(VENV)/bin/pytest -q -m "(integration or extras) and not slow"
 
 # Tests whose duration is the machine's speed (training runs, bench runs, the soak).
 SOAK_S ?= 300

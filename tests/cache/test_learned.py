@@ -17,6 +17,10 @@ from drapps.cache.learned import LearnedCodec, train_codec
 from drapps.cache.none import Raw
 from drapps.cli import main
 
+# The learned codec measures with scikit-image (the bench extra): the integration tier.
+pytestmark = pytest.mark.extras
+pytest.importorskip("skimage")
+
 
 @pytest.fixture(scope="module")
 def trained() -> LearnedCodec:

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 import simplejpeg
 import torch
-from skimage import data as skimage_data
 
 import drapps
 from drapps.datasets import ImageFolder
@@ -23,6 +22,10 @@ from drapps.ops import (
     ToCHWTensor,
 )
 from drapps.ops.decode_crop import REGION_DECODER, decode_region, psnr, reduction
+
+# Real photos come from scikit-image (the bench extra): the integration tier.
+pytestmark = pytest.mark.extras
+skimage_data = pytest.importorskip("skimage.data")
 
 needs_region = pytest.mark.skipif(REGION_DECODER is None, reason="region decoder not built")
 
