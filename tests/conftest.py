@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import os
+import random
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -9,6 +11,22 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from helpers import leaks
+
+# The seed of the Hypothesis tests that explore (the differential campaigns in the slow tier;
+# the fast tier's are derandomized): chosen once per run, printed in the header, and replayed
+# by setting DRAPPS_DIFF_SEED (or pytest's --hypothesis-seed).
+os.environ.setdefault("DRAPPS_DIFF_SEED", str(random.randrange(2**32)))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("hypothesis_seed", None) is None:
+        import hypothesis.core
+
+        hypothesis.core.global_force_seed = int(os.environ["DRAPPS_DIFF_SEED"])
+
+
+def pytest_report_header() -> str:
+    return f"Hypothesis campaigns: DRAPPS_DIFF_SEED={os.environ['DRAPPS_DIFF_SEED']} replays them"
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,392 @@
+"""What the differential harness generates: datasets, samples and loader settings.
+
+Everything here is plain data (frozen dataclasses) turned into datasets by module-level
+classes, so a case pickles into spawned and forkserver workers, prints as a readable
+regression example, and makes the same samples in every process. Each sample is
+``(index, payload)``: the payload is whatever the case asks for (tensors of every dtype and
+layout, NumPy arrays of every kind, Python values, containers), and the index lets every
+check count what arrived.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import namedtuple
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from hypothesis import strategies as st
+from torch.utils.data import IterableDataset, get_worker_info
+
+Pair = namedtuple("Pair", "first second")
+"""A named tuple every process can import by name (DataLoader's collate keeps the type)."""
+
+TENSOR_DTYPES = (
+    "bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64",
+    "float16", "bfloat16", "float32", "float64", "complex64", "complex128",
+    "float8_e4m3fn", "float8_e5m2", "quint8",
+)  # fmt: skip
+TENSOR_LAYOUTS = (
+    "contiguous", "transposed", "stepped", "expanded", "offset", "two_views", "zero_size",
+    "scalar", "conj",
+)  # fmt: skip
+ARRAY_DTYPES = (
+    "bool", "int8", "uint16", "int32", "int64", "float16", "float32", "float64", "complex64",
+    ">i4", "<U3", "S3", "datetime64[D]", "object", "structured",
+)  # fmt: skip
+ARRAY_LAYOUTS = ("contiguous", "fortran", "readonly", "stepped", "masked", "scalar")
+PYTHON_VALUES = ("int", "float", "str", "bytes", "none", "bool")
+CONTAINERS = ("tuple", "list", "dict", "namedtuple")
+RNGS = ("random", "numpy", "torch")
+
+
+# ------------------------------------------------------------------------------ payloads
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """One value of a sample: a tensor, an array or a Python value."""
+
+    kind: str  # "tensor", "array" or "python"
+    dtype: str = "float32"
+    layout: str = "contiguous"
+    shape: tuple[int, ...] = (2, 3)
+
+    def make(self, i: int) -> Any:
+        if self.kind == "tensor":
+            return _tensor(self.dtype, self.layout, self.shape, i)
+        if self.kind == "array":
+            return _array(self.dtype, self.layout, self.shape, i)
+        return _python(self.dtype, i)
+
+
+@dataclass(frozen=True)
+class Payload:
+    """A sample's payload: a leaf, or a container of payloads; ``alternate`` is used for odd
+    indices instead (a dataset whose samples change structure between indices)."""
+
+    leaf: Leaf | None = None
+    container: str | None = None
+    items: tuple[Payload, ...] = ()
+    alternate: Payload | None = None
+    draw: str | None = None
+    """Add a draw from this global RNG ("random", "numpy", "torch") to the sample."""
+
+    def make(self, i: int) -> Any:
+        if self.alternate is not None and i % 2:
+            return self.alternate.make(i)
+        value = self._make(i)
+        if self.draw is None:
+            return value
+        return (value, _draw(self.draw))
+
+    def _make(self, i: int) -> Any:
+        if self.leaf is not None:
+            return self.leaf.make(i)
+        parts = [p.make(i) for p in self.items]
+        if self.container == "list":
+            return parts
+        if self.container == "dict":
+            return {f"k{n}": part for n, part in enumerate(parts)}
+        if self.container == "namedtuple":
+            return Pair(parts[0], parts[1] if len(parts) > 1 else None)
+        return tuple(parts)
+
+
+def _draw(rng: str) -> Any:
+    if rng == "random":
+        return random.random()
+    if rng == "numpy":
+        return np.random.rand(2)
+    return torch.rand(2)
+
+
+def _tensor(dtype: str, layout: str, shape: tuple[int, ...], i: int) -> Any:
+    numel = 1
+    for size in shape:
+        numel *= size
+    base = torch.arange(numel * 4, dtype=torch.float64) + i  # room for every view below
+    if dtype == "quint8":
+        q = torch.quantize_per_tensor(base[:numel].float() % 25, 0.5, 3, torch.quint8)
+        return q.reshape(shape)
+    values = _cast(base, dtype)
+    if layout == "transposed" and len(shape) >= 2:
+        return values[:numel].reshape(shape[::-1]).transpose(0, -1)
+    if layout == "stepped":
+        return values[: numel * 2 : 2].reshape(shape)
+    if layout == "expanded":
+        return values[: shape[-1]].expand(*shape)
+    if layout == "offset":
+        return values[3 : 3 + numel].reshape(shape)
+    if layout == "two_views":  # two overlapping views of one storage
+        return values[:numel].reshape(shape), values[2 : numel + 2].reshape(shape)
+    if layout == "zero_size":
+        return values[:0].reshape(0, *shape[1:])
+    if layout == "scalar":
+        return values[0].clone()
+    if layout == "conj" and values.is_complex():
+        return values[:numel].reshape(shape).conj()
+    return values[:numel].reshape(shape)
+
+
+def _cast(base: torch.Tensor, dtype: str) -> torch.Tensor:
+    if dtype == "bool":
+        return (base % 2).bool()
+    if dtype.startswith("complex"):
+        return (base + 1j * (base % 5)).to(getattr(torch, dtype))
+    if dtype.startswith("float8"):
+        return (base % 8).to(getattr(torch, dtype))
+    if dtype.startswith(("int", "uint")):
+        return (base % 100).to(getattr(torch, dtype))
+    return (base / 4).to(getattr(torch, dtype))
+
+
+def _array(dtype: str, layout: str, shape: tuple[int, ...], i: int) -> Any:
+    numel = 1
+    for size in shape:
+        numel *= size
+    if dtype == "structured":
+        flat = np.zeros(numel * 2, dtype=[("a", "<i4"), ("b", "<f8")])
+        flat["a"], flat["b"] = np.arange(numel * 2) + i, (np.arange(numel * 2) + i) / 2
+    elif dtype == "object":
+        flat = np.empty(numel * 2, dtype=object)
+        flat[:] = [f"o{i}-{k}" for k in range(numel * 2)]
+    elif dtype in ("<U3", "S3"):
+        flat = np.array([f"{(i + k) % 1000}" for k in range(numel * 2)], dtype=dtype)
+    elif dtype == "datetime64[D]":
+        flat = np.arange(numel * 2).astype("datetime64[D]") + i
+    else:
+        flat = ((np.arange(numel * 2) + i) % 100).astype(dtype)
+    if layout == "scalar":
+        return flat[0:1].reshape(())
+    array = flat[:numel].reshape(shape)
+    if layout == "fortran":
+        return np.asfortranarray(array)
+    if layout == "readonly":
+        array.flags.writeable = False
+        return array
+    if layout == "stepped":
+        return flat[: numel * 2 : 2].reshape(shape)
+    if layout == "masked":
+        return np.ma.masked_array(array, mask=(np.arange(numel) % 2 == 0).reshape(shape))
+    return array
+
+
+def _python(kind: str, i: int) -> Any:
+    return {
+        "int": i,
+        "float": i / 3,
+        "str": f"sample-{i}",
+        "bytes": f"b{i}".encode(),
+        "none": None,
+        "bool": bool(i % 2),
+    }[kind]
+
+
+# ------------------------------------------------------------------------------ datasets
+
+
+class Samples:
+    """A map-style dataset of ``n`` samples ``(i, payload.make(i))``; index ``fail_at``
+    raises KeyError (as a dataset missing a file does)."""
+
+    def __init__(self, n: int, payload: Payload, fail_at: int | None = None) -> None:
+        self.n, self.payload, self.fail_at = n, payload, fail_at
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        if i == self.fail_at:
+            raise KeyError(f"sample {i} is missing")
+        return (i, self.payload.make(i))
+
+
+class Stream(IterableDataset):  # type: ignore[type-arg]
+    """An iterable dataset of ``n`` samples, sharded by ``get_worker_info()`` when
+    ``sharded`` (else every worker yields all of them, as DataLoader's would), shuffled per
+    worker with ``shuffle`` ("random", "numpy" or "torch") when given."""
+
+    def __init__(
+        self, n: int, payload: Payload, sharded: bool = True, shuffle: str | None = None
+    ) -> None:
+        self.n, self.payload, self.sharded, self.shuffle = n, payload, sharded, shuffle
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        info = get_worker_info()
+        ids = list(range(self.n))
+        if info is not None and self.sharded:
+            ids = ids[info.id :: info.num_workers]
+        if self.shuffle == "random":
+            random.shuffle(ids)
+        elif self.shuffle == "numpy":
+            ids = [ids[k] for k in np.random.permutation(len(ids))]
+        elif self.shuffle == "torch":
+            ids = [ids[k] for k in torch.randperm(len(ids)).tolist()]
+        for i in ids:
+            yield (i, self.payload.make(i))
+
+
+def identity(batch: Any) -> Any:
+    """A collate_fn that keeps the samples as they are (module level: it pickles)."""
+    return batch
+
+
+# ------------------------------------------------------------------------------ settings
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The loader arguments a case varies (DataLoader's, and drapps' own on top)."""
+
+    workers: int | str = 0
+    batch_size: int | None = 2
+    drop_last: bool = False
+    shuffle: bool = False
+    sampler: str | None = None  # None, "sequential", "random", "random_replacement", "subset"
+    batch_sampler: bool = False
+    collate: str = "default"  # "default" or "identity"
+    in_order: bool = True
+    prefetch_factor: int | None = None
+    persistent_workers: bool = False
+    context: str | None = None  # None (fork), "spawn", "forkserver"
+    pin_memory: bool = False
+    timeout: float = 0.0
+
+    def dataloader_kwargs(self, dataset: Any) -> dict[str, Any]:
+        """DataLoader's arguments for this case (samplers made fresh, from torch's RNG)."""
+        kwargs: dict[str, Any] = {
+            "num_workers": self.workers,
+            "collate_fn": identity if self.collate == "identity" else None,
+            "in_order": self.in_order,
+            "pin_memory": self.pin_memory,
+            "persistent_workers": self.persistent_workers,
+            "timeout": self.timeout,
+        }
+        if self.prefetch_factor is not None:
+            kwargs["prefetch_factor"] = self.prefetch_factor
+        if self.context is not None:
+            kwargs["multiprocessing_context"] = self.context
+        sampler = self._sampler(dataset)
+        if self.batch_sampler and sampler is not None:
+            size = self.batch_size or 1
+            kwargs["batch_sampler"] = torch.utils.data.BatchSampler(sampler, size, self.drop_last)
+            return kwargs
+        kwargs.update(batch_size=self.batch_size, drop_last=self.drop_last)
+        if sampler is not None:
+            kwargs["sampler"] = sampler
+        else:
+            kwargs["shuffle"] = self.shuffle
+        return kwargs
+
+    def _sampler(self, dataset: Any) -> Any:
+        if self.sampler is None or isinstance(dataset, IterableDataset):
+            return None
+        if self.sampler == "sequential":
+            return torch.utils.data.SequentialSampler(dataset)
+        if self.sampler == "random":
+            return torch.utils.data.RandomSampler(dataset)
+        if self.sampler == "random_replacement":
+            return torch.utils.data.RandomSampler(dataset, replacement=True, num_samples=7)
+        return torch.utils.data.SubsetRandomSampler(list(range(0, len(dataset), 2)))
+
+
+@dataclass(frozen=True)
+class Case:
+    """A dataset and the settings to load it with."""
+
+    n: int
+    payload: Payload
+    settings: Settings = field(default_factory=Settings)
+    iterable: bool = False
+    sharded: bool = True
+    shuffle_stream: str | None = None
+    fail_at: int | None = None
+
+    def dataset(self) -> Any:
+        if self.iterable:
+            return Stream(self.n, self.payload, self.sharded, self.shuffle_stream)
+        return Samples(self.n, self.payload, self.fail_at)
+
+
+# ------------------------------------------------------------------------------ strategies
+
+
+def leaves(*, with_rng: bool = False) -> st.SearchStrategy[Leaf]:
+    shapes = st.sampled_from([(2, 3), (3,), (1, 2, 2), (4, 1)])
+    return st.one_of(
+        st.builds(
+            Leaf,
+            kind=st.just("tensor"),
+            dtype=st.sampled_from(TENSOR_DTYPES),
+            layout=st.sampled_from(TENSOR_LAYOUTS),
+            shape=shapes,
+        ),
+        st.builds(
+            Leaf,
+            kind=st.just("array"),
+            dtype=st.sampled_from(ARRAY_DTYPES),
+            layout=st.sampled_from(ARRAY_LAYOUTS),
+            shape=shapes,
+        ),
+        st.builds(Leaf, kind=st.just("python"), dtype=st.sampled_from(PYTHON_VALUES)),
+    )
+
+
+def payloads(*, draws: bool = False, alternate: bool = True) -> st.SearchStrategy[Payload]:
+    """Payloads up to two containers deep; ``draws``: some draw from a global RNG."""
+    leaf = st.builds(Payload, leaf=leaves())
+    tree = st.recursive(
+        leaf,
+        lambda inner: st.builds(
+            Payload,
+            container=st.sampled_from(CONTAINERS),
+            items=st.lists(inner, min_size=1, max_size=3).map(tuple),
+        ),
+        max_leaves=4,
+    )
+    draw = st.sampled_from((None, *RNGS)) if draws else st.none()
+    payload = st.builds(lambda p, d: Payload(p.leaf, p.container, p.items, None, d), tree, draw)
+    if not alternate:
+        return payload
+    return st.one_of(
+        payload,
+        st.builds(lambda a, b: Payload(a.leaf, a.container, a.items, b), payload, payload),
+    )
+
+
+def settings(*, contexts: tuple[str | None, ...] = (None,)) -> st.SearchStrategy[Settings]:
+    return st.builds(
+        Settings,
+        workers=st.integers(0, 3),
+        batch_size=st.one_of(st.none(), st.integers(1, 5)),
+        drop_last=st.booleans(),
+        shuffle=st.booleans(),
+        sampler=st.sampled_from(
+            (None, None, "sequential", "random", "random_replacement", "subset")
+        ),
+        batch_sampler=st.booleans(),
+        collate=st.sampled_from(("default", "identity")),
+        in_order=st.booleans(),
+        prefetch_factor=st.sampled_from((None, None, 1, 3)),
+        persistent_workers=st.booleans(),
+        context=st.sampled_from(contexts),
+        pin_memory=st.booleans(),
+    )
+
+
+def cases(
+    *, contexts: tuple[str | None, ...] = (None,), draws: bool = False
+) -> st.SearchStrategy[Case]:
+    return st.builds(
+        Case,
+        n=st.integers(0, 13),
+        payload=payloads(draws=draws),
+        settings=settings(contexts=contexts),
+        iterable=st.booleans(),
+        sharded=st.booleans(),
+        shuffle_stream=st.sampled_from((None, *RNGS)),
+        fail_at=st.one_of(st.none(), st.integers(0, 12)),
+    )

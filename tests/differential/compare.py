@@ -1,0 +1,223 @@
+"""Running a loader to an outcome, and comparing two outcomes exactly.
+
+An outcome is what a training loop sees: the batches of each epoch, in order, and the error
+that ended them (if any). Two outcomes are the same when every batch holds the same values
+with the same types (named tuples, dicts, lists), dtypes (structured ones with their fields),
+shapes and, where the reference keeps them, strides; and when they end with errors of the same
+kind, after the same batches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import gc
+import os
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from helpers import leaks
+
+import drapps
+from drapps.runtime.worker import runqueue_wait
+
+
+@dataclass
+class Outcome:
+    """What a loop received: ``epochs[e]`` the batches of epoch ``e``; ``error`` what ended it
+    (None: every epoch ran out), with ``where``: "construction" or "epoch e"."""
+
+    epochs: list[list[Any]] = field(default_factory=list)
+    error: BaseException | None = None
+    where: str = ""
+    length: int | str = ""
+    """``len(loader)``, or the name of the error it raised."""
+
+    def indices(self, epoch: int) -> list[int]:
+        """The sample indices epoch ``epoch`` delivered, in order."""
+        return [i for batch in self.epochs[epoch] for i in batch_indices(batch)]
+
+
+def run(make: Callable[[], Any], epochs: int = 2) -> Outcome:
+    """Make a loader, iterate ``epochs`` epochs and close it (a drapps loader), catching the
+    first error, where it happened."""
+    outcome = Outcome()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # pin_memory without an accelerator, and the like
+        try:
+            loader = make()
+        except Exception as exc:
+            outcome.error, outcome.where = exc, "construction"
+            return outcome
+        try:
+            outcome.length = len(loader)
+        except Exception as exc:
+            outcome.length = type(exc).__name__
+        iterator = None
+        try:
+            for _ in range(epochs):
+                outcome.epochs.append([])
+                iterator = iter(loader)
+                for batch in iterator:
+                    outcome.epochs[-1].append(batch)
+        except Exception as exc:
+            outcome.error, outcome.where = exc, f"epoch {len(outcome.epochs) - 1}"
+        finally:
+            if hasattr(loader, "close"):
+                loader.close()
+            for held in (iterator, getattr(loader, "_iterator", None)):
+                if hasattr(held, "_shutdown_workers"):  # DataLoader's, held by a traceback
+                    held._shutdown_workers()
+            del loader, iterator
+    return outcome
+
+
+def batch_indices(batch: Any) -> list[int]:
+    """The indices of the samples in a batch: ``[indices, payloads]`` from the default
+    collate, a list of ``(index, payload)`` samples from an identity one, or one sample."""
+    first = batch[0]
+    if isinstance(first, int):
+        return [first]  # one sample (batch_size=None)
+    if isinstance(first, torch.Tensor):
+        return [int(i) for i in first.reshape(-1)]
+    return [int(sample[0]) for sample in batch]
+
+
+def assert_same(reference: Outcome, got: Outcome, *, any_order: bool = False) -> None:
+    """``got`` is ``reference``: the same batches (as multisets of batches per epoch when
+    ``any_order``), ending with an error of the same kind at the same place."""
+    if reference.error is not None or got.error is not None:
+        assert got.error is not None, f"no error where the reference raised {reference.error!r}"
+        assert reference.error is not None, f"raised {got.error!r} where the reference did not"
+        # Out of order, which of several failing batches a loop meets first is the workers'.
+        assert any_order or same_kind(got.error, reference.error), (
+            f"raised {type(got.error).__name__}: {str(got.error)[:500]}\n"
+            f"where the reference raised {type(reference.error).__name__}: "
+            f"{str(reference.error)[:500]}"
+        )
+        assert got.where == reference.where, f"raised in {got.where}, reference {reference.where}"
+        if any_order:
+            return  # so is how far it got before
+    assert got.length == reference.length, f"len() {got.length!r}, reference {reference.length!r}"
+    assert len(got.epochs) == len(reference.epochs), (len(got.epochs), len(reference.epochs))
+    for e, (left, right) in enumerate(zip(reference.epochs, got.epochs, strict=True)):
+        if any_order:
+            left, right = _by_indices(left), _by_indices(right)
+        assert len(right) == len(left), f"epoch {e}: {len(right)} batches, reference {len(left)}"
+        for b, (x, y) in enumerate(zip(left, right, strict=True)):
+            assert_equal(x, y, f"epoch {e} batch {b}")
+
+
+def same_kind(got: BaseException, reference: BaseException) -> bool:
+    """drapps raises a subclass of the original error (``SampleError[KeyError]``);
+    DataLoader's workers raise the original type again."""
+    return isinstance(got, type(reference)) or isinstance(reference, type(got))
+
+
+def _by_indices(batches: list[Any]) -> list[Any]:
+    return sorted(batches, key=batch_indices)
+
+
+def assert_equal(x: Any, y: Any, where: str) -> None:
+    """``y`` equals ``x`` exactly: types, dtypes, shapes, strides, values (bit for bit)."""
+    assert type(y) is type(x), f"{where}: {type(y).__name__}, reference {type(x).__name__}"
+    if isinstance(x, torch.Tensor):
+        _assert_tensors(x, y, where)
+    elif isinstance(x, np.ma.MaskedArray):
+        assert np.array_equal(x.mask, y.mask), f"{where}: masks differ"
+        _assert_arrays(x.data, y.data, where)
+    elif isinstance(x, np.ndarray):
+        _assert_arrays(x, y, where)
+    elif isinstance(x, dict):
+        assert list(y) == list(x), f"{where}: keys {list(y)}, reference {list(x)}"
+        for key in x:
+            assert_equal(x[key], y[key], f"{where}[{key!r}]")
+    elif isinstance(x, list | tuple):
+        assert len(y) == len(x), f"{where}: length {len(y)}, reference {len(x)}"
+        for i, (a, b) in enumerate(zip(x, y, strict=True)):
+            assert_equal(a, b, f"{where}[{i}]")
+    elif isinstance(x, float) and x != x:
+        assert y != y, f"{where}: {y!r}, reference nan"
+    else:
+        assert y == x, f"{where}: {y!r}, reference {x!r}"
+
+
+def _assert_tensors(x: torch.Tensor, y: torch.Tensor, where: str) -> None:
+    assert y.dtype == x.dtype, f"{where}: dtype {y.dtype}, reference {x.dtype}"
+    assert y.shape == x.shape, f"{where}: shape {tuple(y.shape)}, reference {tuple(x.shape)}"
+    assert y.is_quantized == x.is_quantized, f"{where}: quantized {y.is_quantized}"
+    if x.is_quantized:
+        assert (y.q_scale(), y.q_zero_point()) == (x.q_scale(), x.q_zero_point()), where
+        x, y = x.int_repr(), y.int_repr()
+    x, y = x.resolve_conj().resolve_neg(), y.resolve_conj().resolve_neg()
+    if x.numel() > 1:  # a stride of a dimension of size 1 (or of an empty tensor) is free
+        assert _strides(y) == _strides(x), f"{where}: strides {y.stride()}, reference {x.stride()}"
+    assert _bits(y) == _bits(x), f"{where}: values\n{y}\nreference\n{x}"
+
+
+def _strides(t: torch.Tensor) -> tuple[int, ...]:
+    return tuple(s for s, n in zip(t.stride(), t.shape, strict=True) if n > 1)
+
+
+def _bits(t: torch.Tensor) -> bytes:
+    """The values' bytes (float8 and bfloat16 have no ==, NaN is not equal to itself)."""
+    if t.numel() == 0:
+        return b""
+    return t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+def _assert_arrays(x: np.ndarray, y: np.ndarray, where: str) -> None:
+    assert y.dtype == x.dtype, f"{where}: dtype {y.dtype}, reference {x.dtype}"
+    assert y.dtype.names == x.dtype.names, f"{where}: fields {y.dtype.names}, reference"
+    assert y.shape == x.shape, f"{where}: shape {y.shape}, reference {x.shape}"
+    assert y.flags.f_contiguous == x.flags.f_contiguous, f"{where}: Fortran order differs"
+    if x.dtype.hasobject:
+        assert y.tolist() == x.tolist(), f"{where}: {y!r}, reference {x!r}"
+    else:
+        assert np.ascontiguousarray(y).tobytes() == np.ascontiguousarray(x).tobytes(), (
+            f"{where}: {y!r}, reference {x!r}"
+        )
+
+
+# ------------------------------------------------------------------------------ resources
+
+
+@functools.cache
+def _warm_up() -> None:
+    """Open what a process opens once and keeps: this thread's schedstat, and
+    multiprocessing's shared heap (the progress clocks' arrays live there)."""
+    runqueue_wait()
+    for data in ([torch.tensor(i) for i in range(4)], _Stream()):
+        with drapps.Loader(data, batch_size=2, num_workers=2) as loader:
+            list(loader)
+
+
+class _Stream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        info = torch.utils.data.get_worker_info()
+        return iter(range(info.id, 4, info.num_workers))
+
+
+def open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@contextlib.contextmanager
+def nothing_left() -> Iterator[None]:
+    """The block leaves no process, thread, slab, name in /dev/shm or descriptor behind."""
+    _warm_up()
+    gc.collect()
+    before = open_descriptors()
+    yield
+    left = leaks()
+    assert not left, f"left behind: {left}"
+    deadline = time.monotonic() + 5.0
+    while open_descriptors() > before and time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.05)
+    assert open_descriptors() <= before, f"{open_descriptors() - before} descriptors left open"

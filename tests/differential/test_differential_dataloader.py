@@ -1,0 +1,112 @@
+"""drapps against torch's DataLoader on generated datasets and settings.
+
+Where DataLoader defines the answer (the batches of a dataset whose samples do not draw from a
+global RNG, the streams of iterable datasets, collate, errors, ``len()``), drapps must give
+the same, for every worker count, sampler, collate, order and start method: the same values,
+types, dtypes, shapes and strides, or an error of the same kind at the same place, and leave
+no process, thread, slab or descriptor behind.
+
+Where DataLoader's workers are wrong, the reference is DataLoader without workers: its
+workers drop a tensor's conjugate and negative bits (torch's shared-memory reductions ignore
+them, so the values change), break quantized tensors ("cannot call qscheme on
+UnknownQuantizer", or a RuntimeError when collated), and turn big-endian arrays native.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+import torch
+from cases import Case, Leaf, Payload, Settings, cases
+from compare import assert_same, nothing_left, run, same_kind
+from harness import FAST, campaign
+from hypothesis import assume, given, note, settings
+from torch.utils.data import DataLoader
+
+import drapps
+
+
+def _wrong_in_dataloaders_workers(leaf: Leaf) -> bool:
+    if leaf.kind == "tensor":
+        return leaf.dtype == "quint8" or (leaf.layout == "conj" and "complex" in leaf.dtype)
+    return leaf.kind == "array" and leaf.dtype == ">i4"
+
+
+def _holds(payload: Payload | None, test: Callable[[Leaf], bool]) -> bool:
+    if payload is None:
+        return False
+    if payload.leaf is not None and test(payload.leaf):
+        return True
+    return any(_holds(p, test) for p in (*payload.items, payload.alternate))
+
+
+def _in_process(s: Settings) -> Settings:
+    """``s`` without workers (and the arguments DataLoader takes only with them)."""
+    return dataclasses.replace(
+        s, workers=0, prefetch_factor=None, persistent_workers=False, context=None
+    )
+
+
+def _seed_everything() -> None:
+    """The same global RNG states for each loader (a stream in the training process draws
+    from them)."""
+    random.seed(0)
+    np.random.seed(0)
+    torch.manual_seed(0)
+
+
+def check_against_dataloader(case: Case) -> None:
+    dataset = case.dataset()
+    s = reference = case.settings
+    epochs = 2
+    if s.workers and _holds(case.payload, _wrong_in_dataloaders_workers):
+        assume(not case.iterable)  # without workers, a stream is another stream
+        reference = _in_process(s)
+        epochs = 1 if s.persistent_workers else 2  # epoch 1 draws another base seed then
+    _seed_everything()
+    expected = run(lambda: DataLoader(dataset, **reference.dataloader_kwargs(dataset)), epochs)
+    with nothing_left():
+        _seed_everything()
+        got = run(lambda: drapps.Loader(dataset, **s.dataloader_kwargs(dataset)), epochs)
+    if (
+        got.error is not None
+        and expected.error is not None
+        and reference.workers
+        and not same_kind(got.error, expected.error)
+    ):
+        # A malformed batch fails in DataLoader's workers where it collates into shared
+        # memory (AttributeError), in-process where it stacks (TypeError): either is its.
+        in_process = _in_process(reference)
+        _seed_everything()
+        alternative = run(lambda: DataLoader(dataset, **in_process.dataloader_kwargs(dataset)))
+        if alternative.error is not None and same_kind(got.error, alternative.error):
+            expected = alternative
+    assert_same(expected, got, any_order=not s.in_order and bool(s.workers))
+
+
+@FAST
+@given(cases())
+def test_drapps_gives_dataloaders_batches(case: Case) -> None:
+    note(f"case = {case!r}")
+    check_against_dataloader(case)
+
+
+@pytest.mark.timeout(300)
+@settings(FAST, max_examples=3)
+@given(cases(contexts=("spawn", "forkserver")))
+def test_drapps_gives_dataloaders_batches_under_spawn_and_forkserver(case: Case) -> None:
+    note(f"case = {case!r}")
+    check_against_dataloader(case)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+@campaign(1500)
+@given(cases(contexts=(None, None, None, "spawn", "forkserver")))
+def test_campaign_against_dataloader(case: Case) -> None:
+    note(f"case = {case!r}")
+    check_against_dataloader(case)

@@ -1,0 +1,245 @@
+"""drapps against drapps without workers, through the events only drapps has.
+
+Where the answer is drapps' own (per-sample seeding, resizes mid-epoch, killed workers, batches
+cut into parts, the sample cache, checkpoints resumed in a new loader), the reference is the
+same loader made with ``workers=0``: it makes every batch in the training process, with no
+pool to resize, kill or restart (for an iterable dataset, and for persistent workers, whose
+base seed is drawn once, the same loader with its workers and no events). A Hypothesis state
+machine drives a loader with workers through random events (take a batch, resize, SIGKILL a
+worker, checkpoint through JSON and resume in a new loader after another
+``torch.manual_seed``, start the next epoch early) and checks after every step that what the
+loop received is the reference's epoch so far, and at every epoch's end that it held each
+planned sample exactly once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from cases import Payload, Samples, Stream, payloads
+from compare import assert_equal, batch_indices, nothing_left, run
+from harness import FAST, FAST_EXAMPLES, campaign
+from hypothesis import assume, note, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+import drapps
+
+EPOCHS = 3
+
+
+@dataclass(frozen=True)
+class Run:
+    """A loader with workers and the reference it is held to."""
+
+    n: int
+    payload: Payload
+    workers: int | str
+    seed: int | None
+    batch_size: int
+    shuffle: bool
+    sampler: bool
+    dispatch: str
+    cache: bool
+    persistent: bool
+    iterable: bool
+
+    def dataset(self) -> Any:
+        if self.iterable:
+            return Stream(self.n, self.payload, sharded=True, shuffle="random")
+        return Samples(self.n, self.payload)
+
+    def kwargs(self, dataset: Any, *, workers: int | str | None = None) -> dict[str, Any]:
+        inline = workers == 0
+        kwargs: dict[str, Any] = {
+            "batch_size": self.batch_size,
+            "num_workers": self.workers if workers is None else workers,
+            "seed": self.seed,
+        }
+        if not self.iterable:
+            kwargs["shuffle"] = self.shuffle and not self.sampler
+            if self.sampler:
+                kwargs["sampler"] = torch.utils.data.RandomSampler(dataset)
+            if not inline:
+                kwargs["dispatch"] = self.dispatch
+                if self.cache:
+                    kwargs["cache"] = drapps.Cache(memory="16MB", codec="none")
+        if not inline:
+            kwargs["persistent_workers"] = self.persistent
+        return kwargs
+
+
+def runs() -> st.SearchStrategy[Run]:
+    return st.builds(
+        Run,
+        n=st.integers(1, 24),
+        payload=payloads(draws=True, alternate=False),
+        workers=st.sampled_from((1, 2, 3, "auto")),
+        seed=st.sampled_from((None, 0, 7)),
+        batch_size=st.integers(1, 5),
+        shuffle=st.booleans(),
+        sampler=st.booleans(),
+        dispatch=st.sampled_from(("batches", "samples")),
+        cache=st.booleans(),
+        persistent=st.booleans(),
+        iterable=st.booleans(),
+    )
+
+
+def _seed_everything(value: int = 0) -> None:
+    random.seed(value)
+    np.random.seed(value)
+    torch.manual_seed(value)
+
+
+class LoaderMachine(RuleBasedStateMachine):
+    """One loader with workers, held to its reference after every event."""
+
+    @initialize(case=runs())
+    def start(self, case: Run) -> None:
+        if case.cache:  # a cache keeps dataset[i]: only a dataset that does not draw
+            case = Run(**{**case.__dict__, "payload": _without_draws(case.payload)})
+        note(f"case = {case!r}")
+        self.case = case
+        self.dataset = case.dataset()
+        if case.iterable and case.workers == "auto":
+            self.case = case = Run(**{**case.__dict__, "workers": 2})  # a stream is its workers'
+        _seed_everything()
+        self.reference = run(
+            lambda: drapps.Loader(self.dataset, **case.kwargs(self.dataset, workers=0)), EPOCHS
+        )
+        if case.iterable or case.persistent:
+            # A stream is each worker's shard, and without a seed persistent workers draw one
+            # base seed for all epochs (a loader without workers draws one each): the
+            # reference then has the workers, and no events.
+            _seed_everything()
+            self.reference = run(
+                lambda: drapps.Loader(self.dataset, **case.kwargs(self.dataset)), EPOCHS
+            )
+        assume(self.reference.error is None)  # a sample the default collate cannot take
+        self.leak_check = nothing_left()
+        self.leak_check.__enter__()
+        _seed_everything()
+        self.loader = drapps.Loader(self.dataset, **case.kwargs(self.dataset))
+        self.epoch, self.got = 0, []
+        self.iterator: Any = iter(self.loader)
+        self.exact = True  # False once an epoch's seed is no longer the reference's
+        self.resumed_epoch: int | None = None
+
+    # ----------------------------------------------------------------------------- events
+
+    @rule()
+    def take_a_batch(self) -> None:
+        if self.epoch >= EPOCHS:
+            return  # the run is over
+        try:
+            self.got.append(next(self.iterator))
+        except StopIteration:
+            self._epoch_ended()
+
+    @precondition(lambda self: self.epoch < EPOCHS and not self.case.iterable)
+    @rule(workers=st.integers(1, 3))
+    def resize(self, workers: int) -> None:
+        self.loader.resize(workers)
+
+    @precondition(lambda self: self.epoch < EPOCHS and not self.case.iterable)
+    @rule(which=st.integers(0, 7))
+    def kill_a_worker(self, which: int) -> None:
+        pids = self.loader.stats().worker_pids
+        if pids:
+            with contextlib.suppress(ProcessLookupError):  # one that just retired
+                os.kill(pids[which % len(pids)], signal.SIGKILL)
+
+    @precondition(lambda self: self.epoch < EPOCHS)
+    @rule(torch_seed=st.integers(1, 3))
+    def checkpoint_and_resume_in_a_new_loader(self, torch_seed: int) -> None:
+        state = json.loads(json.dumps(self.loader.state_dict()))
+        self.loader.close()
+        _seed_everything(torch_seed)  # another process, another torch RNG
+        self.loader = drapps.Loader(self.dataset, **self.case.kwargs(self.dataset))
+        self.loader.load_state_dict(state)
+        self.iterator = iter(self.loader)
+        self.resumed_epoch = self.epoch
+
+    @precondition(lambda self: self.epoch < EPOCHS - 1 and self.got)
+    @rule()
+    def start_the_next_epoch_midway(self) -> None:
+        """A new ``iter(loader)`` mid-epoch: the next epoch, whole; the old one is over."""
+        self._epoch_ended(abandoned=True)
+        if self.case.iterable and self.case.persistent:
+            # How far each persistent worker drew into the abandoned epoch is the timing's
+            # (as under DataLoader): later epochs hold the same samples, in another order.
+            self.exact = False
+
+    # ------------------------------------------------------------------------- the checks
+
+    @invariant()
+    def the_epoch_so_far_is_the_references(self) -> None:
+        if not hasattr(self, "case") or self.epoch >= EPOCHS or not self.exact:
+            return
+        expected = self.reference.epochs[self.epoch]
+        assert len(self.got) <= len(expected), f"{len(self.got)} batches of {len(expected)}"
+        for b, batch in enumerate(self.got):
+            assert_equal(expected[b], batch, f"epoch {self.epoch} batch {b}")
+
+    def _epoch_ended(self, abandoned: bool = False) -> None:
+        expected = self.reference.epochs[self.epoch]
+        if not abandoned:
+            delivered = sorted(i for batch in self.got for i in batch_indices(batch))
+            planned = sorted(i for batch in expected for i in batch_indices(batch))
+            if self.exact:
+                assert len(self.got) == len(expected), f"{len(self.got)} of {len(expected)}"
+            elif not self.case.sampler:  # every index once (a sampler may draw others)
+                assert delivered == planned, f"epoch {self.epoch}: {delivered} != {planned}"
+        # A resumed loader without a seed, or with a sampler that draws from torch's RNG,
+        # draws its next epochs from the new process's torch RNG (as a new DataLoader would).
+        if (self.case.seed is None or self.case.sampler) and self.resumed_epoch is not None:
+            self.exact = False
+        self.epoch += 1
+        self.got = []
+        if self.epoch < EPOCHS:
+            self.iterator = iter(self.loader)
+
+    def teardown(self) -> None:
+        if hasattr(self, "loader"):
+            self.loader.close()
+            del self.loader, self.iterator, self.got
+            self.leak_check.__exit__(None, None, None)
+
+
+def _without_draws(payload: Payload) -> Payload:
+    return Payload(
+        payload.leaf,
+        payload.container,
+        tuple(_without_draws(p) for p in payload.items),
+        None if payload.alternate is None else _without_draws(payload.alternate),
+        None,
+    )
+
+
+@pytest.mark.timeout(600)
+def test_a_loader_through_events_is_held_to_its_inline_reference() -> None:
+    fast = settings(FAST, max_examples=max(1, FAST_EXAMPLES // 2), stateful_step_count=12)
+    run_state_machine_as_test(LoaderMachine, settings=fast)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(7200)
+def test_campaign_of_events() -> None:
+    run_state_machine_as_test(LoaderMachine, settings=campaign(400, stateful_step_count=30))
