@@ -2,8 +2,10 @@
 
 Method: a *case* is one (workload, scenario, system, worker setting). Each repeat runs every
 case once, in an order shuffled per repeat, so drift of the machine spreads over all cases
-instead of landing on one. Each run is a fresh process (``drapps.bench.case``) that draws
-``warmup_batches`` (worker start-up, first epoch effects) and then times ``measure_batches``.
+instead of landing on one (:mod:`drapps.bench.repeats`). Each run is a fresh process
+(``drapps.bench.case``) that draws ``warmup_batches`` (worker start-up, first epoch effects)
+and then times ``measure_batches``; with a budget, fewer and shorter where the machine is slow
+(:mod:`drapps.bench.budget`).
 The summary gives the median and min-max over repeats; the environment is recorded beside it.
 Each repeat also times each workload's per-sample pipeline in-process on one core (no loader):
 that rate times the usable cores is the machine's preprocessing limit, reported with every run.
@@ -11,27 +13,40 @@ that rate times the usable cores is the machine's preprocessing limit, reported 
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import random
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
+from drapps.bench.budget import RepeatPlanner
 from drapps.bench.confidence import mean_interval
 from drapps.bench.data import default_data_dir
 from drapps.bench.environment import describe_environment
+from drapps.bench.repeats import Case, Item, Progress, RunFunction, run_one, run_repeats
 from drapps.bench.scenarios import SCENARIOS, scenario_class
-from drapps.bench.systems import SYSTEMS, Workers, system_class
-from drapps.bench.verdict import OutsideLoad, settled
+from drapps.bench.systems import SYSTEMS, system_class
 from drapps.bench.workloads import SIZES, workload_class
 from drapps.runtime.config import usable_cores
+
+__all__ = [
+    "CACHE_COMPARISON",
+    "CONSUMERS",
+    "QUICK_BUDGET_S",
+    "QUICK_SYSTEMS",
+    "BenchConfig",
+    "Case",
+    "Progress",
+    "chosen_systems",
+    "plan_cases",
+    "run_benchmark",
+    "run_one",
+    "summarize",
+    "summarize_limit",
+    "with_overrides",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +55,9 @@ _WINDOWS = {"smoke": (2, 6), "quick": (8, 80), "default": (12, 150)}
 """(warm-up, timed) batches per run for each size."""
 _LIMIT_SAMPLES = {"smoke": 40, "quick": 400, "default": 1000}
 """Samples timed in-process per repeat for the preprocessing limit."""
+_SHORTEST = {"smoke": 2, "quick": 30, "default": 60}
+"""The fewest timed batches per run a budget may shorten each size's window to: under
+``cpu-contention`` the hog's third of the window is still 10 batches or more."""
 
 
 @dataclass(frozen=True)
@@ -60,13 +78,15 @@ class BenchConfig:
     size: str = "default"
     """Data and run size: "smoke" (tests), "quick" (--quick) or "default"."""
     repeats: int = 3
-    """Interleaved repeats per case (the tables show medians); the least run when
-    ``max_repeats`` allows more."""
+    """Interleaved repeats per case (the tables show medians); with ``budget_s``, fewer where
+    the machine is too slow to fit them."""
     max_repeats: int | None = None
     """Repeat past ``repeats``, up to this many, until every comparison of the verdict is
-    separated or ``budget_s`` would be passed; None: exactly ``repeats``."""
+    separated or the next repeat would not fit ``budget_s``; None: never past ``repeats``."""
     budget_s: float | None = None
-    """Start no repeat past ``repeats`` that would end after this many seconds of runs."""
+    """Wall seconds for the whole run, data preparation included: the timed window (down to
+    a size's shortest) and the repeats are planned, and revised as runs are timed, to end
+    within it (:mod:`drapps.bench.budget`); the verdict says what was cut. None: no budget."""
     default_systems: tuple[str, ...] | None = None
     """With ``systems`` None: run these, each where available (the others skipped with the
     reason), instead of every available system."""
@@ -170,16 +190,18 @@ class BenchConfig:
 
     @classmethod
     def quick(cls, **overrides: Any) -> BenchConfig:
-        """Under three minutes on 2 cores, ending in a verdict: the image workload,
-        loader-bound (no training step), steady and with a CPU hog for the middle third;
-        DataLoader at 1x to 2x the cores, tf.data AUTOTUNE and drapps' heuristic; 3 to 10
-        interleaved repeats, more while a comparison is not separated and time is left."""
+        """Under three minutes, ending in a verdict: the image workload, loader-bound (no
+        training step), steady and with a CPU hog for the middle third; DataLoader at 1x to 2x
+        the cores, tf.data AUTOTUNE and drapps' heuristic; 3 to 10 interleaved repeats of 80
+        timed batches, more while a comparison is not separated and time is left, fewer and
+        shorter (down to 30 batches) where the machine is too slow for 3 in the budget:
+        160 s for the run, which leaves the plots time within the three minutes."""
         cores = usable_cores()
         base: dict[str, Any] = {
             "size": "quick",
             "repeats": 3,
             "max_repeats": 10,
-            "budget_s": 150.0,
+            "budget_s": QUICK_BUDGET_S,
             "scenarios": ("steady", "cpu-contention"),
             "consumer": "none",
             "workers": tuple(sorted({cores, cores + 1, 2 * cores})),
@@ -198,18 +220,9 @@ def with_overrides(config: BenchConfig, **overrides: Any) -> BenchConfig:
     return replace(config, **{k: v for k, v in overrides.items() if v is not None})
 
 
-@dataclass(frozen=True)
-class Case:
-    workload: str
-    scenario: str
-    system: str
-    workers: Workers
-
-    @property
-    def name(self) -> str:
-        return system_class(self.system).case_name(self.workers)
-
-
+QUICK_BUDGET_S = 160.0
+"""``drapps bench --quick``'s budget: the whole run, so that ``make bench`` (the run, then
+its plots) ends within three minutes whatever else the machine does."""
 QUICK_SYSTEMS = ("dataloader", "tf-autotune", "drapps-heuristic")
 """What ``drapps bench --quick`` compares when ``--systems`` is not given."""
 
@@ -276,60 +289,6 @@ def plan_cases(
     return cases
 
 
-class Progress:
-    """A progress bar on stderr: redrawn in place on a terminal, a line per run otherwise."""
-
-    def __init__(self, total: int, stream: TextIO | None = None, enabled: bool = True) -> None:
-        self.total, self.done = total, 0
-        self.stream = stream or sys.stderr
-        self.enabled = enabled
-        self.tty = self.stream.isatty()
-        self.started = time.monotonic()
-
-    def update(self, text: str) -> None:
-        self.done += 1
-        if not self.enabled:
-            return
-        elapsed = time.monotonic() - self.started
-        eta = elapsed / self.done * (self.total - self.done)
-        filled = round(20 * self.done / self.total)
-        line = (
-            f"bench [{'#' * filled}{'.' * (20 - filled)}] {self.done}/{self.total} "
-            f"{int(elapsed) // 60}m{int(elapsed) % 60:02d}s elapsed, ~{int(eta) // 60}m"
-            f"{int(eta) % 60:02d}s left | {text}"
-        )
-        if self.tty:
-            end = "\n" if self.done == self.total else ""
-            self.stream.write(f"\r\x1b[2K{line}{end}")
-        else:
-            self.stream.write(line + "\n")
-        self.stream.flush()
-
-
-def run_one(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """Run one case in a fresh Python process and return its measurements."""
-    with tempfile.TemporaryDirectory(prefix="drapps-bench-") as tmp:
-        spec_path, result_path = Path(tmp) / "spec.json", Path(tmp) / "result.json"
-        spec_path.write_text(json.dumps(spec))
-        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONWARNINGS": "ignore"}
-        command = [sys.executable, "-m", "drapps.bench.case", str(spec_path), str(result_path)]
-        try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
-        except subprocess.TimeoutExpired:
-            raise RuntimeError(
-                f"case {spec['case']} ({spec['workload']}, {spec['scenario']}) ran past "
-                f"{timeout:g} s"
-            ) from None
-        if done.returncode != 0 or not result_path.exists():
-            tail = "\n".join(done.stderr.strip().splitlines()[-15:])
-            raise RuntimeError(
-                f"case {spec['case']} ({spec['workload']}, {spec['scenario']}) failed with "
-                f"exit code {done.returncode}:\n{tail}"
-            )
-        result: dict[str, Any] = json.loads(result_path.read_text())
-        return result
-
-
 def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Median and min-max per case over its repeats; the 95% t interval of the mean
     samples/s when there are 2 repeats or more."""
@@ -373,8 +332,23 @@ def _summary(workload: str, batch_size: int | None) -> str:
     return f"{head}; batch {batch_size}" if sep else summary
 
 
-def run_benchmark(config: BenchConfig, progress: bool = True) -> dict[str, Any]:
-    """Prepare the data, run every case ``repeats`` times interleaved, summarise."""
+def run_benchmark(
+    config: BenchConfig,
+    progress: bool = True,
+    *,
+    run: RunFunction = run_one,
+    clock: Callable[[], float] = time.monotonic,
+    started: float | None = None,
+) -> dict[str, Any]:
+    """Prepare the data, run every case in interleaved repeats, summarise.
+
+    With ``config.budget_s``, the timed window and the repeats are planned to end within that
+    many seconds of ``started`` (a ``clock`` reading; default: now), data preparation included
+    (:mod:`drapps.bench.budget`); ``results["plan"]`` records what was planned and cut. ``run``
+    runs one spec in a fresh process (:func:`run_one`; the tests pass a fake and a fake
+    ``clock``).
+    """
+    started = clock() if started is None else started
     cores = usable_cores()
     systems, skipped = chosen_systems(config)
     for name, reason in skipped.items():
@@ -386,77 +360,41 @@ def run_benchmark(config: BenchConfig, progress: bool = True) -> dict[str, Any]:
         params[name] = workload.prepare(config.data_dir, config.size, config.seed)
         workload(params[name]).warm()
     cases = plan_cases(config, systems, cores, skipped)
-    limit_samples = _LIMIT_SAMPLES[config.size]
-    per_repeat = len(cases) + len(config.workloads)
-    bar = Progress(per_repeat * config.repeats, enabled=progress)
-    order = random.Random(config.seed)
-    runs: list[dict[str, Any]] = []
-    limits: dict[str, list[dict[str, Any]]] = {w: [] for w in config.workloads}
-    outside: list[float] = []
-    started = time.monotonic()
-    for repeat in range(config.max_repeats or config.repeats):
-        if repeat >= config.repeats:
-            if settled(runs):
-                break
-            spent = time.monotonic() - started
-            if config.budget_s is not None and spent * (repeat + 1) / repeat > config.budget_s:
-                break
-            bar.total += per_repeat
-        load = OutsideLoad()
-        load.start()
-        shuffled: list[Case | str] = [*cases, *config.workloads]
-        order.shuffle(shuffled)
-        for case in shuffled:
-            if isinstance(case, str):  # the machine's preprocessing limit for this workload
-                spec = {
-                    "mode": "limit",
-                    "case": "preprocessing limit",
-                    "workload": case,
-                    "scenario": "in-process",
-                    "params": params[case],
-                    "samples": limit_samples,
-                    "seed": config.seed + repeat,
-                    "cores": cores,
-                }
-                limits[case].append(run_one(spec, config.case_timeout_s))
-                bar.update(
-                    f"{case} preprocessing limit: {limits[case][-1]['samples_per_s']:.0f} samples/s"
-                )
-                continue
-            workload = workload_class(case.workload)
-            step_ms = config.step_ms if config.step_ms is not None else workload.step_ms
-            batch_size = config.batch_size or workload.batch_size
-            first = warmup
-            if config.cache and config.warmup_batches is None:  # a whole first epoch
-                first = -(-int(params[case.workload]["samples"]) // batch_size)
-            spec = {
-                **asdict(case),
-                "case": case.name,
-                "params": params[case.workload],
-                "batch_size": batch_size,
-                "warmup_batches": first,
-                "measure_batches": measure,
-                "measure_s": config.measure_s,
-                "consumer": config.consumer,
-                "device": config.device,
-                "cache_memory": config.cache_memory,
-                "step_ms": step_ms,
-                "seed": config.seed,
-                "cores": cores,
-            }
-            result = run_one(spec, config.case_timeout_s)
-            runs.append({**asdict(case), "case": case.name, "repeat": repeat, **result})
-            bar.update(
-                f"{case.workload}/{case.scenario} {case.name}: "
-                f"{result['samples_per_s']:.0f} samples/s"
-            )
-        outside.append(load.share())
+    planner = RepeatPlanner(
+        config.budget_s,
+        started,
+        repeats=config.repeats,
+        max_repeats=config.max_repeats,
+        window=measure,
+        shortest_window=_SHORTEST[config.size],
+        measure_s=config.measure_s,
+        clock=clock,
+    )
+
+    def spec(item: Item, repeat: int, window: int) -> dict[str, Any]:
+        if isinstance(item, str):
+            samples = _LIMIT_SAMPLES[config.size]
+            return _limit_spec(item, params[item], samples, config.seed + repeat, cores)
+        return _case_spec(item, config, params[item.workload], warmup, window, cores)
+
+    measured = run_repeats(
+        cases,
+        config.workloads,
+        planner,
+        spec,
+        seed=config.seed,
+        timeout_s=config.case_timeout_s,
+        run=run,
+        clock=clock,
+        progress=progress,
+    )
+    plan = planner.plan()
     config_record = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()}
     config_record.update(
-        repeats=len(outside),
+        repeats=len(measured.outside),
         min_repeats=config.repeats,
         warmup_batches=warmup,
-        measure_batches=measure,
+        measure_batches=plan.window,
         systems=systems,
         step_ms={w: config.step_ms or workload_class(w).step_ms for w in config.workloads},
     )
@@ -470,11 +408,59 @@ def run_benchmark(config: BenchConfig, progress: bool = True) -> dict[str, Any]:
         "params": params,
         "config": config_record,
         "environment": describe_environment(),
-        "runs": runs,
-        "summary": summarize(runs),
-        "limit": {w: summarize_limit(v, cores) for w, v in limits.items()},
-        "outside_load": outside,
-        "bench_s": time.monotonic() - started,
+        "runs": measured.runs,
+        "summary": summarize(measured.runs),
+        "limit": {w: summarize_limit(v, cores) for w, v in measured.limits.items() if v},
+        "outside_load": measured.outside,
+        "plan": plan.as_dict(),
+        "bench_s": plan.elapsed_s,
+    }
+
+
+def _limit_spec(
+    workload: str, params: dict[str, Any], samples: int, seed: int, cores: int
+) -> dict[str, Any]:
+    """The spec of a run timing ``workload``'s preprocessing limit."""
+    return {
+        "mode": "limit",
+        "case": "preprocessing limit",
+        "workload": workload,
+        "scenario": "in-process",
+        "params": params,
+        "samples": samples,
+        "seed": seed,
+        "cores": cores,
+    }
+
+
+def _case_spec(
+    case: Case,
+    config: BenchConfig,
+    params: dict[str, Any],
+    warmup: int,
+    measure: int,
+    cores: int,
+) -> dict[str, Any]:
+    """The spec of one timed run of ``case``."""
+    workload = workload_class(case.workload)
+    batch_size = config.batch_size or workload.batch_size
+    first = warmup
+    if config.cache and config.warmup_batches is None:  # a whole first epoch
+        first = -(-int(params["samples"]) // batch_size)
+    return {
+        **asdict(case),
+        "case": case.name,
+        "params": params,
+        "batch_size": batch_size,
+        "warmup_batches": first,
+        "measure_batches": measure,
+        "measure_s": config.measure_s,
+        "consumer": config.consumer,
+        "device": config.device,
+        "cache_memory": config.cache_memory,
+        "step_ms": config.step_ms if config.step_ms is not None else workload.step_ms,
+        "seed": config.seed,
+        "cores": cores,
     }
 
 

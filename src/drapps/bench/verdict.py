@@ -3,7 +3,8 @@
 Its ratios are :mod:`drapps.bench.figures`' (the tables print the same ones): paired by
 repeat, the geometric mean of the per-repeat ratios with Student's t interval over their logs.
 A comparison whose interval holds 1.0 is *not separable*: the verdict says so instead of
-printing a ratio that noise could reverse.
+printing a ratio that noise could reverse. Where the run's budget cut its repeats or its timed
+window, the verdict says so first.
 
 A busy machine makes every ratio doubtful, so the runner records the CPU time that processes
 outside the benchmark took during each repeat (:class:`OutsideLoad`); past
@@ -20,6 +21,7 @@ from typing import Any
 
 import psutil
 
+from drapps.bench.budget import Plan
 from drapps.bench.figures import TF, Comparison, figures
 
 BUSY_SHARE = 0.15
@@ -108,18 +110,21 @@ def busy_reasons(results: dict[str, Any]) -> list[str]:
 
 
 def verdict(results: dict[str, Any]) -> list[str]:
-    """A few sentences a person can act on, made from ``results`` alone: whether the machine
-    was busy, then drapps against the best fixed DataLoader count and tf.data, the same
-    figures the tables print."""
+    """A few sentences a person can act on, made from ``results`` alone: what the budget cut
+    (:class:`drapps.bench.budget.Plan`), whether the machine was busy, then drapps against the
+    best fixed DataLoader count and tf.data, the same figures the tables print."""
     runs = results["runs"]
     found = comparisons(runs)
     cores = results["environment"]["usable_cores"]
     repeats = max((r["repeat"] for r in runs), default=-1) + 1
     plural = "repeat" if repeats == 1 else "repeats"
     lines = [f"Verdict ({cores} usable cores, {repeats} interleaved {plural}):"]
+    busy = busy_reasons(results)
+    if "plan" in results:
+        why = "the machine was busy" if busy else "the machine was slower than the budget allows"
+        lines += [f"- {line}" for line in Plan.from_dict(results["plan"]).describe(why)]
     if not found:
         return [*lines, "- no drapps system and DataLoader ran side by side; nothing to compare."]
-    busy = busy_reasons(results)
     if busy:
         lines.append(
             "- the machine was busy: "
