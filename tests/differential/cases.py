@@ -314,23 +314,17 @@ class Case:
 # ------------------------------------------------------------------------------ strategies
 
 
-def leaves(*, with_rng: bool = False) -> st.SearchStrategy[Leaf]:
+def leaves() -> st.SearchStrategy[Leaf]:
+    """Tensors and arrays of every dtype and layout, and Python values."""
     shapes = st.sampled_from([(2, 3), (3,), (1, 2, 2), (4, 1)])
+
+    def of(kind: str, dtypes: tuple[str, ...], layouts: tuple[str, ...]) -> Any:
+        dtype, layout = st.sampled_from(dtypes), st.sampled_from(layouts)
+        return st.builds(Leaf, kind=st.just(kind), dtype=dtype, layout=layout, shape=shapes)
+
     return st.one_of(
-        st.builds(
-            Leaf,
-            kind=st.just("tensor"),
-            dtype=st.sampled_from(TENSOR_DTYPES),
-            layout=st.sampled_from(TENSOR_LAYOUTS),
-            shape=shapes,
-        ),
-        st.builds(
-            Leaf,
-            kind=st.just("array"),
-            dtype=st.sampled_from(ARRAY_DTYPES),
-            layout=st.sampled_from(ARRAY_LAYOUTS),
-            shape=shapes,
-        ),
+        of("tensor", TENSOR_DTYPES, TENSOR_LAYOUTS),
+        of("array", ARRAY_DTYPES, ARRAY_LAYOUTS),
         st.builds(Leaf, kind=st.just("python"), dtype=st.sampled_from(PYTHON_VALUES)),
     )
 
