@@ -149,6 +149,8 @@ def run_case(spec: dict[str, Any]) -> dict[str, Any]:
         usage.stop()
     joules = energy.between(energy_before, energy_after)
     ordered = sorted(waits)
+    # When the scenario's change ran (the hog's start and stop), in the timed window's seconds.
+    spans = [[s - start, (elapsed + start if e is None else e) - start] for s, e in scenario.spans]
     return {
         "batch_size": batch_size,
         "samples": samples,
@@ -178,6 +180,7 @@ def run_case(spec: dict[str, Any]) -> dict[str, Any]:
         "end_to_end_s": end_to_end,
         "final_workers": final_workers,
         "timeline": [[round(t, 4), round(w, 5)] for t, w in zip(ends, waits, strict=True)],
+        "load_spans": [[round(s, 4), round(e, 4)] for s, e in spans],
     }
 
 

@@ -1,28 +1,37 @@
 """PNG plots made from a results JSON, as a step separate from the run (``drapps bench-plot``).
 
 One look should say who won, so every plot draws drapps' systems in their own warm colours and
-thick lines, DataLoader in greys (its best count darker), and the peers in a cool palette with
-no colour used twice; intervals are drawn, and legends sit outside the data.
+thick lines, each DataLoader worker count in its own shade of grey with its own marker and
+hatch (more workers darker, the best count with the thickest line), and the peers in a cool
+palette with no colour used twice; legends sit outside the data.
 
-- ``<workload>-throughput.png``: per scenario, each system's median samples/s as a bar with its
-  95% interval (min-max with fewer than 2 repeats), sorted, the best DataLoader count marked.
+- ``<workload>-throughput.png``: per scenario, each system's median samples/s as a bar with the
+  repeats' min-max (never below 0), sorted, the best DataLoader count marked: the figures the
+  tables print (:mod:`drapps.bench.figures`).
 - ``<workload>-<scenario>-over-time.png``: throughput and the loop's wait over the timed window,
-  the median repeat as a line and the other repeats' range as a band; DataLoader at its best
-  count only, so the plot stays readable.
+  the median repeat as a line and the other repeats' range as a band, every DataLoader count
+  included; where the scenario starts and stops something (the CPU hog), the time it ran is
+  shaded, from the runs' own record of it.
 - ``<workload>-end-to-end.png``: time from opening the loader to the last batch per scenario,
   median with min-max.
+
+The data each plot draws is made by functions that need no matplotlib (:func:`styles`,
+:func:`throughput_bars`, :func:`load_span`), so the tests check it without drawing.
 """
 
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from drapps._optional import require
+from drapps.bench.figures import RATE_STATISTIC, scenario_figures
 from drapps.bench.report import best_dataloader, scenario_rows
+from drapps.bench.scenarios import SCENARIOS
 
 WINDOW_S = 1.0
 """Rolling window for the over-time curves."""
@@ -31,16 +40,40 @@ _DRAPPS = ("#d62728", "#ff7f0e", "#8c564b", "#e377c2", "#bcbd22", "#a0522d")
 """drapps' systems: red first (the adaptive heuristic), then other warm colours."""
 _PEERS = ("#1f77b4", "#2ca02c", "#17becf", "#9467bd", "#393b79", "#637939", "#6b6ecf", "#008080")
 """Every other peer, each its own cool colour."""
-_DATALOADER_BEST, _DATALOADER = "#333333", "#b0b0b0"
+_BEST = " (best DataLoader)"
+"""What a label adds for the best fixed DataLoader count."""
+_DATALOADER_BEST = "#333333"
+"""The line marking the best DataLoader count's throughput."""
+_GREY_LIGHT, _GREY_DARK = 0xC4, 0x2A
+"""The ends of the ramp of greys the DataLoader counts are spread over (fewest workers light)."""
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "h")
+_HATCHES = ("", "//", "..", "xx", "\\\\", "++", "oo", "--", "**")
+
+
+def _workers_key(case: str) -> tuple[int, str]:
+    """DataLoader cases by worker count (``dataloader-10`` after ``dataloader-2``)."""
+    tail = case.rsplit("-", 1)[-1]
+    return (int(tail), case) if tail.isdigit() else (1 << 30, case)
+
+
+def _grey(i: int, n: int) -> tuple[str, str]:
+    """The ``i``th of ``n`` greys, light to dark, and a hatch colour that shows on it."""
+    level = _GREY_LIGHT if n < 2 else round(_GREY_LIGHT + (_GREY_DARK - _GREY_LIGHT) * i / (n - 1))
+    return f"#{level:02x}{level:02x}{level:02x}", "#000000" if level > 0x80 else "#ffffff"
 
 
 def styles(cases: list[str], best: str | None) -> dict[str, dict[str, Any]]:
-    """A colour, width and line style per case, none repeated within one family.
+    """A colour, width, line style, marker and hatch per case, no colour repeated.
+
+    DataLoader's counts spread over a ramp of greys by worker count, each with its own marker
+    and hatch, so every count is told apart in a legend; the best count draws thickest.
 
     >>> cases = ["dataloader-2", "dataloader-4", "drapps-heuristic", "tf-autotune"]
     >>> s = styles(cases, "dataloader-4")
     >>> s["drapps-heuristic"]["color"], s["dataloader-4"]["color"], s["tf-autotune"]["color"]
-    ('#d62728', '#333333', '#1f77b4')
+    ('#d62728', '#2a2a2a', '#1f77b4')
+    >>> s["dataloader-2"]["color"], s["dataloader-2"]["marker"], s["dataloader-4"]["marker"]
+    ('#c4c4c4', 'o', 's')
     """
     chosen: dict[str, dict[str, Any]] = {}
     ours = sorted((c for c in cases if c.startswith("drapps")), key=lambda c: (c != best, c))
@@ -54,16 +87,86 @@ def styles(cases: list[str], best: str | None) -> dict[str, dict[str, Any]]:
         chosen[case] = {"color": _PEERS[i % len(_PEERS)], "linewidth": 1.4, "zorder": 3}
         if i >= len(_PEERS):
             chosen[case]["linestyle"] = "--"
-    for case in cases:
-        if case.startswith("dataloader"):
-            is_best = case == best
-            chosen[case] = {
-                "color": _DATALOADER_BEST if is_best else _DATALOADER,
-                "linewidth": 1.8 if is_best else 1.0,
-                "zorder": 4 if is_best else 2,
-                "linestyle": "-" if is_best else ":",
-            }
+    loaders = sorted((c for c in cases if c.startswith("dataloader")), key=_workers_key)
+    for i, case in enumerate(loaders):
+        is_best = case == best
+        color, edge = _grey(i, len(loaders))
+        chosen[case] = {
+            "color": color,
+            "edgecolor": edge,
+            "linewidth": 2.0 if is_best else 1.2,
+            "zorder": 4 if is_best else 2,
+            "linestyle": "-" if is_best else ":",
+            "marker": _MARKERS[i % len(_MARKERS)],
+            "hatch": _HATCHES[i % len(_HATCHES)],
+        }
     return chosen
+
+
+def _line(style: dict[str, Any]) -> dict[str, Any]:
+    """A style's keywords for ``plot`` (a marker every so often, no hatch)."""
+    line = {k: v for k, v in style.items() if k not in ("hatch", "edgecolor")}
+    if "marker" in line:
+        line.update(markevery=0.1, markersize=5)
+    return line
+
+
+def _bar(style: dict[str, Any], edge: str = "none") -> dict[str, Any]:
+    """A style's keywords for ``bar``/``barh``: its colour, and its hatch drawn in a colour
+    that shows on it (else ``edge`` round the bar)."""
+    hatch = style.get("hatch") or None
+    return {
+        "color": style["color"],
+        "hatch": hatch,
+        "edgecolor": style.get("edgecolor", edge) if hatch else edge,
+    }
+
+
+@dataclass(frozen=True)
+class Bar:
+    """One bar of the throughput chart: a case's median and the repeats' min-max."""
+
+    label: str
+    case: str
+    median: float
+    below: float
+    """Length of the error bar under the median: to the lowest repeat, never below 0."""
+    above: float
+    """Length of the error bar over the median: to the highest repeat."""
+
+
+def throughput_bars(results: dict[str, Any], workload: str, scenario: str) -> list[Bar]:
+    """The bars of one scenario's throughput chart, lowest median first: each case's median
+    samples/s and the min-max of its repeats (samples/s are never negative, so neither is a
+    bar's lower end), from the figures the tables print."""
+    found = scenario_figures(results["runs"], workload, scenario)
+    return [
+        Bar(
+            label=case.case + (_BEST if case.case == found.best else ""),
+            case=case.case,
+            median=case.median,
+            below=case.median - max(0.0, case.low),
+            above=case.high - case.median,
+        )
+        for case in reversed(found.cases)
+    ]
+
+
+def load_span(run: dict[str, Any], scenario: str) -> tuple[float, float] | None:
+    """When the scenario's change (the CPU hog) ran in ``run``, in seconds of its timed window:
+    as the run recorded it, or for results from before runs recorded it, from its timeline
+    and the batches the scenario changes at; None where the scenario changes nothing."""
+    spans = run.get("load_spans")
+    if spans:
+        return float(spans[0][0]), float(spans[-1][1])
+    cls = SCENARIOS.get(scenario) if scenario in SCENARIOS.names() else None
+    timeline = run.get("timeline") or []
+    changed = cls.changed_batches(len(timeline)) if cls is not None and timeline else None
+    if changed is None or spans == []:  # [] recorded: nothing ran
+        return None
+    first, last = changed
+    ends = [t for t, _ in timeline]
+    return (ends[first - 1] if first > 0 else 0.0), ends[max(0, last - 1)]
 
 
 def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -92,16 +195,27 @@ def rolling(
     return times, rates, waits
 
 
-def _interval(row: dict[str, Any]) -> tuple[float, float]:
-    """(below, above) the median: the 95% interval of the mean where there is one, else the
-    min-max spread."""
-    if "samples_per_s_ci95" in row:
-        mean, half = row["samples_per_s_mean"], row["samples_per_s_ci95"]
-        low, high = mean - half, mean + half
-    else:
-        low, high = row["samples_per_s_min"], row["samples_per_s_max"]
-    median = row["samples_per_s"]
-    return max(0.0, median - low), max(0.0, high - median)
+def load_spans(
+    results: dict[str, Any], workload: str, scenario: str
+) -> dict[str, tuple[float, float]]:
+    """Per case, when the scenario's change ran in its median repeat (the one the over-time
+    plot draws); empty where the scenario changes nothing."""
+    spans = {}
+    for case, runs in _runs_by_case(results, workload, scenario).items():
+        span = load_span(_median_run(runs), scenario)
+        if span is not None:
+            spans[case] = span
+    return spans
+
+
+def _runs_by_case(
+    results: dict[str, Any], workload: str, scenario: str
+) -> dict[str, list[dict[str, Any]]]:
+    by_case: dict[str, list[dict[str, Any]]] = {}
+    for run in results["runs"]:
+        if (run["workload"], run["scenario"]) == (workload, scenario):
+            by_case.setdefault(run["case"], []).append(run)
+    return by_case
 
 
 def plot(results: dict[str, Any], out: Path) -> list[Path]:
@@ -132,78 +246,83 @@ def _save(figure: Any, path: Path, pyplot: Any, legend: Any = None) -> Path:
 
 
 def _throughput_bars(results: dict[str, Any], workload: str, out: Path, pyplot: Any) -> Path:
-    per_scenario = {s: scenario_rows(results, workload, s) for s in results["scenarios"]}
-    per_scenario = {s: rows for s, rows in per_scenario.items() if rows}
-    height = max(2.5, 0.32 * max(len(rows) for rows in per_scenario.values()) + 1.2)
+    per_scenario = {s: throughput_bars(results, workload, s) for s in results["scenarios"]}
+    per_scenario = {s: bars for s, bars in per_scenario.items() if bars}
+    height = max(2.5, 0.32 * max(len(bars) for bars in per_scenario.values()) + 1.2)
     figure, axes = pyplot.subplots(
         1, len(per_scenario), figsize=(6.5 * len(per_scenario), height), squeeze=False, sharex=True
     )
-    for axis, (scenario, rows) in zip(axes[0], per_scenario.items(), strict=True):
-        rows.sort(key=lambda r: r["samples_per_s"])
-        best = best_dataloader(rows)
-        look = styles([r["case"] for r in rows], best["case"] if best else None)
-        errors = np.array([_interval(r) for r in rows]).T
-        axis.barh(
-            range(len(rows)),
-            [r["samples_per_s"] for r in rows],
-            xerr=errors,
-            color=[look[r["case"]]["color"] for r in rows],
-            capsize=3,
-            error_kw={"elinewidth": 1, "ecolor": "black"},
-        )
-        axis.set_yticks(
-            range(len(rows)),
-            [r["case"] + (" (best DataLoader)" if r is best else "") for r in rows],
-        )
-        for tick, row in zip(axis.get_yticklabels(), rows, strict=True):
-            if row["case"].startswith("drapps"):
+    for axis, (scenario, bars) in zip(axes[0], per_scenario.items(), strict=True):
+        best = next((b for b in bars if b.label.endswith(_BEST)), None)
+        look = styles([b.case for b in bars], best.case if best else None)
+        for y, bar in enumerate(bars):
+            axis.barh(
+                y,
+                bar.median,
+                xerr=[[bar.below], [bar.above]],
+                capsize=3,
+                error_kw={"elinewidth": 1, "ecolor": "black"},
+                **_bar(look[bar.case]),
+            )
+        axis.set_yticks(range(len(bars)), [b.label for b in bars])
+        for tick, bar in zip(axis.get_yticklabels(), bars, strict=True):
+            if bar.case.startswith("drapps"):
                 tick.set_fontweight("bold")
         if best is not None:
-            axis.axvline(best["samples_per_s"], color=_DATALOADER_BEST, linewidth=0.8, ls="--")
+            axis.axvline(best.median, color=_DATALOADER_BEST, linewidth=0.8, ls="--")
+        axis.set_xlim(left=0)
         axis.set_title(f"{scenario}")
-        axis.set_xlabel("samples/s (median; bars: 95% interval of the mean)")
+        axis.set_xlabel(f"samples/s: {RATE_STATISTIC}")
     figure.suptitle(f"{workload}: throughput per system", fontweight="bold")
     return _save(figure, out / f"{workload}-throughput.png", pyplot)
+
+
+def over_time_curves(
+    results: dict[str, Any], workload: str, scenario: str
+) -> list[tuple[str, str]]:
+    """The curves of one over-time plot as (case, legend label), highest median first: every
+    case, each DataLoader count included, the best one's label saying so."""
+    found = scenario_figures(results["runs"], workload, scenario)
+    return [(c.case, c.case + (_BEST if c.case == found.best else "")) for c in found.cases]
+
+
+def _best_of(curves: list[tuple[str, str]]) -> str | None:
+    return next((case for case, label in curves if label.endswith(_BEST)), None)
 
 
 def _over_time(
     results: dict[str, Any], workload: str, scenario: str, out: Path, pyplot: Any
 ) -> Path | None:
-    rows = scenario_rows(results, workload, scenario)
-    if not rows:
+    by_case = _runs_by_case(results, workload, scenario)
+    if not by_case:
         return None
-    best = best_dataloader(rows)
-    shown = [r for r in rows if r["system"] != "dataloader" or r is best]
-    look = styles([r["case"] for r in shown], best["case"] if best else None)
+    curves = over_time_curves(results, workload, scenario)
+    look = styles([case for case, _ in curves], _best_of(curves))
     waits = results["config"].get("consumer") != "none"  # with no step the loop always waits
     figure, panels = pyplot.subplots(
         2 if waits else 1, 1, figsize=(11, 6 if waits else 3.6), sharex=True, squeeze=False
     )
     top, bottom = panels[0][0], panels[-1][0]
-    for row in shown:
-        runs = [
-            r
-            for r in results["runs"]
-            if r["workload"] == workload and r["scenario"] == scenario and r["case"] == row["case"]
-        ]
+    for case, label in curves:
+        runs = by_case[case]
         run = _median_run(runs)
         t, rate, wait = rolling(run["timeline"], run["batch_size"])
-        style = look[row["case"]]
-        label = row["case"] + (" (best DataLoader)" if row is best else "")
-        top.plot(t, rate, label=label, **style)
+        style = look[case]
+        top.plot(t, rate, label=label, **_line(style))
         if waits:
-            bottom.plot(t, [100 * w for w in wait], **style)
+            bottom.plot(t, [100 * w for w in wait], **_line(style))
         if len(runs) > 1 and t:
             grid = np.linspace(min(t), max(t), 100)
-            curves = []
+            band = []
             for other in runs:
                 ot, orate, _ = rolling(other["timeline"], other["batch_size"])
                 if ot:
-                    curves.append(np.interp(grid, ot, orate))
-            stack = np.array(curves)
+                    band.append(np.interp(grid, ot, orate))
+            stack = np.array(band)
             top.fill_between(
                 grid, stack.min(0), stack.max(0), color=style["color"], alpha=0.12, linewidth=0
             )
+    _shade_load(results, workload, scenario, look, [p[0] for p in panels])
     top.set_ylabel("samples/s")
     if waits:
         bottom.set_ylabel("loop waited (%)")
@@ -213,6 +332,45 @@ def _over_time(
         fontweight="bold",
     )
     return _save(figure, out / f"{workload}-{scenario}-over-time.png", pyplot, legend=top)
+
+
+def _shade_load(
+    results: dict[str, Any],
+    workload: str,
+    scenario: str,
+    look: dict[str, dict[str, Any]],
+    axes: list[Any],
+) -> None:
+    """Shade from the earliest start to the latest stop of the scenario's change over the
+    systems drawn, and mark each system's own span in its colour along the top."""
+    spans = load_spans(results, workload, scenario)
+    if not spans:
+        return
+    start = min(s for s, _ in spans.values())
+    end = max(e for _, e in spans.values())
+    label = SCENARIOS.get(scenario).span_label or "the scenario's change"
+    for i, axis in enumerate(axes):
+        axis.axvspan(
+            start,
+            end,
+            color="#f2c744",
+            alpha=0.18,
+            linewidth=0,
+            zorder=0,
+            label=f"{label} (each system's span on top)" if i == 0 else None,
+        )
+    step = 0.035
+    for k, (case, (s, e)) in enumerate(spans.items()):
+        y = 1.0 - step * (k + 0.5)
+        axes[0].plot(
+            [s, e],
+            [y, y],
+            transform=axes[0].get_xaxis_transform(),
+            color=look[case]["color"],
+            linewidth=3,
+            solid_capstyle="butt",
+            zorder=6,
+        )
 
 
 def _end_to_end_bars(results: dict[str, Any], workload: str, out: Path, pyplot: Any) -> Path:
@@ -247,8 +405,7 @@ def _end_to_end_bars(results: dict[str, Any], workload: str, out: Path, pyplot: 
             yerr=[below, above],
             capsize=2,
             label=case,
-            color=look[case]["color"],
-            edgecolor="black" if case.startswith("drapps") else "none",
+            **_bar(look[case], edge="black" if case.startswith("drapps") else "none"),
         )
     axes.set_xticks([s + 0.4 - width / 2 for s in range(len(scenarios))], scenarios)
     axes.set_ylabel("end-to-end seconds (median, min-max)")

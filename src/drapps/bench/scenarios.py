@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from typing import ClassVar
 
 from drapps.bench.throttle import IoThrottle
@@ -34,6 +35,19 @@ class LoadScenario:
     summary: ClassVar[str] = "nothing changes"
     needs_sleep_consumer: ClassVar[bool] = False
     needs_file_reads: ClassVar[bool] = False
+    span_label: ClassVar[str | None] = None
+    """What runs during :meth:`changed_batches`, in a plot's legend; None: nothing does."""
+
+    def __init__(self) -> None:
+        self.spans: list[tuple[float, float | None]] = []
+        """``[start, end]`` ``time.perf_counter()`` readings of each time the change ran
+        (``end`` None while it runs); the case records them against its timed window."""
+
+    @classmethod
+    def changed_batches(cls, n: int) -> tuple[int, int] | None:
+        """The timed batches ``[first, last)`` of ``n`` before which the change starts and
+        stops, or None where nothing starts and stops."""
+        return None
 
     def throttle(self) -> IoThrottle | None:
         """The read throttle the workload's dataset goes through, if this scenario has one."""
@@ -58,14 +72,22 @@ class Steady(LoadScenario):
 class CpuContention(LoadScenario):
     name = "cpu-contention"
     summary = "a separate process burns one core for the middle third of the timed batches"
+    span_label = "CPU hog running"
 
     def __init__(self) -> None:
+        super().__init__()
         self._hog: subprocess.Popen[bytes] | None = None
 
+    @classmethod
+    def changed_batches(cls, n: int) -> tuple[int, int]:
+        return n // 3, 2 * n // 3
+
     def before_batch(self, b: int, n: int) -> float:
-        if b == n // 3 and self._hog is None:
+        first, last = self.changed_batches(n)
+        if b == first and self._hog is None:
             self._hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-        elif b == 2 * n // 3:
+            self.spans.append((time.perf_counter(), None))
+        elif b == last:
             self.stop()
         return 1.0
 
@@ -77,6 +99,7 @@ class CpuContention(LoadScenario):
             self._hog.kill()
             self._hog.wait()
             self._hog = None
+            self.spans[-1] = (self.spans[-1][0], time.perf_counter())
 
 
 class ConsumerShift(LoadScenario):
@@ -99,6 +122,7 @@ class SlowIo(LoadScenario):
     needs_file_reads = True
 
     def __init__(self) -> None:
+        super().__init__()
         self._throttle: IoThrottle | None = None
 
     def throttle(self) -> IoThrottle | None:
