@@ -52,7 +52,10 @@ def test_a_gap_inside_the_noise_is_not_separable() -> None:
 
 def test_one_repeat_is_never_a_verdict() -> None:
     found = runs({"dataloader-2": [1000], "drapps-heuristic": [2000]})
-    assert "were not separable (2.00x" in "\n".join(verdict(results(found)))
+    said = "\n".join(verdict(results(found)))
+    assert "were not separable (2.00x, no interval from one repeat)" in said
+    busy = "\n".join(verdict(results(found, outside_load=[0.9])))
+    assert "drapps measured 2.00x the best fixed DataLoader (dataloader-2) (no interval" in busy
 
 
 def test_a_busy_machine_names_no_winner() -> None:

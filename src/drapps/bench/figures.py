@@ -64,14 +64,17 @@ class Comparison:
 
     def describe(self, subject: str, other: str, busy: bool = False) -> str:
         """``"drapps was 1.08x the best fixed DataLoader (95% interval 1.03-1.13x)"``; on a
-        busy machine the figures without a winner."""
-        interval = f"95% interval {self.low:.2f}-{self.high:.2f}x"
+        busy machine the figures without a winner. One repeat gives no interval, and says so."""
+        if self.pairs < 2:
+            interval = "no interval from one repeat"
+        else:
+            interval = f"95% interval {self.low:.2f}-{self.high:.2f}x"
         if busy:
             return f"{subject} measured {self.ratio:.2f}x {other} ({interval})"
         if not self.separated:
+            repeats = "" if self.pairs < 2 else f", {self.pairs} repeats"
             return (
-                f"{subject} and {other} were not separable "
-                f"({self.ratio:.2f}x, {interval}, {self.pairs} repeats)"
+                f"{subject} and {other} were not separable ({self.ratio:.2f}x, {interval}{repeats})"
             )
         return f"{subject} was {self.ratio:.2f}x {other} ({interval})"
 

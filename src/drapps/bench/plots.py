@@ -360,6 +360,8 @@ def _shade_load(
             label=f"{label} (each system's span on top)" if i == 0 else None,
         )
     step = 0.035
+    low, high = axes[0].get_ylim()  # headroom above the data for the spans' strips
+    axes[0].set_ylim(low, low + (high - low) / (1 - step * (len(spans) + 0.5)))
     for k, (case, (s, e)) in enumerate(spans.items()):
         y = 1.0 - step * (k + 0.5)
         axes[0].plot(

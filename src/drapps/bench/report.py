@@ -208,9 +208,13 @@ def brief(results: dict[str, Any]) -> str:
                 lines.append(f"{line}  {_ends(row) if row else '-'}")
             lines.append("")
     if lines:
-        plural = "repeat" if repeats == 1 else "repeats"
+        rates = (
+            "one repeat's"
+            if repeats == 1
+            else f"the median of {repeats} repeats, with their min-max"
+        )
         legend = (
-            f"samples/s: the median of {repeats} {plural}, with their min-max. vs best DL: "
+            f"samples/s: {rates}. vs best DL: "
             "the ratio to the best fixed DataLoader count (*, the highest median), paired by "
             "repeat: the geometric mean of the per-repeat ratios, and its 95% interval. The "
             "verdict states the same figures."
