@@ -9,6 +9,7 @@ from control.test_policies import state
 
 from drapps.control import Action
 from drapps.telemetry import TRACE_VERSION, TraceRow, TraceWriter, bottleneck_report, read_trace
+from drapps.telemetry._sections import format_duration
 
 
 def rows_of_a_run() -> list[TraceRow]:
@@ -94,7 +95,9 @@ def test_report_gives_the_memory_held_with_shared_pages_once() -> None:
 
 
 def test_report_without_rows_says_how_to_get_them() -> None:
-    assert "No telemetry recorded yet" in bottleneck_report([])
+    text = bottleneck_report([])
+    assert "No telemetry recorded yet: iterate the loader for a few seconds" in text
+    assert "workers='auto'" not in text  # every loader records telemetry: nothing to switch on
 
 
 def test_report_of_a_fed_loop() -> None:
@@ -125,25 +128,101 @@ def test_report_tells_what_the_cache_held_and_served() -> None:
     assert "Cache:" not in bottleneck_report(rows, {"cache": None})
 
 
+MAKING = {"fetch_s": 60.0, "transform_s": 30.0, "collate_s": 6.0, "transport_s": 4.0}
+"""Stage totals of a pipeline whose samples cost much to make (decoding, augmenting)."""
+IN_MEMORY = {"fetch_s": 0.2, "transform_s": 0.0, "collate_s": 1.4, "transport_s": 0.4}
+"""Stage totals of in-memory tensors: making a sample is indexing a list."""
+
+
+def counts_run(
+    counts: list[int], stages: dict[str, float] | None = None, **overrides: object
+) -> list[TraceRow]:
+    """A run whose worker count is ``counts[i]`` during tick ``i`` (a policy's move at each
+    change), on saturated cores by default: the loop waits 30%, this job's processes use
+    both cores."""
+    settings: dict[str, object] = {
+        "cores": 2, "wait_fraction": 0.3, "idle_cores": 0.0, "cpu_util": 1.0,
+        "main_cpu": 0.5, "workers_cpu": 1.5, **overrides,
+    }  # fmt: skip
+    rows = []
+    for i, workers in enumerate(counts):
+        after = counts[i + 1] if i + 1 < len(counts) else workers
+        move = (after > workers) - (after < workers)
+        action = Action(workers=move, reason=f"policy: {workers} -> {after}") if move else Action()
+        s = state(t=0.5 * (i + 1), workers=workers, **settings)
+        applied = {"workers": after, "prefetch": 2 * after}
+        rows.append(TraceRow(s.t, s, action, applied, 1.0, {}, dict(stages or MAKING)))
+    return rows
+
+
 def saturated_run(grow_at: tuple[int, ...]) -> list[TraceRow]:
     """A loop that waits 30% on saturated cores from the first tick; the controller adds a
-    worker (and keeps it) at each tick of ``grow_at``."""
-    rows, workers = [], 2
-    for i in range(12):
-        action = Action(workers=1, reason="waited, trying one more") if i in grow_at else Action()
-        s = state(t=0.5 * i, workers=workers, cores=2, wait_fraction=0.3, idle_cores=0.0)
-        after = workers + action.workers
-        rows.append(TraceRow(s.t, s, action, {"workers": after, "prefetch": 2 * after}, 1.0))
-        workers = after
-    return rows
+    worker (and keeps it) at each tick of ``grow_at``, over 24 ticks."""
+    counts, workers = [], 2
+    for i in range(24):
+        counts.append(workers)
+        workers += i in grow_at
+    return counts_run(counts)
 
 
 def test_more_workers_will_not_help_only_when_no_more_were_kept() -> None:
     assert "more workers will not help" in bottleneck_report(saturated_run(()))
-    grown = bottleneck_report(saturated_run((4, 8)))
+    grown = bottleneck_report(saturated_run((4, 13)))
     assert "Workers went 2 -> 3 -> 4" in grown
-    assert "will not help" not in grown and "ended at 4" in grown
+    assert "will not help" not in grown and "it settled at 4, from 2" in grown
     assert "cache_fingerprint()" in grown  # the cache advice says what the dataset needs
+
+
+def test_a_controller_back_where_it_started_is_not_said_to_have_found_more() -> None:
+    # 2 -> 1 -> 2 -> 3 -> 2 on saturated cores: every try undone, and it ends where it began.
+    text = bottleneck_report(counts_run([2] * 8 + [1] * 6 + [2] * 8 + [3] * 6 + [2] * 10))
+    assert "Workers went 2 -> 1 -> 2 -> 3 -> 2 because:" in text
+    assert "found more" not in text and "kept more" not in text and "settled at" not in text
+    assert "CPU-bound on this machine, so more workers will not help" in text
+
+
+def test_a_try_cut_short_by_the_end_of_the_run_is_not_the_count_it_settled_on() -> None:
+    # Held 2 for the whole run, then tried 3 on the last tick.
+    text = bottleneck_report(counts_run([2] * 20 + [3]))
+    assert "Workers went 2 -> 3" in text
+    assert "The run ended 0.5 s into a try of 3 workers; before that try it had settled on 2." in (
+        text
+    )
+    assert "ended at 3" not in text and "kept more workers" not in text
+    # A try the run held long enough to judge is the count it settled on.
+    held = bottleneck_report(counts_run([2] * 10 + [3] * 12))
+    assert "ended" not in held and "it settled at 3, from 2" in held
+
+
+def test_cores_taken_by_other_processes_are_named_and_no_cache_is_offered_for_them() -> None:
+    # In-memory tensors on a machine another job keeps busy: the loop waits, but this job
+    # used 0.3 of the 2 cores. More workers, or a cache, cannot help that.
+    busy = counts_run([2] * 12, IN_MEMORY, main_cpu=0.1, workers_cpu=0.2)
+    text = bottleneck_report(busy, {"samples": 12_000})
+    assert "the training process used 0.1 cores, the workers 0.2, other processes 1.7." in text
+    assert "Advice: other processes kept the cores busy (1.7 of 2 on average, this job's 0.3)" in (
+        text
+    )
+    assert "CPU-bound" not in text and "cache" not in text.lower()
+    # Where this job used the cores itself, the pipeline is CPU-bound; the line on other
+    # processes is left out where they used next to nothing.
+    own = bottleneck_report(counts_run([2] * 12, MAKING), {"samples": 12_000})
+    assert "CPU-bound" in own and "other processes" not in own
+
+
+def test_a_cache_is_offered_only_where_making_samples_costs_enough_to_save() -> None:
+    # 90 s of fetch and transform over 12,000 samples: 7.5 ms a sample, worth caching.
+    decoded = bottleneck_report(counts_run([2] * 12, MAKING), {"samples": 12_000})
+    assert "CPU-bound" in decoded and "cache_fingerprint()" in decoded
+    # The same shares over 12 million samples: 7.5 µs a sample, no more than a cache read.
+    cheap = bottleneck_report(counts_run([2] * 12, MAKING), {"samples": 12_000_000})
+    assert "CPU-bound" in cheap and "cache" not in cheap.lower()
+    # Collate and transport most of the time: no per-sample work to make cheaper.
+    collated = bottleneck_report(counts_run([2] * 12, IN_MEMORY), {"samples": 12_000})
+    assert "making samples is 10% of a batch's time and collating and moving them 90%" in (
+        collated
+    )
+    assert "cache" not in collated.lower() and "per-sample work" not in collated
 
 
 def test_every_worker_change_names_what_made_it() -> None:
@@ -232,6 +311,40 @@ def test_report_counts_stragglers_and_says_what_the_dispatcher_did() -> None:
     assert "dispatch='samples' cuts them" in whole
     none = bottleneck_report(rows_of_a_run(), {"sample_costs": {**costs, "slow_samples": 0}})
     assert "Stragglers" not in none
+
+
+def test_stragglers_that_cost_next_to_nothing_are_not_reported() -> None:
+    # In-memory samples: 0.8% of them over 8x a 20 µs median, 0.3 ms of extra work in all.
+    costs = {"observed": 6000, "slow_samples": 48, "slow_excess_s": 0.0003, "median_ms": 0.02,
+             "slow_batches": 12}  # fmt: skip
+    stats = {"sample_costs": costs, "batches": 192, "cut_batches": 20, "workers": 2}
+    assert "Stragglers" not in bottleneck_report(rows_of_a_run(), stats)
+    # 2 ms a slow sample but 0.1 s over a 10 s run: under 1% of it, still not worth a line.
+    few = {**costs, "slow_excess_s": 0.096}
+    assert "Stragglers" not in bottleneck_report(rows_of_a_run(), {**stats, "sample_costs": few})
+    # 25 ms a slow sample, 1.2 s in all: reported, a sub-millisecond median in microseconds.
+    many = {**costs, "slow_excess_s": 1.2}
+    text = bottleneck_report(rows_of_a_run(), {**stats, "sample_costs": many})
+    assert "over 8x the median (20 µs), 25 ms on average" in text and "adding 25 ms" in text
+
+
+@pytest.mark.parametrize(
+    ("seconds", "words"),
+    [(0.00002, "20 µs"), (0.00049, "490 µs"), (0.0012, "1.2 ms"), (0.052, "52 ms"),
+     (1.25, "1.2 s")],
+)  # fmt: skip
+def test_durations_keep_their_significant_digits(seconds: float, words: str) -> None:
+    assert format_duration(seconds) == words
+
+
+def test_batch_latency_is_left_out_where_none_was_measured() -> None:
+    rows = [
+        replace(r, state=replace(r.state, latency_p50_s=0.0, latency_p99_s=0.0))
+        for r in rows_of_a_run()
+    ]  # batches made in the training process (workers=0) have no dispatch-to-arrival time
+    text = bottleneck_report(rows)
+    assert "latency" not in text and "Throughput: median 800 samples/s, last 800." in text
+    assert "batch latency p50 50 ms, p99 80 ms." in bottleneck_report(rows_of_a_run())
 
 
 def test_report_gives_joules_per_sample_and_epoch_and_says_how_they_were_counted() -> None:

@@ -272,7 +272,7 @@ class HeuristicPolicy:
                 +1,
                 state,
                 f"training loop waited {wait:.0%} of the time with "
-                f"{idle:.1f} idle cores: trying {state.workers + size} workers",
+                f"{idle:.1f} idle cores: trying {_describe('workers', state.workers + size)}",
                 size,
             )
         if (
@@ -291,7 +291,7 @@ class HeuristicPolicy:
                 state,
                 f"the CPU is saturated by this job alone ({state.workers} workers on "
                 f"{state.cores} cores, the loop waited {wait:.0%}): trying "
-                f"{state.workers - 1} workers",
+                f"{_describe('workers', state.workers - 1)}",
             )
         if (
             wait < c.wait_low
@@ -306,7 +306,7 @@ class HeuristicPolicy:
                 -1,
                 state,
                 f"training loop waited {wait:.0%} with {queue:.1f} "
-                f"batches ready: trying {state.workers - 1} workers",
+                f"batches ready: trying {_describe('workers', state.workers - 1)}",
             )
         if split:
             move = self._split_move(state, wait, idle, grow)
@@ -508,8 +508,9 @@ class HeuristicPolicy:
             # settle + window would starve it for seconds (a quarter of the throughput lost
             # for ~3 s a probe, measured by the bench).
             summary = (
-                f"{_describe(probe.knob, probe.value)}: the training loop waited "
-                f"{state.wait_fraction:.0%} (before: {probe.wait:.0%})"
+                f"with {_describe(probe.knob, probe.value)} the training loop waited "
+                f"{state.wait_fraction:.0%} of the time ({probe.wait:.0%} with "
+                f"{_describe(probe.knob, probe.before)})"
             )
             return self._fail(probe, summary)
         if elapsed <= c.settle:
@@ -539,11 +540,7 @@ class HeuristicPolicy:
         else:
             kept = change > -c.min_gain and wait <= max(c.wait_low, probe.wait + c.wait_low)
         self._probe = None
-        before = _describe(probe.knob, probe.before)
-        summary = (
-            f"{_describe(probe.knob, probe.value)}: {throughput:.0f} samples/s, waited "
-            f"{wait:.0%} ({before}: {probe.throughput:.0f} samples/s, waited {probe.wait:.0%})"
-        )
+        summary = _outcome(probe, kept, adds, free, throughput, wait, c)
         grew = probe.knob == "workers" and probe.direction > 0
         self._kept_in_a_row = self._kept_in_a_row + 1 if kept and grew else 0
         if kept:
@@ -623,4 +620,36 @@ def _turnover_s(state: State) -> float:
 
 
 def _describe(knob: str, value: int) -> str:
-    return f"{value} workers" if knob == "workers" else f"split at op {value}"
+    if knob == "workers":
+        return "1 worker" if value == 1 else f"{value} workers"
+    return f"split at op {value}"
+
+
+def _outcome(
+    probe: _Probe,
+    kept: bool,
+    adds: bool,
+    free: bool,
+    throughput: float,
+    wait: float,
+    c: HeuristicConfig,
+) -> str:
+    """Why a judged try was kept or undone, in words that say which measurement decided: the
+    samples/s with and without it, or the loop's wait where that decided."""
+    tried, before = _describe(probe.knob, probe.value), _describe(probe.knob, probe.before)
+    change = throughput / probe.throughput - 1 if probe.throughput > 0 else 0.0
+    rates = f"{throughput:.0f} samples/s against {probe.throughput:.0f} with {before}"
+    waits = f"{wait:.0%} of the time against {probe.wait:.0%} with {before}"
+    if kept:
+        if change >= c.min_gain:
+            return f"{tried}: more samples/s ({rates})"
+        if adds and wait <= probe.wait - c.context_change:
+            return f"{tried}: the loop waited less ({waits}) at {rates}"
+        if free:
+            return f"{tried}: cores sat idle, so the worker costs no throughput ({rates})"
+        return f"{tried}: about as many samples/s ({rates}), and the loop waited {waits}"
+    if change <= -c.min_gain or (adds and probe.knob == "split"):
+        return f"{tried} made fewer samples/s ({rates})"
+    if adds:
+        return f"{tried} made no more samples/s ({rates}), and the loop waited {waits}"
+    return f"with {tried} the loop waited more ({waits}), at {rates}"
