@@ -58,9 +58,21 @@ def test_profile_prints_a_report_and_writes_a_trace(
     )
     out = capsys.readouterr().out
     assert code == 0
-    assert "the training loop waited" in out and "60 batches, 480 samples" in out
-    assert re.search(r"final workers [1-9]", out)  # counted before the loader closed
+    assert "the training loop waited" in out and "60 batches, 480 samples; 0 worker" in out
+    # The count is the report's to tell (the one the run settled on, and why), not the count
+    # of the last instant, which may be a try cut short.
+    assert re.search(r"Workers (stayed at|went) [1-9]", out) and "final workers" not in out
     assert (project / "t.jsonl").read_text().startswith('{"type": "header"')
+
+
+def test_profile_with_a_fixed_count_says_it_was_given(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["profile", "--dataset", "mydata:make", "--batches", "60", "--batch-size", "8"]
+    assert main([*argv, "--workers", "2", "--interval", "0.05"]) == 0
+    out = capsys.readouterr().out
+    assert "Workers: 2 throughout, the count you gave" in out
+    assert "controller" not in out and "settled" not in out
 
 
 @pytest.mark.parametrize(

@@ -102,7 +102,7 @@ class Loader(_DataLoaderAttributes):
             replaced and the batch retried (0 or None: no limit).
         seed, transform, split, offload, device, workers, max_workers, prefetch, memory_budget,
             on_error, max_attempts, policy, min_workers, control_interval, trace, progress,
-            dispatch, lookahead, defer_after, shard_by_rank: drapps' own settings, each
+            telemetry, dispatch, lookahead, defer_after, shard_by_rank: drapps' own settings, each
             documented once, on the field of the same name of :class:`drapps.LoaderConfig`.
         cache: keep each sample as the deterministic start of the pipeline leaves it
             (``dataset[i]`` and a Pipeline's ops before its first random one) in shared
@@ -128,8 +128,12 @@ class Loader(_DataLoaderAttributes):
         min_workers: the fewest workers the controller may go down to.
         control_interval: seconds between controller ticks.
         trace: write every tick's State, Action and Reward to this JSONL file.
-        progress: print a status line to stderr every 5 s (10 s into a file): samples/s
-            and the loop's wait averaged over that span, workers, ready batches, CPU, RSS.
+        progress: print a status line to stderr every 5 s (10 s into a file) once batches
+            flow: samples/s and the loop's wait averaged over that span, workers, ready
+            batches, CPU, memory (a shorter run gets one line when the loader closes).
+        telemetry: watch the pipeline and the machine on a background thread for
+            :meth:`report`, whatever the worker count (True, the default); False turns it off
+            where nothing is tuned.
         shard_by_rank: under ``torch.distributed`` with no distributed sampler, give each
             rank its own shard, as ``DistributedSampler(shuffle, seed, drop_last)`` would.
         source: read batches from a Redis queue that ``drapps serve`` producers fill
@@ -180,6 +184,7 @@ class Loader(_DataLoaderAttributes):
         control_interval: float = 0.5,
         trace: str | os.PathLike[str] | None = None,
         progress: bool = False,
+        telemetry: bool = True,
         dispatch: Literal["auto", "batches", "samples"] = "auto",
         lookahead: int | Literal["auto"] = "auto",
         defer_after: float | None = None,
@@ -356,14 +361,19 @@ class Loader(_DataLoaderAttributes):
         return self._parts.snapshot()
 
     def report(self) -> str:
-        """A bottleneck report in plain words and figures, from the controller's telemetry.
-
-        Telemetry is recorded with ``workers="auto"``, ``trace=...`` or ``progress=True``.
-        """
+        """Where the time went and what to change, in plain words and figures, from the
+        telemetry recorded so far (every loader records it unless ``telemetry=False``):
+        the loop's wait, throughput, each stage's share, the worker count and why, CPU,
+        memory, energy, and the advice that holds for the run."""
         from drapps.telemetry.report import bottleneck_report
 
         tuner = self._parts.tuner
-        rows = list(tuner.rows) if tuner is not None else []
+        if tuner is None:
+            return (
+                "No report: this loader was made with telemetry=False, which turns off what "
+                "the report reads."
+            )
+        rows = list(tuner.rows)
         stats = self.stats()
         try:  # an epoch's samples, from the batches in one and the samples per batch so far
             epoch_samples = round(len(self) * stats.samples / stats.batches) or None
@@ -374,6 +384,7 @@ class Loader(_DataLoaderAttributes):
             stats.as_dict(),
             persistent_workers=self.persistent_workers if self.num_workers else None,
             epoch_samples=epoch_samples,
+            workers=self.config.workers,
         )
 
     # --------------------------------------------------------------------------- lifecycle

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import gc
 import re
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import BusyDataset, SlowDataset
+import torch
+from helpers import BusyDataset, SlowDataset, drapps_threads, wait_until
 
 import drapps
 from drapps.control import NOOP, Action, HeuristicConfig, HeuristicPolicy, State
@@ -117,6 +120,86 @@ def test_progress_lines_are_whole_lines_at_a_steady_pace(
             r"prefetch \d+ \| cpu +\d+% \| memory [\d.]+ GiB",
             line,
         ), line
+
+
+class Stream:
+    """An iterable dataset of ``n`` numbers, sharded by worker."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        info = torch.utils.data.get_worker_info()
+        start, step = (info.id, info.num_workers) if info is not None else (0, 1)
+        for i in range(start, self.n, step):
+            time.sleep(0.0005)
+            yield torch.tensor(i)
+
+
+@pytest.mark.parametrize(
+    ("make", "told"),
+    [
+        (lambda: drapps.Loader(SlowDataset(N, 0.001), batch_size=4, num_workers=2,
+                               control_interval=0.05), "Workers: 2 throughout, the count you gave"),
+        (lambda: drapps.Loader(SlowDataset(N, 0.001), batch_size=4, num_workers=0,
+                               control_interval=0.05), "Workers: none (workers=0)"),
+        (lambda: drapps.Loader(Stream(N), batch_size=4, num_workers=1, control_interval=0.05),
+         "Workers: 1 throughout, the count you gave"),
+        (lambda: drapps.Loader(Stream(N), batch_size=4, num_workers=0, control_interval=0.05),
+         "Workers: none (workers=0)"),
+    ],
+    ids=["fixed", "zero", "stream", "stream-zero"],
+)  # fmt: skip
+def test_every_loader_reports_where_the_time_went(make: object, told: str) -> None:
+    loader = make()  # type: ignore[operator]
+    with loader:
+        assert not controller_threads()  # none before the loop starts
+        consume_until(loader, lambda: len(loader._parts.tuner.rows) >= 6, limit_s=20)
+        assert len(controller_threads()) == 1
+        report = loader.report()
+    assert "Over " in report and "the training loop waited" in report and told in report
+    assert "No telemetry" not in report and "controller" not in report
+    assert wait_until(lambda: not controller_threads(), timeout=5)
+
+
+def controller_threads() -> list[threading.Thread]:
+    return [t for t in drapps_threads() if t.name == "drapps-controller"]
+
+
+def test_a_fixed_counts_controller_thread_stops_when_the_loader_is_collected() -> None:
+    loader = drapps.Loader(SlowDataset(N), batch_size=4, num_workers=1, control_interval=0.05)
+    epoch = iter(loader)
+    for _ in range(3):
+        next(epoch)
+    assert controller_threads()
+    del loader, epoch
+    gc.collect()
+    assert wait_until(lambda: not drapps_threads(), timeout=10), drapps_threads()
+
+
+def test_telemetry_false_starts_no_thread_and_says_there_is_no_report() -> None:
+    with drapps.Loader(SlowDataset(64), batch_size=4, num_workers=1, telemetry=False) as loader:
+        for _ in loader:
+            assert not controller_threads()
+        assert loader._parts.tuner is None
+        assert "telemetry=False" in loader.report()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({}, r"telemetry=False turns off the telemetry that workers='auto' needs: give a "
+             r"worker count \(num_workers=n\)"),
+        ({"workers": 2, "progress": True}, "that progress=True needs"),
+        ({"workers": 2, "trace": "t.jsonl"}, "that trace='t.jsonl' needs"),
+        ({"workers": 2, "telemetry": "no"}, "telemetry must be a bool, got 'no'"),
+    ],
+)  # fmt: skip
+def test_telemetry_false_refuses_what_needs_telemetry(
+    kwargs: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        drapps.Loader(SlowDataset(4), **{"telemetry": False, **kwargs})  # type: ignore[arg-type]
 
 
 class CountingPolicy:

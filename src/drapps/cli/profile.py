@@ -53,12 +53,14 @@ def profile_command(args: argparse.Namespace) -> int:
                     break
             if len(loader) == 0:
                 break
-        stats = loader.stats()  # while the workers are still there to count
+        stats = loader.stats()  # before the loader closes, as the report
         report = loader.report()
     print(report)
+    # The worker count is the report's to tell: the count the run settled on, not whatever a
+    # try had it at in the last tick.
     print(
-        f"\n{stats.batches} batches, {stats.samples} samples; final workers {stats.workers}; "
-        f"{stats.worker_restarts} worker restarts, {stats.samples_skipped} samples skipped."
+        f"\n{stats.batches} batches, {stats.samples} samples; {stats.worker_restarts} worker "
+        f"restarts, {stats.samples_skipped} samples skipped."
     )
     if args.trace:
         print(f"trace: {args.trace}", file=sys.stderr)
@@ -71,13 +73,15 @@ def add_commands(commands: Commands) -> None:
         "profile",
         help="run your dataset under telemetry and print a bottleneck report",
         description="Load a map-style dataset from module:factory (factory() is called), run "
-        "a drapps.Loader over it for --batches batches with the controller on, and print "
-        "where the time went.",
+        "a drapps.Loader over it for --batches batches, and print where the time went and "
+        "what to change (with --workers auto the controller chooses the count).",
     )
     profile.add_argument("--dataset", required=True, help="module:factory, e.g. mydata:make")
     profile.add_argument("--batches", type=int, default=200, help="batches to run (200)")
     profile.add_argument("--batch-size", type=int, default=32, help="samples per batch (32)")
-    profile.add_argument("--workers", default="auto", help="'auto' (default) or a count")
+    profile.add_argument(
+        "--workers", default="auto", help="'auto' (default) or a count, kept as given"
+    )
     profile.add_argument("--step-ms", type=float, default=0.0, help="simulated training step")
     profile.add_argument("--interval", type=float, default=0.5, help="controller tick seconds")
     profile.add_argument("--trace", help="also write the JSONL trace here")

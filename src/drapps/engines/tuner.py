@@ -57,10 +57,13 @@ class AutoTuner:
         self.writer = TraceWriter(trace_path, config) if trace_path else None
         self.progress = progress
         self._last_progress = 0.0
-        self._stopped = False
+        self._started = self._stopped = False
 
     def start(self) -> None:
-        if not self._stopped:
+        """Start ticking (the first call measures from now; later ones do nothing)."""
+        if not self._stopped and not self._started:
+            self._started = True
+            self.monitor.begin()
             self.controller.start()
 
     def stop(self) -> None:
@@ -118,8 +121,9 @@ def make_tuner(
     grant: Callable[[int, int], int] | None = None,
     knobs: Sequence[Knob] = (),
 ) -> AutoTuner | None:
-    """The tuner a loader needs: a controller when a knob is left to it, else telemetry only if
-    a trace or progress line was asked for, else none.
+    """The tuner a loader needs: a controller over the knobs left to it, or, with none left
+    to it, one whose static policy only records (for the report, a trace and the status
+    line); none with ``telemetry=False``.
 
     Args:
         snapshot: the pipeline's counters (it must not hold the loader, which has to stay
@@ -131,7 +135,8 @@ def make_tuner(
     c = config
     auto_workers = c.workers == "auto" and engine.tunable
     auto = engine.tunable and (auto_workers or any(k.adjustable for k in knobs))
-    if not (auto or c.trace or c.progress):
+    if not c.telemetry:
+        # The config refused every setting that reads it; an automatic codec keeps its first.
         return None
     if not auto:
         policy: Policy = make_policy("static")  # telemetry only: nothing to tune

@@ -141,6 +141,23 @@ class Monitor:
         self.per_worker: dict[int, dict[str, float]] = {}
         """Per worker pid: cores used and RSS bytes over the last interval."""
 
+    def begin(self) -> None:
+        """Start the measured time now: the next :meth:`sample` reports what happened since
+        (the pipeline's counters, this job's CPU, the machine's), and ``State.t`` counts from
+        here. A loader calls it when its loop starts, so the first tick measures loading, not
+        the time the loader sat unused, nor nothing at all."""
+        now = time.monotonic()
+        pipe = self._pipeline()
+        for pid in (self._me.pid, *pipe.worker_pids):
+            self._cpu_and_rss(pid, 1.0)  # their CPU counts from here
+        self._start = self._last_t = now
+        self._last = pipe
+        self._last_energy = self.energy.read(self._cpu_s)
+        self._last_wait = _run_queue_wait_s(self._me.pid)
+        self._last_io = self._io()
+        self._last_boot = _since_boot()
+        psutil.cpu_percent(percpu=True)
+
     @staticmethod
     def _io() -> tuple[float, float]:
         disk = psutil.disk_io_counters()
