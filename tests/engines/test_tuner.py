@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import io
 import re
 import subprocess
 import sys
@@ -13,11 +14,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import BusyDataset, SlowDataset, drapps_threads, wait_until
+from helpers import BusyDataset, SlowDataset, drapps_threads, state, wait_until
 
 import drapps
 from drapps.control import NOOP, Action, HeuristicConfig, HeuristicPolicy, State
-from drapps.telemetry import read_trace
+from drapps.telemetry import TraceRow, read_trace, status
+from drapps.telemetry.status import StatusLine
 
 N = 10**6  # more samples than any test reads: the tests stop on a condition, not an epoch end
 
@@ -100,26 +102,63 @@ def test_trace_file_and_report_from_a_real_run(tmp_path: Path) -> None:
     assert re.search(energy, report)
 
 
+LINE = (
+    r"\[drapps\] +\d+ samples/s \| waited +\d+% \| workers \d+ \| ready \d+ of "
+    r"prefetch \d+ \| cpu +\d+% \| memory [\d.]+ GiB"
+)
+
+
+def status_lines(err: str) -> list[str]:
+    return [line for line in err.splitlines() if line.startswith("[drapps]")]
+
+
 def test_progress_lines_are_whole_lines_at_a_steady_pace(
     capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Whole lines (a user's print never lands on one), spaced, each an average over its span."""
-    from drapps.engines import tuner as _autotune
-
-    monkeypatch.setattr(_autotune, "PROGRESS_EVERY_S", 0.25)
+    monkeypatch.setattr(status, "STATUS_EVERY_S", 0.125)  # 0.25 s into a pipe
     with drapps.Loader(
         SlowDataset(N), batch_size=4, workers=1, progress=True, control_interval=0.05
     ) as loader:
         consume_until(loader, lambda: False, limit_s=1.2)
     err = capfd.readouterr().err
-    lines = [line for line in err.splitlines() if line.startswith("[drapps]")]
-    assert "\r" not in err and 2 <= len(lines) <= 12  # ~24 ticks, a line per 0.25-0.5 s
+    lines = status_lines(err)
+    assert "\r" not in err and 2 <= len(lines) <= 7  # ~24 ticks, a line per 0.25 s
     for line in lines:
-        assert re.fullmatch(
-            r"\[drapps\] +\d+ samples/s \| waited +\d+% \| workers \d+ \| ready \d+ of "
-            r"prefetch \d+ \| cpu +\d+% \| memory [\d.]+ GiB",
-            line,
-        ), line
+        assert re.fullmatch(LINE, line), line
+        assert not line.startswith("[drapps]       0 samples/s"), line  # nothing said at t=0
+
+
+def test_a_run_shorter_than_a_span_gets_one_line_with_its_averages(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    # Piped, a line comes every 10 s; this run is over in about a second.
+    with drapps.Loader(
+        SlowDataset(64, 0.002), batch_size=4, workers=1, progress=True, control_interval=0.05
+    ) as loader:
+        for _ in range(3):
+            for _batch in loader:
+                time.sleep(0.01)
+        assert status_lines(capfd.readouterr().err) == []  # the span is still open
+    lines = status_lines(capfd.readouterr().err)
+    assert len(lines) == 1 and re.fullmatch(LINE, lines[0]), lines
+    rate = int(lines[0].split()[1])
+    assert rate > 0  # the span's average, not the zero of a tick before the first batch
+
+
+def test_the_first_line_waits_for_batches_and_a_full_span() -> None:
+    rows = []
+    line = StatusLine(stream=io.StringIO(), every_s=1.0)
+    for i in range(1, 9):  # 0.25 s ticks: workers start for 1 s, then 400 samples/s
+        flowing = i > 4
+        s = state(t=0.25 * i, throughput=400.0 if flowing else 0.0, wait_fraction=0.5)
+        rows.append(TraceRow(s.t, s, NOOP, {"workers": 2, "prefetch": 4}, 0.0))
+        line.observe(rows[-1])
+    out = line._stream.getvalue()  # type: ignore[attr-defined]
+    # Ticks 5-8 are the first span (1.0 s from the tick before the first batch): one line.
+    assert out.count("\n") == 1 and out.startswith("[drapps]     400 samples/s | waited  50%")
+    line.finish()
+    assert out == line._stream.getvalue()  # type: ignore[attr-defined]  # nothing left open
 
 
 class Stream:

@@ -6,12 +6,9 @@ thread can still be garbage-collected (its finalizer stops this first).
 
 from __future__ import annotations
 
-import sys
-import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import fields
-from itertools import takewhile
 from typing import Any
 
 from drapps.control.controller import Bounds, Controller, Tick
@@ -21,12 +18,10 @@ from drapps.engines.base import Engine
 from drapps.runtime.config import LoaderConfig
 from drapps.runtime.stats import PipelineSnapshot
 from drapps.telemetry.monitor import Monitor
+from drapps.telemetry.status import StatusLine
 from drapps.telemetry.trace import TraceRow, TraceWriter
 
 _KEPT_ROWS = 20_000  # ~3 hours at the default 0.5 s tick
-PROGRESS_EVERY_S = 5.0
-"""Seconds between status lines on a terminal (twice that into a file); each line gives the
-averages over that span."""
 
 
 class AutoTuner:
@@ -55,8 +50,7 @@ class AutoTuner:
         )
         self.rows: deque[TraceRow] = deque(maxlen=_KEPT_ROWS)
         self.writer = TraceWriter(trace_path, config) if trace_path else None
-        self.progress = progress
-        self._last_progress = 0.0
+        self.status = StatusLine() if progress else None
         self._started = self._stopped = False
 
     def start(self) -> None:
@@ -67,9 +61,12 @@ class AutoTuner:
             self.controller.start()
 
     def stop(self) -> None:
-        """Stop ticking and close the trace. Idempotent."""
+        """Stop ticking, write the status line of a span still open, and close the trace.
+        Idempotent."""
         self._stopped = True
         self.controller.stop()
+        if self.status is not None:
+            self.status.finish()
         if self.writer is not None:
             self.writer.close()
 
@@ -88,30 +85,8 @@ class AutoTuner:
         self.rows.append(row)
         if self.writer is not None:
             self.writer.write(row)
-        if self.progress:
-            self._show(tick)
-
-    def _show(self, tick: Tick) -> None:
-        """A whole status line every few seconds: a line redrawn in place would take the
-        user's own prints onto it, and a rate over one tick flips between 0 and a burst."""
-        now = time.monotonic()
-        every = PROGRESS_EVERY_S if sys.stderr.isatty() else 2 * PROGRESS_EVERY_S
-        if self._last_progress and now - self._last_progress < every:
-            return
-        s = tick.state
-        # The rows of the last span, newest first, without walking the whole kept history.
-        recent = [r.state for r in takewhile(lambda r: r.t >= s.t - every, reversed(self.rows))]
-        recent = recent or [s]
-        rate = sum(r.throughput for r in recent) / len(recent)
-        waited = sum(r.wait_fraction for r in recent) / len(recent)
-        line = (
-            f"[drapps] {rate:7.0f} samples/s | waited {waited:4.0%} | workers {tick.workers} "
-            f"| ready {s.queue_batches} of prefetch {tick.prefetch} | cpu {s.cpu_util:4.0%} "
-            f"| memory {s.held_bytes / 2**30:.2f} GiB"
-        )
-        sys.stderr.write(line + "\n")
-        sys.stderr.flush()
-        self._last_progress = now
+        if self.status is not None:
+            self.status.observe(row)
 
 
 def make_tuner(
