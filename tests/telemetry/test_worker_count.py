@@ -133,6 +133,15 @@ def test_a_policy_that_says_why_it_holds_is_quoted() -> None:
     rows[-1] = replace(rows[-1], action=Action(reason="learned policy: holding (workers+0)"))
     text = bottleneck_report(rows, workers="auto")
     assert "Workers stayed at 2: learned policy: holding (workers+0)." in text
+    # A kept try of another knob is no reason for the worker count.
+    rows[-1] = replace(rows[-1], action=Action(reason="kept split at op 3: more samples/s"))
+    assert "kept split" not in bottleneck_report(rows, workers="auto")
+
+
+def test_a_fed_loop_needs_nothing_whatever_the_count() -> None:
+    for count in (0, 1, 2):
+        fed = counts_run([count] * 12, IN_MEMORY, wait_fraction=0.01, idle_cores=1.0)
+        assert bottleneck_report(fed, workers=count).endswith("Advice: none needed."), count
 
 
 def _row(t: float, workers: int) -> TraceRow:

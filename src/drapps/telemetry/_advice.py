@@ -88,7 +88,7 @@ def advise(
         )
     if spare is not None:
         advice.append(spare)
-    elif not advice and wait < FED and last.workers > 1:
+    elif not advice and wait < FED:
         advice.append("Advice: none needed.")
     elif not advice and FED <= wait <= WAITS:
         advice.append(

@@ -117,8 +117,12 @@ def _why_stayed(rows: Sequence[TraceRow]) -> str:
     notes = [row.notes["workers"] for row in rows if row.notes.get("workers")]
     if notes:
         return notes[-1]
-    held = [row.action.reason for row in rows if row.action.reason and row.action.is_noop]
-    if held:  # a policy that says why it holds (the learned one does)
+    held = [
+        row.action.reason
+        for row in rows
+        if row.action.reason and row.action.is_noop and not row.action.reason.startswith("kept ")
+    ]
+    if held:  # a policy that says why it holds (the learned one does), not a kept try's record
         return held[-1]
     states = [row.state for row in rows]
     last = states[-1]

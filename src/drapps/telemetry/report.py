@@ -14,10 +14,10 @@ from drapps.telemetry._sections import (
     format_duration,
     straggler_story,
 )
-from drapps.telemetry._worker_count import MIN_TICKS, settled_workers, worker_story
+from drapps.telemetry._worker_count import MIN_TICKS, worker_story
 from drapps.telemetry.trace import TraceRow, while_loading
 
-__all__ = ["MIN_TICKS", "bottleneck_report", "settled_workers"]
+__all__ = ["MIN_TICKS", "bottleneck_report"]
 
 _STAGES = ("fetch_s", "transform_s", "collate_s", "transport_s")
 
