@@ -219,9 +219,7 @@ def test_a_cache_is_offered_only_where_making_samples_costs_enough_to_save() -> 
     assert "CPU-bound" in cheap and "cache" not in cheap.lower()
     # Collate and transport most of the time: no per-sample work to make cheaper.
     collated = bottleneck_report(counts_run([2] * 12, IN_MEMORY), {"samples": 12_000})
-    assert "making samples is 10% of a batch's time and collating and moving them 90%" in (
-        collated
-    )
+    assert "making samples is 10% of a batch's time and collating and moving them 90%" in (collated)
     assert "cache" not in collated.lower() and "per-sample work" not in collated
 
 

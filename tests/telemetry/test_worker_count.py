@@ -44,9 +44,7 @@ def test_a_fixed_count_is_the_users_and_never_said_to_be_moved_by_drapps() -> No
     # resize() by the user is named as such, not as a move of drapps'.
     resized = counts_run([2] * 6 + [3] * 6, IN_MEMORY, wait_fraction=0.01, idle_cores=1.0)
     # A fixed count's knob only reports the pool's count: the tick after resize() shows it.
-    resized = [
-        replace(r, action=Action(), applied={"workers": r.state.workers}) for r in resized
-    ]
+    resized = [replace(r, action=Action(), applied={"workers": r.state.workers}) for r in resized]
     text = bottleneck_report(resized, workers=2)
     assert "2 -> 3: by resize(), or a worker that was not replaced" in text
     assert "controller" not in text and "settled" not in text
@@ -88,8 +86,7 @@ def test_a_count_the_controller_kept_says_why() -> None:
     )
     near = counts_run([2] * 20, IN_MEMORY, wait_fraction=0.06, idle_cores=1.0, cpu_util=0.5)
     assert (
-        "Workers stayed at 2: the loop waited 6% of the time, too little for another worker "
-        "to pay."
+        "Workers stayed at 2: the loop waited 6% of the time, too little for another worker to pay."
     ) in bottleneck_report(near, workers="auto")
     busy = bottleneck_report(counts_run([2] * 20, IN_MEMORY, cpu_util=0.95), workers="auto")
     assert "Workers stayed at 2: the loop waited 30% of the time, but the cores were 95%" in busy
