@@ -311,7 +311,12 @@ def test_attributes_frameworks_read_match_dataloaders() -> None:
         ),
         ({"num_workers": 0, "prefetch_factor": 2}, "prefetch_factor needs worker processes"),
         ({"num_workers": 2, "workers": 3}, "num_workers and workers name the same setting"),
-        ({"timeout": -1}, "timeout must be a number of seconds >= 0"),
+        ({"timeout": -1}, "timeout option should be non-negative"),
+        (
+            {"num_workers": 1, "multiprocessing_context": "bad"},
+            "should specify a valid start method in",
+        ),
+        ({"sampler": [0, 1], "shuffle": 3}, "sampler option is mutually exclusive with shuffle"),
         ({"generator": 3}, "generator must be a torch.Generator"),
         ({"num_workers": -1}, "num_workers option should be non-negative"),
     ],
@@ -321,6 +326,25 @@ def test_invalid_combinations_are_refused_as_in_dataloader(
 ) -> None:
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):
         drapps.Loader(Indexed(4), **kwargs)
+
+
+def test_iterable_dataset_arguments_are_refused_in_dataloaders_words() -> None:
+    """Scripts match DataLoader's wording; drapps' said 'Loader with an iterable dataset'."""
+    for kwargs in ({"shuffle": True}, {"shuffle": 3}, {"sampler": [0]}, {"batch_sampler": [[0]]}):
+        name = next(iter(kwargs))
+        with pytest.raises(ValueError, match=f"DataLoader with IterableDataset: expected unspe"
+                           f"cified {name} option"):  # fmt: skip
+            drapps.Loader(Shards(4), **kwargs)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="multiprocessing_context option should be a valid"):
+        drapps.Loader(Indexed(4), num_workers=1, multiprocessing_context=object())
+
+
+def test_shuffle_is_taken_for_its_truth_as_in_dataloader() -> None:
+    torch.manual_seed(0)
+    expected = [b.tolist() for b in DataLoader(Indexed(8), batch_size=4, shuffle=1)]
+    torch.manual_seed(0)
+    with drapps.Loader(Indexed(8), batch_size=4, shuffle=1, num_workers=0) as loader:
+        assert [b.tolist() for b in loader] == expected
 
 
 @pytest.mark.parametrize("workers", [2, 3])
@@ -421,7 +445,7 @@ def test_iterable_len_drop_last_batch_none_and_stream_only_classes() -> None:
 
 def test_iterable_datasets_refuse_samplers_and_shuffle() -> None:
     for kwargs in ({"shuffle": True}, {"sampler": [0, 1]}, {"batch_sampler": [[0]]}):
-        with pytest.raises(ValueError, match="iterable dataset: expected unspecified"):
+        with pytest.raises(ValueError, match="with IterableDataset: expected unspecified"):
             drapps.Loader(Shards(4), **kwargs)  # type: ignore[arg-type]
 
 

@@ -68,6 +68,8 @@ def test_a_batch_that_always_hangs_is_named_after_max_attempts() -> None:
         assert next(it).tolist() == [0, 1, 2, 3]
         with pytest.raises(drapps.WorkerTimeoutError, match=r"batch 1 \(indices \[4, 5, 6, 7\]\)"):
             next(it)
+        with pytest.raises(RuntimeError, match=r"^DataLoader timed out after 0.5 seconds; "):
+            next(iter(drapps.Loader(data, batch_size=16, workers=1, timeout=0.5, max_attempts=1)))
         assert [b.tolist() for b in it] == [[8, 9, 10, 11], [12, 13, 14, 15]]
         assert loader.stats().timeouts == 2
 
@@ -159,7 +161,6 @@ def test_sample_error_survives_pickling() -> None:
     [
         ({"batch_size": 0}, "batch_size must be an int >= 1 or None, got 0"),
         ({"batch_size": 2.5}, "batch_size must be an int >= 1 or None, got 2.5"),
-        ({"shuffle": "yes"}, "shuffle must be a bool or None"),
         ({"seed": -1}, "seed must be an int in [0, 2**64) or None"),
         ({"workers": -1}, "workers must be 'auto' or an int >= 0, got -1"),
         ({"workers": "many"}, "workers must be 'auto' or an int >= 0"),
@@ -169,10 +170,10 @@ def test_sample_error_survives_pickling() -> None:
         ({"memory_budget": "lots"}, "memory_budget must be 'auto', a byte count or a size"),
         ({"memory_budget": 0}, "memory_budget must be > 0 bytes"),
         ({"on_error": "ignore"}, "on_error must be 'raise' or 'skip', got 'ignore'"),
-        ({"timeout": -1}, "timeout must be a number of seconds >= 0 (0: no limit) or None"),
+        ({"timeout": -1}, "timeout option should be non-negative: a number of seconds"),
         ({"collate_fn": 3}, "collate_fn must be callable"),
         ({"transform": "flip"}, "transform must be callable"),
-        ({"multiprocessing_context": "thread"}, "multiprocessing_context must be one of"),
+        ({"multiprocessing_context": "thread"}, "should specify a valid start method in"),
     ],
 )
 def test_invalid_arguments_are_named(kwargs: dict[str, object], message: str) -> None:

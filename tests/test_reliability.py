@@ -7,6 +7,7 @@ import errno
 import gc
 import os
 import pickle
+import re
 import signal
 import time
 from pathlib import Path
@@ -203,12 +204,20 @@ class _Crashes:
 
 
 @pytest.mark.parametrize(
-    ("how", "words"), [("exit", "exited with code 3"), ("segv", "was killed by SIGSEGV")]
+    ("how", "words", "dataloaders"),
+    [
+        ("exit", "exited with code 3", r"DataLoader worker \(pid\(s\) \d+\) exited unexpectedly"),
+        ("segv", "was killed by SIGSEGV", r"DataLoader worker \(pid \d+\) is killed by signal: "),
+    ],
 )
-def test_a_dying_worker_is_reported_with_its_exit_code_or_signal(how: str, words: str) -> None:
+def test_a_dying_worker_is_reported_with_its_exit_code_or_signal(
+    how: str, words: str, dataloaders: str
+) -> None:
+    """The error leads with DataLoader's words, which scripts match."""
     with drapps.Loader(_Crashes(how), batch_size=2, workers=2, max_attempts=2) as loader:
-        with pytest.raises(drapps.WorkerTimeoutError, match=words):
+        with pytest.raises(drapps.WorkerTimeoutError, match=words) as raised:
             list(loader)
+    assert re.match(dataloaders, str(raised.value))
 
 
 def test_a_worker_that_fails_outside_a_sample_says_why() -> None:

@@ -245,8 +245,8 @@ class LoaderConfig:
             raise ValueError(f"on_error must be 'raise' or 'skip', got {self.on_error!r}")
         if self.timeout is not None and not (self.timeout == 0 or _is_seconds(self.timeout)):
             raise ValueError(
-                f"timeout must be a number of seconds >= 0 (0: no limit) or None, "
-                f"got {self.timeout!r}"
+                f"timeout option should be non-negative: a number of seconds (0 or None: no "
+                f"limit), got {self.timeout!r}"
             )
         for name in ("persistent_workers", "pin_memory", "shard_by_rank", "in_order"):
             if not isinstance(getattr(self, name), bool):
@@ -301,13 +301,14 @@ class LoaderConfig:
         methods = multiprocessing.get_all_start_methods()
         if isinstance(context, str) and context not in methods:
             raise ValueError(
-                f"multiprocessing_context must be one of {methods}, a context object or None, "
-                f"got {context!r}"
+                f"multiprocessing_context option should specify a valid start method in "
+                f"{methods!r}, but got multiprocessing_context={context!r} (or give a context "
+                "object, or None for the platform's default)"
             )
         if context is not None and not isinstance(context, str | BaseContext):
             raise TypeError(
-                "multiprocessing_context must be a start method name or a "
-                f"multiprocessing context object, got {context!r}"
+                "multiprocessing_context option should be a valid context object or a string "
+                f"specifying the start method, but got multiprocessing_context={context!r}"
             )
         if context is not None and self.workers == 0:
             raise ValueError(

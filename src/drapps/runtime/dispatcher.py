@@ -954,7 +954,9 @@ class Dispatcher:
                 )
                 self.counters["timeouts"] += 1
                 self.pool.kill(worker)
-                self._on_exit(worker, f"exceeded timeout={self._timeout}s")
+                # DataLoader's words first: scripts match them.
+                lead = f"DataLoader timed out after {self._timeout:g} seconds"
+                self._on_exit(worker, f"exceeded timeout={self._timeout:g}s", lead)
 
     def _reap(self, worker: Worker) -> list[Task]:
         """Drop an exited ``worker`` from the pool and unmap the slabs of it this process
@@ -963,10 +965,13 @@ class Dispatcher:
         self._recycler.mappings.gone(worker.wid)
         return unanswered
 
-    def _on_exit(self, worker: Worker, reason: str) -> None:
+    def _on_exit(self, worker: Worker, reason: str, lead: str | None = None) -> None:
+        """``worker`` exited (``reason``: "died", or why it was stopped); its unanswered
+        tasks go back to the queue, the one it was making counted as an attempt. ``lead``:
+        DataLoader's words for the error if the batch is given up."""
         self._on_replies(self.pool.drain(worker))  # replies sent before it exited still count
-        if reason == "died":
-            reason = self.pool.exit_reason(worker)  # before the reap lets go of the process
+        if reason == "died":  # before the reap lets go of the process
+            reason, lead = self.pool.exit_reason(worker), self.pool.exit_words(worker)
         unanswered = self._reap(worker)
         if worker.last_error:
             reason = f"{reason} (its last error: {worker.last_error})"
@@ -984,7 +989,7 @@ class Dispatcher:
                 key = (task.batch_id, task.part)
                 self._attempts[key] = self._attempts.get(key, 1) + 1
                 if self._attempts[key] > self._max_attempts:
-                    self._give_up(task, reason)
+                    self._give_up(task, reason, lead)
                     continue
             self.counters["retries"] += 1
             self._requeue(task.batch_id, task.work)
@@ -1007,11 +1012,13 @@ class Dispatcher:
         self.counters["retries"] += 1
         self._requeue(batch_id, work)
 
-    def _give_up(self, task: Task, reason: str) -> None:
+    def _give_up(self, task: Task, reason: str, lead: str | None = None) -> None:
         message = (
             f"batch {task.batch_id} (indices {task.indices}) was not made: its worker {reason} "
             f"on each of {self._max_attempts} attempts"
         )
+        if lead:
+            message = f"{lead.rstrip('.')}; {message}"
         if task.part is not None:
             partial = self._partial.get(task.batch_id)
             if partial is None or partial.has(task.part):

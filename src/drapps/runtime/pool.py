@@ -147,6 +147,11 @@ class WorkerPool(ABC):
     def exit_reason(self, worker: Worker) -> str:
         """How an exited worker ended, in words (``exited with code 1``)."""
 
+    def exit_words(self, worker: Worker) -> str | None:
+        """How DataLoader would say that an exited worker ended, or None (no such words):
+        its errors lead with them, since scripts match them."""
+        return None
+
     @abstractmethod
     def shutdown(self, grace_s: float = 2.0) -> None:
         """Stop every worker (ask, wait up to ``grace_s``, then force) and free what they
@@ -197,6 +202,17 @@ class WorkerPool(ABC):
         """Parked workers, most recently parked first."""
         parked = [w for w in self.workers if w.parked_at is not None and not w.retiring]
         return sorted(parked, key=lambda w: w.parked_at or 0.0, reverse=True)
+
+
+def dataloader_exit_words(pid: int | None, code: int | None) -> str:
+    """DataLoader's words for a worker process that ended: killed by a signal, or exited."""
+    if code is not None and code < 0:
+        try:
+            name = signal.strsignal(-code) or f"signal {-code}"
+        except ValueError:
+            name = f"signal {-code}"
+        return f"DataLoader worker (pid {pid}) is killed by signal: {name}."
+    return f"DataLoader worker (pid(s) {pid}) exited unexpectedly"
 
 
 def describe_exit(code: int | None) -> str:

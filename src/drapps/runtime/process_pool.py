@@ -23,7 +23,15 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from drapps.runtime.errors import fd_limit_error
-from drapps.runtime.pool import Polled, Reply, Task, Worker, WorkerPool, describe_exit
+from drapps.runtime.pool import (
+    Polled,
+    Reply,
+    Task,
+    Worker,
+    WorkerPool,
+    dataloader_exit_words,
+    describe_exit,
+)
 from drapps.runtime.progress import SampleClock
 from drapps.runtime.transport import receive_message, starting_worker
 from drapps.runtime.worker import BatchRecipe, run_worker
@@ -200,6 +208,10 @@ class ProcessPool(WorkerPool):
 
     def exit_reason(self, worker: Worker) -> str:
         return describe_exit(_own(worker).process.exitcode)
+
+    def exit_words(self, worker: Worker) -> str | None:
+        process = _own(worker).process
+        return dataloader_exit_words(process.pid, process.exitcode)
 
     def reap(self, worker: Worker) -> list[Task]:
         own = _own(worker)

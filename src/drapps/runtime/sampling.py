@@ -58,9 +58,8 @@ def check_sampling(
     batch_sampler: Any,
     drop_last: bool,
 ) -> None:
-    """DataLoader's rules for combining these arguments, with its wording where it has one."""
-    if shuffle is not None and not isinstance(shuffle, bool):
-        raise ValueError(f"shuffle must be a bool or None, got {shuffle!r}")
+    """DataLoader's rules for combining these arguments, in its words (scripts match them).
+    ``shuffle`` is taken for its truth, as DataLoader takes it."""
     if is_iterable_dataset(dataset):
         if shuffle and _is_datapipe(dataset):
             raise ValueError(
@@ -71,17 +70,17 @@ def check_sampling(
             )
         if shuffle not in (False, None):
             raise ValueError(
-                "Loader with an iterable dataset: expected unspecified shuffle option, "
+                "DataLoader with IterableDataset: expected unspecified shuffle option, "
                 f"but got shuffle={shuffle}"
             )
         if sampler is not None:
             raise ValueError(
-                "Loader with an iterable dataset: expected unspecified sampler option, "
+                "DataLoader with IterableDataset: expected unspecified sampler option, "
                 f"but got sampler={sampler}"
             )
         if batch_sampler is not None:
             raise ValueError(
-                "Loader with an iterable dataset: expected unspecified batch_sampler option, "
+                "DataLoader with IterableDataset: expected unspecified batch_sampler option, "
                 f"but got batch_sampler={batch_sampler}"
             )
     if sampler is not None and shuffle:
