@@ -695,3 +695,28 @@ def test_far_more_batches_ahead_than_a_loop_can_use_get_a_word() -> None:
         ) as loader:
             assert [b.tolist() for b in loader] == [[0, 1], [2, 3]]
     assert {w.filename for w in warned} == {__file__}
+
+
+class LongerThanItsLen(IterableDataset):  # type: ignore[type-arg]
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(8))
+
+    def __len__(self) -> int:
+        return 4
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_stream_longer_than_its_len_warns_as_in_dataloader(workers: int) -> None:
+    """Once len(loader) was read, each batch past it gets DataLoader's warning (drapps gave
+    none)."""
+
+    def warned(make: Any) -> int:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            loader = make(LongerThanItsLen(), batch_size=None, num_workers=workers)
+            assert len(loader) == 4 and len(list(loader)) == 8
+            getattr(loader, "close", lambda: None)()
+        return sum(str(w.message).startswith("Length of IterableDataset ")
+                   and "was reported to be 4" in str(w.message) for w in caught)  # fmt: skip
+
+    assert warned(drapps.Loader) == warned(DataLoader) == 4

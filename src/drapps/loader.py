@@ -265,7 +265,9 @@ class Loader(_DataLoaderAttributes):
 
     def __len__(self) -> int:
         if self._iterable:
-            return stream_length(self.dataset, self.batch_size, self.drop_last)
+            length = stream_length(self.dataset, self.batch_size, self.drop_last)
+            self._cursor.reported = length
+            return length
         return self._cursor.length()
 
     def __iter__(self) -> Iterator[Any]:

@@ -97,6 +97,8 @@ class Parts:
                 is_current=cursor.is_current,
                 split=(lambda: split.value) if split is not None else (lambda: None),
                 length=length,
+                reported=lambda: cursor.reported,
+                dataset=cursor.dataset,
                 batched=cursor.batched,
                 batch_size=cursor.batch_size or 1,
                 turn=self.turn,

@@ -107,6 +107,9 @@ class EpochCursor:
         self._pending_stream: tuple[int, int, list[dict[str, Any]] | None] | None = None
         self._base_seed: int | None = None
         self.epochs_started = 0
+        self.reported: int | None = None
+        """The length ``len(loader)`` last reported for an iterable dataset (None: never
+        asked): a stream that yields more batches gets DataLoader's warning."""
         # A weak reference: the iterator holds the loader, not the other way round.
         self._active: Callable[[], Positioned | None] = lambda: None
 
@@ -136,6 +139,11 @@ class EpochCursor:
             persistent=config.persistent_workers,
             shard_by_rank=config.shard_by_rank,
         )
+
+    @property
+    def dataset(self) -> Any:
+        """The loader's dataset."""
+        return self._dataset
 
     @property
     def batch_size(self) -> int | None:

@@ -21,7 +21,7 @@ import torch
 
 from drapps.engines.base import Engine, EngineBatch, EpochJob, Skipped
 from drapps.ops.device_stage import DeviceStage, Staged
-from drapps.runtime.errors import SampleError, sample_error
+from drapps.runtime.errors import SampleError, sample_error, warn_user
 from drapps.runtime.sampling import key_of
 from drapps.runtime.seeding import sample_seed_for
 
@@ -74,6 +74,8 @@ class Epoch:
         batch_size: samples counted for a stream batch whose length cannot be read.
         turn: held while this epoch takes a batch from the engine (the loader's, which its
             next epoch's start takes too).
+        reported: the length ``len(loader)`` reported for a stream (None: not asked).
+        dataset: the dataset (named in the warning for a stream longer than reported).
     """
 
     def __init__(
@@ -89,6 +91,8 @@ class Epoch:
         batched: bool,
         batch_size: int,
         turn: threading.RLock | None = None,
+        reported: Callable[[], int | None] = lambda: None,
+        dataset: Any = None,
     ) -> None:
         self._turn = turn if turn is not None else contextlib.nullcontext()
         self.epoch = job.epoch
@@ -99,6 +103,7 @@ class Epoch:
         self.finished = job.plan is not None and job.start >= len(job.plan)
         self._engine, self._stage, self._delivered = engine, stage, delivered
         self._is_current, self._split, self._length = is_current, split, length
+        self._reported, self._dataset = reported, dataset
         self._batched, self._batch_size = batched, batch_size
         self._ahead: _Ahead | None = None
         self._ended = False
@@ -180,11 +185,29 @@ class Epoch:
             self._end()
             raise StopIteration
         self.position += 1
+        reported = self._reported()
+        if reported is not None and self.position > reported:
+            self._warn_past_length(reported)
         batch = made.batch
         self._delivered.record(_batch_len(batch, self._batch_size), made.skipped)
         if self._stage is not None and batch is not None:
             return self._stage.run(batch, (), None)
         return batch
+
+    def _warn_past_length(self, reported: int) -> None:
+        """DataLoader's warning, in its words, for a stream longer than its ``__len__``."""
+        message = (
+            f"Length of IterableDataset {self._dataset} was reported to be "
+            f"{reported} (when accessing len(dataloader)), but {self.position} samples have "
+            "been fetched. "
+        )
+        if self.streams:
+            message += (
+                "For multiprocessing data-loading, this could be caused by not properly "
+                "configuring the IterableDataset replica at each worker (shard it by "
+                "torch.utils.data.get_worker_info())."
+            )
+        warn_user(message)
 
     def _next_planned(self) -> tuple[Any, int, Skipped]:
         plan = self.plan
