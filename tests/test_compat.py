@@ -720,3 +720,31 @@ def test_a_stream_longer_than_its_len_warns_as_in_dataloader(workers: int) -> No
                    and "was reported to be 4" in str(w.message) for w in caught)  # fmt: skip
 
     assert warned(drapps.Loader) == warned(DataLoader) == 4
+
+
+class CountsInShared(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """Holds a multiprocessing.Value of the workers' start method, as DataLoader allows."""
+
+    def __init__(self, method: str) -> None:
+        self.count = multiprocessing.get_context(method).Value("i", 0, lock=True)
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> int:
+        with self.count.get_lock():
+            self.count.value += 1
+        return i
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_a_dataset_holding_a_shared_value_goes_to_spawned_workers(method: str) -> None:
+    """It was refused ('Synchronized objects should only be shared between processes through
+    inheritance'): the check pickled it outside a process start."""
+    dataset = CountsInShared(method)
+    with drapps.Loader(
+        dataset, batch_size=2, num_workers=2, multiprocessing_context=method
+    ) as loader:
+        assert sorted(i for b in loader for i in b.tolist()) == [0, 1, 2, 3]
+    assert dataset.count.value == 4

@@ -119,15 +119,43 @@ _SENT = {
 def unsendable(recipe: BatchRecipe) -> tuple[str, Exception] | None:
     """The first part of ``recipe`` that cannot be pickled to a spawned or forkserver worker,
     with why (a function or class defined inside a function, a lambda, an open handle); None
-    when every part can be sent."""
+    when every part can be sent.
+
+    It is pickled as a process start pickles it: objects that may cross only then
+    (``multiprocessing.Value``, ``Lock``, ``Semaphore`` of a spawn or forkserver context, as
+    DataLoader's workers receive them) are sendable; those of a fork context are not, as
+    under DataLoader.
+    """
+    from multiprocessing import context
     from multiprocessing.reduction import ForkingPickler
 
-    for part, name in _SENT.items():
-        try:
-            ForkingPickler.dumps(getattr(recipe, part))
-        except Exception as exc:  # pickle raises PicklingError, AttributeError, TypeError
-            return name, exc
+    previous = context.get_spawning_popen()
+    context.set_spawning_popen(_TrialStart())
+    try:
+        for part, name in _SENT.items():
+            try:
+                ForkingPickler.dumps(getattr(recipe, part))
+            except Exception as exc:  # pickle raises PicklingError, AttributeError, TypeError
+                return name, exc
+    finally:
+        context.set_spawning_popen(previous)
     return None
+
+
+class _TrialStart:
+    """Stands for a starting process while :func:`unsendable` pickles: what a process start
+    would pass along (a descriptor) is only counted."""
+
+    def __init__(self) -> None:
+        self.fds: list[int] = []
+
+    def DupFd(self, fd: int) -> int:  # multiprocessing's name for it
+        self.fds.append(fd)
+        return len(self.fds) - 1
+
+    def duplicate_for_child(self, fd: int) -> int:
+        self.fds.append(fd)
+        return fd
 
 
 def collate(recipe: BatchRecipe, samples: list[Any], arena: SlabArena | None = None) -> Any:
