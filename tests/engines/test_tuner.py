@@ -161,6 +161,33 @@ def test_the_first_line_waits_for_batches_and_a_full_span() -> None:
     assert out == line._stream.getvalue()  # type: ignore[attr-defined]  # nothing left open
 
 
+def test_an_epoch_boundary_never_resizes_the_pool() -> None:
+    # Workers not kept between epochs: a tick between two epochs sees none running. Nothing is
+    # sized there (no policy move asked), so the count asked of the pool stays 2.
+    with drapps.Loader(
+        SlowDataset(64), batch_size=8, workers="auto", max_workers=2, min_workers=1,
+        policy="static", control_interval=0.01,
+    ) as loader:  # fmt: skip
+        loader.resize(2)
+        for _ in range(15):
+            for _batch in loader:
+                time.sleep(0.002)
+            time.sleep(0.03)  # a tick or more between epochs
+        rows = list(loader._parts.tuner.rows)  # type: ignore[union-attr]
+        assert any(r.state.workers == 0 for r in rows)  # ticks between epochs were seen
+        assert loader.stats().target_workers == 2
+        assert {r.state.target_workers for r in rows} == {2}
+        report = loader.report()
+    assert "Workers stayed at 2" in report and "0 ->" not in report and "-> 0" not in report
+
+
+def test_the_heuristic_does_not_judge_a_tick_between_epochs() -> None:
+    policy = HeuristicPolicy()
+    between = state(workers=0, max_workers=8, throughput=0.0, wait_fraction=1.0)
+    assert all(policy.decide(between) == NOOP for _ in range(20))
+    assert policy._tick == 0 and not policy._recent
+
+
 class Stream:
     """An iterable dataset of ``n`` numbers, sharded by worker."""
 

@@ -148,3 +148,24 @@ def _row(t: float, workers: int) -> TraceRow:
 
 def test_a_single_tick_settles_on_its_count() -> None:
     assert settled_workers([_row(0.5, 3)]) == 3
+
+
+def test_workers_restarting_between_epochs_are_not_a_change_of_count() -> None:
+    # Workers not kept between epochs: at each epoch's start none run, then 1, then 2, while
+    # the count asked of the pool stays 2.
+    running = ([2] * 5 + [0, 1]) * 3 + [2] * 5
+    rows = counts_run(running, IN_MEMORY, wait_fraction=0.01, idle_cores=1.0)
+    rows = [
+        replace(r, state=replace(r.state, target_workers=2), applied={"workers": r.state.workers})
+        for r in rows
+    ]
+    assert "Workers: 2 throughout, the count you gave" in bottleneck_report(rows, workers=2)
+    auto = bottleneck_report(rows, workers="auto")
+    assert "Workers stayed at 2" in auto and "-> 0" not in auto and "-> 1" not in auto
+    assert settled_workers(rows) == 2
+    # A resize() between two ticks changes the count asked: that is a change, the user's.
+    resized = [
+        replace(r, state=replace(r.state, target_workers=3)) if i >= 12 else r
+        for i, r in enumerate(rows)
+    ]
+    assert "  at 6.0 s 2 -> 3: by resize()" in bottleneck_report(resized, workers=2)

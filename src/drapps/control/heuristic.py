@@ -188,6 +188,10 @@ class HeuristicPolicy:
         return self._movable is None or knob in self._movable
 
     def decide(self, state: State) -> Action:
+        if state.workers == 0 and state.max_workers > 0:
+            # A pool between two epochs (its workers gone, the next ones not started): the
+            # tick measures the restart, not a worker count, and there is nothing to size.
+            return NOOP
         self._tick += 1
         self._recent.append(state)
         if state.codec is not None:

@@ -146,6 +146,11 @@ class WorkersKnob(StepKnob):
         self.limited_by = None
         if not self.adjustable:
             return workers
+        if int(self.current(state)) == 0:
+            # No worker runs: a pool between two epochs, its next workers not started yet.
+            # There is nothing to size, and raising 0 to ``low`` would resize the next
+            # epoch's pool to ``min_workers``.
+            return 0
         asked = int(self.current(state)) + int(move or 0)
         if workers != asked:
             bound = "max_workers" if asked > workers else "min_workers"
@@ -190,6 +195,8 @@ class PrefetchKnob(StepKnob):
         if not self.adjustable:
             return state.prefetch
         workers = int(chosen.get("workers", state.workers))
+        if workers == 0:  # a pool between two epochs: its depth is held for the next one
+            return state.prefetch
         depth = min(self.high, max(1, 2 * workers + self._extra + int(move or 0)))
         batch_bytes = self._batch_bytes()
         if batch_bytes > 0:

@@ -102,6 +102,11 @@ class State:
     proportional set sizes (a page n processes map counts 1/n in each; Linux). A forked worker
     shows most of the training process's pages in its resident set, but holds only the pages
     it wrote (tens of MiB against hundreds). None where not measured."""
+    target_workers: int | None = None
+    """Workers asked of the pool (by the constructor, the controller or ``resize()``): the
+    count it starts at each epoch's start, where :attr:`workers` counts those running, 0
+    between two epochs whose workers are not kept. None where not known (older traces, the
+    simulator)."""
     workers_added: int = 0
     """Workers the pool grew by since the last tick (its size now less its size then, where
     more): each is a process started, or a parked one taken back, and its pages are held

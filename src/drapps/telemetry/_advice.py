@@ -8,7 +8,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from drapps.control.state import State
-from drapps.telemetry._worker_count import MIN_TICKS, settled_workers
+from drapps.telemetry._worker_count import (
+    MIN_TICKS,
+    count_after,
+    count_during,
+    settled_workers,
+)
 from drapps.telemetry.trace import TraceRow
 
 WAITS = 0.10
@@ -68,12 +73,13 @@ def advise(
     if wait > WAITS and saturated is not None:
         advice.append(_saturated_advice(rows, saturated, stats, fixed))
     elif wait > WAITS and fixed and idle >= 1.0:
-        more = last.workers + max(1, math.floor(idle))
-        if last.workers == 0:
+        count = count_during(rows[-1])
+        more = count + max(1, math.floor(idle))
+        if count == 0:
             advice.append(
                 f"Advice: the training loop spent {wait:.0%} of its time making batches while "
                 f"{idle:.1f} cores sat idle: worker processes would make them beside your step "
-                f"(num_workers={more - last.workers}, or leave num_workers out and drapps "
+                f"(num_workers={more - count}, or leave num_workers out and drapps "
                 "chooses)."
             )
         else:
@@ -82,7 +88,7 @@ def advise(
                 f"idle: more workers would make batches faster (num_workers={more}, or leave "
                 "num_workers out and drapps chooses)."
             )
-    elif wait > WAITS and not fixed and last.workers >= last.max_workers and spare is None:
+    elif wait > WAITS and not fixed and count_during(rows[-1]) >= last.max_workers and not spare:
         advice.append(
             f"Advice: workers are at max_workers={last.max_workers} with idle CPU: raise it."
         )
@@ -112,9 +118,11 @@ def _saturated_advice(
             "was left: more workers would only compete with them. Give this job cores of its "
             "own, or run it while the machine is free."
         )
-    start, settled = rows[0].state.workers, settled_workers(rows)
+    start, settled = count_during(rows[0]), settled_workers(rows)
     grew = any(
-        r.workers_after > r.state.workers and r.t >= saturated for r in rows if r.action.moves()
+        count_after(rows, i) > count_during(r) and r.t >= saturated
+        for i, r in enumerate(rows)
+        if "workers" in r.action.moves()
     )
     if not fixed and grew and settled > start:
         return (
@@ -156,11 +164,11 @@ def _idle_workers_advice(rows: Sequence[TraceRow], tuned: bool) -> str | None:
     """When, over the run's second half at the last worker count, the loop did not wait and
     the workers sat mostly idle behind a full queue: how many would keep up (batches in
     flight over a worker's busy share). ``tuned``: the count was the controller's."""
-    workers = rows[-1].state.workers
+    workers = count_during(rows[-1])
     recent = [
         r.state
         for r in rows[len(rows) // 2 :]
-        if r.state.in_flight is not None and r.state.workers == workers
+        if r.state.in_flight is not None and r.state.workers == count_during(r) == workers
     ]
     if workers < 2 or len(recent) < MIN_TICKS:
         return None

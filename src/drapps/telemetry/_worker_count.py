@@ -21,17 +21,38 @@ FIRST_TRY_TICKS = _DEFAULTS.settle + 1 + _DEFAULTS.window
 """Ticks of flowing data the heuristic measures before its first try."""
 
 
+def count_during(row: TraceRow) -> int:
+    """The worker count of a row's tick: the count asked of the pool where the trace has it
+    (the count running dips to 0 between two epochs whose workers are not kept, and climbs
+    back as they start), else the count running."""
+    target = row.state.target_workers
+    return row.state.workers if target is None else target
+
+
+def count_after(rows: Sequence[TraceRow], i: int) -> int:
+    """The worker count after the decision of tick ``i``: the count of the tick after it (a
+    move applied, or a ``resize()`` in between), and after the last tick, what its move set."""
+    row = rows[i]
+    if row.state.target_workers is None:  # an older trace: the count the tick applied
+        return row.workers_after
+    if i + 1 < len(rows):
+        return count_during(rows[i + 1])
+    moved = "workers" in row.action.moves() and row.workers_after > 0
+    return row.workers_after if moved else row.state.target_workers
+
+
 def held_counts(rows: Sequence[TraceRow]) -> list[tuple[int, int]]:
     """The worker counts in order, each with the ticks it was held (a count set at the last
     tick closes the list, held 0 ticks)."""
     counts: list[list[int]] = []
     for row in rows:
-        if counts and counts[-1][0] == row.state.workers:
+        if counts and counts[-1][0] == count_during(row):
             counts[-1][1] += 1
         else:
-            counts.append([row.state.workers, 1])
-    if rows and rows[-1].workers_after != counts[-1][0]:
-        counts.append([rows[-1].workers_after, 0])
+            counts.append([count_during(row), 1])
+    after = count_after(rows, len(rows) - 1) if rows else 0
+    if rows and after != counts[-1][0]:
+        counts.append([after, 0])
     return [(count, ticks) for count, ticks in counts]
 
 
@@ -54,7 +75,7 @@ def _why_changed(row: TraceRow, before: int, fixed: bool) -> str:
     note = row.notes.get("workers")
     if move and not fixed:
         reason = row.action.reason or f"the policy asked for {move:+d}"
-    elif row.state.workers != before:
+    elif row.state.workers != before or row.state.target_workers is not None:
         reason = (
             "by resize(), or a worker that was not replaced"
             if fixed
@@ -71,13 +92,14 @@ def worker_story(rows: Sequence[TraceRow], setting: int | str | None) -> list[st
     """How the worker count went and why. ``setting``: the loader's ``workers`` (an int is a
     count the user fixed, which drapps never moves; "auto" or None: the controller's)."""
     fixed = isinstance(setting, int) and not isinstance(setting, bool)
-    counts = [rows[0].state.workers]
+    counts = [count_during(rows[0])]
     changes = []
-    for row in rows:
-        if row.workers_after != counts[-1]:
+    for i, row in enumerate(rows):
+        after = count_after(rows, i)
+        if after != counts[-1]:
             why = _why_changed(row, counts[-1], fixed)
-            changes.append(f"  at {row.t:.1f} s {counts[-1]} -> {row.workers_after}: {why}")
-            counts.append(row.workers_after)
+            changes.append(f"  at {row.t:.1f} s {counts[-1]} -> {after}: {why}")
+            counts.append(after)
     if len(counts) == 1:
         if counts[0] == 0:
             return [
@@ -139,7 +161,7 @@ def _why_stayed(rows: Sequence[TraceRow]) -> str:
         return f"the loop waited {wait:.0%} of the time, so the workers kept up"
     if wait <= _DEFAULTS.wait_high:
         return f"the loop waited {wait:.0%} of the time, too little for another worker to pay"
-    if last.workers >= last.max_workers:
+    if count_during(rows[-1]) >= last.max_workers:
         return f"it is max_workers={last.max_workers}"
     busy = statistics.fmean(s.cpu_util for s in states)
     if busy >= _DEFAULTS.cpu_busy:

@@ -276,6 +276,7 @@ class Monitor:
             latency_p99_s=percentile(recent, 0.99),
             throughput=max(0, pipe.samples - last.samples) / dt,
             workers=pipe.workers,
+            target_workers=pipe.target_workers,
             workers_added=max(0, pipe.workers - last.workers),
             max_workers=pipe.max_workers,
             prefetch=pipe.prefetch_depth,
