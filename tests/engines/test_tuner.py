@@ -19,7 +19,7 @@ from helpers import BusyDataset, SlowDataset, drapps_threads, state, wait_until
 import drapps
 from drapps.control import NOOP, Action, HeuristicConfig, HeuristicPolicy, State
 from drapps.telemetry import TraceRow, read_trace, status
-from drapps.telemetry.status import StatusLine
+from drapps.telemetry.status import StatusLine, format_line
 
 N = 10**6  # more samples than any test reads: the tests stop on a condition, not an epoch end
 
@@ -159,6 +159,12 @@ def test_the_first_line_waits_for_batches_and_a_full_span() -> None:
     assert out.count("\n") == 1 and out.startswith("[drapps]     400 samples/s | waited  50%")
     line.finish()
     assert out == line._stream.getvalue()  # type: ignore[attr-defined]  # nothing left open
+
+
+def test_the_line_gives_the_count_asked_of_the_pool_not_a_restart() -> None:
+    s = state(t=1.0, throughput=400.0, workers=0, target_workers=3)  # between two epochs
+    line = format_line([TraceRow(s.t, s, NOOP, {"workers": 0, "prefetch": 6}, 0.0)], 0.0)
+    assert "| workers 3 |" in line
 
 
 def test_an_epoch_boundary_never_resizes_the_pool() -> None:

@@ -75,8 +75,8 @@ class StatusLine:
 
 def format_line(rows: Sequence[TraceRow], since: float) -> str:
     """One status line: samples/s, the loop's wait and CPU averaged over ``rows`` (weighted by
-    each tick's length, the first one's measured from ``since``), and the last tick's workers,
-    ready batches, prefetch and memory."""
+    each tick's length, the first one's measured from ``since``), and the last tick's workers
+    (the count asked of the pool), ready batches, prefetch and memory."""
     spans = [
         r.t - before for r, before in zip(rows, [since, *(r.t for r in rows[:-1])], strict=True)
     ]
@@ -85,7 +85,8 @@ def format_line(rows: Sequence[TraceRow], since: float) -> str:
     waited = sum(r.state.wait_fraction * dt for r, dt in zip(rows, spans, strict=True)) / total
     cpu = sum(r.state.cpu_util * dt for r, dt in zip(rows, spans, strict=True)) / total
     last = rows[-1]
-    workers = int(last.applied.get("workers", last.state.workers))
+    target = last.state.target_workers  # not the count running, 0 between two epochs
+    workers = int(last.applied.get("workers", last.state.workers)) if target is None else target
     prefetch = int(last.applied.get("prefetch", last.state.prefetch))
     return (
         f"[drapps] {rate:7.0f} samples/s | waited {waited:4.0%} | workers {workers} "
