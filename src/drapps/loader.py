@@ -483,7 +483,8 @@ def _choose_engine(
         split=first_split,
         pool=pool,
         in_order=c.in_order,
-        round_robin=c.workers != "auto",
+        # A fixed count deals batches as DataLoader does, in order or out of it.
+        deal="least_loaded" if c.workers == "auto" else "round_robin" if c.in_order else "in_turn",
         dispatch=c.dispatch,
         lookahead=None if c.lookahead == "auto" else c.lookahead,
         defer_after=c.defer_after,

@@ -36,8 +36,10 @@ class PoolEngine(Engine):
         timeout: seconds a worker may hold a batch before it is replaced (None: no limit).
         max_attempts: attempts at a batch whose worker keeps dying or hanging.
         split: a Pipeline transform's split to start with.
-        round_robin: deal batch ``b`` to worker ``b % workers`` (a fixed count, as DataLoader
-            does); False: to the least loaded worker (``workers="auto"``).
+        deal: which worker gets a batch: ``"round_robin"`` (``b % workers``, a fixed count in
+            order, as DataLoader), ``"in_turn"`` (the next with room, a fixed count out of
+            order, as DataLoader's ``in_order=False``) or ``"least_loaded"``
+            (``workers="auto"``); see :class:`~drapps.runtime.dispatcher.Dispatcher`.
         in_order: hand batches over in plan order (False: as they are made, lowest id first,
             as DataLoader's ``in_order=False``).
         dispatch, lookahead, defer_after: how work is cut, how far ahead it starts, and
@@ -63,7 +65,7 @@ class PoolEngine(Engine):
         split: Any = None,
         pool: WorkerPool | None = None,
         in_order: bool = True,
-        round_robin: bool = False,
+        deal: str = "least_loaded",
         dispatch: str = "auto",
         lookahead: int | None = None,
         defer_after: float | None = None,
@@ -85,7 +87,7 @@ class PoolEngine(Engine):
             finish=finish,
             split=split,
             pool=pool,
-            round_robin=round_robin,
+            deal=deal,
             dispatch=dispatch,
             lookahead=lookahead,
             defer_after=defer_after,

@@ -80,7 +80,7 @@ class Dispatcher:
         finish: Callable[[Any], Any] | None = None,
         pool: WorkerPool | None = None,
         split: Any = None,
-        round_robin: bool = False,
+        deal: str = "least_loaded",
         dispatch: str = "auto",
         lookahead: int | None = None,
         defer_after: float | None = None,
@@ -94,10 +94,12 @@ class Dispatcher:
             pool: the workers (default: a :class:`ProcessPool` of ``recipe`` in ``context``);
                 the dispatcher owns it from here and shuts it down.
             split: with a Pipeline transform, the split point to make batches with.
-            round_robin: deal batch ``b`` to the worker whose ``get_worker_info().id`` is
-                ``b % workers``, waiting for it when it is busy, as DataLoader does (for a
-                fixed count); False: to the least loaded worker. Parts of a batch (below) go
-                to the least loaded worker either way.
+            deal: which worker gets a batch. ``"round_robin"``: the one whose
+                ``get_worker_info().id`` is ``b % workers``, waiting for it when it is busy,
+                as DataLoader does for a fixed count; ``"in_turn"``: the next in id order
+                after the last one dealt that has room, as DataLoader's ``in_order=False``;
+                ``"least_loaded"``: the least loaded (``workers="auto"``). Parts of a batch
+                (below) go to the least loaded worker either way.
             dispatch: cut batches into parts made by several workers: ``"auto"`` when
                 samples' costs are heavy-tailed, ``"samples"`` always, ``"batches"`` never
                 (see :class:`~drapps.runtime.schedule.Schedule`).
@@ -127,7 +129,7 @@ class Dispatcher:
             mode=dispatch if defer_after is None else "samples",
             lookahead=lookahead,
             splittable=splittable(recipe),
-            fifo_batches=round_robin,
+            fifo_batches=deal != "least_loaded",
             always_parts=defer_after is not None,
         )
         self._on_error = recipe.on_error
@@ -135,7 +137,12 @@ class Dispatcher:
         self._priority: str | None = None
         self._prefetch = prefetch
         self._split = split
-        self._round_robin = round_robin
+        if deal not in ("round_robin", "in_turn", "least_loaded"):
+            raise ValueError(
+                f"deal must be 'round_robin', 'in_turn' or 'least_loaded', got {deal!r}"
+            )
+        self._deal = deal
+        self._turn = 0  # "in_turn": the slot after the last one dealt
         self._idle = False
         self._per_worker = prefetch_per_worker
         self._finish = finish
@@ -622,12 +629,17 @@ class Dispatcher:
                 return
             retrying = self.schedule.retrying(work)
             worker = min(candidates, key=lambda w: len(w.assigned))
-            if self._round_robin and work.part is None and not retrying:
+            if self._deal == "round_robin" and work.part is None and not retrying:
                 slot = work.batch_id % max(1, self._target)
                 dealt = next((w for w in self.pool.live() if w.slot == slot), None)
                 if dealt is not None and dealt not in candidates:
                     return  # its worker is busy: wait for it, as DataLoader's queues do
                 worker = dealt or worker  # gone (being replaced): the least loaded instead
+            elif self._deal == "in_turn" and work.part is None:
+                # The first with room from the slot after the last one dealt, in id order.
+                size = max(1, self._target, *(w.slot + 1 for w in candidates))
+                worker = min(candidates, key=lambda w: (w.slot - self._turn) % size)
+                self._turn = (worker.slot + 1) % size
             parts = [] if retrying else self.schedule.parts_of(work.batch_id)
             self.schedule.take(work)
             batch_id = work.batch_id

@@ -130,7 +130,7 @@ def unsendable(recipe: BatchRecipe) -> tuple[str, Exception] | None:
     from multiprocessing.reduction import ForkingPickler
 
     previous = context.get_spawning_popen()
-    context.set_spawning_popen(_TrialStart())
+    context.set_spawning_popen(_TrialStart())  # type: ignore[arg-type]
     try:
         for part, name in _SENT.items():
             try:
