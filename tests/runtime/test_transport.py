@@ -560,3 +560,16 @@ def test_a_quantized_tensor_is_pickled_not_read_as_bytes(
     got = unpack(cross(pack({"q": q}), channel))["q"]
     assert got.is_quantized and got.q_scale() == q.q_scale()
     assert torch.equal(got.dequantize(), q.dequantize())
+
+
+def test_nested_tensors_are_not_stacked_into_a_slab() -> None:
+    """The arena read a nested tensor's sizes ('NestedTensorImpl doesn't support sizes')
+    before torch's own collate could refuse it in DataLoader's words."""
+    nested = torch.nested.nested_tensor([torch.zeros(2), torch.zeros(3)])
+    assert not transport.uniform_cpu_tensors([nested, nested])
+    arena = transport.SlabArena()
+    try:
+        with pytest.raises(RuntimeError, match="Batches of nested tensors are not currently"):
+            arena._stack([nested, nested])
+    finally:
+        arena.reset()

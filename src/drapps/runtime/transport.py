@@ -508,6 +508,7 @@ def uniform_cpu_tensors(batch: Any) -> bool:
     first = batch[0]
     return (
         type(first) is torch.Tensor
+        and not first.is_nested
         and first.layout is torch.strided
         and first.device.type == "cpu"
         and not first.is_quantized
