@@ -213,9 +213,7 @@ def _ours(frame: Any) -> bool:
     if frame.f_code.co_filename.startswith(_PACKAGE):
         return True
     caller = frame.f_back
-    return frame.f_code.co_filename == "<string>" and caller.f_code.co_filename.startswith(
-        _PACKAGE
-    )
+    return frame.f_code.co_filename == "<string>" and caller.f_code.co_filename.startswith(_PACKAGE)
 
 
 def warn_once(key: str, message: str) -> None:
