@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import multiprocessing
 import pickle
+import random
 import subprocess
 import sys
 import time
@@ -185,6 +186,58 @@ def test_shuffle_follows_torch_manual_seed_like_dataloader(workers: int, persist
     torch.manual_seed(4)
     with drapps.Loader(data, **kwargs) as other:  # type: ignore[arg-type]
         assert not torch.equal(torch.cat(list(other)), torch.cat(got[0]))
+
+
+class Augmented:
+    """Samples whose augmentations draw from torch's, NumPy's and Python's global RNGs, and
+    say which seed torch's generator started from."""
+
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        draws = [torch.randint(0, 10**6, ()).item(), np.random.randint(10**6), random.random()]
+        return torch.tensor([i, torch.initial_seed() % 10**6, *draws], dtype=torch.float64)
+
+
+def _seed_torch_12345(worker_id: int) -> None:
+    torch.manual_seed(12345)
+
+
+@pytest.mark.parametrize("workers", WORKERS)
+@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.parametrize("init", [None, _seed_torch_12345], ids=["", "worker_init_fn"])
+def test_augmentations_draw_as_in_dataloaders_workers(
+    workers: int, persistent: bool, init: Callable[[int], None] | None
+) -> None:
+    if persistent and workers == 0:
+        pytest.skip("persistent_workers needs workers, in both loaders")
+    kwargs: dict[str, Any] = {"batch_size": 3, "shuffle": True, "num_workers": workers}
+    kwargs.update(persistent_workers=persistent, worker_init_fn=init)
+    torch.manual_seed(5)
+    random.seed(5)
+    np.random.seed(5)
+    reference = DataLoader(Augmented(), **kwargs)
+    expected = [list(reference), list(reference)]
+    torch.manual_seed(5)
+    random.seed(5)
+    np.random.seed(5)
+    with drapps.Loader(Augmented(), **kwargs) as loader:
+        got = [list(loader), list(loader)]
+    for e in range(2):
+        assert_batches_equal(got[e], expected[e])
+    if init is not None and workers:
+        assert {float(s[1]) for b in got[0] for s in b} == {12345.0}
+
+
+def test_with_a_seed_each_sample_draws_the_same_for_any_worker_count() -> None:
+    def epoch(workers: int) -> list[torch.Tensor]:
+        with drapps.Loader(Augmented(), batch_size=3, workers=workers, seed=11) as loader:
+            return list(loader)
+
+    one = epoch(0)
+    assert_batches_equal(epoch(2), one)
+    assert_batches_equal(epoch(1), one)
 
 
 def test_generator_drives_the_order_as_in_dataloader() -> None:

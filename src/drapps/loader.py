@@ -83,11 +83,13 @@ class Loader(_DataLoaderAttributes):
     The arguments up to ``in_order`` are ``torch.utils.data.DataLoader``'s, in its order and
     with its meaning, so ``DataLoader(`` can be replaced by ``drapps.Loader(``. With the same
     ``torch.manual_seed`` (or ``generator``) and sampler the batches are the ones DataLoader
-    gives. On top of that, batch ``b`` of an epoch holds the same samples with the same
-    augmentation randomness whatever the worker count, resizes or worker restarts: before
-    sample ``i`` is fetched, Python's ``random``, NumPy's global RNG and torch's default
-    generator are seeded from ``(seed, epoch, i)``, and :func:`drapps.sample_rng` gives an
-    explicit generator. Each ``iter(loader)`` is the next epoch (:meth:`set_epoch` overrides).
+    gives, and with a fixed count and no ``seed`` so is what samples draw from the global
+    RNGs (each worker's, seeded once). With ``workers="auto"`` or a ``seed``, batch ``b`` of an
+    epoch holds the same samples with the same augmentation randomness whatever the worker
+    count, resizes or worker restarts: before sample ``i`` is fetched, Python's ``random``,
+    NumPy's global RNG and torch's default generator are seeded from ``(seed, epoch, i)``.
+    :func:`drapps.sample_rng` gives an explicit per-sample generator either way. Each
+    ``iter(loader)`` is the next epoch (:meth:`set_epoch` overrides).
 
     Args:
         dataset: a map-style dataset (``__getitem__``; ``__len__`` for the default samplers)

@@ -311,6 +311,17 @@ class Case:
         return Samples(self.n, self.payload, self.fail_at)
 
 
+def without_draws(payload: Payload) -> Payload:
+    """``payload`` drawing from no global RNG."""
+    return Payload(
+        payload.leaf,
+        payload.container,
+        tuple(without_draws(p) for p in payload.items),
+        None if payload.alternate is None else without_draws(payload.alternate),
+        None,
+    )
+
+
 # ------------------------------------------------------------------------------ strategies
 
 

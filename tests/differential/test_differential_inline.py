@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from cases import Payload, Samples, Stream, payloads
+from cases import Payload, Samples, Stream, payloads, without_draws
 from compare import assert_equal, batch_indices, nothing_left, run
 from harness import FAST, FAST_EXAMPLES, campaign
 from hypothesis import assume, note, settings
@@ -114,7 +114,7 @@ class LoaderMachine(RuleBasedStateMachine):
     @initialize(case=runs())
     def start(self, case: Run) -> None:
         if case.cache:  # a cache keeps dataset[i]: only a dataset that does not draw
-            case = Run(**{**case.__dict__, "payload": _without_draws(case.payload)})
+            case = Run(**{**case.__dict__, "payload": without_draws(case.payload)})
         note(f"case = {case!r}")
         self.case = case
         self.dataset = case.dataset()
@@ -221,16 +221,6 @@ class LoaderMachine(RuleBasedStateMachine):
             self.loader.close()
             del self.loader, self.iterator, self.got
             self.leak_check.__exit__(None, None, None)
-
-
-def _without_draws(payload: Payload) -> Payload:
-    return Payload(
-        payload.leaf,
-        payload.container,
-        tuple(_without_draws(p) for p in payload.items),
-        None if payload.alternate is None else _without_draws(payload.alternate),
-        None,
-    )
 
 
 @pytest.mark.timeout(600)

@@ -184,7 +184,14 @@ def assemble(
     samples = open_cache(cache, dataset, c.transform, iterable=iterable)
     # A Pipeline goes to the workers whole; each task says where to split it.
     recipe = BatchRecipe(
-        dataset, c.transform, collate_fn, c.on_error, batched, worker_init_fn, cache=samples
+        dataset,
+        c.transform,
+        collate_fn,
+        c.on_error,
+        batched,
+        worker_init_fn,
+        cache=samples,
+        reseed=c.seeds_per_sample,
     )
     try:
         engine, c = choose(c, recipe, backend, finish, split, iterable)

@@ -83,8 +83,11 @@ class InlineEngine(Engine):
             return None
         self._position += 1
         split = self._split
+        # Reseeded per sample, the caller's RNG streams are put back after the batch; else
+        # the samples draw from them, as DataLoader's do without workers.
+        rngs = preserved_global_rngs() if self._recipe.reseed else contextlib.nullcontext()
         try:
-            with preserved_global_rngs():
+            with rngs:
                 made = make_batch(self._recipe, plan.seed, plan.epoch, plan.batch(batch_id), split)
         except Exception as exc:  # raised in the loop in the batch's place; the epoch goes on
             return EngineBatch(None, split=split, error=exc)

@@ -365,6 +365,19 @@ class LoaderConfig:
         return max(2 * usable_cores(), self.workers)
 
     @property
+    def seeds_per_sample(self) -> bool:
+        """Whether each sample's global RNG draws come from (seed, epoch, index): with a
+        ``seed``, with ``workers="auto"`` (whose count changes), and where samples of a batch
+        are made apart (``dispatch="samples"``, ``defer_after``). A fixed count without a
+        seed draws as DataLoader's workers do, from each worker's own RNGs, seeded once."""
+        return (
+            self.seed is not None
+            or self.workers == "auto"
+            or self.dispatch == "samples"
+            or self.defer_after is not None
+        )
+
+    @property
     def initial_workers(self) -> int:
         """Worker count at start ("auto": one per usable core, within the bounds; the
         controller sheds workers the loop does not need and adds them under contention)."""

@@ -59,10 +59,13 @@ class _SampleContext(threading.local):
 _context = _SampleContext()
 
 
-def seed_sample(sample_seed: int) -> None:
-    """Enter a sample: seed the global RNGs and reset :func:`sample_rng` for it."""
+def seed_sample(sample_seed: int, *, reseed: bool = True) -> None:
+    """Enter a sample: seed the global RNGs (unless ``reseed`` is False: they then draw on)
+    and reset :func:`sample_rng` for it."""
     _context.seed = sample_seed
     _context.rng = None
+    if not reseed:
+        return
     random.seed(sample_seed)
     np.random.seed(sample_seed >> 32)
     # torch.manual_seed also seeds every accelerator backend (~130 us); the CPU generator is

@@ -90,6 +90,11 @@ class BatchRecipe:
     cache: SampleStore | None = None
     """The sample cache (map-style datasets): samples after the transform's deterministic
     prefix, made once and read back in later epochs."""
+    reseed: bool = True
+    """Seed Python's, NumPy's and torch's global RNGs before each sample from (seed, epoch,
+    index), so that its draws are the same whichever worker makes it. False: leave them to
+    draw on as each worker's own, seeded once when it starts, as DataLoader's (what a
+    ``worker_init_fn`` seeds then holds); :func:`drapps.sample_rng` is per sample either way."""
 
 
 @dataclass
@@ -210,7 +215,7 @@ def make_batch(
     clock = current_clock()
     for position, index in enumerate(indices):
         sample_seed = sample_seed_for(seed, epoch, key_of(index))
-        seed_sample(sample_seed)
+        seed_sample(sample_seed, reseed=recipe.reseed)
         stage = "__getitem__"
         if clock is not None:
             clock.begin_sample(position)
@@ -389,8 +394,10 @@ def collate_samples(
 def splittable(recipe: BatchRecipe) -> bool:
     """Whether a batch may be made in parts by several workers and collated where they meet:
     batches of samples (not ``batch_size=None``) collated by torch's ``default_collate`` or a
-    Pipeline's collate, which hold no state and run the same in any process."""
-    return recipe.auto_collation and recipe.collate_fn is default_collate
+    Pipeline's collate, which hold no state and run the same in any process; and whose
+    samples are seeded each on its own (``reseed``), so that they draw the same whichever
+    workers make the parts."""
+    return recipe.reseed and recipe.auto_collation and recipe.collate_fn is default_collate
 
 
 def run_worker(
