@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import collections
 import errno
 import gc
 import os
@@ -10,6 +11,7 @@ import pickle
 import re
 import signal
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -244,3 +246,48 @@ def test_a_slab_that_cannot_be_mapped_is_made_again() -> None:
             stats = loader.stats()
     assert seen == list(range(40))  # every index once, in order
     assert stats.retries == 2
+
+
+def _local_namedtuple_dataset() -> Any:
+    Pair = collections.namedtuple("Pair", ["index", "noise"])  # not importable by the workers
+
+    class Local:
+        kind = Pair
+
+        def __len__(self) -> int:
+            return 10
+
+        def __getitem__(self, i: int) -> Any:
+            return Pair(i, torch.rand(2))
+
+    return Local()
+
+
+@pytest.mark.parametrize("in_order", [True, False])
+def test_under_the_default_count_a_batch_that_cannot_be_sent_is_made_in_process(
+    in_order: bool,
+) -> None:
+    data = _local_namedtuple_dataset()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with drapps.Loader(data, batch_size=3, seed=4, in_order=in_order) as loader:
+            first = list(loader)
+            assert loader.stats().workers == 0
+            assert not wait_gone([p.pid for p in drapps_children()])  # the workers went
+            second = list(loader)
+    said = [w for w in caught if "cannot be sent back from a worker" in str(w.message)]
+    assert len(said) == 1 and said[0].filename == __file__
+    for epoch in (first, second):
+        assert all(isinstance(batch, data.kind) for batch in epoch)
+        indices = sorted(int(i) for batch in epoch for i in batch.index)
+        assert indices == list(range(10))  # each sample once
+    with drapps.Loader(data, batch_size=3, seed=4, workers=0) as in_process:
+        expected = {int(b.index[0]): b.noise for b in in_process}
+    for batch in first:  # per-sample seeds: the same draws as made here from the start
+        assert torch.equal(batch.noise, expected[int(batch.index[0])])
+
+
+def test_a_count_the_user_asked_for_raises_for_a_batch_that_cannot_be_sent() -> None:
+    with drapps.Loader(_local_namedtuple_dataset(), batch_size=3, num_workers=2) as loader:
+        with pytest.raises(drapps.SampleError, match="could not be sent"):
+            list(loader)

@@ -491,5 +491,6 @@ def _choose_engine(
         lookahead=None if c.lookahead == "auto" else c.lookahead,
         defer_after=c.defer_after,
         deepen_for_tails=c.prefetch == "auto" and c.prefetch_factor is None,
+        in_process_if_unsendable=c.workers == "auto" and backend.local,
     )
     return engine, c

@@ -60,6 +60,11 @@ class InlineEngine(Engine):
     def workers(self) -> int:
         return 0
 
+    @property
+    def position(self) -> int:
+        """The id of the planned batch :meth:`next` makes next."""
+        return self._position
+
     def set_split(self, split: Any) -> None:
         self._split = split
 

@@ -7,6 +7,7 @@ the loader's face on that pair, and owns the workers, prefetch and priority knob
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from multiprocessing.context import BaseContext
 from typing import Any
@@ -14,8 +15,9 @@ from typing import Any
 from drapps.control.controller import Bounds, default_knobs
 from drapps.control.knobs import Knob, LookaheadKnob, PriorityKnob
 from drapps.engines.base import Engine, EngineBatch, EpochJob, Limits
+from drapps.engines.inline import InlineEngine
 from drapps.runtime.dispatcher import Dispatcher
-from drapps.runtime.errors import SampleError
+from drapps.runtime.errors import SampleError, warn_user
 from drapps.runtime.pool import WorkerPool
 from drapps.runtime.reorder import Entry
 from drapps.runtime.stats import PipelineSnapshot
@@ -45,6 +47,11 @@ class PoolEngine(Engine):
         dispatch, lookahead, defer_after: how work is cut, how far ahead it starts, and
             whether batches are filled from made samples (see
             :class:`~drapps.runtime.dispatcher.Dispatcher`).
+        in_process_if_unsendable: a batch a worker made but cannot send back (a class
+            defined inside a function, a lock: what does not pickle) makes this engine let its
+            workers go and make that batch and every later one in this process, with one
+            warning, as DataLoader's default (``num_workers=0``) would have (the default
+            count, ``workers="auto"``); False: the batch's error is raised in its place.
     """
 
     kind = "pool"
@@ -70,8 +77,14 @@ class PoolEngine(Engine):
         lookahead: int | None = None,
         defer_after: float | None = None,
         deepen_for_tails: bool = False,
+        in_process_if_unsendable: bool = False,
     ) -> None:
         self._limits = limits
+        self._recipe, self._finish = recipe, finish
+        self._fallback = in_process_if_unsendable
+        self._inline: InlineEngine | None = None  # once batches cannot be sent back
+        self._job: EpochJob | None = None
+        self._delivered: set[int] = set()  # this epoch's ids handed over out of order
         self._lookahead_auto = lookahead is None
         self._any_order = not in_order
         self._generation = 0
@@ -96,33 +109,80 @@ class PoolEngine(Engine):
 
     @property
     def workers(self) -> int:
-        return self.dispatcher.target_workers
+        return 0 if self._inline is not None else self.dispatcher.target_workers
 
     def start_epoch(self, job: EpochJob) -> None:
         if job.plan is None:
             raise ValueError("the pool engine makes planned batches; an iterable dataset has none")
-        if job.start < len(job.plan):
+        self._job = job
+        self._delivered.clear()
+        if self._inline is not None:
+            self._inline.start_epoch(job)
+        elif job.start < len(job.plan):
             self._generation = self.dispatcher.start_epoch(
                 job.plan, job.start, fresh_workers=job.fresh
             )
 
     def end_epoch(self, job: EpochJob) -> None:
-        if not job.persistent:
+        if not job.persistent and self._inline is None:
             self.dispatcher.stop_workers(self._generation)
 
     def next(self) -> EngineBatch | None:
+        if self._inline is not None:
+            return self._next_in_process()
         buffer = self.dispatcher.buffer
         entry = buffer.get(alive=self.dispatcher.alive, any_order=self._any_order)
-        return None if entry is None else _made(entry, self._any_order)
+        return None if entry is None else self._handed_over(entry)
 
     def ready(self) -> EngineBatch | None:
+        if self._inline is not None:
+            return None  # made when asked for
         entry = self.dispatcher.buffer.get_ready(any_order=self._any_order)
-        return None if entry is None else _made(entry, self._any_order)
+        return None if entry is None else self._handed_over(entry)
+
+    def _handed_over(self, entry: Entry) -> EngineBatch | None:
+        made = _made(entry, self._any_order)
+        error = made.error
+        if self._fallback and isinstance(error, SampleError) and error.stage == "transport":
+            self._make_in_process_from(entry.batch_id, error, made.split)
+            return self._next_in_process()
+        self._delivered.add(entry.batch_id)
+        return made
+
+    def _make_in_process_from(self, batch_id: int, error: SampleError, split: Any) -> None:
+        """Let the workers go, and make batch ``batch_id`` and the rest of the epoch (and every
+        later epoch) here."""
+        job = self._job
+        assert job is not None and job.plan is not None
+        cause = str(error).split(": ", 1)[-1].splitlines()[0]
+        warn_user(
+            f"drapps: a batch cannot be sent back from a worker process ({cause}); batches "
+            "are made in this process from now on, as DataLoader's default (num_workers=0) "
+            "makes them. To use workers, make batches picklable (classes defined at module "
+            "level, no locks or open files); num_workers=0 says so from the start"
+        )
+        self.dispatcher.stop_workers(self._generation)
+        self._inline = InlineEngine(self._recipe, None, False, self._limits, self._finish, split)
+        self._inline.start_epoch(dataclasses.replace(job, start=batch_id))
+
+    def _next_in_process(self) -> EngineBatch | None:
+        """The next batch made here: in order, past those the workers handed over already."""
+        assert self._inline is not None
+        while True:
+            batch_id = self._inline.position
+            made = self._inline.next()
+            if made is None or batch_id not in self._delivered:
+                if made is not None and self._any_order:
+                    made = dataclasses.replace(made, batch_id=batch_id)
+                return made
 
     def resize(self, workers: int) -> None:
-        self.dispatcher.resize(workers)
+        if self._inline is None:
+            self.dispatcher.resize(workers)
 
     def set_split(self, split: Any) -> None:
+        if self._inline is not None:
+            self._inline.set_split(split)
         self.dispatcher.set_split(split)
 
     def set_prefetch(self, depth: int | None) -> None:
@@ -144,6 +204,8 @@ class PoolEngine(Engine):
         return knobs
 
     def snapshot(self, samples: int) -> PipelineSnapshot:
+        if self._inline is not None:
+            return self._inline.snapshot(samples)
         return self.dispatcher.snapshot(
             samples=samples,
             memory_budget=self._limits.memory_budget,
