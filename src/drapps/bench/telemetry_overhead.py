@@ -13,7 +13,7 @@ batches (where a per-batch cost shows most).
 A benchmark, not a test: nothing here passes or fails. Results are printed and, with
 ``--out``, written as JSON with the machine and commit they come from::
 
-    python -m drapps.telemetry.overhead --batches 20000 --repeats 9 --workers 0,2
+    python -m drapps.bench.telemetry_overhead --batches 20000 --repeats 9 --workers 0,2
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def _summary(values: Sequence[float]) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m drapps.telemetry.overhead")
+    parser = argparse.ArgumentParser(prog="python -m drapps.bench.telemetry_overhead")
     parser.add_argument("--batches", type=int, default=20_000, help="batches a pass (20000)")
     parser.add_argument("--repeats", type=int, default=9, help="timed passes a setting (9)")
     parser.add_argument("--batch-size", type=int, default=4, help="samples a batch (4)")
