@@ -65,6 +65,13 @@ class Run:
             return Stream(self.n, self.payload, sharded=True, shuffle="random")
         return Samples(self.n, self.payload)
 
+    @property
+    def per_sample(self) -> bool:
+        """Whether its samples' global RNGs are seeded each from (seed, epoch, index): else a
+        fixed count draws from each worker's RNGs, as DataLoader's (held to DataLoader in
+        ``test_differential_dataloader.py``), and its samples draw nothing here."""
+        return self.seed is not None or self.workers == "auto" or self.dispatch == "samples"
+
     def kwargs(self, dataset: Any, *, workers: int | str | None = None) -> dict[str, Any]:
         inline = workers == 0
         kwargs: dict[str, Any] = {
@@ -76,6 +83,8 @@ class Run:
             kwargs["shuffle"] = self.shuffle and not self.sampler
             if self.sampler:
                 kwargs["sampler"] = torch.utils.data.RandomSampler(dataset)
+            if inline and self.per_sample:
+                kwargs["dispatch"] = "samples"  # without workers too, each sample seeded
             if not inline:
                 kwargs["dispatch"] = self.dispatch
                 if self.cache:
@@ -113,7 +122,7 @@ class LoaderMachine(RuleBasedStateMachine):
 
     @initialize(case=runs())
     def start(self, case: Run) -> None:
-        if case.cache:  # a cache keeps dataset[i]: only a dataset that does not draw
+        if case.cache or not case.per_sample:  # a cache keeps dataset[i]: no draws then
             case = Run(**{**case.__dict__, "payload": without_draws(case.payload)})
         note(f"case = {case!r}")
         self.case = case
