@@ -7,18 +7,21 @@ pool to resize, kill or restart (for an iterable dataset, and for persistent wor
 base seed is drawn once, the same loader with its workers and no events). A Hypothesis state
 machine drives a loader with workers through random events (take a batch, resize, SIGKILL a
 worker, checkpoint through JSON and resume in a new loader after another
-``torch.manual_seed``, start the next epoch early) and checks after every step that what the
-loop received is the reference's epoch so far, and at every epoch's end that it held each
-planned sample exactly once.
+``torch.manual_seed`` (the old one closed or dropped unclosed), start the next epoch early,
+also while another thread is inside the old iterator's ``next()``) and checks after every
+step that what the loop received is the reference's epoch so far, and at every epoch's end
+that it held each planned sample exactly once.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import random
 import signal
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -176,10 +179,16 @@ class LoaderMachine(RuleBasedStateMachine):
                 os.kill(pids[which % len(pids)], signal.SIGKILL)
 
     @precondition(lambda self: self.epoch < EPOCHS)
-    @rule(torch_seed=st.integers(1, 3))
-    def checkpoint_and_resume_in_a_new_loader(self, torch_seed: int) -> None:
+    @rule(torch_seed=st.integers(1, 3), drop=st.booleans())
+    def checkpoint_and_resume_in_a_new_loader(self, torch_seed: int, drop: bool) -> None:
+        """Resume in a new loader; the old one closed, or dropped mid-epoch unclosed (its
+        workers and memory must go with it)."""
         state = json.loads(json.dumps(self.loader.state_dict()))
-        self.loader.close()
+        if drop:
+            del self.loader, self.iterator
+            gc.collect()
+        else:
+            self.loader.close()
         _seed_everything(torch_seed)  # another process, another torch RNG
         self.loader = drapps.Loader(self.dataset, **self.case.kwargs(self.dataset))
         self.loader.load_state_dict(state)
@@ -195,6 +204,33 @@ class LoaderMachine(RuleBasedStateMachine):
             # How far each persistent worker drew into the abandoned epoch is the timing's
             # (as under DataLoader): later epochs hold the same samples, in another order.
             self.exact = False
+
+    @precondition(lambda self: self.epoch < EPOCHS - 1 and self.got)
+    @rule()
+    def start_the_next_epoch_while_another_thread_takes(self) -> None:
+        """A new ``iter(loader)`` while another thread may be inside the old iterator's
+        ``next()``: that thread gets the old epoch's next batch or the superseded error,
+        never a batch of the new epoch, and the new epoch loses none."""
+        old, epoch, position, exact = self.iterator, self.epoch, len(self.got), self.exact
+        outcome: dict[str, Any] = {}
+
+        def take() -> None:
+            try:
+                outcome["batch"] = next(old)
+            except (RuntimeError, StopIteration) as exc:
+                outcome["error"] = exc
+
+        thread = threading.Thread(target=take)
+        thread.start()
+        self.start_the_next_epoch_midway()
+        thread.join(timeout=120)
+        assert not thread.is_alive(), "the superseded iterator's next() does not return"
+        if "batch" in outcome and exact:
+            expected = self.reference.epochs[epoch]
+            assert position < len(expected), f"a batch past the end of epoch {epoch}"
+            assert_equal(expected[position], outcome["batch"], f"epoch {epoch} batch {position}")
+        elif "error" in outcome and isinstance(outcome["error"], RuntimeError):
+            assert "superseded" in str(outcome["error"]), outcome["error"]
 
     # ------------------------------------------------------------------------- the checks
 
