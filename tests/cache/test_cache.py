@@ -419,8 +419,9 @@ def test_the_cached_ops_still_count_as_transform_time() -> None:
 
 
 def test_entries_keep_layouts_and_dtypes_numpy_lacks() -> None:
-    """A transposed tensor came back contiguous, a Fortran array C-ordered; a float8 tensor
-    or a conjugate view failed the sample (``.numpy()`` refuses them)."""
+    """A transposed tensor came back contiguous, a Fortran array C-ordered, a stepped or
+    expanded view contiguous; a float8 tensor or a conjugate view failed the sample
+    (``.numpy()`` refuses them)."""
     from drapps.cache.entry import pack, unpack
     from drapps.cache.registry import CODECS
 
@@ -431,6 +432,9 @@ def test_entries_keep_layouts_and_dtypes_numpy_lacks() -> None:
         "float8": torch.arange(4.0).to(torch.float8_e4m3fn),
         "bfloat16": torch.arange(6.0).to(torch.bfloat16).reshape(2, 3).t(),
         "conj": (torch.arange(3.0) * 1j).conj(),
+        "stepped": torch.arange(24.0).reshape(4, 6)[1::2, ::3],
+        "expanded": torch.arange(3).expand(4, 3),
+        "stepped bfloat16": torch.arange(8.0).to(torch.bfloat16)[::2],
     }
     got = unpack(bytearray(pack(sample, none, none, None).data), {"none": none}).sample
     for name, value in sample.items():

@@ -20,6 +20,8 @@ import torch
 from hypothesis import strategies as st
 from torch.utils.data import IterableDataset, get_worker_info
 
+import drapps
+
 Pair = namedtuple("Pair", "first second")
 """A named tuple every process can import by name (DataLoader's collate keeps the type)."""
 
@@ -254,6 +256,16 @@ class Settings:
     context: str | None = None  # None (fork), "spawn", "forkserver"
     pin_memory: bool = False
     timeout: float = 0.0
+    cache: bool = False  # drapps' sample cache (map-style datasets)
+
+    def drapps_kwargs(self, dataset: Any) -> dict[str, Any]:
+        """drapps' arguments: DataLoader's, the default count for ``"auto"``, a cache."""
+        kwargs = self.dataloader_kwargs(dataset)
+        if self.workers == "auto":
+            del kwargs["num_workers"]  # the default: drapps chooses
+        if self.cache and not isinstance(dataset, IterableDataset):
+            kwargs["cache"] = drapps.Cache(memory="16MB", codec="none")
+        return kwargs
 
     def dataloader_kwargs(self, dataset: Any) -> dict[str, Any]:
         """DataLoader's arguments for this case (samplers made fresh, from torch's RNG)."""
@@ -365,7 +377,7 @@ def payloads(*, draws: bool = False, alternate: bool = True) -> st.SearchStrateg
 def settings(*, contexts: tuple[str | None, ...] = (None,)) -> st.SearchStrategy[Settings]:
     return st.builds(
         Settings,
-        workers=st.integers(0, 3),
+        workers=st.one_of(st.integers(0, 3), st.just("auto")),
         batch_size=st.one_of(st.none(), st.integers(1, 5)),
         drop_last=st.booleans(),
         shuffle=st.booleans(),
@@ -379,6 +391,7 @@ def settings(*, contexts: tuple[str | None, ...] = (None,)) -> st.SearchStrategy
         persistent_workers=st.booleans(),
         context=st.sampled_from(contexts),
         pin_memory=st.booleans(),
+        cache=st.booleans(),
     )
 
 

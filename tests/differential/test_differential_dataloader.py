@@ -63,8 +63,17 @@ def _seed_everything() -> None:
 
 def check_against_dataloader(case: Case) -> None:
     s = reference = case.settings
-    if s.workers and not s.in_order:
+    auto = s.workers == "auto"
+    if (s.workers and not s.in_order) or auto or s.cache:
+        # Per-sample seeds ("auto"), or dataset[i] made once and kept (the cache): the draws
+        # are drapps' own, held by test_differential_inline.py.
         case = dataclasses.replace(case, payload=without_draws(case.payload))
+    if auto:
+        # drapps' default against DataLoader's (no workers): a stream that does not shard
+        # itself is streamed by one worker then, which does not shuffle as the caller would.
+        reference = _in_process(s)
+        if case.iterable:
+            case = dataclasses.replace(case, sharded=False, shuffle_stream=None)
     dataset = case.dataset()
     epochs = 2
     if s.workers and _holds(case.payload, _wrong_in_dataloaders_workers):
@@ -75,7 +84,7 @@ def check_against_dataloader(case: Case) -> None:
     expected = run(lambda: DataLoader(dataset, **reference.dataloader_kwargs(dataset)), epochs)
     with nothing_left():
         _seed_everything()
-        got = run(lambda: drapps.Loader(dataset, **s.dataloader_kwargs(dataset)), epochs)
+        got = run(lambda: drapps.Loader(dataset, **s.drapps_kwargs(dataset)), epochs)
     if (
         got.error is not None
         and expected.error is not None

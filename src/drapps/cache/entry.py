@@ -212,7 +212,9 @@ def _checked(data: bytearray | memoryview) -> tuple[memoryview, int]:
 # A node is a one-key object: {"v": JSON value}, {"y": base64 bytes}, {"g": [dtype, value]}
 # (a NumPy scalar), {"a": slot} (an array leaf), {"h": slot} (a bfloat16 tensor's bits as
 # int16), {"x": [slot, dtype]} (a float8 tensor's bits as uint8), {"p": [node, order]} (a
-# node's array or tensor with its dimensions permuted: a transposed layout), {"l": [...]},
+# node's array or tensor with its dimensions permuted: a transposed layout), {"s": [node,
+# sizes, strides]} (a tensor viewed with those strides into the node's 1-D span of storage: a
+# stepped, expanded or overlapping view), {"l": [...]},
 # {"t": [...]}, {"d": [[key, value], ...]} or {"n": [module, qualname, fields, [...]]} (a
 # named tuple).
 
@@ -249,6 +251,13 @@ def _flatten(value: Any, encode: Any, depth: int) -> Any:
         if dense is not None:  # a transposed layout comes back with its strides
             inner = _flatten(value.permute(dense).contiguous(), encode, depth + 1)
             return {"p": [inner, _inverse(dense)]}
+        if not value.is_contiguous() and value.numel() > 1:
+            # Any other view (stepped, expanded, overlapping) keeps the span of storage it
+            # looks into, from its first element, and comes back with its strides, as
+            # DataLoader's shared memory gives it back.
+            span = _span(list(value.shape), list(value.stride()))
+            inner = _flatten(value.as_strided((span,), (1,)), encode, depth + 1)
+            return {"s": [inner, list(value.shape), list(value.stride())]}
         if value.dtype == torch.bfloat16:  # NumPy has no bfloat16: its bits, as int16
             return {"h": encode(value.contiguous().view(torch.int16).numpy(), True)}
         name = str(value.dtype).removeprefix("torch.")
@@ -308,6 +317,11 @@ def _dense_order(tensor: torch.Tensor) -> list[int] | None:
     return order
 
 
+def _span(sizes: list[int], strides: list[int]) -> int:
+    """Elements of storage a view of ``sizes`` and ``strides`` spans, from its first."""
+    return 1 + sum((n - 1) * step for n, step in zip(sizes, strides, strict=True))
+
+
 def _inverse(order: list[int]) -> list[int]:
     inverse = [0] * len(order)
     for position, dim in enumerate(order):
@@ -343,6 +357,20 @@ def _unflatten(node: Any, arrays: list[Any], depth: int) -> Any:
             return (
                 inner.permute(order) if isinstance(inner, torch.Tensor) else inner.transpose(order)
             )
+        if kind == "s" and isinstance(value, list) and len(value) == 3:
+            inner, sizes, strides = _unflatten(value[0], arrays, depth + 1), value[1], value[2]
+            if not (
+                isinstance(inner, torch.Tensor)
+                and inner.ndim == 1
+                and isinstance(sizes, list)
+                and isinstance(strides, list)
+                and len(sizes) == len(strides)
+                and all(type(n) is int and n > 0 for n in sizes)
+                and all(type(step) is int and step >= 0 for step in strides)
+                and _span(sizes, strides) <= inner.numel()
+            ):
+                raise CorruptEntry("entry header holds a malformed 's' node")
+            return inner.as_strided(sizes, strides)
         if kind == "y" and isinstance(value, str):
             return base64.b64decode(value, validate=True)
         if kind == "g" and isinstance(value, list) and len(value) == 2:
