@@ -78,8 +78,9 @@ def test_a_keras_model_fits_on_a_drapps_loader() -> None:
 
 def test_dict_batches_and_uint8_images_keep_their_dtypes() -> None:
     data = [{"image": torch.full((3, 2, 2), i, dtype=torch.uint8), "label": i} for i in range(6)]
-    ds = as_dataset(drapps.Loader(data, batch_size=3, workers=0))
-    element = next(iter(ds))
+    # TensorFlow keeps the generator (and the loader) past the dataset: close it when done.
+    with drapps.Loader(data, batch_size=3, workers=0) as loader:
+        element = next(iter(as_dataset(loader)))
     assert element["image"].dtype == tf.uint8 and element["label"].dtype == tf.int64
     assert element["image"].numpy()[2, 0, 0, 0] == 2
 

@@ -58,7 +58,9 @@ def as_dataset(loader: Any) -> Any:
     Each pass over the dataset (a Keras epoch) is one ``iter(loader)``, so a loader with a
     seed gives the same epochs as in PyTorch. The element signature comes from the first
     batch (made when this is called); lists in a batch become tuples. The dataset knows its
-    length when the loader does (``len(loader)``), so Keras shows progress.
+    length when the loader does (``len(loader)``), so Keras shows progress. TensorFlow keeps
+    the generator, and so the loader, after the dataset is gone: close the loader when done
+    (``with drapps.Loader(...) as loader:``).
 
     Example:
         >>> import drapps, torch
