@@ -2,8 +2,11 @@
 heuristic, the same scenario each), to mix with real traces in offline fine-tuning:
 
     PYTHONHASHSEED=0 python docs/results/learners/real-held/mix/simtraces.py SIM 2
-    drapps train-policy --offline docs/results/learners/real-held/traces/*.jsonl SIM/*.jsonl \
+    drapps train-policy --offline REAL/traces/*.jsonl SIM/*.jsonl \
         --steps 10000 --out tuned-mix.npz
+
+(REAL: the twelve real traces of ``real-held/``, which ``docs/results/offline/measure.py
+collect`` wrote; the ones used are in the history, see ``docs/results/README.md``.)
 
 (the scenario draws are seeded by the family name's hash, hence PYTHONHASHSEED).
 """
