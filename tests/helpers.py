@@ -22,6 +22,7 @@ import torch
 
 import drapps
 from drapps.control import State
+from drapps.runtime.messages import WorkerFatal
 from drapps.runtime.pool import Polled, Reply, Task, Worker, WorkerPool
 from drapps.runtime.transport import SHM_DIR, pack_inline
 from drapps.runtime.worker import BatchRecipe, answer
@@ -459,7 +460,7 @@ class ThreadPool(WorkerPool):
             try:
                 reply = answer(self._recipe, message, pack_inline)
             except Exception:
-                reply = ("fatal", -1, -1, traceback.format_exc())
+                reply = WorkerFatal(traceback.format_exc())
             self._replies.put((worker, reply))
             os.write(self._notify_w, b"x")
 

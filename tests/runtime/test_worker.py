@@ -17,6 +17,7 @@ from torch.utils.data import default_collate, get_worker_info
 from torch.utils.data._utils import worker as torch_worker
 
 import drapps
+from drapps.runtime.messages import BatchTask, SlabsFreed
 from drapps.runtime.progress import SampleClock
 from drapps.runtime.seeding import set_worker_info
 from drapps.runtime.worker import (
@@ -56,6 +57,7 @@ def test_a_users_collate_fn_sees_the_worker(in_a_worker: None) -> None:
 
 
 def test_a_worker_answers_with_its_batch_collated_in_the_slab(in_a_worker: None) -> None:
+    from drapps.runtime.messages import BatchMade, BatchTask
     from drapps.runtime.transport import SlabArena, SlabWriter, unpack
     from drapps.runtime.worker import answer, pack_batch
 
@@ -70,17 +72,17 @@ def test_a_worker_answers_with_its_batch_collated_in_the_slab(in_a_worker: None)
         return pack_batch(batch, writer, arena)
 
     try:
-        task = (0, 5, 0, 3, [4, 1, 2], 2, None, None)
+        task = BatchTask(0, 5, 0, 3, [4, 1, 2], 2, None, None)
         reply = answer(recipe, task, pack, None, arena)  # type: ignore[arg-type]
-        assert reply[0] == "ok" and seen == [0]
-        images, labels = unpack(reply[3])
+        assert isinstance(reply, BatchMade) and reply.packed is not None and seen == [0]
+        images, labels = unpack(reply.packed)
         assert labels.tolist() == [4, 1, 2] and images[:, 0, 0, 0].tolist() == [4, 1, 2]
         # A user collate_fn keeps its own output, copied into a slab as before.
         mine = BatchRecipe(dataset, None, lambda s: [torch.stack([x for x, _ in s])], "raise")
         seen.clear()
         reply = answer(mine, task, pack, None, arena)  # type: ignore[arg-type]
-        assert reply[0] == "ok" and seen == [None]
-        assert unpack(reply[3])[0][:, 0, 0, 0].tolist() == [4, 1, 2]
+        assert isinstance(reply, BatchMade) and reply.packed is not None and seen == [None]
+        assert unpack(reply.packed)[0][:, 0, 0, 0].tolist() == [4, 1, 2]
     finally:
         writer.close()
 
@@ -163,22 +165,22 @@ def test_the_runqueue_file_of_a_thread_is_closed_when_the_thread_ends() -> None:
     assert open_files() <= before + 2
 
 
-def task(generation: int, batch_id: int) -> tuple[object, ...]:
+def task(generation: int, batch_id: int) -> BatchTask:
     """A task message for ``batch_id`` (indices and the rest do not matter to the inbox)."""
-    return (generation, 0, 0, batch_id, [batch_id], 2, None, None)
+    return BatchTask(generation, 0, 0, batch_id, [batch_id], 2, None, None)
 
 
 def test_the_inbox_takes_the_earliest_batch_first_and_a_stop_last() -> None:
     receive, send = multiprocessing.Pipe(duplex=False)
     released: list[object] = []
     inbox = Inbox(receive, os.getpid(), released.append)
-    for message in (task(1, 5), task(1, 6), ("free", "slab-a"), task(1, 3), None, task(1, 0)):
+    for message in (task(1, 5), task(1, 6), SlabsFreed("slab-a"), task(1, 3), None, task(1, 0)):
         send.send(message)
     # A copy of an overdue part of batch 3 overtakes batches 5 and 6; the stop stays behind
     # them, and what came after the stop stays after it.
-    assert [t[3] for t in inbox.waiting()] == [5, 6, 3, 0]
+    assert [t.batch_id for t in inbox.waiting()] == [5, 6, 3, 0]
     taken = [inbox.next() for _ in range(5)]
-    assert [m if m is None else m[3] for m in taken] == [3, 5, 6, None, 0]
+    assert [m if m is None else m.batch_id for m in taken] == [3, 5, 6, None, 0]
     assert released == ["slab-a"]  # handed over at once, not queued as a task
 
 
@@ -187,7 +189,8 @@ def test_the_inbox_takes_a_newer_generation_before_an_older_one() -> None:
     inbox = Inbox(receive, os.getpid(), lambda notices: None)
     for message in (task(1, 2), task(2, 7)):
         send.send(message)
-    assert [inbox.next()[:4:3] for _ in range(2)] == [(2, 7), (1, 2)]
+    taken = [inbox.next() for _ in range(2)]
+    assert [(t.generation, t.batch_id) for t in taken] == [(2, 7), (1, 2)]
 
 
 class Hinted:

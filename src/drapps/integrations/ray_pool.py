@@ -27,6 +27,7 @@ from typing import Any
 
 from drapps._optional import require
 from drapps.engines.backends import RayBackend
+from drapps.runtime.messages import BatchFailed, BatchMade, BatchTask, SlabsFreed
 from drapps.runtime.pool import Polled, Reply, Task, Worker, WorkerPool
 from drapps.runtime.worker import BatchRecipe
 
@@ -52,17 +53,15 @@ class _BatchMaker:
         self._init_error = run_worker_init(recipe, slot)
         self._where = (os.getpid(), ray.get_runtime_context().get_node_id())
 
-    def make(self, task: tuple[Any, ...]) -> tuple[tuple[int, str], tuple[Any, ...]]:
-        """One task message, answered as a worker process answers it; with where the actor
-        runs."""
+    def make(self, task: BatchTask) -> tuple[tuple[int, str], BatchMade | BatchFailed]:
+        """One task, answered as a worker process answers it; with where the actor runs."""
         from drapps.runtime.seeding import set_worker_info
         from drapps.runtime.transport import pack_buffer
         from drapps.runtime.worker import answer
 
-        workers_now, seed = task[5], task[1]
-        if (workers_now, seed) != (self._workers, self._seed):
-            self._workers, self._seed = workers_now, seed
-            set_worker_info(self._slot, workers_now, seed, self._recipe.dataset)
+        if (task.num_workers, task.seed) != (self._workers, self._seed):
+            self._workers, self._seed = task.num_workers, task.seed
+            set_worker_info(self._slot, task.num_workers, task.seed, self._recipe.dataset)
         return self._where, answer(self._recipe, task, pack_buffer, self._init_error)
 
 
@@ -160,7 +159,7 @@ class RayPool(WorkerPool):
         logger.debug("started Ray actor for worker %d", wid)
         return worker
 
-    def send(self, worker: Worker, message: Any) -> None:
+    def send(self, worker: Worker, message: BatchTask | SlabsFreed | None) -> None:
         own = _own(worker)
         try:
             call = own.actor.make.remote(message).future()

@@ -24,6 +24,14 @@ from typing import Any
 from drapps.runtime.cost import SampleCosts
 from drapps.runtime.errors import WorkerTimeoutError, sample_path
 from drapps.runtime.fill import Filled, ReadyFill
+from drapps.runtime.messages import (
+    BatchFailed,
+    BatchMade,
+    BatchTask,
+    SlabsFreed,
+    WorkerFatal,
+    WorkerReply,
+)
 from drapps.runtime.parts import PartialBatch, largest_tensor, on_free
 from drapps.runtime.plan import EpochPlan
 from drapps.runtime.pool import Reply, Task, Worker, WorkerPool
@@ -484,11 +492,7 @@ class Dispatcher:
             self.counters["hedges"] += 1
             self.counters["hedges_ahead"] += not waiting
             self.counters["hedges_stalled"] += not overdue
-            message = (
-                copy.generation, self._plan.seed, copy.epoch, batch_id, copy.indices,
-                self._target, copy.split, part,
-            )  # fmt: skip
-            self.pool.send(spare, message)
+            self.pool.send(spare, self._task_message(copy, part))
 
     def _stalled(self, worker: Worker, now: float) -> bool:
         """Whether the one sample ``worker`` is making has run ``_HEDGE_FACTOR`` times its
@@ -603,7 +607,7 @@ class Dispatcher:
         for worker in self.pool.workers:
             released = notices.get(worker.wid)
             if released and not worker.broken:
-                self.pool.send(worker, ("free", released))
+                self.pool.send(worker, SlabsFreed(released))
 
     def _on_release(self, nbytes: int) -> None:
         with self._bytes_lock:
@@ -661,11 +665,16 @@ class Dispatcher:
             task = Task(self._generation_now, plan.epoch, batch_id, indices, now, split, work)
             worker.assigned.append(task)
             self._in_flight[batch_id, work.part] = worker
-            message = (
-                task.generation, plan.seed, task.epoch, batch_id, indices, self._target,
-                task.split, work.part,
-            )  # fmt: skip
-            self.pool.send(worker, message)  # a failed send shows as the worker's exit
+            # A failed send shows as the worker's exit.
+            self.pool.send(worker, self._task_message(task, work.part))
+
+    def _task_message(self, task: Task, part: int | None) -> BatchTask:
+        """What a worker is sent to make ``task`` (part ``part`` of its batch, or all)."""
+        assert self._plan is not None
+        return BatchTask(
+            task.generation, self._plan.seed, task.epoch, task.batch_id, task.indices,
+            self._target, task.split, part,
+        )  # fmt: skip
 
     def _wait_and_receive(self) -> None:
         timeout = self._wait_timeout()
@@ -713,12 +722,12 @@ class Dispatcher:
         for worker, reply in replies:
             self._on_reply(worker, reply)
 
-    def _on_reply(self, worker: Worker, reply: tuple[Any, ...]) -> None:
-        kind, generation, batch_id = reply[:3]
-        if kind == "fatal":  # the worker's last words before it dies
-            worker.last_error = str(reply[3]).strip().splitlines()[-1]
+    def _on_reply(self, worker: Worker, reply: WorkerReply) -> None:
+        if isinstance(reply, WorkerFatal):  # the worker's last words before it dies
+            worker.last_error = reply.traceback.strip().splitlines()[-1]
             return
-        part = reply[7] if kind == "ok" else reply[4]
+        generation, batch_id, part = reply.generation, reply.batch_id, reply.part
+        made = reply if isinstance(reply, BatchMade) else None
         now = time.monotonic()
         task = next(
             (
@@ -729,8 +738,8 @@ class Dispatcher:
             None,
         )
         if task is not None:
-            if kind == "ok" and worker.assigned[0] is task:
-                self._note_stretch(now - max(task.assigned_at, worker.last_progress), reply[6])
+            if made is not None and worker.assigned[0] is task:
+                self._note_stretch(now - max(task.assigned_at, worker.last_progress), made.costs)
             worker.assigned.remove(task)
         worker.last_progress = now
         current = generation == self._generation_now
@@ -741,8 +750,8 @@ class Dispatcher:
         # the training process pays for every sample observed.
         watch = self.schedule.cutting or self._replies % _WATCH_EVERY == 0
         slow = False
-        if watch and kind == "ok" and task is not None:
-            slow = self.costs.observe(task.indices, reply[6])
+        if watch and made is not None and task is not None:
+            slow = self.costs.observe(task.indices, made.costs)
         if part is not None:
             partial = self._partial.get(batch_id)
             if slow and partial is not None:
@@ -753,10 +762,11 @@ class Dispatcher:
             self.latencies.append((now, now - task.assigned_at))
         self._slow_batches += slow
         split = task.split if task is not None else self._split
-        if kind == "err":
-            entry = Entry(error=reply[3])
+        if made is None:
+            assert isinstance(reply, BatchFailed)
+            entry = Entry(error=reply.error)
         else:
-            packed: Packed | None = reply[3]
+            packed = made.packed
             if not current or self.buffer.done(batch_id):
                 self._discard(worker, packed)
                 return
@@ -771,36 +781,37 @@ class Dispatcher:
                     batch = self._finish(batch)
                 self.counters["transport_s"] += time.monotonic() - now
                 self._batch_bytes = max(self._batch_bytes, nbytes)
-            entry = Entry(batch=batch, nbytes=nbytes, skipped=reply[4], split=split)
-            self._count_stages(reply[5])
+            entry = Entry(batch=batch, nbytes=nbytes, skipped=made.skipped, split=split)
+            self._count_stages(made.seconds)
         if current:
             self._deliver(generation, batch_id, entry)
 
     def _on_part(
-        self, worker: Worker, reply: tuple[Any, ...], current: bool, task: Task | None
+        self, worker: Worker, reply: BatchMade | BatchFailed, current: bool, task: Task | None
     ) -> None:
         """One part of a batch made in parts; the batch goes to the buffer with its last."""
-        kind, generation, batch_id = reply[:3]
-        part = reply[7] if kind == "ok" else reply[4]
+        generation, batch_id, part = reply.generation, reply.batch_id, reply.part
+        assert part is not None
         partial = self._partial.get(batch_id) if current else None
         done = self.buffer.done(batch_id) if self.fill is None else False
         if partial is None or partial.has(part) or done:
-            if kind == "ok":
-                self._discard(worker, reply[3])
+            if isinstance(reply, BatchMade):
+                self._discard(worker, reply.packed)
             return  # a stale epoch's part, or a duplicate of a retried one
         now = time.monotonic()
         if self.fill is not None:
             self._to_fill(worker, reply, partial, part, task)
             return
-        if kind == "err":
-            partial.fail(part, reply[3])
+        if isinstance(reply, BatchFailed):
+            partial.fail(part, reply.error)
         else:
             received = self._part_samples(worker, reply, task)
             if received is None:
                 return
-            partial.add(part, received[0], reply[8], reply[4], received[1])
+            assert reply.kept is not None  # a part says which of its samples it holds
+            partial.add(part, received[0], reply.kept, reply.skipped, received[1])
             self.counters["transport_s"] += time.monotonic() - now
-            self._count_stages(reply[5])
+            self._count_stages(reply.seconds)
         if partial.complete:
             self._assemble(generation, batch_id, partial)
 
@@ -811,33 +822,34 @@ class Dispatcher:
         return self.buffer.done(work.batch_id)
 
     def _to_fill(
-        self, worker: Worker, reply: tuple[Any, ...], partial: PartialBatch, part: int,
+        self, worker: Worker, reply: BatchMade | BatchFailed, partial: PartialBatch, part: int,
         task: Task | None,
     ) -> None:  # fmt: skip
         """A part's samples join the pool that batches are filled from."""
         assert self.fill is not None
-        batch_id, places = reply[2], partial.positions[part]
-        if reply[0] == "err":
-            self.fill.fail(batch_id, part, places, reply[3])
+        batch_id, places = reply.batch_id, partial.positions[part]
+        if isinstance(reply, BatchFailed):
+            self.fill.fail(batch_id, part, places, reply.error)
         else:
             received = self._part_samples(worker, reply, task)
             if received is None:
                 return
-            self._count_stages(reply[5])
-            self.fill.add(batch_id, part, places, received[0], reply[8], reply[4])
+            self._count_stages(reply.seconds)
+            assert reply.kept is not None  # a part says which of its samples it holds
+            self.fill.add(batch_id, part, places, received[0], reply.kept, reply.skipped)
         self._part_in(batch_id, partial, part)
 
     def _part_samples(
-        self, worker: Worker, reply: tuple[Any, ...], task: Task | None
+        self, worker: Worker, reply: BatchMade, task: Task | None
     ) -> tuple[list[Any], int] | None:
         """A part's samples and their bytes; None when its slab cannot be mapped (the part is
         made again)."""
-        if reply[3] is None:
+        if reply.packed is None:
             return [], 0
         try:
-            samples, nbytes = self._receive(worker, reply[3])
+            samples, nbytes = self._receive(worker, reply.packed)
         except (OSError, ValueError) as exc:
-            self._unreadable(reply[2], task.work if task is not None else None, exc)
+            self._unreadable(reply.batch_id, task.work if task is not None else None, exc)
             return None
         return samples, nbytes
 

@@ -23,10 +23,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from drapps.runtime.messages import BatchTask, SlabsFreed, WorkerReply
 from drapps.runtime.progress import SampleClock
 from drapps.runtime.schedule import Work
 
-Reply = tuple["Worker", tuple[Any, ...]]
+Reply = tuple["Worker", WorkerReply]
 """A worker and one reply it sent (see :func:`drapps.runtime.worker.run_worker`)."""
 
 
@@ -97,9 +98,9 @@ class Polled:
 class WorkerPool(ABC):
     """A set of workers that make batches from task messages.
 
-    A task message is ``(generation, seed, epoch, batch_id, indices, num_workers, split,
-    part)``; a worker answers each with a reply tuple as :func:`drapps.runtime.worker.answer`
-    makes it, in the order it received them, and ``None`` asks it to stop after what it holds.
+    A worker is sent :class:`~drapps.runtime.messages.BatchTask` messages and answers each
+    as :func:`drapps.runtime.worker.answer` does, in the order it received them; ``None``
+    asks it to stop after what it holds.
     """
 
     def __init__(self) -> None:
@@ -119,7 +120,7 @@ class WorkerPool(ABC):
         """
 
     @abstractmethod
-    def send(self, worker: Worker, message: Any) -> None:
+    def send(self, worker: Worker, message: BatchTask | SlabsFreed | None) -> None:
         """Send a task message; on failure mark ``worker.broken`` and make sure it exits."""
 
     @abstractmethod

@@ -23,6 +23,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from drapps.runtime.errors import fd_limit_error
+from drapps.runtime.messages import BatchTask, SlabsFreed
 from drapps.runtime.pool import (
     Polled,
     Reply,
@@ -150,7 +151,7 @@ class ProcessPool(WorkerPool):
         logger.debug("started worker %d (pid %s)", wid, process.pid)
         return worker
 
-    def send(self, worker: Worker, message: Any) -> None:
+    def send(self, worker: Worker, message: BatchTask | SlabsFreed | None) -> None:
         try:
             _own(worker).tasks.send(message)
         except OSError:

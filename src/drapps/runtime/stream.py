@@ -28,6 +28,15 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from drapps.runtime.errors import SampleError, sample_error, warn_once
+from drapps.runtime.messages import (
+    StreamBatch,
+    StreamEnded,
+    StreamFailed,
+    StreamNext,
+    StreamReply,
+    StreamStart,
+    StreamStarted,
+)
 from drapps.runtime.process_pool import release_process, start_worker_process
 from drapps.runtime.seeding import (
     rng_state,
@@ -37,7 +46,7 @@ from drapps.runtime.seeding import (
     worker_info_read,
 )
 from drapps.runtime.stats import PipelineSnapshot
-from drapps.runtime.transport import Packed, discard, receive_message, send_message, unpack
+from drapps.runtime.transport import discard, receive_message, send_message, unpack
 from drapps.runtime.worker import (
     PARENT_GONE,
     BatchRecipe,
@@ -146,16 +155,12 @@ def run_stream_worker(
     results: Connection,
     parent_pid: int,
 ) -> None:
-    """A stream worker: ``("start", generation, seed, num_workers, solo_unless_sharded, rngs,
-    report)`` begins a new pass over the dataset (``solo_unless_sharded``: a worker past the
-    first ends its stream at the first item unless the dataset has read
-    ``get_worker_info()`` by then). Its global RNGs are seeded at its first pass only, as
-    DataLoader seeds a worker once: a persistent worker's later passes draw on, so each epoch
-    streams another order. ``rngs``: the states to start the pass from instead (a resumed
-    checkpoint's); ``report``: reply ``("started", generation, states)`` with the states the
-    pass starts from. Each ``("next", generation)`` is answered with ``("ok", generation,
-    packed, skipped)``, ``("end", generation)`` (``("end", generation, "unsharded")`` for such
-    a stop) or ``("err", generation, SampleError)``; ``None`` stops.
+    """A stream worker: :class:`StreamStart` begins a new pass over the dataset. Its global
+    RNGs are seeded at its first pass only, as DataLoader seeds a worker once: a persistent
+    worker's later passes draw on, so each epoch streams another order (unless the start
+    gives the states to start from: a resumed checkpoint's). Each :class:`StreamNext` is
+    answered with :class:`StreamBatch`, :class:`StreamEnded` or :class:`StreamFailed`;
+    ``None`` stops.
     """
     enter_worker_process()
     batcher: StreamBatcher | None = None
@@ -167,21 +172,21 @@ def run_stream_worker(
         while (task := next_task(tasks, parent)) is not PARENT_GONE:
             if task is None:
                 return  # asked to stop
-            if task[0] == "start":
-                _, generation, seed, num_workers, solo_unless_sharded, rngs, report = task
-                watch = solo_unless_sharded and slot > 0
+            if isinstance(task, StreamStart):
+                generation = task.generation
+                watch = task.solo_unless_sharded and slot > 0
                 if not seeded:
-                    seed_worker(seed, slot)
+                    seed_worker(task.seed, slot)
                     seeded = True
-                set_worker_info(slot, num_workers, seed, recipe.dataset, watched=watch)
+                set_worker_info(slot, task.num_workers, task.seed, recipe.dataset, watched=watch)
                 batcher, failed = None, None
                 if not initialised:  # a failed worker_init_fn is tried again next epoch
                     failed = run_worker_init(recipe, slot)
                     initialised = failed is None
-                if rngs is not None:
-                    set_rng_state(rngs)
-                if report:
-                    send_message(results, ("started", generation, rng_state()))
+                if task.rngs is not None:
+                    set_rng_state(task.rngs)
+                if task.report:
+                    send_message(results, StreamStarted(generation, rng_state()))
                 if failed is None:
                     try:
                         batcher = StreamBatcher(recipe, batch_size, drop_last, unless_sharded=watch)
@@ -194,25 +199,24 @@ def run_stream_worker(
                             detail="".join(traceback.format_exception(exc)),
                         )
                 continue
-            if task[1] != generation:
+            if task.generation != generation:
                 continue  # a request for a pass that has been replaced
-            reply: tuple[Any, ...]
+            reply: StreamReply
             if failed is not None or batcher is None:
-                reply = ("err", generation, failed)
+                reply = StreamFailed(generation, failed)
             else:
                 try:
                     packed = pack_batch(batcher.next_batch())
-                    reply = ("ok", generation, packed, batcher.skipped)
+                    reply = StreamBatch(generation, packed, batcher.skipped)
                     batcher.skipped = []
                 except StopIteration:
-                    reply = ("end", generation)
+                    reply = StreamEnded(generation)
                 except Unsharded:
-                    reply = ("end", generation, "unsharded")
+                    reply = StreamEnded(generation, unsharded=True)
                 except SampleError as exc:
-                    reply = ("err", generation, exc)
+                    reply = StreamFailed(generation, exc)
                 except Exception as exc:  # the batch cannot be pickled for the transport
-                    reply = (
-                        "err",
+                    reply = StreamFailed(
                         generation,
                         sample_error(
                             f"worker {slot} could not send its batch: {type(exc).__name__}: {exc}",
@@ -318,11 +322,11 @@ class StreamPool:
         for worker in self.workers:
             worker.requested, worker.active = 0, True
             state = rngs[worker.slot] if rngs is not None else None
-            start = ("start", generation, seed, workers, solo_unless_sharded, state, keep_rngs)
+            start = StreamStart(generation, seed, workers, solo_unless_sharded, state, keep_rngs)
             worker.tasks.send(start)
         self.rngs = None
         if keep_rngs:
-            self.rngs = [self._receive(worker, generation)[2] for worker in self.workers]
+            self.rngs = [self._started(worker, generation) for worker in self.workers]
         return generation
 
     def batches(self, generation: int) -> Iterator[tuple[Any, list[tuple[int, str]]]]:
@@ -337,9 +341,9 @@ class StreamPool:
             self._top_up(worker, generation)
             reply = self._receive(worker, generation)
             worker.requested -= 1
-            if reply[0] == "end":
+            if isinstance(reply, StreamEnded):
                 worker.active = False
-                if reply[2:] == ("unsharded",):
+                if reply.unsharded:
                     name = type(self.recipe.dataset).__name__
                     warn_once(
                         f"unsharded:{name}",
@@ -349,22 +353,29 @@ class StreamPool:
                         "more, or set num_workers to choose the count",
                     )
                 continue
-            if reply[0] == "err":
-                raise reply[2]
+            if isinstance(reply, StreamFailed):
+                assert reply.error is not None
+                raise reply.error
+            assert isinstance(reply, StreamBatch)
             self._top_up(worker, generation)
-            packed: Packed = reply[2]
-            batch = unpack(packed)
-            self.shared_bytes += packed.nbytes
+            batch = unpack(reply.packed)
+            self.shared_bytes += reply.packed.nbytes
             if self._finish is not None:
                 batch = self._finish(batch)
-            yield batch, reply[3]
+            yield batch, reply.skipped
 
     def _top_up(self, worker: _StreamWorker, generation: int) -> None:
         while worker.requested < self._per_worker:
-            worker.tasks.send(("next", generation))
+            worker.tasks.send(StreamNext(generation))
             worker.requested += 1
 
-    def _receive(self, worker: _StreamWorker, generation: int) -> tuple[Any, ...]:
+    def _started(self, worker: _StreamWorker, generation: int) -> Any:
+        """The RNG states ``worker``'s pass ``generation`` starts from (it was asked to say)."""
+        reply = self._receive(worker, generation)
+        assert isinstance(reply, StreamStarted), reply
+        return reply.rngs
+
+    def _receive(self, worker: _StreamWorker, generation: int) -> StreamReply:
         start = time.perf_counter()
         try:
             while True:
@@ -376,14 +387,14 @@ class StreamPool:
                     )
                 if worker.results in ready or worker.results.poll():
                     try:
-                        reply: tuple[Any, ...] = receive_message(worker.results)
+                        reply: StreamReply | None = receive_message(worker.results)
                     except (EOFError, OSError):
-                        reply = ("dead",)
-                    if reply[0] != "dead":
-                        if reply[1] == generation:
+                        reply = None  # its end of the pipe is gone: so is the worker
+                    if reply is not None:
+                        if reply.generation == generation:
                             return reply
-                        if reply[0] == "ok":
-                            discard(reply[2])  # an earlier pass's batch
+                        if isinstance(reply, StreamBatch):
+                            discard(reply.packed)  # an earlier pass's batch
                         continue
                 worker.process.join(timeout=1.0)
                 raise RuntimeError(

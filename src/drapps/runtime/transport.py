@@ -523,7 +523,8 @@ def uniform_cpu_tensors(batch: Any) -> bool:
 
 
 def send_message(conn: Connection, message: Any, writer: SlabWriter | None = None) -> None:
-    """Send ``message`` (a tuple) on a socket connection, followed by the descriptor of the
+    """Send ``message`` (a tuple, named or not) on a socket connection, followed by the
+    descriptor of the
     slab of any :class:`Packed` in it; that descriptor is then closed here, or kept by
     ``writer`` for reuse."""
     packed = _packed_with_fd(message)
@@ -532,7 +533,7 @@ def send_message(conn: Connection, message: Any, writer: SlabWriter | None = Non
         return
     assert packed.fd is not None and packed.slab is not None
     try:
-        conn.send(tuple(replace(p, fd=None) if p is packed else p for p in message))
+        conn.send(_with_packed(message, packed, replace(packed, fd=None)))
         sock = socket.socket(fileno=conn.fileno())
         try:
             socket.send_fds(sock, [b"s"], [packed.fd])
@@ -558,10 +559,8 @@ def receive_message(conn: Connection) -> Any:
     message = conn.recv()
     if not isinstance(message, tuple):
         return message
-    position = next(
-        (i for i, p in enumerate(message) if isinstance(p, Packed) and p.slab is not None), None
-    )
-    if position is None:
+    packed = next((p for p in message if isinstance(p, Packed) and p.slab is not None), None)
+    if packed is None:
         return message
     sock = socket.socket(fileno=conn.fileno())
     try:
@@ -574,8 +573,14 @@ def receive_message(conn: Connection) -> Any:
         if data and flags & socket.MSG_CTRUNC:  # the kernel had no descriptor left to give us
             raise fd_limit_error()
         raise EOFError("the sender's socket closed before the batch's slab came")
-    packed = replace(message[position], fd=fds[0])
-    return (*message[:position], packed, *message[position + 1 :])
+    return _with_packed(message, packed, replace(packed, fd=fds[0]))
+
+
+def _with_packed(message: tuple[Any, ...], old: Packed, new: Packed) -> tuple[Any, ...]:
+    """``message`` of the same type (a named tuple stays one) with ``new`` in ``old``'s place."""
+    items = [new if item is old else item for item in message]
+    make = getattr(type(message), "_make", None)
+    return make(items) if make is not None else tuple(items)
 
 
 def _packed_with_fd(message: Any) -> Packed | None:

@@ -23,6 +23,7 @@ from torch.utils.data._utils.collate import collate as collate_with
 from torch.utils.data._utils.collate import collate_tensor_fn, default_collate_fn_map
 
 from drapps.runtime.errors import SampleError, describe_failure, sample_error, sample_path
+from drapps.runtime.messages import BatchFailed, BatchMade, BatchTask, SlabsFreed, WorkerFatal
 from drapps.runtime.progress import SampleClock, current_clock, use_clock
 from drapps.runtime.sampling import key_of
 from drapps.runtime.seeding import (
@@ -411,8 +412,8 @@ def run_worker(
     base_seed: int = 0,
     clock: SampleClock | None = None,
 ) -> None:
-    """The worker process: take task messages (see :func:`answer`) until ``None``;
-    ``("free", notices)`` says which of its slabs the training process has released
+    """The worker process: take :class:`BatchTask` messages (see :func:`answer`) until
+    ``None``; :class:`SlabsFreed` says which of its slabs the training process has released
     (:class:`SlabWriter`).
 
     ``slot`` is the worker's id as ``torch.utils.data.get_worker_info()`` reports it (0 to
@@ -434,13 +435,12 @@ def run_worker(
         while (task := inbox.next()) is not PARENT_GONE:
             if task is None:
                 return  # asked to stop
-            workers_now, seed = task[5], task[1]
             if read_ahead is not None:
                 hint_reads(read_ahead, [task, *inbox.waiting()])
             if clock is not None:
-                clock.begin_task(task[3], task[7])
-            if (workers_now, seed) != (num_workers, base_seed):
-                num_workers, base_seed = workers_now, seed
+                clock.begin_task(task.batch_id, task.part)
+            if (task.num_workers, task.seed) != (num_workers, base_seed):
+                num_workers, base_seed = task.num_workers, task.seed
                 set_worker_info(slot, num_workers, base_seed, recipe.dataset)
             reply = answer(
                 recipe, task, lambda batch: pack_batch(batch, writer, arena), init_error, arena
@@ -453,7 +453,7 @@ def run_worker(
     except BaseException:
         # Tell the dispatcher why we die (it names this in the error it raises), then die.
         with contextlib.suppress(Exception):
-            results.send(("fatal", -1, -1, traceback.format_exc()))
+            results.send(WorkerFatal(traceback.format_exc()))
         raise
     finally:
         writer.close()  # slabs have no names: what the training process maps stays with it
@@ -461,41 +461,39 @@ def run_worker(
 
 def answer(
     recipe: BatchRecipe,
-    task: tuple[Any, ...],
+    task: BatchTask,
     pack: Callable[[Any], Packed],
     init_error: SampleError | None = None,
     arena: SlabArena | None = None,
-) -> tuple[Any, ...]:
-    """The reply to one task message, whoever runs it (a worker process, a Ray actor, a thread).
+) -> BatchMade | BatchFailed:
+    """The reply to one task, whoever runs it (a worker process, a Ray actor, a thread).
 
-    A task is ``(generation, seed, epoch, batch_id, indices, num_workers, split, part)``;
-    ``part`` None asks for the whole batch collated, an int for those samples uncollated (one
-    part of a batch cut among workers). Replies are
-    ``("ok", generation, batch_id, packed, skipped, seconds, costs, part, kept)`` and
-    ``("err", generation, batch_id, SampleError, part)``. ``arena``: the slab a whole batch is
-    collated into, which ``pack`` sends (:class:`~drapps.runtime.transport.SlabArena`).
+    ``task.part`` None asks for the whole batch collated, an int for those samples uncollated
+    (one part of a batch cut among workers). ``arena``: the slab a whole batch is collated
+    into, which ``pack`` sends (:class:`~drapps.runtime.transport.SlabArena`).
     """
-    generation, seed, epoch, batch_id, indices, _, split, part = task
+    generation, batch_id, indices, part = task.generation, task.batch_id, task.indices, task.part
     if init_error is not None:
-        return ("err", generation, batch_id, init_error, part)
+        return BatchFailed(generation, batch_id, init_error, part)
     try:
         try:
             made = make_batch(
-                recipe, seed, epoch, indices, split, collate=part is None,
+                recipe, task.seed, task.epoch, indices, task.split, collate=part is None,
                 arena=arena if part is None else None,
             )  # fmt: skip
         except SampleError as exc:
-            return ("err", generation, batch_id, exc, part)
+            return BatchFailed(generation, batch_id, exc, part)
         try:
             packed = None if made.batch is None else pack(made.batch)
         except Exception as exc:  # the batch cannot cross: unpicklable, slab unwritable
-            return ("err", generation, batch_id, transport_error(batch_id, indices, exc), part)
+            error = transport_error(batch_id, indices, exc)
+            return BatchFailed(generation, batch_id, error, part)
     finally:
         if arena is not None:
             arena.reset()  # a batch that failed or was not sent gives its slab back
-    return (
-        "ok", generation, batch_id, packed, made.skipped, made.seconds, made.costs, part, made.kept
-    )  # fmt: skip
+    return BatchMade(
+        generation, batch_id, packed, made.skipped, made.seconds, made.costs, part, made.kept
+    )
 
 
 def transport_error(batch_id: int, indices: list[Any], exc: Exception) -> SampleError:
@@ -573,7 +571,7 @@ class Inbox:
     earliest batch (of the newest generation) goes first, then the order sent: a copy of an
     overdue part of the batch the loop waits for overtakes the later batches queued before
     it. The tasks behind the current one are visible (to read ahead for); slab releases
-    (``("free", notices)``) go to ``released`` as they arrive; a stop (``None``) stays behind
+    (:class:`SlabsFreed`) go to ``released`` as they arrive; a stop (``None``) stays behind
     every task sent before it."""
 
     def __init__(self, tasks: Connection, parent: Parent, released: Callable[[Any], None]) -> None:
@@ -600,17 +598,17 @@ class Inbox:
 
     def _take_first(self) -> Any:
         queued = self._queued
-        end = next((i for i, m in enumerate(queued) if not isinstance(m, tuple)), len(queued))
+        end = next((i for i, m in enumerate(queued) if not isinstance(m, BatchTask)), len(queued))
         if end == 0:
             return queued.popleft()  # None (stop) or PARENT_GONE
-        first = min(range(end), key=lambda i: urgency(queued[i][0], queued[i][3]))
+        first = min(range(end), key=lambda i: urgency(queued[i].generation, queued[i].batch_id))
         task = queued[first]
         del queued[first]
         return task
 
     def _free(self, message: Any) -> bool:
-        if isinstance(message, tuple) and message[0] == "free":
-            self.released(message[1])
+        if isinstance(message, SlabsFreed):
+            self.released(message.notices)
             return True
         return False
 
@@ -629,14 +627,14 @@ def read_ahead_of(recipe: BatchRecipe) -> Callable[[Sequence[Any]], None] | None
     return method if callable(method) and recipe.cache is None else None
 
 
-def hint_reads(read_ahead: Callable[[Sequence[Any]], None], tasks: list[Any]) -> None:
+def hint_reads(read_ahead: Callable[[Sequence[Any]], None], tasks: list[BatchTask]) -> None:
     """Tell the dataset which indices come next, the current task's first. A hint that fails
     is dropped: the sample itself then fails in ``__getitem__``, named as usual."""
     for task in tasks:
         try:
-            read_ahead(list(task[4]))
+            read_ahead(list(task.indices))
         except Exception as exc:
-            logger.debug("read_ahead(%r) failed: %r", task[4], exc)
+            logger.debug("read_ahead(%r) failed: %r", task.indices, exc)
 
 
 def _exit_on_sigterm(signum: int, frame: Any) -> None:

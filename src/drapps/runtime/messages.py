@@ -1,0 +1,127 @@
+"""The messages between the training process and its workers, one named type each.
+
+A worker of the pool (a process, a Ray actor) takes :class:`BatchTask` and :class:`SlabsFreed`
+and answers each task with :class:`BatchMade` or :class:`BatchFailed`; a worker about to die
+sends :class:`WorkerFatal`. A stream worker takes :class:`StreamStart` and :class:`StreamNext`
+and answers with :class:`StreamStarted`, :class:`StreamBatch`, :class:`StreamFailed` or
+:class:`StreamEnded`. ``None`` asks a worker to stop after what it holds.
+
+They are named tuples: as cheap to pickle and compare as the plain tuples they replace, and
+read by field name everywhere.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from drapps.runtime.errors import SampleError
+from drapps.runtime.transport import Packed
+
+
+class BatchTask(NamedTuple):
+    """Make the samples ``indices`` of batch ``batch_id`` of ``epoch``: collated whole
+    (``part`` None), or uncollated as part ``part`` of a batch cut among workers."""
+
+    generation: int
+    """The dispatcher's epoch generation the task belongs to (replies of an older one are
+    stale)."""
+    seed: int
+    """The epoch's base seed, which per-sample seeds and ``get_worker_info().seed`` come from."""
+    epoch: int
+    batch_id: int
+    indices: list[Any]
+    num_workers: int
+    """The pool's size now, for ``get_worker_info().num_workers``."""
+    split: Any
+    """Where a Pipeline transform stops in the worker (None: it runs whole)."""
+    part: int | None
+
+
+class BatchMade(NamedTuple):
+    """A task's batch (or part), made."""
+
+    generation: int
+    batch_id: int
+    packed: Packed | None
+    """The batch's bytes (None: every sample was skipped)."""
+    skipped: list[tuple[Any, str]]
+    """Samples skipped under ``on_error="skip"``: (index, why)."""
+    seconds: tuple[float, float, float]
+    """Seconds spent in ``__getitem__``, the transform and ``collate_fn``."""
+    costs: list[float]
+    """Each sample's cost in seconds, in the task's order."""
+    part: int | None
+    kept: list[int] | None
+    """A part's positions (in the task's indices) of the samples it holds (None for a whole
+    batch)."""
+
+
+class BatchFailed(NamedTuple):
+    """A task's batch (or part) failed, with the error to raise in its place."""
+
+    generation: int
+    batch_id: int
+    error: SampleError
+    part: int | None
+
+
+class WorkerFatal(NamedTuple):
+    """A worker's last words: the traceback of what kills it."""
+
+    traceback: str
+
+
+class SlabsFreed(NamedTuple):
+    """The training process has released these slabs of the worker (they may be written
+    over)."""
+
+    notices: Any
+
+
+class StreamStart(NamedTuple):
+    """Begin pass ``generation`` over an iterable dataset."""
+
+    generation: int
+    seed: int
+    num_workers: int
+    solo_unless_sharded: bool
+    """A worker past the first ends its stream at the first item unless the dataset has read
+    ``get_worker_info()`` by then."""
+    rngs: Any
+    """The global RNG states to start the pass from (a resumed checkpoint's), or None."""
+    report: bool
+    """Answer :class:`StreamStarted` with the states the pass starts from."""
+
+
+class StreamNext(NamedTuple):
+    """Send the next batch of pass ``generation``."""
+
+    generation: int
+
+
+class StreamStarted(NamedTuple):
+    generation: int
+    rngs: Any
+
+
+class StreamBatch(NamedTuple):
+    generation: int
+    packed: Packed
+    skipped: list[tuple[Any, str]]
+
+
+class StreamFailed(NamedTuple):
+    generation: int
+    error: SampleError | None
+
+
+class StreamEnded(NamedTuple):
+    generation: int
+    unsharded: bool = False
+    """The stream ended at its first item because the dataset does not shard itself."""
+
+
+WorkerReply = BatchMade | BatchFailed | WorkerFatal
+"""What a pool worker sends back."""
+StreamReply = StreamStarted | StreamBatch | StreamFailed | StreamEnded
+"""What a stream worker sends back."""
