@@ -70,14 +70,14 @@ def test_each_pick_is_the_least_slack_of_every_work_not_sent() -> None:
     costs = {i: float(rng.pareto(1.5) * 0.002) for i in range(64)}
     schedule = Schedule(measured(costs, n=64), mode="samples")
     schedule.reset(plan(batches=8, batch_size=8), 0)
-    seen = [schedule._cut(b, 3) for b in range(8)]  # every batch looked at, none sent
+    seen = [schedule._parts_for(b, 3) for b in range(8)]  # every batch looked at, none sent
     interval = schedule.costs.mean * schedule.batch_len / 3
     while (work := schedule.peek(0, 3, depth=8, may_open=lambda b: True)) is not None:
-        waiting = [w for cut in seen for w in cut.works if w.part not in cut.sent]
+        waiting = [w for parts in seen for w in parts.works if w.part not in parts.sent]
         best = min(waiting, key=lambda w: schedule._score(w, 0, interval))
         assert work == best
         schedule.take(work)
-    assert all(len(cut.sent) == len(cut.works) for cut in seen)
+    assert all(len(parts.sent) == len(parts.works) for parts in seen)
 
 
 def test_the_lookahead_bounds_how_far_ahead_work_starts() -> None:

@@ -38,7 +38,8 @@ STARVED_SHARE, FED_SHARE = 0.5, 0.25
 """Shares of wall time the training loop waits from which batches are cut into one part per
 worker (the loader is the bottleneck: the training process receives and stitches every part on
 cores the workers need, so fewer parts make more samples), and back to :data:`PARTS_PER_WORKER`
-(the loader keeps up: smaller parts keep next()'s tail short). Between them the cut stays."""
+(the loader keeps up: smaller parts keep next()'s tail short). Between them the parts per worker
+stay."""
 _SLACK_WINDOW_S = 1.0  # seconds of the loop's wait the share is read over
 _TAIL_EVERY = 64  # samples observed between two readings of the tail
 
@@ -59,9 +60,13 @@ class Work:
 
 
 @dataclass
-class _Cut:
+class _BatchParts:
+    """The works one batch was cut into for several workers (one whole-batch work where it is not
+    cut), and which of them were sent."""
+
     works: list[Work]
     sent: set[int | None] = field(default_factory=set)
+    """The part numbers handed out (None: the whole batch)."""
     pending: list[Work] = field(init=False)
     """The works not sent yet, the one to start first in front: every work of a batch is due
     at once, so the costliest (the least slack) goes first, ties by part number."""
@@ -108,7 +113,7 @@ class Schedule:
         self._plan: EpochPlan | None = None
         self._frontier = 0  # the lowest batch not opened yet
         self._opened: set[int] = set()  # opened batches at or past the frontier
-        self._cuts: dict[int, _Cut] = {}  # opened or looked-at batches' works
+        self._parts: dict[int, _BatchParts] = {}  # opened or looked-at batches' works
         self._retry: list[tuple[int, int, Work]] = []
         self._tail_at = -_TAIL_EVERY
         self._heavy = False
@@ -122,7 +127,7 @@ class Schedule:
     def reset(self, plan: EpochPlan, start: int) -> None:
         self._plan, self._frontier = plan, start
         self._opened.clear()
-        self._cuts.clear()
+        self._parts.clear()
         self._retry.clear()
 
     def set_lookahead(self, lookahead: int | None) -> None:
@@ -195,11 +200,11 @@ class Schedule:
         interval = self.costs.mean * self._batch_len / max(1, workers)
         best: tuple[float, int, int, Work] | None = None
         # Each batch's first pending work is its least slack: one score per batch.
-        for batch_id, cut in self._cuts.items():
+        for batch_id, parts in self._parts.items():
             if batch_id not in self._opened and batch_id >= self._frontier:
                 continue  # looked at, not opened
-            if cut.pending:
-                work = cut.pending[0]
+            if parts.pending:
+                work = parts.pending[0]
                 best = _better(best, self._score(work, head, interval), work)
         end = min(len(plan), max(head, self._frontier) + self.lookahead_for(depth))
         if self._fifo_batches and not self.heavy_tailed():
@@ -209,7 +214,7 @@ class Schedule:
                 continue
             if not may_open(batch_id):
                 break
-            work = self._cut(batch_id, workers).pending[0]
+            work = self._parts_for(batch_id, workers).pending[0]
             best = _better(best, self._score(work, head, interval), work)
         return None if best is None else best[3]
 
@@ -219,30 +224,31 @@ class Schedule:
             heapq.heappop(self._retry)
             return
         batch_id = work.batch_id
-        cut = self._cuts[batch_id]
-        cut.sent.add(work.part)
-        cut.pending.remove(work)
+        parts = self._parts[batch_id]
+        parts.sent.add(work.part)
+        parts.pending.remove(work)
         if batch_id >= self._frontier:
             self._opened.add(batch_id)
             while self._frontier in self._opened:
                 self._opened.discard(self._frontier)
                 self._frontier += 1
-        if len(cut.sent) == len(cut.works):
-            del self._cuts[batch_id]
+        if len(parts.sent) == len(parts.works):
+            del self._parts[batch_id]
 
     def parts_of(self, batch_id: int) -> list[Work]:
         """The works ``batch_id`` was cut into (a batch just opened)."""
-        cut = self._cuts.get(batch_id)
-        return [] if cut is None else list(cut.works)
+        parts = self._parts.get(batch_id)
+        return [] if parts is None else list(parts.works)
 
     def _score(self, work: Work, head: int, interval: float) -> tuple[float, int, int]:
         """Least slack first: when the work must start to be ready as its batch comes due."""
         return ((work.batch_id - head) * interval - work.cost, work.batch_id, _part_key(work))
 
-    def _cut(self, batch_id: int, workers: int) -> _Cut:
-        cut = self._cuts.get(batch_id)
-        if cut is not None:
-            return cut
+    def _parts_for(self, batch_id: int, workers: int) -> _BatchParts:
+        """``batch_id``'s parts, the batch cut now if it was not looked at yet."""
+        parts = self._parts.get(batch_id)
+        if parts is not None:
+            return parts
         assert self._plan is not None
         indices = self._plan.batch(batch_id)
         n = self._batch_len = len(indices)
@@ -259,8 +265,8 @@ class Schedule:
                 for part, g in enumerate(groups)
             ]
             self.cut_batches += 1
-        cut = self._cuts[batch_id] = _Cut(works)
-        return cut
+        parts = self._parts[batch_id] = _BatchParts(works)
+        return parts
 
 
 def _part_key(work: Work) -> int:
