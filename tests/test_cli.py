@@ -164,7 +164,10 @@ def test_bench_writes_json_and_markdown_then_plots(
     printed = capsys.readouterr().out
     assert "image, steady:" in printed and "dataloader-1 *" in printed
     assert "drapps-static-1" in printed and "Verdict (" in printed
-    assert "drapps and the best fixed DataLoader (dataloader-1) were not separable" in printed
+    # One repeat names no winner: "not separable", or on a busy machine the bare figure.
+    verdict = " ".join(printed.split())
+    assert "the best fixed DataLoader (dataloader-1)" in verdict
+    assert "no interval from one repeat" in verdict and "drapps was" not in verdict
     assert max(len(line) for line in printed.splitlines()) <= 100  # a terminal's width
     tables = (out / "results.md").read_text()
     assert "#### `image`, `steady`" in tables and "| **dataloader-1** |" in tables
