@@ -10,6 +10,7 @@ import simplejpeg
 import torch
 
 import drapps
+from drapps.cache import psnr
 from drapps.datasets import ImageFolder
 from drapps.ops import (
     Compose,
@@ -21,7 +22,7 @@ from drapps.ops import (
     Spec,
     ToCHWTensor,
 )
-from drapps.ops.decode_crop import REGION_DECODER, decode_region, psnr, reduction
+from drapps.ops.decode_crop import REGION_DECODER, decode_region, reduction
 
 # Real photos come from scikit-image (the bench extra): the integration tier.
 pytestmark = pytest.mark.extras

@@ -24,7 +24,8 @@ import numpy as np
 
 from drapps.bench.data import default_data_dir, make_jpeg_folder
 from drapps.bench.environment import describe_environment
-from drapps.ops.decode_crop import REGION_DECODER, DecodeRandomResizedCrop, psnr
+from drapps.cache import psnr
+from drapps.ops.decode_crop import REGION_DECODER, DecodeRandomResizedCrop
 
 SIZES = ((500, 400), (1000, 750), (1600, 1200))
 """Photo sizes (width, height): the image workload's, and two larger ones."""

@@ -22,8 +22,6 @@ the whole photo; :data:`REGION_DECODER` says which is in use.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from drapps._optional import require
@@ -191,17 +189,3 @@ class DecodeRandomResizedCrop(Op):
             f"DecodeRandomResizedCrop(size={self.crop.size}, scale={self.crop.scale}, "
             f"ratio={self.crop.ratio}, reduce={self.reduce}, region={self.region})"
         )
-
-
-def psnr(a: Any, b: Any) -> float:
-    """Peak signal-to-noise ratio of two uint8 images in dB (inf when they are equal).
-
-    Example:
-        >>> import numpy as np
-        >>> a = np.zeros((4, 4), np.uint8); b = a.copy(); b[0, 0] = 255
-        >>> round(psnr(a, b), 2)
-        12.04
-    """
-    diff = np.asarray(a, np.float64) - np.asarray(b, np.float64)
-    mse = float(np.mean(diff * diff))
-    return float("inf") if mse == 0 else float(10 * np.log10(255.0**2 / mse))
