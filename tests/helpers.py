@@ -24,7 +24,8 @@ import drapps
 from drapps.control import State
 from drapps.runtime.messages import WorkerFatal
 from drapps.runtime.pool import Polled, Reply, Task, Worker, WorkerPool
-from drapps.runtime.transport import SHM_DIR, pack_inline
+from drapps.runtime.slabs import SHM_DIR
+from drapps.runtime.transport import pack_inline
 from drapps.runtime.worker import BatchRecipe, answer
 
 

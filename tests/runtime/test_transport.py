@@ -13,14 +13,9 @@ import pytest
 import torch
 from helpers import mounted_tmpfs, slab_fds, slab_maps
 
-from drapps.runtime import transport
-from drapps.runtime.transport import (
-    SharedMemoryFullError,
-    pack,
-    receive_message,
-    send_message,
-    unpack,
-)
+from drapps.runtime import recycling, slabs, transport
+from drapps.runtime.slabs import SharedMemoryFullError
+from drapps.runtime.transport import pack, receive_message, send_message, unpack
 
 Pair = namedtuple("Pair", "image label")
 
@@ -120,7 +115,7 @@ def test_a_slab_lost_in_flight_is_an_eof(channel) -> None:  # type: ignore[no-un
 
 
 def test_a_released_slab_is_written_over_by_its_worker(channel) -> None:  # type: ignore[no-untyped-def]
-    writer, recycler = transport.SlabWriter(), transport.SlabRecycler()
+    writer, recycler = slabs.SlabWriter(), recycling.SlabRecycler()
     try:
         first = pack({"x": torch.arange(4096)}, writer)
         assert first.fd is not None
@@ -152,7 +147,7 @@ def test_a_released_slab_is_written_over_by_its_worker(channel) -> None:  # type
 def test_the_writer_keeps_the_slabs_released_as_reusable_and_closes_the_rest() -> None:
     """Which released slabs are kept is the receiver's decision (it counts them in the
     memory budget): the writer keeps those it is told are reusable."""
-    writer = transport.SlabWriter(keep=2)
+    writer = slabs.SlabWriter(keep=2)
     packed = [pack([np.ones(1000)], writer) for _ in range(4)]
     assert writer.held() == 0  # kept only once sent
     for p in packed:
@@ -167,7 +162,7 @@ def test_the_writer_keeps_the_slabs_released_as_reusable_and_closes_the_rest() -
 
 
 def test_a_slab_mapped_across_a_fork_is_never_reused(channel) -> None:  # type: ignore[no-untyped-def]
-    recycler = transport.SlabRecycler()
+    recycler = recycling.SlabRecycler()
     got = cross(pack(torch.arange(10)), channel)
     batch = unpack(got, release=recycler.releaser(0, 7))
     pid = os.fork()
@@ -180,7 +175,7 @@ def test_a_slab_mapped_across_a_fork_is_never_reused(channel) -> None:  # type: 
 
 
 def test_a_forked_child_that_drops_a_batch_releases_nothing(channel) -> None:  # type: ignore[no-untyped-def]
-    recycler = transport.SlabRecycler()
+    recycler = recycling.SlabRecycler()
     seen: list[int] = []
     got = cross(pack(torch.arange(10)), channel)
     batch = unpack(got, on_release=seen.append, release=recycler.releaser(0, 1))
@@ -198,7 +193,7 @@ def test_a_forked_child_that_drops_a_batch_releases_nothing(channel) -> None:  #
     assert batch.tolist() == list(range(10))
 
 
-def _collated(arena: transport.SlabArena, images: list[torch.Tensor], labels: list[int]):  # type: ignore[no-untyped-def]
+def _collated(arena: slabs.SlabArena, images: list[torch.Tensor], labels: list[int]):  # type: ignore[no-untyped-def]
     """The batch torch's default collate makes of (image, label) pairs, stacked into ``arena``."""
     from torch.utils.data._utils.collate import collate
 
@@ -208,8 +203,8 @@ def _collated(arena: transport.SlabArena, images: list[torch.Tensor], labels: li
 def test_a_batch_collated_into_its_slab_is_not_copied_again(
     channel, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # type: ignore[no-untyped-def]
-    writer = transport.SlabWriter()
-    arena = transport.SlabArena(writer)
+    writer = slabs.SlabWriter()
+    arena = slabs.SlabArena(writer)
     images = [torch.randint(0, 256, (3, 40, 50), dtype=torch.uint8) for _ in range(8)]
     written: list[int] = []
     real_pwrite = os.pwrite
@@ -234,7 +229,7 @@ def test_a_batch_collated_into_its_slab_is_not_copied_again(
 
 
 def test_the_arena_grows_within_a_batch_and_keeps_what_it_holds(channel) -> None:  # type: ignore[no-untyped-def]
-    arena = transport.SlabArena()
+    arena = slabs.SlabArena()
     small = arena.empty((10,), torch.int64)
     assert small is not None
     small.copy_(torch.arange(10))
@@ -256,8 +251,8 @@ def test_a_full_shared_memory_stacks_in_private_memory_instead(
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(os, "posix_fallocate", full)
-    writer = transport.SlabWriter()
-    arena = transport.SlabArena(writer)
+    writer = slabs.SlabWriter()
+    arena = slabs.SlabArena(writer)
     try:
         images = [torch.full((4, 4), i, dtype=torch.uint8) for i in range(3)]
         batch = _collated(arena, images, [0, 1, 2])
@@ -270,8 +265,8 @@ def test_a_full_shared_memory_stacks_in_private_memory_instead(
 
 
 def test_a_batch_that_fails_after_collating_gives_its_slab_back() -> None:
-    writer = transport.SlabWriter()
-    arena = transport.SlabArena(writer)
+    writer = slabs.SlabWriter()
+    arena = slabs.SlabArena(writer)
     try:
         batch = _collated(arena, [torch.zeros(100)], [0])
         with pytest.raises(Exception, match="pickle"):
@@ -288,8 +283,8 @@ def test_a_batch_that_fails_after_collating_gives_its_slab_back() -> None:
 
 
 def test_a_recycled_slab_stays_mapped_in_its_worker_and_never_shrinks_under_it(channel) -> None:  # type: ignore[no-untyped-def]
-    writer = transport.SlabWriter()
-    arena = transport.SlabArena(writer)
+    writer = slabs.SlabWriter()
+    arena = slabs.SlabArena(writer)
     try:
         mappings = []
         for round_ in range(4):
@@ -327,7 +322,7 @@ def _worker_round(writer, recycler, channel, value: int, rows: int = 64):  # typ
 
 
 def test_the_training_process_reads_a_recycled_slab_through_the_mapping_it_had(channel) -> None:  # type: ignore[no-untyped-def]
-    writer, recycler = transport.SlabWriter(), transport.SlabRecycler()
+    writer, recycler = slabs.SlabWriter(), recycling.SlabRecycler()
     try:
         first = _worker_round(writer, recycler, channel, 1)
         address = first["x"].data_ptr()
@@ -355,10 +350,10 @@ def _rows(writer, recycler, channel, rows: int):  # type: ignore[no-untyped-def]
 
 
 @contextlib.contextmanager
-def _recycling(**writer_options: Any) -> Iterator[tuple[transport.SlabWriter, Any]]:
+def _recycling(**writer_options: Any) -> Iterator[tuple[slabs.SlabWriter, Any]]:
     """A worker's writer and the training process's recycler, closed on the way out; then
     no slab is left mapped or open."""
-    writer, recycler = transport.SlabWriter(**writer_options), transport.SlabRecycler()
+    writer, recycler = slabs.SlabWriter(**writer_options), recycling.SlabRecycler()
     try:
         yield writer, recycler
     finally:
@@ -438,7 +433,7 @@ def test_kept_slabs_are_bounded_by_the_budget_and_a_closed_recycler_keeps_none(c
     """A slab kept for reuse holds its pages: it is kept only while the budget has room,
     and counted until its worker closes it once it is not."""
     slab = 64 * 1024 * 4
-    writer, recycler = transport.SlabWriter(), transport.SlabRecycler()
+    writer, recycler = slabs.SlabWriter(), recycling.SlabRecycler()
     recycler.mappings.keep = 8  # the worker's share would take them all
     recycler.mappings.room = lambda: 2 * slab - recycler.mappings.held_bytes_unlocked()
     try:
@@ -461,7 +456,7 @@ def test_kept_slabs_are_bounded_by_the_budget_and_a_closed_recycler_keeps_none(c
 
 
 def test_a_slab_mapped_across_a_fork_is_not_kept_mapped(channel) -> None:  # type: ignore[no-untyped-def]
-    writer, recycler = transport.SlabWriter(), transport.SlabRecycler()
+    writer, recycler = slabs.SlabWriter(), recycling.SlabRecycler()
     try:
         batch = _worker_round(writer, recycler, channel, 3)
         pid = os.fork()
@@ -566,8 +561,8 @@ def test_nested_tensors_are_not_stacked_into_a_slab() -> None:
     """The arena read a nested tensor's sizes ('NestedTensorImpl doesn't support sizes')
     before torch's own collate could refuse it in DataLoader's words."""
     nested = torch.nested.nested_tensor([torch.zeros(2), torch.zeros(3)])
-    assert not transport.uniform_cpu_tensors([nested, nested])
-    arena = transport.SlabArena()
+    assert not slabs.uniform_cpu_tensors([nested, nested])
+    arena = slabs.SlabArena()
     try:
         with pytest.raises(RuntimeError, match="Batches of nested tensors are not currently"):
             arena._stack([nested, nested])

@@ -58,7 +58,8 @@ def test_a_users_collate_fn_sees_the_worker(in_a_worker: None) -> None:
 
 def test_a_worker_answers_with_its_batch_collated_in_the_slab(in_a_worker: None) -> None:
     from drapps.runtime.messages import BatchMade, BatchTask
-    from drapps.runtime.transport import SlabArena, SlabWriter, unpack
+    from drapps.runtime.slabs import SlabArena, SlabWriter
+    from drapps.runtime.transport import unpack
     from drapps.runtime.worker import answer, pack_batch
 
     dataset = [(torch.full((3, 8, 8), i, dtype=torch.uint8), i) for i in range(6)]

@@ -8,6 +8,8 @@ results.json beside this file is its output."""
 import gc, importlib.util, json, os, statistics, sys, time
 from multiprocessing.connection import Pipe
 import torch
+from drapps.runtime.recycling import SlabRecycler
+from drapps.runtime.slabs import SlabWriter
 
 def load(path, name):
     spec = importlib.util.spec_from_file_location(name, path)
@@ -31,7 +33,7 @@ def run_old(n):
     return statistics.median(pack_t), statistics.median(unpack_t)
 
 def run_new(n):
-    writer, recycler = new.SlabWriter(), new.SlabRecycler()
+    writer, recycler = SlabWriter(), SlabRecycler()
     r, s = Pipe(duplex=True)
     pack_t, unpack_t = [], []
     for _ in range(n):

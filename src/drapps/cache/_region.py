@@ -22,7 +22,7 @@ from multiprocessing import reduction
 from multiprocessing.context import get_spawning_popen
 from typing import Any
 
-from drapps.runtime.transport import create_slab
+from drapps.runtime.slabs import create_slab
 
 
 class SharedRegion:

@@ -28,8 +28,8 @@ from drapps.engines.tuner import AutoTuner, make_tuner
 from drapps.ops.device_stage import DeviceStage, resolve_device
 from drapps.ops.split import Split
 from drapps.runtime.config import LoaderConfig
+from drapps.runtime.pinning import pinner
 from drapps.runtime.stats import PipelineSnapshot
-from drapps.runtime.transport import pinner
 from drapps.runtime.worker import BatchRecipe
 
 ChooseEngine = Callable[

@@ -4,8 +4,8 @@ from drapps.runtime.config import LoaderConfig
 from drapps.runtime.errors import SampleError, WorkerTimeoutError
 from drapps.runtime.plan import Plan
 from drapps.runtime.seeding import sample_rng, sample_seed, sample_seed_for
+from drapps.runtime.slabs import SharedMemoryFullError
 from drapps.runtime.stats import LoaderStats
-from drapps.runtime.transport import SharedMemoryFullError
 
 __all__ = [
     "LoaderConfig",

@@ -16,7 +16,7 @@ import numpy as np
 import psutil
 
 from drapps.runtime.errors import warn_user
-from drapps.runtime.transport import slab_space
+from drapps.runtime.slabs import slab_space
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)\s*$", re.IGNORECASE)
 

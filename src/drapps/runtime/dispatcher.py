@@ -36,10 +36,12 @@ from drapps.runtime.parts import PartialBatch, largest_tensor, on_free
 from drapps.runtime.plan import EpochPlan
 from drapps.runtime.pool import Reply, Task, Worker, WorkerPool
 from drapps.runtime.process_pool import ProcessPool
+from drapps.runtime.recycling import SlabRecycler
 from drapps.runtime.reorder import Entry, ReorderBuffer
 from drapps.runtime.schedule import Schedule, Work
+from drapps.runtime.slabs import PAGE
 from drapps.runtime.stats import STAGES, PipelineSnapshot
-from drapps.runtime.transport import PAGE, Packed, SlabRecycler, discard, unpack
+from drapps.runtime.transport import Packed, discard, unpack
 from drapps.runtime.worker import BatchRecipe, collate_samples, splittable, urgency
 
 logger = logging.getLogger(__name__)

@@ -34,7 +34,8 @@ from drapps.runtime.pool import (
     describe_exit,
 )
 from drapps.runtime.progress import SampleClock
-from drapps.runtime.transport import receive_message, starting_worker
+from drapps.runtime.recycling import starting_worker
+from drapps.runtime.transport import receive_message
 from drapps.runtime.worker import BatchRecipe, run_worker
 
 logger = logging.getLogger(__name__)

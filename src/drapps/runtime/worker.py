@@ -34,16 +34,13 @@ from drapps.runtime.seeding import (
     set_worker_info,
     worker_info_hidden,
 )
-from drapps.runtime.transport import (
-    Packed,
+from drapps.runtime.slabs import (
     SharedMemoryFullError,
     SlabArena,
     SlabWriter,
-    pack,
-    pack_inline,
-    send_message,
     uniform_cpu_tensors,
 )
+from drapps.runtime.transport import Packed, pack, pack_inline, send_message
 
 logger = logging.getLogger(__name__)
 
@@ -470,7 +467,7 @@ def answer(
 
     ``task.part`` None asks for the whole batch collated, an int for those samples uncollated
     (one part of a batch cut among workers). ``arena``: the slab a whole batch is collated
-    into, which ``pack`` sends (:class:`~drapps.runtime.transport.SlabArena`).
+    into, which ``pack`` sends (:class:`~drapps.runtime.slabs.SlabArena`).
     """
     generation, batch_id, indices, part = task.generation, task.batch_id, task.indices, task.part
     if init_error is not None:
