@@ -7,6 +7,7 @@ import gc
 import os
 import queue
 import random
+import socket
 import subprocess
 import threading
 import time
@@ -166,6 +167,15 @@ def wait_until(condition: Any, timeout: float = 20.0, every: float = 0.05) -> bo
             return False
         time.sleep(every)
     return True
+
+
+def free_port() -> int:
+    """A loopback TCP port the OS had free just now, for a server started in another process
+    (torchrun's rendezvous, redis-server) that takes its port as an argument: another process
+    may take it first, so a server that can bind port 0 itself should do that instead."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 # ---------------------------------------------------------------------------- leak probes

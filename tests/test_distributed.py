@@ -5,23 +5,17 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import free_port
 
 pytestmark = pytest.mark.integration  # starts real engines or interpreters
 
 SCRIPTS = Path(__file__).parent / "distributed"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def loopback_env() -> dict[str, str]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -12,6 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
+from helpers import free_port
 
 PASSWORD = "drapps-test-secret"
 
@@ -32,12 +32,6 @@ class RedisServer:
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait(timeout=10)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _start(port: int, directory: str, config: tuple[str, ...]) -> subprocess.Popen[bytes]:
@@ -75,7 +69,7 @@ def redis_server(*config: str) -> Iterator[RedisServer]:
         pytest.skip("redis-server is not installed (make test installs it with apt)")
     pytest.importorskip("redis", reason="needs the redis extra: pip install 'drapps-loader[redis]'")
     directory = tempfile.mkdtemp(prefix="drapps-redis-")
-    port = _free_port()
+    port = free_port()
     server = None
     try:
         server = RedisServer(port, _start(port, directory, config), directory, config)
