@@ -11,7 +11,7 @@ import torch
 from helpers import FailingDataset, RandomDataset, assert_batches_equal
 
 import drapps
-from drapps.runtime.dispatcher import Dispatcher
+from drapps.runtime.hedging import Hedging
 from drapps.runtime.parts import PartialBatch, largest_tensor
 from drapps.runtime.reorder import Entry
 
@@ -270,7 +270,7 @@ def test_workers_sharing_cores_do_not_make_parts_look_overdue(
 
     measured = epoch()
     with monkeypatch.context() as patch:
-        patch.setattr(Dispatcher, "_note_stretch", lambda self, wall_s, costs: None)
+        patch.setattr(Hedging, "note_stretch", lambda self, wall_s, costs: None)
         blind = epoch()
     assert measured["stretch"] > 2.5 and blind["stretch"] == 1.0
     assert blind["hedges"] >= 8 and measured["hedges"] * 2 < blind["hedges"], (measured, blind)

@@ -17,7 +17,7 @@ import runpy
 import sys
 from pathlib import Path
 
-import drapps.runtime.dispatcher as dispatcher
+import drapps.runtime.hedging as hedging
 import drapps.runtime.schedule as schedule
 
 
@@ -34,9 +34,9 @@ def main() -> None:
             self, "parts_per_worker", fixed
         )
     if args.no_copies:
-        dispatcher._HEDGE_FACTOR = float("inf")
+        hedging.HEDGE_FACTOR = float("inf")
     elif args.hedge_factor is not None:
-        dispatcher._HEDGE_FACTOR = args.hedge_factor
+        hedging.HEDGE_FACTOR = args.hedge_factor
     rest = args.rest[1:] if args.rest[:1] == ["--"] else args.rest
     sys.argv = ["one_run.py", *rest]
     runpy.run_path(str(Path(__file__).with_name("one_run.py")), run_name="__main__")

@@ -144,14 +144,13 @@ class PoolEngine(Engine):
         made = _made(entry, self._any_order)
         error = made.error
         if self._fallback and isinstance(error, SampleError) and error.stage == "transport":
-            self._make_in_process_from(entry.batch_id, error, made.split)
+            self._make_in_process_from(error, made.split)
             return self._next_in_process()
         self._delivered.add(entry.batch_id)
         return made
 
-    def _make_in_process_from(self, batch_id: int, error: SampleError, split: Any) -> None:
-        """Let the workers go, and make batch ``batch_id`` and the rest of the epoch (and every
-        later epoch) here."""
+    def _make_in_process_from(self, error: SampleError, split: Any) -> None:
+        """Let the workers go, and make the rest of the epoch (and every later epoch) here."""
         job = self._job
         assert job is not None and job.plan is not None
         cause = str(error).split(": ", 1)[-1].splitlines()[0]
@@ -163,7 +162,9 @@ class PoolEngine(Engine):
         )
         self.dispatcher.stop_workers(self._generation)
         self._inline = InlineEngine(self._recipe, None, False, self._limits, self._finish, split)
-        self._inline.start_epoch(dataclasses.replace(job, start=batch_id))
+        # From the epoch's start, past the batches handed over already: out of order, a
+        # batch before this one may not have been.
+        self._inline.start_epoch(job)
 
     def _next_in_process(self) -> EngineBatch | None:
         """The next batch made here: in order, past those the workers handed over already."""

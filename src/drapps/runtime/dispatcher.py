@@ -24,6 +24,7 @@ from typing import Any
 from drapps.runtime.cost import SampleCosts
 from drapps.runtime.errors import WorkerTimeoutError, sample_path
 from drapps.runtime.fill import Filled, ReadyFill
+from drapps.runtime.hedging import TASKS_PER_WORKER, TICK_S, Hedging
 from drapps.runtime.messages import (
     BatchFailed,
     BatchMade,
@@ -38,29 +39,19 @@ from drapps.runtime.pool import Reply, Task, Worker, WorkerPool
 from drapps.runtime.process_pool import ProcessPool
 from drapps.runtime.recycling import SlabRecycler
 from drapps.runtime.reorder import Entry, ReorderBuffer
+from drapps.runtime.retries import Retries
 from drapps.runtime.schedule import Schedule, Work
 from drapps.runtime.slabs import PAGE
 from drapps.runtime.stats import STAGES, PipelineSnapshot
 from drapps.runtime.transport import Packed, discard, unpack
-from drapps.runtime.worker import BatchRecipe, collate_samples, splittable, urgency
+from drapps.runtime.worker import BatchRecipe, collate_samples, splittable
 
 logger = logging.getLogger(__name__)
 
-# Tasks a worker may hold: the one it makes and one waiting, so it never idles between tasks
-# while the rest stay free to go to whichever worker frees up first.
-_TASKS_PER_WORKER = 2
-# A part of the next batch running this many times its predicted (or typical) cost, and at
-# least _HEDGE_MIN_S, is copied to an idle worker (see Dispatcher._hedge).
-_HEDGE_FACTOR = 4.0
-_HEDGE_MIN_S = 0.02
-_HEDGE_AHEAD = 2  # batches from the head whose overdue parts an idle worker may copy early
-_STALL_POLL_S = 0.005  # how often a stalled sample is looked at again once it is due
-_STRETCH_DECAY = 0.05  # weight of each reply in the running wall-over-cost ratio
 # A part predicted to cost this many times a typical one holds its worker to that part alone.
 _SLOW_PART = 2.0
 _WATCH_EVERY = 4  # with light-tailed costs, batches per one whose sample costs are learnt
 _TAIL_DEPTH = 4  # the most a heavy tail deepens prefetch, in multiples of the depth
-_TICK_S = 0.5
 # A worker parked by a shrink is kept this long for a grow to reuse before it is retired:
 # controllers oscillate, and a fork of a large training process costs tens of milliseconds.
 _PARK_S = 5.0
@@ -157,8 +148,7 @@ class Dispatcher:
         self._per_worker = prefetch_per_worker
         self._finish = finish
         self._budget = memory_budget
-        self._timeout = timeout
-        self._max_attempts = max_attempts
+        self.retries = Retries(max_attempts, timeout)
         self._lock = threading.Lock()
         self._commands: list[tuple[str, Any]] = []
         self._applied = threading.Condition(self._lock)
@@ -173,7 +163,6 @@ class Dispatcher:
         self._plan: EpochPlan | None = None
         self._generation = 0
         self._generation_now = 0
-        self._attempts: dict[tuple[int, int | None], int] = {}
         self._in_flight: dict[tuple[int, int | None], Worker] = {}
         self._open: set[int] = set()  # batches started and not yet in the buffer
         self._partial: dict[int, PartialBatch] = {}
@@ -181,9 +170,7 @@ class Dispatcher:
         self._replies = 0
         # Wall seconds a task takes per second of its samples' own cost: above 1 with more
         # busy workers than cores (costs leave out the time a worker waited for a core).
-        self.stretch = 1.0
-        self._stretches = 0  # replies the stretch has learnt from
-        self._hedged: set[tuple[int, int | None]] = set()  # parts copied to a second worker
+        self.hedging = Hedging(self.costs)
         self._batch_bytes = 0
         self._live_bytes = 0
         self._bytes_lock = threading.Lock()
@@ -192,8 +179,6 @@ class Dispatcher:
         # Counters read by snapshot().
         self.counters: dict[str, float] = {
             "worker_restarts": 0,
-            "timeouts": 0,
-            "retries": 0,
             "pickled_bytes": 0,
             "shared_bytes": 0,
             "fetch_s": 0.0,
@@ -201,9 +186,6 @@ class Dispatcher:
             "collate_s": 0.0,
             "transport_s": 0.0,
             "assemble_s": 0.0,
-            "hedges": 0,
-            "hedges_ahead": 0,
-            "hedges_stalled": 0,
         }
         self.latencies: deque[tuple[float, float]] = deque(maxlen=4096)
         """(arrival time, seconds from dispatch to arrival) of recent batches."""
@@ -379,11 +361,11 @@ class Dispatcher:
         if name == "epoch":
             self._idle = False
             self._generation_now, self._plan, start, fresh_workers = value
-            self._attempts = {}
+            self.retries.reset(self._plan, start)
             self._in_flight.clear()
             self._open.clear()
             self._partial.clear()
-            self._hedged.clear()
+            self.hedging.reset(self._plan, start)
             self.schedule.reset(self._plan, start)
             if self._defer_after is not None:
                 self.fill = ReadyFill(self._plan, start)
@@ -426,146 +408,24 @@ class Dispatcher:
                 self.pool.retire(worker)
 
     def _hedge(self) -> None:
-        """Send a copy of an overdue part of the batch the loop needs next to another worker.
-
-        A sample read from storage with a heavy-tailed latency (a cold object store, a busy
-        network filesystem) is usually fast the second time it is asked for: the copy races
-        the original and the first answer wins (the other is dropped as a duplicate), so one
-        slow read no longer holds the batch ("The Tail at Scale"'s hedged requests). A part
-        queued behind a task that overran is copied the same way, and so is one whose worker
-        has been on one sample for ``_HEDGE_FACTOR`` times that sample's cost (its
-        :class:`~drapps.runtime.progress.SampleClock`) and as long as the copy would take,
-        before the part as a whole looks overdue. The copy makes the same samples with the
-        same seeds, so the batch is the same either way. Each part is copied once at most.
-        While the training loop waits, a part of the batch it waits for goes to the worker
-        with the fewest tasks (two over the usual two at most) that is not stalled itself;
-        before that, a part of one of the next ``_HEDGE_AHEAD`` batches goes to an idle
-        worker only, so a slow read is raced before its batch is due, on capacity that would
-        otherwise wait.
-        """
-        head = self.buffer.next_id
-        waiting = self.buffer.waiting_s() is not None
-        due_batches = range(head, head + (1 if waiting else _HEDGE_AHEAD))
-        if self._plan is None or not any(b in self._partial for b in due_batches):
+        """Send the copies of overdue parts that :class:`Hedging` asks for."""
+        if self._plan is None:
             return
-        if not self.costs.observed:
-            return  # no cost measured yet: nothing says a part runs late
-        now = time.monotonic()
-        for (batch_id, part), holder in list(self._in_flight.items()):
-            if batch_id not in due_batches or part is None or (batch_id, part) in self._hedged:
-                continue
-            task = next(
-                (t for t in holder.assigned if (t.batch_id, t.part) == (batch_id, part)), None
-            )
-            started = holder.head_started()
-            if task is None or task.work is None or started is None:
-                continue
-            # The task the holder is on now: this part, or the one it is queued behind.
-            running = holder.assigned[0].work or task.work
-            typical = self.costs.median * len(running.positions)
-            due = max(_HEDGE_MIN_S, _HEDGE_FACTOR * max(typical, running.cost) * self.stretch)
-            overdue = now - started >= due
-            if not overdue and not self._stalled(holder, now):
-                continue
-            # While the loop waits, a copy may go to a worker holding one task more than
-            # usual (it takes the copy first), so the parts queued behind a stalled one are
-            # copied too; never to a worker that is stalled itself.
-            room = _TASKS_PER_WORKER + 1 if waiting else 0
-            others = [
-                w
-                for w in self.pool.live()
-                if w is not holder and len(w.assigned) <= room and not self._stalled(w, now)
-            ]
-            if not others:
-                return
-            spare = min(others, key=lambda w: len(w.assigned))
-            if not overdue and now - self._stall_start(holder) < self._copy_s(spare, task, now):
-                continue  # the copy would likely come after the read it races
-            copy = Task(
-                task.generation, task.epoch, batch_id, task.indices, now, task.split, task.work
-            )
-            # The worker takes it before the later batches it holds (see worker.Inbox).
-            first = urgency(copy.generation, batch_id)
-            place = 1 + sum(
-                1 for t in list(spare.assigned)[1:] if urgency(t.generation, t.batch_id) <= first
-            )
-            spare.assigned.insert(min(place, len(spare.assigned)), copy)
-            self._hedged.add((batch_id, part))
-            self.counters["hedges"] += 1
-            self.counters["hedges_ahead"] += not waiting
-            self.counters["hedges_stalled"] += not overdue
-            self.pool.send(spare, self._task_message(copy, part))
-
-    def _stalled(self, worker: Worker, now: float) -> bool:
-        """Whether the one sample ``worker`` is making has run ``_HEDGE_FACTOR`` times its
-        predicted cost (times the stretch), and at least ``_HEDGE_MIN_S``: a slow read holds
-        its part, and every part queued behind it, well before the part looks overdue."""
-        due = self._stall_due(worker)
-        return due is not None and now >= due
-
-    def _stall_due(self, worker: Worker) -> float | None:
-        """When the sample ``worker`` is making will count as stalled (None: none is made)."""
-        sample = worker.clock.read() if worker.clock is not None else None
-        if sample is None or not worker.assigned or not self.costs.observed:
-            return None  # no cost measured yet: nothing to judge it by
-        head = worker.assigned[0]
-        predicted = self.costs.median
-        if (head.batch_id, head.part) == (sample.batch_id, sample.part) and sample.position < len(
-            head.indices
-        ):
-            index = head.indices[sample.position]
-            predicted = max(predicted, float(self.costs.predict([index])[0]))
-        return sample.started + max(_HEDGE_MIN_S, _HEDGE_FACTOR * predicted * self.stretch)
-
-    def _stall_start(self, worker: Worker) -> float:
-        """When the sample ``worker`` is making began (now: none)."""
-        sample = worker.clock.read() if worker.clock is not None else None
-        return time.monotonic() if sample is None else sample.started
-
-    def _copy_s(self, worker: Worker, task: Task, now: float) -> float:
-        """How long a copy of ``task`` sent to ``worker`` now would take: what is left of the
-        task it is on (it takes the copy next), then the copy, both at the measured stretch.
-        A copy for one stalled sample is sent once the sample has waited that long: a read
-        with a heavy-tailed latency that has lasted ``t`` is likely to last about as long
-        again, so the copy then tends to win, and where copies come late (busy workers,
-        cores that are all in use) fewer are made."""
-        work = task.work
-        own = self.costs.median * len(task.indices)
-        copy = max(own, work.cost if work is not None else 0.0) * self.stretch
-        if not worker.assigned:
-            return copy
-        head = worker.assigned[0]
-        head_cost = max(head.work.cost if head.work is not None else 0.0,
-                        self.costs.median * len(head.indices))  # fmt: skip
-        left = head_cost * self.stretch - (now - (worker.head_started() or now))
-        return max(0.0, left) + copy
-
-    def _next_stall_s(self) -> float:
-        """Seconds until a part of the batch the loop waits for may count as stalled (the
-        dispatcher wakes then rather than at the next reply, which may be far)."""
-        head, soonest = self.buffer.next_id, _TICK_S
-        now = time.monotonic()
-        for (batch_id, part), holder in self._in_flight.items():
-            if batch_id == head and (batch_id, part) not in self._hedged:
-                due = self._stall_due(holder)
-                if due is not None:
-                    # Past its due, look again soon: the copy waits until it would win.
-                    soonest = min(soonest, max(due - now, _STALL_POLL_S))
-        return soonest
-
-    def _note_stretch(self, wall_s: float, costs: list[float]) -> None:
-        """Learn how long a task takes on the wall per second of its samples' own cost."""
-        cost = sum(costs)
-        if cost > 1e-3 and wall_s > 0:
-            ratio = min(max(wall_s / cost, 1.0), 64.0)
-            self._stretches += 1  # the mean of the first replies, then a running average
-            self.stretch += max(_STRETCH_DECAY, 1 / self._stretches) * (ratio - self.stretch)
+        copies = self.hedging.copies(
+            head=self.buffer.next_id,
+            waiting=self.buffer.waiting_s() is not None,
+            cut=self._partial,
+            in_flight=self._in_flight,
+            live=self.pool.live(),
+        )
+        for spare, copy in copies:
+            self.pool.send(spare, self._task_message(copy, copy.part))
 
     def _may_queue(self, worker: Worker) -> bool:
         """Whether ``worker`` may take one more task now: up to two, so it never idles between
         tasks; while batches are cut into parts, a second only behind a part not predicted
         slow (a part queued behind a straggler would wait while another worker idles)."""
-        if len(worker.assigned) >= _TASKS_PER_WORKER:
+        if len(worker.assigned) >= TASKS_PER_WORKER:
             return False
         if not worker.assigned or not self.schedule.cutting:
             return True
@@ -704,21 +564,15 @@ class Dispatcher:
                 worker.last_progress = started + overrun_s
 
     def _wait_timeout(self) -> float:
-        tick = _TICK_S
+        tick = TICK_S
         waited = self.buffer.waiting_s()
         if self.fill is not None and self._defer_after is not None and waited is not None:
             tick = max(0.001, min(tick, self._defer_after - waited))  # to fill it on time
         if waited is not None and self.schedule.cutting:
-            tick = max(0.001, min(tick, self._next_stall_s()))
-        if self._timeout is None:
-            return tick
-        now = time.monotonic()
-        deadlines = [
-            started + self._timeout - now
-            for w in self.pool.workers
-            if (started := w.head_started()) is not None
-        ]
-        return max(0.001, min([tick, *deadlines]))
+            tick = max(
+                0.001, min(tick, self.hedging.next_look_s(self.buffer.next_id, self._in_flight))
+            )
+        return self.retries.wait_s(self.pool.workers, tick)
 
     def _on_replies(self, replies: list[Reply]) -> None:
         for worker, reply in replies:
@@ -741,7 +595,8 @@ class Dispatcher:
         )
         if task is not None:
             if made is not None and worker.assigned[0] is task:
-                self._note_stretch(now - max(task.assigned_at, worker.last_progress), made.costs)
+                wall_s = now - max(task.assigned_at, worker.last_progress)
+                self.hedging.note_stretch(wall_s, made.costs)
             worker.assigned.remove(task)
         worker.last_progress = now
         current = generation == self._generation_now
@@ -966,23 +821,15 @@ class Dispatcher:
             self.counters[name] += value
 
     def _enforce_timeout(self) -> None:
-        if self._timeout is None:
-            return
-        now = time.monotonic()
-        for worker in list(self.pool.workers):
-            started = worker.head_started()
-            if started is not None and now - started > self._timeout:
-                logger.warning(
-                    "worker %d spent over %.1fs on batch %d; restarting it",
-                    worker.wid,
-                    self._timeout,
-                    worker.assigned[0].batch_id,
-                )
-                self.counters["timeouts"] += 1
-                self.pool.kill(worker)
-                # DataLoader's words first: scripts match them.
-                lead = f"DataLoader timed out after {self._timeout:g} seconds"
-                self._on_exit(worker, f"exceeded timeout={self._timeout:g}s", lead)
+        for worker in self.retries.overdue(self.pool.workers):
+            logger.warning(
+                "worker %d spent over %.1fs on batch %d; restarting it",
+                worker.wid,
+                self.retries.timeout,
+                worker.assigned[0].batch_id,
+            )
+            self.pool.kill(worker)
+            self._on_exit(worker, *self.retries.timeout_words())
 
     def _reap(self, worker: Worker) -> list[Task]:
         """Drop an exited ``worker`` from the pool and unmap the slabs of it this process
@@ -1011,13 +858,11 @@ class Dispatcher:
             if task.generation != self._generation_now:
                 continue
             self._in_flight.pop((task.batch_id, task.part), None)
-            if position == 0 and not expected:
-                key = (task.batch_id, task.part)
-                self._attempts[key] = self._attempts.get(key, 1) + 1
-                if self._attempts[key] > self._max_attempts:
-                    self._give_up(task, reason, lead)
-                    continue
-            self.counters["retries"] += 1
+            # The task it was making counts as an attempt; those queued behind it do not.
+            if position == 0 and not expected and not self.retries.again(task.batch_id, task.part):
+                self._give_up(task, reason, lead)
+                continue
+            self.retries.requeued()
             self._requeue(task.batch_id, task.work)
 
     def _requeue(self, batch_id: int, work: Work | None) -> None:
@@ -1026,25 +871,18 @@ class Dispatcher:
     def _retry_task(self, batch_id: int, work: Work | None, reason: str) -> None:
         """Make ``batch_id`` (or its part ``work``) again, or give up after ``max_attempts``."""
         part = work.part if work is not None else None
-        key = (batch_id, part)
-        self._attempts[key] = self._attempts.get(key, 1) + 1
-        if self._attempts[key] > self._max_attempts and self._plan is not None:
+        if not self.retries.again(batch_id, part) and self._plan is not None:
             indices = self._plan.batch(batch_id)
             if work is not None and part is not None:
                 indices = [indices[p] for p in work.positions]
             task = Task(self._generation_now, self._plan.epoch, batch_id, indices, 0.0, work=work)
             self._give_up(task, reason)
             return
-        self.counters["retries"] += 1
+        self.retries.requeued()
         self._requeue(batch_id, work)
 
     def _give_up(self, task: Task, reason: str, lead: str | None = None) -> None:
-        message = (
-            f"batch {task.batch_id} (indices {task.indices}) was not made: its worker {reason} "
-            f"on each of {self._max_attempts} attempts"
-        )
-        if lead:
-            message = f"{lead.rstrip('.')}; {message}"
+        message = self.retries.given_up(task, reason, lead)
         if task.part is not None:
             partial = self._partial.get(task.batch_id)
             if partial is None or partial.has(task.part):
@@ -1101,8 +939,8 @@ class Dispatcher:
             in_flight=len(self._open),
             batch_bytes=self._batch_bytes,
             worker_restarts=int(counters["worker_restarts"]),
-            timeouts=int(counters["timeouts"]),
-            retries=int(counters["retries"]),
+            timeouts=self.retries.counters["timeouts"],
+            retries=self.retries.counters["retries"],
             pickled_bytes=int(counters["pickled_bytes"]),
             shared_bytes=int(counters["shared_bytes"]),
             cut_batches=self.schedule.cut_batches,
@@ -1112,10 +950,7 @@ class Dispatcher:
             sample_costs={
                 **self.costs.report(),
                 "slow_batches": self._slow_batches,
-                "stretch": round(self.stretch, 2),
-                "hedges": int(counters["hedges"]),
-                "hedges_ahead": int(counters["hedges_ahead"]),
-                "hedges_stalled": int(counters["hedges_stalled"]),
+                **self.hedging.report(),
             },
         )
 

@@ -1,0 +1,87 @@
+"""Lost tasks: made again, or given up after ``max_attempts``; workers past ``timeout``.
+
+A task is lost when its worker dies, hangs past ``timeout`` or sends a batch that cannot be read
+back. :class:`Retries` owns the attempts at each (batch, part) of the epoch and the counters;
+the dispatcher asks it whether a lost task goes back to the queue or is given up, which workers
+ran past the timeout, and how long it may wait before the next one would.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+
+from drapps.runtime.plan import EpochPlan
+from drapps.runtime.pool import Task, Worker
+
+
+class Retries:
+    """Attempts at each (batch, part) and the worker timeout.
+
+    Args:
+        max_attempts: attempts at a batch (or part) whose worker keeps dying or hanging.
+        timeout: seconds a worker may spend on one task before it is replaced (None: no
+            limit).
+    """
+
+    def __init__(self, max_attempts: int, timeout: float | None) -> None:
+        self.max_attempts = max_attempts
+        self.timeout = timeout
+        self._attempts: dict[tuple[int, int | None], int] = {}
+        self.counters = {"retries": 0, "timeouts": 0}
+
+    def reset(self, plan: EpochPlan, start: int) -> None:
+        """A new epoch: no attempt at any of its batches yet."""
+        self._attempts = {}
+
+    def again(self, batch_id: int, part: int | None) -> bool:
+        """Count one more attempt at ``(batch_id, part)``, lost; whether it may be made again
+        (False once ``max_attempts`` are spent: give it up)."""
+        key = (batch_id, part)
+        self._attempts[key] = self._attempts.get(key, 1) + 1
+        return self._attempts[key] <= self.max_attempts
+
+    def requeued(self) -> None:
+        """A lost task went back to the queue."""
+        self.counters["retries"] += 1
+
+    def overdue(self, workers: Iterable[Worker]) -> Iterator[Worker]:
+        """Workers on one task for longer than ``timeout`` (each counted as a timeout)."""
+        if self.timeout is None:
+            return
+        now = time.monotonic()
+        for worker in list(workers):
+            started = worker.head_started()
+            if started is not None and now - started > self.timeout:
+                self.counters["timeouts"] += 1
+                yield worker
+
+    def timeout_words(self) -> tuple[str, str]:
+        """Why a worker past the timeout was stopped, and DataLoader's words for the error a
+        given-up batch raises (scripts match them)."""
+        return (
+            f"exceeded timeout={self.timeout:g}s",
+            f"DataLoader timed out after {self.timeout:g} seconds",
+        )
+
+    def wait_s(self, workers: Iterable[Worker], tick: float) -> float:
+        """How long the dispatcher may wait: ``tick``, or less where a worker's task would run
+        past the timeout sooner."""
+        if self.timeout is None:
+            return tick
+        now = time.monotonic()
+        deadlines = [
+            started + self.timeout - now
+            for w in workers
+            if (started := w.head_started()) is not None
+        ]
+        return max(0.001, min([tick, *deadlines]))
+
+    def given_up(self, task: Task, reason: str, lead: str | None = None) -> str:
+        """The message of the error (or skip) for ``task``, given up: its worker ``reason``
+        on every attempt. ``lead``: DataLoader's words, put first."""
+        message = (
+            f"batch {task.batch_id} (indices {task.indices}) was not made: its worker {reason} "
+            f"on each of {self.max_attempts} attempts"
+        )
+        return f"{lead.rstrip('.')}; {message}" if lead else message
