@@ -14,7 +14,6 @@ Example:
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import types
 import weakref
@@ -28,12 +27,7 @@ from drapps.cache.settings import Cache
 from drapps.control.policy import Policy
 from drapps.engines.assembly import assemble, open_source
 from drapps.engines.backends import Backend, Source, resolve_backend
-from drapps.engines.base import Engine, Limits
 from drapps.engines.cursor import EpochCursor
-from drapps.engines.inline import InlineEngine
-from drapps.engines.pooled import PoolEngine
-from drapps.engines.stream import StreamEngine
-from drapps.ops.split import Split
 from drapps.runtime.config import (
     LoaderConfig,
     changed_arguments,
@@ -49,7 +43,6 @@ from drapps.runtime.sampling import (
     stream_length,
 )
 from drapps.runtime.stats import LoaderStats, PipelineSnapshot
-from drapps.runtime.worker import BatchRecipe, splittable
 
 
 class _DataLoaderAttributes:
@@ -246,7 +239,6 @@ class Loader(_DataLoaderAttributes):
             device=device,
             backend=resolve_backend(backend),
             pin_memory_device=pin_memory_device,
-            choose=_choose_engine,
             engine=remote if source is not None else None,
         )
         index_sampler = batch_sampler if batched else self.sampler
@@ -403,94 +395,3 @@ class Loader(_DataLoaderAttributes):
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-
-def _choose_engine(
-    c: LoaderConfig,
-    recipe: BatchRecipe,
-    backend: Backend,
-    finish: Callable[[Any], Any] | None,
-    split: Split | None,
-    iterable: bool,
-) -> tuple[Engine, LoaderConfig]:
-    """The engine for ``c``, the one place the branch on the kind is written: inline without
-    workers, the stream engine for an iterable dataset, else the pool engine over
-    ``backend``'s pool (a remote backend bounds and starts it with the cluster's CPUs)."""
-    per_worker = c.prefetch_factor or 2
-    budget = c.resolved_memory_budget
-    limits = Limits(budget, c.resolved_max_workers)
-    first_split = split.cut if split is not None else None
-    if c.initial_workers and not backend.sendable(c, recipe):
-        c = dataclasses.replace(
-            c,
-            workers=0,
-            prefetch_factor=None,
-            multiprocessing_context=None,
-            persistent_workers=False,
-            split=None if c.split == "auto" else c.split,
-            offload=None if c.offload == "auto" else c.offload,
-        )
-    if c.initial_workers == 0:
-        engine: Engine = InlineEngine(
-            recipe,
-            c.batch_size,
-            c.drop_last,
-            limits,
-            finish,
-            split=first_split,
-            seeded=c.seed is not None,
-        )
-        return engine, c
-    if c.defer_after is not None and (iterable or not splittable(recipe)):
-        what = "an iterable dataset" if iterable else "a collate_fn of its own"
-        raise ValueError(
-            f"defer_after needs a map-style dataset whose batches torch's default_collate "
-            f"makes (it fills them from samples), got {what}"
-        )
-    if iterable:
-        engine = StreamEngine(
-            recipe,
-            c.batch_size,
-            c.drop_last,
-            workers=c.initial_workers,
-            limits=limits,
-            context=c.context,
-            prefetch_per_worker=per_worker,
-            timeout=c.resolved_timeout,
-            finish=finish,
-            # The default count never duplicates a dataset that does not shard itself.
-            solo_unless_sharded=c.workers == "auto",
-        )
-        return engine, c
-    pool = backend.make_pool(recipe, c.context)
-    initial = c.initial_workers
-    if not backend.local:  # bounded by the cluster's CPUs, and starting with all of them
-        cap = c.max_workers or pool.max_workers()  # type: ignore[attr-defined]
-        try:
-            c = dataclasses.replace(c, max_workers=cap)
-        except ValueError as exc:
-            pool.shutdown()
-            raise ValueError(f"{exc} (the Ray cluster has CPUs for {cap} actors)") from None
-        initial = c.resolved_max_workers if c.workers == "auto" else c.initial_workers
-    engine = PoolEngine(
-        recipe,
-        workers=initial,
-        prefetch=None if c.prefetch == "auto" else c.prefetch,
-        prefetch_per_worker=per_worker,
-        limits=Limits(budget, c.resolved_max_workers),
-        timeout=c.resolved_timeout,
-        max_attempts=c.max_attempts,
-        context=c.context,
-        finish=finish,
-        split=first_split,
-        pool=pool,
-        in_order=c.in_order,
-        # A fixed count deals batches as DataLoader does, in order or out of it.
-        deal="least_loaded" if c.workers == "auto" else "round_robin" if c.in_order else "in_turn",
-        dispatch=c.dispatch,
-        lookahead=None if c.lookahead == "auto" else c.lookahead,
-        defer_after=c.defer_after,
-        deepen_for_tails=c.prefetch == "auto" and c.prefetch_factor is None,
-        in_process_if_unsendable=c.workers == "auto" and backend.local,
-    )
-    return engine, c

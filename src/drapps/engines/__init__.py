@@ -1,9 +1,9 @@
 """Engines: what makes a loader's batches, behind one protocol (:class:`Engine`).
 
-The loader holds DataLoader's arguments and chooses the engine;
-:func:`~drapps.engines.assembly.assemble` builds the owners of the other knobs around it;
-the cursor plans epochs and keeps resume state; the epoch iterator takes the engine's batches
-through the device stage.
+The loader holds DataLoader's arguments; :func:`~drapps.engines.assembly.assemble` chooses
+the engine (:func:`~drapps.engines.choice.choose_engine`) and builds the owners of the other
+knobs around it; the cursor plans epochs and keeps resume state; the epoch iterator takes the
+engine's batches through the device stage.
 """
 
 from drapps.engines.backends import BACKENDS, Backend, ProcessBackend, RayBackend, Source

@@ -1,8 +1,8 @@
 """A loader's moving parts, built from its settings and stopped together.
 
 :func:`assemble` builds the sample cache, the batch recipe, the Pipeline's split and device
-stage, has the loader choose the engine, and starts the tuner over the knobs each owner
-gives. :class:`Parts` merges their counters into one
+stage, chooses the engine (:func:`~drapps.engines.choice.choose_engine`), and starts the tuner
+over the knobs each owner gives. :class:`Parts` merges their counters into one
 :class:`~drapps.runtime.stats.PipelineSnapshot` and shuts them down in order. It never holds
 the loader, so a loader stays collectable while its controller thread runs.
 """
@@ -21,6 +21,7 @@ from drapps.control.knobs import CodecKnob, Knob, OffloadKnob, SplitKnob
 from drapps.control.policy import check_policy
 from drapps.engines.backends import Backend, Source, source_engine
 from drapps.engines.base import Engine
+from drapps.engines.choice import choose_engine
 from drapps.engines.cursor import EpochCursor
 from drapps.engines.epoch import Delivered, Epoch
 from drapps.engines.sharding import CoreClaim
@@ -31,12 +32,6 @@ from drapps.runtime.config import LoaderConfig
 from drapps.runtime.pinning import pinner
 from drapps.runtime.stats import PipelineSnapshot
 from drapps.runtime.worker import BatchRecipe
-
-ChooseEngine = Callable[
-    [LoaderConfig, BatchRecipe, Backend, "Callable[[Any], Any] | None", "Split | None", bool],
-    "tuple[Engine, LoaderConfig]",
-]
-"""``(config, recipe, backend, finish, split, iterable) -> (engine, config)``."""
 
 
 class Parts:
@@ -154,14 +149,12 @@ def assemble(
     device: Any,
     backend: Backend,
     pin_memory_device: str,
-    choose: ChooseEngine,
     engine: Engine | None = None,
 ) -> tuple[Parts, LoaderConfig]:
     """Build what a loader with ``config`` runs; returns it with the config as the backend
     bounds it (a Ray cluster's CPUs cap ``max_workers``).
 
     Args:
-        choose: the loader's choice of engine, given the parts it needs.
         engine: one made already (a source's), which then runs alone.
     """
     c = config
@@ -194,7 +187,7 @@ def assemble(
         reseed=c.seeds_per_sample,
     )
     try:
-        engine, c = choose(c, recipe, backend, finish, split, iterable)
+        engine, c = choose_engine(c, recipe, backend, finish, split, iterable)
     except BaseException:
         for part in (stage, samples):
             if part is not None:
