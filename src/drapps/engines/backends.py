@@ -131,8 +131,9 @@ class RayBackend(Backend):
         return True  # Ray sends with cloudpickle, which takes local functions and classes
 
     def make_pool(self, recipe: BatchRecipe, context: BaseContext | None) -> WorkerPool:
+        # The pool takes plain options: it never imports engines/, which names it only here.
         pool: WorkerPool = importlib.import_module("drapps.integrations.ray_pool").RayPool(
-            recipe, self
+            recipe, address=self.address, cpus_per_worker=self.cpus_per_worker, spread=self.spread
         )
         return pool
 

@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from drapps._optional import require
-from drapps.engines.backends import RayBackend
 from drapps.runtime.messages import BatchFailed, BatchMade, BatchTask, SlabsFreed
 from drapps.runtime.pool import Polled, Reply, Task, Worker, WorkerPool
 from drapps.runtime.worker import BatchRecipe
@@ -80,31 +79,43 @@ class RayWorker(Worker):
 
 
 class RayPool(WorkerPool):
-    """Batches made by Ray actors (:class:`RayBackend` says where and how big).
+    """Batches made by Ray actors, with the options of :class:`drapps.RayBackend` (which
+    checks them and makes this pool).
 
     Ray is initialised here when it is not yet (and shut down again by :meth:`shutdown`).
     Replies arrive as futures of actor calls; each one's completion writes a byte to a pipe, so
     :meth:`poll` waits on that pipe and the dispatcher's wake-up descriptor together.
+
+    Args:
+        recipe: what each actor makes batches with.
+        address: the cluster ``ray.init(address)`` joins when Ray is not initialised yet.
+        cpus_per_worker: CPUs each actor reserves in Ray's scheduler.
+        spread: spread actors over the nodes (Ray's ``SPREAD`` strategy).
     """
 
-    def __init__(self, recipe: BatchRecipe, backend: RayBackend) -> None:
+    def __init__(
+        self,
+        recipe: BatchRecipe,
+        *,
+        address: str | None = None,
+        cpus_per_worker: float = 1.0,
+        spread: bool = True,
+    ) -> None:
         super().__init__()
         ray = require("ray")
         self._ray = ray
-        self._backend = backend
+        self._cpus_per_worker = cpus_per_worker
         self._owns_ray = not ray.is_initialized()
         if self._owns_ray:
-            ray.init(
-                address=backend.address, include_dashboard=False, logging_level=logging.WARNING
-            )
+            ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING)
         self._node = ray.get_runtime_context().get_node_id()
         self._recipe = ray.put(recipe)
         options: dict[str, Any] = {
-            "num_cpus": backend.cpus_per_worker,
+            "num_cpus": cpus_per_worker,
             "max_restarts": 0,  # the dispatcher replaces actors and re-queues their batches
             "max_task_retries": 0,
         }
-        if backend.spread:
+        if spread:
             options["scheduling_strategy"] = "SPREAD"
         self._actor_class = ray.remote(_BatchMaker).options(**options)
         self._ready_r, self._ready_w = os.pipe()
@@ -121,7 +132,7 @@ class RayPool(WorkerPool):
 
     def max_workers(self) -> int:
         """Actors the cluster has CPUs for (at least 1)."""
-        return max(1, int(self.cluster_cpus() // self._backend.cpus_per_worker))
+        return max(1, int(self.cluster_cpus() // self._cpus_per_worker))
 
     def _cluster_view(self) -> tuple[float, float] | None:
         """(CPUs, free CPUs) as Ray counts them, read at most once a second: the dispatcher
@@ -139,7 +150,7 @@ class RayPool(WorkerPool):
         # After a node is lost, replacements beyond what is left would wait for CPUs that
         # never come.
         view = self._cluster_view()
-        return None if view is None else max(1, int(view[0] // self._backend.cpus_per_worker))
+        return None if view is None else max(1, int(view[0] // self._cpus_per_worker))
 
     # ------------------------------------------------------------------ the pool protocol
 
