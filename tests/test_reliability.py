@@ -240,7 +240,7 @@ def test_a_slab_that_cannot_be_mapped_is_made_again() -> None:
             raise OSError(errno.ENOMEM, "Cannot allocate memory")
         return real_unpack(packed, *args)
 
-    with mock.patch("drapps.runtime.dispatcher.unpack", vanishing):
+    with mock.patch("drapps.runtime.admission.unpack", vanishing):
         with drapps.Loader(SlowDataset(40), batch_size=4, workers=2, seed=0) as loader:
             seen = [int(i) for b in loader for i in b]
             stats = loader.stats()

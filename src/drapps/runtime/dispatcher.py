@@ -21,10 +21,11 @@ from collections.abc import Callable
 from multiprocessing.context import BaseContext
 from typing import Any
 
+from drapps.runtime.admission import Admission
 from drapps.runtime.cost import SampleCosts
 from drapps.runtime.errors import WorkerTimeoutError, sample_path
 from drapps.runtime.fill import Filled, ReadyFill
-from drapps.runtime.hedging import TASKS_PER_WORKER, TICK_S, Hedging
+from drapps.runtime.hedging import TICK_S, Hedging
 from drapps.runtime.messages import (
     BatchFailed,
     BatchMade,
@@ -33,23 +34,18 @@ from drapps.runtime.messages import (
     WorkerFatal,
     WorkerReply,
 )
-from drapps.runtime.parts import PartialBatch, largest_tensor, on_free
+from drapps.runtime.parts import PartialBatch, largest_tensor
 from drapps.runtime.plan import EpochPlan
 from drapps.runtime.pool import Reply, Task, Worker, WorkerPool
 from drapps.runtime.process_pool import ProcessPool
-from drapps.runtime.recycling import SlabRecycler
 from drapps.runtime.reorder import Entry, ReorderBuffer
 from drapps.runtime.retries import Retries
 from drapps.runtime.schedule import Schedule, Work
-from drapps.runtime.slabs import PAGE
 from drapps.runtime.stats import STAGES, PipelineSnapshot
-from drapps.runtime.transport import Packed, discard, unpack
 from drapps.runtime.worker import BatchRecipe, collate_samples, splittable
 
 logger = logging.getLogger(__name__)
 
-# A part predicted to cost this many times a typical one holds its worker to that part alone.
-_SLOW_PART = 2.0
 _WATCH_EVERY = 4  # with light-tailed costs, batches per one whose sample costs are learnt
 _TAIL_DEPTH = 4  # the most a heavy tail deepens prefetch, in multiples of the depth
 # A worker parked by a shrink is kept this long for a grow to reuse before it is retired:
@@ -147,7 +143,7 @@ class Dispatcher:
         self._idle = False
         self._per_worker = prefetch_per_worker
         self._finish = finish
-        self._budget = memory_budget
+        self.admission = Admission(memory_budget)
         self.retries = Retries(max_attempts, timeout)
         self._lock = threading.Lock()
         self._commands: list[tuple[str, Any]] = []
@@ -164,23 +160,15 @@ class Dispatcher:
         self._generation = 0
         self._generation_now = 0
         self._in_flight: dict[tuple[int, int | None], Worker] = {}
-        self._open: set[int] = set()  # batches started and not yet in the buffer
         self._partial: dict[int, PartialBatch] = {}
         self._slow_batches = 0  # batches that held a slow sample
         self._replies = 0
         # Wall seconds a task takes per second of its samples' own cost: above 1 with more
         # busy workers than cores (costs leave out the time a worker waited for a core).
         self.hedging = Hedging(self.costs)
-        self._batch_bytes = 0
-        self._live_bytes = 0
-        self._bytes_lock = threading.Lock()
-        # Released slabs go back to their workers, those the budget has room for kept.
-        self._recycler = SlabRecycler(room=self._room_to_keep)
         # Counters read by snapshot().
         self.counters: dict[str, float] = {
             "worker_restarts": 0,
-            "pickled_bytes": 0,
-            "shared_bytes": 0,
             "fetch_s": 0.0,
             "transform_s": 0.0,
             "collate_s": 0.0,
@@ -255,7 +243,7 @@ class Dispatcher:
 
     def batch_bytes(self) -> int:
         """Bytes of the largest batch received so far (0 before the first)."""
-        return self._batch_bytes
+        return self.admission.batch_bytes
 
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
@@ -320,7 +308,7 @@ class Dispatcher:
             self._stopped = True
             os.close(self._wake_r)
             os.close(self._wake_w)
-        self._recycler.close()  # the workers stop: their slabs go with them
+        self.admission.recycler.close()  # the workers stop: their slabs go with them
         self.pool.shutdown()
         self.buffer.fail(RuntimeError("this drapps.Loader is closed"))
         # Samples of batches made in part, or waiting to fill one, map their parts' slabs.
@@ -363,7 +351,7 @@ class Dispatcher:
             self._generation_now, self._plan, start, fresh_workers = value
             self.retries.reset(self._plan, start)
             self._in_flight.clear()
-            self._open.clear()
+            self.admission.reset(self._plan, start)
             self._partial.clear()
             self.hedging.reset(self._plan, start)
             self.schedule.reset(self._plan, start)
@@ -421,59 +409,15 @@ class Dispatcher:
         for spare, copy in copies:
             self.pool.send(spare, self._task_message(copy, copy.part))
 
-    def _may_queue(self, worker: Worker) -> bool:
-        """Whether ``worker`` may take one more task now: up to two, so it never idles between
-        tasks; while batches are cut into parts, a second only behind a part not predicted
-        slow (a part queued behind a straggler would wait while another worker idles)."""
-        if len(worker.assigned) >= TASKS_PER_WORKER:
-            return False
-        if not worker.assigned or not self.schedule.cutting:
-            return True
-        work = worker.assigned[0].work
-        typical = self.costs.mean * (len(work.positions) if work is not None else 1)
-        return work is None or work.cost <= _SLOW_PART * typical
-
-    def _may_open(self, batch_id: int, depth: int) -> bool:
-        """Whether work on ``batch_id`` may start at prefetch depth ``depth`` (a batch already
-        started always may)."""
-        if batch_id == self.buffer.next_id or batch_id in self._open:
-            return True  # the batch the training loop waits for always goes
-        outstanding = len(self._open) + len(self.buffer)
-        if self.fill is not None:  # made samples waiting to fill a batch hold memory too
-            outstanding += -(-self.fill.pooled // max(1, self.schedule.batch_len))
-        if outstanding >= depth:
-            return False
-        if self._batch_bytes == 0:
-            # Size unknown until the first batch lands: one batch per worker until then.
-            return outstanding < max(1, len(self.pool.live()))
-        # Live bytes: batches in the buffer and those the training loop still holds, whose
-        # pages stay in shared memory until their last tensor is gone; kept: released slabs
-        # the workers keep to write later batches into.
-        kept = self._recycler.mappings.held_bytes()
-        projected = self._live_bytes + kept + (len(self._open) + 1) * self._batch_bytes
-        return projected <= self._budget
-
-    def _room_to_keep(self) -> int:
-        """Bytes the budget has left for one more released slab kept for reuse, beside the
-        live batches, the slabs kept already and the batches under way (called from the
-        finalizer of a batch's last tensor, in any thread)."""
-        kept = self._recycler.mappings.held_bytes_unlocked()
-        under_way = len(self._open) * self._batch_bytes
-        return self._budget - self._live_bytes - kept - under_way
-
     def _send_releases(self) -> None:
         """Tell each worker which of its slabs the training process has let go of."""
-        notices = self._recycler.drain()
+        notices = self.admission.recycler.drain()
         if not notices:
             return
         for worker in self.pool.workers:
             released = notices.get(worker.wid)
             if released and not worker.broken:
                 self.pool.send(worker, SlabsFreed(released))
-
-    def _on_release(self, nbytes: int) -> None:
-        with self._bytes_lock:
-            self._live_bytes -= nbytes
 
     def _dispatch(self) -> None:
         plan = self._plan
@@ -483,10 +427,21 @@ class Dispatcher:
         depth = self.prefetch_depth
 
         def may_open(batch_id: int) -> bool:
-            return self._may_open(batch_id, depth)
+            pooled = 0  # made samples waiting to fill a batch hold memory too
+            if self.fill is not None:
+                pooled = -(-self.fill.pooled // max(1, self.schedule.batch_len))
+            return self.admission.may_open(
+                batch_id, depth, head=self.buffer.next_id, ready=len(self.buffer),
+                pooled=pooled, workers=len(self.pool.live()),
+            )  # fmt: skip
 
         while plan is not None:
-            candidates = [w for w in self.pool.live() if self._may_queue(w)]
+            cutting = self.schedule.cutting
+            candidates = [
+                w
+                for w in self.pool.live()
+                if self.admission.may_queue(w, cutting=cutting, costs=self.costs)
+            ]
             if not candidates:
                 return
             live = len(self.pool.live())
@@ -513,8 +468,8 @@ class Dispatcher:
                 continue  # already delivered or held: a late duplicate retry
             indices = plan.batch(batch_id)
             now = time.monotonic()
-            if batch_id not in self._open:
-                self._open.add(batch_id)
+            if batch_id not in self.admission.open:
+                self.admission.open.add(batch_id)
                 if work.part is not None:
                     self._partial[batch_id] = PartialBatch(
                         indices, {w.part: w.positions for w in parts if w.part is not None},
@@ -625,19 +580,19 @@ class Dispatcher:
         else:
             packed = made.packed
             if not current or self.buffer.done(batch_id):
-                self._discard(worker, packed)
+                self.admission.drop(worker, packed)
                 return
             batch, nbytes = None, 0
             if packed is not None:
                 try:
-                    batch, nbytes = self._receive(worker, packed)
+                    batch, nbytes = self.admission.receive(worker, packed)
                 except (OSError, ValueError) as exc:  # its slab cannot be mapped: make it again
                     self._unreadable(batch_id, None, exc)
                     return
                 if self._finish is not None:
                     batch = self._finish(batch)
                 self.counters["transport_s"] += time.monotonic() - now
-                self._batch_bytes = max(self._batch_bytes, nbytes)
+                self.admission.note_batch(nbytes)
             entry = Entry(batch=batch, nbytes=nbytes, skipped=made.skipped, split=split)
             self._count_stages(made.seconds)
         if current:
@@ -653,7 +608,7 @@ class Dispatcher:
         done = self.buffer.done(batch_id) if self.fill is None else False
         if partial is None or partial.has(part) or done:
             if isinstance(reply, BatchMade):
-                self._discard(worker, reply.packed)
+                self.admission.drop(worker, reply.packed)
             return  # a stale epoch's part, or a duplicate of a retried one
         now = time.monotonic()
         if self.fill is not None:
@@ -704,7 +659,7 @@ class Dispatcher:
         if reply.packed is None:
             return [], 0
         try:
-            samples, nbytes = self._receive(worker, reply.packed)
+            samples, nbytes = self.admission.receive(worker, reply.packed)
         except (OSError, ValueError) as exc:
             self._unreadable(reply.batch_id, task.work if task is not None else None, exc)
             return None
@@ -714,7 +669,7 @@ class Dispatcher:
         partial.received.add(part)
         if partial.complete:
             del self._partial[batch_id]
-            self._open.discard(batch_id)
+            self.admission.open.discard(batch_id)
 
     def _fill_ready(self) -> None:
         """Hand over every batch the pool of made samples can fill now."""
@@ -742,7 +697,7 @@ class Dispatcher:
                 return Entry(error=exc, keys=keys, places=places)
             tensor = largest_tensor(batch)
             entry.nbytes = 0 if tensor is None else tensor.nbytes
-            entry.batch = self._hold(batch, entry.nbytes)
+            entry.batch = self.admission.hold(batch, entry.nbytes, self._finish)
         return entry
 
     def _assemble(self, generation: int, batch_id: int, partial: PartialBatch) -> None:
@@ -756,61 +711,15 @@ class Dispatcher:
             )
         )
         if entry.batch is not None:
-            entry.batch = self._hold(entry.batch, entry.nbytes)
+            entry.batch = self.admission.hold(entry.batch, entry.nbytes, self._finish)
         now = time.monotonic()
         self.counters["assemble_s"] += now - start
         self.latencies.append((now, now - partial.opened_at))
         self._deliver(generation, batch_id, entry)
 
-    def _hold(self, batch: Any, nbytes: int) -> Any:
-        """A batch collated in this process, through ``finish``. The parts' slabs are freed
-        as their samples go; the collated batch now holds that memory (``nbytes``), counted
-        live until the training loop lets it go."""
-        if self._finish is not None:
-            batch = self._finish(batch)
-        if nbytes and on_free(batch, lambda: self._on_release(nbytes)):
-            with self._bytes_lock:
-                self._live_bytes += nbytes
-        self._batch_bytes = max(self._batch_bytes, nbytes)
-        return batch
-
     def _deliver(self, generation: int, batch_id: int, entry: Entry) -> None:
-        self._open.discard(batch_id)
+        self.admission.open.discard(batch_id)
         self.buffer.put(generation, batch_id, entry)
-
-    def _receive(self, worker: Worker, packed: Packed) -> tuple[Any, int]:
-        """A packed reply rebuilt over its slab, counted in the live bytes.
-
-        Raises:
-            OSError, ValueError: its slab cannot be mapped.
-        """
-        release = None
-        if packed.recycle and packed.slab is not None:
-            release = self._recycler.releaser(worker.wid, packed.slab)
-        # A batch written into a longer slab kept for reuse (slabs only grow) holds all of its
-        # pages: the slab's length counts (beyond the page a small batch is rounded up to).
-        nbytes = packed.nbytes
-        if packed.fd is not None and (length := os.fstat(packed.fd).st_size) > nbytes + PAGE:
-            nbytes = length
-
-        def on_release(_: int) -> None:
-            self._on_release(nbytes)
-
-        batch = unpack(packed, on_release, release, self._recycler.mappings, worker.wid)
-        if nbytes:
-            with self._bytes_lock:
-                self._live_bytes += nbytes
-        self.counters["pickled_bytes"] += len(packed.skeleton)
-        self.counters["shared_bytes"] += nbytes
-        return batch, nbytes
-
-    def _discard(self, worker: Worker, packed: Packed | None) -> None:
-        if packed is None:
-            return
-        release = None
-        if packed.recycle and packed.slab is not None:
-            release = self._recycler.releaser(worker.wid, packed.slab)
-        discard(packed, release)
 
     def _unreadable(self, batch_id: int, work: Work | None, exc: Exception) -> None:
         logger.warning("batch %d could not be read back (%s); retrying it", batch_id, exc)
@@ -835,7 +744,7 @@ class Dispatcher:
         """Drop an exited ``worker`` from the pool and unmap the slabs of it this process
         kept (they will not come back); its unanswered tasks."""
         unanswered = self.pool.reap(worker)
-        self._recycler.mappings.gone(worker.wid)
+        self.admission.recycler.mappings.gone(worker.wid)
         return unanswered
 
     def _on_exit(self, worker: Worker, reason: str, lead: str | None = None) -> None:
@@ -936,13 +845,13 @@ class Dispatcher:
             stage_s={name: counters[name] for name in STAGES},
             target_workers=self._target,
             peak_ready_bytes=self.buffer.peak_bytes,
-            in_flight=len(self._open),
-            batch_bytes=self._batch_bytes,
+            in_flight=len(self.admission.open),
+            batch_bytes=self.admission.batch_bytes,
             worker_restarts=int(counters["worker_restarts"]),
             timeouts=self.retries.counters["timeouts"],
             retries=self.retries.counters["retries"],
-            pickled_bytes=int(counters["pickled_bytes"]),
-            shared_bytes=int(counters["shared_bytes"]),
+            pickled_bytes=self.admission.counters["pickled_bytes"],
+            shared_bytes=self.admission.counters["shared_bytes"],
             cut_batches=self.schedule.cut_batches,
             lookahead=self.schedule.lookahead_for(self.prefetch_depth),
             priority=self._priority,

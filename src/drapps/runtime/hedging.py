@@ -14,13 +14,12 @@ import time
 from collections.abc import Collection, Iterator
 from typing import Any
 
+from drapps.runtime.admission import TASKS_PER_WORKER
 from drapps.runtime.cost import SampleCosts
 from drapps.runtime.plan import EpochPlan
 from drapps.runtime.pool import Task, Worker
 from drapps.runtime.worker import urgency
 
-TASKS_PER_WORKER = 2
-"""Tasks a worker holds at most: the one it makes and the next, so it never idles between."""
 HEDGE_FACTOR = 4.0
 """A part runs overdue at this many times its predicted cost (times the stretch)..."""
 HEDGE_MIN_S = 0.02
