@@ -46,7 +46,7 @@ class MoreThreads:
 def test_a_new_knob_is_observed_moved_clipped_and_recorded() -> None:
     pipe = Pipeline()
     knob = ThreadsKnob(pipe.set_threads, low=1, high=3)
-    controller = Controller(pipe.observe, MoreThreads(), None, None, knobs=[knob])
+    controller = Controller(pipe.observe, MoreThreads(), knobs=[knob])
     ticks = [controller.step() for _ in range(4)]
     assert pipe.applied == [2, 3]  # clipped at its bound, applied only when it changes
     assert [t.applied["threads"] for t in ticks] == [2, 3, 3, 3]
@@ -88,7 +88,7 @@ def test_a_choice_knob_takes_only_its_choices() -> None:
     chosen: list[str] = []
     knob = CodecKnob(chosen.append, choices=("none", "lz4"))
     current = replace(state(), codec="none")
-    controller = Controller(lambda: current, NOOP_POLICY, None, None, knobs=[knob])
+    controller = Controller(lambda: current, NOOP_POLICY, knobs=[knob])
     assert controller.act(current, Action(codec="lz4")) == {"codec": "lz4"}
     assert chosen == ["lz4"]
     with pytest.raises(ValueError, match=r"codec must be one of \['none', 'lz4'\], got 'zip'"):
@@ -113,7 +113,7 @@ def test_knob_names_are_unique() -> None:
     pipe = Pipeline()
     knobs = [ThreadsKnob(pipe.set_threads, low=1, high=2) for _ in range(2)]
     with pytest.raises(ValueError, match="knob names must be unique"):
-        Controller(pipe.observe, NOOP_POLICY, None, None, knobs=knobs)
+        Controller(pipe.observe, NOOP_POLICY, knobs=knobs)
 
 
 def test_a_policy_runs_without_its_situational_knobs_and_needs_the_pool_ones() -> None:
@@ -145,8 +145,6 @@ def test_a_policy_runs_without_its_situational_knobs_and_needs_the_pool_ones() -
         Controller(
             pipe.observe,
             SplitPolicy(),
-            None,
-            None,
             knobs=[ThreadsKnob(pipe.set_threads, low=1, high=2)],
         )
 
@@ -187,9 +185,7 @@ def test_a_clipped_worker_count_says_what_held_it() -> None:
             return Action(workers=1, reason="grow")
 
     rows: list[Any] = []
-    controller = Controller(
-        lambda: s, Grow(), None, None, knobs=[knob], on_tick=rows.append, interval=0.1
-    )
+    controller = Controller(lambda: s, Grow(), knobs=[knob], on_tick=rows.append, interval=0.1)
     tick = controller.step()
     assert tick.workers == 3 and tick.notes == {"workers": knob.limited_by}
     row = TraceRow(0.0, s, tick.action, dict(tick.applied), 0.0, notes=tick.notes)
@@ -230,10 +226,10 @@ def test_a_policy_trained_on_the_priority_moves_it_and_its_rule_rests() -> None:
     busy = state(workers=2, prefetch=4, main_cpu=1.0, cpu_util=1.0)
     ruled, steered = [], []
     rule = PriorityKnob(ruled.append, window=2)
-    controller = Controller(lambda: busy, _Noop(), None, None, knobs=[rule])
+    controller = Controller(lambda: busy, _Noop(), knobs=[rule])
     assert [controller.step().applied["priority"] for _ in range(3)] == ["normal", "low", "low"]
     knob = PriorityKnob(steered.append, window=2)
-    controller = Controller(lambda: busy, Lower(0), None, None, knobs=[knob])
+    controller = Controller(lambda: busy, Lower(0), knobs=[knob])
     assert knob.steered  # the Controller handed it to the policy
     assert [controller.step().applied["priority"] for _ in range(4)] == ["normal"] * 4
     controller.policy = Lower(-1)

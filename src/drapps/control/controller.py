@@ -106,8 +106,8 @@ class Controller:
         self,
         observe: Callable[[], State],
         policy: Policy,
-        actuators: Actuators | None,
-        bounds: Bounds | None,
+        actuators: Actuators | None = None,
+        bounds: Bounds | None = None,
         *,
         interval: float = 0.5,
         on_tick: Callable[[Tick], None] | None = None,
@@ -118,8 +118,8 @@ class Controller:
     ) -> None:
         """
         Args:
-            actuators, bounds: the workers and prefetch knobs (:func:`default_knobs`); None
-                for a pipeline whose knobs all come from ``knobs``.
+            actuators, bounds: the workers and prefetch knobs (:func:`default_knobs`); left
+                out for a pipeline whose knobs all come from ``knobs``.
             grant: ``grant(wanted, floor) -> workers``, see :class:`WorkersKnob`.
             knobs: further knobs (``split``, ``codec``, or a new one), asked after the
                 default ones, in this order.

@@ -42,8 +42,6 @@ class AutoTuner:
         self.controller = Controller(
             self.monitor.sample,
             policy,
-            None,
-            None,
             knobs=knobs,
             interval=interval,
             on_tick=self._record,
