@@ -22,9 +22,9 @@ from multiprocessing.context import BaseContext
 from typing import Any
 
 from drapps.runtime.admission import Admission
+from drapps.runtime.collector import PartCollector, add_stages
 from drapps.runtime.cost import SampleCosts
 from drapps.runtime.errors import WorkerTimeoutError, sample_path
-from drapps.runtime.fill import Filled, ReadyFill
 from drapps.runtime.hedging import TICK_S, Hedging
 from drapps.runtime.messages import (
     BatchFailed,
@@ -34,7 +34,6 @@ from drapps.runtime.messages import (
     WorkerFatal,
     WorkerReply,
 )
-from drapps.runtime.parts import PartialBatch, largest_tensor
 from drapps.runtime.plan import EpochPlan
 from drapps.runtime.pool import Reply, Task, Worker, WorkerPool
 from drapps.runtime.process_pool import ProcessPool
@@ -42,7 +41,7 @@ from drapps.runtime.reorder import Entry, ReorderBuffer
 from drapps.runtime.retries import Retries
 from drapps.runtime.schedule import Schedule, Work
 from drapps.runtime.stats import STAGES, PipelineSnapshot
-from drapps.runtime.worker import BatchRecipe, collate_samples, splittable
+from drapps.runtime.worker import BatchRecipe, splittable
 
 logger = logging.getLogger(__name__)
 
@@ -118,9 +117,7 @@ class Dispatcher:
         self.pool = pool if pool is not None else ProcessPool(recipe, context)
         self._recipe = recipe
         self.costs = SampleCosts(_length(recipe.dataset), _paths(recipe.dataset))
-        self._defer_after = defer_after
         self._deepen = deepen_for_tails
-        self.fill: ReadyFill | None = None
         self.schedule = Schedule(
             self.costs,
             mode=dispatch if defer_after is None else "samples",
@@ -160,8 +157,6 @@ class Dispatcher:
         self._generation = 0
         self._generation_now = 0
         self._in_flight: dict[tuple[int, int | None], Worker] = {}
-        self._partial: dict[int, PartialBatch] = {}
-        self._slow_batches = 0  # batches that held a slow sample
         self._replies = 0
         # Wall seconds a task takes per second of its samples' own cost: above 1 with more
         # busy workers than cores (costs leave out the time a worker waited for a core).
@@ -177,6 +172,10 @@ class Dispatcher:
         }
         self.latencies: deque[tuple[float, float]] = deque(maxlen=4096)
         """(arrival time, seconds from dispatch to arrival) of recent batches."""
+        self.parts = PartCollector(
+            recipe, self.admission, self.buffer, finish, defer_after, self.counters,
+            self.latencies,
+        )  # fmt: skip
 
     # ----------------------------------------------------------------- calls from other threads
 
@@ -312,8 +311,7 @@ class Dispatcher:
         self.pool.shutdown()
         self.buffer.fail(RuntimeError("this drapps.Loader is closed"))
         # Samples of batches made in part, or waiting to fill one, map their parts' slabs.
-        self._partial.clear()
-        self.fill = None
+        self.parts.close()
 
     def _run(self) -> None:
         try:
@@ -322,7 +320,7 @@ class Dispatcher:
                 self._keep_pool_size()
                 self._dispatch()
                 self._wait_and_receive()
-                self._fill_ready()
+                self.parts.fill_ready(self._generation_now, self._split)
                 self._send_releases()
                 self._enforce_timeout()
         except BaseException as exc:
@@ -352,11 +350,9 @@ class Dispatcher:
             self.retries.reset(self._plan, start)
             self._in_flight.clear()
             self.admission.reset(self._plan, start)
-            self._partial.clear()
             self.hedging.reset(self._plan, start)
             self.schedule.reset(self._plan, start)
-            if self._defer_after is not None:
-                self.fill = ReadyFill(self._plan, start)
+            self.parts.reset(self._plan, start)
             if fresh_workers:
                 for worker in list(self.pool.workers):
                     self.pool.kill(worker)
@@ -402,7 +398,7 @@ class Dispatcher:
         copies = self.hedging.copies(
             head=self.buffer.next_id,
             waiting=self.buffer.waiting_s() is not None,
-            cut=self._partial,
+            cut=self.parts.partial,
             in_flight=self._in_flight,
             live=self.pool.live(),
         )
@@ -427,9 +423,7 @@ class Dispatcher:
         depth = self.prefetch_depth
 
         def may_open(batch_id: int) -> bool:
-            pooled = 0  # made samples waiting to fill a batch hold memory too
-            if self.fill is not None:
-                pooled = -(-self.fill.pooled // max(1, self.schedule.batch_len))
+            pooled = self.parts.pooled_batches(self.schedule.batch_len)
             return self.admission.may_open(
                 batch_id, depth, head=self.buffer.next_id, ready=len(self.buffer),
                 pooled=pooled, workers=len(self.pool.live()),
@@ -471,14 +465,11 @@ class Dispatcher:
             if batch_id not in self.admission.open:
                 self.admission.open.add(batch_id)
                 if work.part is not None:
-                    self._partial[batch_id] = PartialBatch(
-                        indices, {w.part: w.positions for w in parts if w.part is not None},
-                        now, self._split,
-                    )  # fmt: skip
+                    self.parts.open(batch_id, indices, parts, self._split, now)
             split = self._split
             if work.part is not None:
                 indices = [indices[p] for p in work.positions]
-                split = self._partial[batch_id].split  # every part is made with one split
+                split = self.parts.partial[batch_id].split  # every part is made with one split
             task = Task(self._generation_now, plan.epoch, batch_id, indices, now, split, work)
             worker.assigned.append(task)
             self._in_flight[batch_id, work.part] = worker
@@ -521,8 +512,9 @@ class Dispatcher:
     def _wait_timeout(self) -> float:
         tick = TICK_S
         waited = self.buffer.waiting_s()
-        if self.fill is not None and self._defer_after is not None and waited is not None:
-            tick = max(0.001, min(tick, self._defer_after - waited))  # to fill it on time
+        defer_after = self.parts.defer_after
+        if self.parts.fill is not None and defer_after is not None and waited is not None:
+            tick = max(0.001, min(tick, defer_after - waited))  # to fill it on time
         if waited is not None and self.schedule.cutting:
             tick = max(
                 0.001, min(tick, self.hedging.next_look_s(self.buffer.next_id, self._in_flight))
@@ -565,14 +557,14 @@ class Dispatcher:
         if watch and made is not None and task is not None:
             slow = self.costs.observe(task.indices, made.costs)
         if part is not None:
-            partial = self._partial.get(batch_id)
+            partial = self.parts.partial.get(batch_id)
             if slow and partial is not None:
                 partial.slow = True
-            self._on_part(worker, reply, current, task)
+            self.parts.on_part(worker, reply, current, task, self._deliver, self._unreadable)
             return
         if task is not None:
             self.latencies.append((now, now - task.assigned_at))
-        self._slow_batches += slow
+        self.parts.slow_batches += slow
         split = task.split if task is not None else self._split
         if made is None:
             assert isinstance(reply, BatchFailed)
@@ -594,128 +586,14 @@ class Dispatcher:
                 self.counters["transport_s"] += time.monotonic() - now
                 self.admission.note_batch(nbytes)
             entry = Entry(batch=batch, nbytes=nbytes, skipped=made.skipped, split=split)
-            self._count_stages(made.seconds)
+            add_stages(self.counters, made.seconds)
         if current:
             self._deliver(generation, batch_id, entry)
 
-    def _on_part(
-        self, worker: Worker, reply: BatchMade | BatchFailed, current: bool, task: Task | None
-    ) -> None:
-        """One part of a batch made in parts; the batch goes to the buffer with its last."""
-        generation, batch_id, part = reply.generation, reply.batch_id, reply.part
-        assert part is not None
-        partial = self._partial.get(batch_id) if current else None
-        done = self.buffer.done(batch_id) if self.fill is None else False
-        if partial is None or partial.has(part) or done:
-            if isinstance(reply, BatchMade):
-                self.admission.drop(worker, reply.packed)
-            return  # a stale epoch's part, or a duplicate of a retried one
-        now = time.monotonic()
-        if self.fill is not None:
-            self._to_fill(worker, reply, partial, part, task)
-            return
-        if isinstance(reply, BatchFailed):
-            partial.fail(part, reply.error)
-        else:
-            received = self._part_samples(worker, reply, task)
-            if received is None:
-                return
-            assert reply.kept is not None  # a part says which of its samples it holds
-            partial.add(part, received[0], reply.kept, reply.skipped, received[1])
-            self.counters["transport_s"] += time.monotonic() - now
-            self._count_stages(reply.seconds)
-        if partial.complete:
-            self._assemble(generation, batch_id, partial)
-
     def _made_already(self, work: Work) -> bool:
         """Whether ``work`` came back already (a late duplicate of a retry)."""
-        if self.fill is not None and work.part is not None:
-            return self.fill.has(work.batch_id, work.part)
-        return self.buffer.done(work.batch_id)
-
-    def _to_fill(
-        self, worker: Worker, reply: BatchMade | BatchFailed, partial: PartialBatch, part: int,
-        task: Task | None,
-    ) -> None:  # fmt: skip
-        """A part's samples join the pool that batches are filled from."""
-        assert self.fill is not None
-        batch_id, places = reply.batch_id, partial.positions[part]
-        if isinstance(reply, BatchFailed):
-            self.fill.fail(batch_id, part, places, reply.error)
-        else:
-            received = self._part_samples(worker, reply, task)
-            if received is None:
-                return
-            self._count_stages(reply.seconds)
-            assert reply.kept is not None  # a part says which of its samples it holds
-            self.fill.add(batch_id, part, places, received[0], reply.kept, reply.skipped)
-        self._part_in(batch_id, partial, part)
-
-    def _part_samples(
-        self, worker: Worker, reply: BatchMade, task: Task | None
-    ) -> tuple[list[Any], int] | None:
-        """A part's samples and their bytes; None when its slab cannot be mapped (the part is
-        made again)."""
-        if reply.packed is None:
-            return [], 0
-        try:
-            samples, nbytes = self.admission.receive(worker, reply.packed)
-        except (OSError, ValueError) as exc:
-            self._unreadable(reply.batch_id, task.work if task is not None else None, exc)
-            return None
-        return samples, nbytes
-
-    def _part_in(self, batch_id: int, partial: PartialBatch, part: int) -> None:
-        partial.received.add(part)
-        if partial.complete:
-            del self._partial[batch_id]
-            self.admission.open.discard(batch_id)
-
-    def _fill_ready(self) -> None:
-        """Hand over every batch the pool of made samples can fill now."""
-        fill, defer_after = self.fill, self._defer_after
-        if fill is None or defer_after is None:
-            return
-        while True:
-            waited = self.buffer.waiting_s() if self.buffer.next_id == fill.slot else None
-            filled = fill.form(waited, defer_after)
-            if filled is None:
-                return
-            self.buffer.put(self._generation_now, filled.slot, self._filled_entry(filled))
-
-    def _filled_entry(self, filled: Filled) -> Entry:
-        keys, places = filled.keys, filled.places
-        if filled.error is not None:
-            return Entry(error=filled.error, keys=keys, places=places)
-        entry = Entry(skipped=filled.skipped, split=self._split, keys=keys, places=places)
-        if filled.samples:
-            try:
-                batch = collate_samples(
-                    self._recipe, filled.samples, self._split, keys, one_thread=True
-                )
-            except Exception as exc:  # collate_samples names the batch in a SampleError
-                return Entry(error=exc, keys=keys, places=places)
-            tensor = largest_tensor(batch)
-            entry.nbytes = 0 if tensor is None else tensor.nbytes
-            entry.batch = self.admission.hold(batch, entry.nbytes, self._finish)
-        return entry
-
-    def _assemble(self, generation: int, batch_id: int, partial: PartialBatch) -> None:
-        """Collate a batch whose parts are all here, in plan order, and deliver it."""
-        del self._partial[batch_id]
-        self._slow_batches += partial.slow
-        start = time.monotonic()
-        entry = partial.outcome(
-            lambda samples, indices: collate_samples(
-                self._recipe, samples, partial.split, indices, one_thread=True
-            )
-        )
-        if entry.batch is not None:
-            entry.batch = self.admission.hold(entry.batch, entry.nbytes, self._finish)
-        now = time.monotonic()
-        self.counters["assemble_s"] += now - start
-        self.latencies.append((now, now - partial.opened_at))
-        self._deliver(generation, batch_id, entry)
+        already = self.parts.made_already(work)
+        return already if already is not None else self.buffer.done(work.batch_id)
 
     def _deliver(self, generation: int, batch_id: int, entry: Entry) -> None:
         self.admission.open.discard(batch_id)
@@ -724,10 +602,6 @@ class Dispatcher:
     def _unreadable(self, batch_id: int, work: Work | None, exc: Exception) -> None:
         logger.warning("batch %d could not be read back (%s); retrying it", batch_id, exc)
         self._retry_task(batch_id, work, f"could not be read back ({exc})")
-
-    def _count_stages(self, seconds: tuple[float, float, float]) -> None:
-        for name, value in zip(("fetch_s", "transform_s", "collate_s"), seconds, strict=True):
-            self.counters[name] += value
 
     def _enforce_timeout(self) -> None:
         for worker in self.retries.overdue(self.pool.workers):
@@ -793,25 +667,7 @@ class Dispatcher:
     def _give_up(self, task: Task, reason: str, lead: str | None = None) -> None:
         message = self.retries.given_up(task, reason, lead)
         if task.part is not None:
-            partial = self._partial.get(task.batch_id)
-            if partial is None or partial.has(task.part):
-                return
-            if self.fill is not None:
-                places = partial.positions[task.part]
-                if self._on_error == "skip":
-                    self.fill.skip(task.batch_id, task.part, places, message)
-                else:
-                    error = WorkerTimeoutError(message, stage="worker", indices=task.indices)
-                    self.fill.fail(task.batch_id, task.part, places, error)
-                self._part_in(task.batch_id, partial, task.part)
-                return
-            if self._on_error == "skip":
-                partial.skip(task.part, message)
-            else:
-                error = WorkerTimeoutError(message, stage="worker", indices=task.indices)
-                partial.fail(task.part, error)
-            if partial.complete:
-                self._assemble(task.generation, task.batch_id, partial)
+            self.parts.give_up(task, message, self._on_error == "skip", self._deliver)
             return
         if self._on_error == "skip":
             entry = Entry(skipped=[(index, message) for index in task.indices])
@@ -858,7 +714,7 @@ class Dispatcher:
             epoch_left=self._epoch_left(),
             sample_costs={
                 **self.costs.report(),
-                "slow_batches": self._slow_batches,
+                "slow_batches": self.parts.slow_batches,
                 **self.hedging.report(),
             },
         )
