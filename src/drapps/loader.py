@@ -267,11 +267,6 @@ class Loader(_DataLoaderAttributes):
     def __iter__(self) -> Iterator[Any]:
         if self._closed:
             raise RuntimeError("this drapps.Loader is closed")
-        if os.getpid() != self._parts.owner:
-            raise RuntimeError(
-                f"this drapps.Loader belongs to process {self._parts.owner}; a forked child "
-                f"(pid {os.getpid()}) cannot iterate it: make a new Loader in the child"
-            )
         return self._parts.start_epoch(self._cursor, self.__len__)
 
     def set_epoch(self, epoch: int) -> None:
@@ -343,14 +338,7 @@ class Loader(_DataLoaderAttributes):
 
     def stats(self) -> LoaderStats:
         """Counters of what the loader has done so far."""
-        d = self._parts.delivered
-        return LoaderStats.of(
-            self.snapshot(),
-            epoch=d.epoch,
-            batches=d.batches,
-            samples_skipped=d.samples_skipped,
-            skipped=tuple(d.skipped),
-        )
+        return self._parts.stats()
 
     def snapshot(self) -> PipelineSnapshot:
         """The pipeline's counters now: what :meth:`stats`, the monitor and the controller read."""
@@ -361,27 +349,7 @@ class Loader(_DataLoaderAttributes):
         telemetry recorded so far (every loader records it unless ``telemetry=False``):
         the loop's wait, throughput, each stage's share, the worker count and why, CPU,
         memory, energy, and the advice that holds for the run."""
-        from drapps.telemetry.report import bottleneck_report
-
-        tuner = self._parts.tuner
-        if tuner is None:
-            return (
-                "No report: this loader was made with telemetry=False, which turns off what "
-                "the report reads."
-            )
-        rows = list(tuner.rows)
-        stats = self.stats()
-        try:  # an epoch's samples, from the batches in one and the samples per batch so far
-            epoch_samples = round(len(self) * stats.samples / stats.batches) or None
-        except (TypeError, ZeroDivisionError):  # no length, or no batch yet
-            epoch_samples = None
-        return bottleneck_report(
-            rows,
-            stats.as_dict(),
-            persistent_workers=self.persistent_workers if self.num_workers else None,
-            epoch_samples=epoch_samples,
-            workers=self.config.workers,
-        )
+        return self._parts.report(self.__len__, self.persistent_workers, self.config.workers)
 
     # --------------------------------------------------------------------------- lifecycle
 

@@ -30,7 +30,7 @@ from drapps.ops.device_stage import DeviceStage, resolve_device
 from drapps.ops.split import Split
 from drapps.runtime.config import LoaderConfig
 from drapps.runtime.pinning import pinner
-from drapps.runtime.stats import PipelineSnapshot
+from drapps.runtime.stats import LoaderStats, PipelineSnapshot
 from drapps.runtime.worker import BatchRecipe
 
 
@@ -74,9 +74,54 @@ class Parts:
             device_squeezed=self.stage.squeezed,
         )
 
+    def stats(self) -> LoaderStats:
+        """The snapshot and what the epochs delivered so far (the loader's ``stats()``)."""
+        d = self.delivered
+        return LoaderStats.of(
+            self.snapshot(),
+            epoch=d.epoch,
+            batches=d.batches,
+            samples_skipped=d.samples_skipped,
+            skipped=tuple(d.skipped),
+        )
+
+    def report(self, length: Callable[[], int], persistent_workers: bool, workers: Any) -> str:
+        """The loader's ``report()``, from the tuner's rows and :meth:`stats` (``length``: the
+        loader's ``len()``; ``workers``: its setting, an int or "auto")."""
+        from drapps.telemetry.report import bottleneck_report
+
+        tuner = self.tuner
+        if tuner is None:
+            return (
+                "No report: this loader was made with telemetry=False, which turns off what "
+                "the report reads."
+            )
+        rows = list(tuner.rows)
+        stats = self.stats()
+        try:  # an epoch's samples, from the batches in one and the samples per batch so far
+            epoch_samples = round(length() * stats.samples / stats.batches) or None
+        except (TypeError, ZeroDivisionError):  # no length, or no batch yet
+            epoch_samples = None
+        return bottleneck_report(
+            rows,
+            stats.as_dict(),
+            persistent_workers=persistent_workers if self.engine.workers else None,
+            epoch_samples=epoch_samples,
+            workers=workers,
+        )
+
     def start_epoch(self, cursor: EpochCursor, length: Callable[[], int]) -> Epoch:
         """The iterator of the epoch ``cursor`` holds next (``length``: the loader's
-        ``len()``, for an iterable dataset's epoch)."""
+        ``len()``, for an iterable dataset's epoch).
+
+        Raises:
+            RuntimeError: called in a process other than the one that made the parts.
+        """
+        if os.getpid() != self.owner:
+            raise RuntimeError(
+                f"this drapps.Loader belongs to process {self.owner}; a forked child "
+                f"(pid {os.getpid()}) cannot iterate it: make a new Loader in the child"
+            )
         if self.tuner is not None:
             self.tuner.start()
         if self.claim is not None:
