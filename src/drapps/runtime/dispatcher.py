@@ -24,6 +24,7 @@ from typing import Any
 from drapps.runtime.admission import Admission
 from drapps.runtime.collector import PartCollector, add_stages
 from drapps.runtime.cost import SampleCosts
+from drapps.runtime.dealing import Dealer
 from drapps.runtime.errors import WorkerTimeoutError, sample_path
 from drapps.runtime.hedging import TICK_S, Hedging
 from drapps.runtime.messages import (
@@ -47,11 +48,6 @@ logger = logging.getLogger(__name__)
 
 _WATCH_EVERY = 4  # with light-tailed costs, batches per one whose sample costs are learnt
 _TAIL_DEPTH = 4  # the most a heavy tail deepens prefetch, in multiples of the depth
-# A worker parked by a shrink is kept this long for a grow to reuse before it is retired:
-# controllers oscillate, and a fork of a large training process costs tens of milliseconds.
-_PARK_S = 5.0
-# A wait that returns this much later than its timeout means the process was not running.
-_PAUSE_S = 2.0
 
 
 LOW_NICENESS = 10
@@ -131,12 +127,7 @@ class Dispatcher:
         self._priority: str | None = None
         self._prefetch = prefetch
         self._split = split
-        if deal not in ("round_robin", "in_turn", "least_loaded"):
-            raise ValueError(
-                f"deal must be 'round_robin', 'in_turn' or 'least_loaded', got {deal!r}"
-            )
-        self._deal = deal
-        self._turn = 0  # "in_turn": the slot after the last one dealt
+        self.dealer = Dealer(deal)
         self._idle = False
         self._per_worker = prefetch_per_worker
         self._finish = finish
@@ -371,25 +362,8 @@ class Dispatcher:
                 self.pool.retire(worker)
 
     def _keep_pool_size(self) -> None:
-        if self._idle:
-            return
-        live = self.pool.live()
-        now = time.monotonic()
-        capacity = self.pool.capacity()
-        room = self._target if capacity is None else min(self._target, capacity)
-        missing = room - len(live)
-        for worker in self.pool.parked()[: max(0, missing)]:
-            worker.parked_at = None
-            missing -= 1
-        seed = self._plan.seed if self._plan is not None else 0
-        for _ in range(missing):
-            self.pool.spawn(self._target, seed)
-        surplus = len(live) - self._target
-        for worker in sorted(live, key=lambda w: len(w.assigned))[: max(0, surplus)]:
-            worker.parked_at = now
-        for worker in self.pool.parked():
-            if now - (worker.parked_at or now) > _PARK_S and not worker.assigned:
-                self.pool.retire(worker)
+        if not self._idle:  # until the next epoch, no worker is kept or started
+            self.pool.keep_size(self._target, self._plan.seed if self._plan is not None else 0)
 
     def _hedge(self) -> None:
         """Send the copies of overdue parts that :class:`Hedging` asks for."""
@@ -443,18 +417,9 @@ class Dispatcher:
             if work is None:
                 return
             retrying = self.schedule.retrying(work)
-            worker = min(candidates, key=lambda w: len(w.assigned))
-            if self._deal == "round_robin" and work.part is None and not retrying:
-                slot = work.batch_id % max(1, self._target)
-                dealt = next((w for w in self.pool.live() if w.slot == slot), None)
-                if dealt is not None and dealt not in candidates:
-                    return  # its worker is busy: wait for it, as DataLoader's queues do
-                worker = dealt or worker  # gone (being replaced): the least loaded instead
-            elif self._deal == "in_turn" and work.part is None:
-                # The first with room from the slot after the last one dealt, in id order.
-                size = max(1, self._target, *(w.slot + 1 for w in candidates))
-                worker = min(candidates, key=lambda w: (w.slot - self._turn) % size)
-                self._turn = (worker.slot + 1) % size
+            worker = self.dealer.choose(work, candidates, self.pool.live(), self._target, retrying)
+            if worker is None:
+                return
             parts = [] if retrying else self.schedule.parts_of(work.batch_id)
             self.schedule.take(work)
             batch_id = work.batch_id
@@ -488,26 +453,17 @@ class Dispatcher:
         timeout = self._wait_timeout()
         before = time.monotonic()
         polled = self.pool.poll(timeout, self._wake_r)
-        self._credit_pause(time.monotonic() - before - timeout)
+        overrun_s = time.monotonic() - before - timeout
+        if self.retries.credit_pause(self.pool.workers, overrun_s):
+            logger.info(
+                "the loader's process was paused for %.1fs; workers' clocks credited", overrun_s
+            )
         if polled.woke:
             os.read(self._wake_r, 4096)
         self._on_replies(polled.replies)
         for worker in polled.exited:
             if worker in self.pool.workers:
                 self._on_exit(worker, "died")
-
-    def _credit_pause(self, overrun_s: float) -> None:
-        """A wait that overran its timeout by far means this process was not running (Ctrl-Z,
-        SIGSTOP, a paused VM): that time does not count against the workers' ``timeout``."""
-        if overrun_s < _PAUSE_S:
-            return
-        logger.info(
-            "the loader's process was paused for %.1fs; workers' clocks credited", overrun_s
-        )
-        for worker in self.pool.workers:
-            started = worker.head_started()
-            if started is not None:
-                worker.last_progress = started + overrun_s
 
     def _wait_timeout(self) -> float:
         tick = TICK_S

@@ -27,6 +27,10 @@ from drapps.runtime.messages import BatchTask, SlabsFreed, WorkerReply
 from drapps.runtime.progress import SampleClock
 from drapps.runtime.schedule import Work
 
+PARK_S = 5.0
+"""A worker parked by a shrink is kept this long for a grow to reuse before it is retired:
+controllers oscillate, and a fork of a large training process costs tens of milliseconds."""
+
 Reply = tuple["Worker", WorkerReply]
 """A worker and one reply it sent (see :func:`drapps.runtime.worker.run_worker`)."""
 
@@ -203,6 +207,27 @@ class WorkerPool(ABC):
         """Parked workers, most recently parked first."""
         parked = [w for w in self.workers if w.parked_at is not None and not w.retiring]
         return sorted(parked, key=lambda w: w.parked_at or 0.0, reverse=True)
+
+    def keep_size(self, target: int, seed: int) -> None:
+        """Hold ``target`` live workers (within :meth:`capacity`): take parked ones back
+        first, then start new ones; park the least loaded of a surplus, and retire those
+        parked for longer than ``PARK_S`` with nothing left to make."""
+        live = self.live()
+        now = time.monotonic()
+        capacity = self.capacity()
+        room = target if capacity is None else min(target, capacity)
+        missing = room - len(live)
+        for worker in self.parked()[: max(0, missing)]:
+            worker.parked_at = None
+            missing -= 1
+        for _ in range(missing):
+            self.spawn(target, seed)
+        surplus = len(live) - target
+        for worker in sorted(live, key=lambda w: len(w.assigned))[: max(0, surplus)]:
+            worker.parked_at = now
+        for worker in self.parked():
+            if now - (worker.parked_at or now) > PARK_S and not worker.assigned:
+                self.retire(worker)
 
 
 def dataloader_exit_words(pid: int | None, code: int | None) -> str:

@@ -14,6 +14,9 @@ from collections.abc import Iterable, Iterator
 from drapps.runtime.plan import EpochPlan
 from drapps.runtime.pool import Task, Worker
 
+PAUSE_S = 2.0
+"""A wait that returns this much later than its timeout means the process was not running."""
+
 
 class Retries:
     """Attempts at each (batch, part) and the worker timeout.
@@ -63,6 +66,18 @@ class Retries:
             f"exceeded timeout={self.timeout:g}s",
             f"DataLoader timed out after {self.timeout:g} seconds",
         )
+
+    def credit_pause(self, workers: Iterable[Worker], overrun_s: float) -> bool:
+        """A wait that overran its timeout by ``overrun_s``, far (``PAUSE_S`` or more), means
+        this process was not running (Ctrl-Z, SIGSTOP, a paused VM): that time does not count
+        against the workers' ``timeout``. Whether it was credited."""
+        if overrun_s < PAUSE_S:
+            return False
+        for worker in workers:
+            started = worker.head_started()
+            if started is not None:
+                worker.last_progress = started + overrun_s
+        return True
 
     def wait_s(self, workers: Iterable[Worker], tick: float) -> float:
         """How long the dispatcher may wait: ``tick``, or less where a worker's task would run
