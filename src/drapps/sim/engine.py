@@ -33,6 +33,7 @@ import numpy as np
 
 from drapps.control.state import State, percentile
 from drapps.sim.cache import CacheSim
+from drapps.sim.hedging import TASKS_PER_WORKER, HedgedCopies
 from drapps.sim.scenario import Change, Scenario
 from drapps.telemetry.energy import WATTS_PER_CORE
 
@@ -60,12 +61,24 @@ class _SharedResource:
         return now + max(0.0, self.jobs[0][0] - self.virtual) / self.speed
 
 
-@dataclass
+@dataclass(eq=False)
 class _Worker:
     parked: bool = False
     """Finishing its current task, then exits (a shrink)."""
     busy: bool = False
     started: bool = False
+    copies: deque[tuple[int, int, float, float]] = field(default_factory=deque)
+    """Hedged copies it takes before any other task: (batch, part, share, predicted)."""
+    began: float = 0.0
+    """When it began its current task."""
+    predicted: float = 0.0
+    """Its current task's predicted share of a mean batch's work (hedging only)."""
+
+
+_Part = tuple[float, bool, int]
+"""One task of a batch: its share of a mean batch's work (its slow samples drawn), whether it
+is one predicted-slow sample (slow whoever makes it), its samples. (A plain tuple: one is
+made per part, and a NamedTuple's constructor is slower.)"""
 
 
 @dataclass
@@ -100,11 +113,17 @@ class Totals:
     """Summed seconds consumed batches spent in the ready buffer (Little's law: W)."""
     epochs: int = 0
     """Epochs begun after the first."""
+    hedges: int = 0
+    """Parts copied to a second worker (see :mod:`drapps.sim.hedging`)."""
+    hedges_won: int = 0
+    """Copies whose answer came before the part's first task's."""
 
 
 class Simulator:
     """Runs one :class:`Scenario`. ``workers=0`` makes batches in the training loop itself
-    (``torch.utils.data.DataLoader``'s default).
+    (``torch.utils.data.DataLoader``'s default). ``hedge=False`` leaves out the dispatcher's
+    hedged copies of overdue parts (:mod:`drapps.sim.hedging`), to see what they do; they only
+    act while batches are cut into parts.
 
     Example:
         >>> from drapps.sim import PipelineModel, Scenario, Simulator
@@ -115,7 +134,13 @@ class Simulator:
     """
 
     def __init__(
-        self, scenario: Scenario, *, workers: int, prefetch: int | None = None, seed: int = 0
+        self,
+        scenario: Scenario,
+        *,
+        workers: int,
+        prefetch: int | None = None,
+        seed: int = 0,
+        hedge: bool = True,
     ) -> None:
         p = scenario.pipeline
         if isinstance(workers, bool) or not isinstance(workers, int):
@@ -144,12 +169,17 @@ class Simulator:
         self._workers: list[_Worker] = []
         self._target = 0
         self._prefetch = prefetch
-        self._tasks: list[tuple[float, int, int, float]] = []  # (key, seq, batch, share)
+        self._tasks: list[tuple[float, int, int, int, float]] = []  # key, seq, batch, part, share
         self._in_flight: dict[int, float] = {}  # batch id -> dispatch time
-        self._parts: dict[int, list[tuple[float, bool]]] = {}  # drawn: (share, known slow)
+        self._parts: dict[int, list[_Part]] = {}  # drawn once per batch
         self._parts_left: dict[int, int] = {}  # batch id -> parts not made yet
         self._early: set[int] = set()  # batches past the frontier whose slow parts started
         self._lookahead: int | None = None
+        # one typical sample's share of a mean batch's work
+        self._unit = 1.0 / (p.batch_size * (1 - p.slow_share + p.slow_share * p.slow_factor))
+        self._hedging: HedgedCopies[_Worker] | None = (
+            HedgedCopies() if hedge and p.cuts and workers > 0 else None
+        )
         self._ready: dict[int, float] = {}  # batch id -> arrival time
         self._next_dispatch = 0
         self._next_consume = 0
@@ -547,6 +577,7 @@ class Simulator:
             self._workers.remove(worker)
         else:
             self._work(worker)
+            self._hedge()  # an idle worker may take a copy
 
     def _shrink(self, count: int) -> None:
         # Idle workers go first, then starting ones, then busy ones (after their task).
@@ -579,9 +610,9 @@ class Simulator:
             self.totals.dispatched += 1
             early = batch in self._early
             self._early.discard(batch)
-            for share, known in self._composition(batch):
+            for part, (share, known, _) in enumerate(self._composition(batch)):
                 if not (early and known):  # a slow part started early is on its way
-                    self._enqueue(batch, share, known)
+                    self._enqueue(batch, part, share, known)
             if self._parts_left[batch] == 0:  # every part was made early
                 self._made(batch)
         if p.cuts:
@@ -592,18 +623,18 @@ class Simulator:
                 if batch in self._early:
                     continue
                 self._early.add(batch)
-                for share, known in self._composition(batch):
+                for part, (share, known, _) in enumerate(self._composition(batch)):
                     if known:
-                        self._enqueue(batch, share, known)
+                        self._enqueue(batch, part, share, known)
         for worker in self._workers:
             if not self._tasks:
                 break
             if worker.started and not worker.busy and not worker.parked:
                 self._work(worker)
 
-    def _composition(self, batch: int) -> list[tuple[float, bool]]:
-        """Batch ``batch``'s tasks, drawn once: (share of a mean batch's work, whether it is
-        one predicted-slow sample). Whole batches are one task; cut ones two per worker."""
+    def _composition(self, batch: int) -> list[_Part]:
+        """Batch ``batch``'s tasks, drawn once. Whole batches are one task; cut ones two per
+        worker, predicted-slow samples alone."""
         parts = self._parts.get(batch)
         if parts is not None:
             return parts
@@ -612,17 +643,17 @@ class Simulator:
         whole, unit, slow = self._whole_share()
         known = int(self._rng.binomial(slow, p.slow_known)) if slow else 0
         if not p.cuts:
-            parts = [(whole, False)]
+            parts = [(whole, False, n)]
         else:
             count = max(2, min(n, 2 * max(1, self._target)))
-            parts = [(unit * p.slow_factor, True)] * min(known, count - 1)
+            parts = [(unit * p.slow_factor, True, 1)] * min(known, count - 1)
             rest = n - len(parts)
             groups = min(rest, count - len(parts))
             sizes = [rest // groups + (g < rest % groups) for g in range(groups)]
             unknown = slow - len(parts)
             hits = np.bincount(self._rng.integers(0, groups, unknown), minlength=groups)
             parts += [
-                (unit * (size + (p.slow_factor - 1) * int(hit)), False)
+                (unit * (size + (p.slow_factor - 1) * int(hit)), False, size)
                 for size, hit in zip(sizes, hits, strict=True)
             ]
         self._parts[batch] = parts
@@ -634,11 +665,11 @@ class Simulator:
         typical sample's share, and how many slow samples it holds."""
         p = self.pipeline
         n = p.batch_size
-        unit = 1.0 / (n * (1 - p.slow_share + p.slow_share * p.slow_factor))
+        unit = self._unit
         slow = int(self._rng.binomial(n, p.slow_share)) if p.slow_share > 0 else 0
         return unit * (n - slow + slow * p.slow_factor), unit, slow
 
-    def _enqueue(self, batch: int, share: float, known: bool) -> None:
+    def _enqueue(self, batch: int, part: int, share: float, known: bool) -> None:
         """Least slack first: a task due ``k`` batches on may wait ``k`` batch intervals less
         its predicted cost (whole batches: plan order)."""
         if self.pipeline.cuts:
@@ -646,16 +677,32 @@ class Simulator:
             key = batch / max(1, self._target) - predicted
         else:
             key = float(batch)
-        heapq.heappush(self._tasks, (key, next(self._seq), batch, share))
+        heapq.heappush(self._tasks, (key, next(self._seq), batch, part, share))
 
     def _work(self, worker: _Worker) -> None:
-        if not self._tasks or worker.busy:
+        """``worker`` takes its next task: a copy sent to it first, else the least slack."""
+        if worker.busy:
             return
-        _, _, batch, share = heapq.heappop(self._tasks)
+        if worker.copies:
+            batch, part, share, predicted = worker.copies.popleft()
+            # made as its part's first task was (whose batch may be consumed by now)
+            cut = self._made_with.get(batch, (self._split, self._share))
+            copy = True
+        elif self._tasks:
+            _, _, batch, part, share = heapq.heappop(self._tasks)
+            cut = self._made_with.setdefault(batch, (self._split, self._share))
+            copy, predicted = False, 0.0
+        else:
+            return
         worker.busy = True
-        self._made_with.setdefault(batch, (self._split, self._share))
-        arrived = functools.partial(self._arrived, worker, batch)
-        self._make_batch("worker", arrived, self._made_with[batch], share)
+        if self._hedging is not None:
+            if not copy:
+                _, known, size = self._parts[batch][part]
+                predicted = share if known else self._unit * size
+                self._hedging.start(batch, part, worker, self.now, predicted)
+            worker.began, worker.predicted = self.now, predicted
+        arrived = functools.partial(self._arrived, worker, batch, part, copy, self.now, share)
+        self._make_batch("worker", arrived, cut, share)
 
     def _make_batch(
         self, owner: str, done: _Callback, cut: tuple[int, float], share: float = 1.0
@@ -698,15 +745,80 @@ class Simulator:
     def _compute(self, cpu_s: float, cost: float, owner: str, done: _Callback) -> None:
         self._cpu_job(cpu_s * self._factors["cpu"] * cost, owner, done)
 
-    def _arrived(self, worker: _Worker, batch: int) -> None:
+    def _arrived(
+        self, worker: _Worker, batch: int, part: int, copy: bool, began: float, share: float
+    ) -> None:
+        """``worker`` made a task (``copy``: a hedged copy) it began at ``began``."""
         worker.busy = False
-        self._parts_left[batch] -= 1
-        if self._parts_left[batch] == 0 and batch in self._in_flight:
-            self._made(batch)
-        if worker.parked:
+        first = True
+        hedging = self._hedging
+        if hedging is not None:
+            first = hedging.made(batch, part, copy, self.now - began, share)
+            self.totals.hedges_won += first and copy  # (the second answer is dropped)
+        if first:
+            self._parts_left[batch] -= 1
+            if self._parts_left[batch] == 0 and batch in self._in_flight:
+                self._made(batch)
+        if worker.parked and not worker.copies:
             self._workers.remove(worker)
         else:
             self._work(worker)
+        if hedging is not None and (self._waiting or not self._tasks):
+            self._hedge()  # (the test inlined: this runs for every task made)
+
+    # ------------------------------------------------------------------ internals: hedging
+
+    def _hedge(self) -> None:
+        """Copy overdue parts of the batches due (as ``runtime.hedging.Hedging``): before the loop
+        waits, parts of the next :data:`~drapps.sim.hedging.HEDGE_AHEAD` batches to an idle
+        worker; while it waits, parts of the batch it waits for to the worker holding the
+        fewest tasks, one more than usual at most, that is not overdue itself. The copy's
+        cost is drawn afresh: a sample slow at random (a tail read) is usually quick the
+        second time, one predicted slow (its own cost) is slow again."""
+        hedging = self._hedging
+        if hedging is None or hedging.wall_per_share is None:
+            return
+        waiting = self._waiting
+        if not waiting and self._tasks:
+            return  # no worker is idle: each takes a task as it frees
+        room = hedging.room(waiting)
+        for batch in hedging.due_batches(self._next_consume, waiting):
+            for part, holder in hedging.overdue(batch, self.now):
+                spares = [
+                    w
+                    for w in self._workers
+                    if w is not holder
+                    and w.started
+                    and not w.parked
+                    and self._holds(w) <= room
+                    and not (w.busy and hedging.late(w.began, w.predicted, self.now))
+                ]
+                if not spares:
+                    return
+                spare = min(spares, key=self._holds)
+                hedging.copy(batch, part)
+                self.totals.hedges += 1
+                spare.copies.append((batch, part, *self._copy_cost(batch, part)))
+                self._work(spare)  # at once if it is idle, after its task if not
+
+    @staticmethod
+    def _holds(worker: _Worker) -> int:
+        """Tasks a real worker in its place would hold: a busy one the usual (the one it
+        makes and the next), and the copies sent to it."""
+        return (TASKS_PER_WORKER if worker.busy else 0) + len(worker.copies)
+
+    def _copy_cost(self, batch: int, part: int) -> tuple[float, float]:
+        """A copy of a part: its share of a mean batch's work, drawn afresh for the samples
+        slow at random, and its predicted share."""
+        p = self.pipeline
+        share, known, size = self._parts[batch][part]
+        if known:
+            return share, share
+        unit = self._unit
+        # a sample of a part not predicted slow is slow at random with this chance
+        chance = p.slow_share * (1 - p.slow_known) / (1 - p.slow_share * p.slow_known)
+        hits = int(self._rng.binomial(size, chance)) if chance > 0 else 0
+        return unit * (size + (p.slow_factor - 1) * hits), unit * size
 
     def _made(self, batch: int) -> None:
         """Every task of ``batch`` is done: it is ready."""
@@ -737,6 +849,7 @@ class Simulator:
         batch = self._next_consume
         if batch not in self._ready:
             self._waiting = True
+            self._hedge()  # a copy may now go to a busy worker
             return
         self._take(batch)
 
@@ -755,6 +868,7 @@ class Simulator:
             self.totals.ready_residence += self.now - self._ready.pop(batch)
             self._next_consume += 1
             self._dispatch()
+            self._hedge()  # the batches due moved on
         p = self.pipeline
         split, offload = self._made_with.pop(
             -1 if batch is None else batch, (len(p.device_ops), 1.0)
