@@ -9,6 +9,7 @@ import torch
 from helpers import ThreadPool
 from torch.utils.data import default_collate
 
+from drapps.runtime.config import PoolSettings
 from drapps.runtime.dispatcher import Dispatcher
 from drapps.runtime.errors import SampleError
 from drapps.runtime.plan import Plan
@@ -23,16 +24,8 @@ def _recipe() -> BatchRecipe:
 
 
 def _dispatcher(pool: WorkerPool | None, workers: int) -> Dispatcher:
-    return Dispatcher(
-        _recipe(),
-        workers=workers,
-        prefetch=None,
-        memory_budget=2**24,
-        timeout=30.0,
-        max_attempts=3,
-        context=None,
-        pool=pool,
-    )
+    settings = PoolSettings(workers=workers, memory_budget=2**24, timeout=30.0, max_attempts=3)
+    return Dispatcher(_recipe(), settings, pool=pool)
 
 
 def _epoch(dispatcher: Dispatcher, plan: Plan, resize_at: int | None = None) -> list[int]:
@@ -72,10 +65,8 @@ def test_one_dispatcher_runs_either_pool(kind: str) -> None:
 def test_a_sample_error_travels_through_a_thread_pool() -> None:
     recipe = BatchRecipe([torch.tensor([0]), "not a tensor"], None, default_collate, "raise")
     pool = ThreadPool(recipe)
-    dispatcher = Dispatcher(
-        recipe, workers=1, prefetch=None, memory_budget=2**20, timeout=None, max_attempts=1,
-        context=None, pool=pool,
-    )  # fmt: skip
+    settings = PoolSettings(workers=1, memory_budget=2**20, timeout=None, max_attempts=1)
+    dispatcher = Dispatcher(recipe, settings, pool=pool)
     try:
         with pytest.raises(SampleError, match="collate_fn failed"):
             _epoch(dispatcher, Plan(2, 2, shuffle=False, drop_last=False, seed=0, epoch=0))

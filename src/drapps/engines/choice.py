@@ -93,23 +93,12 @@ def choose_engine(
         initial = c.resolved_max_workers if c.workers == "auto" else c.initial_workers
     engine = PoolEngine(
         recipe,
-        workers=initial,
-        prefetch=None if c.prefetch == "auto" else c.prefetch,
-        prefetch_per_worker=per_worker,
-        limits=Limits(budget, c.resolved_max_workers),
-        timeout=c.resolved_timeout,
-        max_attempts=c.max_attempts,
-        context=c.context,
+        c.pool_settings(initial),
+        max_workers=c.resolved_max_workers,
         finish=finish,
         split=first_split,
         pool=pool,
         in_order=c.in_order,
-        # A fixed count deals batches as DataLoader does, in order or out of it.
-        deal="least_loaded" if c.workers == "auto" else "round_robin" if c.in_order else "in_turn",
-        dispatch=c.dispatch,
-        lookahead=None if c.lookahead == "auto" else c.lookahead,
-        defer_after=c.defer_after,
-        deepen_for_tails=c.prefetch == "auto" and c.prefetch_factor is None,
         in_process_if_unsendable=c.workers == "auto" and backend.local,
     )
     return engine, c

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from multiprocessing.context import BaseContext
 from typing import Any
 
 from drapps.control.controller import Bounds, default_knobs
 from drapps.control.knobs import Knob, LookaheadKnob, PriorityKnob
 from drapps.engines.base import Engine, EngineBatch, EpochJob, Limits
 from drapps.engines.inline import InlineEngine
+from drapps.runtime.config import PoolSettings
 from drapps.runtime.dispatcher import Dispatcher
 from drapps.runtime.errors import SampleError, warn_user
 from drapps.runtime.pool import WorkerPool
@@ -28,25 +28,16 @@ LOOKAHEAD_MAX = 64
 
 
 class PoolEngine(Engine):
-    """Batches made by the workers of ``pool`` (default: worker processes in ``context``).
+    """Batches made by the workers of ``pool`` (default: worker processes in the settings'
+    context).
 
     Args:
         recipe: what a batch is made of, sent to every worker.
-        workers: the count to start with.
-        prefetch: batches in flight + ready in total; None: ``prefetch_per_worker`` each.
-        limits: the memory budget of ready batches and the most workers.
-        timeout: seconds a worker may hold a batch before it is replaced (None: no limit).
-        max_attempts: attempts at a batch whose worker keeps dying or hanging.
+        settings: how the pool runs (see :class:`~drapps.runtime.config.PoolSettings`).
+        max_workers: the most workers the controller may ask for.
         split: a Pipeline transform's split to start with.
-        deal: which worker gets a batch: ``"round_robin"`` (``b % workers``, a fixed count in
-            order, as DataLoader), ``"in_turn"`` (the next with room, a fixed count out of
-            order, as DataLoader's ``in_order=False``) or ``"least_loaded"``
-            (``workers="auto"``); see :class:`~drapps.runtime.dispatcher.Dispatcher`.
         in_order: hand batches over in plan order (False: as they are made, lowest id first,
             as DataLoader's ``in_order=False``).
-        dispatch, lookahead, defer_after: how work is cut, how far ahead it starts, and
-            whether batches are filled from made samples (see
-            :class:`~drapps.runtime.dispatcher.Dispatcher`).
         in_process_if_unsendable: a batch a worker made but cannot send back (a class
             defined inside a function, a lock: what does not pickle) makes this engine let its
             workers go and make that batch and every later one in this process, with one
@@ -60,52 +51,25 @@ class PoolEngine(Engine):
     def __init__(
         self,
         recipe: BatchRecipe,
+        settings: PoolSettings,
         *,
-        workers: int,
-        prefetch: int | None,
-        prefetch_per_worker: int,
-        limits: Limits,
-        timeout: float | None,
-        max_attempts: int,
-        context: BaseContext | None,
+        max_workers: int,
         finish: Callable[[Any], Any] | None = None,
         split: Any = None,
         pool: WorkerPool | None = None,
         in_order: bool = True,
-        deal: str = "least_loaded",
-        dispatch: str = "auto",
-        lookahead: int | None = None,
-        defer_after: float | None = None,
-        deepen_for_tails: bool = False,
         in_process_if_unsendable: bool = False,
     ) -> None:
-        self._limits = limits
+        self._limits = Limits(settings.memory_budget, max_workers)
         self._recipe, self._finish = recipe, finish
         self._fallback = in_process_if_unsendable
         self._inline: InlineEngine | None = None  # once batches cannot be sent back
         self._job: EpochJob | None = None
         self._delivered: set[int] = set()  # this epoch's ids handed over out of order
-        self._lookahead_auto = lookahead is None
+        self._lookahead_auto = settings.lookahead is None
         self._any_order = not in_order
         self._generation = 0
-        self.dispatcher = Dispatcher(
-            recipe,
-            workers=workers,
-            prefetch=prefetch,
-            prefetch_per_worker=prefetch_per_worker,
-            memory_budget=limits.memory_budget,
-            timeout=timeout,
-            max_attempts=max_attempts,
-            context=context,
-            finish=finish,
-            split=split,
-            pool=pool,
-            deal=deal,
-            dispatch=dispatch,
-            lookahead=lookahead,
-            defer_after=defer_after,
-            deepen_for_tails=deepen_for_tails,
-        )
+        self.dispatcher = Dispatcher(recipe, settings, finish=finish, split=split, pool=pool)
 
     @property
     def workers(self) -> int:

@@ -76,6 +76,42 @@ def _is_seconds(value: Any) -> bool:
 
 
 @dataclass(frozen=True)
+class PoolSettings:
+    """How a worker pool's dispatcher runs, made once from a :class:`LoaderConfig`
+    (:meth:`LoaderConfig.pool_settings`)."""
+
+    workers: int
+    """The count to start with."""
+    memory_budget: int
+    """Bytes the batches made ahead may hold."""
+    prefetch: int | None = None
+    """Batches made ahead in total; None: ``prefetch_per_worker`` per worker."""
+    prefetch_per_worker: int = 2
+    timeout: float | None = None
+    """Seconds a worker may spend on one task before it is replaced (None: no limit)."""
+    max_attempts: int = 3
+    """Attempts at a batch whose worker keeps dying or hanging."""
+    context: BaseContext | None = None
+    """The start method's context for worker processes (None: the default)."""
+    deal: str = "least_loaded"
+    """Which worker gets a batch (see :class:`~drapps.runtime.dealing.Dealer`)."""
+    dispatch: str = "auto"
+    """Cut batches into parts made by several workers: ``"auto"`` when samples' costs are
+    heavy-tailed, ``"samples"`` always, ``"batches"`` never (see
+    :class:`~drapps.runtime.schedule.Schedule`)."""
+    lookahead: int | None = None
+    """Batches past the next one whose work may start early (None: twice the depth)."""
+    defer_after: float | None = None
+    """Fill batches from the samples made (see :mod:`drapps.runtime.fill`): seconds the loop
+    may wait for a batch's own samples before made ones fill it (None: planned batches only).
+    Batches are then cut into parts whatever ``dispatch`` says."""
+    deepen_for_tails: bool = False
+    """While samples' costs are heavy-tailed, prefetch as many more batches as the slowest
+    samples (p99) last batch intervals, within the memory budget, so the other workers keep
+    making batches while one waits on a straggler (for a depth drapps chooses)."""
+
+
+@dataclass(frozen=True)
 class LoaderConfig:
     """How a :class:`drapps.Loader` makes batches. Every field is checked when it is made."""
 
@@ -375,6 +411,31 @@ class LoaderConfig:
             or self.workers == "auto"
             or self.dispatch == "samples"
             or self.defer_after is not None
+        )
+
+    def pool_settings(self, workers: int | None = None) -> PoolSettings:
+        """The pool's settings (``workers``: the count to start with, where not
+        :attr:`initial_workers`)."""
+        return PoolSettings(
+            workers=self.initial_workers if workers is None else workers,
+            memory_budget=self.resolved_memory_budget,
+            prefetch=None if self.prefetch == "auto" else self.prefetch,
+            prefetch_per_worker=self.prefetch_factor or 2,
+            timeout=self.resolved_timeout,
+            max_attempts=self.max_attempts,
+            context=self.context,
+            # A fixed count deals batches as DataLoader does, in order or out of it.
+            deal=(
+                "least_loaded"
+                if self.workers == "auto"
+                else "round_robin"
+                if self.in_order
+                else "in_turn"
+            ),
+            dispatch=self.dispatch,
+            lookahead=None if self.lookahead == "auto" else self.lookahead,
+            defer_after=self.defer_after,
+            deepen_for_tails=self.prefetch == "auto" and self.prefetch_factor is None,
         )
 
     @property

@@ -18,11 +18,11 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from multiprocessing.context import BaseContext
 from typing import Any
 
 from drapps.runtime.admission import Admission
 from drapps.runtime.collector import PartCollector, add_stages
+from drapps.runtime.config import PoolSettings
 from drapps.runtime.cost import SampleCosts
 from drapps.runtime.dealing import Dealer
 from drapps.runtime.errors import WorkerTimeoutError, sample_path
@@ -61,78 +61,50 @@ class Dispatcher:
     def __init__(
         self,
         recipe: BatchRecipe,
+        settings: PoolSettings,
         *,
-        workers: int,
-        prefetch: int | None,
-        memory_budget: int,
-        timeout: float | None,
-        max_attempts: int,
-        context: BaseContext | None,
-        prefetch_per_worker: int = 2,
         finish: Callable[[Any], Any] | None = None,
         pool: WorkerPool | None = None,
         split: Any = None,
-        deal: str = "least_loaded",
-        dispatch: str = "auto",
-        lookahead: int | None = None,
-        defer_after: float | None = None,
-        deepen_for_tails: bool = False,
     ) -> None:
         """
         Args:
-            prefetch: batches made ahead in total; None: ``prefetch_per_worker`` per worker.
+            recipe: what a batch is made of, sent to every worker.
+            settings: how the pool runs (counts, budget, timeout, dealing, dispatch).
             finish: applied to each batch in this thread as it arrives (e.g. pinning it), so
                 the training loop does not pay for it.
-            pool: the workers (default: a :class:`ProcessPool` of ``recipe`` in ``context``);
-                the dispatcher owns it from here and shuts it down.
+            pool: the workers (default: a :class:`ProcessPool` of ``recipe`` in the settings'
+                context); the dispatcher owns it from here and shuts it down.
             split: with a Pipeline transform, the split point to make batches with.
-            deal: which worker gets a batch. ``"round_robin"``: the one whose
-                ``get_worker_info().id`` is ``b % workers``, waiting for it when it is busy,
-                as DataLoader does for a fixed count; ``"in_turn"``: the next in id order
-                after the last one dealt that has room, as DataLoader's ``in_order=False``;
-                ``"least_loaded"``: the least loaded (``workers="auto"``). Parts of a batch
-                (below) go to the least loaded worker either way.
-            dispatch: cut batches into parts made by several workers: ``"auto"`` when
-                samples' costs are heavy-tailed, ``"samples"`` always, ``"batches"`` never
-                (see :class:`~drapps.runtime.schedule.Schedule`).
-            lookahead: batches past the next one whose work may start early (None: twice
-                the prefetch depth).
-            defer_after: fill batches from the samples made (see
-                :mod:`drapps.runtime.fill`): seconds the training loop may wait for a batch's
-                own samples before made ones fill it (None: planned batches only). Batches
-                are then cut into parts whatever ``dispatch`` says.
-            deepen_for_tails: while samples' costs are heavy-tailed, prefetch as many more
-                batches as the slowest samples (p99) last batch intervals, within the memory
-                budget, so the other workers keep making batches while one waits on a
-                straggler (for a prefetch depth drapps chooses, not one the user set).
         """
         self.session = f"{os.getpid()}_{secrets.token_hex(4)}"
         # A loop that starts waiting wakes the thread: filled batches have a deadline.
+        defer_after = settings.defer_after
         on_wait = self._wake if defer_after is not None else None
         self.buffer = ReorderBuffer(on_consumed=self._wake, on_wait=on_wait)
-        self.pool = pool if pool is not None else ProcessPool(recipe, context)
+        self.pool = pool if pool is not None else ProcessPool(recipe, settings.context)
         self._recipe = recipe
         self.costs = SampleCosts(_length(recipe.dataset), _paths(recipe.dataset))
-        self._deepen = deepen_for_tails
+        self._deepen = settings.deepen_for_tails
         self.schedule = Schedule(
             self.costs,
-            mode=dispatch if defer_after is None else "samples",
-            lookahead=lookahead,
+            mode=settings.dispatch if defer_after is None else "samples",
+            lookahead=settings.lookahead,
             splittable=splittable(recipe),
-            fifo_batches=deal != "least_loaded",
+            fifo_batches=settings.deal != "least_loaded",
             always_parts=defer_after is not None,
         )
         self._on_error = recipe.on_error
-        self._target = workers
+        self._target = settings.workers
         self._priority: str | None = None
-        self._prefetch = prefetch
+        self._prefetch = settings.prefetch
         self._split = split
-        self.dealer = Dealer(deal)
+        self.dealer = Dealer(settings.deal)
         self._idle = False
-        self._per_worker = prefetch_per_worker
+        self._per_worker = settings.prefetch_per_worker
         self._finish = finish
-        self.admission = Admission(memory_budget)
-        self.retries = Retries(max_attempts, timeout)
+        self.admission = Admission(settings.memory_budget)
+        self.retries = Retries(settings.max_attempts, settings.timeout)
         self._lock = threading.Lock()
         self._commands: list[tuple[str, Any]] = []
         self._applied = threading.Condition(self._lock)
