@@ -97,3 +97,23 @@ def test_the_rule_is_the_runtime_s() -> None:
     assert list(copies.due_batches(3, waiting=False)) == list(range(3, 3 + hedging.HEDGE_AHEAD))
     assert copies.room(waiting=False) == 0
     assert copies.room(waiting=True) == admission.TASKS_PER_WORKER + 1
+
+
+def test_runs_and_environment_steps_report_the_copies() -> None:
+    from drapps.control.action import NOOP
+    from drapps.sim.run import simulate
+
+    run_ = simulate(Scenario(tail_reads()), "static", workers=6, duration=20.0)
+    assert run_.hedges > 0 and run_.summary()["hedges_won"] == run_.hedges_won > 0
+    pytest.importorskip("gymnasium")
+    from drapps.sim.env import PipelineEnv
+
+    env = PipelineEnv(duration=20.0)
+    env.reset(seed=0, options={"scenario": Scenario(tail_reads())})
+    sent = won = 0
+    done = False
+    while not done:
+        _, _, _, done, info = env.apply(NOOP)
+        sent, won = sent + info["hedges"], won + info["hedges_won"]
+    assert 0 < won <= sent
+    assert isinstance(info["hedges"], int) and isinstance(info["hedges_won"], int)

@@ -58,6 +58,9 @@ class PipelineEnv(gym.Env):  # type: ignore[name-defined]
             ``Action.space(knobs)`` (PPO, DDQN).
 
     ``reset(options={"scenario": s})`` runs a given :class:`Scenario` instead of drawing one.
+    A step's ``info`` holds the throughput, the workers, the other knobs moved, and the
+    hedged copies of overdue parts the simulator sent and won during the step (``hedges``,
+    ``hedges_won``: their cost is in the dynamics and the reward, not in the observation).
 
     Example:
         >>> from drapps.sim.env import PipelineEnv
@@ -105,6 +108,7 @@ class PipelineEnv(gym.Env):  # type: ignore[name-defined]
         self._controller: Controller | None = None
         self._state: State | None = None
         self._steps = 0
+        self._hedges = (0, 0)  # the simulator's copies sent and won at the last step
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
@@ -138,6 +142,7 @@ class PipelineEnv(gym.Env):  # type: ignore[name-defined]
         )
         self._controller.steer(self.knobs)  # the agent moves them, not the knobs' rules
         self._steps = 1
+        self._hedges = (0, 0)
         self._sim.run_until(self.interval)
         self._state = self._sim.observe()
         return self._state.vector(self.knobs), {"scenario": scenario.name, "workers": start}
@@ -159,7 +164,15 @@ class PipelineEnv(gym.Env):  # type: ignore[name-defined]
         self._state = self._sim.observe()
         value = reward(self._state, self.weights)
         truncated = self._steps * self.interval >= self.duration - 1e-9
-        info: dict[str, Any] = {"throughput": self._state.throughput, "workers": workers}
+        totals = self._sim.totals
+        sent, won = self._hedges
+        self._hedges = (totals.hedges, totals.hedges_won)
+        info: dict[str, Any] = {
+            "throughput": self._state.throughput,
+            "workers": workers,
+            "hedges": totals.hedges - sent,
+            "hedges_won": totals.hedges_won - won,
+        }
         if "split" in applied:
             info["split"] = int(applied["split"])
         if "offload" in applied:

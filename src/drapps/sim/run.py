@@ -37,6 +37,10 @@ class SimRun:
     duration: float
     samples: int
     wait_s: float
+    hedges: int = 0
+    """Overdue parts copied to a second worker (see :mod:`drapps.sim.hedging`)."""
+    hedges_won: int = 0
+    """Copies that came back before the part's first task."""
 
     @property
     def throughput(self) -> float:
@@ -97,6 +101,8 @@ class SimRun:
             "final_workers": self.final_workers,
             "final_split": self.ticks[-1].applied.get("split") if self.ticks else None,
             "convergence_s": max(convergence) if convergence else None,
+            "hedges": self.hedges,
+            "hedges_won": self.hedges_won,
         }
 
 
@@ -189,8 +195,16 @@ def simulate(
                 sim.set_prefetch(depth)
         if on_tick is not None:
             on_tick(tick)
+    totals = sim.totals
     return SimRun(
-        scenario, name, tuple(ticks), steps * interval, sim.totals.samples, sim.totals.wait_s
+        scenario,
+        name,
+        tuple(ticks),
+        steps * interval,
+        totals.samples,
+        totals.wait_s,
+        hedges=totals.hedges,
+        hedges_won=totals.hedges_won,
     )
 
 
