@@ -9,6 +9,7 @@ import torch
 from helpers import ThreadPool
 from torch.utils.data import default_collate
 
+from drapps.engines.pooled import pool_snapshot
 from drapps.runtime.config import PoolSettings
 from drapps.runtime.dispatcher import Dispatcher
 from drapps.runtime.errors import SampleError
@@ -49,7 +50,7 @@ def test_one_dispatcher_runs_either_pool(kind: str) -> None:
         expected = [10 * i for b in range(len(plan)) for i in plan.batch(b)]
         assert _epoch(dispatcher, plan, resize_at=8) == expected  # in order across a resize
         assert dispatcher.target_workers == 2
-        snapshot = dispatcher.snapshot(samples=40, memory_budget=2**24, max_workers=2)
+        snapshot = pool_snapshot(dispatcher, samples=40, memory_budget=2**24, max_workers=2)
         assert snapshot.target_workers == 2
         assert isinstance(dispatcher.pool, ThreadPool if pool else ProcessPool)
         if pool is not None:

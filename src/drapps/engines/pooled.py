@@ -20,7 +20,7 @@ from drapps.runtime.dispatcher import Dispatcher
 from drapps.runtime.errors import SampleError, warn_user
 from drapps.runtime.pool import WorkerPool
 from drapps.runtime.reorder import Entry
-from drapps.runtime.stats import PipelineSnapshot
+from drapps.runtime.stats import STAGES, PipelineSnapshot
 from drapps.runtime.worker import BatchRecipe
 
 LOOKAHEAD_MAX = 64
@@ -171,11 +171,8 @@ class PoolEngine(Engine):
     def snapshot(self, samples: int) -> PipelineSnapshot:
         if self._inline is not None:
             return self._inline.snapshot(samples)
-        return self.dispatcher.snapshot(
-            samples=samples,
-            memory_budget=self._limits.memory_budget,
-            max_workers=self._limits.max_workers,
-        )
+        limits = self._limits
+        return pool_snapshot(self.dispatcher, samples, limits.memory_budget, limits.max_workers)
 
     def shutdown(self) -> None:
         self.dispatcher.shutdown()
@@ -189,4 +186,50 @@ def _made(entry: Entry, any_order: bool) -> EngineBatch:
     batch_id = entry.batch_id if any_order else None
     return EngineBatch(
         entry.batch, entry.skipped, entry.split, error, batch_id, entry.keys, entry.places
+    )
+
+
+def pool_snapshot(
+    d: Dispatcher, samples: int, memory_budget: int, max_workers: int
+) -> PipelineSnapshot:
+    """A worker pool's counters now, gathered from its dispatcher's parts (read without
+    stopping its thread).
+
+    Args:
+        samples: samples the training loop has received (the loader counts them).
+        memory_budget, max_workers: the loader's limits, reported alongside.
+    """
+    counters = dict(d.counters)
+    depth = d.prefetch_depth
+    return PipelineSnapshot(
+        samples=samples,
+        wait_s=d.buffer.waited_s(),
+        ready_batches=len(d.buffer),
+        ready_bytes=d.buffer.bytes,
+        memory_budget=memory_budget,
+        workers=len(d.pool.live()),
+        max_workers=max_workers,
+        prefetch_depth=depth,
+        worker_pids=d.pool.pids(),
+        pool_cores=d.pool.resources(),
+        latencies=tuple(d.latencies),
+        stage_s={name: counters[name] for name in STAGES},
+        target_workers=d.target_workers,
+        peak_ready_bytes=d.buffer.peak_bytes,
+        in_flight=len(d.admission.open),
+        batch_bytes=d.admission.batch_bytes,
+        worker_restarts=int(counters["worker_restarts"]),
+        timeouts=d.retries.counters["timeouts"],
+        retries=d.retries.counters["retries"],
+        pickled_bytes=d.admission.counters["pickled_bytes"],
+        shared_bytes=d.admission.counters["shared_bytes"],
+        cut_batches=d.schedule.cut_batches,
+        lookahead=d.schedule.lookahead_for(depth),
+        priority=d.priority,
+        epoch_left=d.epoch_left(),
+        sample_costs={
+            **d.costs.report(),
+            "slow_batches": d.parts.slow_batches,
+            **d.hedging.report(),
+        },
     )

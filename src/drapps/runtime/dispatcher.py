@@ -41,7 +41,6 @@ from drapps.runtime.process_pool import ProcessPool
 from drapps.runtime.reorder import Entry, ReorderBuffer
 from drapps.runtime.retries import Retries
 from drapps.runtime.schedule import Schedule, Work
-from drapps.runtime.stats import STAGES, PipelineSnapshot
 from drapps.runtime.worker import BatchRecipe, splittable
 
 logger = logging.getLogger(__name__)
@@ -96,7 +95,8 @@ class Dispatcher:
         )
         self._on_error = recipe.on_error
         self._target = settings.workers
-        self._priority: str | None = None
+        self.priority: str | None = None
+        """The workers' CPU priority, where the pool can set it."""
         self._prefetch = settings.prefetch
         self._split = split
         self.dealer = Dealer(settings.deal)
@@ -176,7 +176,7 @@ class Dispatcher:
         can (worker processes can, Ray actors cannot)."""
         niceness = os.getpriority(os.PRIO_PROCESS, 0)
         able = self.pool.set_priority(niceness + (LOW_NICENESS if priority == "low" else 0))
-        self._priority = priority if able else None
+        self.priority = priority if able else None
         return able
 
     def set_lookahead(self, lookahead: int | None) -> None:
@@ -603,49 +603,9 @@ class Dispatcher:
             entry = Entry(error=WorkerTimeoutError(message, stage="worker", indices=task.indices))
         self._deliver(task.generation, task.batch_id, entry)
 
-    def _epoch_left(self) -> int | None:
+    def epoch_left(self) -> int | None:
+        """Batches of the epoch not yet handed to the loop (None: no epoch yet)."""
         return None if self._plan is None else self.buffer.left
-
-    def snapshot(self, *, samples: int, memory_budget: int, max_workers: int) -> PipelineSnapshot:
-        """The pipeline's counters now (read without stopping the thread).
-
-        Args:
-            samples: samples the training loop has received (the loader counts them).
-            memory_budget, max_workers: the loader's limits, reported alongside.
-        """
-        counters = dict(self.counters)
-        return PipelineSnapshot(
-            samples=samples,
-            wait_s=self.buffer.waited_s(),
-            ready_batches=len(self.buffer),
-            ready_bytes=self.buffer.bytes,
-            memory_budget=memory_budget,
-            workers=len(self.pool.live()),
-            max_workers=max_workers,
-            prefetch_depth=self.prefetch_depth,
-            worker_pids=self.pool.pids(),
-            pool_cores=self.pool.resources(),
-            latencies=tuple(self.latencies),
-            stage_s={name: counters[name] for name in STAGES},
-            target_workers=self._target,
-            peak_ready_bytes=self.buffer.peak_bytes,
-            in_flight=len(self.admission.open),
-            batch_bytes=self.admission.batch_bytes,
-            worker_restarts=int(counters["worker_restarts"]),
-            timeouts=self.retries.counters["timeouts"],
-            retries=self.retries.counters["retries"],
-            pickled_bytes=self.admission.counters["pickled_bytes"],
-            shared_bytes=self.admission.counters["shared_bytes"],
-            cut_batches=self.schedule.cut_batches,
-            lookahead=self.schedule.lookahead_for(self.prefetch_depth),
-            priority=self._priority,
-            epoch_left=self._epoch_left(),
-            sample_costs={
-                **self.costs.report(),
-                "slow_batches": self.parts.slow_batches,
-                **self.hedging.report(),
-            },
-        )
 
 
 def _length(dataset: Any) -> int | None:
