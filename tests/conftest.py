@@ -5,6 +5,7 @@ import random
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,7 +14,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from helpers import leaks
 
 # The seed of the Hypothesis tests that explore (the differential campaigns in the slow tier;
-# the fast tier's are derandomized): chosen once per run, printed in the header, and replayed
+# the fast tier's are derandomized): chosen once per run, printed in the header and the
+# summary, and replayed
 # by setting DRAPPS_DIFF_SEED (or pytest's --hypothesis-seed).
 os.environ.setdefault("DRAPPS_DIFF_SEED", str(random.randrange(2**32)))
 
@@ -25,8 +27,18 @@ def pytest_configure(config: pytest.Config) -> None:
         hypothesis.core.global_force_seed = int(os.environ["DRAPPS_DIFF_SEED"])
 
 
-def pytest_report_header() -> str:
+def _seed_line() -> str:
     return f"Hypothesis campaigns: DRAPPS_DIFF_SEED={os.environ['DRAPPS_DIFF_SEED']} replays them"
+
+
+def pytest_report_header() -> str:
+    return _seed_line()
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The seed again at the end, which ``-q`` (the Makefile's) keeps: a failed campaign
+    is replayed from it."""
+    terminalreporter.write_line(_seed_line())
 
 
 @pytest.fixture(autouse=True)

@@ -118,7 +118,7 @@ def test_drapps_gives_dataloaders_batches_under_spawn_and_forkserver(case: Case)
 
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
-@campaign(1500)
+@campaign(400)
 @given(cases(contexts=(None, None, None, "spawn", "forkserver"), draws=True))
 def test_campaign_against_dataloader(case: Case) -> None:
     note(f"case = {case!r}")
