@@ -189,9 +189,14 @@ def _assert_arrays(x: np.ndarray, y: np.ndarray, where: str) -> None:
 
 @functools.cache
 def _warm_up() -> None:
-    """Open what a process opens once and keeps: this thread's schedstat, and
-    multiprocessing's shared heap (the progress clocks' arrays live there)."""
+    """Open what a process opens once and keeps: this thread's schedstat, multiprocessing's
+    shared heap (the progress clocks' arrays live there), and the pipes to its resource
+    tracker and forkserver (started by the first spawned or forkserver worker)."""
+    from multiprocessing import forkserver, resource_tracker
+
     runqueue_wait()
+    resource_tracker.ensure_running()
+    forkserver.ensure_running()
     for data in ([torch.tensor(i) for i in range(4)], _Stream()):
         with drapps.Loader(data, batch_size=2, num_workers=2) as loader:
             list(loader)

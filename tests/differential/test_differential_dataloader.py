@@ -63,6 +63,7 @@ def _seed_everything() -> None:
 
 def check_against_dataloader(case: Case) -> None:
     s = reference = case.settings
+    epochs = 2
     auto = s.workers == "auto"
     if (s.workers and not s.in_order) or auto or s.cache:
         # Per-sample seeds ("auto"), or dataset[i] made once and kept (the cache): the draws
@@ -72,10 +73,10 @@ def check_against_dataloader(case: Case) -> None:
         # drapps' default against DataLoader's (no workers): a stream that does not shard
         # itself is streamed by one worker then, which does not shuffle as the caller would.
         reference = _in_process(s)
+        epochs = 1 if s.persistent_workers else 2  # epoch 1 draws another base seed then
         if case.iterable:
             case = dataclasses.replace(case, sharded=False, shuffle_stream=None)
     dataset = case.dataset()
-    epochs = 2
     if s.workers and _holds(case.payload, _wrong_in_dataloaders_workers):
         assume(not case.iterable)  # without workers, a stream is another stream
         reference = _in_process(s)
