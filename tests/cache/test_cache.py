@@ -435,6 +435,7 @@ def test_entries_keep_layouts_and_dtypes_numpy_lacks() -> None:
         "stepped": torch.arange(24.0).reshape(4, 6)[1::2, ::3],
         "expanded": torch.arange(3).expand(4, 3),
         "stepped bfloat16": torch.arange(8.0).to(torch.bfloat16)[::2],
+        "stepped array": np.arange(24).reshape(4, 6)[::2, 1::2],
     }
     got = unpack(bytearray(pack(sample, none, none, None).data), {"none": none}).sample
     for name, value in sample.items():

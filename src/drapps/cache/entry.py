@@ -238,6 +238,12 @@ def _flatten(value: Any, encode: Any, depth: int) -> Any:
             # Fortran order comes back as it was: the C-ordered transpose, transposed back.
             order = list(range(value.ndim))[::-1]
             return {"p": [{"a": encode(value.transpose(order), False)}, order]}
+        steps = _steps(value)
+        if steps is not None:  # a stepped view comes back with its strides, as a tensor's
+            span = np.lib.stride_tricks.as_strided(
+                value, (_span(list(value.shape), steps),), (value.itemsize,)
+            )
+            return {"s": [{"a": encode(np.array(span), False)}, list(value.shape), steps]}
         return {"a": encode(value, False)}
     if (
         type(value) is torch.Tensor
@@ -255,8 +261,8 @@ def _flatten(value: Any, encode: Any, depth: int) -> Any:
             # Any other view (stepped, expanded, overlapping) keeps the span of storage it
             # looks into, from its first element, and comes back with its strides, as
             # DataLoader's shared memory gives it back.
-            span = _span(list(value.shape), list(value.stride()))
-            inner = _flatten(value.as_strided((span,), (1,)), encode, depth + 1)
+            extent = _span(list(value.shape), list(value.stride()))
+            inner = _flatten(value.as_strided((extent,), (1,)), encode, depth + 1)
             return {"s": [inner, list(value.shape), list(value.stride())]}
         if value.dtype == torch.bfloat16:  # NumPy has no bfloat16: its bits, as int16
             return {"h": encode(value.contiguous().view(torch.int16).numpy(), True)}
@@ -317,6 +323,16 @@ def _dense_order(tensor: torch.Tensor) -> list[int] | None:
     return order
 
 
+def _steps(array: np.ndarray) -> list[int] | None:
+    """A non-contiguous array's strides in elements, where they can come back (none
+    negative, each a whole number of elements); None for any other array."""
+    if array.size < 2 or array.flags.c_contiguous or array.flags.f_contiguous:
+        return None
+    if any(st < 0 or st % array.itemsize for st in array.strides):
+        return None
+    return [st // array.itemsize for st in array.strides]
+
+
 def _span(sizes: list[int], strides: list[int]) -> int:
     """Elements of storage a view of ``sizes`` and ``strides`` spans, from its first."""
     return 1 + sum((n - 1) * step for n, step in zip(sizes, strides, strict=True))
@@ -360,16 +376,19 @@ def _unflatten(node: Any, arrays: list[Any], depth: int) -> Any:
         if kind == "s" and isinstance(value, list) and len(value) == 3:
             inner, sizes, strides = _unflatten(value[0], arrays, depth + 1), value[1], value[2]
             if not (
-                isinstance(inner, torch.Tensor)
+                isinstance(inner, torch.Tensor | np.ndarray)
                 and inner.ndim == 1
                 and isinstance(sizes, list)
                 and isinstance(strides, list)
                 and len(sizes) == len(strides)
                 and all(type(n) is int and n > 0 for n in sizes)
                 and all(type(step) is int and step >= 0 for step in strides)
-                and _span(sizes, strides) <= inner.numel()
+                and _span(sizes, strides) <= len(inner)
             ):
                 raise CorruptEntry("entry header holds a malformed 's' node")
+            if isinstance(inner, np.ndarray):
+                steps = tuple(step * inner.itemsize for step in strides)
+                return np.lib.stride_tricks.as_strided(inner, tuple(sizes), steps)
             return inner.as_strided(sizes, strides)
         if kind == "y" and isinstance(value, str):
             return base64.b64decode(value, validate=True)
