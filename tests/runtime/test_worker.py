@@ -17,12 +17,12 @@ from torch.utils.data import default_collate, get_worker_info
 from torch.utils.data._utils import worker as torch_worker
 
 import drapps
+from drapps.runtime.inbox import Inbox
 from drapps.runtime.messages import BatchTask, SlabsFreed
 from drapps.runtime.progress import SampleClock
 from drapps.runtime.seeding import set_worker_info
 from drapps.runtime.worker import (
     BatchRecipe,
-    Inbox,
     collate,
     make_batch,
     read_ahead_of,

@@ -16,9 +16,9 @@ from typing import Any
 
 from drapps.runtime.admission import TASKS_PER_WORKER
 from drapps.runtime.cost import SampleCosts
+from drapps.runtime.inbox import urgency
 from drapps.runtime.plan import EpochPlan
 from drapps.runtime.pool import Task, Worker
-from drapps.runtime.worker import urgency
 
 HEDGE_FACTOR = 4.0
 """A part runs overdue at this many times its predicted cost (times the stretch)..."""
@@ -194,7 +194,7 @@ class Hedging:
 
 def assign_copy(spare: Worker, copy: Task) -> None:
     """Queue ``copy`` on ``spare`` where the worker takes it: after the task it is on, before
-    the later batches it holds (see :class:`~drapps.runtime.worker.Inbox`)."""
+    the later batches it holds (see :class:`~drapps.runtime.inbox.Inbox`)."""
     first = urgency(copy.generation, copy.batch_id)
     place = 1 + sum(
         1 for t in list(spare.assigned)[1:] if urgency(t.generation, t.batch_id) <= first

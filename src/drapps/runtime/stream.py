@@ -28,6 +28,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from drapps.runtime.errors import SampleError, sample_error, warn_once
+from drapps.runtime.inbox import PARENT_GONE, Parent, next_task
 from drapps.runtime.messages import (
     StreamBatch,
     StreamEnded,
@@ -48,12 +49,9 @@ from drapps.runtime.seeding import (
 from drapps.runtime.stats import PipelineSnapshot
 from drapps.runtime.transport import discard, receive_message, send_message, unpack
 from drapps.runtime.worker import (
-    PARENT_GONE,
     BatchRecipe,
-    Parent,
     collate,
     enter_worker_process,
-    next_task,
     pack_batch,
     run_worker_init,
 )
