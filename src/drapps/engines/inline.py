@@ -65,6 +65,10 @@ class InlineEngine(Engine):
         """The id of the planned batch :meth:`next` makes next."""
         return self._position
 
+    def skip(self) -> None:
+        """Pass over the planned batch :meth:`next` would make next (made elsewhere)."""
+        self._position += 1
+
     def set_split(self, split: Any) -> None:
         self._split = split
 

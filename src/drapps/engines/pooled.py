@@ -132,14 +132,15 @@ class PoolEngine(Engine):
 
     def _next_in_process(self) -> EngineBatch | None:
         """The next batch made here: in order, past those the workers handed over already."""
-        assert self._inline is not None
-        while True:
-            batch_id = self._inline.position
-            made = self._inline.next()
-            if made is None or batch_id not in self._delivered:
-                if made is not None and self._any_order:
-                    made = dataclasses.replace(made, batch_id=batch_id)
-                return made
+        inline = self._inline
+        assert inline is not None
+        while inline.position in self._delivered:
+            inline.skip()  # made by a worker already: not made again
+        batch_id = inline.position
+        made = inline.next()
+        if made is not None and self._any_order:
+            made = dataclasses.replace(made, batch_id=batch_id)
+        return made
 
     def resize(self, workers: int) -> None:
         if self._inline is None:
