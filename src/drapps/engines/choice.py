@@ -93,7 +93,7 @@ def choose_engine(
         initial = c.resolved_max_workers if c.workers == "auto" else c.initial_workers
     engine = PoolEngine(
         recipe,
-        c.pool_settings(initial),
+        c.pool_settings(initial, memory_budget=budget),
         max_workers=c.resolved_max_workers,
         finish=finish,
         split=first_split,

@@ -413,12 +413,17 @@ class LoaderConfig:
             or self.defer_after is not None
         )
 
-    def pool_settings(self, workers: int | None = None) -> PoolSettings:
+    def pool_settings(
+        self, workers: int | None = None, memory_budget: int | None = None
+    ) -> PoolSettings:
         """The pool's settings (``workers``: the count to start with, where not
-        :attr:`initial_workers`)."""
+        :attr:`initial_workers`; ``memory_budget``: the budget resolved already, where it
+        was, so that one figure holds for the loader and its pool)."""
+        if memory_budget is None:
+            memory_budget = self.resolved_memory_budget
         return PoolSettings(
             workers=self.initial_workers if workers is None else workers,
-            memory_budget=self.resolved_memory_budget,
+            memory_budget=memory_budget,
             prefetch=None if self.prefetch == "auto" else self.prefetch,
             prefetch_per_worker=self.prefetch_factor or 2,
             timeout=self.resolved_timeout,
