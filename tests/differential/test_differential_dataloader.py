@@ -26,7 +26,7 @@ import torch
 from cases import Case, Leaf, Payload, Settings, cases, without_draws
 from compare import assert_same, nothing_left, run, same_kind
 from harness import FAST, campaign
-from hypothesis import assume, given, note, settings
+from hypothesis import assume, example, given, note, settings
 from torch.utils.data import DataLoader
 
 import drapps
@@ -102,8 +102,19 @@ def check_against_dataloader(case: Case) -> None:
     assert_same(expected, got, any_order=not s.in_order and bool(s.workers))
 
 
+# Found by the campaigns: a stepped 1-D array, made in workers (pickled: contiguous) against
+# DataLoader without workers (the view), is not an array out of Fortran order.
+_STEPPED_ARRAY_AUTO = Case(
+    n=1,
+    payload=Payload(leaf=Leaf(kind="array", dtype="bool", layout="stepped", shape=(3,))),
+    settings=Settings(workers="auto", batch_size=None, collate="identity", in_order=False),
+    sharded=False,
+)
+
+
 @FAST
 @given(cases(draws=True))
+@example(_STEPPED_ARRAY_AUTO)
 def test_drapps_gives_dataloaders_batches(case: Case) -> None:
     note(f"case = {case!r}")
     check_against_dataloader(case)
