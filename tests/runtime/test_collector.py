@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import default_collate
 
 from drapps.runtime.admission import Admission
-from drapps.runtime.collector import PartCollector
+from drapps.runtime.collector import Collector
 from drapps.runtime.errors import SampleError
 from drapps.runtime.messages import BatchFailed, BatchMade
 from drapps.runtime.plan import Plan
@@ -24,13 +24,11 @@ PLAN = Plan(8, 4, shuffle=False, drop_last=False, seed=0, epoch=0)
 PARTS = [Work(0, 0, (0, 1)), Work(0, 1, (2, 3))]
 
 
-def _collector() -> tuple[PartCollector, list[tuple[int, Entry]]]:
+def _collector() -> tuple[Collector, list[tuple[int, Entry]]]:
     recipe = BatchRecipe(list(range(8)), None, default_collate, "raise")
     counters = dict.fromkeys(("fetch_s", "transform_s", "collate_s", "transport_s"), 0.0)
     counters["assemble_s"] = 0.0
-    collector = PartCollector(
-        recipe, Admission(2**20), ReorderBuffer(), None, None, counters, deque()
-    )
+    collector = Collector(recipe, Admission(2**20), ReorderBuffer(), None, None, counters, deque())
     collector.reset(PLAN, 0)
     collector.open(0, [10, 11, 12, 13], PARTS, None, now=0.0)
     return collector, []
@@ -72,3 +70,23 @@ def test_a_failed_part_fails_its_batch_and_a_given_up_one_skips_its_samples() ->
     entry = delivered[0][1]
     assert torch.equal(entry.batch, torch.tensor([10, 11]))
     assert [index for index, _ in entry.skipped] == [12, 13]
+
+
+def test_a_whole_batch_is_delivered_once_and_a_late_copy_or_stale_one_is_not() -> None:
+    collector, delivered = _collector()
+    deliver = lambda g, b, e: (delivered.append((b, e)), collector._buffer.put(g, b, e))  # noqa: E731
+    collector._buffer.reset(1, 0, len(PLAN))
+    whole = BatchMade(
+        1, 1, pack_inline(torch.tensor([4, 5, 6, 7])), [], (0.0, 0.0, 0.0), [0.001] * 4, None, None
+    )
+    task = Task(1, 0, 1, [4, 5, 6, 7], 0.0)
+    collector.on_whole(Worker(0), whole, True, task, None, deliver, _never)
+    assert [b for b, _ in delivered] == [1]
+    assert torch.equal(delivered[0][1].batch, torch.tensor([4, 5, 6, 7]))
+    assert len(collector._latencies) == 1
+    collector.on_whole(Worker(1), whole, True, None, None, deliver, _never)  # a hedged copy
+    collector.on_whole(Worker(1), whole, False, None, None, deliver, _never)  # another epoch's
+    assert len(delivered) == 1
+    error = SampleError("sample 1 failed", indices=[1])
+    collector.on_whole(Worker(0), BatchFailed(1, 2, error, None), True, None, None, deliver, _never)
+    assert delivered[1][1].error is error

@@ -230,7 +230,7 @@ def pool_snapshot(
         epoch_left=d.epoch_left(),
         sample_costs={
             **d.costs.report(),
-            "slow_batches": d.parts.slow_batches,
+            "slow_batches": d.collector.slow_batches,
             **d.hedging.report(),
         },
     )

@@ -1,12 +1,14 @@
-"""Collecting batches cut into parts among workers, and batches filled from made samples.
+"""Collecting what the workers make: whole batches, batches cut into parts among workers,
+and batches filled from made samples.
 
-A batch cut into parts comes back from several workers uncollated; :class:`PartCollector`
+A whole batch is read back from its worker's slab and delivered (unless it is a late copy).
+A batch cut into parts comes back from several workers uncollated; :class:`Collector`
 keeps each open batch's parts (:class:`~drapps.runtime.parts.PartialBatch`) until the last
 is in, then collates them in plan order and delivers the batch. With ``defer_after`` the
 parts' samples instead join the pool batches are filled from
 (:class:`~drapps.runtime.fill.ReadyFill`). It owns the open batches' parts, the fill and the
-count of batches that held a slow sample; the dispatcher hands it every part that arrives and
-every part it gives up.
+count of batches that held a slow sample; the dispatcher hands it every batch and part that
+arrives and every part it gives up.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ Unreadable = Callable[[int, "Work | None", Exception], None]
 """A part's slab could not be mapped: make it again."""
 
 
-class PartCollector:
+class Collector:
     """The parts of the batches made in parts, and the batches filled from them.
 
     Args:
@@ -132,6 +134,43 @@ class PartCollector:
             self._counters["transport_s"] += time.monotonic() - now
         if partial.complete:
             self._assemble(generation, batch_id, partial, deliver)
+
+    def on_whole(
+        self,
+        worker: Worker,
+        reply: BatchMade | BatchFailed,
+        current: bool,
+        task: Task | None,
+        split: Any,
+        deliver: Deliver,
+        unreadable: Unreadable,
+    ) -> None:
+        """A whole batch, made with ``split``: received and delivered (if of the ``current``
+        epoch and not delivered already: a late copy's slab goes back to its worker)."""
+        now = time.monotonic()
+        if task is not None:
+            self._latencies.append((now, now - task.assigned_at))
+        if isinstance(reply, BatchFailed):
+            entry = Entry(error=reply.error)
+        else:
+            if not current or self._buffer.done(reply.batch_id):
+                self._admission.drop(worker, reply.packed)
+                return
+            batch, nbytes = None, 0
+            if reply.packed is not None:
+                try:
+                    batch, nbytes = self._admission.receive(worker, reply.packed)
+                except (OSError, ValueError) as exc:  # its slab cannot be mapped: make it again
+                    unreadable(reply.batch_id, None, exc)
+                    return
+                if self._finish is not None:
+                    batch = self._finish(batch)
+                self._counters["transport_s"] += time.monotonic() - now
+                self._admission.note_batch(nbytes)
+            entry = Entry(batch=batch, nbytes=nbytes, skipped=reply.skipped, split=split)
+            add_stages(self._counters, reply.seconds)
+        if current:
+            deliver(reply.generation, reply.batch_id, entry)
 
     def give_up(self, task: Task, message: str, skip: bool, deliver: Deliver) -> None:
         """Part ``task`` was given up: ``message`` skips its samples (``skip``) or fails it."""

@@ -9,7 +9,6 @@ deduplicated by batch id in the reorder buffer, so every batch is delivered exac
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import os
@@ -21,14 +20,14 @@ from collections.abc import Callable
 from typing import Any
 
 from drapps.runtime.admission import Admission
-from drapps.runtime.collector import PartCollector, add_stages
+from drapps.runtime.collector import Collector
 from drapps.runtime.config import PoolSettings
 from drapps.runtime.cost import SampleCosts
 from drapps.runtime.dealing import Dealer
 from drapps.runtime.errors import WorkerTimeoutError, sample_path
 from drapps.runtime.hedging import TICK_S, Hedging
+from drapps.runtime.mailbox import Mailbox
 from drapps.runtime.messages import (
-    BatchFailed,
     BatchMade,
     BatchTask,
     SlabsFreed,
@@ -79,8 +78,8 @@ class Dispatcher:
         self.session = f"{os.getpid()}_{secrets.token_hex(4)}"
         # A loop that starts waiting wakes the thread: filled batches have a deadline.
         defer_after = settings.defer_after
-        on_wait = self._wake if defer_after is not None else None
-        self.buffer = ReorderBuffer(on_consumed=self._wake, on_wait=on_wait)
+        on_wait = self._wake_soon if defer_after is not None else None
+        self.buffer = ReorderBuffer(on_consumed=self._wake_soon, on_wait=on_wait)
         self.pool = pool if pool is not None else ProcessPool(recipe, settings.context)
         self._recipe = recipe
         self.costs = SampleCosts(_length(recipe.dataset), _paths(recipe.dataset))
@@ -105,16 +104,8 @@ class Dispatcher:
         self._finish = finish
         self.admission = Admission(settings.memory_budget)
         self.retries = Retries(settings.max_attempts, settings.timeout)
-        self._lock = threading.Lock()
-        self._commands: list[tuple[str, Any]] = []
-        self._applied = threading.Condition(self._lock)
-        self._command_seq = 0
-        self._applied_seq = 0
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_w, False)
-        self._thread: threading.Thread | None = None
-        self._stopped = False
-        self._released = False
+        self._lock = threading.Lock()  # the generation count
+        self.mailbox = Mailbox(f"drapps-dispatcher-{self.session}", self._run, self._set)
         # Epoch state, owned by the dispatcher thread.
         self._plan: EpochPlan | None = None
         self._generation = 0
@@ -135,7 +126,7 @@ class Dispatcher:
         }
         self.latencies: deque[tuple[float, float]] = deque(maxlen=4096)
         """(arrival time, seconds from dispatch to arrival) of recent batches."""
-        self.parts = PartCollector(
+        self.collector = Collector(
             recipe, self.admission, self.buffer, finish, defer_after, self.counters,
             self.latencies,
         )  # fmt: skip
@@ -153,22 +144,22 @@ class Dispatcher:
             generation = self._generation
         # The previous epoch's held batches are dropped here, outside the buffer's lock.
         self.buffer.reset(generation, start, len(plan))
-        self._command("epoch", (generation, plan, start, fresh_workers), wait_applied=False)
+        self.mailbox.post("epoch", (generation, plan, start, fresh_workers), wait_applied=False)
         return generation
 
     def stop_workers(self, generation: int) -> None:
         """The epoch ``generation`` is over and its workers are not kept (DataLoader's
         ``persistent_workers=False``): let them exit now; the next epoch starts new ones."""
-        self._command("idle", generation, wait_applied=False)
+        self.mailbox.post("idle", generation, wait_applied=False)
 
     def resize(self, workers: int) -> None:
         """Set the worker count; returns once the dispatcher has acted on it."""
-        self._command("resize", workers, wait_applied=True)
+        self.mailbox.post("resize", workers, wait_applied=True)
 
     def set_split(self, split: Any) -> None:
         """Make batches dispatched from now on with the transform pipeline's ops before
         ``split`` (batches already in flight keep the split they were sent with)."""
-        self._command("split", split, wait_applied=True)
+        self.mailbox.post("split", split, wait_applied=True)
 
     def set_priority(self, priority: str) -> bool:
         """Run the workers at ``"normal"`` CPU priority (the training process's niceness,
@@ -182,11 +173,11 @@ class Dispatcher:
     def set_lookahead(self, lookahead: int | None) -> None:
         """Set how many batches past the next one may have work started early (None: twice
         the prefetch depth)."""
-        self._command("lookahead", lookahead, wait_applied=True)
+        self.mailbox.post("lookahead", lookahead, wait_applied=True)
 
     def set_prefetch(self, depth: int | None) -> None:
         """Set the prefetch depth (None: twice the worker count)."""
-        self._command("prefetch", depth, wait_applied=True)
+        self.mailbox.post("prefetch", depth, wait_applied=True)
 
     @property
     def target_workers(self) -> int:
@@ -208,16 +199,15 @@ class Dispatcher:
         return self.admission.batch_bytes
 
     def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        thread = self.mailbox.thread
+        return thread is not None and thread.is_alive()
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
         """Stop the thread and every worker; remove our shared memory. Idempotent."""
-        with self._lock:
-            if self._stopped:
-                return
-            self._stopped = True
-        thread = self._thread
-        self._wake()
+        if not self.mailbox.stop():
+            return
+        thread = self.mailbox.thread
+        self.mailbox.wake()
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=timeout_s)
             if thread.is_alive():
@@ -231,59 +221,26 @@ class Dispatcher:
 
     # ----------------------------------------------------------------------------- internals
 
-    def _command(self, name: str, value: Any, *, wait_applied: bool) -> None:
-        with self._lock:
-            if self._stopped:
-                raise RuntimeError("this drapps.Loader is closed")
-            if self._thread is None and name != "epoch":
-                # No pool yet: the setting simply holds when the first epoch starts one.
-                self._set(name, value)
-                return
-            self._commands.append((name, value))
-            self._command_seq += 1
-            seq = self._command_seq
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name=f"drapps-dispatcher-{self.session}", daemon=True
-                )
-                self._thread.start()
-        self._wake()
-        if wait_applied and self._thread is not threading.current_thread():
-            with self._applied:
-                while self._applied_seq < seq and not self._stopped:
-                    self._applied.wait(timeout=1.0)
-
-    def _wake(self) -> None:
-        # Under the lock: once _release closed the pipe its fd number may belong to another file.
-        with self._lock:
-            if self._released:
-                return
-            # A full pipe wakes the thread just as well as a write that lands.
-            with contextlib.suppress(OSError):
-                os.write(self._wake_w, b"x")
+    def _wake_soon(self) -> None:
+        self.mailbox.wake()
 
     def _release(self) -> None:
-        with self._lock:
-            if self._released:
-                return
-            self._released = True
-            self._stopped = True
-            os.close(self._wake_r)
-            os.close(self._wake_w)
+        if not self.mailbox.close():
+            return
         self.admission.recycler.close()  # the workers stop: their slabs go with them
         self.pool.shutdown()
         self.buffer.fail(RuntimeError("this drapps.Loader is closed"))
         # Samples of batches made in part, or waiting to fill one, map their parts' slabs.
-        self.parts.close()
+        self.collector.close()
 
     def _run(self) -> None:
         try:
-            while not self._stopped:
-                self._apply_commands()
+            while not self.mailbox.stopped:
+                self.mailbox.apply_all()
                 self._keep_pool_size()
                 self._dispatch()
                 self._wait_and_receive()
-                self.parts.fill_ready(self._generation_now, self._split)
+                self.collector.fill_ready(self._generation_now, self._split)
                 self._send_releases()
                 self._enforce_timeout()
         except BaseException as exc:
@@ -293,18 +250,7 @@ class Dispatcher:
             self.buffer.fail(failure)
         finally:
             self._release()
-            with self._applied:
-                self._applied.notify_all()
-
-    def _apply_commands(self) -> None:
-        with self._lock:
-            commands, self._commands = self._commands, []
-            seq = self._command_seq
-        for name, value in commands:
-            self._set(name, value)
-        with self._applied:
-            self._applied_seq = seq
-            self._applied.notify_all()
+            self.mailbox.finished()
 
     def _set(self, name: str, value: Any) -> None:
         if name == "epoch":
@@ -315,7 +261,7 @@ class Dispatcher:
             self.admission.reset(self._plan, start)
             self.hedging.reset(self._plan, start)
             self.schedule.reset(self._plan, start)
-            self.parts.reset(self._plan, start)
+            self.collector.reset(self._plan, start)
             if fresh_workers:
                 for worker in list(self.pool.workers):
                     self.pool.kill(worker)
@@ -344,7 +290,7 @@ class Dispatcher:
         copies = self.hedging.copies(
             head=self.buffer.next_id,
             waiting=self.buffer.waiting_s() is not None,
-            cut=self.parts.partial,
+            cut=self.collector.partial,
             in_flight=self._in_flight,
             live=self.pool.live(),
         )
@@ -369,7 +315,7 @@ class Dispatcher:
         depth = self.prefetch_depth
 
         def may_open(batch_id: int) -> bool:
-            pooled = self.parts.pooled_batches(self.schedule.batch_len)
+            pooled = self.collector.pooled_batches(self.schedule.batch_len)
             return self.admission.may_open(
                 batch_id, depth, head=self.buffer.next_id, ready=len(self.buffer),
                 pooled=pooled, workers=len(self.pool.live()),
@@ -402,11 +348,11 @@ class Dispatcher:
             if batch_id not in self.admission.open:
                 self.admission.open.add(batch_id)
                 if work.part is not None:
-                    self.parts.open(batch_id, indices, parts, self._split, now)
+                    self.collector.open(batch_id, indices, parts, self._split, now)
             split = self._split
             if work.part is not None:
                 indices = [indices[p] for p in work.positions]
-                split = self.parts.partial[batch_id].split  # every part is made with one split
+                split = self.collector.partial[batch_id].split  # every part is made with one split
             task = Task(self._generation_now, plan.epoch, batch_id, indices, now, split, work)
             worker.assigned.append(task)
             self._in_flight[batch_id, work.part] = worker
@@ -424,14 +370,14 @@ class Dispatcher:
     def _wait_and_receive(self) -> None:
         timeout = self._wait_timeout()
         before = time.monotonic()
-        polled = self.pool.poll(timeout, self._wake_r)
+        polled = self.pool.poll(timeout, self.mailbox.wake_fd)
         overrun_s = time.monotonic() - before - timeout
         if self.retries.credit_pause(self.pool.workers, overrun_s):
             logger.info(
                 "the loader's process was paused for %.1fs; workers' clocks credited", overrun_s
             )
         if polled.woke:
-            os.read(self._wake_r, 4096)
+            self.mailbox.woken()
         self._on_replies(polled.replies)
         for worker in polled.exited:
             if worker in self.pool.workers:
@@ -440,8 +386,8 @@ class Dispatcher:
     def _wait_timeout(self) -> float:
         tick = TICK_S
         waited = self.buffer.waiting_s()
-        defer_after = self.parts.defer_after
-        if self.parts.fill is not None and defer_after is not None and waited is not None:
+        defer_after = self.collector.defer_after
+        if self.collector.fill is not None and defer_after is not None and waited is not None:
             tick = max(0.001, min(tick, defer_after - waited))  # to fill it on time
         if waited is not None and self.schedule.cutting:
             tick = max(
@@ -485,42 +431,20 @@ class Dispatcher:
         if watch and made is not None and task is not None:
             slow = self.costs.observe(task.indices, made.costs)
         if part is not None:
-            partial = self.parts.partial.get(batch_id)
+            partial = self.collector.partial.get(batch_id)
             if slow and partial is not None:
                 partial.slow = True
-            self.parts.on_part(worker, reply, current, task, self._deliver, self._unreadable)
+            self.collector.on_part(worker, reply, current, task, self._deliver, self._unreadable)
             return
-        if task is not None:
-            self.latencies.append((now, now - task.assigned_at))
-        self.parts.slow_batches += slow
+        self.collector.slow_batches += slow
         split = task.split if task is not None else self._split
-        if made is None:
-            assert isinstance(reply, BatchFailed)
-            entry = Entry(error=reply.error)
-        else:
-            packed = made.packed
-            if not current or self.buffer.done(batch_id):
-                self.admission.drop(worker, packed)
-                return
-            batch, nbytes = None, 0
-            if packed is not None:
-                try:
-                    batch, nbytes = self.admission.receive(worker, packed)
-                except (OSError, ValueError) as exc:  # its slab cannot be mapped: make it again
-                    self._unreadable(batch_id, None, exc)
-                    return
-                if self._finish is not None:
-                    batch = self._finish(batch)
-                self.counters["transport_s"] += time.monotonic() - now
-                self.admission.note_batch(nbytes)
-            entry = Entry(batch=batch, nbytes=nbytes, skipped=made.skipped, split=split)
-            add_stages(self.counters, made.seconds)
-        if current:
-            self._deliver(generation, batch_id, entry)
+        self.collector.on_whole(
+            worker, reply, current, task, split, self._deliver, self._unreadable
+        )
 
     def _made_already(self, work: Work) -> bool:
         """Whether ``work`` came back already (a late duplicate of a retry)."""
-        already = self.parts.made_already(work)
+        already = self.collector.made_already(work)
         return already if already is not None else self.buffer.done(work.batch_id)
 
     def _deliver(self, generation: int, batch_id: int, entry: Entry) -> None:
@@ -595,7 +519,7 @@ class Dispatcher:
     def _give_up(self, task: Task, reason: str, lead: str | None = None) -> None:
         message = self.retries.given_up(task, reason, lead)
         if task.part is not None:
-            self.parts.give_up(task, message, self._on_error == "skip", self._deliver)
+            self.collector.give_up(task, message, self._on_error == "skip", self._deliver)
             return
         if self._on_error == "skip":
             entry = Entry(skipped=[(index, message) for index in task.indices])
