@@ -1,12 +1,15 @@
 """No import cycles anywhere in ``src/drapps``, and imports point down the floors.
 
 Every import statement counts, also those inside functions and under ``TYPE_CHECKING``: a lazy
-import that hides a cycle is still a cycle in the design.
+import that hides a cycle is still a cycle in the design. So does a module named in a string
+(``importlib.import_module("drapps.x")``, a registry's ``"drapps.x:Name"``): an engine named
+that way must not import its namer back.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import drapps
@@ -24,11 +27,22 @@ def _modules(root: Path) -> dict[str, Path]:
     return modules
 
 
-def _imports(name: str, path: Path, known: set[str]) -> set[str]:
+_NAMED = re.compile(r"([A-Za-z_]\w*(?:\.\w+)+):\w+")  # "module:Name", as registries name
+
+
+def _imports(name: str, path: Path, known: set[str], *, named: bool = False) -> set[str]:
+    """The modules of ``known`` that ``name`` imports (``named``: or names in a string)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
+        if named and isinstance(node, ast.Constant) and isinstance(node.value, str):
+            match = _NAMED.fullmatch(node.value)
+            if match is not None:
+                found.add(match.group(1))
+        elif named and isinstance(node, ast.Call) and _called(node) == "import_module":
+            if node.args and isinstance(node.args[0], ast.Constant):
+                found.add(str(node.args[0].value))
+        elif isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
@@ -41,10 +55,18 @@ def _imports(name: str, path: Path, known: set[str]) -> set[str]:
     return {module for module in found if module in known and module != name}
 
 
+def _called(call: ast.Call) -> str | None:
+    function = call.func
+    if isinstance(function, ast.Attribute):
+        return function.attr
+    return function.id if isinstance(function, ast.Name) else None
+
+
 def import_cycles(root: Path) -> list[list[str]]:
     """Strongly connected groups of more than one module (Tarjan's algorithm)."""
     modules = _modules(root)
-    graph = {name: _imports(name, path, set(modules)) for name, path in modules.items()}
+    known = set(modules)
+    graph = {name: _imports(name, path, known, named=True) for name, path in modules.items()}
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -83,15 +105,37 @@ def test_no_import_cycles() -> None:
     assert import_cycles(ROOT) == []
 
 
+def _package(root: Path, **modules: str) -> Path:
+    package = root / "pkg"
+    package.mkdir(exist_ok=True)
+    for name, text in {"__init__": "", **modules}.items():
+        (package / f"{name}.py").write_text(text)
+    return package
+
+
 def test_the_check_finds_a_cycle_hidden_in_a_function_or_type_checking(tmp_path: Path) -> None:
-    package = tmp_path / "pkg"
-    package.mkdir()
-    (package / "__init__.py").write_text("")
-    (package / "a.py").write_text("def f():\n    from pkg import b\n")
-    (package / "b.py").write_text(
-        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.a import f\n"
+    package = _package(
+        tmp_path,
+        a="def f():\n    from pkg import b\n",
+        b="from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.a import f\n",
     )
     assert import_cycles(package) == [["pkg.a", "pkg.b"]]
+
+
+def test_the_check_finds_a_cycle_through_a_module_named_in_a_string(tmp_path: Path) -> None:
+    package = _package(
+        tmp_path,
+        a='import importlib\nENGINES = {"x": "pkg.b:Engine"}\n'
+        'files = resources.files("pkg.c")\n'  # a package's files: not an import
+        'def c():\n    return importlib.import_module("pkg.c")\n',
+        b="from pkg.a import ENGINES\n",
+        c="from pkg import a\n",
+    )
+    assert import_cycles(package) == [["pkg.a", "pkg.b", "pkg.c"]]
+    (package / "b.py").write_text("ENGINE = 1\n")
+    assert import_cycles(package) == [["pkg.a", "pkg.c"]]
+    (package / "c.py").write_text("")
+    assert import_cycles(package) == []
 
 
 # The floors of ARCHITECTURE.md, bottom first: a module imports only from its own floor or

@@ -9,7 +9,8 @@ Example:
 
 from drapps._version import __version__
 from drapps.cache import Cache
-from drapps.engines.backends import RayBackend, Source
+from drapps.engines.backends import RayBackend
+from drapps.engines.source import Source
 from drapps.loader import Loader
 from drapps.runtime import (
     LoaderConfig,

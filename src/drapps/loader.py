@@ -26,8 +26,9 @@ from torch.utils.data import BatchSampler, default_collate, default_convert
 from drapps.cache.settings import Cache
 from drapps.control.policy import Policy
 from drapps.engines.assembly import assemble, open_source
-from drapps.engines.backends import Backend, Source, resolve_backend
+from drapps.engines.backends import Backend, resolve_backend
 from drapps.engines.cursor import EpochCursor
+from drapps.engines.source import Source
 from drapps.runtime.config import (
     LoaderConfig,
     changed_arguments,

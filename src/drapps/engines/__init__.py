@@ -6,10 +6,11 @@ knobs around it; the cursor plans epochs and keeps resume state; the epoch itera
 engine's batches through the device stage.
 """
 
-from drapps.engines.backends import BACKENDS, Backend, ProcessBackend, RayBackend, Source
+from drapps.engines.backends import BACKENDS, Backend, ProcessBackend, RayBackend
 from drapps.engines.base import Engine, EngineBatch, EpochJob, Limits
 from drapps.engines.inline import InlineEngine
 from drapps.engines.pooled import PoolEngine
+from drapps.engines.source import Source
 from drapps.engines.stream import StreamEngine
 
 __all__ = [

@@ -19,12 +19,13 @@ from drapps.cache.sample_cache import SampleCache
 from drapps.cache.setup import open_cache
 from drapps.control.knobs import CodecKnob, Knob, OffloadKnob, SplitKnob
 from drapps.control.policy import check_policy
-from drapps.engines.backends import Backend, Source, source_engine
+from drapps.engines.backends import Backend, source_engine
 from drapps.engines.base import Engine
 from drapps.engines.choice import choose_engine
 from drapps.engines.cursor import EpochCursor
 from drapps.engines.epoch import Delivered, Epoch
 from drapps.engines.sharding import CoreClaim
+from drapps.engines.source import Source
 from drapps.engines.tuner import AutoTuner, make_tuner
 from drapps.ops.device_stage import DeviceStage, resolve_device
 from drapps.ops.split import Split

@@ -8,7 +8,7 @@ from drapps._optional import require
 
 # One redaction for every message, error and repr about a URL; it lives with Source, which
 # needs it a floor below the integrations.
-from drapps.engines.backends import redact_url as redact
+from drapps.engines.source import redact_url as redact
 
 # A Redis that stops answering must not hang a worker or the training loop: every call gives
 # up after this long and the caller decides (the cache tier goes on without it).

@@ -14,8 +14,8 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from drapps.engines.backends import Source
 from drapps.engines.base import Engine, EngineBatch, EpochJob
+from drapps.engines.source import Source
 from drapps.integrations.redis_queue import QueueAddress, QueueReader, iterate
 from drapps.runtime.config import parse_bytes
 from drapps.runtime.stats import PipelineSnapshot
