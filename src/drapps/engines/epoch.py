@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -21,7 +20,7 @@ import torch
 
 from drapps.engines.base import Engine, EngineBatch, EpochJob, Skipped
 from drapps.ops.device_stage import DeviceStage, Staged
-from drapps.runtime.errors import SampleError, sample_error, warn_user
+from drapps.runtime.errors import SampleError, failure, warn_user
 from drapps.runtime.sampling import key_of
 from drapps.runtime.seeding import sample_seed_for
 
@@ -338,14 +337,12 @@ def _stage_error(exc: Exception, batch_id: int, indices: list[Any]) -> SampleErr
     """A device stage failure as the training loop sees it: naming the batch, its indices and
     the op, and an instance of the original type (as a failing sample's error is)."""
     where = getattr(exc, "drapps_op", "moving the batch")
-    return sample_error(
-        f"the device stage failed at {where} on batch {batch_id} (indices {indices}): "
-        f"{type(exc).__name__}: {exc}",
-        type(exc),
+    return failure(
+        exc,
+        f"the device stage failed at {where} on batch {batch_id} (indices {indices})",
         index=None,
         stage="device_stage",
         indices=indices,
-        detail="".join(traceback.format_exception(exc)),
     )
 
 

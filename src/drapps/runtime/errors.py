@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import pickle
 import sys
+import traceback
 import warnings
 from typing import Any
 
@@ -122,6 +123,18 @@ def sample_error(
         error = base(message, **kwargs)
     error.original_type = original
     return error
+
+
+def failure(exc: BaseException, what: str, **kwargs: Any) -> SampleError:
+    """The :func:`sample_error` for user code that raised ``exc``: "``what``: Type: message",
+    an instance of ``exc``'s type, with its traceback as the detail (``kwargs``: ``stage``,
+    ``index``, ``indices``)."""
+    return sample_error(
+        f"{what}: {type(exc).__name__}: {exc}",
+        type(exc),
+        detail="".join(traceback.format_exception(exc)),
+        **kwargs,
+    )
 
 
 def _picklable_type(cls: type[BaseException] | None) -> bool:

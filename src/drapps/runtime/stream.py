@@ -27,7 +27,7 @@ from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from drapps.runtime.errors import SampleError, sample_error, warn_once
+from drapps.runtime.errors import SampleError, failure, sample_error, warn_once
 from drapps.runtime.inbox import PARENT_GONE, Parent, next_task
 from drapps.runtime.messages import (
     StreamBatch,
@@ -102,12 +102,10 @@ class StreamBatcher:
             except StopIteration:
                 break
             except Exception as exc:
-                raise sample_error(
-                    f"the dataset's stream failed after {self.position} items: "
-                    f"{type(exc).__name__}: {exc}",
-                    type(exc),
+                raise failure(
+                    exc,
+                    f"the dataset's stream failed after {self.position} items",
                     stage="__iter__",
-                    detail="".join(traceback.format_exception(exc)),
                 ) from exc
             if self.unless_sharded and self.position == 0 and not worker_info_read():
                 raise Unsharded  # before the first item leaves: nothing is duplicated
@@ -136,11 +134,10 @@ class StreamBatcher:
         try:
             return collate(r, samples)
         except Exception as exc:
-            raise sample_error(
-                f"collate_fn failed on a batch of the stream: {type(exc).__name__}: {exc}",
-                type(exc),
+            raise failure(
+                exc,
+                "collate_fn failed on a batch of the stream",
                 stage="collate_fn",
-                detail="".join(traceback.format_exception(exc)),
             ) from exc
 
 
@@ -189,12 +186,10 @@ def run_stream_worker(
                     try:
                         batcher = StreamBatcher(recipe, batch_size, drop_last, unless_sharded=watch)
                     except Exception as exc:
-                        failed = sample_error(
-                            f"starting the stream in worker {slot} failed: "
-                            f"{type(exc).__name__}: {exc}",
-                            type(exc),
+                        failed = failure(
+                            exc,
+                            f"starting the stream in worker {slot} failed",
                             stage="__iter__",
-                            detail="".join(traceback.format_exception(exc)),
                         )
                 continue
             if task.generation != generation:

@@ -20,7 +20,7 @@ from torch.utils.data import default_collate
 from torch.utils.data._utils.collate import collate as collate_with
 from torch.utils.data._utils.collate import collate_tensor_fn, default_collate_fn_map
 
-from drapps.runtime.errors import SampleError, describe_failure, sample_error, sample_path
+from drapps.runtime.errors import SampleError, describe_failure, failure, sample_error, sample_path
 from drapps.runtime.inbox import PARENT_GONE, Inbox, Parent
 from drapps.runtime.messages import BatchFailed, BatchMade, BatchTask, WorkerFatal
 from drapps.runtime.progress import SampleClock, current_clock, use_clock
@@ -376,12 +376,11 @@ def collate_samples(
             return pipeline.collate(samples, collate_rest, split)
         return collate_rest(samples)
     except Exception as exc:
-        raise sample_error(
-            f"collate_fn failed on the batch of indices {indices}: {type(exc).__name__}: {exc}",
-            type(exc),
+        raise failure(
+            exc,
+            f"collate_fn failed on the batch of indices {indices}",
             stage="collate_fn",
             indices=indices,
-            detail="".join(traceback.format_exception(exc)),
         ) from exc
 
 
@@ -541,11 +540,10 @@ def run_worker_init(recipe: BatchRecipe, slot: int) -> SampleError | None:
     try:
         recipe.worker_init_fn(slot)
     except Exception as exc:
-        return sample_error(
-            f"worker_init_fn failed in worker {slot}: {type(exc).__name__}: {exc}",
-            type(exc),
+        return failure(
+            exc,
+            f"worker_init_fn failed in worker {slot}",
             stage="worker_init_fn",
-            detail="".join(traceback.format_exception(exc)),
         )
     return None
 
