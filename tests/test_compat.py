@@ -188,6 +188,33 @@ def test_shuffle_follows_torch_manual_seed_like_dataloader(workers: int, persist
         assert not torch.equal(torch.cat(list(other)), torch.cat(got[0]))
 
 
+@pytest.mark.parametrize("workers", WORKERS)
+def test_the_order_holds_when_the_loop_draws_from_torch_between_batches(workers: int) -> None:
+    """The sampler's batches are drawn as they are needed, as DataLoader's are, but all it
+    draws from torch's generator is drawn as the epoch starts: a loop that draws between
+    batches (dropout, its own sampling) moves neither loader's order."""
+    kwargs = {"batch_size": 4, "shuffle": True, "num_workers": workers}
+    data = Indexed(203)
+
+    def epochs(loader: Any) -> list[list[torch.Tensor]]:
+        out = []
+        for _ in range(2):
+            batches = []
+            for batch in loader:
+                batches.append(batch)
+                torch.rand(3)
+            out.append(batches)
+        return out
+
+    torch.manual_seed(5)
+    expected = epochs(DataLoader(data, **kwargs))  # type: ignore[arg-type]
+    torch.manual_seed(5)
+    with drapps.Loader(data, **kwargs) as loader:  # type: ignore[arg-type]
+        got = epochs(loader)
+    for e in range(2):
+        assert_batches_equal(got[e], expected[e])
+
+
 class Augmented:
     """Samples whose augmentations draw from torch's, NumPy's and Python's global RNGs, and
     say which seed torch's generator started from."""

@@ -1,6 +1,9 @@
 import pytest
+import torch
+from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler, SubsetRandomSampler
 
-from drapps.runtime.plan import Plan
+from drapps.runtime.plan import DrawnPlan, Plan
+from drapps.runtime.sampling import drawn_as_needed
 
 
 @pytest.mark.parametrize(
@@ -40,3 +43,44 @@ def test_bad_batch_id_and_fields() -> None:
         plan.batch(3)
     with pytest.raises(ValueError, match="batch_size must be >= 1"):
         Plan(10, 0, False, False, 0, 0)
+
+
+def _batches(seed: int) -> list[list[int]]:
+    torch.manual_seed(seed)
+    return [list(b) for b in BatchSampler(RandomSampler(range(100)), 8, False)]
+
+
+def test_a_drawn_plan_draws_its_batches_as_they_are_needed_and_as_dataloader_does() -> None:
+    expected = _batches(0)
+    torch.manual_seed(0)
+    source = iter(BatchSampler(RandomSampler(range(100)), 8, False))
+    plan = DrawnPlan(source, 13, seed=1, epoch=0)
+    torch.rand(7)  # the loop draws from torch's generator: the sampler drew its seed already
+    assert len(plan._drawn) == 1  # only the first batch is drawn up front
+    assert plan.batch(5) == expected[5] and len(plan._drawn) == 6
+    assert [plan.batch(b) for b in range(13)] == expected
+    with pytest.raises(IndexError, match=r"batch_id must be in \[0, 13\), got 13"):
+        plan.batch(13)
+
+
+def test_a_sampler_shorter_than_its_len_is_named() -> None:
+    plan = DrawnPlan(iter([[0, 1], [2, 3]]), 3, seed=0, epoch=0)
+    with pytest.raises(RuntimeError, match="gave 2 batches where its len\\(\\) promised 3"):
+        plan.batch(2)
+
+
+def test_only_torchs_own_samplers_without_a_generator_are_drawn_as_needed() -> None:
+    data = range(10)
+    assert drawn_as_needed(BatchSampler(RandomSampler(data), 4, False), True)
+    assert drawn_as_needed(BatchSampler(SequentialSampler(data), 4, True), True)
+    generator = torch.Generator()
+    assert not drawn_as_needed(
+        BatchSampler(RandomSampler(data, generator=generator), 4, False), True
+    )
+    assert not drawn_as_needed(BatchSampler(SubsetRandomSampler(list(data)), 4, False), True)
+    assert not drawn_as_needed(RandomSampler(data), False)  # batch_size=None
+
+    class Mine(BatchSampler):
+        pass
+
+    assert not drawn_as_needed(Mine(RandomSampler(data), 4, False), True)

@@ -18,8 +18,14 @@ import torch
 from drapps.engines.base import EpochJob
 from drapps.engines.sharding import RankShard
 from drapps.runtime.config import LoaderConfig, checked_index
-from drapps.runtime.plan import EpochPlan, Plan, SampledPlan
-from drapps.runtime.sampling import draw_base_seed, draw_batches, is_iterable_dataset, plain_key
+from drapps.runtime.plan import DrawnPlan, EpochPlan, Plan, SampledPlan
+from drapps.runtime.sampling import (
+    draw_base_seed,
+    draw_batches,
+    drawn_as_needed,
+    is_iterable_dataset,
+    plain_key,
+)
 
 _STATE_VERSION = 2
 
@@ -212,6 +218,9 @@ class EpochCursor:
             size = batch_size or 1
             return Plan(len(self._dataset), size, shuffle, drop_last, seed, epoch)
         assert self._index_sampler is not None
+        if drawn_as_needed(self._index_sampler, self._batched):
+            sampler: Any = self._index_sampler
+            return DrawnPlan(iter(sampler), len(sampler), seed, epoch)
         return SampledPlan(draw_batches(self._index_sampler, self._batched), seed, epoch)
 
     def _epoch_seed(self) -> int:
@@ -271,7 +280,7 @@ class EpochCursor:
             state["seed"] = plan.seed
             state["batches"] = [[plain_key(key) for key in batch] for batch in owed]
         elif plan is not None and (
-            isinstance(plan, SampledPlan) or self._seed is None or remaining is not None
+            isinstance(plan, SampledPlan | DrawnPlan) or self._seed is None or remaining is not None
         ):
             # The batches still owed, in plan order (some past next_batch may be delivered).
             ids = remaining if remaining is not None else range(next_batch, len(plan))

@@ -1,12 +1,15 @@
 """The epoch plan: which indices make batch ``b`` of epoch ``e``.
 
 A :class:`Plan` depends only on (dataset length, batch size, shuffle, drop_last, seed, epoch);
-a :class:`SampledPlan` holds the batches a sampler drew when the epoch began. Neither depends on
-the worker count, so batch ``b`` is the same list of indices however the pool is sized.
+a :class:`SampledPlan` holds the batches a sampler drew when the epoch began, and a
+:class:`DrawnPlan` draws them from one of torch's own samplers as they are needed. None depends
+on the worker count, so batch ``b`` is the same list of indices however the pool is sized.
 """
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -90,5 +93,49 @@ class SampledPlan:
         return self.batches[batch_id - self.first]
 
 
-EpochPlan = Plan | SampledPlan
+class DrawnPlan:
+    """An epoch whose batches one of torch's samplers draws as they are needed, as DataLoader
+    draws them: an ImageNet-size epoch does not wait for every batch to be drawn first.
+
+    Only for a sampler whose random draws all happen with its first batch (torch's
+    ``RandomSampler`` without a generator seeds a private one from torch's global generator
+    then; ``SequentialSampler`` draws nothing) and whose length is exact: the first batch is
+    drawn here, in the thread that starts the epoch, and the rest in whichever thread asks,
+    from the sampler's private state alone, so every batch is the one DataLoader's would be.
+    """
+
+    def __init__(self, batches: Iterator[list[Any]], length: int, seed: int, epoch: int):
+        self._source = batches
+        self._drawn: list[list[Any]] = []
+        self._length = length
+        self.seed = seed
+        """Seeds each sample's augmentation with (seed, epoch, index)."""
+        self.epoch = epoch
+        """Epoch number."""
+        self.first = 0
+        self._lock = threading.Lock()
+        if length:
+            self.batch(0)
+
+    def __len__(self) -> int:
+        return self._length
+
+    def batch(self, batch_id: int) -> list[Any]:
+        """The keys of batch ``batch_id``, in delivery order (drawn up to it now if need be)."""
+        if not 0 <= batch_id < self._length:
+            raise IndexError(f"batch_id must be in [0, {self._length}), got {batch_id!r}")
+        with self._lock:
+            drawn = self._drawn
+            while len(drawn) <= batch_id:
+                batch = next(self._source, None)
+                if batch is None:
+                    raise RuntimeError(
+                        f"the sampler gave {len(drawn)} batches where its len() promised "
+                        f"{self._length}"
+                    )
+                drawn.append(list(batch))
+            return drawn[batch_id]
+
+
+EpochPlan = Plan | SampledPlan | DrawnPlan
 """What a loader iterates: its own seeded order, or a sampler's."""

@@ -6,7 +6,8 @@ explicit ``seed`` the epoch's base seed and the default samplers draw from torch
 generator (or ``generator``) in the order DataLoader draws them, so the same
 ``torch.manual_seed`` gives the same batches. The epoch's batches are drawn from the sampler once,
 when the epoch starts (:class:`~drapps.runtime.plan.SampledPlan`), which is what keeps them the same
-whatever the worker pool does.
+whatever the worker pool does; torch's own samplers, whose draws all come with their first batch,
+are drawn as they are needed (:class:`~drapps.runtime.plan.DrawnPlan`).
 """
 
 from __future__ import annotations
@@ -142,6 +143,19 @@ def plain_key(index: Any) -> Any:
         return operator.index(index)
     except TypeError:
         return index
+
+
+def drawn_as_needed(index_sampler: Any, auto_collation: bool) -> bool:
+    """Whether ``index_sampler``'s batches may be drawn as they are needed (a
+    :class:`~drapps.runtime.plan.DrawnPlan`): torch's own ``BatchSampler`` over its own
+    ``SequentialSampler``, or ``RandomSampler`` without a generator (it seeds a private one
+    with its first draw), whose lengths are exact and whose later draws touch nothing shared."""
+    if not auto_collation or type(index_sampler) is not BatchSampler:
+        return False
+    sampler = index_sampler.sampler
+    if type(sampler) is SequentialSampler:
+        return True
+    return type(sampler) is RandomSampler and sampler.generator is None
 
 
 def draw_batches(index_sampler: Iterable[Any], auto_collation: bool) -> tuple[list[Any], ...]:
