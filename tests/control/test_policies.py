@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -89,6 +90,30 @@ def test_grows_while_the_consumer_waits_and_stops_where_cores_run_out() -> None:
     world = World(per_worker=100, consumer=1000, cores=4)
     world.run(HeuristicPolicy(), ticks=120)
     assert world.settled() == 4  # a fifth worker on 4 cores raises nothing: reverted
+
+
+def test_no_worker_is_added_whose_private_memory_the_host_cannot_hold() -> None:
+    """Each worker holds 2 GiB of its own (copy-on-read of a forked dataset): the pool stops
+    growing while the next worker would leave available memory under the floor."""
+
+    class Bound(World):
+        def observe(self) -> State:
+            free = 12 * GIB - self.workers * 2 * GIB
+            return replace(
+                super().observe(),
+                available_bytes=free,
+                total_bytes=32 * GIB,
+                worker_private_bytes=2 * GIB,
+            )
+
+    world = Bound(per_worker=100, consumer=1000, cores=8)
+    world.run(HeuristicPolicy(), ticks=150)
+    # At 3 workers 6 GiB are left: a fourth (2 GiB, as much again to grow) would leave 2 GiB,
+    # under the floor (a tenth of 32 GiB).
+    assert max(world.history) == 3
+    world = World(per_worker=100, consumer=1000, cores=8)
+    world.run(HeuristicPolicy(), ticks=150)
+    assert world.settled() == 8  # the same pipeline with room grows to the cores
 
 
 def test_shrinks_when_workers_sit_idle() -> None:

@@ -102,6 +102,9 @@ class ThreadBackend(Backend):
 MAP_MODES = {
     "inline": ({"workers": 0}, None),
     "processes": ({"workers": 2}, kill_a_worker),
+    # Workers forked by a zygote that was spawned (or forkserved): the dataset crossed once.
+    "spawn": ({"workers": 2, "multiprocessing_context": "spawn"}, kill_a_worker),
+    "forkserver": ({"workers": 2, "multiprocessing_context": "forkserver"}, kill_a_worker),
     "auto": ({"workers": "auto"}, kill_a_worker),
     "threads": ({"workers": 2, "backend": ThreadBackend()}, None),
     "cache": ({"workers": 2, "cache": drapps.Cache(memory="16MiB", disk=None)}, kill_a_worker),

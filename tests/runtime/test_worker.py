@@ -227,9 +227,10 @@ def test_no_hints_go_to_a_dataset_behind_a_sample_cache() -> None:
 
 def test_a_worker_shows_which_sample_it_is_making_to_the_training_process() -> None:
     context = multiprocessing.get_context("spawn")
-    clock = SampleClock(context)
+    clock = SampleClock()
     process = context.Process(target=make_sample_four_of_batch_two, args=(clock,))
     process.start()
+    clock.close_fd()  # the worker has its own: the mapping is what both read
     try:
         assert wait_until(lambda: clock.read() is not None, timeout=60)
         sample = clock.read()

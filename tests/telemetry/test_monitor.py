@@ -173,13 +173,14 @@ def test_the_proportional_size_is_read_now_and_then_and_carried_between(
 ) -> None:
     reads: list[int] = []
 
-    def proportional(pid: int) -> int:
+    def proportional(pid: int) -> tuple[int, int]:
         reads.append(pid)
-        return 100
+        return 100, 40
 
-    monkeypatch.setattr("drapps.telemetry.monitor._proportional_bytes", proportional)
+    monkeypatch.setattr("drapps.telemetry.monitor.process_memory", proportional)
     monitor = Monitor(Pipeline())
     assert monitor._held(7, rss=1000, now=0.0) == 100  # first sight: read
+    assert monitor._private[7] == 40
     assert monitor._held(7, rss=1500, now=1.0) == 600  # carried by the resident set's growth
     assert monitor._held(7, rss=200, now=1.5) == 0  # never below nothing
     assert monitor._held(7, rss=1500, now=2.0 + PSS_EVERY_S) == 100 and len(reads) == 2

@@ -441,6 +441,8 @@ class HeuristicPolicy:
         """Whether a try of ``knob`` in ``direction`` is allowed: its backoff is over, or
         ``wait`` (the window's mean) or the idle share moved away from the failed try's
         baseline."""
+        if knob == "workers" and direction > 0 and not self._room_for_a_worker(state):
+            return False
         backoff = self._backoff[knob, direction]
         if self._tick >= backoff.until:
             return True
@@ -450,6 +452,16 @@ class HeuristicPolicy:
             or abs(idle_share - backoff.idle_share) > self.config.context_change
         )
         return changed and not backoff.clipped
+
+    def _room_for_a_worker(self, state: State) -> bool:
+        """Whether another worker's private memory (as much again as the median worker's, and
+        as much for it to grow) leaves available memory above the floor: a memory-bound host
+        gets fewer workers, not an out-of-memory kill."""
+        private = state.worker_private_bytes
+        if private is None:
+            return True
+        floor = self.config.memory_floor * state.total_bytes
+        return state.available_bytes - 2 * private >= floor
 
     def _start(self, knob: str, direction: int, state: State, reason: str, size: int = 1) -> Action:
         """Start a probe of ``size`` steps of ``knob`` in ``direction`` (its first step now)."""

@@ -102,6 +102,10 @@ class State:
     proportional set sizes (a page n processes map counts 1/n in each; Linux). A forked worker
     shows most of the training process's pages in its resident set, but holds only the pages
     it wrote (tens of MiB against hundreds). None where not measured."""
+    worker_private_bytes: int | None = None
+    """The median worker's private memory: the pages it alone maps, which another worker
+    would hold again (copy-on-read of a forked dataset, its own buffers). None where not
+    measured."""
     target_workers: int | None = None
     """Workers asked of the pool (by the constructor, the controller or ``resize()``): the
     count it starts at each epoch's start, where :attr:`workers` counts those running, 0

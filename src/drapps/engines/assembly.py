@@ -84,6 +84,7 @@ class Parts:
             batches=d.batches,
             samples_skipped=d.samples_skipped,
             skipped=tuple(d.skipped),
+            first_batch_s=d.first_batch_s,
         )
 
     def report(self, length: Callable[[], int], persistent_workers: bool, workers: Any) -> str:
@@ -123,8 +124,7 @@ class Parts:
                 f"this drapps.Loader belongs to process {self.owner}; a forked child "
                 f"(pid {os.getpid()}) cannot iterate it: make a new Loader in the child"
             )
-        if self.tuner is not None:
-            self.tuner.start()
+        self.delivered.begin()
         if self.claim is not None:
             self.claim.claim(self.engine)
         split = self.split
@@ -146,6 +146,8 @@ class Parts:
             )
             self.delivered.epoch = job.epoch
             cursor.follow(epoch)
+        if self.tuner is not None:  # its threads start after the epoch's workers' zygote
+            self.tuner.start()
         return epoch
 
     def knobs(self) -> list[Knob]:

@@ -40,8 +40,18 @@ class Delivered:
     """The last 100 skipped samples: (index, what failed)."""
     stage_wait_s: float = 0.0
     """Seconds the loop waited for a batch staged ahead in the device stage."""
+    first_batch_s: float | None = None
+    """Seconds from the latest epoch's start to its first batch."""
+    began: float | None = None
+    """When the latest epoch started, until its first batch came."""
+
+    def begin(self) -> None:
+        """An epoch starts now (``iter(loader)``)."""
+        self.began = time.monotonic()
 
     def record(self, samples: int, skipped: Skipped) -> None:
+        if self.began is not None:
+            self.first_batch_s, self.began = time.monotonic() - self.began, None
         self.batches += samples > 0
         self.samples += samples
         if skipped:

@@ -228,6 +228,7 @@ def pool_snapshot(
         lookahead=d.schedule.lookahead_for(depth),
         priority=d.priority,
         epoch_left=d.epoch_left(),
+        worker_starts_s=tuple(d.pool.starts),
         sample_costs={
             **d.costs.report(),
             "slow_batches": d.collector.slow_batches,

@@ -144,6 +144,7 @@ class Dispatcher:
             generation = self._generation
         # The previous epoch's held batches are dropped here, outside the buffer's lock.
         self.buffer.reset(generation, start, len(plan))
+        self.pool.prepare(fresh_workers)  # here, where DataLoader starts its workers
         self.mailbox.post("epoch", (generation, plan, start, fresh_workers), wait_applied=False)
         return generation
 
@@ -278,6 +279,7 @@ class Dispatcher:
             self._idle = True  # until the next epoch: no worker is kept or started
             for worker in self.pool.live() + self.pool.parked():
                 self.pool.retire(worker)
+            self.pool.idle()
 
     def _keep_pool_size(self) -> None:
         if not self._idle:  # until the next epoch, no worker is kept or started

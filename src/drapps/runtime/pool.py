@@ -79,6 +79,11 @@ class Worker:
     """The last line of the error that killed it, when it could say."""
     clock: SampleClock | None = None
     """Where it is within its task, when its pool can tell (process workers)."""
+    asked_at: float = field(default_factory=time.monotonic)
+    """When the pool was asked for it."""
+    start_s: float | None = None
+    """Seconds from :attr:`asked_at` until it was ready for its first task (None: not yet,
+    or its pool cannot tell)."""
 
     def head_started(self) -> float | None:
         """When the worker began its current task, or None when it has none."""
@@ -109,6 +114,9 @@ class WorkerPool(ABC):
 
     def __init__(self) -> None:
         self.workers: list[Worker] = []
+        self.starts: deque[float] = deque(maxlen=64)
+        """Seconds each recent worker took from being asked for to being ready (see
+        :meth:`note_starts`)."""
         self._next_wid = 0
 
     # --------------------------------------------------------------- what a member provides
@@ -162,6 +170,15 @@ class WorkerPool(ABC):
         """Stop every worker (ask, wait up to ``grace_s``, then force) and free what they
         held. Idempotent."""
 
+    def prepare(self, fresh: bool) -> None:
+        """An epoch begins (called in the thread that starts it, before the dispatcher acts
+        on it); ``fresh``: its workers must see the dataset as it is now."""
+        return None
+
+    def idle(self) -> None:
+        """No worker starts until the next :meth:`prepare` (the epoch's workers are let go)."""
+        return None
+
     def pids(self) -> tuple[int, ...]:
         """Process ids the monitor should measure (none for workers inside this process)."""
         return ()
@@ -182,6 +199,16 @@ class WorkerPool(ABC):
         return None
 
     # -------------------------------------------------------------------- shared bookkeeping
+
+    def note_starts(self) -> None:
+        """Count the start of each worker that became ready since the last call (those whose
+        clock says when)."""
+        for worker in self.workers:
+            if worker.start_s is None and worker.clock is not None:
+                ready = worker.clock.ready_at()
+                if ready is not None:
+                    worker.start_s = max(0.0, ready - worker.asked_at)
+                    self.starts.append(worker.start_s)
 
     def next_ids(self) -> tuple[int, int]:
         """(wid, slot) for a new worker: a fresh wid, and the lowest ``get_worker_info().id``

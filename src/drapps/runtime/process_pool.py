@@ -3,16 +3,20 @@
 Each worker has a private task pipe and result pipe rather than sharing one queue: a worker killed
 mid-write can only corrupt its own pipe (a shared ``multiprocessing.Queue`` would leave its lock
 held and stall every other worker), and the pool always knows which tasks a dead worker took.
+Workers are forked by the pool's :class:`~drapps.runtime.zygote.Zygote`, made when an epoch
+begins: never from the training process's threads, and the dataset crosses to it once.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import logging
 import multiprocessing
 import os
 import pickle
+import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -37,6 +41,7 @@ from drapps.runtime.progress import SampleClock
 from drapps.runtime.recycling import starting_worker
 from drapps.runtime.transport import receive_message
 from drapps.runtime.worker import BatchRecipe, run_worker
+from drapps.runtime.zygote import ForkedProcess, Zygote
 
 logger = logging.getLogger(__name__)
 
@@ -94,7 +99,7 @@ def start_worker_process(
     return process, task_send, result_recv
 
 
-def release_process(process: BaseProcess) -> None:
+def release_process(process: BaseProcess | ForkedProcess) -> None:
     """Close an exited worker's sentinel now: a traceback that holds the process object (an
     error the training loop keeps) would otherwise hold its descriptor too."""
     if process.exitcode is not None:
@@ -106,7 +111,7 @@ def release_process(process: BaseProcess) -> None:
 class ProcessWorker(Worker):
     """A worker process and our ends of its pipes."""
 
-    process: BaseProcess
+    process: ForkedProcess
     tasks: Connection
     results: Connection
 
@@ -123,6 +128,52 @@ class ProcessPool(WorkerPool):
         self._recipe = recipe
         self._context = context or multiprocessing.get_context()
         self._niceness: int | None = None  # None: as inherited
+        self._zygote: Zygote | None = None
+        self._retired: list[Zygote] = []  # replaced, until their last workers are reaped
+        self._zygote_lock = threading.Lock()
+
+    def prepare(self, fresh: bool) -> None:
+        """Make the zygote now, in the thread that starts the epoch (DataLoader starts its
+        workers there): a new one for ``fresh`` workers, which see the dataset as it is."""
+        with self._zygote_lock:
+            if fresh and self._zygote is not None:
+                self._retire_zygote()
+            self._current_zygote()
+
+    def idle(self) -> None:
+        """The zygote goes too, once the last worker it forked is reaped."""
+        with self._zygote_lock:
+            self._retire_zygote()
+
+    def _current_zygote(self) -> Zygote:
+        zygote = self._zygote
+        if zygote is not None and not zygote.alive():
+            self._retire_zygote()
+            zygote = None
+        if zygote is None:
+            try:
+                with starting_worker():
+                    zygote = Zygote(
+                        self._context,
+                        functools.partial(run_forked_worker, self._recipe),
+                        name="drapps-zygote",
+                    )
+            except OSError as exc:
+                if exc.errno == errno.EMFILE:
+                    raise fd_limit_error() from exc
+                raise
+            _started.add(zygote.process)
+            self._zygote = zygote
+            if self._niceness is not None and zygote.pid is not None:
+                _renice(zygote.pid, self._niceness)
+        return zygote
+
+    def _retire_zygote(self) -> None:
+        zygote, self._zygote = self._zygote, None
+        if zygote is not None:
+            self._retired.append(zygote)
+            zygote.retire()
+        self._retired = [z for z in self._retired if not z.closed]
 
     def set_priority(self, niceness: int) -> bool:
         self._niceness = niceness
@@ -134,18 +185,35 @@ class ProcessPool(WorkerPool):
         return tuple(p for w in list(self.workers) if (p := _own(w).process.pid) is not None)
 
     def spawn(self, num_workers: int = 1, seed: int = 0) -> Worker:
+        asked_at = time.monotonic()
         wid, slot = self.next_ids()
-        clock = SampleClock(self._context)
-        process, task_send, result_recv = start_worker_process(
-            self._context,
-            run_worker,
-            (self._recipe, wid),
-            {"slot": slot, "num_workers": num_workers, "base_seed": seed, "clock": clock},
-            name=f"drapps-worker-{slot}",
-        )
+        clock = SampleClock()
+        try:
+            task_recv, task_send = self._context.Pipe(duplex=False)
+            result_recv, result_send = self._context.Pipe(duplex=True)  # a Unix socket pair
+        except OSError as exc:
+            if exc.errno == errno.EMFILE:
+                raise fd_limit_error() from exc
+            raise
+        assert clock.fd is not None
+        fds = [task_recv.fileno(), result_send.fileno(), clock.fd]
+        options = {"wid": wid, "slot": slot, "num_workers": num_workers, "base_seed": seed}
+        options["parent_pid"] = os.getpid()
+        try:
+            with self._zygote_lock:
+                try:
+                    process = self._current_zygote().fork(fds, f"drapps-worker-{slot}", **options)
+                except (EOFError, OSError):  # the zygote died: a new one forks it
+                    self._retire_zygote()
+                    process = self._current_zygote().fork(fds, f"drapps-worker-{slot}", **options)
+        finally:
+            task_recv.close()
+            result_send.close()
+            clock.close_fd()
         worker = ProcessWorker(
-            wid, slot=slot, process=process, tasks=task_send, results=result_recv, clock=clock
-        )
+            wid, slot=slot, process=process, tasks=task_send, results=result_recv, clock=clock,
+            asked_at=asked_at,
+        )  # fmt: skip
         self.workers.append(worker)
         if self._niceness is not None and process.pid is not None:
             _renice(process.pid, self._niceness)
@@ -168,6 +236,7 @@ class ProcessPool(WorkerPool):
                 waitables[_own(worker).results] = worker
         ready = wait([*waitables, *sentinels], timeout=timeout)
         polled = Polled(woke=wake in ready)
+        self.note_starts()
         for item in ready:
             sender = waitables.get(item)
             if sender is not None:
@@ -220,11 +289,13 @@ class ProcessPool(WorkerPool):
         own.process.join(timeout=5.0)
         own.tasks.close()
         own.results.close()  # with any slab descriptors still in it
+        if own.clock is not None:
+            own.clock.close()
         release_process(own.process)
         return self.forget(worker)
 
     def shutdown(self, grace_s: float = 2.0) -> None:
-        """Stop every worker: ask, wait up to ``grace_s``, then kill."""
+        """Stop every worker: ask, wait up to ``grace_s``, then kill; then the zygotes."""
         for worker in self.workers:
             if not worker.retiring:
                 self.retire(worker)
@@ -234,6 +305,31 @@ class ProcessPool(WorkerPool):
         for worker in list(self.workers):
             self.kill(worker)
             self.reap(worker)
+        with self._zygote_lock:
+            zygotes, self._zygote, self._retired = [self._zygote, *self._retired], None, []
+        for zygote in zygotes:
+            if zygote is not None:
+                zygote.close()
+
+
+def run_forked_worker(
+    recipe: BatchRecipe,
+    fds: list[int],
+    *,
+    wid: int,
+    slot: int,
+    num_workers: int,
+    base_seed: int,
+    parent_pid: int,
+) -> None:
+    """A worker the zygote forked: its task pipe, result socket and clock arrive as ``fds``."""
+    clock = SampleClock(fds[2])
+    clock.close_fd()
+    tasks, results = Connection(fds[0], writable=False), Connection(fds[1])
+    run_worker(
+        recipe, wid, tasks, results, parent_pid, slot=slot, num_workers=num_workers,
+        base_seed=base_seed, clock=clock,
+    )  # fmt: skip
 
 
 def _own(worker: Worker) -> ProcessWorker:

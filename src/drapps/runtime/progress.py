@@ -11,12 +11,16 @@ torn between two writes sees either no sample or one that just began.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import mmap
+import os
 import time
 from dataclasses import dataclass
-from multiprocessing.context import BaseContext
 from typing import Any
 
-_STARTED, _BATCH, _PART, _POSITION = range(4)
+_STARTED, _BATCH, _PART, _POSITION, _READY = range(5)
+_SIZE = 5 * 8
 
 
 @dataclass(frozen=True)
@@ -32,11 +36,11 @@ class SampleInProgress:
 
 
 class SampleClock:
-    """Four shared doubles, written by one worker and read by the training process.
+    """Five shared doubles, written by one worker and read by the training process: a page
+    of anonymous shared memory, whose descriptor (:attr:`fd`) is handed to the worker.
 
     Example:
-        >>> import multiprocessing
-        >>> clock = SampleClock(multiprocessing.get_context())
+        >>> clock = SampleClock()
         >>> clock.begin_task(7, None)
         >>> clock.begin_sample(3)
         >>> now = clock.read()
@@ -47,8 +51,49 @@ class SampleClock:
         True
     """
 
-    def __init__(self, context: BaseContext) -> None:
-        self._values: Any = context.RawArray("d", 4)
+    def __init__(self, fd: int | None = None) -> None:
+        """A new clock, or (``fd``) the one another process made; the descriptor is this
+        object's to close (:meth:`close_fd`)."""
+        if fd is None:
+            fd = os.memfd_create("drapps-clock", os.MFD_CLOEXEC)
+            os.ftruncate(fd, _SIZE)
+        self.fd: int | None = fd
+        self._map: mmap.mmap | None = mmap.mmap(fd, _SIZE)
+        self._values: Any = (ctypes.c_double * 5).from_buffer(self._map)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Sent to a process being started (its descriptor is duplicated into it)."""
+        from multiprocessing import reduction
+
+        if self.fd is None:
+            raise TypeError("this SampleClock's descriptor is closed: it cannot be sent")
+        return (_rebuild, (reduction.DupFd(self.fd),))
+
+    def close_fd(self) -> None:
+        """Close the descriptor once the worker has its own (the mapping stays)."""
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def close(self) -> None:
+        """Let go of the clock (its worker is gone): the mapping and the descriptor that
+        ``mmap`` keeps of its own. Reads give None from here."""
+        self.close_fd()
+        if self._map is not None:
+            self._values = None  # the array's view of the map must go before the map
+            with contextlib.suppress(BufferError):  # a read under way: the GC closes it
+                self._map.close()
+            self._map = None
+
+    def mark_ready(self) -> None:
+        """The worker is ready for its first task (started, ``worker_init_fn`` run)."""
+        self._values[_READY] = time.monotonic()
+
+    def ready_at(self) -> float | None:
+        """``time.monotonic()`` when the worker was ready, or None before."""
+        values = self._values
+        ready = values[_READY] if values is not None else 0.0
+        return ready if ready > 0 else None
 
     def begin_task(self, batch_id: int, part: int | None) -> None:
         values = self._values
@@ -66,11 +111,18 @@ class SampleClock:
 
     def read(self) -> SampleInProgress | None:
         """The sample being made, or None between samples."""
-        started, batch_id, part, position = self._values[:]
+        values = self._values
+        if values is None:
+            return None
+        started, batch_id, part, position = values[:4]
         if started <= 0:
             return None
         number = None if part < 0 else int(part)
         return SampleInProgress(int(batch_id), number, int(position), started)
+
+
+def _rebuild(fd: Any) -> SampleClock:
+    return SampleClock(fd.detach())
 
 
 _clock: SampleClock | None = None

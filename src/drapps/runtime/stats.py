@@ -83,6 +83,9 @@ class PipelineSnapshot:
     sample_costs: dict[str, Any] | None = None
     """The per-sample cost predictor's report (:meth:`drapps.runtime.cost.SampleCosts.report`);
     None where batches are not dispatched by a worker pool."""
+    worker_starts_s: tuple[float, ...] = ()
+    """Seconds each recent worker took from being asked for to being ready for its first
+    task (where the pool can tell: process workers)."""
 
 
 def inline_snapshot(samples: int, wait_s: float, memory_budget: int) -> PipelineSnapshot:
@@ -171,6 +174,15 @@ class LoaderStats:
     ``LoaderConfig.dispatch``)."""
     lookahead: int = 0
     """Batches past the next one whose work may start early."""
+    first_batch_s: float | None = None
+    """Seconds from the latest ``iter(loader)`` to its first batch (None before one)."""
+    worker_starts_s: tuple[float, ...] = ()
+    """Seconds each recent worker took from being asked for (at an epoch's start, or added
+    mid-epoch) to being ready for its first task, oldest first (process workers)."""
+    worker_private_bytes: tuple[int, ...] = ()
+    """Each worker's private memory now, in the order of :attr:`worker_pids`: the pages it
+    alone maps (what it wrote, and pages of the dataset it un-shared by reading them: a
+    Python object's reference count is a write). Empty where not measured."""
     sample_costs: dict[str, Any] | None = None
     """What the per-sample cost predictor learnt: samples measured, ``median_ms``,
     ``tail_ratio`` (p99 over median), each model's error (mean absolute log error:
@@ -193,6 +205,7 @@ class LoaderStats:
         batches: int,
         samples_skipped: int,
         skipped: tuple[tuple[int, str], ...],
+        first_batch_s: float | None = None,
     ) -> LoaderStats:
         """The public counters from a pipeline snapshot and what the loader counted."""
         stages = snapshot.stage_s
@@ -229,4 +242,29 @@ class LoaderStats:
             cut_batches=snapshot.cut_batches,
             lookahead=snapshot.lookahead,
             sample_costs=snapshot.sample_costs,
+            first_batch_s=first_batch_s,
+            worker_starts_s=snapshot.worker_starts_s,
+            worker_private_bytes=tuple(
+                memory[1] if (memory := process_memory(pid)) is not None else 0
+                for pid in snapshot.worker_pids
+            ),
         )
+
+
+def process_memory(pid: int) -> tuple[int, int] | None:
+    """(proportional, private) bytes of ``pid``: its proportional set size (each resident page
+    divided by the number of processes that map it) and the pages it alone maps (what it
+    wrote, or read into a page no other process has), from /proc's smaps_rollup (Linux 4.14
+    on); None where unknown."""
+    fields = {}
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as rollup:
+            for line in rollup:
+                name, _, rest = line.partition(":")
+                if name in ("Pss", "Private_Clean", "Private_Dirty"):
+                    fields[name] = int(rest.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    if "Pss" not in fields:
+        return None
+    return fields["Pss"], fields.get("Private_Clean", 0) + fields.get("Private_Dirty", 0)

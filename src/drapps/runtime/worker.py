@@ -423,6 +423,8 @@ def run_worker(
     arena = SlabArena(writer)
     inbox = Inbox(tasks, Parent(parent_pid), writer.released)
     read_ahead = read_ahead_of(recipe)
+    if clock is not None:
+        clock.mark_ready()
     try:
         while (task := inbox.next()) is not PARENT_GONE:
             if task is None:

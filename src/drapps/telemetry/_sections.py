@@ -1,5 +1,6 @@
 """The report's sections that appear only where the run has them: energy, the device stage,
-the sample cache and stragglers; and the one way the report writes a duration."""
+the sample cache, stragglers and the workers' start and memory; and the one way the report
+writes a duration."""
 
 from __future__ import annotations
 
@@ -27,6 +28,44 @@ def format_duration(seconds: float) -> str:
     if ms >= 1:
         return f"{ms:.1f} ms"
     return f"{1000 * ms:.0f} µs"
+
+
+COPIED_ON_READ = 128 * 2**20
+"""Private memory per worker past which the report names copy-on-read as the likely cause."""
+
+
+def worker_story_of_start_and_memory(stats: dict[str, Any]) -> list[str]:
+    """How long the first batch took and each worker's start, and what each worker holds
+    of its own (with the usual cause and fix where it is large)."""
+    lines = []
+    first = stats.get("first_batch_s")
+    starts = list(stats.get("worker_starts_s") or ())
+    if first is not None:
+        line = f"Start: the first batch came {format_duration(first)} after iter()"
+        if starts:
+            fastest, slowest = format_duration(min(starts)), format_duration(max(starts))
+            spread = fastest if fastest == slowest else f"{fastest} to {slowest}"
+            line += (
+                f"; each worker was ready {spread} after it was asked for ({len(starts)} "
+                "started, each forked from the loader's zygote, not the training process)"
+            )
+        lines.append(line + ".")
+    private = [int(b) for b in stats.get("worker_private_bytes") or () if b]
+    if private:
+        median = statistics.median(private)
+        line = (
+            f"Worker memory: each worker holds {median / 2**20:.0f} MiB of its own (median of "
+            f"{len(private)}; pages no other process shares)"
+        )
+        if median > COPIED_ON_READ:
+            line += (
+                ". A dataset's Python objects (a list of str paths, a dict per sample) "
+                "un-share their pages as workers read them, since each read writes a "
+                "reference count: keep per-sample metadata in a NumPy array or an Arrow "
+                "column, which workers read without copying"
+            )
+        lines.append(line + ".")
+    return lines
 
 
 def straggler_story(stats: dict[str, Any], span: float) -> list[str]:

@@ -18,7 +18,7 @@ from typing import Any
 import psutil
 
 from drapps.control.state import State, percentile
-from drapps.runtime.stats import PipelineSnapshot
+from drapps.runtime.stats import PipelineSnapshot, process_memory
 from drapps.telemetry.energy import EnergyMeter
 
 logger = logging.getLogger(__name__)
@@ -89,19 +89,6 @@ again whenever a worker starts or exits: a fork shares pages that the others hel
 an exit leaves them to the others, neither of which moves any resident set."""
 
 
-def _proportional_bytes(pid: int) -> int | None:
-    """The proportional set size of ``pid`` in bytes (each resident page divided by the number
-    of processes that map it: /proc's smaps_rollup, Linux 4.14 on), or None where unknown."""
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as rollup:
-            for line in rollup:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
 def _run_queue_wait_s(pid: int) -> float | None:
     """Seconds the main thread of ``pid`` has waited on a run queue, ready to run (the second
     figure of /proc's schedstat), or None where the kernel does not say."""
@@ -134,6 +121,7 @@ class Monitor:
         self._last_boot = _since_boot()  # to tell a worker started since the last sample
         self._last_cpu: dict[int, float] = {}
         self._pss: dict[int, tuple[float, int, int]] = {}  # pid: (read at, PSS, RSS then)
+        self._private: dict[int, int] = {}  # pid: private bytes, as last read
         self._last_wait = _run_queue_wait_s(self._me.pid)
         self._last_io = self._io()
         self._last: PipelineSnapshot | None = None
@@ -202,10 +190,11 @@ class Monitor:
         not say."""
         last = self._pss.get(pid)
         if fresh or last is None or now - last[0] >= PSS_EVERY_S:
-            pss = _proportional_bytes(pid)
-            if pss is None:
+            memory = process_memory(pid)
+            if memory is None:
                 self._pss.pop(pid, None)
                 return None
+            pss, self._private[pid] = memory
             self._pss[pid] = (now, pss, rss)
             return pss
         return max(0, last[1] + rss - last[2])
@@ -239,11 +228,14 @@ class Monitor:
                 held.append(self._held(pid, rss, now, fresh))
                 if held[-1] is not None:
                     self.per_worker[pid]["pss"] = float(held[-1])
+                    self.per_worker[pid]["private"] = float(self._private.get(pid, 0))
         for gone in set(self._last_cpu) - set(pipe.worker_pids) - {self._me.pid}:
             self._last_cpu.pop(gone, None)
             self._processes.pop(gone, None)
             self._pss.pop(gone, None)
+            self._private.pop(gone, None)
         disk, net = self._io()
+        private = sorted(w["private"] for w in self.per_worker.values() if "private" in w)
         memory = psutil.virtual_memory()
         gpu_util, gpu_memory, gpu_power = self._gpu.read()
         workers_cpu = sum(w["cpu"] for w in self.per_worker.values())
@@ -262,6 +254,7 @@ class Monitor:
             workers_cpu=workers_cpu,
             rss_bytes=main_rss + int(sum(w["rss"] for w in self.per_worker.values())),
             pss_bytes=None if None in held else sum(h for h in held if h is not None),
+            worker_private_bytes=int(private[len(private) // 2]) if private else None,
             available_bytes=int(memory.available),
             total_bytes=int(memory.total),
             disk_read_bps=max(0.0, disk - self._last_io[0]) / dt,

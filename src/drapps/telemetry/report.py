@@ -13,6 +13,7 @@ from drapps.telemetry._sections import (
     energy_story,
     format_duration,
     straggler_story,
+    worker_story_of_start_and_memory,
 )
 from drapps.telemetry._worker_count import MIN_TICKS, worker_story
 from drapps.telemetry.trace import TraceRow, while_loading
@@ -132,6 +133,8 @@ def bottleneck_report(
     lines += device_stage_story(states)
     lines += cache_story(states, (stats or {}).get("cache"))
     lines += straggler_story(stats or {}, span)
+    if external is None:
+        lines += worker_story_of_start_and_memory(stats or {})
     if stats:
         faults = [
             f"{stats[k]} {label}"
