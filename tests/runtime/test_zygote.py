@@ -171,6 +171,8 @@ def test_stats_give_the_first_batch_each_workers_start_and_its_own_memory() -> N
         assert all(0 <= s < 60 for s in stats.worker_starts_s)
         assert len(stats.worker_private_bytes) == len(stats.worker_pids) == 3
         assert all(b > 0 for b in stats.worker_private_bytes)
+        (zygote,) = loader.snapshot().helper_pids  # measured for memory, as the loader's
+        assert {psutil.Process(pid).ppid() for pid in stats.worker_pids} == {zygote}
 
 
 def test_the_report_names_copy_on_read_only_where_workers_hold_much_of_their_own() -> None:

@@ -7,6 +7,7 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -195,3 +196,31 @@ def test_workers_added_counts_the_pools_growth_since_the_last_sample() -> None:
     assert monitor.sample().workers_added == 0
     pipeline.snapshot = replace(pipeline.snapshot, workers=2)
     assert monitor.sample().workers_added == 0  # shed, not added
+
+
+def _hold_100_mib_of_its_own(written: Any) -> None:
+    held = bytearray(100 * 2**20)
+    held[::4096] = b"x" * len(held[::4096])
+    written.set()
+    time.sleep(60)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps_rollup"), reason="needs smaps_rollup")
+def test_a_pool_helper_s_memory_counts_as_held_but_it_is_no_worker() -> None:
+    """The zygote holds the dataset (a whole copy of it under spawn) and makes no batch."""
+    pipeline = Pipeline()
+    monitor = Monitor(pipeline)
+    alone = monitor.sample().held_bytes
+    context = multiprocessing.get_context("fork")
+    written = context.Event()
+    helper = context.Process(target=_hold_100_mib_of_its_own, args=(written,))
+    helper.start()
+    try:
+        assert written.wait(timeout=120)
+        pipeline.snapshot = replace(pipeline.snapshot, helper_pids=(helper.pid,))
+        state = monitor.sample()
+    finally:
+        helper.kill()
+        helper.join()
+    assert state.held_bytes - alone > 80 * 2**20
+    assert monitor.per_worker == {} and state.worker_private_bytes is None

@@ -229,6 +229,7 @@ def pool_snapshot(
         priority=d.priority,
         epoch_left=d.epoch_left(),
         worker_starts_s=tuple(d.pool.starts),
+        helper_pids=d.pool.helper_pids(),
         sample_costs={
             **d.costs.report(),
             "slow_batches": d.collector.slow_batches,

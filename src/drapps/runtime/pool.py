@@ -183,6 +183,10 @@ class WorkerPool(ABC):
         """Process ids the monitor should measure (none for workers inside this process)."""
         return ()
 
+    def helper_pids(self) -> tuple[int, ...]:
+        """Process ids of the pool's own processes that make no batch (measured for memory)."""
+        return ()
+
     def set_priority(self, niceness: int) -> bool:
         """Run the workers at ``niceness`` (as ``nice``: higher yields the CPU to others), now
         and when started later; returns whether this pool can (worker processes can)."""

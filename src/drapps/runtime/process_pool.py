@@ -184,6 +184,10 @@ class ProcessPool(WorkerPool):
     def pids(self) -> tuple[int, ...]:
         return tuple(p for w in list(self.workers) if (p := _own(w).process.pid) is not None)
 
+    def helper_pids(self) -> tuple[int, ...]:
+        zygotes = [self._zygote, *self._retired]
+        return tuple(z.pid for z in zygotes if z is not None and z.pid is not None and not z.closed)
+
     def spawn(self, num_workers: int = 1, seed: int = 0) -> Worker:
         asked_at = time.monotonic()
         wid, slot = self.next_ids()

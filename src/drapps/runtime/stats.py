@@ -86,6 +86,8 @@ class PipelineSnapshot:
     worker_starts_s: tuple[float, ...] = ()
     """Seconds each recent worker took from being asked for to being ready for its first
     task (where the pool can tell: process workers)."""
+    helper_pids: tuple[int, ...] = ()
+    """The pool's processes that make no batch (its zygote): their memory is the loader's."""
 
 
 def inline_snapshot(samples: int, wait_s: float, memory_budget: int) -> PipelineSnapshot:

@@ -229,7 +229,14 @@ class Monitor:
                 if held[-1] is not None:
                     self.per_worker[pid]["pss"] = float(held[-1])
                     self.per_worker[pid]["private"] = float(self._private.get(pid, 0))
-        for gone in set(self._last_cpu) - set(pipe.worker_pids) - {self._me.pid}:
+        helper_rss = 0
+        for pid in pipe.helper_pids:  # the zygote: it holds the dataset, makes no batch
+            _, rss = self._cpu_and_rss(pid, dt)
+            if rss:
+                helper_rss += rss
+                held.append(self._held(pid, rss, now, fresh))
+        alive = {*pipe.worker_pids, *pipe.helper_pids, self._me.pid}
+        for gone in set(self._last_cpu) - alive:
             self._last_cpu.pop(gone, None)
             self._processes.pop(gone, None)
             self._pss.pop(gone, None)
@@ -252,7 +259,7 @@ class Monitor:
             idle_cores=idle,
             main_cpu=main_cpu,
             workers_cpu=workers_cpu,
-            rss_bytes=main_rss + int(sum(w["rss"] for w in self.per_worker.values())),
+            rss_bytes=main_rss + helper_rss + int(sum(w["rss"] for w in self.per_worker.values())),
             pss_bytes=None if None in held else sum(h for h in held if h is not None),
             worker_private_bytes=int(private[len(private) // 2]) if private else None,
             available_bytes=int(memory.available),
