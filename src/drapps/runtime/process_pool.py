@@ -186,7 +186,7 @@ class ProcessPool(WorkerPool):
 
     def helper_pids(self) -> tuple[int, ...]:
         zygotes = [self._zygote, *self._retired]
-        return tuple(z.pid for z in zygotes if z is not None and z.pid is not None and not z.closed)
+        return tuple(z.pid for z in zygotes if z is not None and not z.closed and z.pid is not None)
 
     def spawn(self, num_workers: int = 1, seed: int = 0) -> Worker:
         asked_at = time.monotonic()

@@ -63,6 +63,8 @@ class Zygote:
             target=_zygote_main, args=(main, theirs, os.getpid()), name=name, daemon=True
         )
         self.process.start()
+        self.pid: int | None = self.process.pid
+        """The zygote's process id (kept: it is read from other threads after a close)."""
         theirs.close()
         self._lock = threading.Lock()
         self._exits: dict[int, int] = {}
@@ -73,10 +75,6 @@ class Zygote:
     @property
     def closed(self) -> bool:
         return self._control.closed
-
-    @property
-    def pid(self) -> int | None:
-        return self.process.pid
 
     def alive(self) -> bool:
         return not self.closed and self.process.is_alive()
