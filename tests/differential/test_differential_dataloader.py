@@ -112,9 +112,20 @@ _STEPPED_ARRAY_AUTO = Case(
 )
 
 
+# Found by the campaigns: a masked big-endian array from a worker arrived native-endian
+# (NumPy's pickling of masked arrays drops the byte order).
+_MASKED_BIG_ENDIAN_AUTO = Case(
+    n=1,
+    payload=Payload(leaf=Leaf(kind="array", dtype=">i4", layout="masked", shape=(2, 3))),
+    settings=Settings(workers="auto", batch_size=None, in_order=False),
+    sharded=False,
+)
+
+
 @FAST
 @given(cases(draws=True))
 @example(_STEPPED_ARRAY_AUTO)
+@example(_MASKED_BIG_ENDIAN_AUTO)
 def test_drapps_gives_dataloaders_batches(case: Case) -> None:
     note(f"case = {case!r}")
     check_against_dataloader(case)

@@ -71,6 +71,21 @@ def test_zero_size_tensors_need_no_slab(channel) -> None:  # type: ignore[no-unt
     assert out[2].shape == (0,)
 
 
+def test_a_masked_array_keeps_its_byte_order_mask_and_fill(channel) -> None:  # type: ignore[no-untyped-def]
+    """NumPy's own pickling turns a masked '>i4' array into 'int32' (found by the differential
+    campaigns: drapps' workers must give what DataLoader without workers gives)."""
+    data = np.arange(6, dtype=">i4").reshape(2, 3)
+    masked = np.ma.MaskedArray(data, mask=[[0, 1, 0], [0, 0, 1]], fill_value=7, hard_mask=True)
+    plain = np.ma.MaskedArray(np.arange(3, dtype=">f4"))  # no mask at all
+    out = unpack(cross(pack([masked, plain]), channel))
+    assert out[0].dtype == np.dtype(">i4") and out[0].data.tolist() == data.tolist()
+    assert out[0].mask.tolist() == masked.mask.tolist()
+    assert out[0].fill_value == 7 and out[0].hardmask
+    assert out[1].dtype == np.dtype(">f4") and out[1].mask is np.ma.nomask
+    del out
+    gc.collect()
+
+
 def test_tensors_are_writable(channel) -> None:  # type: ignore[no-untyped-def]
     out = unpack(cross(pack(torch.zeros(1000)), channel))
     out += 1

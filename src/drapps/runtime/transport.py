@@ -104,6 +104,14 @@ class _SlabPickler(pickle.Pickler):
             return ("a", self._place(raw), obj.dtype, obj.shape, order)
         return None
 
+    def reducer_override(self, obj: Any) -> Any:
+        # NumPy's own pickling of a masked array drops a non-native byte order (a '>i4'
+        # array arrives 'int32'): its data and mask go as arrays, which keep their dtypes.
+        if type(obj) is np.ma.MaskedArray and obj.baseclass is np.ndarray:
+            masked: Any = obj  # its mask (or nomask) and fill value as set, not as defaulted
+            return _masked_array, (obj.data, masked._mask, masked._fill_value, obj.hardmask)
+        return NotImplemented
+
     def _tensor_id(self, obj: torch.Tensor) -> Any:
         if (
             obj.layout != torch.strided
@@ -146,6 +154,11 @@ def _span(shape: tuple[int, ...], stride: tuple[int, ...]) -> int:
 _WHOLE_STORAGE = 4
 """A tensor's whole storage travels (shared by its other views in the batch) when it is at
 most this many times the bytes the tensor spans; a smaller view sends only its span."""
+
+
+def _masked_array(data: np.ndarray, mask: Any, fill: Any, hard: bool) -> np.ma.MaskedArray:
+    """A masked array as :meth:`_SlabPickler.reducer_override` sent it."""
+    return np.ma.MaskedArray(data, mask=mask, fill_value=fill, hard_mask=hard, copy=False)
 
 
 class _SlabUnpickler(pickle.Unpickler):
