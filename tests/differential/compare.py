@@ -13,7 +13,9 @@ import contextlib
 import functools
 import gc
 import os
+import threading
 import time
+import traceback
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -53,6 +55,7 @@ def run(make: Callable[[], Any], epochs: int = 2) -> Outcome:
             loader = make()
         except Exception as exc:
             outcome.error, outcome.where = exc, "construction"
+            _settle(exc)
             return outcome
         try:
             outcome.length = len(loader)
@@ -74,7 +77,32 @@ def run(make: Callable[[], Any], epochs: int = 2) -> Outcome:
                 if hasattr(held, "_shutdown_workers"):  # DataLoader's, held by a traceback
                     held._shutdown_workers()
             del loader, iterator
+    _settle(outcome.error)
     return outcome
+
+
+def _settle(error: BaseException | None) -> None:
+    """Let what a loader left to the garbage collector finish before the next one starts.
+
+    A DataLoader iterator that raises while it starts (its sampler fails as it sends the
+    first indices) is never returned: the error's traceback holds it, and its workers and
+    queues are shut down by its ``__del__`` when the collector reaches it. A queue's
+    descriptors are then closed twice, by the collector and by the queue's feeder thread, so
+    the second close can take a descriptor that another loader has just opened (seen as
+    EBADF in drapps' construction, under forkserver, in the example after such an error).
+    So the error lets go of its frames' locals, the collector runs and the feeder threads of
+    closed queues finish here, within the loader that caused it.
+    """
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        traceback.clear_frames(error.__traceback__)
+        error = error.__cause__ or error.__context__
+    gc.collect()
+    deadline = time.monotonic() + 5.0
+    for thread in threading.enumerate():
+        if thread.name == "QueueFeederThread":
+            thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def batch_indices(batch: Any) -> list[int]:

@@ -17,7 +17,9 @@ UnknownQuantizer", or a RuntimeError when collated), and turn big-endian arrays 
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
 import random
+import threading
 from collections.abc import Callable
 
 import numpy as np
@@ -146,3 +148,18 @@ def test_drapps_gives_dataloaders_batches_under_spawn_and_forkserver(case: Case)
 def test_campaign_against_dataloader(case: Case) -> None:
     note(f"case = {case!r}")
     check_against_dataloader(case)
+
+
+def test_a_dataloader_that_fails_as_it_starts_is_gone_before_the_next_loader() -> None:
+    """Found by the campaigns: a DataLoader iterator whose sampler raises as it starts is held
+    by the error's traceback, and shut down whenever the collector reaches it; its queues'
+    descriptors are then closed twice, the second time taking one the next loader (drapps,
+    in the next example) had just opened. ``run`` settles it before it returns."""
+    dataset = list(range(0))
+    sampler = torch.utils.data.RandomSampler(dataset, replacement=True, num_samples=4)
+    outcome = run(lambda: DataLoader(dataset, sampler=sampler, num_workers=2), epochs=1)
+    assert isinstance(outcome.error, RuntimeError)
+    feeders = [t for t in threading.enumerate() if t.name == "QueueFeederThread"]
+    assert not feeders, f"{len(feeders)} queue feeder threads of the failed DataLoader remain"
+    workers = multiprocessing.active_children()
+    assert not workers, f"the failed DataLoader's workers remain: {workers}"
