@@ -6,7 +6,8 @@ The comparison is the paired log-ratio per round (B over A) with a 95% t interva
 
     python docs/results/engine-ab/ab.py OLD_SRC NEW_SRC --rounds 6 --out docs/results/engine-ab
 
-(``--workload text`` for the text pipeline.)
+(``--workload text`` for the text pipeline; ``--size default``, ``--consumer sleep --step-ms 10``
+for the full-size data and a training step; a later option replaces the earlier one.)
 
 (``OLD_SRC``/``NEW_SRC``: the ``src`` folders of two ``git worktree`` checkouts.)
 """
@@ -24,13 +25,16 @@ import tempfile
 from pathlib import Path
 
 
-def run(src: str, out: Path, systems: str, workload: str = "image") -> dict[str, float]:
-    """samples/s per drapps system of one bench run of the checkout at ``src``."""
+def run(
+    src: str, out: Path, systems: str, workload: str = "image", extra: tuple[str, ...] = ()
+) -> dict[str, float]:
+    """samples/s per drapps system of one bench run of the checkout at ``src``; ``extra``:
+    more bench options (``--size default``, ``--consumer sleep --step-ms 10``)."""
     env = {**os.environ, "PYTHONPATH": src}
     command = [
         sys.executable, "-m", "drapps.cli", "bench", "--workload", workload,
         "--scenario", "steady", "--consumer", "none", "--systems", systems,
-        "--repeats", "1", "--size", "quick", "--no-progress", "--out", str(out),
+        "--repeats", "1", "--size", "quick", "--no-progress", "--out", str(out), *extra,
     ]  # fmt: skip
     subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL)
     runs = json.loads((out / "results.json").read_text())["runs"]
@@ -56,14 +60,22 @@ def main() -> None:
     parser.add_argument("--systems", default="drapps-static,drapps-heuristic")
     parser.add_argument("--workload", default="image")
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--size", default="quick")
+    parser.add_argument("--consumer", default="none")
+    parser.add_argument("--step-ms", default=None)
     args = parser.parse_args()
+    extra = ("--size", args.size, "--consumer", args.consumer)
+    if args.step_ms is not None:
+        extra += ("--step-ms", args.step_ms)
     rounds = []
     with tempfile.TemporaryDirectory() as tmp:
         for n in range(args.rounds):
             order = [("old", args.old), ("new", args.new)]
             found = {}
             for name, src in order if n % 2 == 0 else order[::-1]:
-                found[name] = run(src, Path(tmp) / f"{n}-{name}", args.systems, args.workload)
+                found[name] = run(
+                    src, Path(tmp) / f"{n}-{name}", args.systems, args.workload, extra
+                )
             rounds.append(found)
             print(n, json.dumps(found), flush=True)
     summary = {}
