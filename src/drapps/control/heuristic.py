@@ -25,6 +25,7 @@ chosen from the cache's measurements (:mod:`drapps.control.codec_rule`).
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import deque
 from dataclasses import dataclass
@@ -169,6 +170,7 @@ class HeuristicPolicy:
         self._backoff = {(knob, d): _Backoff() for knob in ("workers", "split") for d in (+1, -1)}
         self._flowing = 0  # ticks that delivered data since the start
         self._kept_in_a_row = 0  # worker grows kept in a row (the next grow's size doubles)
+        self._grow_cap: int | None = None  # half the last failed grow, until one is kept or fed
         self._undo: list[tuple[str, int]] = []  # steps left to undo a failed probe, one a tick
         self._movable: frozenset[str] | None = None  # None: every knob (not bound)
         self._codec = CodecRule(
@@ -200,6 +202,7 @@ class HeuristicPolicy:
         low_memory = state.available_bytes < c.memory_floor * state.total_bytes
         if low_memory or state.queue_bytes > state.memory_budget:
             self._probe, self._undo, self._kept_in_a_row = None, [], 0
+            self._grow_cap = None
             self._recent.clear()
             why = "available memory is below the floor" if low_memory else "queue over budget"
             if state.workers > 1:
@@ -254,7 +257,7 @@ class HeuristicPolicy:
         if not starving and not self._spare_for_the_tail(state):
             # The loop is fed: the next starving starts from one. Not between two bursts of
             # slow samples, though: the loop is fed there, and starves again at the next.
-            self._kept_in_a_row = 0
+            self._kept_in_a_row, self._grow_cap = 0, None
         workers = self._may_move("workers")
         split = state.split is not None and self._may_move("split")
         owned = self._owns_the_cpu(state)
@@ -457,11 +460,17 @@ class HeuristicPolicy:
         """Whether another worker's private memory (as much again as the median worker's, and
         as much for it to grow) leaves available memory above the floor: a memory-bound host
         gets fewer workers, not an out-of-memory kill."""
+        return self._fits(state) >= 1
+
+    def _fits(self, state: State) -> int:
+        """How many more workers the host's memory holds: each takes the median worker's
+        private memory, and the last as much again to grow, above the floor (a large number
+        where the workers' memory is not known)."""
         private = state.worker_private_bytes
-        if private is None:
-            return True
+        if not private:
+            return 1 << 30
         floor = self.config.memory_floor * state.total_bytes
-        return state.available_bytes - 2 * private >= floor
+        return int((state.available_bytes - floor) // private) - 1
 
     def _start(self, knob: str, direction: int, state: State, reason: str, size: int = 1) -> Action:
         """Start a probe of ``size`` steps of ``knob`` in ``direction`` (its first step now)."""
@@ -484,14 +493,29 @@ class HeuristicPolicy:
     def _growth(self, state: State) -> int:
         """Workers the next grow tries at once: one, doubling with each grow kept in a row
         while the loop still starves (a large machine then reaches 64 workers from 8 in a few
-        tries, not 56), at most the pool's size and the room left below ``max_workers``. On a
-        busy CPU (under ``idle_free`` idle; ``idle_free_tail`` with heavy-tailed costs) a try
-        stops at one worker per core: past that, CPU-bound workers only share the cores, and
-        the try would be judged as a whole."""
+        tries, not 56), or with cores idle the count the loop's wait says is missing; at most
+        the pool's size and the room left below ``max_workers``. On a busy CPU (under
+        ``idle_free`` idle; ``idle_free_tail`` with heavy-tailed costs) a try stops at one
+        worker per core: past that, CPU-bound workers only share the cores, and the try would
+        be judged as a whole."""
         size = 2 ** max(0, self._kept_in_a_row - 1)
         if self._idle_share(state) < self._idle_free():
             size = min(size, state.cores - state.workers)
-        return max(1, min(size, state.workers, state.max_workers - state.workers))
+        else:
+            # Cores idle while the loop starves: the workers wait (on reads, on a store), so
+            # throughput grows with their count, and the pool that would feed the loop is
+            # about workers / (1 - wait). It is tried at once (still at most doubling), not a
+            # worker a try: 2 -> 4 -> 6 where the loop waited 65% (reads of 1 ms, 5% of 60 ms).
+            wait = min(self._mean("wait_fraction"), 0.95)
+            size = max(size, math.ceil(state.workers / (1.0 - wait)) - state.workers)
+        if self._grow_cap is not None:
+            # A grow of several workers failed (past some count, workers cost throughput: a
+            # disk that seeks between readers): the next tries half as many, down to one,
+            # until a grow is kept or the loop is fed.
+            size = min(size, self._grow_cap)
+        return max(
+            1, min(size, state.workers, state.max_workers - state.workers, self._fits(state))
+        )
 
     def _judge_probe(self, state: State) -> Action:
         probe, c = self._probe, self.config
@@ -559,6 +583,8 @@ class HeuristicPolicy:
         summary = _outcome(probe, kept, adds, free, throughput, wait, c)
         grew = probe.knob == "workers" and probe.direction > 0
         self._kept_in_a_row = self._kept_in_a_row + 1 if kept and grew else 0
+        if kept and grew:
+            self._grow_cap = None
         if kept:
             kept_backoff = self._backoff[probe.knob, probe.direction]
             kept_backoff.length, kept_backoff.clipped = 0, False
@@ -617,6 +643,8 @@ class HeuristicPolicy:
         backoff.wait, backoff.idle_share = probe.wait, probe.idle_share
         self._recent.clear()
         self._kept_in_a_row = 0
+        if probe.knob == "workers" and probe.direction > 0:
+            self._grow_cap = max(1, probe.size // 2)
         before = _describe(probe.knob, probe.before)
         self._undo = [(probe.knob, -probe.direction)] * (abs(probe.at - probe.before) - 1)
         return _move(probe.knob, -probe.direction, f"back to {before}: {summary}")

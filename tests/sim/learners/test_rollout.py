@@ -137,7 +137,9 @@ def _episode_reward(env: PipelineEnv, act: Callable[[np.ndarray], int]) -> float
 @pytest.mark.timeout(300)  # a minute with both cores busy
 def test_a_small_training_run_beats_holding_and_random_actions() -> None:
     env = PipelineEnv(["io-latency"], duration=10.0)
-    config = RolloutConfig(horizon=6, every=4, iterations=2, processes=1, fit_steps=1500)
+    # Rollouts continue with the heuristic, which itself grows a starving pool of slow reads
+    # in a try or two: 10 ticks after a branch tell the actions apart, 6 hardly.
+    config = RolloutConfig(horizon=10, every=4, iterations=2, processes=1, fit_steps=1500)
     policy = RolloutPolicyIteration(config).train(env, 12_000, seed=0)
     assert isinstance(policy, MlpPolicy) and policy.meta["learner"] == "rollout"
     assert [r["round"] for r in policy.meta["rounds"]] == [0, 1]
@@ -146,7 +148,7 @@ def test_a_small_training_run_beats_holding_and_random_actions() -> None:
     trained = _episode_reward(env, lambda obs: int(np.argmax(policy.scores(obs))))
     held = _episode_reward(env, lambda obs: 4)
     random = _episode_reward(env, lambda obs: int(rng.integers(9)))
-    assert trained > max(held, random) + 2.0, (trained, held, random)  # 119, 113, 109
+    assert trained > max(held, random) + 2.0, (trained, held, random)  # 120, 114, 108
 
 
 def test_the_learner_is_registered_and_bad_settings_are_named() -> None:
