@@ -198,3 +198,32 @@ def test_the_report_names_copy_on_read_only_where_workers_hold_much_of_their_own
         len(grown) == 1 and "586 MiB" in grown[0] and "NumPy array or an Arrow column" in grown[0]
     )
     assert story({}) == []
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_worker_killed_mid_reply_leaves_its_socket_closed_even_from_a_new_zygote(
+    method: str,
+) -> None:
+    """Found by the soak: a zygote made as a worker is spawned (the first, or a replacement
+    mid-epoch) was forked after the worker's pipes, so it held the worker's end of the result
+    socket; a worker killed between a reply and its slab's descriptor then left the
+    dispatcher waiting forever for the descriptor. The socket must close with the worker."""
+    from torch.utils.data import default_collate
+
+    from drapps.runtime.process_pool import ProcessPool, _own
+    from drapps.runtime.worker import BatchRecipe
+
+    recipe = BatchRecipe([torch.tensor([i]) for i in range(4)], None, default_collate, "raise")
+    pool = ProcessPool(recipe, multiprocessing.get_context(method))
+    try:
+        worker = pool.spawn()  # no zygote yet: this makes it
+        process = _own(worker).process
+        process.kill()
+        process.join(timeout=30)
+        results = _own(worker).results
+        assert results.poll(30), "the dead worker's result socket did not close"
+        with pytest.raises(EOFError):
+            results.recv()
+    finally:
+        pool.shutdown()

@@ -191,29 +191,42 @@ class ProcessPool(WorkerPool):
     def spawn(self, num_workers: int = 1, seed: int = 0) -> Worker:
         asked_at = time.monotonic()
         wid, slot = self.next_ids()
-        clock = SampleClock()
-        try:
-            task_recv, task_send = self._context.Pipe(duplex=False)
-            result_recv, result_send = self._context.Pipe(duplex=True)  # a Unix socket pair
-        except OSError as exc:
-            if exc.errno == errno.EMFILE:
-                raise fd_limit_error() from exc
-            raise
-        assert clock.fd is not None
-        fds = [task_recv.fileno(), result_send.fileno(), clock.fd]
         options = {"wid": wid, "slot": slot, "num_workers": num_workers, "base_seed": seed}
         options["parent_pid"] = os.getpid()
-        try:
-            with self._zygote_lock:
+        with self._zygote_lock:
+            for attempt in (0, 1):
+                # The zygote first, then the worker's pipes: a zygote forked now (under
+                # ``fork``) inherits every descriptor this process holds, and one holding the
+                # worker's end of its result socket would keep the socket open after the
+                # worker dies, so a reply cut short by its death would be waited for forever.
+                zygote = self._current_zygote()
+                clock = SampleClock()
                 try:
-                    process = self._current_zygote().fork(fds, f"drapps-worker-{slot}", **options)
-                except (EOFError, OSError):  # the zygote died: a new one forks it
+                    task_recv, task_send = self._context.Pipe(duplex=False)
+                    result_recv, result_send = self._context.Pipe(duplex=True)  # socket pair
+                except OSError as exc:
+                    clock.close()
+                    if exc.errno == errno.EMFILE:
+                        raise fd_limit_error() from exc
+                    raise
+                assert clock.fd is not None
+                fds = [task_recv.fileno(), result_send.fileno(), clock.fd]
+                try:
+                    process = zygote.fork(fds, f"drapps-worker-{slot}", **options)
+                    break
+                except (EOFError, OSError):
+                    if attempt:
+                        raise
+                    # The zygote died as it was asked: a new one forks the worker, from
+                    # pipes made after it.
                     self._retire_zygote()
-                    process = self._current_zygote().fork(fds, f"drapps-worker-{slot}", **options)
-        finally:
-            task_recv.close()
-            result_send.close()
-            clock.close_fd()
+                    task_send.close()
+                    result_recv.close()
+                    clock.close()
+                finally:
+                    task_recv.close()
+                    result_send.close()
+                    clock.close_fd()
         worker = ProcessWorker(
             wid, slot=slot, process=process, tasks=task_send, results=result_recv, clock=clock,
             asked_at=asked_at,
