@@ -113,7 +113,7 @@ test-integration: $(STAMP) core services
 # Tests whose duration is the machine's speed (training runs, bench runs, the soak).
 SOAK_S ?= 300
 test-slow: $(STAMP) services
-	DRAPPS_SOAK_S=$(SOAK_S) $(VENV)/bin/pytest -q -m slow
+	DRAPPS_SOAK_S=$(SOAK_S) $(VENV)/bin/pytest -q -m slow --durations=12
 
 # Every tier, as CI runs it.
 test-all: test test-integration test-slow
