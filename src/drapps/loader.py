@@ -108,11 +108,14 @@ class Loader(_DataLoaderAttributes):
             for datasets that declare themselves deterministic, such as drapps' ImageFolder
             and PackedText, while the dataset fits the budget). Batches are the same with and
             without it (bit for bit with a lossless codec). See ``docs/cache.md``.
-        backend: where workers run: "process" (worker processes on this machine) or "ray"
-            (Ray actors on the cluster ``ray.init()`` joins, or a local one; a
-            :class:`drapps.RayBackend` for its options). Batches are the same either way;
-            the controller sizes the actor pool as it sizes the processes, up to the
-            cluster's CPUs. See ``docs/scale-out.md``.
+        backend: where workers run: "process" (worker processes on this machine),
+            "thread" (threads of this process: no batch crosses a process boundary, for
+            work that releases the GIL; a dataset that draws from a global generator or has
+            a ``worker_init_fn`` keeps processes, with a warning) or "ray" (Ray actors on
+            the cluster ``ray.init()`` joins, or a local one; a :class:`drapps.RayBackend`
+            for its options). Batches are the same whichever runs them; the controller
+            sizes threads and actors as it sizes processes. See ``docs/executors.md`` and
+            ``docs/scale-out.md``.
         workers: 0 (calling process), an int (fixed), or "auto" (the default).
         max_workers: bound on ``workers`` and :meth:`resize` (default: see LoaderConfig).
         prefetch: batches made ahead in total, or "auto" (``prefetch_factor`` per worker).
@@ -168,7 +171,7 @@ class Loader(_DataLoaderAttributes):
         offload: float | Literal["auto"] | None = None,
         device: str | torch.device | None = None,
         cache: Cache | bool | Literal["auto"] | None = "auto",
-        backend: Literal["process", "ray"] | Backend = "process",
+        backend: Literal["process", "thread", "ray"] | Backend = "process",
         workers: int | Literal["auto"] | None = None,
         max_workers: int | None = None,
         prefetch: int | Literal["auto"] = "auto",
@@ -227,7 +230,9 @@ class Loader(_DataLoaderAttributes):
         self.multiprocessing_context = config.context
         self.prefetch_factor = prefetch_factor if prefetch_factor or config.workers == 0 else 2
         self.persistent_workers, self.in_order = persistent_workers, in_order
-        warn_excessive_workers(config.workers)
+        backend = resolve_backend(backend)
+        if backend.name != "thread":  # DataLoader's warning is about processes
+            warn_excessive_workers(config.workers)
         self._iterable = is_iterable_dataset(dataset)
         self._parts, self.config = assemble(
             config,
@@ -238,7 +243,7 @@ class Loader(_DataLoaderAttributes):
             iterable=self._iterable,
             cache=None if source is not None else cache,
             device=device,
-            backend=resolve_backend(backend),
+            backend=backend,
             pin_memory_device=pin_memory_device,
             engine=remote if source is not None else None,
         )

@@ -257,10 +257,14 @@ class Settings:
     pin_memory: bool = False
     timeout: float = 0.0
     cache: bool = False  # drapps' sample cache (map-style datasets)
+    threads: bool = False  # drapps' workers as threads (map-style datasets)
 
     def drapps_kwargs(self, dataset: Any) -> dict[str, Any]:
-        """drapps' arguments: DataLoader's, the default count for ``"auto"``, a cache."""
+        """drapps' arguments: DataLoader's, the default count for ``"auto"``, a cache,
+        threads."""
         kwargs = self.dataloader_kwargs(dataset)
+        if self.threads and not isinstance(dataset, IterableDataset):
+            kwargs["backend"] = "thread"
         if self.workers == "auto":
             del kwargs["num_workers"]  # the default: drapps chooses
         if self.cache and not isinstance(dataset, IterableDataset):
@@ -392,6 +396,7 @@ def settings(*, contexts: tuple[str | None, ...] = (None,)) -> st.SearchStrategy
         context=st.sampled_from(contexts),
         pin_memory=st.booleans(),
         cache=st.booleans(),
+        threads=st.booleans(),
     )
 
 

@@ -62,6 +62,7 @@ class Run:
     cache: bool
     persistent: bool
     iterable: bool
+    threads: bool = False
 
     def dataset(self) -> Any:
         if self.iterable:
@@ -94,6 +95,8 @@ class Run:
                     kwargs["cache"] = drapps.Cache(memory="16MB", codec="none")
         if not inline:
             kwargs["persistent_workers"] = self.persistent
+            if self.threads and not self.iterable:
+                kwargs["backend"] = "thread"
         return kwargs
 
 
@@ -111,6 +114,7 @@ def runs() -> st.SearchStrategy[Run]:
         cache=st.booleans(),
         persistent=st.booleans(),
         iterable=st.booleans(),
+        threads=st.booleans(),
     )
 
 

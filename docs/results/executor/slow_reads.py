@@ -41,6 +41,9 @@ ds = SlowReads()
 systems = {f"dataloader-{k}": (lambda k=k: run(lambda: DataLoader(ds, batch_size=B, shuffle=True, num_workers=k, persistent_workers=True))) for k in (4, 6, 8)}
 systems["drapps-6"] = lambda: run(lambda: drapps.Loader(ds, batch_size=B, shuffle=True, num_workers=6))
 systems["drapps-4"] = lambda: run(lambda: drapps.Loader(ds, batch_size=B, shuffle=True, num_workers=4))
+for k in (8, 16):
+    systems[f"drapps-thread-{k}"] = (lambda k=k: run(lambda: drapps.Loader(ds, batch_size=B, shuffle=True, num_workers=k, backend="thread")))
+systems["drapps-thread-auto"] = lambda: run(lambda: drapps.Loader(ds, batch_size=B, shuffle=True, workers="auto", backend="thread"))
 systems["drapps-auto"] = lambda: run(lambda: drapps.Loader(ds, batch_size=B, shuffle=True, workers="auto"))
 names = sys.argv[1].split(",") if len(sys.argv) > 1 else list(systems)
 res = {k: [] for k in names}

@@ -5,6 +5,7 @@ each system's median samples/s.
     .venv/bin/python docs/results/executor/threads.py            # every system, 3 rounds
     ROUNDS=5 .venv/bin/python docs/results/executor/threads.py threads-2,drapps-2
 
+``drapps-thread-N``: ``drapps.Loader(backend="thread")`` with N threads.
 ``threads-N``: N threads each make whole batches (``dataset[i]`` per index, then
 ``default_collate``) into a queue the main thread takes them from; decode and resize release
 the GIL.
@@ -61,6 +62,9 @@ systems = {
     "threads-2": lambda: threads(2),
     "threads-3": lambda: threads(3),
     "drapps-2": lambda: loader(lambda: drapps.Loader(ds, batch_size=B, shuffle=True, num_workers=2)),
+    "drapps-thread-2": lambda: loader(lambda: drapps.Loader(ds, batch_size=B, shuffle=True, num_workers=2, backend="thread")),
+    "drapps-thread-3": lambda: loader(lambda: drapps.Loader(ds, batch_size=B, shuffle=True, num_workers=3, backend="thread")),
+    "dataloader-4": lambda: loader(lambda: DataLoader(ds, batch_size=B, shuffle=True, num_workers=4, persistent_workers=True)),
     "dataloader-2": lambda: loader(lambda: DataLoader(ds, batch_size=B, shuffle=True, num_workers=2, persistent_workers=True)),
 }
 names = sys.argv[1].split(",") if len(sys.argv) > 1 else list(systems)

@@ -1,6 +1,6 @@
 """Where a loader's workers run, and where its batches may come from, by name.
 
-``Loader(backend=...)`` takes a registered name ("process", "ray") or a :class:`Backend`
+``Loader(backend=...)`` takes a registered name ("process", "thread", "ray") or a :class:`Backend`
 object; ``Loader(source="redis://...")`` picks the engine registered for the URL's scheme. The
 members that need a heavy engine (Ray, Redis) are imported by module name only when used, so
 the loader never imports an integration.
@@ -76,6 +76,52 @@ class ProcessBackend(Backend):
         return ProcessPool(recipe, context)
 
 
+class ThreadBackend(Backend):
+    """Workers as threads of the training process (``backend="thread"``), for a dataset
+    whose work releases the GIL (decoding, resizing, reading, waiting on storage).
+
+    A dataset that threads cannot make deterministic (one that draws from a global
+    generator, or has a ``worker_init_fn``: see
+    :func:`~drapps.runtime.thread_pool.thread_hazard`) keeps worker processes, with a
+    warning and the reason in the loader's report.
+    """
+
+    name = "thread"
+
+    def __init__(self) -> None:
+        self.hazard: str | None = None
+
+    def check(self, workers: Any, dataset: Any, cache: Any) -> None:
+        """Refuse an iterable dataset, whose stream is one per worker process.
+
+        Raises:
+            ValueError: the dataset is iterable.
+        """
+        if is_iterable_dataset(dataset):
+            raise ValueError(
+                "backend='thread' needs a map-style dataset (its batches are planned by "
+                f"index); got the iterable {type(dataset).__name__}"
+            )
+
+    def sendable(self, c: Any, recipe: BatchRecipe) -> bool:
+        from drapps.runtime.thread_pool import thread_hazard
+
+        self.hazard = thread_hazard(recipe)
+        if self.hazard is None:
+            return True  # nothing crosses a process boundary
+        warn_user(f"drapps: backend='thread': {self.hazard}; its workers run as processes")
+        return super().sendable(c, recipe)
+
+    def make_pool(self, recipe: BatchRecipe, context: BaseContext | None) -> WorkerPool:
+        if self.hazard is None:
+            from drapps.runtime.thread_pool import ThreadPool
+
+            return ThreadPool(recipe)
+        pool = ProcessBackend().make_pool(recipe, context)
+        pool.why = f"threads were asked for (backend='thread'), but {self.hazard}"
+        return pool
+
+
 @dataclass(frozen=True)
 class RayBackend(Backend):
     """How the Ray backend runs (``Loader(backend=RayBackend(...))``; ``backend="ray"`` is
@@ -141,6 +187,7 @@ class RayBackend(Backend):
 BACKENDS: Registry[type[Backend]] = Registry("backend")
 BACKENDS.register("process", ProcessBackend)
 BACKENDS.register("ray", RayBackend)
+BACKENDS.register("thread", ThreadBackend)
 
 
 def resolve_backend(backend: Any) -> Backend:

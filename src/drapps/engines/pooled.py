@@ -230,6 +230,8 @@ def pool_snapshot(
         epoch_left=d.epoch_left(),
         worker_starts_s=tuple(d.pool.starts),
         helper_pids=d.pool.helper_pids(),
+        executor=d.pool.executor,
+        executor_why=d.pool.why,
         sample_costs={
             **d.costs.report(),
             "slow_batches": d.collector.slow_batches,

@@ -93,6 +93,9 @@ class RayPool(WorkerPool):
         spread: spread actors over the nodes (Ray's ``SPREAD`` strategy).
     """
 
+    executor = "Ray actors"
+    why = "asked for (backend='ray')"
+
     def __init__(
         self,
         recipe: BatchRecipe,

@@ -114,6 +114,21 @@ def largest_tensor(batch: Any) -> torch.Tensor | None:
     return best
 
 
+def tensor_bytes(batch: Any) -> int:
+    """Bytes of the tensors in a collated batch (dicts, lists and tuples of tensors)."""
+    total = 0
+    stack = [batch]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, torch.Tensor):
+            total += item.nbytes
+        elif isinstance(item, Mapping):
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return total
+
+
 def on_free(batch: Any, callback: Callable[[], None]) -> bool:
     """Call ``callback`` once the batch's largest tensor is garbage-collected; False (and no
     call) when the batch holds no tensor."""

@@ -112,6 +112,11 @@ class WorkerPool(ABC):
     asks it to stop after what it holds.
     """
 
+    executor = "processes"
+    """What the workers are, in words, for the report."""
+    why: str | None = None
+    """Why the workers are what they are, in words (None: the default)."""
+
     def __init__(self) -> None:
         self.workers: list[Worker] = []
         self.starts: deque[float] = deque(maxlen=64)

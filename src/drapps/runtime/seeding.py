@@ -246,6 +246,64 @@ def _watched_info_class() -> type:
     return WatchedWorkerInfo
 
 
+class _ThreadWorker(threading.local):
+    info: Any = None
+    """The WorkerInfo of the thread worker running in this thread (None: not one)."""
+    hidden: bool = False
+
+
+_thread_worker = _ThreadWorker()
+_per_thread_lock = threading.Lock()
+
+
+def _worker_info_here() -> Any:
+    """What ``get_worker_info()`` says in this thread: the thread worker's info where one
+    runs, else torch's own (the worker process's, or None in the training process)."""
+    from torch.utils.data._utils import worker as torch_worker
+
+    here = _thread_worker
+    if here.info is not None:
+        return None if here.hidden else here.info
+    return torch_worker._worker_info
+
+
+def _dispatching_get_worker_info() -> Any:
+    return _drapps_worker_info_here()  # type: ignore[name-defined]  # noqa: F821
+
+
+def answer_worker_info_per_thread() -> None:
+    """Make ``torch.utils.data.get_worker_info()`` answer per thread (idempotent).
+
+    torch keeps the worker's info in a module global, one per process. Thread workers need one
+    per thread, so the function's code is replaced by a lookup of this thread's info that
+    falls back to the global: every reference to the function sees it, including a name a
+    dataset bound with ``from torch.utils.data import get_worker_info`` before drapps ran.
+    Outside a thread worker it answers exactly as before.
+    """
+    from torch.utils.data._utils import worker as torch_worker
+
+    with _per_thread_lock:
+        function = torch_worker.get_worker_info
+        if function.__code__ is _dispatching_get_worker_info.__code__:
+            return
+        # The replaced code looks its helper up in the globals of torch's module.
+        torch_worker.__dict__["_drapps_worker_info_here"] = _worker_info_here
+        function.__code__ = _dispatching_get_worker_info.__code__
+
+
+def set_thread_worker_info(worker_id: int, num_workers: int, base_seed: int, dataset: Any) -> None:
+    """Make ``get_worker_info()`` describe this thread as worker ``worker_id`` (see
+    :func:`answer_worker_info_per_thread`)."""
+    from torch.utils.data._utils.worker import WorkerInfo
+
+    _thread_worker.info = WorkerInfo(
+        id=worker_id,
+        num_workers=num_workers,
+        seed=(base_seed + worker_id) & _MASK63,
+        dataset=dataset,
+    )
+
+
 @contextmanager
 def worker_info_hidden() -> Iterator[None]:
     """Let ``get_worker_info()`` return None for a moment.
@@ -257,6 +315,13 @@ def worker_info_hidden() -> Iterator[None]:
     """
     from torch.utils.data._utils import worker as torch_worker
 
+    if _thread_worker.info is not None:  # a thread worker: hide its own, not the process's
+        _thread_worker.hidden = True
+        try:
+            yield
+        finally:
+            _thread_worker.hidden = False
+        return
     info = torch_worker._worker_info
     torch_worker._worker_info = None
     try:

@@ -88,6 +88,10 @@ class PipelineSnapshot:
     task (where the pool can tell: process workers)."""
     helper_pids: tuple[int, ...] = ()
     """The pool's processes that make no batch (its zygote): their memory is the loader's."""
+    executor: str | None = None
+    """What the workers are ("processes", "threads", "Ray actors"); None without a pool."""
+    executor_why: str | None = None
+    """Why, in words, where they are not the default."""
 
 
 def inline_snapshot(samples: int, wait_s: float, memory_budget: int) -> PipelineSnapshot:
@@ -181,6 +185,13 @@ class LoaderStats:
     worker_starts_s: tuple[float, ...] = ()
     """Seconds each recent worker took from being asked for (at an epoch's start, or added
     mid-epoch) to being ready for its first task, oldest first (process workers)."""
+    executor: str | None = None
+    """What made the batches: "processes", "threads" (``backend="thread"``), "Ray actors";
+    None where the training process makes them (no workers) or a stream of worker processes
+    (an iterable dataset) does."""
+    executor_why: str | None = None
+    """Why the workers are what they are, in words, where it is not the default: threads as
+    asked, or processes kept although threads were asked for, and the reason."""
     worker_private_bytes: tuple[int, ...] = ()
     """Each worker's private memory now, in the order of :attr:`worker_pids`: the pages it
     alone maps (what it wrote, and pages of the dataset it un-shared by reading them: a
@@ -246,6 +257,8 @@ class LoaderStats:
             sample_costs=snapshot.sample_costs,
             first_batch_s=first_batch_s,
             worker_starts_s=snapshot.worker_starts_s,
+            executor=snapshot.executor,
+            executor_why=snapshot.executor_why,
             worker_private_bytes=tuple(
                 memory[1] if (memory := process_memory(pid)) is not None else 0
                 for pid in snapshot.worker_pids

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from drapps.runtime.errors import fd_limit_error
+from drapps.runtime.parts import on_free, tensor_bytes
 from drapps.runtime.recycling import ReceivedMappings, fork_count, release_slab, retire_slab
 from drapps.runtime.slabs import (
     SlabArena,
@@ -66,6 +67,9 @@ class Packed:
     """Files (device, inode) of the slabs the sender closed since its last batch: the
     receiver lets go of the mappings it kept of them (:meth:`ReceivedMappings.forget`), so
     their pages are freed now rather than when newer mappings push them out."""
+    local: tuple[Any] | None = None
+    """The batch itself, made by a thread of this process (:func:`pack_local`): handed over
+    as it is, with no copy; None for a batch from another process."""
 
 
 class _SlabPickler(pickle.Pickler):
@@ -357,6 +361,13 @@ def pack_buffer(batch: Any) -> Packed:
     return Packed(file.getvalue(), pickler.nbytes, buffer=views)
 
 
+def pack_local(batch: Any) -> Packed:
+    """A batch made by a thread worker, for the training process's own threads: no slab and
+    no pickle. ``nbytes`` counts its tensors' bytes, live for the memory budget until its
+    largest tensor is collected (:func:`~drapps.runtime.parts.on_free`)."""
+    return Packed(b"", tensor_bytes(batch), local=(batch,))
+
+
 def pack_inline(batch: Any) -> Packed:
     """The whole batch pickled for the pipe: the fallback when shared memory is full."""
     return Packed(pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL), 0)
@@ -383,6 +394,12 @@ def unpack(
     Both are called only in this process: a forked child that drops its copy of the batch
     (or exits) calls neither.
     """
+    if packed.local is not None:
+        batch = packed.local[0]
+        if on_release is not None and packed.nbytes:
+            nbytes = packed.nbytes
+            on_free(batch, lambda: on_release(nbytes))
+        return batch
     slab: Any = None
     owner = os.getpid()
     if packed.buffer is not None:

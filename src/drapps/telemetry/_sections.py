@@ -45,9 +45,14 @@ def worker_story_of_start_and_memory(stats: dict[str, Any]) -> list[str]:
         if starts:
             fastest, slowest = format_duration(min(starts)), format_duration(max(starts))
             spread = fastest if fastest == slowest else f"{fastest} to {slowest}"
+            how = (
+                "each a thread of the training process"
+                if stats.get("executor") == "threads"
+                else "each forked from the loader's zygote, not the training process"
+            )
             line += (
                 f"; each worker was ready {spread} after it was asked for ({len(starts)} "
-                "started, each forked from the loader's zygote, not the training process)"
+                f"started, {how})"
             )
         lines.append(line + ".")
     private = [int(b) for b in stats.get("worker_private_bytes") or () if b]
@@ -66,6 +71,23 @@ def worker_story_of_start_and_memory(stats: dict[str, Any]) -> list[str]:
             )
         lines.append(line + ".")
     return lines
+
+
+def executor_story(stats: dict[str, Any]) -> list[str]:
+    """What made the batches and why, in one line (none without a worker pool)."""
+    executor, why = stats.get("executor"), stats.get("executor_why")
+    if executor is None:
+        return []
+    if executor == "threads":
+        return [
+            f"Executor: threads of the training process, {why}: no batch crosses a process "
+            "boundary, and work that holds the GIL runs one thread at a time (pure-Python "
+            "transforms are the processes' case)."
+        ]
+    words = "worker processes" if executor == "processes" else executor
+    if why is None:
+        return [f"Executor: {words} (the default)."]
+    return [f"Executor: {words}: {why}."]
 
 
 def straggler_story(stats: dict[str, Any], span: float) -> list[str]:

@@ -11,6 +11,7 @@ from drapps.telemetry._sections import (
     cache_story,
     device_stage_story,
     energy_story,
+    executor_story,
     format_duration,
     straggler_story,
     worker_story_of_start_and_memory,
@@ -134,6 +135,7 @@ def bottleneck_report(
     lines += cache_story(states, (stats or {}).get("cache"))
     lines += straggler_story(stats or {}, span)
     if external is None:
+        lines += executor_story(stats or {})
         lines += worker_story_of_start_and_memory(stats or {})
     if stats:
         faults = [

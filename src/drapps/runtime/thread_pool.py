@@ -1,0 +1,248 @@
+"""Thread workers: a member of the pool protocol whose workers are threads of the training
+process (``Loader(backend="thread")``).
+
+A batch made by a thread crosses no process boundary: no slab, no pickle, one copy of the
+dataset. Work that releases the GIL (decoding, resizing, reading, waiting on storage) runs in
+parallel; pure-Python work does not, and is the processes' case.
+
+The guarantees are the process pool's. Each sample is made from its own seed: drapps'
+:func:`~drapps.sample_rng` is per thread, and ``get_worker_info()`` answers per thread
+(:func:`~drapps.runtime.seeding.answer_worker_info_per_thread`). What threads cannot give a
+sample of its own is a *global* generator: Python's ``random``, NumPy's ``np.random`` and
+torch's default generator are one per process, shared with every other thread and with the
+training loop. :func:`thread_hazard` therefore makes a sample or two before the first thread
+starts and watches those generators: a dataset that draws from them (torchvision's transforms
+draw from torch's) keeps worker processes, and the loader says why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import queue
+import select
+import threading
+import time
+import traceback
+from typing import Any
+
+import numpy as np
+import torch
+
+from drapps.runtime.errors import SampleError
+from drapps.runtime.messages import BatchTask, SlabsFreed, WorkerFatal
+from drapps.runtime.pool import Polled, Reply, Task, Worker, WorkerPool
+from drapps.runtime.seeding import (
+    answer_worker_info_per_thread,
+    preserved_global_rngs,
+    seed_worker,
+    set_thread_worker_info,
+)
+from drapps.runtime.transport import pack_local
+from drapps.runtime.worker import BatchRecipe, answer, make_batch
+
+logger = logging.getLogger(__name__)
+
+PROBES = (0, 1, -1)
+"""The samples :func:`thread_hazard` makes (the first two and the last: a dataset whose odd
+samples differ is seen) to see whether the dataset draws from the global generators. A
+dataset that draws from one only for samples it did not make is not seen."""
+
+
+def thread_hazard(recipe: BatchRecipe) -> str | None:
+    """Why ``recipe``'s batches cannot be made by threads of this process, in words; None
+    when they can.
+
+    A ``worker_init_fn`` is written for a worker process (it seeds the process's generators,
+    sets its thread count, opens its own handles): it keeps processes. Otherwise up to
+    three samples are made here (:data:`PROBES`), with the global generators set to known
+    states: one that moved (even in a sample that then failed) means the dataset draws from a
+    generator every thread shares, and its samples would depend on which thread drew first.
+    The caller's generator states are back afterwards, and a sample that fails here is left
+    to fail, named, where the loader makes it.
+    """
+    if recipe.worker_init_fn is not None:
+        return "a worker_init_fn is set (it prepares a worker process)"
+    try:
+        size = len(recipe.dataset)
+    except TypeError:
+        return None
+    probe = dataclasses.replace(recipe, reseed=False, cache=None, on_error="raise")
+    for index in sorted({p % size for p in PROBES} if size else set()):
+        with preserved_global_rngs():
+            seed_worker(0, 0, devices=False)
+            before = _states()
+            with contextlib.suppress(SampleError):  # it fails where the loader makes it
+                make_batch(probe, 0, 0, [index], collate=False)
+            moved = [name for name, was, now in zip(_NAMES, before, _states(), strict=True)
+                     if not _same(was, now)]  # fmt: skip
+        if moved:
+            return (
+                f"the dataset draws from {' and '.join(moved)} (sample {index} did), a "
+                "generator every thread of a process shares; draw from drapps.sample_rng() "
+                "to run on threads"
+            )
+    return None
+
+
+_NAMES = ("Python's random", "NumPy's np.random", "torch's default generator")
+
+
+def _states() -> tuple[Any, Any, torch.Tensor]:
+    return (
+        __import__("random").getstate(),
+        np.random.get_state(legacy=True),
+        torch.default_generator.get_state(),
+    )
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor):
+        return bool(torch.equal(a, b))
+    if isinstance(a, tuple) and a and isinstance(a[1], np.ndarray):  # NumPy's legacy state
+        return bool(np.array_equal(a[1], b[1])) and a[2:] == b[2:]
+    return bool(a == b)
+
+
+@dataclasses.dataclass(eq=False)
+class _Thread:
+    thread: threading.Thread
+    inbox: queue.SimpleQueue[BatchTask | None]
+
+
+class ThreadPool(WorkerPool):
+    """Workers as threads of the training process.
+
+    Each thread takes task messages from its own inbox and puts replies on one shared queue,
+    writing a byte to a pipe so that :meth:`poll` wakes. A thread cannot be killed: one that
+    is stopped (a timeout, a resize) is forgotten at once, finishes what it is making, and its
+    late replies are dropped; the dispatcher has already given its tasks to others.
+    """
+
+    executor = "threads"
+    why = "asked for (backend='thread')"
+
+    def __init__(self, recipe: BatchRecipe) -> None:
+        super().__init__()
+        # Threads share the global generators: a sample's draws come from sample_rng(),
+        # which is per thread (thread_hazard keeps datasets that draw globally off threads).
+        self._recipe = dataclasses.replace(recipe, reseed=False)
+        self._threads: dict[int, _Thread] = {}
+        self._replies: queue.SimpleQueue[Reply] = queue.SimpleQueue()
+        self._pending: list[Reply] = []
+        self._notify_r, self._notify_w = os.pipe()
+        os.set_blocking(self._notify_r, False)
+        os.set_blocking(self._notify_w, False)
+        self._closed = False
+        answer_worker_info_per_thread()
+
+    # ------------------------------------------------------------------------ the threads
+
+    def _run(self, worker: Worker, inbox: queue.SimpleQueue[BatchTask | None]) -> None:
+        worker.start_s = time.monotonic() - worker.asked_at
+        self.starts.append(worker.start_s)
+        shape: tuple[int, int] | None = None
+        try:
+            while (task := inbox.get()) is not None:
+                if (task.num_workers, task.seed) != shape:
+                    shape = task.num_workers, task.seed
+                    set_thread_worker_info(worker.slot, *shape, self._recipe.dataset)
+                self._reply(worker, answer(self._recipe, task, pack_local))
+        except BaseException:  # said to the dispatcher, which names it in its error
+            self._reply(worker, WorkerFatal(traceback.format_exc()))
+
+    def _reply(self, worker: Worker, reply: Any) -> None:
+        self._replies.put((worker, reply))
+        with contextlib.suppress(BlockingIOError, OSError):  # full: poll wakes anyway
+            os.write(self._notify_w, b"x")
+
+    # ------------------------------------------------------------------ the pool protocol
+
+    def spawn(self, num_workers: int = 1, seed: int = 0) -> Worker:
+        wid, slot = self.next_ids()
+        worker = Worker(wid, slot=slot)
+        inbox: queue.SimpleQueue[BatchTask | None] = queue.SimpleQueue()
+        thread = threading.Thread(
+            target=self._run, args=(worker, inbox), name=f"drapps-worker-{wid}", daemon=True
+        )
+        self._threads[wid] = _Thread(thread, inbox)
+        self.workers.append(worker)
+        thread.start()
+        return worker
+
+    def send(self, worker: Worker, message: BatchTask | SlabsFreed | None) -> None:
+        if isinstance(message, SlabsFreed):
+            return  # a thread's batches hold no slab
+        own = self._threads.get(worker.wid)
+        if own is None or not own.thread.is_alive():
+            worker.broken = True
+            return
+        own.inbox.put(message)
+
+    def poll(self, timeout: float, wake: int) -> Polled:
+        ready: list[int] = []
+        if self._replies.empty():
+            with contextlib.suppress(InterruptedError):
+                ready, _, _ = select.select([self._notify_r, wake], [], [], max(0.0, timeout))
+        polled = Polled(woke=wake in ready)
+        with contextlib.suppress(BlockingIOError):
+            os.read(self._notify_r, 65536)
+        self._take_replies()
+        polled.replies, self._pending = self._pending, []
+        polled.exited = [w for w in self.workers if not self._threads[w.wid].thread.is_alive()]
+        return polled
+
+    def _take_replies(self) -> None:
+        """Move replies from the shared queue to :attr:`_pending`, dropping those of threads
+        already forgotten."""
+        while True:
+            try:
+                worker, reply = self._replies.get_nowait()
+            except queue.Empty:
+                return
+            if worker.wid in self._threads:
+                self._pending.append((worker, reply))
+
+    def drain(self, worker: Worker) -> list[Reply]:
+        self._take_replies()
+        mine = [r for r in self._pending if r[0] is worker]
+        self._pending = [r for r in self._pending if r[0] is not worker]
+        return mine
+
+    def retire(self, worker: Worker) -> None:
+        worker.retiring = True
+        own = self._threads.get(worker.wid)
+        if own is not None:
+            own.inbox.put(None)
+
+    def kill(self, worker: Worker, *, wait_s: float = 5.0) -> None:
+        # A thread cannot be stopped from outside: asked to stop, it is forgotten by reap and
+        # ends when what it is making ends.
+        self.retire(worker)
+
+    def reap(self, worker: Worker) -> list[Task]:
+        self._threads.pop(worker.wid, None)
+        return self.forget(worker)
+
+    def exit_reason(self, worker: Worker) -> str:
+        return f"thread {worker.slot} stopped"
+
+    def shutdown(self, grace_s: float = 2.0) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        threads = list(self._threads.values())
+        for own in threads:
+            own.inbox.put(None)
+        deadline = time.monotonic() + grace_s
+        for own in threads:
+            own.thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        busy = sum(own.thread.is_alive() for own in threads)
+        if busy:  # daemon threads: they end with what they make, or with the process
+            logger.warning("%d drapps worker thread(s) still making a sample at close", busy)
+        self._threads.clear()
+        self.workers.clear()
+        os.close(self._notify_r)
+        os.close(self._notify_w)

@@ -1,0 +1,209 @@
+"""Thread workers (``backend="thread"``): the process pool's guarantees, from threads of the
+training process, and processes kept for a dataset threads cannot make deterministic."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import get_worker_info  # bound before any thread pool exists
+
+import drapps
+
+
+class Seeded:
+    """Samples that draw from their own generator and say which worker made them."""
+
+    def __init__(self, n: int = 40, fail_at: int | None = None, sleep_s: float = 0.0) -> None:
+        self.n, self.fail_at, self.sleep_s = n, fail_at, sleep_s
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        if i == self.fail_at:
+            raise ValueError(f"sample {i} is broken")
+        if self.sleep_s:
+            time.sleep(self.sleep_s)
+        info = get_worker_info()
+        return {
+            "index": torch.tensor(i),
+            "draw": torch.tensor(drapps.sample_rng().random()),
+            "worker": torch.tensor(-1 if info is None else info.id),
+            "workers": torch.tensor(-1 if info is None else info.num_workers),
+        }
+
+
+class DrawsGlobally(Seeded):
+    def __init__(self, rng: str, odd_only: bool = False) -> None:
+        super().__init__(12)
+        self.rng, self.odd_only = rng, odd_only
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        sample = super().__getitem__(i)
+        if self.odd_only and i % 2 == 0:
+            return sample
+        draws = {
+            "random": random.random,
+            "numpy": lambda: float(np.random.rand()),
+            "torch": lambda: float(torch.rand(1)[0]),
+        }
+        sample["global"] = torch.tensor(draws[self.rng]())
+        return sample
+
+
+def _batches(loader: drapps.Loader, epochs: int = 2) -> list[list[tuple[int, float]]]:
+    out = []
+    for _ in range(epochs):
+        out += [list(zip(b["index"].tolist(), b["draw"].tolist(), strict=True)) for b in loader]
+    return out
+
+
+def _threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("drapps-worker")]
+
+
+@pytest.mark.parametrize("workers", [1, 2, 4])
+def test_threads_give_the_batches_processes_and_the_training_process_give(workers: int) -> None:
+    kwargs = {"batch_size": 3, "shuffle": True, "seed": 5}
+    with drapps.Loader(Seeded(), num_workers=0, **kwargs) as inline:
+        expected = _batches(inline)
+    with drapps.Loader(Seeded(), num_workers=workers, backend="thread", **kwargs) as threads:
+        assert _batches(threads) == expected
+        stats = threads.stats()
+        assert stats.executor == "threads"
+        assert stats.worker_pids == ()  # no process was started
+    with drapps.Loader(Seeded(), num_workers=2, backend="process", **kwargs) as processes:
+        assert _batches(processes) == expected
+        assert processes.stats().executor == "processes"
+    assert not _threads()
+
+
+def test_each_thread_is_a_worker_to_get_worker_info_and_the_training_loop_is_not() -> None:
+    with drapps.Loader(Seeded(), batch_size=4, num_workers=3, backend="thread") as loader:
+        batches = list(loader)
+        assert get_worker_info() is None and torch.utils.data.get_worker_info() is None
+    workers = {int(w) for b in batches for w in b["worker"]}
+    assert workers <= {0, 1, 2} and workers
+    assert {int(n) for b in batches for n in b["workers"]} == {3}
+
+
+@pytest.mark.parametrize("rng", ["random", "numpy", "torch"])
+def test_a_dataset_that_draws_from_a_global_generator_keeps_processes_and_says_why(
+    rng: str,
+) -> None:
+    kwargs = {"batch_size": 3, "seed": 1, "num_workers": 2}
+    with pytest.warns(UserWarning, match=r"backend='thread'.*draws from .*runs? as processes"):
+        loader = drapps.Loader(DrawsGlobally(rng), backend="thread", **kwargs)
+    with loader, drapps.Loader(DrawsGlobally(rng), **kwargs) as processes:
+        got = [b["global"].tolist() for b in loader]
+        assert got == [b["global"].tolist() for b in processes]
+        stats = loader.stats()
+        assert stats.executor == "processes"
+        assert "threads were asked for" in (stats.executor_why or "")
+
+
+def test_a_dataset_whose_odd_samples_draw_is_seen_too() -> None:
+    with pytest.warns(UserWarning, match="draws from torch's default generator"):
+        drapps.Loader(
+            DrawsGlobally("torch", odd_only=True), batch_size=2, num_workers=2, backend="thread"
+        ).close()
+
+
+def test_looking_for_draws_leaves_the_callers_generators_as_they_were() -> None:
+    torch.manual_seed(3)
+    random.seed(3)
+    np.random.seed(3)
+    expected = torch.rand(2), random.random(), np.random.rand()
+    torch.manual_seed(3)
+    random.seed(3)
+    np.random.seed(3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        drapps.Loader(DrawsGlobally("torch"), batch_size=2, num_workers=2, backend="thread").close()
+        drapps.Loader(Seeded(), batch_size=2, num_workers=2, backend="thread").close()
+    assert torch.equal(torch.rand(2), expected[0])
+    assert (random.random(), np.random.rand()) == expected[1:]
+
+
+def test_a_worker_init_fn_keeps_processes() -> None:
+    with pytest.warns(UserWarning, match="worker_init_fn"):
+        loader = drapps.Loader(
+            Seeded(), batch_size=4, num_workers=2, backend="thread", worker_init_fn=print
+        )
+    with loader:
+        assert len(list(loader)) == 10
+        assert loader.stats().executor == "processes"
+
+
+def test_an_iterable_dataset_is_refused_by_name() -> None:
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return iter(range(4))
+
+    with pytest.raises(ValueError, match=r"backend='thread' needs a map-style dataset.*Stream"):
+        drapps.Loader(Stream(), num_workers=2, backend="thread")
+
+
+def test_a_failing_sample_is_named_and_skipping_it_loses_nothing_else() -> None:
+    with drapps.Loader(Seeded(fail_at=7), batch_size=4, num_workers=2, backend="thread") as loader:
+        with pytest.raises(ValueError, match="sample 7 is broken") as caught:
+            list(loader)
+        assert "7" in str(caught.value)
+    with drapps.Loader(
+        Seeded(fail_at=7), batch_size=4, num_workers=2, backend="thread", on_error="skip"
+    ) as loader:
+        seen = sorted(int(i) for b in loader for i in b["index"])
+    assert seen == [i for i in range(40) if i != 7]
+    assert not _threads()
+
+
+def test_resize_and_resume_lose_and_repeat_nothing() -> None:
+    kwargs = {"batch_size": 2, "shuffle": True, "seed": 9, "backend": "thread"}
+    with drapps.Loader(Seeded(), num_workers=0, seed=9, batch_size=2, shuffle=True) as inline:
+        expected = [b["index"].tolist() for b in inline]
+    with drapps.Loader(Seeded(sleep_s=0.002), num_workers=1, **kwargs) as loader:
+        it = iter(loader)
+        got = [next(it)["index"].tolist() for _ in range(5)]
+        loader.resize(3)
+        got += [next(it)["index"].tolist() for _ in range(5)]
+        state = loader.state_dict()
+    torch.manual_seed(123)  # another process's torch generator
+    with drapps.Loader(Seeded(), num_workers=2, **kwargs) as resumed:
+        resumed.load_state_dict(state)
+        got += [b["index"].tolist() for b in resumed]
+    assert got == expected
+
+
+def test_a_thread_stuck_past_the_timeout_is_replaced_and_its_batch_made_once() -> None:
+    class StuckOnce(Seeded):
+        stuck = threading.Event()
+
+        def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+            if i == 5 and not self.stuck.is_set():
+                self.stuck.set()
+                time.sleep(3.0)
+            return super().__getitem__(i)
+
+    with drapps.Loader(
+        StuckOnce(20), batch_size=2, num_workers=2, backend="thread", timeout=1.0
+    ) as loader:
+        seen = [int(i) for b in loader for i in b["index"]]
+    assert seen == list(range(20))
+
+
+def test_the_report_says_threads_ran_and_why() -> None:
+    with drapps.Loader(
+        Seeded(200, sleep_s=0.002), batch_size=4, num_workers=2, backend="thread",
+        control_interval=0.05,
+    ) as loader:  # fmt: skip
+        for _ in range(3):
+            list(loader)
+        report = loader.report()
+    assert "Executor: threads of the training process, asked for (backend='thread')" in report
+    assert "each a thread of the training process" in report
