@@ -605,3 +605,74 @@ def test_a_failed_grow_of_several_workers_is_undone_step_by_step() -> None:
     # The next try, once the backoff is over, is half as large.
     later = [a.reason for a in actions[back:] if "trying" in a.reason]
     assert later and "trying 9 workers" in later[0], later
+
+
+class ExecutorWorld:
+    """Two workers on two cores the job saturates alone (another worker would not help), the
+    loop starving; ``rates``: samples/s with processes (0) and with threads (1)."""
+
+    def __init__(self, processes: float, threads: float) -> None:
+        self.rates = [processes, threads]
+        self.executor = 0
+        self.history: list[int] = []
+
+    def observe(self) -> State:
+        throughput = self.rates[self.executor]
+        return state(
+            cores=2, cpu_util=0.97, idle_cores=0.06, workers_cpu=1.2, main_cpu=0.74,
+            wait_fraction=max(0.0, 1 - throughput / 2000), throughput=throughput,
+            workers=2, max_workers=4, prefetch=4, extra={"executor": self.executor},
+        )  # fmt: skip
+
+    def run(self, policy: HeuristicPolicy, ticks: int) -> list[Action]:
+        actions = []
+        for _ in range(ticks):
+            action = policy.decide(self.observe())
+            self.executor = min(1, max(0, self.executor + action.other.get("executor", 0)))
+            actions.append(action)
+            self.history.append(self.executor)
+        return actions
+
+
+def test_threads_measured_ahead_are_kept_and_held() -> None:
+    world = ExecutorWorld(processes=1000, threads=1200)
+    actions = world.run(HeuristicPolicy(), ticks=100)
+    kept = [a.reason for a in actions if a.reason.startswith("kept threads")]
+    assert kept and "1200 samples/s against 1000 with worker processes" in kept[0]
+    switched = world.history.index(1)
+    # Kept, and not tried back while nothing changes (the backoff's ceiling, 120 ticks).
+    assert all(world.history[switched:]), world.history
+
+
+def test_threads_that_make_less_are_undone_and_not_tried_again_at_once() -> None:
+    world = ExecutorWorld(processes=1000, threads=800)
+    policy = HeuristicPolicy()
+    actions = world.run(policy, ticks=60)
+    assert any(a.reason.startswith("back to worker processes") for a in actions)
+    tries = sum(1 for a in actions if a.other.get("executor") == +1)
+    assert tries == 1, world.history  # a failed executor backs off half the ceiling
+    assert world.history[-1] == 0
+
+
+def test_a_change_that_makes_threads_lose_sends_the_workers_back_to_processes() -> None:
+    """A GIL-heavy transform turned on mid-run: threads fall to half, the loop's wait moves
+    away from where threads were kept, and processes are tried again and kept."""
+    world = ExecutorWorld(processes=1000, threads=1200)
+    policy = HeuristicPolicy()
+    world.run(policy, ticks=40)
+    assert world.executor == 1
+    world.rates = [900, 450]
+    actions = world.run(policy, ticks=40)
+    assert any(a.reason.startswith("kept worker processes") for a in actions), [
+        a.reason for a in actions if a.reason
+    ]
+    assert world.executor == 0
+
+
+def test_no_executor_is_tried_without_the_knob() -> None:
+    world = ExecutorWorld(processes=1000, threads=1200)
+    policy = HeuristicPolicy()
+    for _ in range(60):
+        s = world.observe()
+        action = policy.decide(dataclasses.replace(s, extra={}))
+        assert "executor" not in action.other

@@ -182,6 +182,15 @@ class LoaderMachine(RuleBasedStateMachine):
             with contextlib.suppress(ProcessLookupError):  # one that just retired
                 os.kill(pids[which % len(pids)], signal.SIGKILL)
 
+    @precondition(lambda self: self.epoch < EPOCHS and not self.case.iterable)
+    @rule(threads=st.booleans())
+    def move_the_workers_between_processes_and_threads(self, threads: bool) -> None:
+        """What the controller does under the default count (refused while the workers have
+        not yet shown that the dataset draws from no global generator)."""
+        dispatcher = getattr(self.loader._parts.engine, "dispatcher", None)
+        if dispatcher is not None and dispatcher.pool.choosable:
+            dispatcher.set_executor("threads" if threads else "processes")
+
     @precondition(lambda self: self.epoch < EPOCHS)
     @rule(torch_seed=st.integers(1, 3), drop=st.booleans())
     def checkpoint_and_resume_in_a_new_loader(self, torch_seed: int, drop: bool) -> None:

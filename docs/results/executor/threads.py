@@ -5,13 +5,17 @@ each system's median samples/s.
     .venv/bin/python docs/results/executor/threads.py            # every system, 3 rounds
     ROUNDS=5 .venv/bin/python docs/results/executor/threads.py threads-2,drapps-2
 
-``drapps-thread-N``: ``drapps.Loader(backend="thread")`` with N threads.
+``drapps-thread-N``: ``drapps.Loader(backend="thread")`` with N threads; ``drapps-auto``: the
+default count, which may move the workers to threads. ``GIL_MS=2`` adds a pure-Python loop of
+about 2 ms to each sample (a GIL-heavy augmentation). Also prints each loader's peak resident
+memory (the process and its children, sampled every 10 batches) and the executor it ended on.
 ``threads-N``: N threads each make whole batches (``dataset[i]`` per index, then
 ``default_collate``) into a queue the main thread takes them from; decode and resize release
 the GIL.
 """
 
 import sys, time, threading, queue, statistics, json, os
+import psutil
 from pathlib import Path
 import torch
 from torch.utils.data import DataLoader, default_collate
@@ -21,7 +25,37 @@ from drapps.bench.workloads.image import ImageWorkload
 params = ImageWorkload.prepare(Path.home() / ".cache/drapps", "default", 0)
 wl = ImageWorkload(params)
 ds = wl.dataset(None)
-N = len(ds); B = 32; WARM, TIMED = 12, 150
+GIL_MS = float(os.environ.get("GIL_MS", 0))
+
+
+class GilHeavy(torch.utils.data.Dataset):
+    """The image dataset with a pure-Python loop after each sample, holding the GIL for
+    about ``GIL_MS`` milliseconds (a Python-level augmentation)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.rounds = self._calibrate(GIL_MS)
+
+    @staticmethod
+    def _calibrate(ms):
+        t = time.perf_counter(); x = 0
+        for i in range(200_000): x += i * i % 7
+        per_round = (time.perf_counter() - t) / 200_000
+        return int(ms / 1000 / per_round)
+
+    def __len__(self):
+        return len(self.inner)
+
+    def __getitem__(self, i):
+        sample = self.inner[i]
+        x = 0
+        for k in range(self.rounds): x += k * k % 7
+        return sample
+
+
+if GIL_MS:
+    ds = GilHeavy(ds)
+N = len(ds); B = 32; WARM, TIMED = 12, int(os.environ.get("TIMED", 150))
 torch.set_num_threads(1)
 
 def threads(n):
@@ -46,21 +80,42 @@ def threads(n):
         except queue.Empty: pass
     return TIMED * B / dt
 
+def tree_rss():
+    """Resident memory of this process and its children, in MiB."""
+    me = psutil.Process()
+    total = 0
+    for p in [me, *me.children(recursive=True)]:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            pass
+    return total / 2**20
+
+PEAK = {}
+
 def loader(make):
-    l = make(); it = iter(l); n = 0
+    l = make(); it = iter(l); n = 0; peak = 0.0
     while True:
         for b in it:
             n += 1
             if n == WARM: t0 = time.perf_counter()
+            if n % 10 == 0: peak = max(peak, tree_rss())
             if n == WARM + TIMED:
                 dt = time.perf_counter() - t0
+                executor = l.stats().executor if hasattr(l, "stats") else None
                 if hasattr(l, "close"): l.close()
+                PEAK.setdefault(NAME[0], []).append(round(peak))
+                if executor: EXECUTOR.setdefault(NAME[0], []).append(executor)
                 return TIMED * B / dt
         it = iter(l)
+
+EXECUTOR = {}
+NAME = [""]
 
 systems = {
     "threads-2": lambda: threads(2),
     "threads-3": lambda: threads(3),
+    "drapps-auto": lambda: loader(lambda: drapps.Loader(ds, batch_size=B, shuffle=True, persistent_workers=True)),
     "drapps-2": lambda: loader(lambda: drapps.Loader(ds, batch_size=B, shuffle=True, num_workers=2)),
     "drapps-thread-2": lambda: loader(lambda: drapps.Loader(ds, batch_size=B, shuffle=True, num_workers=2, backend="thread")),
     "drapps-thread-3": lambda: loader(lambda: drapps.Loader(ds, batch_size=B, shuffle=True, num_workers=3, backend="thread")),
@@ -71,6 +126,9 @@ names = sys.argv[1].split(",") if len(sys.argv) > 1 else list(systems)
 res = {k: [] for k in names}
 for r in range(int(os.environ.get("ROUNDS", 3))):
     for k in (names if r % 2 == 0 else names[::-1]):
+        NAME[0] = k
         res[k].append(systems[k]())
         print(r, k, round(res[k][-1]), flush=True)
 print(json.dumps({k: round(statistics.median(v)) for k, v in res.items()}))
+print("peak tree RSS MiB:", json.dumps({k: statistics.median(v) for k, v in PEAK.items()}))
+print("executor at the end:", json.dumps(EXECUTOR))

@@ -21,6 +21,11 @@ measurements rather than tried (:mod:`drapps.control.offload_rule`).
 
 With a ``codec`` knob (a sample cache) the codec with the lowest modelled cost per sample is
 chosen from the cache's measurements (:mod:`drapps.control.codec_rule`).
+
+With an ``executor`` knob (``workers="auto"`` on a map-style dataset) the same probe tries the
+other executor, threads for worker processes or back, at the same count, where the loop starves
+and another worker would not help; it is kept only if throughput rose (or the wait fell) by a
+margin, and a failed try backs off as any other (:mod:`drapps.runtime.executor_pool`).
 """
 
 from __future__ import annotations
@@ -123,7 +128,7 @@ class HeuristicConfig:
 @dataclass
 class _Probe:
     knob: str
-    """"workers" or "split"."""
+    """"workers", "split" or "executor"."""
     direction: int
     started: int
     """Tick of the probe's last move."""
@@ -167,7 +172,9 @@ class HeuristicPolicy:
         self._tick = 0
         self._recent: deque[State] = deque(maxlen=self.config.window)
         self._probe: _Probe | None = None
-        self._backoff = {(knob, d): _Backoff() for knob in ("workers", "split") for d in (+1, -1)}
+        self._backoff = {
+            (knob, d): _Backoff() for knob in ("workers", "split", "executor") for d in (+1, -1)
+        }
         self._flowing = 0  # ticks that delivered data since the start
         self._kept_in_a_row = 0  # worker grows kept in a row (the next grow's size doubles)
         self._grow_cap: int | None = None  # half the last failed grow, until one is kept or fed
@@ -315,6 +322,8 @@ class HeuristicPolicy:
                 f"training loop waited {wait:.0%} with {queue:.1f} "
                 f"batches ready: trying {_describe('workers', state.workers - 1)}",
             )
+        if starving and not grow and (move := self._executor_move(state, wait)) is not None:
+            return move
         if split:
             move = self._split_move(state, wait, idle, grow)
             if move is not None:
@@ -322,6 +331,25 @@ class HeuristicPolicy:
         if not self._may_move("prefetch"):
             return NOOP
         return self._tune_prefetch(state, wait, queue)
+
+    def _executor_move(self, state: State, wait: float) -> Action | None:
+        """A try of the other executor (threads for processes, or back), where the loop
+        starves and the worker count cannot help; kept only if it makes more (see
+        :mod:`drapps.runtime.executor_pool`)."""
+        if "executor" not in state.extra or not self._may_move("executor"):
+            return None
+        now = int(state.knob("executor"))
+        direction = -1 if now else +1
+        if not self._may_try("executor", direction, state, wait):
+            return None
+        tried = _describe("executor", now + direction)
+        return self._start(
+            "executor",
+            direction,
+            state,
+            f"training loop waited {wait:.0%} of the time with {state.workers} "
+            f"{_describe('executor', now)}, and more of them would not help: trying {tried}",
+        )
 
     def _codec_choice(self, state: State) -> Action | None:
         """A codec change the cost model asks for (:mod:`drapps.control.codec_rule`)."""
@@ -520,6 +548,9 @@ class HeuristicPolicy:
     def _judge_probe(self, state: State) -> Action:
         probe, c = self._probe, self.config
         assert probe is not None
+        if probe.knob == "executor" and "executor" not in state.extra:
+            self._probe = None  # the pool stopped reporting one (batches made in-process)
+            return NOOP
         now = int(state.knob(probe.knob))
         if now == probe.at != probe.value:
             # A probe of several steps: the next one.
@@ -539,8 +570,11 @@ class HeuristicPolicy:
             backoff = self._backoff[probe.knob, probe.direction]
             backoff.until, backoff.clipped = self._tick + c.max_backoff, True
             return NOOP
-        # Workers +1 and split -1 add capacity to the pipeline; the others take it away.
-        adds = probe.direction * (1 if probe.knob == "workers" else -1) > 0
+        # Workers +1 and split -1 add capacity to the pipeline; the others take it away. A
+        # change of executor is judged as an addition: kept only if it makes more.
+        adds = (
+            probe.knob == "executor" or probe.direction * (1 if probe.knob == "workers" else -1) > 0
+        )
         elapsed = self._tick - probe.started
         if not adds and state.wait_fraction > max(c.wait_high, probe.wait_peak + c.wait_low):
             # The shrink was tried because the loop did not wait; a tick in which it starves
@@ -588,6 +622,17 @@ class HeuristicPolicy:
         if kept:
             kept_backoff = self._backoff[probe.knob, probe.direction]
             kept_backoff.length, kept_backoff.clipped = 0, False
+            if probe.knob == "executor":
+                # Going back is a try like any other, but not at once: the executor just
+                # measured ahead holds until the backoff's ceiling, or until the loop's wait
+                # or the idle cores move away from where it was kept (a new transform).
+                back = self._backoff[probe.knob, -probe.direction]
+                back.length, back.until, back.clipped = (
+                    c.max_backoff,
+                    self._tick + c.max_backoff,
+                    False,
+                )
+                back.wait, back.idle_share = wait, self._idle_share(state)
             return Action(reason=f"kept {summary}")
         return self._fail(probe, summary)
 
@@ -638,6 +683,8 @@ class HeuristicPolicy:
         self._probe = None
         backoff = self._backoff[probe.knob, probe.direction]
         backoff.length = min(c.max_backoff, max(c.backoff, 2 * backoff.length))
+        if probe.knob == "executor":  # a change of executor restarts every worker: rarer
+            backoff.length = max(backoff.length, c.max_backoff // 2)
         backoff.until, backoff.clipped = self._tick + backoff.length, False
         # Conditions as they were where we return to: a later change from these re-opens the try.
         backoff.wait, backoff.idle_share = probe.wait, probe.idle_share
@@ -653,6 +700,8 @@ class HeuristicPolicy:
 def _move(knob: str, direction: int, reason: str) -> Action:
     if knob == "workers":
         return Action(workers=direction, reason=reason)
+    if knob == "executor":
+        return Action(other={"executor": direction}, reason=reason)
     return Action(split=direction, reason=reason)
 
 
@@ -664,6 +713,8 @@ def _turnover_s(state: State) -> float:
 
 
 def _describe(knob: str, value: int) -> str:
+    if knob == "executor":
+        return "threads" if value else "worker processes"
     if knob == "workers":
         return "1 worker" if value == 1 else f"{value} workers"
     return f"split at op {value}"

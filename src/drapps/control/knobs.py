@@ -219,6 +219,31 @@ class LookaheadKnob(StepKnob):
         return min(self.high, max(self.low, stepped))
 
 
+class ExecutorKnob(StepKnob):
+    """What new workers are: 0 worker processes, 1 threads of the training process (+1 tries
+    threads, -1 goes back). The pool applies it only where the dataset allows threads
+    (:class:`~drapps.runtime.executor_pool.ExecutorPool`); where it does not, the value
+    stays, and a policy sees its move clipped.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> knob = ExecutorKnob(apply=print)
+        >>> state = SimpleNamespace(extra={"executor": 0})  # the State field it reads
+        >>> [knob.propose(state, move, {}) for move in (1, -1, 0)]  # type: ignore[arg-type]
+        [1, 0, 0]
+    """
+
+    name = "executor"
+
+    def __init__(self, apply: Callable[[int], None], *, adjustable: bool = True) -> None:
+        super().__init__(apply, low=0, high=1, adjustable=adjustable)
+
+    def current(self, state: State) -> Value:
+        # A pool making batches in the training process for now (a recipe its workers
+        # cannot receive) reports no executor: processes, which nothing moves.
+        return int(state.extra.get("executor", 0))
+
+
 class SplitKnob(StepKnob):
     """Where a Pipeline is cut: -1 moves one more op into the device stage (after the reorder
     buffer, batched, on the training side), +1 moves one back into the workers."""

@@ -19,6 +19,10 @@ from drapps.engines.pooled import PoolEngine
 from drapps.engines.stream import StreamEngine
 from drapps.ops.split import Split
 from drapps.runtime.config import LoaderConfig
+from drapps.runtime.executor_pool import ExecutorPool
+from drapps.runtime.pool import WorkerPool
+from drapps.runtime.process_pool import ProcessPool
+from drapps.runtime.thread_pool import ThreadPool
 from drapps.runtime.worker import BatchRecipe, splittable
 
 
@@ -81,7 +85,13 @@ def choose_engine(
             solo_unless_sharded=c.workers == "auto",
         )
         return engine, c
-    pool = backend.make_pool(recipe, c.context)
+    if c.workers == "auto" and backend.name == "process" and recipe.worker_init_fn is None:
+        # The default count may also choose threads, once the workers have shown that the
+        # dataset draws from no global generator (they watch their first samples).
+        recipe = dataclasses.replace(recipe, watch_draws=True)
+        pool: WorkerPool = ExecutorPool(ProcessPool(recipe, c.context), ThreadPool(recipe))
+    else:
+        pool = backend.make_pool(recipe, c.context)
     initial = c.initial_workers
     if not backend.local:  # bounded by the cluster's CPUs, and starting with all of them
         cap = c.max_workers or pool.max_workers()  # type: ignore[attr-defined]

@@ -12,12 +12,13 @@ from collections.abc import Callable
 from typing import Any
 
 from drapps.control.controller import Bounds, default_knobs
-from drapps.control.knobs import Knob, LookaheadKnob, PriorityKnob
+from drapps.control.knobs import ExecutorKnob, Knob, LookaheadKnob, PriorityKnob
 from drapps.engines.base import Engine, EngineBatch, EpochJob, Limits
 from drapps.engines.inline import InlineEngine
 from drapps.runtime.config import PoolSettings
 from drapps.runtime.dispatcher import Dispatcher
 from drapps.runtime.errors import SampleError, warn_user
+from drapps.runtime.executor_pool import KINDS
 from drapps.runtime.pool import WorkerPool
 from drapps.runtime.reorder import Entry
 from drapps.runtime.stats import STAGES, PipelineSnapshot
@@ -151,6 +152,9 @@ class PoolEngine(Engine):
             self._inline.set_split(split)
         self.dispatcher.set_split(split)
 
+    def _use_executor(self, value: int) -> None:
+        self.dispatcher.set_executor(KINDS[value])
+
     def set_prefetch(self, depth: int | None) -> None:
         self.dispatcher.set_prefetch(depth)
 
@@ -162,6 +166,8 @@ class PoolEngine(Engine):
         # Worker processes can yield the CPU to the training process; Ray actors cannot.
         if bounds.adjust_workers and self.dispatcher.set_priority("normal"):
             knobs.append(PriorityKnob(self.dispatcher.set_priority))
+        if self.dispatcher.pool.choosable:
+            knobs.append(ExecutorKnob(self._use_executor, adjustable=bounds.adjust_workers))
         adjustable = bounds.adjust_prefetch and self._lookahead_auto
         high = max(LOOKAHEAD_MAX, 2 * bounds.max_prefetch)
         knobs.append(
@@ -232,6 +238,7 @@ def pool_snapshot(
         helper_pids=d.pool.helper_pids(),
         executor=d.pool.executor,
         executor_why=d.pool.why,
+        executor_choice=d.pool.choosable,
         sample_costs={
             **d.costs.report(),
             "slow_batches": d.collector.slow_batches,

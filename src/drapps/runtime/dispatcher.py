@@ -162,6 +162,15 @@ class Dispatcher:
         ``split`` (batches already in flight keep the split they were sent with)."""
         self.mailbox.post("split", split, wait_applied=True)
 
+    def set_executor(self, executor: str) -> None:
+        """Start new workers as ``executor`` ("processes" or "threads") where the pool can
+        (:meth:`WorkerPool.use`); returns once the dispatcher has acted on it."""
+        self.mailbox.post("executor", executor, wait_applied=True)
+
+    def executor(self) -> str:
+        """What new workers are now (the pool's :attr:`~WorkerPool.executor`)."""
+        return self.pool.executor
+
     def set_priority(self, priority: str) -> bool:
         """Run the workers at ``"normal"`` CPU priority (the training process's niceness,
         which they inherit) or ``"low"`` (``LOW_NICENESS`` above it); returns whether the pool
@@ -273,6 +282,8 @@ class Dispatcher:
             self._prefetch = value
         elif name == "split":
             self._split = value
+        elif name == "executor":
+            self.pool.use(value)
         elif name == "lookahead":
             self.schedule.set_lookahead(value)
         elif name == "idle" and value == self._generation_now and not self._idle:
@@ -407,6 +418,8 @@ class Dispatcher:
             return
         generation, batch_id, part = reply.generation, reply.batch_id, reply.part
         made = reply if isinstance(reply, BatchMade) else None
+        if made is not None and made.watched:
+            self.pool.note_draws(made.watched, made.drew)
         now = time.monotonic()
         task = next(
             (

@@ -54,6 +54,11 @@ class BatchMade(NamedTuple):
     kept: list[int] | None
     """A part's positions (in the task's indices) of the samples it holds (None for a whole
     batch)."""
+    watched: int = 0
+    """Samples the worker watched for draws from a global generator since its last reply
+    (``BatchRecipe.watch_draws``)."""
+    drew: str | None = None
+    """The first such draw it saw, in words (None: none)."""
 
 
 class BatchFailed(NamedTuple):

@@ -116,6 +116,8 @@ class WorkerPool(ABC):
     """What the workers are, in words, for the report."""
     why: str | None = None
     """Why the workers are what they are, in words (None: the default)."""
+    choosable = False
+    """Whether :meth:`use` can change what new workers are (processes or threads)."""
 
     def __init__(self) -> None:
         self.workers: list[Worker] = []
@@ -174,6 +176,16 @@ class WorkerPool(ABC):
     def shutdown(self, grace_s: float = 2.0) -> None:
         """Stop every worker (ask, wait up to ``grace_s``, then force) and free what they
         held. Idempotent."""
+
+    def use(self, executor: str) -> bool:
+        """Start new workers as ``executor`` from now on; False where this pool cannot (a
+        pool of one kind can only stay what it is)."""
+        return executor == self.executor
+
+    def note_draws(self, watched: int, drew: str | None) -> None:
+        """A worker watched ``watched`` samples for draws from a global generator and saw
+        ``drew`` (None: none); only a pool that may move to threads keeps count."""
+        return None
 
     def prepare(self, fresh: bool) -> None:
         """An epoch begins (called in the thread that starts it, before the dispatcher acts

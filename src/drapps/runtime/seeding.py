@@ -361,6 +361,32 @@ def set_rng_state(state: dict[str, Any]) -> None:
         raise ValueError(f"not an RNG state from a drapps checkpoint: {exc}") from None
 
 
+GENERATORS = ("Python's random", "NumPy's np.random", "torch's default generator")
+"""The global generators, in words, in the order of :func:`watched_states`."""
+
+
+def watched_states() -> tuple[Any, Any, torch.Tensor]:
+    """The global generators' states, for :func:`moved_generators` (NumPy's in its legacy
+    tuple form, cheaper to compare)."""
+    return random.getstate(), np.random.get_state(legacy=True), torch.default_generator.get_state()
+
+
+def moved_generators(before: tuple[Any, Any, Any], after: tuple[Any, Any, Any]) -> list[str]:
+    """The global generators (:data:`GENERATORS`) drawn from between two
+    :func:`watched_states`."""
+    moved = []
+    for name, was, now in zip(GENERATORS, before, after, strict=True):
+        if isinstance(was, torch.Tensor):
+            same = bool(torch.equal(was, now))
+        elif isinstance(was, tuple) and len(was) > 2 and isinstance(was[1], np.ndarray):
+            same = bool(np.array_equal(was[1], now[1])) and was[2:] == now[2:]
+        else:
+            same = was == now
+        if not same:
+            moved.append(name)
+    return moved
+
+
 def _global_states() -> tuple[Any, Any, torch.Tensor]:
     return random.getstate(), np.random.get_state(), torch.default_generator.get_state()
 

@@ -92,6 +92,8 @@ class PipelineSnapshot:
     """What the workers are ("processes", "threads", "Ray actors"); None without a pool."""
     executor_why: str | None = None
     """Why, in words, where they are not the default."""
+    executor_choice: bool = False
+    """Whether the controller may move the workers between processes and threads."""
 
 
 def inline_snapshot(samples: int, wait_s: float, memory_budget: int) -> PipelineSnapshot:

@@ -28,17 +28,16 @@ import time
 import traceback
 from typing import Any
 
-import numpy as np
-import torch
-
 from drapps.runtime.errors import SampleError
 from drapps.runtime.messages import BatchTask, SlabsFreed, WorkerFatal
 from drapps.runtime.pool import Polled, Reply, Task, Worker, WorkerPool
 from drapps.runtime.seeding import (
     answer_worker_info_per_thread,
+    moved_generators,
     preserved_global_rngs,
     seed_worker,
     set_thread_worker_info,
+    watched_states,
 )
 from drapps.runtime.transport import pack_local
 from drapps.runtime.worker import BatchRecipe, answer, make_batch
@@ -73,11 +72,10 @@ def thread_hazard(recipe: BatchRecipe) -> str | None:
     for index in sorted({p % size for p in PROBES} if size else set()):
         with preserved_global_rngs():
             seed_worker(0, 0, devices=False)
-            before = _states()
+            before = watched_states()
             with contextlib.suppress(SampleError):  # it fails where the loader makes it
                 make_batch(probe, 0, 0, [index], collate=False)
-            moved = [name for name, was, now in zip(_NAMES, before, _states(), strict=True)
-                     if not _same(was, now)]  # fmt: skip
+            moved = moved_generators(before, watched_states())
         if moved:
             return (
                 f"the dataset draws from {' and '.join(moved)} (sample {index} did), a "
@@ -85,25 +83,6 @@ def thread_hazard(recipe: BatchRecipe) -> str | None:
                 "to run on threads"
             )
     return None
-
-
-_NAMES = ("Python's random", "NumPy's np.random", "torch's default generator")
-
-
-def _states() -> tuple[Any, Any, torch.Tensor]:
-    return (
-        __import__("random").getstate(),
-        np.random.get_state(legacy=True),
-        torch.default_generator.get_state(),
-    )
-
-
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, torch.Tensor):
-        return bool(torch.equal(a, b))
-    if isinstance(a, tuple) and a and isinstance(a[1], np.ndarray):  # NumPy's legacy state
-        return bool(np.array_equal(a[1], b[1])) and a[2:] == b[2:]
-    return bool(a == b)
 
 
 @dataclasses.dataclass(eq=False)
@@ -128,7 +107,7 @@ class ThreadPool(WorkerPool):
         super().__init__()
         # Threads share the global generators: a sample's draws come from sample_rng(),
         # which is per thread (thread_hazard keeps datasets that draw globally off threads).
-        self._recipe = dataclasses.replace(recipe, reseed=False)
+        self._recipe = dataclasses.replace(recipe, reseed=False, watch_draws=False)
         self._threads: dict[int, _Thread] = {}
         self._replies: queue.SimpleQueue[Reply] = queue.SimpleQueue()
         self._pending: list[Reply] = []

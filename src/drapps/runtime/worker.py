@@ -27,10 +27,12 @@ from drapps.runtime.progress import SampleClock, current_clock, use_clock
 from drapps.runtime.sampling import key_of
 from drapps.runtime.seeding import (
     clear_sample,
+    moved_generators,
     sample_seed_for,
     seed_sample,
     seed_worker,
     set_worker_info,
+    watched_states,
     worker_info_hidden,
 )
 from drapps.runtime.slabs import (
@@ -89,6 +91,30 @@ class BatchRecipe:
     index), so that its draws are the same whichever worker makes it. False: leave them to
     draw on as each worker's own, seeded once when it starts, as DataLoader's (what a
     ``worker_init_fn`` seeds then holds); :func:`drapps.sample_rng` is per sample either way."""
+    watch_draws: bool = False
+    """Watch the first :data:`WATCHED_SAMPLES` samples a worker makes for draws from a
+    global generator, and say so in the reply (see :class:`Watch`): the evidence a pool
+    that may move to threads needs (:class:`~drapps.runtime.executor_pool.ExecutorPool`)."""
+
+
+WATCHED_SAMPLES = 8
+"""Samples each worker process watches for draws from a global generator (with
+``BatchRecipe.watch_draws``); a watched sample costs about 30 us more."""
+
+
+class Watch:
+    """This process's watch of its first samples for draws from a global generator."""
+
+    left = WATCHED_SAMPLES
+    watched = 0
+    drew: str | None = None
+
+    @classmethod
+    def take(cls) -> tuple[int, str | None]:
+        """(samples watched, a draw seen) since the last call."""
+        taken = cls.watched, cls.drew
+        cls.watched = 0
+        return taken
 
 
 @dataclass
@@ -210,6 +236,7 @@ def make_batch(
     for position, index in enumerate(indices):
         sample_seed = sample_seed_for(seed, epoch, key_of(index))
         seed_sample(sample_seed, reseed=recipe.reseed)
+        watched = watched_states() if recipe.watch_draws and Watch.left > 0 else None
         stage = "__getitem__"
         if clock is not None:
             clock.begin_sample(position)
@@ -260,6 +287,12 @@ def make_batch(
             clear_sample()
             if clock is not None:
                 clock.end_sample()
+            if watched is not None:
+                Watch.left -= 1
+                Watch.watched += 1
+                moved = moved_generators(watched, watched_states())
+                if moved and Watch.drew is None:
+                    Watch.drew = f"{' and '.join(moved)} (sample {index!r} did)"
         costs.append(time.perf_counter() - t0 - (runqueue_wait() - queued))
         samples.append(sample)
         kept.append(position)
@@ -485,9 +518,11 @@ def answer(
     finally:
         if arena is not None:
             arena.reset()  # a batch that failed or was not sent gives its slab back
+    watched, drew = Watch.take() if recipe.watch_draws else (0, None)
     return BatchMade(
-        generation, batch_id, packed, made.skipped, made.seconds, made.costs, part, made.kept
-    )
+        generation, batch_id, packed, made.skipped, made.seconds, made.costs, part, made.kept,
+        watched, drew,
+    )  # fmt: skip
 
 
 def transport_error(batch_id: int, indices: list[Any], exc: Exception) -> SampleError:

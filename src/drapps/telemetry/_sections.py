@@ -73,11 +73,31 @@ def worker_story_of_start_and_memory(stats: dict[str, Any]) -> list[str]:
     return lines
 
 
-def executor_story(stats: dict[str, Any]) -> list[str]:
-    """What made the batches and why, in one line (none without a worker pool)."""
+def executor_story(stats: dict[str, Any], rows: Sequence[Any] = ()) -> list[str]:
+    """What made the batches and why (none without a worker pool), and each change the
+    controller made between processes and threads, with its reason, from the trace's rows."""
     executor, why = stats.get("executor"), stats.get("executor_why")
     if executor is None:
         return []
+    lines = _executor_line(executor, why)
+    words = ("worker processes", "threads")
+    before, tried = None, ""
+    for row in rows:
+        value, reason = row.applied.get("executor"), row.action.reason
+        if value is None:
+            continue
+        at = f"  at {row.t:.1f} s"
+        if before is not None and value != before:
+            lines.append(f"{at} {words[int(before)]} -> {words[int(value)]}: {reason}")
+        elif reason.startswith("kept ") and tried == "executor":
+            lines.append(f"{at} {reason}")
+        moves = row.action.moves()
+        tried = next(iter(moves)) if moves else tried
+        before = value
+    return lines
+
+
+def _executor_line(executor: str, why: str | None) -> list[str]:
     if executor == "threads":
         return [
             f"Executor: threads of the training process, {why}: no batch crosses a process "

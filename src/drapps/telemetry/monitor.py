@@ -300,6 +300,8 @@ class Monitor:
             energy_source=self.energy.source,
             **cache_state(pipe.cache, last.cache),
         )
+        if pipe.executor_choice:
+            state.extra["executor"] = int(pipe.executor == "threads")
         self._last_t, self._last_io, self._last = now, (disk, net), pipe
         self._last_boot = _since_boot()
         return state

@@ -135,7 +135,7 @@ def bottleneck_report(
     lines += cache_story(states, (stats or {}).get("cache"))
     lines += straggler_story(stats or {}, span)
     if external is None:
-        lines += executor_story(stats or {})
+        lines += executor_story(stats or {}, rows)
         lines += worker_story_of_start_and_memory(stats or {})
     if stats:
         faults = [

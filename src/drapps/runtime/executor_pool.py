@@ -1,0 +1,175 @@
+"""Processes or threads, chosen live: the pool ``workers="auto"`` runs a map-style dataset on.
+
+Two members of the pool protocol side by side: worker processes (the start) and threads of the
+training process. :meth:`ExecutorPool.use` moves new workers to the other kind; the workers of
+the kind left behind retire after the tasks they hold, so no batch is lost or made twice
+while the pool changes (the dispatcher answers for every task, as on a resize). The controller
+decides (:class:`drapps.control.knobs.ExecutorKnob`): it tries threads where the loop starves,
+and keeps them only if they make more.
+
+Threads share the process's global generators, so they are allowed only once the process
+workers have shown that the dataset does not draw from them: each worker watches the first
+samples it makes (:data:`drapps.runtime.worker.WATCHED_SAMPLES`) and says whether one moved a
+generator; the pool needs :data:`EVIDENCE` such samples and none that drew.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drapps.runtime.messages import BatchTask, SlabsFreed
+from drapps.runtime.pool import Polled, Task, Worker, WorkerPool
+from drapps.runtime.process_pool import ProcessPool
+from drapps.runtime.thread_pool import ThreadPool
+
+EVIDENCE = 16
+"""Samples the process workers must have watched, none drawing from a global generator,
+before threads may make this dataset's batches."""
+
+TRANSITION_POLL_S = 0.005
+"""While workers of both kinds run, each wait on one kind is this short."""
+
+KINDS = ("processes", "threads")
+"""The executor knob's values, in order (0: processes, 1: threads)."""
+
+
+class ExecutorPool(WorkerPool):
+    """Worker processes and thread workers behind one pool; new workers are of the kind in
+    use (:attr:`executor`)."""
+
+    choosable = True
+
+    def __init__(self, processes: ProcessPool, threads: ThreadPool) -> None:
+        super().__init__()
+        self._members: dict[str, WorkerPool] = {"processes": processes, "threads": threads}
+        for member in self._members.values():
+            # One id space: the dispatcher keys slabs and mappings by wid, and slots must
+            # not repeat across the two kinds.
+            member.next_ids = self.next_ids  # type: ignore[method-assign]
+        self._kind: dict[int, str] = {}
+        self.executor = "processes"
+        self.watched = 0
+        """Samples the process workers watched for draws from a global generator."""
+        self.drew: str | None = None
+        """The first such draw seen, in words (then threads are never used)."""
+
+    # ------------------------------------------------------------------------- the choice
+
+    def note_draws(self, watched: int, drew: str | None) -> None:
+        """Count samples a process worker watched, and a draw it saw."""
+        self.watched += watched
+        if drew is not None and self.drew is None:
+            self.drew = drew
+
+    def threads_allowed(self) -> str | None:
+        """Why threads may not run this dataset now, in words; None when they may."""
+        if self.drew is not None:
+            return f"the dataset draws from {self.drew}, which threads share"
+        if self.watched < EVIDENCE:
+            return f"{self.watched} of {EVIDENCE} samples watched for global draws so far"
+        return None
+
+    def use(self, executor: str) -> bool:
+        """Start new workers as ``executor`` ("processes" or "threads") from now on and retire
+        the others after what they hold; False (and no change) where threads are not
+        allowed yet (:meth:`threads_allowed`).
+
+        Raises:
+            ValueError: not one of :data:`KINDS`.
+        """
+        if executor not in KINDS:
+            raise ValueError(f"executor must be one of {KINDS}, got {executor!r}")
+        if executor == self.executor:
+            return True
+        if executor == "threads" and (why := self.threads_allowed()) is not None:
+            self.why = f"threads not tried: {why}"
+            return False
+        self.executor = executor
+        self.why = "chosen by the controller (workers='auto'), which measured them ahead"
+        if executor == "processes":
+            self.why = None
+        for worker in list(self.workers):
+            if self._kind[worker.wid] != executor and not worker.retiring:
+                self.retire(worker)
+        return True
+
+    # ------------------------------------------------------------------ the pool protocol
+
+    def _of(self, worker: Worker) -> WorkerPool:
+        return self._members[self._kind[worker.wid]]
+
+    def spawn(self, num_workers: int = 1, seed: int = 0) -> Worker:
+        worker = self._members[self.executor].spawn(num_workers, seed)
+        self._kind[worker.wid] = self.executor
+        self.workers.append(worker)
+        return worker
+
+    def send(self, worker: Worker, message: BatchTask | SlabsFreed | None) -> None:
+        self._of(worker).send(worker, message)
+
+    def poll(self, timeout: float, wake: int) -> Polled:
+        busy = [m for m in self._members.values() if m.workers]
+        if len(busy) <= 1:
+            member = busy[0] if busy else self._members[self.executor]
+            polled = member.poll(timeout, wake)
+        else:  # a change under way: both kinds, each waited on briefly
+            polled = Polled()
+            for member in busy:
+                more = member.poll(min(timeout, TRANSITION_POLL_S), wake)
+                polled.replies += more.replies
+                polled.exited += more.exited
+                polled.woke = polled.woke or more.woke
+                if more.replies or more.woke:
+                    timeout = 0.0
+        self.starts.extend(s for m in self._members.values() for s in _new_starts(m))
+        return polled
+
+    def drain(self, worker: Worker) -> list[Any]:
+        return self._of(worker).drain(worker)
+
+    def retire(self, worker: Worker) -> None:
+        self._of(worker).retire(worker)
+
+    def kill(self, worker: Worker, *, wait_s: float = 5.0) -> None:
+        self._of(worker).kill(worker, wait_s=wait_s)
+
+    def reap(self, worker: Worker) -> list[Task]:
+        unanswered = self._of(worker).reap(worker)
+        del self._kind[worker.wid]
+        self.workers.remove(worker)
+        return unanswered
+
+    def exit_reason(self, worker: Worker) -> str:
+        return self._of(worker).exit_reason(worker)
+
+    def exit_words(self, worker: Worker) -> str | None:
+        return self._of(worker).exit_words(worker)
+
+    def shutdown(self, grace_s: float = 2.0) -> None:
+        for member in self._members.values():
+            member.shutdown(grace_s)
+        self.workers.clear()
+        self._kind.clear()
+
+    def prepare(self, fresh: bool) -> None:
+        if self.executor == "processes":
+            self._members["processes"].prepare(fresh)
+
+    def idle(self) -> None:
+        self._members["processes"].idle()
+
+    def pids(self) -> tuple[int, ...]:
+        return self._members["processes"].pids()
+
+    def helper_pids(self) -> tuple[int, ...]:
+        return self._members["processes"].helper_pids()
+
+    def set_priority(self, niceness: int) -> bool:
+        return self._members["processes"].set_priority(niceness)
+
+
+def _new_starts(member: WorkerPool) -> list[float]:
+    """Starts a member counted since the last call (moved out of it)."""
+    starts = list(member.starts)
+    member.starts.clear()
+    return starts

@@ -1,0 +1,94 @@
+"""The default count's pool: worker processes that may become threads mid-epoch, with no batch
+lost or made twice, once the workers have shown the dataset draws from no global generator."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+import drapps
+from drapps.runtime.executor_pool import EVIDENCE, ExecutorPool
+
+
+class Samples:
+    def __init__(self, n: int = 96, draw: bool = False) -> None:
+        self.n, self.draw = n, draw
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[int, float, float]:
+        time.sleep(0.001)
+        noise = float(torch.rand(1)[0]) if self.draw else 0.0
+        return i, drapps.sample_rng().random(), noise
+
+
+def _dispatcher(loader: drapps.Loader) -> object:
+    return loader._parts.engine.dispatcher  # type: ignore[attr-defined]
+
+
+def _pool(loader: drapps.Loader) -> ExecutorPool:
+    pool = _dispatcher(loader).pool  # type: ignore[attr-defined]
+    assert isinstance(pool, ExecutorPool)
+    return pool
+
+
+def _loader(dataset: Samples) -> drapps.Loader:
+    # The controller is held off (a long interval): the test moves the executor itself.
+    return drapps.Loader(dataset, batch_size=4, shuffle=True, seed=3, control_interval=60.0)
+
+
+def test_workers_move_to_threads_and_back_mid_epoch_losing_and_repeating_nothing() -> None:
+    with drapps.Loader(Samples(), batch_size=4, shuffle=True, seed=3, workers=0) as inline:
+        expected = [[tuple(map(float, x)) for x in zip(*b, strict=True)] for b in inline]
+    with _loader(Samples()) as loader:
+        it = iter(loader)
+        got = [next(it) for _ in range(6)]  # 24 samples: evidence enough
+        assert _pool(loader).threads_allowed() is None
+        _dispatcher(loader).set_executor("threads")  # type: ignore[attr-defined]
+        got += [next(it) for _ in range(2)]
+        assert loader.stats().executor == "threads"
+        for _ in range(4):  # the processes finish what they hold, then exit
+            got.append(next(it))
+            if not loader.stats().worker_pids:
+                break
+            time.sleep(0.5)
+        assert not loader.stats().worker_pids, "the worker processes were not retired"
+        _dispatcher(loader).set_executor("processes")  # type: ignore[attr-defined]
+        got += list(it)
+        assert loader.stats().executor == "processes"
+    assert [[tuple(map(float, x)) for x in zip(*b, strict=True)] for b in got] == expected
+
+
+def test_threads_wait_for_evidence_and_never_run_a_dataset_that_draws_globally() -> None:
+    with _loader(Samples(draw=True)) as loader:
+        it = iter(loader)
+        pool = _pool(loader)
+        assert pool.threads_allowed() is not None  # nothing watched yet
+        for _ in range(8):
+            next(it)
+        why = pool.threads_allowed()
+        assert why is not None and "torch's default generator" in why
+        _dispatcher(loader).set_executor("threads")  # type: ignore[attr-defined]
+        assert loader.stats().executor == "processes"
+        assert "threads not tried" in (loader.stats().executor_why or "")
+        assert len(list(it)) == 24 - 8
+    assert pool.watched >= EVIDENCE or pool.drew is not None
+
+
+def test_a_starving_loop_the_count_cannot_help_gets_a_try_of_threads_the_report_names() -> None:
+    """With the count at its ceiling and the loop starving, the controller tries threads at
+    the same count, and the report names the try and its reason."""
+    with drapps.Loader(
+        Samples(100_000), batch_size=4, seed=1, max_workers=2, control_interval=0.05
+    ) as loader:
+        deadline = time.monotonic() + 60
+        report = ""
+        for n, _ in enumerate(loader):
+            if n % 50:
+                continue
+            report = loader.report()
+            if "-> threads: training loop" in report or time.monotonic() > deadline:
+                break
+    assert "worker processes -> threads: training loop waited" in report, report
