@@ -92,3 +92,32 @@ def test_a_starving_loop_the_count_cannot_help_gets_a_try_of_threads_the_report_
             if "-> threads: training loop" in report or time.monotonic() > deadline:
                 break
     assert "worker processes -> threads: training loop waited" in report, report
+
+
+def test_a_reply_sent_before_a_retired_worker_exits_is_read_though_a_later_send_fails() -> None:
+    """Found moving workers between executors: a retired worker answered its last task and
+    exited, a slab's release was then sent to it (the pipe was closed: a failed send), and the
+    failure had marked it broken, so its last reply was never read and the batch was made
+    again (and counted as a worker lost)."""
+    from torch.utils.data import default_collate
+
+    from drapps.runtime.messages import BatchMade, BatchTask, SlabsFreed
+    from drapps.runtime.process_pool import ProcessPool
+    from drapps.runtime.transport import discard
+    from drapps.runtime.worker import BatchRecipe
+
+    pool = ProcessPool(BatchRecipe(Samples(8), None, default_collate, "raise"), None)
+    try:
+        worker = pool.spawn(1, 0)
+        pool.send(worker, BatchTask(1, 0, 0, 0, [0, 1], 1, None, None))
+        pool.retire(worker)
+        worker.process.join(timeout=30)  # type: ignore[attr-defined]
+        assert worker.process.exitcode == 0  # type: ignore[attr-defined]
+        pool.send(worker, SlabsFreed(()))  # its task pipe is closed now
+        assert worker.retiring
+        replies = pool.drain(worker)
+        assert [type(r) for _, r in replies] == [BatchMade]
+        for _, reply in replies:
+            discard(reply.packed)
+    finally:
+        pool.shutdown()

@@ -140,7 +140,8 @@ class WorkerPool(ABC):
 
     @abstractmethod
     def send(self, worker: Worker, message: BatchTask | SlabsFreed | None) -> None:
-        """Send a task message; on failure mark ``worker.broken`` and make sure it exits."""
+        """Send a task message; on failure give it no new task (``worker.retiring``) and
+        make sure it exits (the replies it sent before are still drained)."""
 
     @abstractmethod
     def poll(self, timeout: float, wake: int) -> Polled:

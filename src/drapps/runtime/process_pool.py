@@ -241,7 +241,10 @@ class ProcessPool(WorkerPool):
         try:
             _own(worker).tasks.send(message)
         except OSError:
-            worker.broken = True  # its tasks are re-queued when it exits
+            # Its task pipe is closed: it exited (a retired worker sent a slab's release
+            # after its last reply) or is dying. It takes nothing new, and the replies it sent
+            # before are still read: only a failed result pipe makes a worker broken.
+            worker.retiring = True
             _own(worker).process.kill()
 
     def poll(self, timeout: float, wake: int) -> Polled:
@@ -283,10 +286,9 @@ class ProcessPool(WorkerPool):
 
     def retire(self, worker: Worker) -> None:
         worker.retiring = True
-        try:
-            _own(worker).tasks.send(None)  # after its assigned tasks: pipes keep order
-        except OSError:
-            worker.broken = True
+        # After its assigned tasks: pipes keep order. A closed pipe: it is gone already.
+        with contextlib.suppress(OSError):
+            _own(worker).tasks.send(None)
 
     def kill(self, worker: Worker, *, wait_s: float = 5.0) -> None:
         process = _own(worker).process

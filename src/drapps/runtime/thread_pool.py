@@ -156,7 +156,7 @@ class ThreadPool(WorkerPool):
             return  # a thread's batches hold no slab
         own = self._threads.get(worker.wid)
         if own is None or not own.thread.is_alive():
-            worker.broken = True
+            worker.retiring = True  # it ended: its exit shows in the next poll
             return
         own.inbox.put(message)
 
