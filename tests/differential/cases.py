@@ -263,8 +263,8 @@ class Settings:
         """drapps' arguments: DataLoader's, the default count for ``"auto"``, a cache,
         threads."""
         kwargs = self.dataloader_kwargs(dataset)
-        if self.threads and not isinstance(dataset, IterableDataset):
-            kwargs["backend"] = "thread"
+        if self.threads and not self.cache and not isinstance(dataset, IterableDataset):
+            kwargs["backend"] = "thread"  # the sample cache keeps worker processes
         if self.workers == "auto":
             del kwargs["num_workers"]  # the default: drapps chooses
         if self.cache and not isinstance(dataset, IterableDataset):

@@ -95,8 +95,8 @@ class Run:
                     kwargs["cache"] = drapps.Cache(memory="16MB", codec="none")
         if not inline:
             kwargs["persistent_workers"] = self.persistent
-            if self.threads and not self.iterable:
-                kwargs["backend"] = "thread"
+            if self.threads and not self.iterable and not self.cache:
+                kwargs["backend"] = "thread"  # the sample cache keeps worker processes
         return kwargs
 
 

@@ -121,3 +121,17 @@ def test_a_reply_sent_before_a_retired_worker_exits_is_read_though_a_later_send_
             discard(reply.packed)
     finally:
         pool.shutdown()
+
+
+def test_with_the_sample_cache_on_the_workers_stay_processes() -> None:
+    with drapps.Loader(
+        Samples(), batch_size=4, seed=3, control_interval=60.0, cache=drapps.Cache(memory="8MB")
+    ) as loader:
+        it = iter(loader)
+        for _ in range(8):
+            next(it)
+        why = _pool(loader).threads_allowed()
+        assert why is not None and "sample cache" in why
+        _dispatcher(loader).set_executor("threads")  # type: ignore[attr-defined]
+        assert loader.stats().executor == "processes"
+        assert len(list(it)) == 24 - 8

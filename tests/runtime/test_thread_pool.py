@@ -207,3 +207,21 @@ def test_the_report_says_threads_ran_and_why() -> None:
         report = loader.report()
     assert "Executor: threads of the training process, asked for (backend='thread')" in report
     assert "each a thread of the training process" in report
+
+
+def test_the_sample_cache_keeps_processes() -> None:
+    """Its handles are one per worker process: asked for with threads, it is refused by name;
+    under cache="auto" the threads run without it."""
+    with pytest.raises(ValueError, match=r"cache: .*backend='thread'"):
+        drapps.Loader(Seeded(), num_workers=2, backend="thread", cache=drapps.Cache())
+
+    class Deterministic(Seeded):
+        def cache_fingerprint(self) -> str:
+            return "seeded-40"
+
+    with drapps.Loader(
+        Deterministic(), batch_size=4, num_workers=2, backend="thread", seed=0
+    ) as loader:
+        assert len(list(loader)) == 10
+        stats = loader.stats()
+        assert stats.executor == "threads" and stats.cache is None

@@ -212,8 +212,10 @@ def assemble(
         parts.tuner = make_tuner(c, parts.snapshot, engine)
         return parts, c
     backend.check(c.workers, dataset, cache)
-    if not backend.local:
-        cache = None  # the actors may run elsewhere, out of reach of this machine's memory
+    if not backend.local or not backend.caches:
+        # Ray's actors may run elsewhere, out of reach of this machine's memory; threads
+        # would share one process's handles.
+        cache = None
     resolved = resolve_device(device)
     on_cuda = resolved is not None and resolved.type == "cuda"
     # A non-blocking copy to the GPU needs page-locked memory: pin as batches arrive.

@@ -31,6 +31,8 @@ class Backend(ABC):
     name = ""
     local = True
     """Workers share this machine (its cores, its shared-memory cache)."""
+    caches = True
+    """Workers can read and write the sample cache (its handles are one per process)."""
 
     def check(self, workers: Any, dataset: Any, cache: Any) -> None:
         """Refuse what this backend cannot do, naming the argument."""
@@ -87,20 +89,27 @@ class ThreadBackend(Backend):
     """
 
     name = "thread"
+    caches = False
 
     def __init__(self) -> None:
         self.hazard: str | None = None
 
     def check(self, workers: Any, dataset: Any, cache: Any) -> None:
-        """Refuse an iterable dataset, whose stream is one per worker process.
+        """Refuse an iterable dataset, whose stream is one per worker process, and a sample
+        cache asked for (the loader then runs without one).
 
         Raises:
-            ValueError: the dataset is iterable.
+            ValueError: the dataset is iterable, or a cache was asked for.
         """
         if is_iterable_dataset(dataset):
             raise ValueError(
                 "backend='thread' needs a map-style dataset (its batches are planned by "
                 f"index); got the iterable {type(dataset).__name__}"
+            )
+        if not (cache is None or cache is False or (isinstance(cache, str) and cache == "auto")):
+            raise ValueError(
+                "cache: the sample cache's handles are one per worker process, which "
+                "backend='thread' does not start; use cache=None, or backend='process'"
             )
 
     def sendable(self, c: Any, recipe: BatchRecipe) -> bool:

@@ -47,6 +47,7 @@ class ExecutorPool(WorkerPool):
             # not repeat across the two kinds.
             member.next_ids = self.next_ids  # type: ignore[method-assign]
         self._kind: dict[int, str] = {}
+        self._cached = processes.caches
         self.executor = "processes"
         self.watched = 0
         """Samples the process workers watched for draws from a global generator."""
@@ -63,6 +64,8 @@ class ExecutorPool(WorkerPool):
 
     def threads_allowed(self) -> str | None:
         """Why threads may not run this dataset now, in words; None when they may."""
+        if self._cached:
+            return "the sample cache is on, and its handles are one per worker process"
         if self.drew is not None:
             return f"the dataset draws from {self.drew}, which threads share"
         if self.watched < EVIDENCE:

@@ -126,6 +126,8 @@ class ProcessPool(WorkerPool):
     def __init__(self, recipe: BatchRecipe, context: BaseContext | None) -> None:
         super().__init__()
         self._recipe = recipe
+        self.caches = recipe.cache is not None
+        """Its workers read and write a sample cache."""
         self._context = context or multiprocessing.get_context()
         self._niceness: int | None = None  # None: as inherited
         self._zygote: Zygote | None = None

@@ -10,9 +10,10 @@ The guarantees are the process pool's. Each sample is made from its own seed: dr
 (:func:`~drapps.runtime.seeding.answer_worker_info_per_thread`). What threads cannot give a
 sample of its own is a *global* generator: Python's ``random``, NumPy's ``np.random`` and
 torch's default generator are one per process, shared with every other thread and with the
-training loop. :func:`thread_hazard` therefore makes a sample or two before the first thread
-starts and watches those generators: a dataset that draws from them (torchvision's transforms
-draw from torch's) keeps worker processes, and the loader says why.
+training loop. :func:`thread_hazard` therefore makes up to three samples before the first
+thread starts and watches those generators: a dataset that draws from them (torchvision's
+transforms draw from torch's) keeps worker processes, and the loader says why. The sample
+cache's handles are one per process too: threads run without it.
 """
 
 from __future__ import annotations
