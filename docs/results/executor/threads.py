@@ -5,8 +5,10 @@ each system's median samples/s.
     .venv/bin/python docs/results/executor/threads.py            # every system, 3 rounds
     ROUNDS=5 .venv/bin/python docs/results/executor/threads.py threads-2,drapps-2
 
-``drapps-thread-N``: ``drapps.Loader(backend="thread")`` with N threads; ``drapps-auto``: the
-default count, which may move the workers to threads. ``GIL_MS=2`` adds a pure-Python loop of
+``drapps-thread-N``: ``drapps.Loader(backend="thread")`` with N threads (which run without
+the sample cache); ``drapps-auto``: the default count, which may move the workers to threads
+(not with the cache on, as ``cache="auto"`` puts it for this dataset; ``-nocache``: without it,
+as for a user's own dataset). ``GIL_MS=2`` adds a pure-Python loop of
 about 2 ms to each sample (a GIL-heavy augmentation). Also prints each loader's peak resident
 memory (the process and its children, sampled every 10 batches) and the executor it ended on.
 ``threads-N``: N threads each make whole batches (``dataset[i]`` per index, then
@@ -116,6 +118,8 @@ systems = {
     "threads-2": lambda: threads(2),
     "threads-3": lambda: threads(3),
     "drapps-auto": lambda: loader(lambda: drapps.Loader(ds, batch_size=B, shuffle=True, persistent_workers=True)),
+    "drapps-auto-nocache": lambda: loader(lambda: drapps.Loader(ds, batch_size=B, shuffle=True, persistent_workers=True, cache=None)),
+    "drapps-2-nocache": lambda: loader(lambda: drapps.Loader(ds, batch_size=B, shuffle=True, num_workers=2, cache=None)),
     "drapps-2": lambda: loader(lambda: drapps.Loader(ds, batch_size=B, shuffle=True, num_workers=2)),
     "drapps-thread-2": lambda: loader(lambda: drapps.Loader(ds, batch_size=B, shuffle=True, num_workers=2, backend="thread")),
     "drapps-thread-3": lambda: loader(lambda: drapps.Loader(ds, batch_size=B, shuffle=True, num_workers=3, backend="thread")),
