@@ -103,7 +103,7 @@ def test_backend_arguments_are_checked() -> None:
     assert isinstance(resolve_backend("process"), ProcessBackend)
     assert resolve_backend("ray") == RayBackend()
     with pytest.raises(
-        ValueError, match=r"backend must be one of \['process', 'ray'\] or a drapps"
+        ValueError, match=r"backend must be one of \['process', 'ray', 'thread'\] or a drapps"
     ):
         resolve_backend("dask")
     with pytest.raises(ValueError, match="cpus_per_worker must be > 0, got 0"):
