@@ -111,7 +111,8 @@ class Loader(_DataLoaderAttributes):
         backend: where workers run: "process" (worker processes on this machine),
             "thread" (threads of this process: no batch crosses a process boundary, for
             work that releases the GIL; a dataset that draws from a global generator or has
-            a ``worker_init_fn`` keeps processes, with a warning) or "ray" (Ray actors on
+            a ``worker_init_fn`` keeps processes, with a warning; no sample cache, so an
+            explicit ``cache`` is refused and "auto" runs without one) or "ray" (Ray actors on
             the cluster ``ray.init()`` joins, or a local one; a :class:`drapps.RayBackend`
             for its options). Batches are the same whichever runs them; the controller
             sizes threads and actors as it sizes processes. See ``docs/executors.md`` and

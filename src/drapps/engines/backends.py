@@ -106,7 +106,7 @@ class ThreadBackend(Backend):
                 "backend='thread' needs a map-style dataset (its batches are planned by "
                 f"index); got the iterable {type(dataset).__name__}"
             )
-        if not (cache is None or cache is False or (isinstance(cache, str) and cache == "auto")):
+        if _asks_for_cache(cache):
             raise ValueError(
                 "cache: the sample cache's handles are one per worker process, which "
                 "backend='thread' does not start; use cache=None, or backend='process'"
@@ -176,7 +176,7 @@ class RayBackend(Backend):
             )
         if workers == 0:
             raise ValueError("backend='ray' needs workers >= 1 or 'auto', got workers=0")
-        if not (cache is None or cache is False or (isinstance(cache, str) and cache == "auto")):
+        if _asks_for_cache(cache):
             raise ValueError(
                 "cache: with backend='ray' the actors may run on other machines, out of reach "
                 "of this machine's shared-memory cache; use cache=None"
@@ -191,6 +191,11 @@ class RayBackend(Backend):
             recipe, address=self.address, cpus_per_worker=self.cpus_per_worker, spread=self.spread
         )
         return pool
+
+
+def _asks_for_cache(cache: Any) -> bool:
+    """Whether the loader's ``cache=`` asks for a cache (not off, and not "auto")."""
+    return not (cache is None or cache is False or (isinstance(cache, str) and cache == "auto"))
 
 
 BACKENDS: Registry[type[Backend]] = Registry("backend")

@@ -167,10 +167,6 @@ class Dispatcher:
         (:meth:`WorkerPool.use`); returns once the dispatcher has acted on it."""
         self.mailbox.post("executor", executor, wait_applied=True)
 
-    def executor(self) -> str:
-        """What new workers are now (the pool's :attr:`~WorkerPool.executor`)."""
-        return self.pool.executor
-
     def set_priority(self, priority: str) -> bool:
         """Run the workers at ``"normal"`` CPU priority (the training process's niceness,
         which they inherit) or ``"low"`` (``LOW_NICENESS`` above it); returns whether the pool

@@ -88,9 +88,11 @@ class ExecutorPool(WorkerPool):
             self.why = f"threads not tried: {why}"
             return False
         self.executor = executor
-        self.why = "chosen by the controller (workers='auto'), which measured them ahead"
-        if executor == "processes":
-            self.why = None
+        self.why = (
+            "chosen by the controller (workers='auto'), which measured them ahead"
+            if executor == "threads"
+            else None
+        )
         for worker in list(self.workers):
             if self._kind[worker.wid] != executor and not worker.retiring:
                 self.retire(worker)

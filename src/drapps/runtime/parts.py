@@ -4,7 +4,7 @@ back in plan order and collated once in the training process (the dispatcher thr
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,35 +98,27 @@ class PartialBatch:
         return next((p for p in places if self.indices[p] == index), places[0])
 
 
-def largest_tensor(batch: Any) -> torch.Tensor | None:
-    """The largest tensor in a collated batch (dicts, lists and tuples of tensors)."""
-    best: torch.Tensor | None = None
+def _tensors(batch: Any) -> Iterator[torch.Tensor]:
+    """The tensors in a collated batch (dicts, lists and tuples of tensors)."""
     stack = [batch]
     while stack:
         item = stack.pop()
         if isinstance(item, torch.Tensor):
-            if best is None or item.nbytes > best.nbytes:
-                best = item
+            yield item
         elif isinstance(item, Mapping):
             stack.extend(item.values())
         elif isinstance(item, list | tuple):
             stack.extend(item)
-    return best
+
+
+def largest_tensor(batch: Any) -> torch.Tensor | None:
+    """The largest tensor in a collated batch (dicts, lists and tuples of tensors)."""
+    return max(_tensors(batch), key=lambda tensor: tensor.nbytes, default=None)
 
 
 def tensor_bytes(batch: Any) -> int:
     """Bytes of the tensors in a collated batch (dicts, lists and tuples of tensors)."""
-    total = 0
-    stack = [batch]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, torch.Tensor):
-            total += item.nbytes
-        elif isinstance(item, Mapping):
-            stack.extend(item.values())
-        elif isinstance(item, list | tuple):
-            stack.extend(item)
-    return total
+    return sum(tensor.nbytes for tensor in _tensors(batch))
 
 
 def on_free(batch: Any, callback: Callable[[], None]) -> bool:

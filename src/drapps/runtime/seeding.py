@@ -362,18 +362,12 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 GENERATORS = ("Python's random", "NumPy's np.random", "torch's default generator")
-"""The global generators, in words, in the order of :func:`watched_states`."""
-
-
-def watched_states() -> tuple[Any, Any, torch.Tensor]:
-    """The global generators' states, for :func:`moved_generators` (NumPy's in its legacy
-    tuple form, cheaper to compare)."""
-    return random.getstate(), np.random.get_state(legacy=True), torch.default_generator.get_state()
+"""The global generators, in words, in the order of :func:`global_states`."""
 
 
 def moved_generators(before: tuple[Any, Any, Any], after: tuple[Any, Any, Any]) -> list[str]:
     """The global generators (:data:`GENERATORS`) drawn from between two
-    :func:`watched_states`."""
+    :func:`global_states`."""
     moved = []
     for name, was, now in zip(GENERATORS, before, after, strict=True):
         if isinstance(was, torch.Tensor):
@@ -387,7 +381,9 @@ def moved_generators(before: tuple[Any, Any, Any], after: tuple[Any, Any, Any]) 
     return moved
 
 
-def _global_states() -> tuple[Any, Any, torch.Tensor]:
+def global_states() -> tuple[Any, Any, torch.Tensor]:
+    """Python's, NumPy's (its legacy tuple) and torch's CPU generator's states: what
+    :func:`_set_global_states` restores and :func:`moved_generators` compares."""
     return random.getstate(), np.random.get_state(), torch.default_generator.get_state()
 
 
@@ -416,17 +412,17 @@ class WorkerRngs:
     def __init__(self, base_seed: int) -> None:
         with preserved_global_rngs():
             seed_worker(base_seed, 0, devices=False)
-            self._states = _global_states()
+            self._states = global_states()
 
     @contextmanager
     def active(self) -> Iterator[None]:
         """The block runs with this worker's RNG states; the caller's are back after it."""
-        caller = _global_states()
+        caller = global_states()
         _set_global_states(self._states)
         try:
             yield
         finally:
-            self._states = _global_states()
+            self._states = global_states()
             _set_global_states(caller)
 
 
@@ -437,7 +433,7 @@ def preserved_global_rngs() -> Iterator[None]:
     With ``workers=0`` samples are made in the training process; reseeding its global RNGs per
     sample must not change the randomness the training loop itself sees (dropout, shuffling...).
     """
-    states = _global_states()
+    states = global_states()
     try:
         yield
     finally:

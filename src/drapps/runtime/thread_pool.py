@@ -34,11 +34,11 @@ from drapps.runtime.messages import BatchTask, SlabsFreed, WorkerFatal
 from drapps.runtime.pool import Polled, Reply, Task, Worker, WorkerPool
 from drapps.runtime.seeding import (
     answer_worker_info_per_thread,
+    global_states,
     moved_generators,
     preserved_global_rngs,
     seed_worker,
     set_thread_worker_info,
-    watched_states,
 )
 from drapps.runtime.transport import pack_local
 from drapps.runtime.worker import BatchRecipe, answer, make_batch
@@ -73,10 +73,10 @@ def thread_hazard(recipe: BatchRecipe) -> str | None:
     for index in sorted({p % size for p in PROBES} if size else set()):
         with preserved_global_rngs():
             seed_worker(0, 0, devices=False)
-            before = watched_states()
+            before = global_states()
             with contextlib.suppress(SampleError):  # it fails where the loader makes it
                 make_batch(probe, 0, 0, [index], collate=False)
-            moved = moved_generators(before, watched_states())
+            moved = moved_generators(before, global_states())
         if moved:
             return (
                 f"the dataset draws from {' and '.join(moved)} (sample {index} did), a "

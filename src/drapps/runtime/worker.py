@@ -27,12 +27,12 @@ from drapps.runtime.progress import SampleClock, current_clock, use_clock
 from drapps.runtime.sampling import key_of
 from drapps.runtime.seeding import (
     clear_sample,
+    global_states,
     moved_generators,
     sample_seed_for,
     seed_sample,
     seed_worker,
     set_worker_info,
-    watched_states,
     worker_info_hidden,
 )
 from drapps.runtime.slabs import (
@@ -236,7 +236,7 @@ def make_batch(
     for position, index in enumerate(indices):
         sample_seed = sample_seed_for(seed, epoch, key_of(index))
         seed_sample(sample_seed, reseed=recipe.reseed)
-        watched = watched_states() if recipe.watch_draws and Watch.left > 0 else None
+        watched = global_states() if recipe.watch_draws and Watch.left > 0 else None
         stage = "__getitem__"
         if clock is not None:
             clock.begin_sample(position)
@@ -290,7 +290,7 @@ def make_batch(
             if watched is not None:
                 Watch.left -= 1
                 Watch.watched += 1
-                moved = moved_generators(watched, watched_states())
+                moved = moved_generators(watched, global_states())
                 if moved and Watch.drew is None:
                     Watch.drew = f"{' and '.join(moved)} (sample {index!r} did)"
         costs.append(time.perf_counter() - t0 - (runqueue_wait() - queued))
