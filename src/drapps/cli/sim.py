@@ -253,6 +253,8 @@ def train_policy_command(args: argparse.Namespace) -> int:
         movable = ["device-offload"] if "split" in args.knobs else None
         if "offload" in args.knobs:  # scenarios with a share to move
             movable = [*(movable or []), "gpu-decode"]
+        if "executor" in args.knobs:  # scenarios whose best executor changes
+            movable = [*(movable or []), "gil-switch"]
         families = check_families(args.families or movable or family_names(held_out=False))
         held_out = check_families(args.evaluate_on or movable or family_names(held_out=True))
         env = PipelineEnv(
@@ -553,6 +555,7 @@ def add_commands(commands: Commands) -> None:
         "for the share of each batch finished there, on gpu-decode; add lookahead for how far "
         "ahead predicted-slow work starts, which acts where batches are cut into parts; add "
         "codec for the sample cache's codec, which acts where a family has a cache; add "
-        "priority for the workers' CPU priority)",
+        "priority for the workers' CPU priority; add executor for worker processes or threads, "
+        "on gil-switch)",
     )
     train.set_defaults(run=train_policy_command)

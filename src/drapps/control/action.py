@@ -8,10 +8,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 STEPS = (-1, 0, 1)
-STEP_KNOBS = ("workers", "prefetch", "split", "offload", "lookahead", "codec", "priority")
+STEP_KNOBS = (
+    "workers", "prefetch", "split", "offload", "lookahead", "codec", "priority", "executor"
+)  # fmt: skip
 """The knobs an Action moves by steps (in :meth:`Action.space` order). In :attr:`Action.other`:
 ``offload`` steps by a quarter of the share, ``lookahead`` doubles or halves, ``codec`` moves
-to the next smaller (+1) or larger (-1) codec and ``priority`` lowers the workers' (-1)."""
+to the next smaller (+1) or larger (-1) codec, ``priority`` lowers the workers' (-1) and
+``executor`` tries threads (+1) or goes back to worker processes (-1)."""
 _FIELDS = ("workers", "prefetch", "split")
 
 

@@ -161,6 +161,9 @@ class _Backoff:
     idle_share: float = 0.0
     clipped: bool = False
     """The last try was clipped by the controller: only the ceiling's wait re-opens it."""
+    firm: bool = False
+    """Only the backoff's end re-opens it: a failed try of threads, whose undo starts worker
+    processes again, so the wait that follows is their start, not a new context."""
 
 
 @register_policy("heuristic")
@@ -279,6 +282,15 @@ class HeuristicPolicy:
             move = self._split_move(state, wait, idle, grow=False)
             if move is not None:
                 return move
+        if starving and grow and int(state.extra.get("executor", 0)) == 1:
+            # On threads, idle cores while the loop waits is what a held GIL looks like (as
+            # much as slow reads): more threads would queue for it, so worker processes are
+            # tried first; a failed try backs off, and growth goes on.
+            why = f"with {idle:.1f} idle cores the threads may be waiting for the GIL"
+            if (move := self._executor_move(state, wait, why)) is not None:
+                return move
+            if self._executor_open(state, -1, wait) and len(self._recent) < c.window:
+                return NOOP  # the try's baseline: a full window, not another grow
         if starving and grow:
             size = self._growth(state)
             return self._start(
@@ -332,23 +344,38 @@ class HeuristicPolicy:
             return NOOP
         return self._tune_prefetch(state, wait, queue)
 
-    def _executor_move(self, state: State, wait: float) -> Action | None:
+    def _executor_move(self, state: State, wait: float, why: str = "") -> Action | None:
         """A try of the other executor (threads for processes, or back), where the loop
         starves and the worker count cannot help; kept only if it makes more (see
         :mod:`drapps.runtime.executor_pool`)."""
-        if "executor" not in state.extra or not self._may_move("executor"):
-            return None
-        now = int(state.knob("executor"))
+        now = int(state.knob("executor")) if "executor" in state.extra else 0
         direction = -1 if now else +1
-        if not self._may_try("executor", direction, state, wait):
+        if not self._executor_open(state, direction, wait):
+            return None
+        if len(self._recent) < self.config.window or any(
+            s.wait_fraction < self.config.wait_low for s in self._recent
+        ):
+            # A try is judged against the window before it: a full one in which the loop was
+            # never fed, so that its baseline is one context, not the ticks after the last
+            # switch (which restarts every worker) or before a transform turned on.
             return None
         tried = _describe("executor", now + direction)
+        why = why or "more of them would not help"
         return self._start(
             "executor",
             direction,
             state,
             f"training loop waited {wait:.0%} of the time with {state.workers} "
-            f"{_describe('executor', now)}, and more of them would not help: trying {tried}",
+            f"{_describe('executor', now)}, and {why}: trying {tried}",
+        )
+
+    def _executor_open(self, state: State, direction: int, wait: float) -> bool:
+        """Whether the executor may be tried in ``direction`` now: the pool has the knob,
+        the policy moves it, and no backoff holds that direction."""
+        return (
+            "executor" in state.extra
+            and self._may_move("executor")
+            and self._may_try("executor", direction, state, wait)
         )
 
     def _codec_choice(self, state: State) -> Action | None:
@@ -477,12 +504,15 @@ class HeuristicPolicy:
         backoff = self._backoff[knob, direction]
         if self._tick >= backoff.until:
             return True
-        idle_share = state.idle_cores / max(1, state.cores)
+        # An executor's try restarts every worker: the idle cores that re-open it are the
+        # window's, not one tick's.
+        one_tick = knob != "executor"
+        idle_share = state.idle_cores / max(1, state.cores) if one_tick else self._idle_share(state)
         changed = (
             abs(wait - backoff.wait) > self.config.context_change
             or abs(idle_share - backoff.idle_share) > self.config.context_change
         )
-        return changed and not backoff.clipped
+        return changed and not backoff.clipped and not backoff.firm
 
     def _room_for_a_worker(self, state: State) -> bool:
         """Whether another worker's private memory (as much again as the median worker's, and
@@ -595,8 +625,12 @@ class HeuristicPolicy:
         wait = self._mean("wait_fraction")
         free = adds and probe.knob == "workers" and self._free(probe, state, wait)
         if len(self._recent) < c.window:
-            clear = len(self._recent) >= c.early and (
-                abs(change) >= 2 * c.min_gain or (free and change > -c.min_gain)
+            # A new executor restarts every worker: its first ticks pay for the starts, so
+            # it is judged over the whole window, never early.
+            clear = (
+                probe.knob != "executor"
+                and len(self._recent) >= c.early
+                and (abs(change) >= 2 * c.min_gain or (free and change > -c.min_gain))
             )
             if not clear:
                 return NOOP
@@ -627,9 +661,10 @@ class HeuristicPolicy:
                 # measured ahead holds until the backoff's ceiling, or until the loop's wait
                 # or the idle cores move away from where it was kept (a new transform).
                 back = self._backoff[probe.knob, -probe.direction]
-                back.length, back.until, back.clipped = (
+                back.length, back.until, back.clipped, back.firm = (
                     c.max_backoff,
                     self._tick + c.max_backoff,
+                    False,
                     False,
                 )
                 back.wait, back.idle_share = wait, self._idle_share(state)
@@ -686,6 +721,7 @@ class HeuristicPolicy:
         if probe.knob == "executor":  # a change of executor restarts every worker: rarer
             backoff.length = max(backoff.length, c.max_backoff // 2)
         backoff.until, backoff.clipped = self._tick + backoff.length, False
+        backoff.firm = probe.knob == "executor" and probe.direction > 0
         # Conditions as they were where we return to: a later change from these re-opens the try.
         backoff.wait, backoff.idle_share = probe.wait, probe.idle_share
         self._recent.clear()

@@ -212,6 +212,11 @@ class State:
     """Appended for a policy that moves the ``priority`` knob: 1 once the workers run at low
     priority (the training process's CPU share is in :attr:`FEATURES` already)."""
 
+    EXECUTOR_FEATURES: ClassVar[tuple[str, ...]] = ("executor_threads",)
+    """Appended for a policy that moves the ``executor`` knob: 1 while the workers are threads
+    (what they cost shows in :attr:`FEATURES`: the training process's CPU share, the
+    workers', the throughput)."""
+
     ALL_FEATURES: ClassVar[frozenset[str]] = frozenset(
         FEATURES
         + SPLIT_FEATURES
@@ -219,6 +224,7 @@ class State:
         + OFFLOAD_FEATURES
         + LOOKAHEAD_FEATURES
         + PRIORITY_FEATURES
+        + EXECUTOR_FEATURES
     )
     """Every feature a policy may read (a policy file names the ones it was trained on)."""
 
@@ -230,7 +236,8 @@ class State:
         offload = cls.OFFLOAD_FEATURES if "offload" in knobs else ()
         lookahead = cls.LOOKAHEAD_FEATURES if "lookahead" in knobs else ()
         priority = cls.PRIORITY_FEATURES if "priority" in knobs else ()
-        return cls.FEATURES + split + codec + offload + lookahead + priority
+        executor = cls.EXECUTOR_FEATURES if "executor" in knobs else ()
+        return cls.FEATURES + split + codec + offload + lookahead + priority + executor
 
     @property
     def queue_fill(self) -> float:
@@ -291,6 +298,7 @@ class State:
             "lookahead_per_prefetch": lookahead / max(1, self.prefetch) / 8,  # default: 0.25
             "sample_tail_log": math.log10(max(1.0, self.sample_tail)) / 2,  # 100x -> 1
             "priority_low": 1.0 if self.priority == "low" else 0.0,
+            "executor_threads": float(self.extra.get("executor", 0) == 1),
         }
 
     def vector(

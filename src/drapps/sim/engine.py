@@ -9,7 +9,9 @@ speed, and a job finishes when the clock reaches its start plus its work: an eve
 O(log jobs), so a 64-core pipeline simulates as fast as a 2-core one. Workers at ``"low"``
 priority (nice +10) weigh :data:`LOW_WEIGHT` against the training process and other processes,
 as the kernel's fair scheduler weighs them: the workers' jobs and the rest then run at two
-speeds, one virtual clock each.
+speeds, one virtual clock each. Worker threads (``PipelineModel.executor``) run the share of
+their work that holds the GIL on a third clock, one job's speed shared by the threads that
+want it, and the rest beside the other workers.
 
 The simulator mirrors ``drapps.Loader``'s dispatcher: tasks are dispatched in batch order while
 in-flight plus ready batches stay under the prefetch depth and the memory budget; idle workers
@@ -63,6 +65,8 @@ class _SharedResource:
 
 @dataclass(eq=False)
 class _Worker:
+    kind: str = "process"
+    """"process" or "thread" (see ``PipelineModel.executor``)."""
     parked: bool = False
     """Finishing its current task, then exits (a shrink)."""
     busy: bool = False
@@ -157,14 +161,22 @@ class Simulator:
         self._draws: deque[float] = deque()
         self._seq = itertools.count()
         self._events: list[tuple[float, int, _Callback]] = []
-        self._cpus = {"worker": _SharedResource(), "main": _SharedResource()}
+        # "gil": the GIL-holding share of worker threads' work, run one at a time
+        self._cpus = {
+            "worker": _SharedResource(),
+            "main": _SharedResource(),
+            "gil": _SharedResource(),
+        }
         self._priority = "normal"
         self._held = {"worker": 1.0, "main": 1.0}  # cores' worth per job, as CPU time
         self._main_share = 1.0  # of a core, per job of the training process
         self._disk = _SharedResource()
-        self._owners = {"worker": 0, "main": 0}
+        self._owners = {"worker": 0, "main": 0, "gil": 0}
         self._outside = p.outside_load
         self._factors = {"cpu": 1.0, "read": 1.0, "step": 1.0}
+        self._executor = p.executor or "process"
+        self._gil_share = float(p.gil_share)
+        self._made_by: dict[int, str] = {}  # batch id -> the kind of worker that finished it
         self._inline = workers == 0
         self._workers: list[_Worker] = []
         self._target = 0
@@ -282,6 +294,25 @@ class Simulator:
     def codec(self) -> str | None:
         return self._cache.codec if self._cache is not None else None
 
+    def set_executor(self, executor: str) -> None:
+        """Make batches with worker ``"process"``-es or ``"thread"``-s from now on, as many as
+        now: workers of the other kind finish the task they hold and exit, new ones start
+        (paying ``worker_start_s`` or ``thread_start_s``); nothing is made twice."""
+        if executor not in ("process", "thread"):
+            raise ValueError(f"executor must be 'process' or 'thread', got {executor!r}")
+        if self.pipeline.executor is None or self._inline:
+            raise RuntimeError("this simulated pipeline has no executor to move")
+        if executor == self._executor:
+            return
+        self._executor = executor
+        count = self._target
+        self._shrink(count)
+        self._grow(count, start_cost=True)
+
+    @property
+    def executor(self) -> str:
+        return self._executor
+
     def set_priority(self, priority: str) -> None:
         """Run the workers at ``"normal"`` CPU priority or ``"low"`` (nice +10: they get
         :data:`LOW_WEIGHT` of a normal process's share while the CPU is saturated)."""
@@ -312,8 +343,9 @@ class Simulator:
             t_event = self._events[0][0] if self._events else math.inf
             t_workers = self._cpus["worker"].next_time(self.now)
             t_main = self._cpus["main"].next_time(self.now)
+            t_gil = self._cpus["gil"].next_time(self.now)
             t_disk = self._disk.next_time(self.now)
-            t_next = min(t_event, t_workers, t_main, t_disk)
+            t_next = min(t_event, t_workers, t_main, t_gil, t_disk)
             if t_next > t:
                 self._advance(t - self.now)
                 return
@@ -324,6 +356,8 @@ class Simulator:
                 self._finish(self._cpus["worker"])
             elif t_next == t_main:
                 self._finish(self._cpus["main"])
+            elif t_next == t_gil:
+                self._finish(self._cpus["gil"])
             else:
                 self._finish(self._disk)
 
@@ -341,9 +375,8 @@ class Simulator:
         samples = max(0.0, i.samples + under_way - self._credited)
         self._credited = under_way
         cpu_util = min(1.0, i.cpu_busy / (p.cores * dt))
-        live = len(self._workers)
         ready_bytes = len(self._ready) * p.batch_bytes
-        rss = p.main_rss + live * p.worker_rss + ready_bytes
+        rss = p.main_rss + self._workers_rss() + ready_bytes
         state = State(
             t=self.now,
             cores=p.cores,
@@ -387,6 +420,8 @@ class Simulator:
             energy_source=f"simulated CPU-time estimate ({WATTS_PER_CORE:g} W per busy core)",
             **self._cache_state(),
         )
+        if p.executor is not None and not self._inline:
+            state.extra["executor"] = int(self._executor == "thread")
         self._interval = _Interval()
         self._last_observed = self.now
         self._observed_workers = self._target
@@ -449,7 +484,7 @@ class Simulator:
             cpu.virtual += cpu.speed * dt
         disk.virtual += disk.speed * dt
         i.cpu_busy += min(float(self.pipeline.cores), self._demand()) * dt
-        i.worker_cpu += self._owners["worker"] * self._held["worker"] * dt
+        i.worker_cpu += self._worker_jobs() * self._held["worker"] * dt
         i.main_cpu += self._owners["main"] * self._held["main"] * dt
         i.main_wait += self._owners["main"] * (1.0 - self._main_share) * dt
         if self._waiting:
@@ -463,7 +498,12 @@ class Simulator:
 
     def _demand(self) -> float:
         """Cores wanted now: one per running CPU job, plus other processes' load."""
-        return self._owners["worker"] + self._owners["main"] + self._outside
+        return self._worker_jobs() + self._owners["main"] + self._outside
+
+    def _worker_jobs(self) -> int:
+        """Worker jobs that want a core now: those that do not hold the GIL, and one of the
+        threads waiting for it (the one that holds it)."""
+        return self._owners["worker"] + min(1, self._owners["gil"])
 
     def _speeds(self) -> None:
         workers, others = self._shares()
@@ -473,6 +513,8 @@ class Simulator:
         self._held = {"worker": workers * paging, "main": others * paging}
         self._cpus["worker"].speed = workers * paging * switching
         self._cpus["main"].speed = others * paging * switching
+        # the GIL's holder runs as one worker job; its waiters take turns at that speed
+        self._cpus["gil"].speed = workers * paging * switching / max(1, self._owners["gil"])
         self._disk.speed = 1.0 / max(1, len(self._disk.jobs))
 
     def _shares(self) -> tuple[float, float]:
@@ -480,7 +522,7 @@ class Simulator:
         processes') gets: an equal share at normal priority; at low priority the CPU is filled
         by weight, no job above one core, so the others take what they want first."""
         cores = float(self.pipeline.cores)
-        workers = self._owners["worker"]
+        workers = self._worker_jobs()
         others = self._owners["main"] + self._outside
         if workers + others <= cores:
             return 1.0, 1.0
@@ -503,9 +545,14 @@ class Simulator:
         the machine pages, and every CPU job waits on the disk for the pages that did not fit.
         (A model of swapping; a real machine may kill a worker instead, which is worse.)"""
         p = self.pipeline
-        needed = p.main_rss + len(self._workers) * p.worker_rss + len(self._ready) * p.batch_bytes
+        needed = p.main_rss + self._workers_rss() + len(self._ready) * p.batch_bytes
         room = p.total_memory - p.other_memory
         return min(1.0, room / needed) ** 2 if needed > 0 else 1.0
+
+    def _workers_rss(self) -> int:
+        p = self.pipeline
+        threads = sum(w.kind == "thread" for w in self._workers)
+        return (len(self._workers) - threads) * p.worker_rss + threads * p.thread_rss
 
     def _cpu_job(self, work: float, owner: str, done: _Callback) -> None:
         self._owners[owner] += 1
@@ -545,6 +592,8 @@ class Simulator:
         ):
             if value is not None:
                 self._factors[key] = value
+        if change.gil_share is not None:
+            self._gil_share = change.gil_share
 
     def _apply_batch_changes(self) -> None:
         while (
@@ -555,18 +604,21 @@ class Simulator:
     # ------------------------------------------------------------------ internals: pool
 
     def _grow(self, count: int, *, start_cost: bool) -> None:
+        p = self.pipeline
+        kind = self._executor
+        start_s = p.thread_start_s if kind == "thread" else p.worker_start_s
         for worker in self._workers:  # reuse workers parked by a recent shrink first
-            if count and worker.parked:
+            if count and worker.parked and worker.kind == kind:
                 worker.parked = False
                 self._target += 1
                 count -= 1
         for _ in range(count):
-            worker = _Worker()
+            worker = _Worker(kind)
             self._workers.append(worker)
             self._target += 1
-            if start_cost and self.pipeline.worker_start_s > 0:
+            if start_cost and start_s > 0:
                 started = functools.partial(self._started, worker)
-                self._cpu_job(self.pipeline.worker_start_s, "worker", started)
+                self._cpu_job(start_s, "worker", started)
             else:
                 worker.started = True
         self._dispatch()
@@ -702,7 +754,7 @@ class Simulator:
                 self._hedging.start(batch, part, worker, self.now, predicted)
             worker.began, worker.predicted = self.now, predicted
         arrived = functools.partial(self._arrived, worker, batch, part, copy, self.now, share)
-        self._make_batch("worker", arrived, cut, share)
+        self._make_batch("thread" if worker.kind == "thread" else "worker", arrived, cut, share)
 
     def _make_batch(
         self, owner: str, done: _Callback, cut: tuple[int, float], share: float = 1.0
@@ -743,7 +795,18 @@ class Simulator:
             compute()
 
     def _compute(self, cpu_s: float, cost: float, owner: str, done: _Callback) -> None:
-        self._cpu_job(cpu_s * self._factors["cpu"] * cost, owner, done)
+        """The CPU work; a worker thread's (``owner`` "thread") holds the GIL for
+        ``gil_share`` of it first, one thread at a time, then runs the rest beside the others."""
+        work = cpu_s * self._factors["cpu"] * cost
+        if owner != "thread":
+            self._cpu_job(work, owner, done)
+            return
+        held = work * self._gil_share
+        free = functools.partial(self._cpu_job, work - held, "worker", done)
+        if held > 0:
+            self._cpu_job(held, "gil", free)
+        else:
+            free()
 
     def _arrived(
         self, worker: _Worker, batch: int, part: int, copy: bool, began: float, share: float
@@ -756,6 +819,7 @@ class Simulator:
             first = hedging.made(batch, part, copy, self.now - began, share)
             self.totals.hedges_won += first and copy  # (the second answer is dropped)
         if first:
+            self._made_by[batch] = worker.kind
             self._parts_left[batch] -= 1
             if self._parts_left[batch] == 0 and batch in self._in_flight:
                 self._made(batch)
@@ -875,8 +939,10 @@ class Simulator:
         )
         device_s = offload * sum(op_s for _, op_s in p.device_ops[split:])
         step = functools.partial(self._step, device_s)
-        if p.transport_s > 0 and batch is not None:
-            self._cpu_job(p.transport_s, "main", step)
+        threads = batch is not None and self._made_by.pop(batch, "process") == "thread"
+        transport_s = p.thread_transport_s if threads else p.transport_s
+        if transport_s > 0 and batch is not None:
+            self._cpu_job(transport_s, "main", step)
         else:
             step()
 

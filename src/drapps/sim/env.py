@@ -27,6 +27,7 @@ from drapps.sim.engine import Simulator
 from drapps.sim.families import Family, check_sources, draw, family_names
 from drapps.sim.run import (
     codec_knobs,
+    executor_knobs,
     lookahead_knobs,
     offload_knobs,
     priority_knobs,
@@ -138,6 +139,7 @@ class PipelineEnv(gym.Env):  # type: ignore[name-defined]
                 *lookahead_knobs(self._sim, adjustable="lookahead" in self.knobs),
                 *codec_knobs(self._sim, adjustable="codec" in self.knobs),
                 *priority_knobs(self._sim, adjustable=True),
+                *executor_knobs(self._sim, adjustable="executor" in self.knobs),
             ],
         )
         self._controller.steer(self.knobs)  # the agent moves them, not the knobs' rules
@@ -182,6 +184,8 @@ class PipelineEnv(gym.Env):  # type: ignore[name-defined]
         for name in ("codec", "priority"):
             if name in applied:
                 info[name] = str(applied[name])
+        if "executor" in applied:
+            info["executor"] = int(applied["executor"])
         return self._state.vector(self.knobs), value, False, truncated, info
 
     def _action(self, action: Any) -> Action:

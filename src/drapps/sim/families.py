@@ -398,3 +398,26 @@ def cpu_step_contention(rng: np.random.Generator, duration: float) -> Scenario:
     cpu_share = rng.uniform(0.3, 0.7)
     p = p.replace(step_cpu_s=p.step_s * cpu_share, step_s=p.step_s * (1 - cpu_share))
     return _hogged(rng, p, duration, (0.25, 0.5))
+
+
+@register_family("gil-switch", held_out=True)
+def gil_switch(rng: np.random.Generator, duration: float) -> Scenario:
+    """The executor's choice, made twice: 2 to 8 cores, workers short of them whose transforms
+    mostly release the GIL (decode and resize in C), and batches that cost the training
+    process 10-25% of a worker's CPU for the batch to receive from a worker process, so threads
+    of the training process make more, at a fraction of the memory. Mid-run a pure-Python
+    transform is turned on: most of a batch's work then holds the GIL, and it costs more, so
+    worker processes make more from then on. The run starts on either executor."""
+    p = _machine(rng)
+    cores = int(rng.choice([2, 2, 4, 8]))  # threads win on few cores; past them the GIL binds
+    cpu_s = p.step_s * cores * rng.uniform(1.0, 1.5)
+    p = p.replace(
+        cores=cores,
+        cpu_s=cpu_s,
+        transport_s=cpu_s * rng.uniform(0.1, 0.25),
+        executor=str(rng.choice(["process", "thread"])),
+        gil_share=rng.uniform(0.02, 0.5 / cores),
+    )
+    start, _ = _change_window(rng, duration)
+    heavy = Change(at=start, gil_share=rng.uniform(0.6, 0.9), cpu_factor=rng.uniform(1.2, 2.0))
+    return Scenario(p, (heavy,))

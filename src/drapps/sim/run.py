@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from collections.abc import Callable, Sequence
@@ -11,6 +12,7 @@ from typing import Any
 from drapps.control.controller import Bounds, Controller, Tick
 from drapps.control.knobs import (
     CodecKnob,
+    ExecutorKnob,
     Knob,
     LookaheadKnob,
     OffloadKnob,
@@ -120,6 +122,7 @@ def simulate(
     move_split: bool = True,
     move_codec: bool = True,
     move_offload: bool = True,
+    move_executor: bool = True,
 ) -> SimRun:
     """Run ``policy`` on ``scenario`` for ``duration`` simulated seconds.
 
@@ -142,6 +145,8 @@ def simulate(
             the codec (False holds the one the cache starts with).
         move_offload: with ``workers="auto"`` and a pipeline with an ``offload`` share, let
             the policy move it (False holds it where the pipeline starts it).
+        move_executor: with ``workers="auto"`` and a pipeline with an ``executor``, let the
+            policy choose worker processes or threads (False holds the one it starts with).
     """
     if not duration > 0 or not interval > 0:
         raise ValueError(f"duration and interval must be > 0, got {duration!r}, {interval!r}")
@@ -179,6 +184,7 @@ def simulate(
             *codec_knobs(sim, adjustable=controlled and move_codec),
             *lookahead_knobs(sim, adjustable=controlled),
             *priority_knobs(sim, adjustable=controlled),
+            *executor_knobs(sim, adjustable=controlled and move_executor),
         ],
     )
     ticks = []
@@ -238,6 +244,23 @@ def priority_knobs(sim: Simulator, *, adjustable: bool) -> list[Knob]:
     if sim.workers == 0:
         return []
     return [PriorityKnob(sim.set_priority, adjustable=adjustable)]
+
+
+EXECUTORS = ("process", "thread")
+"""The executor knob's values, by index."""
+
+
+def executor_knobs(sim: Simulator, *, adjustable: bool) -> list[Knob]:
+    """The executor knob of a simulated pipeline given an ``executor`` (none otherwise, and
+    none for batches made in the training loop), as ``Loader(workers="auto")`` has on a
+    map-style dataset: 0 worker processes, 1 threads."""
+    if sim.pipeline.executor is None or sim.prefetch == 0:
+        return []
+    return [ExecutorKnob(functools.partial(_set_executor, sim), adjustable=adjustable)]
+
+
+def _set_executor(sim: Simulator, value: int) -> None:
+    sim.set_executor(EXECUTORS[int(value)])
 
 
 def codec_knobs(sim: Simulator, *, adjustable: bool) -> list[Knob]:

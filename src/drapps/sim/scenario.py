@@ -111,6 +111,24 @@ class PipelineModel:
     last batch of this one, so each epoch's end drains the queue and its start refills it
     while the loop waits."""
 
+    executor: str | None = None
+    """What the workers start as, where the executor may move (``workers="auto"`` on a
+    map-style dataset): ``"process"`` (worker processes) or ``"thread"`` (threads of the
+    training process). None: worker processes, and no ``executor`` knob."""
+    gil_share: float = 0.0
+    """Share of a batch's CPU work that holds the GIL (pure-Python transforms; decode and
+    resize in C release it). Worker threads run that share one at a time, worker processes
+    each in their own interpreter."""
+    thread_transport_s: float = 0.0002
+    """CPU seconds the training process spends taking one batch from a worker thread: the
+    batch is handed over as it is, with no copy through shared memory (``transport_s`` is a
+    worker process's)."""
+    thread_rss: int = 16 * 2**20
+    """Resident memory one worker thread adds (its stack and buffers; a worker process holds
+    ``worker_rss``, its own interpreter and its copy of what it touched)."""
+    thread_start_s: float = 0.005
+    """CPU seconds a new worker thread spends starting (a process: ``worker_start_s``)."""
+
     def __post_init__(self) -> None:
         _check_int(self, "cores", 1)
         if self.epoch_batches is not None:
@@ -120,7 +138,7 @@ class PipelineModel:
         _check_int(self, "batch_bytes", 1)
         _check_int(self, "memory_budget", 1)
         _check_int(self, "max_workers", 0)
-        for name in ("worker_rss", "main_rss", "total_memory", "other_memory"):
+        for name in ("worker_rss", "main_rss", "total_memory", "other_memory", "thread_rss"):
             _check_int(self, name, 0)
         for name in (
             "cpu_s",
@@ -134,6 +152,8 @@ class PipelineModel:
             "outside_load",
             "oversubscription",
             "worker_start_s",
+            "thread_transport_s",
+            "thread_start_s",
         ):
             value = getattr(self, name)
             if not isinstance(value, int | float) or not value >= 0 or math.isinf(value):
@@ -165,6 +185,12 @@ class PipelineModel:
             raise ValueError(
                 f"PipelineModel.offload must be None or a number in [0, 1], got {self.offload!r}"
             )
+        if self.executor not in (None, "process", "thread"):
+            raise ValueError(
+                f"PipelineModel.executor must be None, 'process' or 'thread', got {self.executor!r}"
+            )
+        if not (isinstance(self.gil_share, int | float) and 0 <= self.gil_share <= 1):
+            raise ValueError(f"PipelineModel.gil_share must be in [0, 1], got {self.gil_share!r}")
         if not (0 <= self.slow_share < 1 and 0 <= self.slow_known <= 1):
             raise ValueError(
                 "PipelineModel.slow_share must be in [0, 1) and slow_known in [0, 1], got "
@@ -221,6 +247,9 @@ class Change:
     """Multiplier on read latency and bytes' time from now on (a slower disk: 2.0)."""
     step_factor: float | None = None
     """Multiplier on the training step from now on (a slower model: 2.0)."""
+    gil_share: float | None = None
+    """Share of a batch's CPU work that holds the GIL from now on (a pure-Python transform
+    turned on; its cost goes in ``cpu_factor``)."""
 
     def __post_init__(self) -> None:
         if (self.at is None) == (self.at_batch is None):
@@ -233,6 +262,8 @@ class Change:
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"Change.{name} must be > 0, got {value!r}")
+        if self.gil_share is not None and not 0 <= self.gil_share <= 1:
+            raise ValueError(f"Change.gil_share must be in [0, 1], got {self.gil_share!r}")
         if self.outside_load is not None and not self.outside_load >= 0:
             raise ValueError(f"Change.outside_load must be >= 0 cores, got {self.outside_load!r}")
 
@@ -271,6 +302,8 @@ class Scenario:
             cpu_s=p.cpu_s * cpu_factor,
             worker_start_s=p.worker_start_s * cpu_factor,
             transport_s=p.transport_s * cpu_factor,
+            thread_transport_s=p.thread_transport_s * cpu_factor,
+            thread_start_s=p.thread_start_s * cpu_factor,
             step_s=p.step_s * step_factor,
             step_cpu_s=p.step_cpu_s * step_factor,
         )
