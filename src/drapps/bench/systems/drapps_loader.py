@@ -2,7 +2,9 @@
 
 One class, because the three differ only in the policy they hand the Loader: static runs one
 worker per usable core (what ``workers="auto"`` starts from), the others let the controller move
-workers and prefetch. ``drapps-rl`` is listed once a policy named "rl" is registered.
+workers and prefetch, and choose worker processes or threads (the tables' final workers say
+"threads" where a run ended on them). ``drapps-rl`` is listed once a policy named "rl" is
+registered.
 
 ``drapps-static-sampler`` and ``drapps-static-pinned`` are ``drapps-static`` through the
 DataLoader-compatible paths (a user's ``RandomSampler``; ``pin_memory=True``), to measure what
@@ -55,11 +57,19 @@ class DrappsSystem(System):
             cache=None,  # the controller alone; drapps-cache adds the sample cache
             **self.order_and_options(dataset, seed),
         )
-        return EpochSource(loader, lambda: loader.stats().workers)
+        return EpochSource(loader, lambda: ends_on(loader))
 
     def order_and_options(self, dataset: Any, seed: int) -> dict[str, Any]:
         """How the epoch order is given, and any other Loader options of this system."""
         return {"shuffle": True, "seed": seed}
+
+
+def ends_on(loader: drapps.Loader) -> Workers:
+    """The workers a run ended with: their count, and "threads" after it where the default
+    count's pool ended on threads of the training process (the bench's tables then say which
+    executor the controller chose)."""
+    stats = loader.stats()
+    return f"{stats.workers} threads" if stats.executor == "threads" else stats.workers
 
 
 class DrappsStatic(DrappsSystem):
