@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from drapps.bench.workloads._base import SIZES, Workload
 from drapps.bench.workloads.image import ImageWorkload
+from drapps.bench.workloads.image_gil import ImageGilWorkload
 from drapps.bench.workloads.stragglers import StragglersWorkload
 from drapps.bench.workloads.synthetic import SyntheticWorkload
 from drapps.bench.workloads.text import TextWorkload
@@ -11,7 +12,13 @@ from drapps.registry import Registry
 
 WORKLOADS: Registry[type[Workload]] = Registry("workload")
 """Workload classes by name (``drapps bench --workloads``)."""
-for _workload in (ImageWorkload, TextWorkload, SyntheticWorkload, StragglersWorkload):
+for _workload in (
+    ImageWorkload,
+    ImageGilWorkload,
+    TextWorkload,
+    SyntheticWorkload,
+    StragglersWorkload,
+):
     WORKLOADS.register(_workload.name, _workload)
 
 

@@ -35,6 +35,10 @@ class Workload(ABC):
     """The ``sleep`` consumer's step per batch: roughly what 2 cores of workers can feed."""
     reads_files: ClassVar[bool] = True
     """Whether samples come from files (the ``slow-io`` scenario throttles those reads)."""
+    python_step: ClassVar[bool] = False
+    """Whether each sample runs a step of pure Python (``image-gil``): systems that build the
+    pipeline in their own ops or cache a deterministic part have no place for it, and refuse
+    the workload."""
 
     def __init__(self, params: dict[str, Any]) -> None:
         self.params = params
