@@ -77,6 +77,41 @@ def test_threads_wait_for_evidence_and_never_run_a_dataset_that_draws_globally()
     assert pool.watched >= EVIDENCE or pool.drew is not None
 
 
+class PythonHeavy(Samples):
+    """Each sample runs a loop of pure Python (no call that could release the GIL)."""
+
+    def __getitem__(self, i: int) -> tuple[int, float, float]:
+        x = 0
+        for k in range(20_000):
+            x = (x * 31 + k) & 0xFFFF
+        return i, drapps.sample_rng().random(), float(x)
+
+
+def test_a_dataset_whose_time_runs_python_keeps_processes_and_says_why() -> None:
+    """The watch measures how much of a sample's time runs Python bytecode, which holds the
+    GIL: where two threads would take turns at it, threads are refused before any try."""
+    with _loader(PythonHeavy()) as loader:
+        it = iter(loader)
+        for _ in range(6):  # 24 samples: evidence enough
+            next(it)
+        pool = _pool(loader)
+        share = pool.gil_share()
+        assert share is not None and share > 0.5, share
+        why = pool.threads_allowed()
+        assert why is not None and "runs Python, which holds the GIL" in why, why
+        _dispatcher(loader).set_executor("threads")  # type: ignore[attr-defined]
+        assert loader.stats().executor == "processes"
+        assert "holds the GIL" in (loader.stats().executor_why or "")
+        assert len(list(it)) == 24 - 6
+    with _loader(Samples()) as loader:  # its time is a sleep: a C call, the GIL released
+        it = iter(loader)
+        for _ in range(6):
+            next(it)
+        share = _pool(loader).gil_share()
+        assert share is not None and share < 0.5, share
+        assert _pool(loader).threads_allowed() is None
+
+
 def test_a_starving_loop_the_count_cannot_help_gets_a_try_of_threads_the_report_names() -> None:
     """With the count at its ceiling and the loop starving, the controller tries threads at
     the same count, and the report names the try and its reason."""

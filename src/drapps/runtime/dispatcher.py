@@ -415,7 +415,7 @@ class Dispatcher:
         generation, batch_id, part = reply.generation, reply.batch_id, reply.part
         made = reply if isinstance(reply, BatchMade) else None
         if made is not None and made.watched:
-            self.pool.note_draws(made.watched, made.drew)
+            self.pool.note_draws(made.watched, made.drew, made.python_s, made.measured_s)
         now = time.monotonic()
         task = next(
             (

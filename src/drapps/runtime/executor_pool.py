@@ -10,7 +10,10 @@ and keeps them only if they make more.
 Threads share the process's global generators, so they are allowed only once the process
 workers have shown that the dataset does not draw from them: each worker watches the first
 samples it makes (:data:`drapps.runtime.worker.WATCHED_SAMPLES`) and says whether one moved a
-generator; the pool needs :data:`EVIDENCE` such samples and none that drew.
+generator; the pool needs :data:`EVIDENCE` such samples and none that drew. The same watch
+measures how much of a sample's time runs Python bytecode, which holds the GIL
+(:mod:`drapps.runtime.gil`): ``n`` threads share that part, so threads are refused where it is
+``1 / n`` of a sample's time or more, and the try they would cost is saved.
 """
 
 from __future__ import annotations
@@ -53,14 +56,27 @@ class ExecutorPool(WorkerPool):
         """Samples the process workers watched for draws from a global generator."""
         self.drew: str | None = None
         """The first such draw seen, in words (then threads are never used)."""
+        self.python_s = 0.0
+        """Of the watched samples' time, the seconds in Python bytecode (holding the GIL)."""
+        self.measured_s = 0.0
+        """The watched samples' time measured for it."""
 
     # ------------------------------------------------------------------------- the choice
 
-    def note_draws(self, watched: int, drew: str | None) -> None:
-        """Count samples a process worker watched, and a draw it saw."""
+    def note_draws(
+        self, watched: int, drew: str | None, python_s: float = 0.0, measured_s: float = 0.0
+    ) -> None:
+        """Count samples a process worker watched, a draw it saw, and how much of their
+        time ran Python bytecode."""
         self.watched += watched
         if drew is not None and self.drew is None:
             self.drew = drew
+        self.python_s += python_s
+        self.measured_s += measured_s
+
+    def gil_share(self) -> float | None:
+        """The share of the watched samples' time in Python bytecode (None: none measured)."""
+        return self.python_s / self.measured_s if self.measured_s > 0 else None
 
     def threads_allowed(self) -> str | None:
         """Why threads may not run this dataset now, in words; None when they may."""
@@ -70,6 +86,12 @@ class ExecutorPool(WorkerPool):
             return f"the dataset draws from {self.drew}, which threads share"
         if self.watched < EVIDENCE:
             return f"{self.watched} of {EVIDENCE} samples watched for global draws so far"
+        share, threads = self.gil_share(), max(2, len(self.live()))
+        if share is not None and share * threads >= 1:
+            return (
+                f"{share:.0%} of a sample's time runs Python, which holds the GIL: "
+                f"{threads} threads would take turns at it (measured in the worker processes)"
+            )
         return None
 
     def use(self, executor: str) -> bool:

@@ -59,6 +59,11 @@ class BatchMade(NamedTuple):
     (``BatchRecipe.watch_draws``)."""
     drew: str | None = None
     """The first such draw it saw, in words (None: none)."""
+    python_s: float = 0.0
+    """Of the watched samples' time, the seconds that ran Python bytecode, which holds the
+    GIL (:mod:`drapps.runtime.gil`)."""
+    measured_s: float = 0.0
+    """The watched samples' time measured for it."""
 
 
 class BatchFailed(NamedTuple):

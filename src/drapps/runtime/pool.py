@@ -183,9 +183,12 @@ class WorkerPool(ABC):
         pool of one kind can only stay what it is)."""
         return executor == self.executor
 
-    def note_draws(self, watched: int, drew: str | None) -> None:
+    def note_draws(
+        self, watched: int, drew: str | None, python_s: float = 0.0, measured_s: float = 0.0
+    ) -> None:
         """A worker watched ``watched`` samples for draws from a global generator and saw
-        ``drew`` (None: none); only a pool that may move to threads keeps count."""
+        ``drew`` (None: none), and ``python_s`` of their ``measured_s`` seconds ran Python
+        bytecode; only a pool that may move to threads keeps count."""
         return None
 
     def prepare(self, fresh: bool) -> None:

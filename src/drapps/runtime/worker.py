@@ -21,6 +21,7 @@ from torch.utils.data._utils.collate import collate as collate_with
 from torch.utils.data._utils.collate import collate_tensor_fn, default_collate_fn_map
 
 from drapps.runtime.errors import SampleError, describe_failure, failure, sample_error, sample_path
+from drapps.runtime.gil import GilMeter
 from drapps.runtime.inbox import PARENT_GONE, Inbox, Parent
 from drapps.runtime.messages import BatchFailed, BatchMade, BatchTask, WorkerFatal
 from drapps.runtime.progress import SampleClock, current_clock, use_clock
@@ -108,11 +109,14 @@ class Watch:
     left = WATCHED_SAMPLES
     watched = 0
     drew: str | None = None
+    gil = GilMeter()
+    """How much of the watched samples' time ran Python bytecode (:mod:`drapps.runtime.gil`)."""
 
     @classmethod
-    def take(cls) -> tuple[int, str | None]:
-        """(samples watched, a draw seen) since the last call."""
-        taken = cls.watched, cls.drew
+    def take(cls) -> tuple[int, str | None, tuple[float, float]]:
+        """(samples watched, a draw seen, (seconds in Python, seconds measured)) since the
+        last call."""
+        taken = cls.watched, cls.drew, cls.gil.take()
         cls.watched = 0
         return taken
 
@@ -242,30 +246,32 @@ def make_batch(
             clock.begin_sample(position)
         t0 = time.perf_counter()
         queued = runqueue_wait()
+        measured = Watch.gil.measure() if watched is not None else contextlib.nullcontext()
         try:
-            hit = cache.get(index, held) if cache is not None else None
-            if hit is None:
-                sample = recipe.dataset[index]
-            t1 = time.perf_counter()
-            fetch_s += t1 - t0
-            stage = "transform"
-            written_s = 0.0  # the cache's write: counted with the fetch it stands in for
-            if hit is not None:
-                sample, exact = hit
-                lossy = lossy or not exact
-            elif cache is not None:
-                if held:
-                    sample = pipeline.run_sample(sample, 0, held)
-                made = time.perf_counter()
-                cache.put(index, held, sample, int((made - t0) * 1e9))
-                written_s = time.perf_counter() - made
-            if pipeline is not None:
-                start = held if cache is not None else 0
-                sample = pipeline.run_cut(sample, start, split, sample_seed)
-            elif recipe.transform is not None:
-                sample = recipe.transform(sample)
-            fetch_s += written_s
-            transform_s += time.perf_counter() - t1 - written_s
+            with measured:
+                hit = cache.get(index, held) if cache is not None else None
+                if hit is None:
+                    sample = recipe.dataset[index]
+                t1 = time.perf_counter()
+                fetch_s += t1 - t0
+                stage = "transform"
+                written_s = 0.0  # the cache's write: counted with the fetch it stands in for
+                if hit is not None:
+                    sample, exact = hit
+                    lossy = lossy or not exact
+                elif cache is not None:
+                    if held:
+                        sample = pipeline.run_sample(sample, 0, held)
+                    made = time.perf_counter()
+                    cache.put(index, held, sample, int((made - t0) * 1e9))
+                    written_s = time.perf_counter() - made
+                if pipeline is not None:
+                    start = held if cache is not None else 0
+                    sample = pipeline.run_cut(sample, start, split, sample_seed)
+                elif recipe.transform is not None:
+                    sample = recipe.transform(sample)
+                fetch_s += written_s
+                transform_s += time.perf_counter() - t1 - written_s
         except Exception as exc:
             path = sample_path(recipe.dataset, index)
             message = describe_failure(index, stage, path, exc)
@@ -518,10 +524,12 @@ def answer(
     finally:
         if arena is not None:
             arena.reset()  # a batch that failed or was not sent gives its slab back
-    watched, drew = Watch.take() if recipe.watch_draws else (0, None)
+    watched, drew, (python_s, measured_s) = (
+        Watch.take() if recipe.watch_draws else (0, None, (0.0, 0.0))
+    )
     return BatchMade(
         generation, batch_id, packed, made.skipped, made.seconds, made.costs, part, made.kept,
-        watched, drew,
+        watched, drew, python_s, measured_s,
     )  # fmt: skip
 
 
