@@ -125,8 +125,8 @@ def test_bench_rejects_unknown_names_listing_valid_ones(
 ) -> None:
     assert main(["bench", "--workload", "imagenet"]) == 2
     assert (
-        "workload must be one of ['image', 'text', 'synthetic', 'stragglers'], got 'imagenet'"
-        in (capsys.readouterr().err)
+        "workload must be one of ['image', 'image-gil', 'text', 'synthetic', 'stragglers'], "
+        "got 'imagenet'" in (capsys.readouterr().err)
     )
     assert main(["bench", "--scenario", "steady,flood"]) == 2
     assert "scenario must be one of ['steady', 'cpu-contention', 'consumer-shift', 'slow-io']" in (

@@ -241,7 +241,9 @@ def test_a_run_is_timed_for_at_least_the_seconds_asked(tmp_path: Path) -> None:
 
 
 def test_bad_configs_are_named() -> None:
-    with pytest.raises(ValueError, match=r"workload must be one of \['image', 'text', 'synth"):
+    with pytest.raises(
+        ValueError, match=r"workload must be one of \['image', 'image-gil', 'text', 'synth"
+    ):
         BenchConfig(workloads=("imagenet",))
     with pytest.raises(ValueError, match=r"scenario must be one of \['steady', 'cpu-contention'"):
         BenchConfig(scenarios=("earthquake",))
