@@ -153,7 +153,7 @@ def add_commands(commands: Commands) -> None:
         "machine is slow) within a 160 s budget",
     )
     bench.add_argument(
-        "--workload", type=name_list, help="image, text, synthetic, stragglers (a,b ok)"
+        "--workload", type=name_list, help="image, image-gil, text, synthetic, stragglers (a,b ok)"
     )
     bench.add_argument(
         "--scenario",
