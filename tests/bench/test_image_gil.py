@@ -23,6 +23,7 @@ def workloads(tmp_path_factory: pytest.TempPathFactory) -> tuple[object, object]
     return image(image.prepare(data, "smoke", seed=0)), gil(gil.prepare(data, "smoke", seed=0))
 
 
+@pytest.mark.extras  # scikit-image's photos make the JPEGs
 def test_the_python_step_leaves_the_samples_as_the_image_workload_makes_them(
     workloads: tuple[object, object],
 ) -> None:
@@ -62,6 +63,7 @@ def test_systems_that_run_the_dataset_or_python_take_it(name: str) -> None:
     assert system_class(name).refuses("image-gil") is None
 
 
+@pytest.mark.extras
 def test_it_has_no_cached_or_op_pipeline_form(
     workloads: tuple[object, object], tmp_path: Path
 ) -> None:
