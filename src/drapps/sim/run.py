@@ -254,7 +254,7 @@ def executor_knobs(sim: Simulator, *, adjustable: bool) -> list[Knob]:
     """The executor knob of a simulated pipeline given an ``executor`` (none otherwise, and
     none for batches made in the training loop), as ``Loader(workers="auto")`` has on a
     map-style dataset: 0 worker processes, 1 threads."""
-    if sim.pipeline.executor is None or sim.prefetch == 0:
+    if sim.pipeline.executor is None or sim.workers == 0:
         return []
     return [ExecutorKnob(functools.partial(_set_executor, sim), adjustable=adjustable)]
 

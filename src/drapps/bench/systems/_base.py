@@ -7,7 +7,7 @@ from collections.abc import Callable, Generator, Iterator
 from typing import Any, ClassVar
 
 from drapps.bench.throttle import IoThrottle
-from drapps.bench.workloads import Workload
+from drapps.bench.workloads import Workload, workload_class
 
 Workers = int | str
 
@@ -69,6 +69,9 @@ class System(ABC):
     ignore it."""
     opt_in: ClassVar[bool] = False
     """Runs only when named with ``--systems`` (variants that measure one path's cost)."""
+    runs_python_step: ClassVar[bool] = True
+    """Whether it runs a workload's pure-Python step per sample (``image-gil``); False refuses
+    such a workload (:meth:`refuses`)."""
 
     @classmethod
     def unavailable(cls) -> str | None:
@@ -77,7 +80,10 @@ class System(ABC):
 
     @classmethod
     def refuses(cls, workload: str) -> str | None:
-        """Why this system cannot run ``workload`` (a peer made for images only), or None."""
+        """Why this system cannot run ``workload`` (a peer made for images only, a workload
+        whose pure-Python step it has no place for), or None."""
+        if not cls.runs_python_step and workload_class(workload).python_step:
+            return f"{cls.name} has no place for {workload}'s pure-Python step"
         return None
 
     @classmethod  # noqa: B027 - most systems import nothing extra

@@ -20,7 +20,7 @@ import drapps
 from drapps._optional import install_hint
 from drapps.bench.systems._base import EpochSource, Source, System, Workers
 from drapps.bench.throttle import IoThrottle
-from drapps.bench.workloads import Workload, workload_class
+from drapps.bench.workloads import Workload
 from drapps.cache import available
 
 
@@ -28,12 +28,7 @@ class DrappsCache(System):
     name = "drapps-cache"
     summary = 'drapps.Loader(workers="auto", cache=Cache(codec="auto")): the controller picks'
     opt_in = True  # run by ``drapps bench --cache``, or when named
-
-    @classmethod
-    def refuses(cls, workload: str) -> str | None:
-        if workload_class(workload).python_step:
-            return f"{cls.name} has no place for {workload}'s pure-Python step"
-        return None
+    runs_python_step = False  # builds its pipeline from ops, or caches a deterministic part
 
     codec: ClassVar[str] = "auto"
     min_psnr: ClassVar[float | None] = None

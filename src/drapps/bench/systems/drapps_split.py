@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 import drapps
 from drapps.bench.systems._base import EpochSource, Source, System, Workers
 from drapps.bench.throttle import IoThrottle
-from drapps.bench.workloads import Workload, workload_class
+from drapps.bench.workloads import Workload
 
 SPLITS = ("0", "1", "2", "3", "4", "auto", "auto-workers")
 
@@ -30,12 +30,7 @@ class PlacementSystem(System):
     would hide the placement)."""
 
     opt_in = True
-
-    @classmethod
-    def refuses(cls, workload: str) -> str | None:
-        if workload_class(workload).python_step:
-            return f"{cls.name} has no place for {workload}'s pure-Python step"
-        return None
+    runs_python_step = False  # builds its pipeline from ops, or caches a deterministic part
 
     placements: ClassVar[tuple[str, ...]] = ()
 

@@ -88,10 +88,15 @@ class ImageWorkload(Workload):
             box_start, box_size = _tf_crop_box(tf.image.extract_jpeg_shape(data))
             window = tf.stack([box_start[0], box_start[1], box_size[0], box_size[1]])
             image = tf.image.decode_and_crop_jpeg(data, window, channels=3)
-            return _tf_finish(image), tf.cast(label, tf.int64)
+            return self.tf_after(_tf_finish(image)), tf.cast(label, tf.int64)
 
         slices = tf.data.Dataset.from_tensor_slices((paths, labels))
         return autotuned(slices, load, len(paths), batch_size, seed)
+
+    def tf_after(self, image: Any) -> Any:
+        """What tf.data does to a finished sample (uint8 CHW) after the image ops: nothing
+        here; a variant adds its own step."""
+        return image
 
     def tf_cached_dataset(self, batch_size: int, seed: int, throttle: IoThrottle | None) -> Any:
         import tensorflow as tf

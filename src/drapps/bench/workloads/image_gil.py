@@ -17,8 +17,7 @@ from typing import Any
 import numpy as np
 
 from drapps.bench.throttle import IoThrottle
-from drapps.bench.workloads._base import autotuned
-from drapps.bench.workloads.image import SIZE, ImageWorkload, _tf_crop_box, _tf_finish, _tf_read
+from drapps.bench.workloads.image import SIZE, ImageWorkload
 
 PYTHON_STEPS = 48_000
 """Iterations of the pure-Python step per sample (about 2 ms here)."""
@@ -72,23 +71,12 @@ class ImageGilWorkload(ImageWorkload):
     def pipeline_dataset(self, throttle: IoThrottle | None) -> Any:
         raise ValueError("image-gil has no op pipeline: its Python step is not an op")
 
-    def tf_dataset(self, batch_size: int, seed: int, throttle: IoThrottle | None) -> Any:
+    def tf_after(self, image: Any) -> Any:
+        """The Python step, through ``tf.numpy_function`` (as a tf.data user runs Python)."""
         import tensorflow as tf
 
-        paths, labels = self.files()
-        read = self.reads(throttle)
-
-        def load(path: Any, label: Any) -> tuple[Any, Any]:
-            data = _tf_read(path, read)
-            box_start, box_size = _tf_crop_box(tf.image.extract_jpeg_shape(data))
-            window = tf.stack([box_start[0], box_start[1], box_size[0], box_size[1]])
-            image = _tf_finish(tf.image.decode_and_crop_jpeg(data, window, channels=3))
-            stepped = tf.numpy_function(_numpy_step, [image], tf.uint8)
-            image = tf.ensure_shape(stepped, [3, SIZE, SIZE])
-            return image, tf.cast(label, tf.int64)
-
-        slices = tf.data.Dataset.from_tensor_slices((paths, labels))
-        return autotuned(slices, load, len(paths), batch_size, seed)
+        stepped = tf.numpy_function(_numpy_step, [image], tf.uint8)
+        return tf.ensure_shape(stepped, [3, SIZE, SIZE])
 
     def tf_cached_dataset(self, batch_size: int, seed: int, throttle: IoThrottle | None) -> Any:
         return None
