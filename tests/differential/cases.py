@@ -11,6 +11,7 @@ check count what arrived.
 from __future__ import annotations
 
 import random
+import time
 from collections import namedtuple
 from dataclasses import dataclass, field
 from typing import Any
@@ -194,13 +195,17 @@ class Samples:
     """A map-style dataset of ``n`` samples ``(i, payload.make(i))``; index ``fail_at``
     raises KeyError (as a dataset missing a file does)."""
 
-    def __init__(self, n: int, payload: Payload, fail_at: int | None = None) -> None:
-        self.n, self.payload, self.fail_at = n, payload, fail_at
+    def __init__(
+        self, n: int, payload: Payload, fail_at: int | None = None, wait_s: float = 0.0
+    ) -> None:
+        self.n, self.payload, self.fail_at, self.wait_s = n, payload, fail_at, wait_s
 
     def __len__(self) -> int:
         return self.n
 
     def __getitem__(self, i: int) -> Any:
+        if self.wait_s:
+            time.sleep(self.wait_s)  # a read: the GIL released, no CPU
         if i == self.fail_at:
             raise KeyError(f"sample {i} is missing")
         return (i, self.payload.make(i))
@@ -320,11 +325,24 @@ class Case:
     sharded: bool = True
     shuffle_stream: str | None = None
     fail_at: int | None = None
+    waits: bool = False
 
     def dataset(self) -> Any:
         if self.iterable:
             return Stream(self.n, self.payload, self.sharded, self.shuffle_stream)
+        if self.waits and self.settings.workers == "auto":
+            # Samples that wait, and enough of them (WAITED more, the failure among the
+            # later ones) that workers="auto" measures it and makes them several at a time.
+            fail_at = None if self.fail_at is None else self.fail_at + WAITED
+            return Samples(self.n + WAITED, self.payload, fail_at, wait_s=WAIT_S)
         return Samples(self.n, self.payload, self.fail_at)
+
+
+WAITED = 40
+"""Samples a case whose samples wait has beyond its ``n``."""
+
+WAIT_S = 0.002
+"""How long each sample of such a case waits."""
 
 
 def without_draws(payload: Payload) -> Payload:
@@ -412,4 +430,5 @@ def cases(
         sharded=st.booleans(),
         shuffle_stream=st.sampled_from((None, *RNGS)),
         fail_at=st.one_of(st.none(), st.integers(0, 12)),
+        waits=st.booleans(),
     )

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from cases import Payload, Samples, Stream, payloads, without_draws
+from cases import WAIT_S, WAITED, Payload, Samples, Stream, payloads, without_draws
 from compare import assert_equal, batch_indices, nothing_left, run
 from harness import FAST, FAST_EXAMPLES, campaign
 from hypothesis import assume, note, settings
@@ -63,10 +63,13 @@ class Run:
     persistent: bool
     iterable: bool
     threads: bool = False
+    waits: bool = False  # samples that wait, under workers="auto": made several at a time
 
     def dataset(self) -> Any:
         if self.iterable:
             return Stream(self.n, self.payload, sharded=True, shuffle="random")
+        if self.waits and self.workers == "auto":
+            return Samples(self.n + WAITED, self.payload, wait_s=WAIT_S)
         return Samples(self.n, self.payload)
 
     @property
@@ -115,6 +118,7 @@ def runs() -> st.SearchStrategy[Run]:
         persistent=st.booleans(),
         iterable=st.booleans(),
         threads=st.booleans(),
+        waits=st.booleans(),
     )
 
 

@@ -122,6 +122,15 @@ def test_heavy_tailed_costs_switch_auto_to_parts() -> None:
     schedule.reset(plan(), 0)
     assert schedule.cutting and all(part is not None for _, part in drain(schedule))
     assert Schedule(model, mode="auto", splittable=False).cutting is False
+    # Workers that make several samples at once: a slow one holds only itself, whole
+    # batches go out ("samples" still cuts, as asked).
+    concurrent = Schedule(model, mode="auto")
+    concurrent.samples_at_once = 8
+    concurrent.reset(plan(), 0)
+    assert not concurrent.cutting and all(part is None for _, part in drain(concurrent))
+    asked = Schedule(model, mode="samples")
+    asked.samples_at_once = 8
+    assert asked.cutting
 
 
 def parts_per_batch(schedule: Schedule, batch_id: int, workers: int = 2) -> int:

@@ -318,6 +318,7 @@ class Dispatcher:
 
     def _dispatch(self) -> None:
         plan = self._plan
+        self.schedule.samples_at_once = self.pool.sample_threads()
         if plan is not None and self.schedule.cutting:
             self.schedule.note_wait(self.buffer.waited_s(), time.monotonic())
             self._hedge()
@@ -373,7 +374,7 @@ class Dispatcher:
         assert self._plan is not None
         return BatchTask(
             task.generation, self._plan.seed, task.epoch, task.batch_id, task.indices,
-            self._target, task.split, part,
+            self._target, task.split, part, self.pool.sample_threads(),
         )  # fmt: skip
 
     def _wait_and_receive(self) -> None:
@@ -414,8 +415,10 @@ class Dispatcher:
             return
         generation, batch_id, part = reply.generation, reply.batch_id, reply.part
         made = reply if isinstance(reply, BatchMade) else None
-        if made is not None and made.watched:
-            self.pool.note_draws(made.watched, made.drew, made.python_s, made.measured_s)
+        if made is not None:
+            if made.watched:
+                self.pool.note_draws(made.watched, made.drew, made.python_s, made.measured_s)
+            self.pool.note_work(worker, made.costs, made.cpu_s, made.alone)
         now = time.monotonic()
         task = next(
             (

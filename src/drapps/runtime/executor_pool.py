@@ -14,6 +14,12 @@ generator; the pool needs :data:`EVIDENCE` such samples and none that drew. The 
 measures how much of a sample's time runs Python bytecode, which holds the GIL
 (:mod:`drapps.runtime.gil`): ``n`` threads share that part, so threads are refused where it is
 ``1 / n`` of a sample's time or more, and the try they would cost is saved.
+
+Worker processes may run threads too. Where the samples wait (on reads, on storage) rather
+than compute, each worker makes several of a batch's samples at once, each in a thread of its
+own (:class:`drapps.runtime.worker.SampleThreads`): as many as keep one core busy, from the
+CPU time of the samples against their cost (:meth:`ExecutorPool.sample_threads`). Many reads
+are then in flight with a few processes, where DataLoader needs a process per read.
 """
 
 from __future__ import annotations
@@ -31,6 +37,13 @@ before threads may make this dataset's batches."""
 
 TRANSITION_POLL_S = 0.005
 """While workers of both kinds run, each wait on one kind is this short."""
+
+SAMPLE_THREADS = 32
+"""The most samples one worker process makes at once (:meth:`ExecutorPool.sample_threads`)."""
+
+WORK_DECAY = 0.9
+"""Weight of what was measured before, each time a batch's samples are counted: the share of
+their time on the CPU follows the last tens of batches."""
 
 KINDS = ("processes", "threads")
 """The executor knob's values, in order (0: processes, 1: threads)."""
@@ -60,6 +73,13 @@ class ExecutorPool(WorkerPool):
         """Of the watched samples' time, the seconds in Python bytecode (holding the GIL)."""
         self.measured_s = 0.0
         """The watched samples' time measured for it."""
+        self.timed = 0
+        """Samples whose cost and CPU time the process workers reported."""
+        self._cost_s = 0.0
+        self._cpu_s = 0.0
+        self._threads_said = 1
+        self.alone: str | None = None
+        """Why a worker process refused to make samples in threads (then none is asked to)."""
 
     # ------------------------------------------------------------------------- the choice
 
@@ -78,12 +98,54 @@ class ExecutorPool(WorkerPool):
         """The share of the watched samples' time in Python bytecode (None: none measured)."""
         return self.python_s / self.measured_s if self.measured_s > 0 else None
 
+    def note_work(
+        self, worker: Worker, costs: list[float], cpu_s: float, alone: str | None = None
+    ) -> None:
+        if alone is not None and self.alone is None:
+            self.alone = alone
+            if self._threads_said > 1:  # it had said the samples ran in threads
+                self.why = f"each making a batch's samples one at a time: {alone}"
+        if self._kind.get(worker.wid) != "processes" or not costs:
+            return
+        self.timed += len(costs)
+        self._cost_s = WORK_DECAY * self._cost_s + sum(costs)
+        self._cpu_s = WORK_DECAY * self._cpu_s + cpu_s
+
+    def cpu_share(self) -> float | None:
+        """The share of the process workers' recent samples' time spent on the CPU (the rest
+        they waited: on reads, storage, a lock); None before :data:`EVIDENCE` samples."""
+        if self.timed < EVIDENCE or self._cost_s <= 0:
+            return None
+        return min(1.0, self._cpu_s / self._cost_s)
+
+    def sample_threads(self) -> int:
+        """How many of a batch's samples each worker process makes at once: as many as keep
+        one core busy (1 / the samples' CPU share), at most :data:`SAMPLE_THREADS` and no
+        more than the GIL's share lets run (1 / it); 1 where threads may not run this dataset
+        (:meth:`threads_allowed`) or the pool runs on threads."""
+        threads, cpu = 1, self.cpu_share()
+        if self.executor == "processes" and cpu is not None and self.threads_allowed() is None:
+            threads = int(1.0 / max(cpu, 1.0 / SAMPLE_THREADS))
+            gil = self.gil_share()
+            if gil is not None and gil > 0:
+                threads = min(threads, max(1, int(1.0 / gil)))
+        if threads > self._threads_said:
+            self._threads_said = threads
+            self.why = (
+                f"each making up to {threads} of a batch's samples at once, in threads of "
+                f"its own: the samples spent {1 - (cpu or 0.0):.0%} of their time waiting "
+                "(on reads or storage), not on the CPU"
+            )
+        return threads
+
     def threads_allowed(self) -> str | None:
         """Why threads may not run this dataset now, in words; None when they may."""
         if self._cached:
             return "the sample cache is on, and its handles are one per worker process"
         if self.drew is not None:
             return f"the dataset draws from {self.drew}, which threads share"
+        if self.alone is not None:
+            return f"{self.alone}, which threads would share"
         if self.watched < EVIDENCE:
             return f"{self.watched} of {EVIDENCE} samples watched for global draws so far"
         share, threads = self.gil_share(), max(2, len(self.live()))
@@ -110,6 +172,7 @@ class ExecutorPool(WorkerPool):
             self.why = f"threads not tried: {why}"
             return False
         self.executor = executor
+        self._threads_said = 1  # back on processes, a count of sample threads is said anew
         self.why = (
             "chosen by the controller (workers='auto'), which measured them ahead"
             if executor == "threads"

@@ -35,6 +35,9 @@ class BatchTask(NamedTuple):
     split: Any
     """Where a Pipeline transform stops in the worker (None: it runs whole)."""
     part: int | None
+    sample_threads: int = 1
+    """How many of the task's samples the worker makes at once, each in a thread of its own
+    (1: one after another; see :func:`drapps.runtime.worker.make_batch`)."""
 
 
 class BatchMade(NamedTuple):
@@ -64,6 +67,12 @@ class BatchMade(NamedTuple):
     GIL (:mod:`drapps.runtime.gil`)."""
     measured_s: float = 0.0
     """The watched samples' time measured for it."""
+    cpu_s: float = 0.0
+    """The CPU time the task's samples took, in the threads that made them (against their
+    ``costs``: what is not CPU is waiting, on reads or on the GIL)."""
+    alone: str | None = None
+    """Why the worker made the samples one at a time though ``sample_threads`` asked for
+    more, in words (None: it did not refuse)."""
 
 
 class BatchFailed(NamedTuple):

@@ -191,6 +191,19 @@ class WorkerPool(ABC):
         bytecode; only a pool that may move to threads keeps count."""
         return None
 
+    def note_work(
+        self, worker: Worker, costs: list[float], cpu_s: float, alone: str | None = None
+    ) -> None:
+        """``worker`` made samples that cost ``costs`` seconds, of which ``cpu_s`` were CPU
+        time (and made them one at a time though asked for more, because ``alone``); only a
+        pool that may run a worker's samples in threads keeps count."""
+        return None
+
+    def sample_threads(self) -> int:
+        """How many of a task's samples a worker makes at once (1: one after another, as
+        DataLoader's workers do)."""
+        return 1
+
     def prepare(self, fresh: bool) -> None:
         """An epoch begins (called in the thread that starts it, before the dispatcher acts
         on it); ``fresh``: its workers must see the dataset as it is now."""

@@ -123,6 +123,10 @@ class Schedule:
         """Parts per worker a batch is cut into now (see :meth:`note_wait`)."""
         self.cut_batches = 0
         """Batches cut into parts so far."""
+        self.samples_at_once = 1
+        """How many of a task's samples a worker makes at once now (the pool's
+        ``sample_threads``): above 1 a slow sample holds only itself, and a batch is not cut
+        for it (``mode="auto"``)."""
 
     def reset(self, plan: EpochPlan, start: int) -> None:
         self._plan, self._frontier = plan, start
@@ -137,7 +141,8 @@ class Schedule:
     def cutting(self) -> bool:
         """Whether batches are being cut into parts now."""
         return self._splittable and (
-            self.mode == "samples" or (self.mode == "auto" and self.heavy_tailed())
+            self.mode == "samples"
+            or (self.mode == "auto" and self.samples_at_once <= 1 and self.heavy_tailed())
         )
 
     @property

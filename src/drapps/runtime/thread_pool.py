@@ -30,6 +30,7 @@ import traceback
 from typing import Any
 
 from drapps.runtime.errors import SampleError
+from drapps.runtime.handles import shared_handle
 from drapps.runtime.messages import BatchTask, SlabsFreed, WorkerFatal
 from drapps.runtime.pool import Polled, Reply, Task, Worker, WorkerPool
 from drapps.runtime.seeding import (
@@ -61,7 +62,9 @@ def thread_hazard(recipe: BatchRecipe) -> str | None:
     states: one that moved (even in a sample that then failed) means the dataset draws from a
     generator every thread shares, and its samples would depend on which thread drew first.
     The caller's generator states are back afterwards, and a sample that fails here is left
-    to fail, named, where the loader makes it.
+    to fail, named, where the loader makes it. A dataset that then holds an open handle
+    (opened in ``__init__`` or by a sample) keeps processes too: threads would share its
+    position (:mod:`drapps.runtime.handles`).
     """
     if recipe.worker_init_fn is not None:
         return "a worker_init_fn is set (it prepares a worker process)"
@@ -83,6 +86,8 @@ def thread_hazard(recipe: BatchRecipe) -> str | None:
                 "generator every thread of a process shares; draw from drapps.sample_rng() "
                 "to run on threads"
             )
+    if (handle := shared_handle(recipe.dataset)) is not None:
+        return f"the dataset holds {handle}, which threads would share"
     return None
 
 
@@ -159,6 +164,10 @@ class ThreadPool(WorkerPool):
         if own is None or not own.thread.is_alive():
             worker.retiring = True  # it ended: its exit shows in the next poll
             return
+        if message is not None and message.sample_threads > 1:
+            # A thread is one of the training process's: it makes its samples one at a time
+            # (threads of a worker process are that process's own).
+            message = message._replace(sample_threads=1)
         own.inbox.put(message)
 
     def poll(self, timeout: float, wake: int) -> Polled:

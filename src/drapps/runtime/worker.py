@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import logging
 import os
@@ -9,10 +10,11 @@ import signal
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 import torch
@@ -22,6 +24,7 @@ from torch.utils.data._utils.collate import collate_tensor_fn, default_collate_f
 
 from drapps.runtime.errors import SampleError, describe_failure, failure, sample_error, sample_path
 from drapps.runtime.gil import GilMeter
+from drapps.runtime.handles import shared_handle
 from drapps.runtime.inbox import PARENT_GONE, Inbox, Parent
 from drapps.runtime.messages import BatchFailed, BatchMade, BatchTask, WorkerFatal
 from drapps.runtime.progress import SampleClock, current_clock, use_clock
@@ -139,6 +142,8 @@ class Made:
     """Seconds each index took to fetch and transform, in the order of the indices."""
     kept: list[int] | None = None
     """With ``collate=False``: the positions (in the indices) of the samples in ``batch``."""
+    cpu_s: float = 0.0
+    """The CPU time the samples took, in the threads that made them."""
 
 
 _SENT = {
@@ -216,6 +221,8 @@ def make_batch(
     *,
     collate: bool = True,
     arena: SlabArena | None = None,
+    sample_threads: int = 1,
+    key: Hashable = None,
 ) -> Made:
     """Fetch, transform and collate ``indices``, seeding each sample from (seed, epoch, index).
 
@@ -226,73 +233,133 @@ def make_batch(
     ``collate=False``: return the list of samples made (a part of a batch, which the training
     process collates with the batch's other parts) and their positions in ``Made.kept``.
     ``arena``: collate into this slab (see :func:`collate`).
+    ``sample_threads``: make up to this many samples at once, each in a thread of this
+    process (:class:`SampleThreads`): for samples that wait (on reads, on storage), which the
+    caller has seen draw from no global generator. The batch is the same: samples are
+    collated in the indices' order, and a failure raised is the first in that order. Not
+    while the sample cache takes part, nor while this process watches its first samples.
+    ``key``: the task's, under which :meth:`SampleThreads.start` may have begun its samples.
 
     Raises:
         SampleError: a sample failed and ``on_error="raise"``, or collate_fn failed.
     """
-    samples: list[Any] = []
-    skipped: list[tuple[int, str]] = []
-    fetch_s = transform_s = 0.0
     cache = recipe.cache if recipe.cache is not None and recipe.cache.begin_batch() else None
-    pipeline: Any = recipe.transform if hasattr(recipe.transform, "run_sample") else None
-    end = pipeline.stop_of(split) if pipeline is not None else split
-    held = cache.held_ops(end) if cache is not None and end is not None else 0
-    lossy = False
-    costs: list[float] = []
-    kept: list[int] = []
-    clock = current_clock()
-    for position, index in enumerate(indices):
-        sample_seed = sample_seed_for(seed, epoch, key_of(index))
+    maker = _SampleMaker(recipe, seed, epoch, indices, split, cache, current_clock())
+    if sample_threads > 1 and cache is None and SampleThreads.may_run(recipe):
+        made = SampleThreads.make_all(key, maker, sample_threads)
+    else:
+        made = [maker(position, index, True) for position, index in enumerate(indices)]
+    if cache is not None:
+        cache.end_batch(not all(m.exact for m in made))
+    samples = [m.sample for m in made if m.skipped is None]
+    kept = [m.position for m in made if m.skipped is None]
+    skipped = [m.skipped for m in made if m.skipped is not None]
+    costs = [m.cost for m in made]
+    fetch_s, transform_s = sum(m.fetch_s for m in made), sum(m.transform_s for m in made)
+    cpu_s = sum(m.cpu_s for m in made)
+    if not collate:
+        return Made(samples, skipped, (fetch_s, transform_s, 0.0), costs, kept, cpu_s)
+    if not samples:
+        return Made(None, skipped, (fetch_s, transform_s, 0.0), costs, cpu_s=cpu_s)
+    t2 = time.perf_counter()
+    batch = collate_samples(recipe, samples, split, indices, arena=arena)
+    seconds = (fetch_s, transform_s, time.perf_counter() - t2)
+    return Made(batch, skipped, seconds, costs, cpu_s=cpu_s)
+
+
+@dataclass
+class _Sample:
+    """One sample made (or skipped), and what it cost."""
+
+    position: int
+    sample: Any = None
+    skipped: tuple[Any, str] | None = None
+    exact: bool = True
+    fetch_s: float = 0.0
+    transform_s: float = 0.0
+    cost: float = 0.0
+    cpu_s: float = 0.0
+
+
+class _SampleMaker:
+    """Makes the samples of one task, one call a sample (in any thread)."""
+
+    def __init__(
+        self,
+        recipe: BatchRecipe,
+        seed: int,
+        epoch: int,
+        indices: list[Any],
+        split: Any,
+        cache: SampleStore | None,
+        clock: SampleClock | None,
+    ) -> None:
+        self.recipe, self.seed, self.epoch, self.indices = recipe, seed, epoch, indices
+        self.split, self.cache, self.clock = split, cache, clock
+        pipeline: Any = recipe.transform if hasattr(recipe.transform, "run_sample") else None
+        end = pipeline.stop_of(split) if pipeline is not None else split
+        self.pipeline = pipeline
+        self.held = cache.held_ops(end) if cache is not None and end is not None else 0
+
+    def __call__(self, position: int, index: Any, clocked: bool) -> _Sample:
+        """Sample ``index`` (at ``position`` in the task), made or skipped; ``clocked``: say
+        so on the worker's clock (one sample at a time).
+
+        Raises:
+            SampleError: it failed and ``on_error="raise"``.
+        """
+        recipe, cache, held, pipeline = self.recipe, self.cache, self.held, self.pipeline
+        clock = self.clock if clocked else None
+        sample_seed = sample_seed_for(self.seed, self.epoch, key_of(index))
         seed_sample(sample_seed, reseed=recipe.reseed)
         watched = global_states() if recipe.watch_draws and Watch.left > 0 else None
         stage = "__getitem__"
         if clock is not None:
             clock.begin_sample(position)
         t0 = time.perf_counter()
-        queued = runqueue_wait()
+        queued, cpu = runqueue_wait(), time.thread_time()
         measured = Watch.gil.measure() if watched is not None else _UNMEASURED
+        made = _Sample(position)
         try:
             with measured:
                 hit = cache.get(index, held) if cache is not None else None
                 if hit is None:
                     sample = recipe.dataset[index]
                 t1 = time.perf_counter()
-                fetch_s += t1 - t0
+                made.fetch_s = t1 - t0
                 stage = "transform"
                 written_s = 0.0  # the cache's write: counted with the fetch it stands in for
                 if hit is not None:
-                    sample, exact = hit
-                    lossy = lossy or not exact
+                    sample, made.exact = hit
                 elif cache is not None:
                     if held:
                         sample = pipeline.run_sample(sample, 0, held)
-                    made = time.perf_counter()
-                    cache.put(index, held, sample, int((made - t0) * 1e9))
-                    written_s = time.perf_counter() - made
+                    written = time.perf_counter()
+                    cache.put(index, held, sample, int((written - t0) * 1e9))
+                    written_s = time.perf_counter() - written
                 if pipeline is not None:
                     start = held if cache is not None else 0
-                    sample = pipeline.run_cut(sample, start, split, sample_seed)
+                    sample = pipeline.run_cut(sample, start, self.split, sample_seed)
                 elif recipe.transform is not None:
                     sample = recipe.transform(sample)
-                fetch_s += written_s
-                transform_s += time.perf_counter() - t1 - written_s
+                made.fetch_s += written_s
+                made.transform_s = time.perf_counter() - t1 - written_s
+                made.sample = sample
         except Exception as exc:
             path = sample_path(recipe.dataset, index)
             message = describe_failure(index, stage, path, exc)
-            if recipe.on_error == "skip":
-                skipped.append((index, message))
-                costs.append(time.perf_counter() - t0 - (runqueue_wait() - queued))
-                continue
-            detail = "".join(traceback.format_exception(exc))
-            raise sample_error(
-                message,
-                type(exc),
-                index=index,
-                stage=stage,
-                path=path,
-                indices=indices,
-                detail=detail,
-            ) from exc
+            if recipe.on_error != "skip":
+                detail = "".join(traceback.format_exception(exc))
+                raise sample_error(
+                    message,
+                    type(exc),
+                    index=index,
+                    stage=stage,
+                    path=path,
+                    indices=self.indices,
+                    detail=detail,
+                ) from exc
+            made.skipped = (index, message)
         finally:
             clear_sample()
             if clock is not None:
@@ -303,18 +370,119 @@ def make_batch(
                 moved = moved_generators(watched, global_states())
                 if moved and Watch.drew is None:
                     Watch.drew = f"{' and '.join(moved)} (sample {index!r} did)"
-        costs.append(time.perf_counter() - t0 - (runqueue_wait() - queued))
-        samples.append(sample)
-        kept.append(position)
-    if cache is not None:
-        cache.end_batch(lossy)
-    if not collate:
-        return Made(samples, skipped, (fetch_s, transform_s, 0.0), costs, kept)
-    if not samples:
-        return Made(None, skipped, (fetch_s, transform_s, 0.0), costs)
-    t2 = time.perf_counter()
-    batch = collate_samples(recipe, samples, split, indices, arena=arena)
-    return Made(batch, skipped, (fetch_s, transform_s, time.perf_counter() - t2), costs)
+        made.cost = time.perf_counter() - t0 - (runqueue_wait() - queued)
+        made.cpu_s = time.thread_time() - cpu
+        return made
+
+
+class SampleThreads:
+    """This process's threads for making several samples at once (``sample_threads``).
+
+    A worker process whose samples wait (a read of 1 ms that is now and then 60 ms, object
+    storage) spends most of a batch waiting on one read after another; its threads wait on
+    several at once, without a process per read. The batch is still collated, written and
+    sent by the worker's own thread, in the order of its indices. The threads also begin the
+    samples of the tasks waiting in the worker's inbox (:meth:`start`), so that a batch held
+    by one slow read does not leave the others idle. They live as long as the process, as
+    many as the largest count asked for, ``threads`` of them at work at once."""
+
+    _pool: ThreadPoolExecutor | None = None
+    _size = 0
+    _gate: tuple[int, threading.Semaphore] = (0, threading.Semaphore(0))
+    _begun: ClassVar[dict[Hashable, list[Future[_Sample]]]] = {}
+
+    refused: str | None = None
+    """Why this process's samples are made one at a time though threads were asked for, in
+    words (the dataset holds an open handle); None while they may run in threads."""
+
+    @classmethod
+    def may_run(cls, recipe: BatchRecipe) -> bool:
+        """Whether samples may be made in threads now: not while this process still
+        watches its first samples, one at a time, for draws from a global generator, nor
+        once its dataset holds an open handle that the threads would share (opened in a
+        sample, seen after it: :func:`~drapps.runtime.handles.shared_handle`)."""
+        if recipe.watch_draws and Watch.left > 0:
+            return False
+        if cls.refused is None and (handle := shared_handle(recipe.dataset)) is not None:
+            cls.refused = f"the dataset holds {handle}"
+        return cls.refused is None
+
+    @classmethod
+    def start(cls, key: Hashable, maker: _SampleMaker, threads: int) -> None:
+        """Begin the samples of the task ``key`` (made by ``maker``), ``threads`` at a time,
+        for :meth:`make_all` to take."""
+        if key in cls._begun:
+            return
+        pool, (_, gate) = cls._threads(threads), cls._gate
+
+        def run(position: int, index: Any) -> _Sample:
+            with gate:
+                return maker(position, index, False)
+
+        cls._begun[key] = [pool.submit(run, p, i) for p, i in enumerate(maker.indices)]
+
+    @classmethod
+    def make_all(cls, key: Hashable, maker: _SampleMaker, threads: int) -> list[_Sample]:
+        """Every sample of the task ``key`` (begun by :meth:`start`, or now), in its
+        indices' order; the first failure in that order is raised once every sample begun
+        for the task has ended (none is left running into the next task)."""
+        cls.start(key, maker, threads)
+        futures = cls._begun.pop(key)
+        made: list[_Sample] = []
+        clock = maker.clock
+        try:
+            for position, future in enumerate(futures):
+                if clock is not None:
+                    clock.begin_sample(position)  # the sample the batch now waits on
+                made.append(future.result())
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            concurrent.futures.wait(futures)
+            raise
+        finally:
+            if clock is not None:
+                clock.end_sample()
+        return made
+
+    @classmethod
+    def close(cls) -> None:
+        """End this process's sample threads, after the samples they hold (a later task
+        starts new ones)."""
+        if cls._pool is not None:
+            cls._pool.shutdown(wait=True)
+        cls._pool, cls._size = None, 0
+        cls._begun.clear()
+
+    @classmethod
+    def _threads(cls, threads: int) -> ThreadPoolExecutor:
+        if cls._pool is None or cls._size < threads:
+            # The smaller pool's threads finish what they were given, then exit.
+            if cls._pool is not None:
+                cls._pool.shutdown(wait=False)
+            cls._pool = ThreadPoolExecutor(threads, thread_name_prefix="drapps-sample")
+            cls._size = threads
+        if cls._gate[0] != threads:
+            cls._gate = (threads, threading.Semaphore(threads))
+        return cls._pool
+
+
+def begin_waiting(recipe: BatchRecipe, tasks: list[BatchTask]) -> None:
+    """Begin in threads the samples of the tasks waiting in a worker's inbox that ask for
+    them (:class:`SampleThreads`)."""
+    if recipe.cache is not None or not SampleThreads.may_run(recipe):
+        return
+    for task in tasks:
+        if task.sample_threads > 1:
+            maker = _SampleMaker(
+                recipe, task.seed, task.epoch, task.indices, task.split, None, None
+            )
+            SampleThreads.start(task_key(task), maker, task.sample_threads)
+
+
+def task_key(task: BatchTask) -> Hashable:
+    """What names a task among those a worker holds."""
+    return (task.generation, task.batch_id, task.part)
 
 
 class _SchedStat:
@@ -474,6 +642,8 @@ def run_worker(
                 return  # asked to stop
             if read_ahead is not None:
                 hint_reads(read_ahead, [task, *inbox.waiting()])
+            if task.sample_threads > 1:
+                begin_waiting(recipe, [task, *inbox.waiting()])
             if clock is not None:
                 clock.begin_task(task.batch_id, task.part)
             if (task.num_workers, task.seed) != (num_workers, base_seed):
@@ -516,7 +686,8 @@ def answer(
         try:
             made = make_batch(
                 recipe, task.seed, task.epoch, indices, task.split, collate=part is None,
-                arena=arena if part is None else None,
+                arena=arena if part is None else None, sample_threads=task.sample_threads,
+                key=task_key(task),
             )  # fmt: skip
         except SampleError as exc:
             return BatchFailed(generation, batch_id, exc, part)
@@ -531,9 +702,12 @@ def answer(
     watched, drew, (python_s, measured_s) = (
         Watch.take() if recipe.watch_draws else (0, None, (0.0, 0.0))
     )
+    if watched and Watch.left <= 0:
+        SampleThreads.may_run(recipe)  # the evidence threads need: no handle they would share
     return BatchMade(
         generation, batch_id, packed, made.skipped, made.seconds, made.costs, part, made.kept,
-        watched, drew, python_s, measured_s,
+        watched, drew, python_s, measured_s, made.cpu_s,
+        SampleThreads.refused,
     )  # fmt: skip
 
 
