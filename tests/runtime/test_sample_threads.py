@@ -116,6 +116,7 @@ def test_workers_whose_samples_wait_make_them_at_once_and_batches_match_dataload
         pool = _pool(dl)
         threads = pool.sample_threads()
         why = dl.stats().executor_why or ""
+        assert dl.stats().sample_threads == threads
     cpu = pool.cpu_share()
     assert cpu is not None and cpu < 0.3, cpu
     assert 2 <= threads <= SAMPLE_THREADS, threads
@@ -149,7 +150,7 @@ def test_samples_that_compute_are_made_one_at_a_time() -> None:
     with drapps.Loader(Computes(64), batch_size=16, control_interval=60.0) as loader:
         list(loader)
         pool = _pool(loader)
-        assert pool.sample_threads() == 1
+        assert pool.sample_threads() == 1 == loader.stats().sample_threads
         cpu = pool.cpu_share()
         assert cpu is not None and cpu > 0.5, cpu
 

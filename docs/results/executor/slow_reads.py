@@ -1,12 +1,14 @@
 """Samples whose ``__getitem__`` waits (1 ms, 5% of them 60 ms: a network file system), a
 30 ms training step (a sleep): DataLoader at 4, 6 and 8 workers, drapps at 4 and 6 and
 ``workers="auto"``; 150 timed batches of 32 after 10, interleaved rounds. Prints samples/s,
-the share of the timed window the loop waited, p99 ``next()`` and the workers at the end.
+the share of the timed window the loop waited, p99 ``next()``, the workers at the end and the
+proportional memory (PSS) of the whole process tree at the end of the window.
 
     ROUNDS=2 .venv/bin/python docs/results/executor/slow_reads.py
     ROUNDS=1 .venv/bin/python docs/results/executor/slow_reads.py dataloader-6,drapps-auto
 """
 import sys, time, statistics, json, os, random as _r
+import psutil
 import torch
 from torch.utils.data import DataLoader, Dataset
 import drapps
@@ -32,10 +34,12 @@ def run(make):
         if n > WARM: waits.append(w)
         if n == WARM + TIMED:
             dt = time.perf_counter() - t0
+            tree = psutil.Process().children(recursive=True) + [psutil.Process()]
+            pss = sum(p.memory_full_info().pss for p in tree if p.is_running()) / 2**20
             workers = l.stats().workers if hasattr(l, "stats") else l.num_workers
             if hasattr(l, "close"): l.close()
             waits.sort()
-            return {"sps": TIMED * B / dt, "waited": sum(waits) / dt, "p99_ms": 1000 * waits[int(0.99 * len(waits))], "workers": workers}
+            return {"sps": TIMED * B / dt, "waited": sum(waits) / dt, "p99_ms": 1000 * waits[int(0.99 * len(waits))], "workers": workers, "tree_pss_mib": pss}
         time.sleep(STEP)
 ds = SlowReads()
 systems = {f"dataloader-{k}": (lambda k=k: run(lambda: DataLoader(ds, batch_size=B, shuffle=True, num_workers=k, persistent_workers=True))) for k in (4, 6, 8)}
@@ -50,3 +54,8 @@ res = {k: [] for k in names}
 for r in range(int(os.environ.get("ROUNDS", 2))):
     for k in (names if r % 2 == 0 else names[::-1]):
         res[k].append(systems[k]()); print(r, k, {a: (round(b, 3) if isinstance(b, float) else b) for a, b in res[k][-1].items()}, flush=True)
+print("median of the rounds:")
+for k in names:
+    print(f"  {k}: " + ", ".join(f"{a} {statistics.median(r[a] for r in res[k]):.3f}" for a in res[k][0]))
+if os.environ.get("OUT"):
+    json.dump({"rounds": res, "timed_batches": TIMED, "step_s": STEP, "batch": B}, open(os.environ["OUT"], "w"), indent=1)

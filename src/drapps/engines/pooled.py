@@ -239,6 +239,7 @@ def pool_snapshot(
         executor=d.pool.executor,
         executor_why=d.pool.why,
         executor_choice=d.pool.choosable,
+        sample_threads=d.pool.sample_threads(),
         sample_costs={
             **d.costs.report(),
             "slow_batches": d.collector.slow_batches,

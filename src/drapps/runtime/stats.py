@@ -94,6 +94,8 @@ class PipelineSnapshot:
     """Why, in words, where they are not the default."""
     executor_choice: bool = False
     """Whether the controller may move the workers between processes and threads."""
+    sample_threads: int = 1
+    """How many of a batch's samples each worker makes at once now."""
 
 
 def inline_snapshot(samples: int, wait_s: float, memory_budget: int) -> PipelineSnapshot:
@@ -194,6 +196,10 @@ class LoaderStats:
     executor_why: str | None = None
     """Why the workers are what they are, in words, where it is not the default: threads as
     asked, or processes kept although threads were asked for, and the reason."""
+    sample_threads: int = 1
+    """How many of a batch's samples each worker process makes at once, each in a thread of
+    its own: above 1 under ``workers="auto"`` where the samples wait (on reads, on storage)
+    rather than compute."""
     worker_private_bytes: tuple[int, ...] = ()
     """Each worker's private memory now, in the order of :attr:`worker_pids`: the pages it
     alone maps (what it wrote, and pages of the dataset it un-shared by reading them: a
@@ -261,6 +267,7 @@ class LoaderStats:
             worker_starts_s=snapshot.worker_starts_s,
             executor=snapshot.executor,
             executor_why=snapshot.executor_why,
+            sample_threads=snapshot.sample_threads,
             worker_private_bytes=tuple(
                 memory[1] if (memory := process_memory(pid)) is not None else 0
                 for pid in snapshot.worker_pids
