@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from torch.utils.data import DataLoader, default_collate
+from torch.utils.data import DataLoader, default_collate, get_worker_info
 
 import drapps
 from drapps.runtime.errors import SampleError
@@ -194,3 +194,20 @@ def test_shared_handle_looks_into_what_the_dataset_holds() -> None:
     assert shared_handle(Holder(file=closed, paths=["a", "b"], n=3)) is None
     deep = Holder(a=Holder(b=Holder(c=shard)))  # three attributes down: not looked at
     assert shared_handle(deep) is None
+
+
+class AsksWhichWorker(Waits):
+    """Each sample asks ``get_worker_info()`` (as a dataset that opens a handle per worker
+    does), also while the worker collates the batch before it."""
+
+    def __getitem__(self, i: int) -> tuple[int, float]:
+        time.sleep(0.001)
+        info = get_worker_info()
+        return i, -1.0 if info is None else float(info.num_workers)
+
+
+def test_every_sample_made_in_a_thread_sees_its_worker() -> None:
+    with drapps.Loader(AsksWhichWorker(600), batch_size=8, control_interval=60.0) as loader:
+        seen = {float(v) for b in loader for v in b[1]}
+        assert loader.stats().sample_threads > 1
+    assert seen == {2.0}, seen

@@ -262,8 +262,10 @@ def _worker_info_here() -> Any:
     from torch.utils.data._utils import worker as torch_worker
 
     here = _thread_worker
+    if here.hidden:
+        return None
     if here.info is not None:
-        return None if here.hidden else here.info
+        return here.info
     return torch_worker._worker_info
 
 
@@ -291,6 +293,13 @@ def answer_worker_info_per_thread() -> None:
         function.__code__ = _dispatching_get_worker_info.__code__
 
 
+def _answers_per_thread() -> bool:
+    """Whether ``get_worker_info()`` answers per thread in this process."""
+    from torch.utils.data._utils import worker as torch_worker
+
+    return torch_worker.get_worker_info.__code__ is _dispatching_get_worker_info.__code__
+
+
 def set_thread_worker_info(worker_id: int, num_workers: int, base_seed: int, dataset: Any) -> None:
     """Make ``get_worker_info()`` describe this thread as worker ``worker_id`` (see
     :func:`answer_worker_info_per_thread`)."""
@@ -315,7 +324,9 @@ def worker_info_hidden() -> Iterator[None]:
     """
     from torch.utils.data._utils import worker as torch_worker
 
-    if _thread_worker.info is not None:  # a thread worker: hide its own, not the process's
+    if _thread_worker.info is not None or _answers_per_thread():
+        # Threads make samples beside this one (thread workers, or a worker process's sample
+        # threads): hide the info from this thread only.
         _thread_worker.hidden = True
         try:
             yield

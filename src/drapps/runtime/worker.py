@@ -30,6 +30,7 @@ from drapps.runtime.messages import BatchFailed, BatchMade, BatchTask, WorkerFat
 from drapps.runtime.progress import SampleClock, current_clock, use_clock
 from drapps.runtime.sampling import key_of
 from drapps.runtime.seeding import (
+    answer_worker_info_per_thread,
     clear_sample,
     global_states,
     moved_generators,
@@ -456,6 +457,9 @@ class SampleThreads:
 
     @classmethod
     def _threads(cls, threads: int) -> ThreadPoolExecutor:
+        # The worker's own thread hides get_worker_info() while it collates (see
+        # worker_info_hidden): from itself only, not from the samples made beside it.
+        answer_worker_info_per_thread()
         if cls._pool is None or cls._size < threads:
             # The smaller pool's threads finish what they were given, then exit.
             if cls._pool is not None:
