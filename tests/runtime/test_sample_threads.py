@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
+import torch
 from torch.utils.data import DataLoader, default_collate, get_worker_info
 
 import drapps
@@ -211,3 +212,19 @@ def test_every_sample_made_in_a_thread_sees_its_worker() -> None:
         seen = {float(v) for b in loader for v in b[1]}
         assert loader.stats().sample_threads > 1
     assert seen == {2.0}, seen
+
+
+def draws_as_it_collates(samples: list[tuple[int, float]]) -> tuple[list[int], float]:
+    """A collate_fn that draws from torch's global generator (a mixup weight)."""
+    return [i for i, _ in samples], float(torch.rand(1)[0])
+
+
+def test_a_collate_fn_that_draws_gets_the_draws_it_gets_one_sample_at_a_time() -> None:
+    dataset = Waits(96)
+    kwargs = {"batch_size": 8, "shuffle": True, "seed": 5, "collate_fn": draws_as_it_collates}
+    with drapps.Loader(dataset, workers=0, dispatch="samples", **kwargs) as inline:
+        expected = list(inline)
+    with drapps.Loader(dataset, control_interval=60.0, **kwargs) as loader:
+        got = list(loader)
+        assert loader.stats().sample_threads > 1
+    assert got == expected

@@ -248,6 +248,11 @@ def make_batch(
     maker = _SampleMaker(recipe, seed, epoch, indices, split, cache, current_clock())
     if sample_threads > 1 and cache is None and SampleThreads.may_run(recipe):
         made = SampleThreads.make_all(key, maker, sample_threads)
+        if indices:
+            # The global generators as one sample after another leaves them, for a
+            # collate_fn that draws: seeded for the last (which drew nothing from them).
+            seed_sample(sample_seed_for(seed, epoch, key_of(indices[-1])), reseed=recipe.reseed)
+            clear_sample()
     else:
         made = [maker(position, index, True) for position, index in enumerate(indices)]
     if cache is not None:
@@ -382,10 +387,12 @@ class SampleThreads:
     A worker process whose samples wait (a read of 1 ms that is now and then 60 ms, object
     storage) spends most of a batch waiting on one read after another; its threads wait on
     several at once, without a process per read. The batch is still collated, written and
-    sent by the worker's own thread, in the order of its indices. The threads also begin the
-    samples of the tasks waiting in the worker's inbox (:meth:`start`), so that a batch held
-    by one slow read does not leave the others idle. They live as long as the process, as
-    many as the largest count asked for, ``threads`` of them at work at once."""
+    sent by the worker's own thread, in the order of its indices, with the global generators
+    as one sample after another would leave them. The threads also begin the samples of the
+    tasks waiting in the worker's inbox (:meth:`start`, with torch's default collate), so
+    that a batch held by one slow read does not leave the others idle. They live as long as
+    the process, as many as the largest count asked for, ``threads`` of them at work at
+    once."""
 
     _pool: ThreadPoolExecutor | None = None
     _size = 0
@@ -473,8 +480,12 @@ class SampleThreads:
 
 def begin_waiting(recipe: BatchRecipe, tasks: list[BatchTask]) -> None:
     """Begin in threads the samples of the tasks waiting in a worker's inbox that ask for
-    them (:class:`SampleThreads`)."""
-    if recipe.cache is not None or not SampleThreads.may_run(recipe):
+    them (:class:`SampleThreads`). Not with a ``collate_fn`` of the user's: it runs in the
+    worker's thread while those samples are made, and one that draws from a global generator
+    would draw after whichever sample seeded it last."""
+    if recipe.cache is not None or recipe.collate_fn is not default_collate:
+        return
+    if not SampleThreads.may_run(recipe):
         return
     for task in tasks:
         if task.sample_threads > 1:
