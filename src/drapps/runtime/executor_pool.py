@@ -121,10 +121,10 @@ class ExecutorPool(WorkerPool):
     def sample_threads(self) -> int:
         """How many of a batch's samples each worker process makes at once: as many as keep
         one core busy (1 / the samples' CPU share), at most :data:`SAMPLE_THREADS` and no
-        more than the GIL's share lets run (1 / it); 1 where threads may not run this dataset
-        (:meth:`threads_allowed`) or the pool runs on threads."""
+        more than the GIL's share lets run (1 / it); 1 where threads could make this dataset's
+        samples wrongly (:meth:`threads_allowed`'s evidence) or the pool runs on threads."""
         threads, cpu = 1, self.cpu_share()
-        if self.executor == "processes" and cpu is not None and self.threads_allowed() is None:
+        if self.executor == "processes" and cpu is not None and self._threads_safe() is None:
             threads = int(1.0 / max(cpu, 1.0 / SAMPLE_THREADS))
             gil = self.gil_share()
             if gil is not None and gil > 0:
@@ -140,6 +140,19 @@ class ExecutorPool(WorkerPool):
 
     def threads_allowed(self) -> str | None:
         """Why threads may not run this dataset now, in words; None when they may."""
+        if (why := self._threads_safe()) is not None:
+            return why
+        share, threads = self.gil_share(), max(2, len(self.live()))
+        if share is not None and share * threads >= 1:
+            return (
+                f"{share:.0%} of a sample's time runs Python, which holds the GIL: "
+                f"{threads} threads would take turns at it (measured in the worker processes)"
+            )
+        return None
+
+    def _threads_safe(self) -> str | None:
+        """Why threads of one process could make this dataset's samples wrongly (not only
+        slowly), in words; None once the evidence says they may."""
         if self._cached:
             return "the sample cache is on, and its handles are one per worker process"
         if self.drew is not None:
@@ -148,12 +161,6 @@ class ExecutorPool(WorkerPool):
             return f"{self.alone}, which threads would share"
         if self.watched < EVIDENCE:
             return f"{self.watched} of {EVIDENCE} samples watched for global draws so far"
-        share, threads = self.gil_share(), max(2, len(self.live()))
-        if share is not None and share * threads >= 1:
-            return (
-                f"{share:.0%} of a sample's time runs Python, which holds the GIL: "
-                f"{threads} threads would take turns at it (measured in the worker processes)"
-            )
         return None
 
     def use(self, executor: str) -> bool:
