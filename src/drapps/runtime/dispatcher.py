@@ -370,11 +370,12 @@ class Dispatcher:
             self.pool.send(worker, self._task_message(task, work.part))
 
     def _task_message(self, task: Task, part: int | None) -> BatchTask:
-        """What a worker is sent to make ``task`` (part ``part`` of its batch, or all)."""
+        """What a worker is sent to make ``task`` (part ``part`` of its batch, or all), with
+        as many samples at once as this dispatch pass found (``Schedule.samples_at_once``)."""
         assert self._plan is not None
         return BatchTask(
             task.generation, self._plan.seed, task.epoch, task.batch_id, task.indices,
-            self._target, task.split, part, self.pool.sample_threads(),
+            self._target, task.split, part, self.schedule.samples_at_once,
         )  # fmt: skip
 
     def _wait_and_receive(self) -> None:

@@ -655,10 +655,12 @@ def run_worker(
         while (task := inbox.next()) is not PARENT_GONE:
             if task is None:
                 return  # asked to stop
-            if read_ahead is not None:
-                hint_reads(read_ahead, [task, *inbox.waiting()])
-            if task.sample_threads > 1:
-                begin_waiting(recipe, [task, *inbox.waiting()])
+            if read_ahead is not None or task.sample_threads > 1:
+                held = [task, *inbox.waiting()]
+                if read_ahead is not None:
+                    hint_reads(read_ahead, held)
+                if task.sample_threads > 1:
+                    begin_waiting(recipe, held)
             if clock is not None:
                 clock.begin_task(task.batch_id, task.part)
             if (task.num_workers, task.seed) != (num_workers, base_seed):
