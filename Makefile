@@ -111,7 +111,7 @@ test-integration: $(STAMP) core services
 	$(VENV)/bin/pytest -q -m "(integration or extras) and not slow"
 
 # Tests whose duration is the machine's speed (training runs, bench runs, the soak).
-SOAK_S ?= 300
+SOAK_S ?= 240
 test-slow: $(STAMP) services
 	DRAPPS_SOAK_S=$(SOAK_S) $(VENV)/bin/pytest -q -m slow --durations=12
 

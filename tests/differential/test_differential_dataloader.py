@@ -146,7 +146,7 @@ def test_drapps_gives_dataloaders_batches_under_spawn_and_forkserver(case: Case)
 
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
-@campaign(400)
+@campaign(300)
 # One example in five under spawn or forkserver: each starts interpreters that import torch,
 # several times the cost of a fork, and the fast tier runs both methods on every commit.
 @given(cases(contexts=(None,) * 8 + ("spawn", "forkserver"), draws=True))

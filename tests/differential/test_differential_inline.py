@@ -294,4 +294,4 @@ def test_a_loader_through_events_is_held_to_its_inline_reference() -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(7200)
 def test_campaign_of_events() -> None:
-    run_state_machine_as_test(LoaderMachine, settings=campaign(100, stateful_step_count=30))
+    run_state_machine_as_test(LoaderMachine, settings=campaign(75, stateful_step_count=30))
