@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from drapps.sim import Simulator, simulate
+from drapps.sim.cache import CacheModel, CodecModel
 from drapps.sim.families import draw, family_names
 from drapps.sim.scenario import Change, PipelineModel, Scenario
 
@@ -151,3 +152,43 @@ def test_the_learned_policy_may_move_the_executor() -> None:
     )
     assert policy.features[-1] == "executor_threads"
     assert policy.choose(observation) in Action.space(knobs)
+
+
+def reads(executor: str | None, **more: object) -> PipelineModel:
+    """Samples that mostly wait on storage (a read of 3 ms and 0.3 ms of CPU each, batches of
+    32), on two cores, for a loop that could take a batch every 30 ms."""
+    fields: dict[str, object] = {"cpu_s": 0.01, "read_s": 0.096, "step_s": 0.03, **more}
+    return PipelineModel(cores=2, executor=executor, **fields)  # type: ignore[arg-type]
+
+
+def test_worker_processes_make_samples_that_wait_at_once_as_the_runtime_asks() -> None:
+    at_once = {}
+    rate = {}
+    for executor in (None, "process"):
+        sim = Simulator(Scenario(reads(executor)), workers=2, seed=0)
+        sim.run_until(20.0)
+        at_once[executor], rate[executor] = sim.sample_threads(), sim.totals.samples / 20.0
+    # As ExecutorPool.sample_threads: one over the CPU's share of a sample's time (0.01 of
+    # 0.106: 10 at once); a fixed count (no executor choice) makes them one at a time.
+    assert at_once == {None: 1, "process": 10}
+    # One at a time, two processes wait out their reads: about 2 x 32 / 0.106 s.
+    assert rate[None] == pytest.approx(2 * 32 / 0.106, rel=0.1)
+    # Ten at once, the same two keep up with the loop (32 / 30 ms), as more processes would.
+    assert rate["process"] > 0.9 * 32 / 0.03
+    many = Simulator(Scenario(reads(None)), workers=8, seed=0)
+    many.run_until(20.0)
+    assert rate["process"] > 0.95 * many.totals.samples / 20.0
+
+
+def test_samples_are_made_one_at_a_time_where_the_runtime_makes_them_so() -> None:
+    def at_once(p: PipelineModel, workers: int = 2) -> int:
+        return Simulator(Scenario(p), workers=workers, seed=0).sample_threads()
+
+    assert at_once(reads("thread")) == 1  # threads of the training process
+    assert at_once(reads("process"), workers=0) == 1  # batches made in the loop
+    assert at_once(reads("process", gil_share=0.25)) == 4  # the GIL bounds it
+    assert at_once(reads("process", read_s=0.0)) == 1  # nothing waits
+    assert at_once(reads("process", read_s=100.0)) == 32  # at most SAMPLE_THREADS
+    codecs = (CodecModel("raw", stored_bytes=2**20, encode_s=0.0, decode_s=0.0),)
+    cached = reads("process", cache=CacheModel(samples=4000, budget_bytes=2**30, codecs=codecs))
+    assert at_once(cached) == 1  # the cache's handles are one per process

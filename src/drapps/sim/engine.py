@@ -11,7 +11,9 @@ priority (nice +10) weigh :data:`LOW_WEIGHT` against the training process and ot
 as the kernel's fair scheduler weighs them: the workers' jobs and the rest then run at two
 speeds, one virtual clock each. Worker threads (``PipelineModel.executor``) run the share of
 their work that holds the GIL on a third clock, one job's speed shared by the threads that
-want it, and the rest beside the other workers.
+want it, and the rest beside the other workers. Worker processes whose samples wait on reads
+make several at once, as the runtime's pool asks (:meth:`Simulator.sample_threads`): their
+reads overlap.
 
 The simulator mirrors ``drapps.Loader``'s dispatcher: tasks are dispatched in batch order while
 in-flight plus ready batches stay under the prefetch depth and the memory budget; idle workers
@@ -34,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from drapps.control.state import State, percentile
+from drapps.runtime.executor_pool import SAMPLE_THREADS
 from drapps.sim.cache import CacheSim
 from drapps.sim.hedging import TASKS_PER_WORKER, HedgedCopies
 from drapps.sim.scenario import Change, Scenario
@@ -312,6 +315,25 @@ class Simulator:
     @property
     def executor(self) -> str:
         return self._executor
+
+    def sample_threads(self) -> int:
+        """How many of a batch's samples each worker process makes at once, as the runtime's
+        pool under ``workers="auto"`` asks (``ExecutorPool.sample_threads``): one over the
+        share of a sample's time on the CPU (the rest waits on reads, ``read_s``), at most
+        :data:`~drapps.runtime.executor_pool.SAMPLE_THREADS`, and at most one over the share
+        that holds the GIL. 1 where the pipeline has no executor choice (a fixed count), runs
+        on threads, makes batches in the loop, or has a sample cache, as in the runtime."""
+        p = self.pipeline
+        if p.executor is None or self._inline or self._executor != "process" or p.cache is not None:
+            return 1
+        wait_s = p.read_s * self._factors["read"]
+        if wait_s <= 0:
+            return 1
+        cpu_s = p.cpu_s * self._factors["cpu"]
+        at_once = int(1.0 / max(cpu_s / (cpu_s + wait_s), 1.0 / SAMPLE_THREADS))
+        if self._gil_share > 0:
+            at_once = min(at_once, max(1, int(1.0 / self._gil_share)))
+        return at_once
 
     def set_priority(self, priority: str) -> None:
         """Run the workers at ``"normal"`` CPU priority or ``"low"`` (nice +10: they get
@@ -754,14 +776,36 @@ class Simulator:
                 self._hedging.start(batch, part, worker, self.now, predicted)
             worker.began, worker.predicted = self.now, predicted
         arrived = functools.partial(self._arrived, worker, batch, part, copy, self.now, share)
-        self._make_batch("thread" if worker.kind == "thread" else "worker", arrived, cut, share)
+        owner = "thread" if worker.kind == "thread" else "worker"
+        self._make_batch(owner, arrived, cut, share, self._read_at_once(worker, batch, part, share))
+
+    def _read_at_once(self, worker: _Worker, batch: int, part: int, share: float) -> float:
+        """The share of a task's read wait its worker spends waiting when it makes the task's
+        samples at once (:meth:`sample_threads`): the reads overlap, so the task waits for its
+        reads over the threads, but at least for its slowest sample's; 1.0 one at a time."""
+        at_once = self.sample_threads() if worker.kind == "process" else 1
+        if at_once <= 1 or share <= 0:
+            return 1.0
+        parts = self._parts.get(batch)  # (a copy's batch may be consumed by now)
+        size = parts[part][2] if parts is not None else self.pipeline.batch_size
+        if size <= 1:
+            return 1.0
+        unit = self._unit
+        slowest = unit * self.pipeline.slow_factor if share > unit * size * 1.000001 else unit
+        return min(1.0, max(1.0 / min(at_once, size), slowest / share))
 
     def _make_batch(
-        self, owner: str, done: _Callback, cut: tuple[int, float], share: float = 1.0
+        self,
+        owner: str,
+        done: _Callback,
+        cut: tuple[int, float],
+        share: float = 1.0,
+        read_at_once: float = 1.0,
     ) -> None:
         """Read (latency, then bytes through the shared disk), then the CPU work (the fixed
         part, the movable ops before the split, and those after it for the samples not
-        offloaded); ``cut``: (split, offload share); ``share``: of a mean batch's work."""
+        offloaded); ``cut``: (split, offload share); ``share``: of a mean batch's work;
+        ``read_at_once``: the share of the read latency waited (:meth:`_read_at_once`)."""
         p, f = self.pipeline, self._factors
         cost = self._draw(p.cost_cv) * share
         split, offload = cut
@@ -777,7 +821,7 @@ class Simulator:
         # (``Simulator.branch``) carries them over to the copy.
         read_bytes = functools.partial(self._read_bytes, cpu_s, cost, read, owner, done)
         if p.read_s > 0 and read > 0:
-            self._at(self.now + p.read_s * f["read"] * cost * read, read_bytes)
+            self._at(self.now + p.read_s * f["read"] * cost * read * read_at_once, read_bytes)
         else:
             read_bytes()
 
