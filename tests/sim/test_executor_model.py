@@ -192,3 +192,26 @@ def test_samples_are_made_one_at_a_time_where_the_runtime_makes_them_so() -> Non
     codecs = (CodecModel("raw", stored_bytes=2**20, encode_s=0.0, decode_s=0.0),)
     cached = reads("process", cache=CacheModel(samples=4000, budget_bytes=2**30, codecs=codecs))
     assert at_once(cached) == 1  # the cache's handles are one per process
+
+
+def test_a_slow_read_holds_only_itself_and_batches_go_whole() -> None:
+    """5% of the reads wait 40x the rest (a cold object store), slow at random, for a loop
+    that could take a batch every 15 ms; the loader cuts batches where it makes samples one
+    at a time (``dispatch="auto"``)."""
+    tail = {"slow_share": 0.05, "slow_factor": 40.0, "slow_known": 0.0, "dispatch": "auto"}
+    tail["step_s"] = 0.015
+    runs = {}
+    for executor in (None, "process"):
+        sim = Simulator(Scenario(reads(executor, **tail)), workers=2, seed=0)
+        sim.run_until(20.0)
+        runs[executor] = sim
+    one_at_a_time, at_once = runs[None], runs["process"]
+    assert at_once.sample_threads() > 1
+    # As the runtime: while samples are made at once, a batch is one task, never cut ...
+    assert all(len(parts) == 1 for parts in at_once._parts.values())
+    assert any(len(parts) > 1 for parts in one_at_a_time._parts.values())
+    assert at_once.totals.hedges == 0  # ... nor its late parts copied
+    # ... and two processes nearly keep up with the loop: a slow read waits beside its
+    # worker's next samples instead of holding the worker (held, they make 0.69 of it).
+    assert at_once.totals.samples / 20.0 > 0.8 * 32 / 0.015
+    assert at_once.totals.samples > 3 * one_at_a_time.totals.samples

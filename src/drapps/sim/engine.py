@@ -82,6 +82,20 @@ class _Worker:
     """Its current task's predicted share of a mean batch's work (hedging only)."""
 
 
+@dataclass(eq=False)
+class _Slowest:
+    """A task whose worker made its samples at once and is free before the task's slowest
+    read is done: the task is delivered when both are (``left`` counts them down)."""
+
+    kind: str
+    batch: int
+    part: int
+    copy: bool
+    began: float
+    share: float
+    left: int = 2
+
+
 _Part = tuple[float, bool, int]
 """One task of a batch: its share of a mean batch's work (its slow samples drawn), whether it
 is one predicted-slow sample (slow whoever makes it), its samples. (A plain tuple: one is
@@ -716,7 +730,7 @@ class Simulator:
         n = p.batch_size
         whole, unit, slow = self._whole_share()
         known = int(self._rng.binomial(slow, p.slow_known)) if slow else 0
-        if not p.cuts:
+        if not p.cuts or self._whole_at_once():
             parts = [(whole, False, n)]
         else:
             count = max(2, min(n, 2 * max(1, self._target)))
@@ -775,24 +789,54 @@ class Simulator:
                 predicted = share if known else self._unit * size
                 self._hedging.start(batch, part, worker, self.now, predicted)
             worker.began, worker.predicted = self.now, predicted
-        arrived = functools.partial(self._arrived, worker, batch, part, copy, self.now, share)
         owner = "thread" if worker.kind == "thread" else "worker"
-        self._make_batch(owner, arrived, cut, share, self._read_at_once(worker, batch, part, share))
+        waited, slowest = self._reads_at_once(worker, batch, part, share)
+        if slowest > waited:  # the slowest read holds only itself, not its worker
+            held = _Slowest(worker.kind, batch, part, copy, self.now, share)
+            freed = functools.partial(self._freed, worker, held)
+            tail = functools.partial(self._slowest_read, held)
+            self._make_batch(owner, freed, cut, share, waited, (slowest, tail))
+            return
+        arrived = functools.partial(self._arrived, worker, batch, part, copy, self.now, share)
+        self._make_batch(owner, arrived, cut, share, waited)
 
-    def _read_at_once(self, worker: _Worker, batch: int, part: int, share: float) -> float:
-        """The share of a task's read wait its worker spends waiting when it makes the task's
-        samples at once (:meth:`sample_threads`): the reads overlap, so the task waits for its
-        reads over the threads, but at least for its slowest sample's; 1.0 one at a time."""
+    def _whole_at_once(self) -> bool:
+        """Whether batches go whole to workers that make their samples at once: under
+        ``dispatch="auto"`` the runtime does not cut them then, nor copy late parts."""
+        return self.pipeline.dispatch == "auto" and self.sample_threads() > 1
+
+    def _reads_at_once(
+        self, worker: _Worker, batch: int, part: int, share: float
+    ) -> tuple[float, float]:
+        """The shares of a task's read wait that its worker waits and that its slowest sample
+        waits, where the worker makes the samples at once (:meth:`sample_threads`): the
+        reads overlap, so the worker waits for them over its threads (at least one typical
+        read), while a slow one holds only itself, as the runtime's threads go on to the
+        samples of the tasks behind it. (1.0, 1.0): one at a time."""
         at_once = self.sample_threads() if worker.kind == "process" else 1
         if at_once <= 1 or share <= 0:
-            return 1.0
+            return 1.0, 1.0
         parts = self._parts.get(batch)  # (a copy's batch may be consumed by now)
         size = parts[part][2] if parts is not None else self.pipeline.batch_size
         if size <= 1:
-            return 1.0
+            return 1.0, 1.0
         unit = self._unit
         slowest = unit * self.pipeline.slow_factor if share > unit * size * 1.000001 else unit
-        return min(1.0, max(1.0 / min(at_once, size), slowest / share))
+        waited = min(1.0, max(1.0 / min(at_once, size), unit / share))
+        return waited, min(1.0, max(waited, slowest / share))
+
+    def _freed(self, worker: _Worker, held: _Slowest) -> None:
+        """``worker`` made what it could of ``held``'s task: it takes its next task while the
+        task's slowest read goes on."""
+        worker.busy = False
+        self._release(worker)
+        self._slowest_read(held)
+
+    def _slowest_read(self, held: _Slowest) -> None:
+        held.left -= 1
+        if held.left == 0:
+            self._deliver(held.kind, held.batch, held.part, held.copy, held.began, held.share)
+            self._hedge_if_idle()
 
     def _make_batch(
         self,
@@ -800,12 +844,15 @@ class Simulator:
         done: _Callback,
         cut: tuple[int, float],
         share: float = 1.0,
-        read_at_once: float = 1.0,
+        waited: float = 1.0,
+        slowest: tuple[float, _Callback] | None = None,
     ) -> None:
         """Read (latency, then bytes through the shared disk), then the CPU work (the fixed
         part, the movable ops before the split, and those after it for the samples not
         offloaded); ``cut``: (split, offload share); ``share``: of a mean batch's work;
-        ``read_at_once``: the share of the read latency waited (:meth:`_read_at_once`)."""
+        ``waited``: the share of the read latency waited; ``slowest``: (its share, the
+        callback when it is done) of a slowest read that outlasts it
+        (:meth:`_reads_at_once`)."""
         p, f = self.pipeline, self._factors
         cost = self._draw(p.cost_cv) * share
         split, offload = cut
@@ -820,8 +867,11 @@ class Simulator:
         # Events are partials of methods, not closures, so that a deep copy of the simulator
         # (``Simulator.branch``) carries them over to the copy.
         read_bytes = functools.partial(self._read_bytes, cpu_s, cost, read, owner, done)
-        if p.read_s > 0 and read > 0:
-            self._at(self.now + p.read_s * f["read"] * cost * read * read_at_once, read_bytes)
+        latency = p.read_s * f["read"] * cost * read if p.read_s > 0 and read > 0 else 0.0
+        if slowest is not None:
+            self._at(self.now + latency * slowest[0], slowest[1])
+        if latency > 0:
+            self._at(self.now + latency * waited, read_bytes)
         else:
             read_bytes()
 
@@ -857,21 +907,34 @@ class Simulator:
     ) -> None:
         """``worker`` made a task (``copy``: a hedged copy) it began at ``began``."""
         worker.busy = False
+        self._deliver(worker.kind, batch, part, copy, began, share)
+        self._release(worker)
+        self._hedge_if_idle()
+
+    def _deliver(
+        self, kind: str, batch: int, part: int, copy: bool, began: float, share: float
+    ) -> None:
+        """A task is made (by a worker of ``kind``): its batch is ready once every part is."""
         first = True
         hedging = self._hedging
         if hedging is not None:
             first = hedging.made(batch, part, copy, self.now - began, share)
             self.totals.hedges_won += first and copy  # (the second answer is dropped)
         if first:
-            self._made_by[batch] = worker.kind
+            self._made_by[batch] = kind
             self._parts_left[batch] -= 1
             if self._parts_left[batch] == 0 and batch in self._in_flight:
                 self._made(batch)
+
+    def _release(self, worker: _Worker) -> None:
+        """``worker`` is free: it exits if parked, else takes its next task."""
         if worker.parked and not worker.copies:
             self._workers.remove(worker)
         else:
             self._work(worker)
-        if hedging is not None and (self._waiting or not self._tasks):
+
+    def _hedge_if_idle(self) -> None:
+        if self._hedging is not None and (self._waiting or not self._tasks):
             self._hedge()  # (the test inlined: this runs for every task made)
 
     # ------------------------------------------------------------------ internals: hedging
@@ -884,7 +947,7 @@ class Simulator:
         cost is drawn afresh: a sample slow at random (a tail read) is usually quick the
         second time, one predicted slow (its own cost) is slow again."""
         hedging = self._hedging
-        if hedging is None or hedging.wall_per_share is None:
+        if hedging is None or hedging.wall_per_share is None or self._whole_at_once():
             return
         waiting = self._waiting
         if not waiting and self._tasks:
