@@ -127,10 +127,31 @@ _MASKED_BIG_ENDIAN_AUTO = Case(
 )
 
 
+# Found by the campaigns: samples whose tensors alternate dtype. DataLoader's workers stack a
+# batch into memory of its first sample's dtype: int8 is cast into uint8, and uint8 into bool
+# raises; drapps' workers stacked them at the promoted dtype (int16, uint8). (Without workers,
+# and under workers="auto" which stands in for that, both stack at the promoted dtype.)
+def _alternating(
+    first: str, second: str, workers: int, batch_size: int, n: int, threads: bool = False
+) -> Case:
+    def tensor(dtype: str) -> Leaf:
+        return Leaf(kind="tensor", dtype=dtype, layout="contiguous", shape=(2, 3))
+
+    return Case(
+        n=n,
+        payload=Payload(leaf=tensor(first), alternate=Payload(leaf=tensor(second))),
+        settings=Settings(workers=workers, batch_size=batch_size, in_order=False, threads=threads),
+        sharded=False,
+    )
+
+
 @FAST
 @given(cases(draws=True))
 @example(_STEPPED_ARRAY_AUTO)
 @example(_MASKED_BIG_ENDIAN_AUTO)
+@example(_alternating("uint8", "int8", workers=1, batch_size=2, n=2))
+@example(_alternating("bool", "uint8", workers=3, batch_size=3, n=9))
+@example(_alternating("uint8", "int8", workers=2, batch_size=2, n=6, threads=True))
 def test_drapps_gives_dataloaders_batches(case: Case) -> None:
     note(f"case = {case!r}")
     check_against_dataloader(case)

@@ -235,6 +235,7 @@ def assemble(
         worker_init_fn,
         cache=samples,
         reseed=c.seeds_per_sample,
+        first_dtype=c.workers not in ("auto", 0),  # stacked as DataLoader's workers do
     )
     try:
         engine, c = choose_engine(c, recipe, backend, finish, split, iterable)

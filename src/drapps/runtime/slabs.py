@@ -157,8 +157,18 @@ class SlabArena:
         >>> arena.reset()
     """
 
-    def __init__(self, writer: SlabWriter | None = None, directory: str | None = None) -> None:
+    def __init__(
+        self,
+        writer: SlabWriter | None = None,
+        directory: str | None = None,
+        *,
+        first_dtype: bool = False,
+    ) -> None:
         self.writer = writer
+        self.first_dtype = first_dtype
+        """Stack a batch's tensors at its first sample's dtype, as DataLoader's workers do
+        (a fixed worker count); False: at the dtype they promote to, as DataLoader without
+        workers does."""
         self.directory = directory
         self.used = 0
         """Bytes of the slab taken so far (64-byte aligned)."""
@@ -238,31 +248,37 @@ class SlabArena:
 
     def _stack(self, batch: Any, *, collate_fn_map: Any = None) -> torch.Tensor:
         first = batch[0]
-        if uniform_cpu_tensors(batch):
+        if uniform_cpu_tensors(batch, one_dtype=not self.first_dtype):
+            # With first_dtype, DataLoader's workers stack into memory of the first sample's
+            # dtype: torch.stack casts the others to it where it may (int8 into uint8) and
+            # raises where it may not (an integer into bool).
             out = self.empty((len(batch), *first.shape), first.dtype)
+            if out is None and any(t.dtype != first.dtype for t in batch):
+                out = torch.empty((len(batch), *first.shape), dtype=first.dtype)
             if out is not None:
                 return torch.stack(batch, out=out)
         return collate_tensor_fn(batch, collate_fn_map=collate_fn_map)
 
 
-def uniform_cpu_tensors(batch: Any) -> bool:
-    """Whether ``batch`` (a non-empty list) is plain, dense CPU tensors of one shape and
-    dtype, none needing grad: what can be stacked into memory chosen by the caller (not a
-    quantized tensor, whose bytes need their quantizer, nor a subclass)."""
+def uniform_cpu_tensors(batch: Any, *, one_dtype: bool = True) -> bool:
+    """Whether ``batch`` (a non-empty list) is plain, dense CPU tensors of one shape (and,
+    with ``one_dtype``, one dtype), none needing grad: what can be stacked into memory chosen
+    by the caller (not a quantized tensor, whose bytes need their quantizer, nor a
+    subclass)."""
     first = batch[0]
     return (
         type(first) is torch.Tensor
         and not first.is_nested
         and first.layout is torch.strided
         and first.device.type == "cpu"
-        and not first.is_quantized
         and all(
             type(t) is torch.Tensor
             and t.shape == first.shape
-            and t.dtype == first.dtype
+            and (t.dtype == first.dtype if one_dtype else not t.is_quantized)
             and not t.requires_grad
             for t in batch
         )
+        and not first.is_quantized
     )
 
 

@@ -96,6 +96,10 @@ class BatchRecipe:
     index), so that its draws are the same whichever worker makes it. False: leave them to
     draw on as each worker's own, seeded once when it starts, as DataLoader's (what a
     ``worker_init_fn`` seeds then holds); :func:`drapps.sample_rng` is per sample either way."""
+    first_dtype: bool = False
+    """Stack a batch's tensors at its first sample's dtype in worker processes, as
+    DataLoader's workers do (a fixed count); False: as DataLoader without workers, the
+    default count's stand-in (:class:`~drapps.runtime.slabs.SlabArena`)."""
     watch_draws: bool = False
     """Watch the first :data:`WATCHED_SAMPLES` samples a worker makes for draws from a
     global generator, and say so in the reply (see :class:`Watch`): the evidence a pool
@@ -209,6 +213,8 @@ def collate(recipe: BatchRecipe, samples: list[Any], arena: SlabArena | None = N
         with worker_info_hidden():
             if arena is not None:
                 return collate_with(batch, collate_fn_map=arena.collate_map)
+            if recipe.first_dtype:  # a thread worker
+                return collate_with(batch, collate_fn_map=_FIRST_DTYPE_MAP)
             return default_collate(batch)
     return recipe.collate_fn(batch)
 
@@ -572,6 +578,18 @@ def _stack_in_this_thread(batch: Any, *, collate_fn_map: Any = None) -> torch.Te
 _ONE_THREAD_MAP = {**default_collate_fn_map, torch.Tensor: _stack_in_this_thread}
 
 
+def _stack_at_first_dtype(batch: Any, *, collate_fn_map: Any = None) -> torch.Tensor:
+    """``torch.stack(batch)`` into a tensor of the first's dtype where the tensors' dtypes
+    differ, as DataLoader's workers stack (casting where torch may, raising where not)."""
+    first = batch[0]
+    if uniform_cpu_tensors(batch, one_dtype=False) and any(t.dtype != first.dtype for t in batch):
+        return torch.stack(batch, out=torch.empty((len(batch), *first.shape), dtype=first.dtype))
+    return collate_tensor_fn(batch, collate_fn_map=collate_fn_map)
+
+
+_FIRST_DTYPE_MAP = {**default_collate_fn_map, torch.Tensor: _stack_at_first_dtype}
+
+
 def collate_samples(
     recipe: BatchRecipe,
     samples: list[Any],
@@ -646,7 +664,7 @@ def run_worker(
     set_worker_info(slot, num_workers, base_seed, recipe.dataset)
     init_error = run_worker_init(recipe, slot)
     writer = SlabWriter()
-    arena = SlabArena(writer)
+    arena = SlabArena(writer, first_dtype=recipe.first_dtype)
     inbox = Inbox(tasks, Parent(parent_pid), writer.released)
     read_ahead = read_ahead_of(recipe)
     if clock is not None:
