@@ -253,11 +253,20 @@ class SlabArena:
             # dtype: torch.stack casts the others to it where it may (int8 into uint8) and
             # raises where it may not (an integer into bool).
             out = self.empty((len(batch), *first.shape), first.dtype)
-            if out is None and any(t.dtype != first.dtype for t in batch):
-                out = torch.empty((len(batch), *first.shape), dtype=first.dtype)
             if out is not None:
                 return torch.stack(batch, out=out)
+        if self.first_dtype:  # no room in the slab: in private memory, by the same rule
+            return stack_at_first_dtype(batch, collate_fn_map=collate_fn_map)
         return collate_tensor_fn(batch, collate_fn_map=collate_fn_map)
+
+
+def stack_at_first_dtype(batch: Any, *, collate_fn_map: Any = None) -> torch.Tensor:
+    """``torch.stack(batch)`` into a tensor of the first's dtype where the tensors' dtypes
+    differ, as DataLoader's workers stack (casting where torch may, raising where not)."""
+    first = batch[0]
+    if uniform_cpu_tensors(batch, one_dtype=False) and any(t.dtype != first.dtype for t in batch):
+        return torch.stack(batch, out=torch.empty((len(batch), *first.shape), dtype=first.dtype))
+    return collate_tensor_fn(batch, collate_fn_map=collate_fn_map)
 
 
 def uniform_cpu_tensors(batch: Any, *, one_dtype: bool = True) -> bool:

@@ -44,6 +44,7 @@ from drapps.runtime.slabs import (
     SharedMemoryFullError,
     SlabArena,
     SlabWriter,
+    stack_at_first_dtype,
     uniform_cpu_tensors,
 )
 from drapps.runtime.transport import Packed, pack, pack_inline, send_message
@@ -213,7 +214,7 @@ def collate(recipe: BatchRecipe, samples: list[Any], arena: SlabArena | None = N
         with worker_info_hidden():
             if arena is not None:
                 return collate_with(batch, collate_fn_map=arena.collate_map)
-            if recipe.first_dtype:  # a thread worker
+            if recipe.first_dtype:  # a worker with no slab (threads, Ray, Redis)
                 return collate_with(batch, collate_fn_map=_FIRST_DTYPE_MAP)
             return default_collate(batch)
     return recipe.collate_fn(batch)
@@ -578,16 +579,7 @@ def _stack_in_this_thread(batch: Any, *, collate_fn_map: Any = None) -> torch.Te
 _ONE_THREAD_MAP = {**default_collate_fn_map, torch.Tensor: _stack_in_this_thread}
 
 
-def _stack_at_first_dtype(batch: Any, *, collate_fn_map: Any = None) -> torch.Tensor:
-    """``torch.stack(batch)`` into a tensor of the first's dtype where the tensors' dtypes
-    differ, as DataLoader's workers stack (casting where torch may, raising where not)."""
-    first = batch[0]
-    if uniform_cpu_tensors(batch, one_dtype=False) and any(t.dtype != first.dtype for t in batch):
-        return torch.stack(batch, out=torch.empty((len(batch), *first.shape), dtype=first.dtype))
-    return collate_tensor_fn(batch, collate_fn_map=collate_fn_map)
-
-
-_FIRST_DTYPE_MAP = {**default_collate_fn_map, torch.Tensor: _stack_at_first_dtype}
+_FIRST_DTYPE_MAP = {**default_collate_fn_map, torch.Tensor: stack_at_first_dtype}
 
 
 def collate_samples(
