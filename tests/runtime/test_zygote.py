@@ -227,3 +227,50 @@ def test_a_worker_killed_mid_reply_leaves_its_socket_closed_even_from_a_new_zygo
             results.recv()
     finally:
         pool.shutdown()
+
+
+def _pipes_that_run_out(context: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The context's next pipe is made, and the one after it fails as at the open-file limit."""
+    import errno
+
+    made = context.Pipe
+    calls = iter(range(2))
+
+    def pipe(duplex: bool = True) -> Any:
+        if next(calls, 1):
+            raise OSError(errno.EMFILE, "Too many open files")
+        return made(duplex)
+
+    monkeypatch.setattr(context, "Pipe", pipe)
+
+
+def test_a_worker_that_cannot_have_its_pipes_leaves_none_open(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """At the open-file limit, the worker's first pipe was made and its second not: the error
+    named the limit, but the first pipe stayed open, one more descriptor lost each try."""
+    from torch.utils.data import default_collate
+
+    from drapps.runtime.process_pool import ProcessPool, start_worker_process
+    from drapps.runtime.worker import BatchRecipe
+
+    context = multiprocessing.get_context("fork")
+    recipe = BatchRecipe([torch.tensor([i]) for i in range(4)], None, default_collate, "raise")
+    pool = ProcessPool(recipe, context)
+    try:
+        pool.spawn()  # the zygote and one worker, open from here on
+        before = sorted(os.listdir("/proc/self/fd"))
+        # The errors are held, as a caller that reports them does: a pipe left to the garbage
+        # collector stays open as long as the traceback that names it.
+        with monkeypatch.context() as patch:
+            _pipes_that_run_out(context, patch)
+            with pytest.raises(RuntimeError, match="Too many open files") as spawned:
+                pool.spawn()
+        with monkeypatch.context() as patch:
+            _pipes_that_run_out(context, patch)
+            with pytest.raises(RuntimeError, match="Too many open files") as started:
+                start_worker_process(context, print, (), {}, name="never-started")
+        assert sorted(os.listdir("/proc/self/fd")) == before
+        assert spawned.value is not None and started.value is not None
+    finally:
+        pool.shutdown()

@@ -77,9 +77,12 @@ def start_worker_process(
 
     The process is also counted among the workers a forked child must not terminate.
     """
+    made: list[Connection] = []  # closed again if the worker does not start
     try:
         task_recv, task_send = context.Pipe(duplex=False)
+        made += (task_recv, task_send)
         result_recv, result_send = context.Pipe(duplex=True)  # a Unix socket pair
+        made += (result_recv, result_send)
         process = context.Process(  # type: ignore[attr-defined]
             target=target,
             args=(*args, task_recv, result_send, os.getpid()),
@@ -89,8 +92,10 @@ def start_worker_process(
         )
         with starting_worker():
             process.start()
-    except OSError as exc:
-        if exc.errno == errno.EMFILE:
+    except BaseException as exc:
+        for connection in made:
+            connection.close()
+        if isinstance(exc, OSError) and exc.errno == errno.EMFILE:
             raise fd_limit_error() from exc
         raise
     _started.add(process)
@@ -205,7 +210,12 @@ class ProcessPool(WorkerPool):
                 clock = SampleClock()
                 try:
                     task_recv, task_send = self._context.Pipe(duplex=False)
-                    result_recv, result_send = self._context.Pipe(duplex=True)  # socket pair
+                    try:
+                        result_recv, result_send = self._context.Pipe(duplex=True)  # sockets
+                    except OSError:
+                        task_recv.close()
+                        task_send.close()
+                        raise
                 except OSError as exc:
                     clock.close()
                     if exc.errno == errno.EMFILE:
@@ -217,14 +227,14 @@ class ProcessPool(WorkerPool):
                     process = zygote.fork(fds, f"drapps-worker-{slot}", **options)
                     break
                 except (EOFError, OSError):
+                    task_send.close()
+                    result_recv.close()
+                    clock.close()
                     if attempt:
                         raise
                     # The zygote died as it was asked: a new one forks the worker, from
                     # pipes made after it.
                     self._retire_zygote()
-                    task_send.close()
-                    result_recv.close()
-                    clock.close()
                 finally:
                     task_recv.close()
                     result_send.close()
