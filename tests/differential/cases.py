@@ -263,11 +263,14 @@ class Settings:
     timeout: float = 0.0
     cache: bool = False  # drapps' sample cache (map-style datasets)
     threads: bool = False  # drapps' workers as threads (map-style datasets)
+    cut: bool = False  # drapps cuts every batch into parts, made apart (dispatch="samples")
 
     def drapps_kwargs(self, dataset: Any) -> dict[str, Any]:
         """drapps' arguments: DataLoader's, the default count for ``"auto"``, a cache,
-        threads."""
+        threads, batches cut into parts."""
         kwargs = self.dataloader_kwargs(dataset)
+        if self.cut:
+            kwargs["dispatch"] = "samples"
         if self.threads and not self.cache and not isinstance(dataset, IterableDataset):
             kwargs["backend"] = "thread"  # the sample cache keeps worker processes
         if self.workers == "auto":
@@ -415,6 +418,7 @@ def settings(*, contexts: tuple[str | None, ...] = (None,)) -> st.SearchStrategy
         pin_memory=st.booleans(),
         cache=st.booleans(),
         threads=st.booleans(),
+        cut=st.sampled_from((False, False, False, True)),
     )
 
 

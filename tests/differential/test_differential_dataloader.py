@@ -130,9 +130,16 @@ _MASKED_BIG_ENDIAN_AUTO = Case(
 # Found by the campaigns: samples whose tensors alternate dtype. DataLoader's workers stack a
 # batch into memory of its first sample's dtype: int8 is cast into uint8, and uint8 into bool
 # raises; drapps' workers stacked them at the promoted dtype (int16, uint8). (Without workers,
-# and under workers="auto" which stands in for that, both stack at the promoted dtype.)
+# and under workers="auto" which stands in for that, both stack at the promoted dtype.) A batch
+# cut into parts is collated in the training process: by the same rule.
 def _alternating(
-    first: str, second: str, workers: int, batch_size: int, n: int, threads: bool = False
+    first: str,
+    second: str,
+    workers: int,
+    batch_size: int,
+    n: int,
+    threads: bool = False,
+    cut: bool = False,
 ) -> Case:
     def tensor(dtype: str) -> Leaf:
         return Leaf(kind="tensor", dtype=dtype, layout="contiguous", shape=(2, 3))
@@ -140,7 +147,9 @@ def _alternating(
     return Case(
         n=n,
         payload=Payload(leaf=tensor(first), alternate=Payload(leaf=tensor(second))),
-        settings=Settings(workers=workers, batch_size=batch_size, in_order=False, threads=threads),
+        settings=Settings(
+            workers=workers, batch_size=batch_size, in_order=False, threads=threads, cut=cut
+        ),
         sharded=False,
     )
 
@@ -152,6 +161,7 @@ def _alternating(
 @example(_alternating("uint8", "int8", workers=1, batch_size=2, n=2))
 @example(_alternating("bool", "uint8", workers=3, batch_size=3, n=9))
 @example(_alternating("uint8", "int8", workers=2, batch_size=2, n=6, threads=True))
+@example(_alternating("uint8", "int8", workers=2, batch_size=4, n=8, cut=True))
 def test_drapps_gives_dataloaders_batches(case: Case) -> None:
     note(f"case = {case!r}")
     check_against_dataloader(case)

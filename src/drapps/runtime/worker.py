@@ -576,9 +576,20 @@ def _stack_in_this_thread(batch: Any, *, collate_fn_map: Any = None) -> torch.Te
     return collate_tensor_fn(batch, collate_fn_map=collate_fn_map)
 
 
+def _stack_in_this_thread_at_first_dtype(batch: Any, *, collate_fn_map: Any = None) -> torch.Tensor:
+    """:func:`_stack_in_this_thread`, at the first tensor's dtype where the dtypes differ: a
+    batch whose parts fixed-count workers made is stacked as one of those workers would."""
+    first = batch[0]
+    if uniform_cpu_tensors(batch, one_dtype=False) and any(t.dtype != first.dtype for t in batch):
+        return stack_at_first_dtype(batch, collate_fn_map=collate_fn_map)
+    return _stack_in_this_thread(batch, collate_fn_map=collate_fn_map)
+
+
 _ONE_THREAD_MAP = {**default_collate_fn_map, torch.Tensor: _stack_in_this_thread}
-
-
+_ONE_THREAD_FIRST_DTYPE_MAP = {
+    **default_collate_fn_map,
+    torch.Tensor: _stack_in_this_thread_at_first_dtype,
+}
 _FIRST_DTYPE_MAP = {**default_collate_fn_map, torch.Tensor: stack_at_first_dtype}
 
 
@@ -602,8 +613,9 @@ def collate_samples(
 
     def collate_rest(rest: list[Any]) -> Any:
         if one_thread and recipe.collate_fn is default_collate:
+            one = _ONE_THREAD_FIRST_DTYPE_MAP if recipe.first_dtype else _ONE_THREAD_MAP
             with worker_info_hidden():
-                return collate_with(rest, collate_fn_map=_ONE_THREAD_MAP)
+                return collate_with(rest, collate_fn_map=one)
         return collate(recipe, rest, arena)
 
     try:
