@@ -264,13 +264,18 @@ class Settings:
     cache: bool = False  # drapps' sample cache (map-style datasets)
     threads: bool = False  # drapps' workers as threads (map-style datasets)
     cut: bool = False  # drapps cuts every batch into parts, made apart (dispatch="samples")
+    tight: bool = False  # drapps' memory budget below one batch, one batch ahead at most
 
     def drapps_kwargs(self, dataset: Any) -> dict[str, Any]:
         """drapps' arguments: DataLoader's, the default count for ``"auto"``, a cache,
-        threads, batches cut into parts."""
+        threads, batches cut into parts, a tight budget."""
         kwargs = self.dataloader_kwargs(dataset)
         if self.cut:
             kwargs["dispatch"] = "samples"
+        if self.tight:
+            kwargs.update(memory_budget="1KB", lookahead=1)
+            if self.prefetch_factor is None:  # drapps refuses both
+                kwargs["prefetch"] = 1
         if self.threads and not self.cache and not isinstance(dataset, IterableDataset):
             kwargs["backend"] = "thread"  # the sample cache keeps worker processes
         if self.workers == "auto":
@@ -419,6 +424,7 @@ def settings(*, contexts: tuple[str | None, ...] = (None,)) -> st.SearchStrategy
         cache=st.booleans(),
         threads=st.booleans(),
         cut=st.sampled_from((False, False, False, True)),
+        tight=st.sampled_from((False, False, False, True)),
     )
 
 
