@@ -67,9 +67,9 @@ def check_against_dataloader(case: Case) -> None:
     s = reference = case.settings
     epochs = 2
     auto = s.workers == "auto"
-    if (s.workers and not s.in_order) or auto or s.cache:
-        # Per-sample seeds ("auto"), or dataset[i] made once and kept (the cache): the draws
-        # are drapps' own, held by test_differential_inline.py.
+    if (s.workers and not s.in_order) or auto or s.cache or s.cut:
+        # Per-sample seeds ("auto", batches cut into parts), or dataset[i] made once and kept
+        # (the cache): the draws are drapps' own, held by test_differential_inline.py.
         case = dataclasses.replace(case, payload=without_draws(case.payload))
     if auto:
         # drapps' default against DataLoader's (no workers): a stream that does not shard
