@@ -26,6 +26,7 @@ import mmap
 import os
 import tempfile
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -260,13 +261,16 @@ class SlabArena:
         return collate_tensor_fn(batch, collate_fn_map=collate_fn_map)
 
 
-def stack_at_first_dtype(batch: Any, *, collate_fn_map: Any = None) -> torch.Tensor:
+def stack_at_first_dtype(
+    batch: Any, *, collate_fn_map: Any = None, otherwise: Callable[..., Any] = collate_tensor_fn
+) -> torch.Tensor:
     """``torch.stack(batch)`` into a tensor of the first's dtype where the tensors' dtypes
-    differ, as DataLoader's workers stack (casting where torch may, raising where not)."""
+    differ, as DataLoader's workers stack (casting where torch may, raising where not);
+    otherwise ``otherwise(batch, collate_fn_map=...)`` (torch's own stack)."""
     first = batch[0]
     if uniform_cpu_tensors(batch, one_dtype=False) and any(t.dtype != first.dtype for t in batch):
         return torch.stack(batch, out=torch.empty((len(batch), *first.shape), dtype=first.dtype))
-    return collate_tensor_fn(batch, collate_fn_map=collate_fn_map)
+    return otherwise(batch, collate_fn_map=collate_fn_map)
 
 
 def uniform_cpu_tensors(batch: Any, *, one_dtype: bool = True) -> bool:

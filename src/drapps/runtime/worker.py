@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -576,19 +577,11 @@ def _stack_in_this_thread(batch: Any, *, collate_fn_map: Any = None) -> torch.Te
     return collate_tensor_fn(batch, collate_fn_map=collate_fn_map)
 
 
-def _stack_in_this_thread_at_first_dtype(batch: Any, *, collate_fn_map: Any = None) -> torch.Tensor:
-    """:func:`_stack_in_this_thread`, at the first tensor's dtype where the dtypes differ: a
-    batch whose parts fixed-count workers made is stacked as one of those workers would."""
-    first = batch[0]
-    if uniform_cpu_tensors(batch, one_dtype=False) and any(t.dtype != first.dtype for t in batch):
-        return stack_at_first_dtype(batch, collate_fn_map=collate_fn_map)
-    return _stack_in_this_thread(batch, collate_fn_map=collate_fn_map)
-
-
 _ONE_THREAD_MAP = {**default_collate_fn_map, torch.Tensor: _stack_in_this_thread}
-_ONE_THREAD_FIRST_DTYPE_MAP = {
+# A batch whose parts fixed-count workers made is stacked as one of those workers would.
+_ONE_THREAD_FIRST_DTYPE_MAP: dict[Any, Callable[..., Any]] = {
     **default_collate_fn_map,
-    torch.Tensor: _stack_in_this_thread_at_first_dtype,
+    torch.Tensor: functools.partial(stack_at_first_dtype, otherwise=_stack_in_this_thread),
 }
 _FIRST_DTYPE_MAP = {**default_collate_fn_map, torch.Tensor: stack_at_first_dtype}
 
