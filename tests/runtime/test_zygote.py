@@ -234,10 +234,12 @@ def _pipes_that_run_out(context: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     import errno
 
     made = context.Pipe
-    calls = iter(range(2))
+    calls = 0
 
     def pipe(duplex: bool = True) -> Any:
-        if next(calls, 1):
+        nonlocal calls
+        calls += 1
+        if calls > 1:
             raise OSError(errno.EMFILE, "Too many open files")
         return made(duplex)
 

@@ -63,6 +63,20 @@ def _forget_workers_after_fork() -> None:
 os.register_at_fork(after_in_child=_forget_workers_after_fork)
 
 
+def worker_pipes(context: BaseContext) -> tuple[Connection, Connection, Connection, Connection]:
+    """A worker's task pipe and result socket pair (slab descriptors cross it, see
+    :func:`~drapps.runtime.transport.send_message`): ``(task_recv, task_send, result_recv,
+    result_send)``. If the socket pair cannot be made, the pipe is closed again."""
+    task_recv, task_send = context.Pipe(duplex=False)
+    try:
+        result_recv, result_send = context.Pipe(duplex=True)  # a Unix socket pair
+    except BaseException:
+        task_recv.close()
+        task_send.close()
+        raise
+    return task_recv, task_send, result_recv, result_send
+
+
 def start_worker_process(
     context: BaseContext,
     target: Callable[..., None],
@@ -71,18 +85,14 @@ def start_worker_process(
     *,
     name: str,
 ) -> tuple[BaseProcess, Connection, Connection]:
-    """Start ``target(*args, tasks, results, parent_pid, **kwargs)`` as a daemon worker with a
-    private task pipe and result socket (slab descriptors cross it, see
-    :func:`~drapps.runtime.transport.send_message`); returns the process and our ends of both.
+    """Start ``target(*args, tasks, results, parent_pid, **kwargs)`` as a daemon worker with
+    pipes of its own (:func:`worker_pipes`); returns the process and our ends of both.
 
     The process is also counted among the workers a forked child must not terminate.
     """
-    made: list[Connection] = []  # closed again if the worker does not start
+    pipes: tuple[Connection, ...] = ()  # closed again if the worker does not start
     try:
-        task_recv, task_send = context.Pipe(duplex=False)
-        made += (task_recv, task_send)
-        result_recv, result_send = context.Pipe(duplex=True)  # a Unix socket pair
-        made += (result_recv, result_send)
+        pipes = task_recv, task_send, result_recv, result_send = worker_pipes(context)
         process = context.Process(  # type: ignore[attr-defined]
             target=target,
             args=(*args, task_recv, result_send, os.getpid()),
@@ -93,7 +103,7 @@ def start_worker_process(
         with starting_worker():
             process.start()
     except BaseException as exc:
-        for connection in made:
+        for connection in pipes:
             connection.close()
         if isinstance(exc, OSError) and exc.errno == errno.EMFILE:
             raise fd_limit_error() from exc
@@ -209,13 +219,7 @@ class ProcessPool(WorkerPool):
                 zygote = self._current_zygote()
                 clock = SampleClock()
                 try:
-                    task_recv, task_send = self._context.Pipe(duplex=False)
-                    try:
-                        result_recv, result_send = self._context.Pipe(duplex=True)  # sockets
-                    except OSError:
-                        task_recv.close()
-                        task_send.close()
-                        raise
+                    task_recv, task_send, result_recv, result_send = worker_pipes(self._context)
                 except OSError as exc:
                     clock.close()
                     if exc.errno == errno.EMFILE:
