@@ -7,14 +7,9 @@ loader in a fresh interpreter, ``ROUNDS`` interleaved rounds (default 3), median
 """
 
 import os
-import platform
 import statistics
-import subprocess
-import sys
 
-import torch
-
-import drapps
+from interleaved import environment, interleaved
 
 SYSTEMS = ["dataloader-0", "drapps-0", "dataloader-2", "drapps-2", "drapps-auto"]
 
@@ -50,19 +45,11 @@ print(2 * len(ds) / (time.perf_counter() - start))
 
 def main() -> None:
     rounds = int(os.environ.get("ROUNDS", 3))
-    print(
-        f"# python {platform.python_version()}, torch {torch.__version__}, drapps "
-        f"{drapps.__version__}, {os.cpu_count()} CPUs, {rounds} rounds"
-    )
+    print(environment(f"{rounds} rounds"))
     rates: dict[str, list[float]] = {s: [] for s in SYSTEMS}
-    for r in range(rounds):
-        for system in SYSTEMS if r % 2 == 0 else SYSTEMS[::-1]:
-            out = subprocess.run(
-                [sys.executable, "-c", CHILD, system],
-                capture_output=True, text=True, timeout=600, check=True,
-            )  # fmt: skip
-            rates[system].append(float(out.stdout.strip().splitlines()[-1]))
-            print(f"{system}: {rates[system][-1]:,.0f} samples/s", flush=True)
+    for system, line in interleaved(CHILD, SYSTEMS, rounds):
+        rates[system].append(float(line))
+        print(f"{system}: {rates[system][-1]:,.0f} samples/s", flush=True)
     print("| loader | samples/s (median) | runs | us a sample |")
     print("|---|---:|---|---:|")
     for system, got in rates.items():

@@ -19,14 +19,10 @@ rounds (default 3), medians.
 
 import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 
-import torch
-
-import drapps
+from interleaved import environment, interleaved
 
 SYSTEMS = ["whole", "cut", "dataloader-8"]
 
@@ -95,20 +91,11 @@ def main() -> None:
     rounds = int(os.environ.get("ROUNDS", 3))
     cpu_kib = int(os.environ.get("CPU_KIB", 5100))
     systems = sys.argv[1].split(",") if len(sys.argv) > 1 else SYSTEMS
-    print(
-        f"# python {platform.python_version()}, torch {torch.__version__}, drapps "
-        f"{drapps.__version__}, {os.cpu_count()} CPUs, CPU_KIB={cpu_kib}, {rounds} rounds"
-    )
+    print(environment(f"CPU_KIB={cpu_kib}, {rounds} rounds"))
     runs: dict[str, list[dict]] = {s: [] for s in systems}
-    for r in range(rounds):
-        for system in systems if r % 2 == 0 else systems[::-1]:
-            out = subprocess.run(
-                [sys.executable, "-c", CHILD, system, str(cpu_kib)],
-                capture_output=True, text=True, timeout=600, check=True,
-            )  # fmt: skip
-            run = json.loads(out.stdout.strip().splitlines()[-1])
-            runs[system].append(run)
-            print(json.dumps(run), flush=True)
+    for system, line in interleaved(CHILD, systems, rounds, str(cpu_kib)):
+        runs[system].append(json.loads(line))
+        print(line, flush=True)
     print("| system | samples/s (median) | runs | p99 next() ms | samples at once | cut batches |")
     print("|---|---:|---|---:|---:|---:|")
     for system, got in runs.items():
