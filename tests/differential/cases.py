@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 from hypothesis import strategies as st
-from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data import IterableDataset, default_collate, get_worker_info
+from torch.utils.data._utils.collate import default_convert
 
 import drapps
 
@@ -43,6 +44,8 @@ ARRAY_LAYOUTS = ("contiguous", "fortran", "readonly", "stepped", "masked", "scal
 PYTHON_VALUES = ("int", "float", "str", "bytes", "none", "bool")
 CONTAINERS = ("tuple", "list", "dict", "namedtuple")
 RNGS = ("random", "numpy", "torch")
+DRAWS = (*RNGS, "worker")
+"""What a sample may draw: a global RNG, or ``get_worker_info()`` (id, count, seed)."""
 
 
 # ------------------------------------------------------------------------------ payloads
@@ -75,7 +78,8 @@ class Payload:
     items: tuple[Payload, ...] = ()
     alternate: Payload | None = None
     draw: str | None = None
-    """Add a draw from this global RNG ("random", "numpy", "torch") to the sample."""
+    """Add a draw from this global RNG ("random", "numpy", "torch") to the sample, or what
+    ``get_worker_info()`` says ("worker")."""
 
     def make(self, i: int) -> Any:
         if self.alternate is not None and i % 2:
@@ -99,6 +103,9 @@ class Payload:
 
 
 def _draw(rng: str) -> Any:
+    if rng == "worker":
+        info = get_worker_info()
+        return None if info is None else (info.id, info.num_workers, info.seed)
     if rng == "random":
         return random.random()
     if rng == "numpy":
@@ -193,12 +200,18 @@ def _python(kind: str, i: int) -> Any:
 
 class Samples:
     """A map-style dataset of ``n`` samples ``(i, payload.make(i))``; index ``fail_at``
-    raises KeyError (as a dataset missing a file does)."""
+    raises KeyError (as a dataset missing a file does), or is ``SKIPPED`` when ``marks``."""
 
     def __init__(
-        self, n: int, payload: Payload, fail_at: int | None = None, wait_s: float = 0.0
+        self,
+        n: int,
+        payload: Payload,
+        fail_at: int | None = None,
+        wait_s: float = 0.0,
+        marks: bool = False,
     ) -> None:
         self.n, self.payload, self.fail_at, self.wait_s = n, payload, fail_at, wait_s
+        self.marks = marks
 
     def __len__(self) -> int:
         return self.n
@@ -207,6 +220,8 @@ class Samples:
         if self.wait_s:
             time.sleep(self.wait_s)  # a read: the GIL released, no CPU
         if i == self.fail_at:
+            if self.marks:
+                return SKIPPED
             raise KeyError(f"sample {i} is missing")
         return (i, self.payload.make(i))
 
@@ -241,6 +256,36 @@ def identity(batch: Any) -> Any:
     return batch
 
 
+SKIPPED = "skipped"
+"""What the reference's dataset gives for the sample that fails, where drapps skips it."""
+
+
+def reseed_in_worker(worker_id: int) -> None:
+    """A worker_init_fn: reseeds the worker's global RNGs (after the loader seeded them)."""
+    random.seed(1000 + worker_id)
+    np.random.seed(1000 + worker_id)
+    torch.manual_seed(1000 + worker_id)
+
+
+class SkippingCollate:
+    """The reference's collate_fn where drapps skips a failing sample: ``inner`` on the batch
+    without the ``SKIPPED`` samples, or ``SKIPPED`` when none is left (the batch is dropped
+    from the reference's outcome, as drapps drops it)."""
+
+    def __init__(self, inner: Any, batched: bool) -> None:
+        self.inner, self.batched = inner, batched
+
+    def __call__(self, batch: Any) -> Any:
+        if not self.batched:
+            return SKIPPED if _skipped(batch) else self.inner(batch)
+        kept = [sample for sample in batch if not _skipped(sample)]
+        return self.inner(kept) if kept else SKIPPED
+
+
+def _skipped(value: Any) -> bool:
+    return isinstance(value, str) and value == SKIPPED
+
+
 # ------------------------------------------------------------------------------ settings
 
 
@@ -265,11 +310,16 @@ class Settings:
     threads: bool = False  # drapps' workers as threads (map-style datasets)
     cut: bool = False  # drapps cuts every batch into parts, made apart (dispatch="samples")
     tight: bool = False  # drapps' memory budget below one batch, one batch ahead at most
+    skip: bool = False  # drapps skips a failing sample (on_error="skip")
+    generator: int | None = None  # a torch.Generator of this seed, for order and base seed
+    init: bool = False  # a worker_init_fn that reseeds the worker's global RNGs
 
     def drapps_kwargs(self, dataset: Any) -> dict[str, Any]:
         """drapps' arguments: DataLoader's, the default count for ``"auto"``, a cache,
-        threads, batches cut into parts, a tight budget."""
+        threads, batches cut into parts, a tight budget, skipping failed samples."""
         kwargs = self.dataloader_kwargs(dataset)
+        if self.skip:
+            kwargs["on_error"] = "skip"
         if self.cut:
             kwargs["dispatch"] = "samples"
         if self.tight:
@@ -284,16 +334,28 @@ class Settings:
             kwargs["cache"] = drapps.Cache(memory="16MB", codec="none")
         return kwargs
 
-    def dataloader_kwargs(self, dataset: Any) -> dict[str, Any]:
-        """DataLoader's arguments for this case (samplers made fresh, from torch's RNG)."""
+    def dataloader_kwargs(self, dataset: Any, *, skipping: bool = False) -> dict[str, Any]:
+        """DataLoader's arguments for this case (samplers and generators made fresh);
+        ``skipping``: its collate_fn drops the ``SKIPPED`` samples."""
+        collate = identity if self.collate == "identity" else None
+        if skipping:
+            batched = self.batch_size is not None or (
+                self.batch_sampler and self._sampler(dataset) is not None
+            )
+            default = default_collate if batched else default_convert
+            collate = SkippingCollate(collate or default, batched)
         kwargs: dict[str, Any] = {
             "num_workers": self.workers,
-            "collate_fn": identity if self.collate == "identity" else None,
+            "collate_fn": collate,
             "in_order": self.in_order,
             "pin_memory": self.pin_memory,
             "persistent_workers": self.persistent_workers,
             "timeout": self.timeout,
         }
+        if self.generator is not None:
+            kwargs["generator"] = torch.Generator().manual_seed(self.generator)
+        if self.init:
+            kwargs["worker_init_fn"] = reseed_in_worker
         if self.prefetch_factor is not None:
             kwargs["prefetch_factor"] = self.prefetch_factor
         if self.context is not None:
@@ -316,10 +378,20 @@ class Settings:
         if self.sampler == "sequential":
             return torch.utils.data.SequentialSampler(dataset)
         if self.sampler == "random":
-            return torch.utils.data.RandomSampler(dataset)
+            return torch.utils.data.RandomSampler(dataset, generator=self._generator())
         if self.sampler == "random_replacement":
-            return torch.utils.data.RandomSampler(dataset, replacement=True, num_samples=7)
-        return torch.utils.data.SubsetRandomSampler(list(range(0, len(dataset), 2)))
+            return torch.utils.data.RandomSampler(
+                dataset, replacement=True, num_samples=7, generator=self._generator()
+            )
+        return torch.utils.data.SubsetRandomSampler(
+            list(range(0, len(dataset), 2)), generator=self._generator()
+        )
+
+    def _generator(self) -> torch.Generator | None:
+        """A sampler's own generator, seeded apart from the loader's (None: torch's RNG)."""
+        if self.generator is None:
+            return None
+        return torch.Generator().manual_seed(self.generator + 1)
 
 
 @dataclass(frozen=True)
@@ -335,15 +407,16 @@ class Case:
     fail_at: int | None = None
     waits: bool = False
 
-    def dataset(self) -> Any:
+    def dataset(self, *, marks: bool = False) -> Any:
+        """The case's dataset; ``marks``: its failing sample is ``SKIPPED`` instead."""
         if self.iterable:
             return Stream(self.n, self.payload, self.sharded, self.shuffle_stream)
         if self.waits and self.settings.workers == "auto":
             # Samples that wait, and enough of them (WAITED more, the failure among the
             # later ones) that workers="auto" measures it and makes them several at a time.
             fail_at = None if self.fail_at is None else self.fail_at + WAITED
-            return Samples(self.n + WAITED, self.payload, fail_at, wait_s=WAIT_S)
-        return Samples(self.n, self.payload, self.fail_at)
+            return Samples(self.n + WAITED, self.payload, fail_at, wait_s=WAIT_S, marks=marks)
+        return Samples(self.n, self.payload, self.fail_at, marks=marks)
 
 
 WAITED = 40
@@ -382,8 +455,8 @@ def leaves() -> st.SearchStrategy[Leaf]:
     )
 
 
-def payloads(*, draws: bool = False, alternate: bool = True) -> st.SearchStrategy[Payload]:
-    """Payloads up to two containers deep; ``draws``: some draw from a global RNG."""
+def payloads(*, draws: tuple[str, ...] = (), alternate: bool = True) -> st.SearchStrategy[Payload]:
+    """Payloads up to two containers deep; some draw one of ``draws`` (``DRAWS``)."""
     leaf = st.builds(Payload, leaf=leaves())
     tree = st.recursive(
         leaf,
@@ -394,7 +467,7 @@ def payloads(*, draws: bool = False, alternate: bool = True) -> st.SearchStrateg
         ),
         max_leaves=4,
     )
-    draw = st.sampled_from((None, *RNGS)) if draws else st.none()
+    draw = st.sampled_from((None, *draws)) if draws else st.none()
     payload = st.builds(lambda p, d: Payload(p.leaf, p.container, p.items, None, d), tree, draw)
     if not alternate:
         return payload
@@ -425,11 +498,14 @@ def settings(*, contexts: tuple[str | None, ...] = (None,)) -> st.SearchStrategy
         threads=st.booleans(),
         cut=st.sampled_from((False, False, False, True)),
         tight=st.sampled_from((False, False, False, True)),
+        skip=st.sampled_from((False, False, False, True)),
+        generator=st.sampled_from((None, None, None, 5)),
+        init=st.sampled_from((False, False, False, True)),
     )
 
 
 def cases(
-    *, contexts: tuple[str | None, ...] = (None,), draws: bool = False
+    *, contexts: tuple[str | None, ...] = (None,), draws: tuple[str, ...] = ()
 ) -> st.SearchStrategy[Case]:
     return st.builds(
         Case,

@@ -1,9 +1,10 @@
 """drapps against torch's DataLoader on generated datasets and settings.
 
 Where DataLoader defines the answer (a loader with a fixed worker count and no ``seed``: its
-batches, what samples draw from ``random``, NumPy and torch, the streams of iterable datasets,
-collate, errors, ``len()``), drapps must give the same, for every worker count, sampler,
-collate, order and start method: the same values, types, dtypes, shapes and strides, or an
+batches, what samples draw from ``random``, NumPy and torch and what ``get_worker_info()``
+says, the streams of iterable datasets, collate, errors, ``len()``), drapps must give the
+same, for every worker count, sampler, generator, worker_init_fn, collate, order and start
+method: the same values, types, dtypes, shapes and strides, or an
 error of the same kind at the same place, and leave no process, thread, slab or descriptor
 behind. Out of order (``in_order=False``), DataLoader gives a batch to whichever worker has
 room, so which worker's RNG a sample draws from is the machine's: there samples do not draw.
@@ -12,6 +13,8 @@ Where DataLoader's workers are wrong, the reference is DataLoader without worker
 workers drop a tensor's conjugate and negative bits (torch's shared-memory reductions ignore
 them, so the values change), break quantized tensors ("cannot call qscheme on
 UnknownQuantizer", or a RuntimeError when collated), and turn big-endian arrays native.
+Where drapps skips a failing sample (``on_error="skip"``), the reference is DataLoader's
+batches without that sample, and without a batch that held nothing else.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 import torch
-from cases import Case, Leaf, Payload, Settings, cases, without_draws
+from cases import DRAWS, SKIPPED, Case, Leaf, Payload, Settings, cases, without_draws
 from compare import assert_same, nothing_left, run, same_kind
 from harness import FAST, campaign
 from hypothesis import assume, example, given, note, settings
@@ -53,6 +56,10 @@ def _in_process(s: Settings) -> Settings:
     return dataclasses.replace(
         s, workers=0, prefetch_factor=None, persistent_workers=False, context=None
     )
+
+
+def _skipped(batch: object) -> bool:
+    return isinstance(batch, str) and batch == SKIPPED
 
 
 def _seed_everything() -> None:
@@ -86,8 +93,17 @@ def check_against_dataloader(case: Case) -> None:
         # workers from their own: the draws are held by test_differential_inline.py.
         case = dataclasses.replace(case, payload=without_draws(case.payload))
     dataset = case.dataset()
+    # drapps skipping a failing sample: DataLoader's batches without it (the dataset marks
+    # it, and the collate_fn leaves it out, and a batch of nothing but it).
+    skipping = s.skip and case.fail_at is not None and not case.iterable
+    marked = case.dataset(marks=True) if skipping else dataset
     _seed_everything()
-    expected = run(lambda: DataLoader(dataset, **reference.dataloader_kwargs(dataset)), epochs)
+    expected = run(
+        lambda: DataLoader(marked, **reference.dataloader_kwargs(marked, skipping=skipping)),
+        epochs,
+    )
+    if skipping:
+        expected.epochs = [[b for b in epoch if not _skipped(b)] for epoch in expected.epochs]
     with nothing_left():
         _seed_everything()
         got = run(lambda: drapps.Loader(dataset, **s.drapps_kwargs(dataset)), epochs)
@@ -101,7 +117,11 @@ def check_against_dataloader(case: Case) -> None:
         # memory (AttributeError), in-process where it stacks (TypeError): either is its.
         in_process = _in_process(reference)
         _seed_everything()
-        alternative = run(lambda: DataLoader(dataset, **in_process.dataloader_kwargs(dataset)))
+        alternative = run(
+            lambda: DataLoader(marked, **in_process.dataloader_kwargs(marked, skipping=skipping))
+        )
+        if skipping:
+            alternative.epochs = [[b for b in e if not _skipped(b)] for e in alternative.epochs]
         if alternative.error is not None and same_kind(got.error, alternative.error):
             expected = alternative
     assert_same(expected, got, any_order=not s.in_order and bool(s.workers))
@@ -154,8 +174,27 @@ def _alternating(
     )
 
 
+# drapps skipping a failing sample (on_error="skip"): DataLoader's batches without it; a
+# batch of that sample alone is not delivered. With a generator, a worker_init_fn that reseeds
+# the workers, and samples that say which worker made them.
+_SKIPPED_SAMPLE = Case(
+    n=7,
+    payload=Payload(leaf=Leaf(kind="tensor"), draw="worker"),
+    settings=Settings(workers=2, batch_size=3, shuffle=True, skip=True, generator=5, init=True),
+    fail_at=4,
+)
+_SKIPPED_BATCH = Case(
+    n=4,
+    payload=Payload(leaf=Leaf(kind="python", dtype="int"), draw="random"),
+    settings=Settings(workers=1, batch_size=1, skip=True, init=True),
+    fail_at=2,
+)
+
+
 @FAST
-@given(cases(draws=True))
+@given(cases(draws=DRAWS))
+@example(_SKIPPED_SAMPLE)
+@example(_SKIPPED_BATCH)
 @example(_STEPPED_ARRAY_AUTO)
 @example(_MASKED_BIG_ENDIAN_AUTO)
 @example(_alternating("uint8", "int8", workers=1, batch_size=2, n=2))
@@ -169,7 +208,7 @@ def test_drapps_gives_dataloaders_batches(case: Case) -> None:
 
 @pytest.mark.timeout(300)
 @settings(FAST, max_examples=3)
-@given(cases(contexts=("spawn", "forkserver"), draws=True))
+@given(cases(contexts=("spawn", "forkserver"), draws=DRAWS))
 def test_drapps_gives_dataloaders_batches_under_spawn_and_forkserver(case: Case) -> None:
     note(f"case = {case!r}")
     check_against_dataloader(case)
@@ -180,7 +219,7 @@ def test_drapps_gives_dataloaders_batches_under_spawn_and_forkserver(case: Case)
 @campaign(300)
 # One example in five under spawn or forkserver: each starts interpreters that import torch,
 # several times the cost of a fork, and the fast tier runs both methods on every commit.
-@given(cases(contexts=(None,) * 8 + ("spawn", "forkserver"), draws=True))
+@given(cases(contexts=(None,) * 8 + ("spawn", "forkserver"), draws=DRAWS))
 def test_campaign_against_dataloader(case: Case) -> None:
     note(f"case = {case!r}")
     check_against_dataloader(case)

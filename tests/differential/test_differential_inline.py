@@ -10,7 +10,9 @@ worker, checkpoint through JSON and resume in a new loader after another
 ``torch.manual_seed`` (the old one closed or dropped unclosed), start the next epoch early,
 also while another thread is inside the old iterator's ``next()``) and checks after every
 step that what the loop received is the reference's epoch so far, and at every epoch's end
-that it held each planned sample exactly once.
+that it held each planned sample exactly once. Batches filled from made samples
+(``defer_after``) are not the planned ones: each epoch holds every planned sample once, in as
+many batches, and replays bit for bit, without workers, from the keys it delivered.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from cases import WAIT_S, WAITED, Payload, Samples, Stream, payloads, without_draws
+from cases import RNGS, WAIT_S, WAITED, Payload, Samples, Stream, payloads, without_draws
 from compare import assert_equal, batch_indices, nothing_left, run
 from harness import FAST, FAST_EXAMPLES, campaign
 from hypothesis import assume, note, settings
@@ -64,6 +66,7 @@ class Run:
     iterable: bool
     threads: bool = False
     waits: bool = False  # samples that wait, under workers="auto": made several at a time
+    defer: bool = False  # batches filled from made samples (defer_after=0), map-style only
 
     def dataset(self) -> Any:
         if self.iterable:
@@ -77,7 +80,18 @@ class Run:
         """Whether its samples' global RNGs are seeded each from (seed, epoch, index): else a
         fixed count draws from each worker's RNGs, as DataLoader's (held to DataLoader in
         ``test_differential_dataloader.py``), and its samples draw nothing here."""
-        return self.seed is not None or self.workers == "auto" or self.dispatch == "samples"
+        return (
+            self.seed is not None
+            or self.workers == "auto"
+            or self.dispatch == "samples"
+            or self.filled
+        )
+
+    @property
+    def filled(self) -> bool:
+        """Whether its batches are filled from made samples (``defer_after``): each epoch
+        holds every planned sample once, in as many batches, and not the planned ones."""
+        return self.defer and not self.iterable
 
     def kwargs(self, dataset: Any, *, workers: int | str | None = None) -> dict[str, Any]:
         inline = workers == 0
@@ -94,6 +108,8 @@ class Run:
                 kwargs["dispatch"] = "samples"  # without workers too, each sample seeded
             if not inline:
                 kwargs["dispatch"] = self.dispatch
+                if self.filled:
+                    kwargs["defer_after"] = 0.0
                 if self.cache:
                     kwargs["cache"] = drapps.Cache(memory="16MB", codec="none")
         if not inline:
@@ -107,7 +123,7 @@ def runs() -> st.SearchStrategy[Run]:
     return st.builds(
         Run,
         n=st.integers(1, 24),
-        payload=payloads(draws=True, alternate=False),
+        payload=payloads(draws=RNGS, alternate=False),
         workers=st.sampled_from((1, 2, 3, "auto")),
         seed=st.sampled_from((None, 0, 7)),
         batch_size=st.integers(1, 5),
@@ -119,6 +135,7 @@ def runs() -> st.SearchStrategy[Run]:
         iterable=st.booleans(),
         threads=st.booleans(),
         waits=st.booleans(),
+        defer=st.sampled_from((False, False, False, True)),
     )
 
 
@@ -159,7 +176,7 @@ class LoaderMachine(RuleBasedStateMachine):
         self.loader = drapps.Loader(self.dataset, **case.kwargs(self.dataset))
         self.epoch, self.got = 0, []
         self.iterator: Any = iter(self.loader)
-        self.exact = True  # False once an epoch's seed is no longer the reference's
+        self.exact = not case.filled  # False once batches are not the reference's
         self.resumed_epoch: int | None = None
 
     # ----------------------------------------------------------------------------- events
@@ -265,10 +282,12 @@ class LoaderMachine(RuleBasedStateMachine):
         if not abandoned:
             delivered = sorted(i for batch in self.got for i in batch_indices(batch))
             planned = sorted(i for batch in expected for i in batch_indices(batch))
-            if self.exact:
+            if self.exact or self.case.filled:
                 assert len(self.got) == len(expected), f"{len(self.got)} of {len(expected)}"
-            elif not self.case.sampler:  # every index once (a sampler may draw others)
+            if not self.exact and not self.case.sampler:  # a sampler may draw others
                 assert delivered == planned, f"epoch {self.epoch}: {delivered} != {planned}"
+            if self.case.filled and self.resumed_epoch != self.epoch:
+                self._replay_filled_epoch()
         # A resumed loader without a seed, or with a sampler that draws from torch's RNG,
         # draws its next epochs from the new process's torch RNG (as a new DataLoader would).
         if (self.case.seed is None or self.case.sampler) and self.resumed_epoch is not None:
@@ -277,6 +296,19 @@ class LoaderMachine(RuleBasedStateMachine):
         self.got = []
         if self.epoch < EPOCHS:
             self.iterator = iter(self.loader)
+
+    def _replay_filled_epoch(self) -> None:
+        """Batches filled from made samples replay bit for bit as a ``batch_sampler`` of the
+        keys the epoch delivered (with the same seed and epoch), without workers."""
+        if self.case.seed is None or self.case.cache:
+            return  # a base seed drawn per epoch; dataset[i] made once and kept
+        keys = self.iterator.delivered_keys
+        assert len(keys) == len(self.got), f"{len(keys)} keys for {len(self.got)} batches"
+        replay = drapps.Loader(self.dataset, batch_sampler=keys, seed=self.case.seed, num_workers=0)
+        replay.set_epoch(self.epoch)
+        with replay:
+            for b, (expected, got) in enumerate(zip(replay, self.got, strict=True)):
+                assert_equal(expected, got, f"epoch {self.epoch} batch {b} (replayed)")
 
     def teardown(self) -> None:
         if hasattr(self, "loader"):
