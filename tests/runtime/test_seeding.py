@@ -5,12 +5,15 @@ import pytest
 import torch
 
 from drapps.runtime.seeding import (
+    active_rng,
     clear_sample,
+    op_stream,
     preserved_global_rngs,
     sample_rng,
     sample_seed,
     sample_seed_for,
     seed_sample,
+    seed_sample_later,
 )
 
 
@@ -43,6 +46,27 @@ def test_sample_rng_is_one_stream_per_sample() -> None:
     first, second = sample_rng().random(), sample_rng().random()
     clear_sample()
     assert first != second
+
+
+def test_a_seed_left_for_later_is_the_one_mixed_at_once() -> None:
+    """A sample entered without reseeding has its seed mixed only when asked for: the same
+    seed, generator and op streams, and the global RNGs untouched."""
+
+    def inside(enter: object) -> tuple[int, float, float, float, float]:
+        random.seed(5)
+        enter()
+        seed, draw, active = sample_seed(), sample_rng().random(), active_rng().random()
+        with op_stream(2):
+            op = sample_rng().random()
+        clear_sample()
+        return seed, draw, active, op, random.random()
+
+    at_once = inside(lambda: seed_sample(sample_seed_for(3, 1, 7), reseed=False))
+    later = inside(lambda: seed_sample_later(3, 1, 7))
+    assert later == at_once
+    assert later[0] == sample_seed_for(3, 1, 7)
+    with pytest.raises(RuntimeError, match="only defined while"):
+        sample_seed()  # left: nothing is owed to the next sample
 
 
 def test_outside_a_sample_is_an_error() -> None:

@@ -52,6 +52,7 @@ def sample_seed_for(seed: int, epoch: int, index: int) -> int:
 
 class _SampleContext(threading.local):
     seed: int | None = None
+    later: tuple[int, int, int] | None = None  # (seed, epoch, index): the seed, not yet mixed
     rng: np.random.Generator | None = None
     bits: np.random.PCG64 | None = None
 
@@ -62,7 +63,7 @@ _context = _SampleContext()
 def seed_sample(sample_seed: int, *, reseed: bool = True) -> None:
     """Enter a sample: seed the global RNGs (unless ``reseed`` is False: they then draw on)
     and reset :func:`sample_rng` for it."""
-    _context.seed = sample_seed
+    _context.seed, _context.later = sample_seed, None
     _context.rng = None
     if not reseed:
         return
@@ -73,9 +74,18 @@ def seed_sample(sample_seed: int, *, reseed: bool = True) -> None:
     torch.default_generator.manual_seed(sample_seed & _MASK63)
 
 
+def seed_sample_later(seed: int, epoch: int, index: int) -> None:
+    """Enter sample ``index`` of ``epoch`` without reseeding the global RNGs, its seed
+    (``sample_seed_for(seed, epoch, index)``) mixed only if :func:`sample_seed` or
+    :func:`sample_rng` asks for it: most samples never do, and the mix costs about a
+    microsecond, which a sample made in memory notices."""
+    _context.seed, _context.later = None, (seed, epoch, index)
+    _context.rng = None
+
+
 def clear_sample() -> None:
     """Leave the current sample (outside a sample :func:`sample_rng` raises)."""
-    _context.seed = None
+    _context.seed, _context.later = None, None
     _context.rng = None
 
 
@@ -86,11 +96,20 @@ def sample_seed() -> int:
         RuntimeError: when called outside a drapps sample (not from a dataset's ``__getitem__``
             or a transform run by a :class:`drapps.Loader`).
     """
-    if _context.seed is None:
+    seed = _current_seed()
+    if seed is None:
         raise RuntimeError(
             "sample_seed() is only defined while a drapps.Loader makes a sample "
             "(inside dataset.__getitem__, a transform, or a function they call)"
         )
+    return seed
+
+
+def _current_seed() -> int | None:
+    """The seed of the sample being made in this thread (mixed now if it was left for
+    later); None outside a sample."""
+    if _context.seed is None and _context.later is not None:
+        _context.seed = sample_seed_for(*_context.later)
     return _context.seed
 
 
@@ -139,11 +158,12 @@ def op_rng(sample_seed: int, op_index: int) -> np.random.Generator:
 def op_stream(op_index: int) -> Iterator[None]:
     """Inside a sample, make :func:`sample_rng` (and :func:`active_rng`) draw from
     ``op_rng(sample seed, op_index)`` until the block ends; outside one, change nothing."""
-    if _context.seed is None:
+    seed = _current_seed()
+    if seed is None:
         yield
         return
     saved = _context.rng
-    _context.rng = op_rng(_context.seed, op_index)
+    _context.rng = op_rng(seed, op_index)
     try:
         yield
     finally:
@@ -156,7 +176,7 @@ def active_rng() -> np.random.Generator:
     For ops that must also work outside a Loader (e.g. under torch's DataLoader), where there
     is no per-sample seed; their randomness is then as the host loader seeds it.
     """
-    if _context.seed is not None:
+    if _current_seed() is not None:
         return sample_rng()
     global _fallback, _fallback_pid
     if _fallback is None or _fallback_pid != os.getpid():

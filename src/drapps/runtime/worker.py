@@ -35,8 +35,10 @@ from drapps.runtime.seeding import (
     clear_sample,
     global_states,
     moved_generators,
+    sample_seed,
     sample_seed_for,
     seed_sample,
+    seed_sample_later,
     seed_worker,
     set_worker_info,
     worker_info_hidden,
@@ -261,8 +263,9 @@ def make_batch(
             # collate_fn that draws: seeded for the last (which drew nothing from them).
             seed_sample(sample_seed_for(seed, epoch, key_of(indices[-1])), reseed=recipe.reseed)
             clear_sample()
+        cpu_s = sum(m.cpu_s for m in made)
     else:
-        made = [maker(position, index, True) for position, index in enumerate(indices)]
+        made, cpu_s = maker.in_turn(indices)
     if cache is not None:
         cache.end_batch(not all(m.exact for m in made))
     samples = [m.sample for m in made if m.skipped is None]
@@ -270,7 +273,6 @@ def make_batch(
     skipped = [m.skipped for m in made if m.skipped is not None]
     costs = [m.cost for m in made]
     fetch_s, transform_s = sum(m.fetch_s for m in made), sum(m.transform_s for m in made)
-    cpu_s = sum(m.cpu_s for m in made)
     if not collate:
         return Made(samples, skipped, (fetch_s, transform_s, 0.0), costs, kept, cpu_s)
     if not samples:
@@ -322,16 +324,48 @@ class _SampleMaker:
         Raises:
             SampleError: it failed and ``on_error="raise"``.
         """
-        recipe, cache, held, pipeline = self.recipe, self.cache, self.held, self.pipeline
+        cpu = time.thread_time()
         clock = self.clock if clocked else None
-        sample_seed = sample_seed_for(self.seed, self.epoch, key_of(index))
-        seed_sample(sample_seed, reseed=recipe.reseed)
+        made, _, _ = self.make(position, index, clock, time.perf_counter(), runqueue_wait())
+        made.cpu_s = time.thread_time() - cpu
+        return made
+
+    def in_turn(self, indices: list[Any]) -> tuple[list[_Sample], float]:
+        """The samples of ``indices``, one after another in this thread, and the CPU seconds
+        they took. Each sample is timed from where the one before ended: one reading of the
+        clocks a sample, and of the CPU clock a batch (each is a system call on some hosts,
+        about a microsecond, which a sample made in memory notices).
+
+        Raises:
+            SampleError: one failed and ``on_error="raise"``.
+        """
+        made: list[_Sample] = []
+        cpu = time.thread_time()
+        now, queued = time.perf_counter(), runqueue_wait()
+        for position, index in enumerate(indices):
+            sample, now, queued = self.make(position, index, self.clock, now, queued)
+            made.append(sample)
+        return made, time.thread_time() - cpu
+
+    def make(
+        self, position: int, index: Any, clock: SampleClock | None, t0: float, queued: float
+    ) -> tuple[_Sample, float, float]:
+        """Sample ``index``, timed from ``t0`` (``time.perf_counter()``) and ``queued``
+        (:func:`runqueue_wait`), with the two clocks' readings as it ended.
+
+        Raises:
+            SampleError: it failed and ``on_error="raise"``.
+        """
+        recipe, cache, held, pipeline = self.recipe, self.cache, self.held, self.pipeline
+        key = key_of(index)
+        if recipe.reseed or pipeline is not None:
+            seed_sample(sample_seed_for(self.seed, self.epoch, key), reseed=recipe.reseed)
+        else:  # drawn only if the sample asks (sample_seed(), sample_rng())
+            seed_sample_later(self.seed, self.epoch, key)
         watched = global_states() if recipe.watch_draws and Watch.left > 0 else None
         stage = "__getitem__"
         if clock is not None:
             clock.begin_sample(position)
-        t0 = time.perf_counter()
-        queued, cpu = runqueue_wait(), time.thread_time()
         measured = Watch.gil.measure() if watched is not None else _UNMEASURED
         made = _Sample(position)
         try:
@@ -353,7 +387,7 @@ class _SampleMaker:
                     written_s = time.perf_counter() - written
                 if pipeline is not None:
                     start = held if cache is not None else 0
-                    sample = pipeline.run_cut(sample, start, self.split, sample_seed)
+                    sample = pipeline.run_cut(sample, start, self.split, sample_seed())
                 elif recipe.transform is not None:
                     sample = recipe.transform(sample)
                 made.fetch_s += written_s
@@ -384,9 +418,9 @@ class _SampleMaker:
                 moved = moved_generators(watched, global_states())
                 if moved and Watch.drew is None:
                     Watch.drew = f"{' and '.join(moved)} (sample {index!r} did)"
-        made.cost = time.perf_counter() - t0 - (runqueue_wait() - queued)
-        made.cpu_s = time.thread_time() - cpu
-        return made
+        end, end_queued = time.perf_counter(), runqueue_wait()
+        made.cost = end - t0 - (end_queued - queued)
+        return made, end, end_queued
 
 
 class SampleThreads:
