@@ -34,8 +34,10 @@ TENSOR_DTYPES = (
 )  # fmt: skip
 TENSOR_LAYOUTS = (
     "contiguous", "transposed", "stepped", "expanded", "offset", "two_views", "zero_size",
-    "scalar", "conj",
+    "scalar", "conj", "sparse_coo", "sparse_csr",
 )  # fmt: skip
+NOT_SPARSE = ("uint16", "uint32", "uint64", "float8_e4m3fn", "float8_e5m2")
+"""Dtypes torch cannot make sparse (their "sparse" layouts are contiguous instead)."""
 ARRAY_DTYPES = (
     "bool", "int8", "uint16", "int32", "int64", "float16", "float32", "float64", "complex64",
     ">i4", "<U3", "S3", "datetime64[D]", "object", "structured",
@@ -138,6 +140,10 @@ def _tensor(dtype: str, layout: str, shape: tuple[int, ...], i: int) -> Any:
         return values[0].clone()
     if layout == "conj" and values.is_complex():
         return values[:numel].reshape(shape).conj()
+    if layout.startswith("sparse") and dtype not in NOT_SPARSE:
+        if layout == "sparse_csr":  # two dimensions
+            return values[:numel].reshape(-1, shape[-1]).to_sparse_csr()
+        return values[:numel].reshape(shape).to_sparse()
     return values[:numel].reshape(shape)
 
 

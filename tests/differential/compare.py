@@ -186,9 +186,12 @@ def _assert_tensors(x: torch.Tensor, y: torch.Tensor, where: str) -> None:
     assert y.dtype == x.dtype, f"{where}: dtype {y.dtype}, reference {x.dtype}"
     assert y.shape == x.shape, f"{where}: shape {tuple(y.shape)}, reference {tuple(x.shape)}"
     assert y.is_quantized == x.is_quantized, f"{where}: quantized {y.is_quantized}"
+    assert y.layout == x.layout, f"{where}: layout {y.layout}, reference {x.layout}"
     if x.is_quantized:
         assert (y.q_scale(), y.q_zero_point()) == (x.q_scale(), x.q_zero_point()), where
         x, y = x.int_repr(), y.int_repr()
+    if x.layout != torch.strided:  # sparse: the values it stands for
+        x, y = x.to_dense(), y.to_dense()
     x, y = x.resolve_conj().resolve_neg(), y.resolve_conj().resolve_neg()
     if x.numel() > 1:  # a stride of a dimension of size 1 (or of an empty tensor) is free
         assert _strides(y) == _strides(x), f"{where}: strides {y.stride()}, reference {x.stride()}"

@@ -191,8 +191,18 @@ _SKIPPED_BATCH = Case(
 )
 
 
+# Found by the probes: a sparse tensor made by a thread worker failed "to be sent to the
+# training process" (a sparse tensor has no nbytes, which the memory budget counted).
+_SPARSE_ON_THREADS = Case(
+    n=3,
+    payload=Payload(leaf=Leaf(kind="tensor", layout="sparse_coo")),
+    settings=Settings(workers=2, batch_size=None, threads=True),
+)
+
+
 @FAST
 @given(cases(draws=DRAWS))
+@example(_SPARSE_ON_THREADS)
 @example(_SKIPPED_SAMPLE)
 @example(_SKIPPED_BATCH)
 @example(_STEPPED_ARRAY_AUTO)

@@ -113,12 +113,34 @@ def _tensors(batch: Any) -> Iterator[torch.Tensor]:
 
 def largest_tensor(batch: Any) -> torch.Tensor | None:
     """The largest tensor in a collated batch (dicts, lists and tuples of tensors)."""
-    return max(_tensors(batch), key=lambda tensor: tensor.nbytes, default=None)
+    return max(_tensors(batch), key=held_bytes, default=None)
 
 
 def tensor_bytes(batch: Any) -> int:
     """Bytes of the tensors in a collated batch (dicts, lists and tuples of tensors)."""
-    return sum(tensor.nbytes for tensor in _tensors(batch))
+    return sum(held_bytes(tensor) for tensor in _tensors(batch))
+
+
+def held_bytes(tensor: torch.Tensor) -> int:
+    """Bytes ``tensor`` holds: its elements' for a strided tensor; its indices' and values'
+    for a sparse one (which has no ``nbytes``); its elements' at their size otherwise.
+
+    >>> held_bytes(torch.eye(3).to_sparse())  # 3 nonzeros: 2 x 3 int64 indices, 3 floats
+    60
+    """
+    layout = tensor.layout
+    parts: tuple[torch.Tensor, ...]
+    if layout is torch.strided:
+        return tensor.nbytes
+    if layout is torch.sparse_coo:
+        parts = (tensor._indices(), tensor._values())
+    elif layout in (torch.sparse_csr, torch.sparse_bsr):
+        parts = (tensor.crow_indices(), tensor.col_indices(), tensor.values())
+    elif layout in (torch.sparse_csc, torch.sparse_bsc):
+        parts = (tensor.ccol_indices(), tensor.row_indices(), tensor.values())
+    else:
+        return tensor.numel() * tensor.element_size()
+    return sum(part.nbytes for part in parts)
 
 
 def on_free(batch: Any, callback: Callable[[], None]) -> bool:
