@@ -262,6 +262,29 @@ def identity(batch: Any) -> Any:
     return batch
 
 
+def nothing(batch: Any) -> None:
+    """A collate_fn whose batches are None (DataLoader delivers them)."""
+    return None
+
+
+COLLATES = {"default": None, "identity": identity, "nothing": nothing}
+
+
+class WithEmpty:
+    """A batch sampler that yields an empty batch first, then ``batches``' (a bucketing
+    sampler can: DataLoader collates it, and its default collate raises IndexError)."""
+
+    def __init__(self, batches: Any) -> None:
+        self.batches = batches
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        yield []
+        yield from self.batches
+
+    def __len__(self) -> int:
+        return len(self.batches) + 1
+
+
 SKIPPED = "skipped"
 """What the reference's dataset gives for the sample that fails, where drapps skips it."""
 
@@ -285,7 +308,7 @@ class SkippingCollate:
         if not self.batched:
             return SKIPPED if _skipped(batch) else self.inner(batch)
         kept = [sample for sample in batch if not _skipped(sample)]
-        return self.inner(kept) if kept else SKIPPED
+        return self.inner(kept) if kept or not batch else SKIPPED
 
 
 def _skipped(value: Any) -> bool:
@@ -305,7 +328,8 @@ class Settings:
     shuffle: bool = False
     sampler: str | None = None  # None, "sequential", "random", "random_replacement", "subset"
     batch_sampler: bool = False
-    collate: str = "default"  # "default" or "identity"
+    empty_batch: bool = False  # the batch_sampler yields an empty batch first
+    collate: str = "default"  # "default", "identity" or "nothing" (batches of None)
     in_order: bool = True
     prefetch_factor: int | None = None
     persistent_workers: bool = False
@@ -343,7 +367,7 @@ class Settings:
     def dataloader_kwargs(self, dataset: Any, *, skipping: bool = False) -> dict[str, Any]:
         """DataLoader's arguments for this case (samplers and generators made fresh);
         ``skipping``: its collate_fn drops the ``SKIPPED`` samples."""
-        collate = identity if self.collate == "identity" else None
+        collate = COLLATES[self.collate]
         if skipping:
             batched = self.batch_size is not None or (
                 self.batch_sampler and self._sampler(dataset) is not None
@@ -369,7 +393,8 @@ class Settings:
         sampler = self._sampler(dataset)
         if self.batch_sampler and sampler is not None:
             size = self.batch_size or 1
-            kwargs["batch_sampler"] = torch.utils.data.BatchSampler(sampler, size, self.drop_last)
+            batches = torch.utils.data.BatchSampler(sampler, size, self.drop_last)
+            kwargs["batch_sampler"] = WithEmpty(batches) if self.empty_batch else batches
             return kwargs
         kwargs.update(batch_size=self.batch_size, drop_last=self.drop_last)
         if sampler is not None:
@@ -494,7 +519,8 @@ def settings(*, contexts: tuple[str | None, ...] = (None,)) -> st.SearchStrategy
             (None, None, "sequential", "random", "random_replacement", "subset")
         ),
         batch_sampler=st.booleans(),
-        collate=st.sampled_from(("default", "identity")),
+        empty_batch=st.sampled_from((False, False, False, True)),
+        collate=st.sampled_from(("default", "default", "identity", "identity", "nothing")),
         in_order=st.booleans(),
         prefetch_factor=st.sampled_from((None, None, 1, 3)),
         persistent_workers=st.booleans(),

@@ -114,7 +114,10 @@ def _settle(error: BaseException | None) -> None:
 
 def batch_indices(batch: Any) -> list[int]:
     """The indices of the samples in a batch: ``[indices, payloads]`` from the default
-    collate, a list of ``(index, payload)`` samples from an identity one, or one sample."""
+    collate, a list of ``(index, payload)`` samples from an identity one, or one sample; none
+    from an empty batch or a collate_fn that gives None."""
+    if batch is None or len(batch) == 0:
+        return []
     first = batch[0]
     if isinstance(first, int):
         return [first]  # one sample (batch_size=None)

@@ -200,8 +200,29 @@ _SPARSE_ON_THREADS = Case(
 )
 
 
+# Found by the probes: a batch that is None (a collate_fn's) or empty (a batch_sampler's) was
+# not delivered, where DataLoader delivers it (or, collating an empty batch by default,
+# raises IndexError).
+_NONE_BATCHES = Case(n=5, payload=Payload(leaf=Leaf(kind="tensor")),
+                     settings=Settings(workers=2, batch_size=2, collate="nothing"))  # fmt: skip
+_EMPTY_BATCH = Case(
+    n=3,
+    payload=Payload(leaf=Leaf(kind="python", dtype="int")),
+    settings=Settings(
+        workers=1, sampler="sequential", batch_sampler=True, empty_batch=True, collate="identity"
+    ),
+)
+
+
 @FAST
 @given(cases(draws=DRAWS))
+@example(_NONE_BATCHES)
+@example(_EMPTY_BATCH)
+@example(
+    dataclasses.replace(
+        _EMPTY_BATCH, settings=dataclasses.replace(_EMPTY_BATCH.settings, collate="default")
+    )
+)
 @example(_SPARSE_ON_THREADS)
 @example(_SKIPPED_SAMPLE)
 @example(_SKIPPED_BATCH)

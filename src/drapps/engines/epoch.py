@@ -49,10 +49,10 @@ class Delivered:
         """An epoch starts now (``iter(loader)``)."""
         self.began = time.monotonic()
 
-    def record(self, samples: int, skipped: Skipped) -> None:
+    def record(self, samples: int, skipped: Skipped, delivered: bool) -> None:
         if self.began is not None:
             self.first_batch_s, self.began = time.monotonic() - self.began, None
-        self.batches += samples > 0
+        self.batches += delivered
         self.samples += samples
         if skipped:
             self.samples_skipped += len(skipped)
@@ -166,10 +166,15 @@ class Epoch:
         if self.plan is None:
             return self._next_streamed()
         while not self.finished:
-            batch, samples, skipped = self._next_planned()
-            self._delivered.record(samples, skipped)
-            # With batch_size=None a sample may itself be None; a skipped one is not delivered.
-            if batch is not None or (samples and not self._batched):
+            got = self._next_planned()
+            if got is None:
+                break
+            batch, samples, skipped = got
+            # A batch whose samples were all skipped is not delivered; any other is, as
+            # DataLoader's: an empty one from a batch_sampler, or None from a collate_fn.
+            delivered = samples > 0 or not skipped
+            self._delivered.record(samples, skipped, delivered)
+            if delivered:
                 return batch
         self._end()
         raise StopIteration
@@ -198,7 +203,7 @@ class Epoch:
         if reported is not None and self.position > reported:
             self._warn_past_length(reported)
         batch = made.batch
-        self._delivered.record(_batch_len(batch, self._batch_size), made.skipped)
+        self._delivered.record(_batch_len(batch, self._batch_size), made.skipped, True)
         if self._stage is not None and batch is not None:
             return self._stage.run(batch, (), None)
         return batch
@@ -218,13 +223,15 @@ class Epoch:
             )
         warn_user(message)
 
-    def _next_planned(self) -> tuple[Any, int, Skipped]:
+    def _next_planned(self) -> tuple[Any, int, Skipped] | None:
+        """The next batch, how many samples it holds and which were skipped; None at the
+        epoch's end."""
         plan = self.plan
         assert plan is not None
         batch_id = self.position
         if batch_id >= len(plan):
             self.finished = True
-            return None, 0, []
+            return None
         ahead, self._ahead = self._ahead, None
         if ahead is not None:
             made: EngineBatch | None = ahead.made
@@ -232,7 +239,7 @@ class Epoch:
             made = self._engine.next()
         if made is None:
             self.finished = True
-            return None, 0, []
+            return None
         if made.batch_id is not None:  # handed over as made (in_order=False)
             batch_id = made.batch_id
         self._advance(batch_id)

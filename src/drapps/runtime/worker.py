@@ -275,7 +275,7 @@ def make_batch(
     fetch_s, transform_s = sum(m.fetch_s for m in made), sum(m.transform_s for m in made)
     if not collate:
         return Made(samples, skipped, (fetch_s, transform_s, 0.0), costs, kept, cpu_s)
-    if not samples:
+    if skipped and not samples:
         return Made(None, skipped, (fetch_s, transform_s, 0.0), costs, cpu_s=cpu_s)
     t2 = time.perf_counter()
     batch = collate_samples(recipe, samples, split, indices, arena=arena)
