@@ -873,3 +873,65 @@ def test_a_fixed_count_hands_batches_over_in_dataloaders_order(in_order: bool, s
     for made in (got, expected):
         assert sorted(made) == [(i, 0 if i in (0, 2) else 1) for i in range(10)]
         assert [i for i, _ in made][:2] == [1, 3]
+
+
+class _Table(Dataset):  # type: ignore[type-arg]
+    """A table whose batches come from one call: ``__getitems__`` gives a slice (a tensor,
+    not a list of samples, which only a collate_fn of the user's own takes as it is)."""
+
+    def __init__(self, fail_at: int | None = None) -> None:
+        self.rows, self.fail_at = torch.arange(40.0).reshape(20, 2), fail_at
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if i == self.fail_at:
+            raise KeyError(f"row {i}")
+        return self.rows[i]
+
+    def __getitems__(self, indices: list[int]) -> torch.Tensor:
+        if self.fail_at in indices:
+            raise KeyError(f"row {self.fail_at}")
+        return self.rows[indices]
+
+
+def _as_given(batch: Any) -> Any:
+    return batch
+
+
+@pytest.mark.parametrize(
+    "workers, more",
+    [(0, {}), (2, {}), (2, {"backend": "thread"}), ("auto", {}), (2, {"in_order": False})],
+)
+def test_a_dataset_with_getitems_gives_each_batch_from_one_call_as_to_dataloader(
+    workers: int | str, more: dict[str, Any]
+) -> None:
+    """DataLoader's fetcher takes a batch's samples from ``__getitems__`` when the dataset has
+    it, and passes what it returns to collate_fn as it is: here a slice of the table."""
+    expected = list(DataLoader(_Table(), batch_size=4, shuffle=False, collate_fn=_as_given))
+    count = {} if workers == "auto" else {"num_workers": workers}
+    with drapps.Loader(_Table(), batch_size=4, collate_fn=_as_given, **count, **more) as loader:
+        got = sorted(loader, key=lambda batch: float(batch[0, 0]))
+    assert [type(batch) for batch in got] == [torch.Tensor] * 5  # not lists of rows
+    assert_batches_equal(expected, got)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_failing_getitems_names_the_batch_and_skipping_makes_it_again_sample_by_sample(
+    workers: int,
+) -> None:
+    with (
+        pytest.raises(
+            KeyError, match=r"__getitems__ failed on the batch of indices \[4, 5, 6, 7\]"
+        ),
+        drapps.Loader(_Table(7), batch_size=4, num_workers=workers, collate_fn=_as_given) as loader,
+    ):
+        list(loader)
+    skip = {"num_workers": workers, "collate_fn": _as_given, "on_error": "skip"}
+    with drapps.Loader(_Table(7), batch_size=4, **skip) as loader:  # type: ignore[arg-type]
+        rows = [
+            int(row[0]) // 2 for batch in loader for row in batch
+        ]  # the failing batch: rows one by one
+        assert rows == [i for i in range(20) if i != 7]
+        assert loader.stats().samples_skipped == 1

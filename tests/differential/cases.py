@@ -232,6 +232,14 @@ class Samples:
         return (i, self.payload.make(i))
 
 
+class BatchedSamples(Samples):
+    """``Samples`` that also give a batch's samples from one call, as DataLoader's fetcher
+    takes them (``__getitems__``, as torch's ``Subset`` and Hugging Face's datasets have)."""
+
+    def __getitems__(self, indices: list[int]) -> list[Any]:
+        return [self[i] for i in indices]
+
+
 class Stream(IterableDataset):  # type: ignore[type-arg]
     """An iterable dataset of ``n`` samples, sharded by ``get_worker_info()`` when
     ``sharded`` (else every worker yields all of them, as DataLoader's would), shuffled per
@@ -437,17 +445,19 @@ class Case:
     shuffle_stream: str | None = None
     fail_at: int | None = None
     waits: bool = False
+    getitems: bool = False  # the dataset has __getitems__
 
     def dataset(self, *, marks: bool = False) -> Any:
         """The case's dataset; ``marks``: its failing sample is ``SKIPPED`` instead."""
         if self.iterable:
             return Stream(self.n, self.payload, self.sharded, self.shuffle_stream)
+        kind = BatchedSamples if self.getitems else Samples
         if self.waits and self.settings.workers == "auto":
             # Samples that wait, and enough of them (WAITED more, the failure among the
             # later ones) that workers="auto" measures it and makes them several at a time.
             fail_at = None if self.fail_at is None else self.fail_at + WAITED
-            return Samples(self.n + WAITED, self.payload, fail_at, wait_s=WAIT_S, marks=marks)
-        return Samples(self.n, self.payload, self.fail_at, marks=marks)
+            return kind(self.n + WAITED, self.payload, fail_at, wait_s=WAIT_S, marks=marks)
+        return kind(self.n, self.payload, self.fail_at, marks=marks)
 
 
 WAITED = 40
@@ -549,4 +559,5 @@ def cases(
         shuffle_stream=st.sampled_from((None, *RNGS)),
         fail_at=st.one_of(st.none(), st.integers(0, 12)),
         waits=st.booleans(),
+        getitems=st.sampled_from((False, False, False, True)),
     )

@@ -256,7 +256,10 @@ def make_batch(
     """
     cache = recipe.cache if recipe.cache is not None and recipe.cache.begin_batch() else None
     maker = _SampleMaker(recipe, seed, epoch, indices, split, cache, current_clock())
-    if sample_threads > 1 and cache is None and SampleThreads.may_run(recipe):
+    fetched: Any = _ONE_BY_ONE
+    if collate and cache is None and fetches_batches(recipe):
+        made, fetched, cpu_s = maker.at_once(indices)
+    elif sample_threads > 1 and cache is None and SampleThreads.may_run(recipe):
         made = SampleThreads.make_all(key, maker, sample_threads)
         if indices:
             # The global generators as one sample after another leaves them, for a
@@ -268,7 +271,7 @@ def make_batch(
         made, cpu_s = maker.in_turn(indices)
     if cache is not None:
         cache.end_batch(not all(m.exact for m in made))
-    samples = [m.sample for m in made if m.skipped is None]
+    samples = [m.sample for m in made if m.skipped is None] if fetched is _ONE_BY_ONE else fetched
     kept = [m.position for m in made if m.skipped is None]
     skipped = [m.skipped for m in made if m.skipped is not None]
     costs = [m.cost for m in made]
@@ -281,6 +284,21 @@ def make_batch(
     batch = collate_samples(recipe, samples, split, indices, arena=arena)
     seconds = (fetch_s, transform_s, time.perf_counter() - t2)
     return Made(batch, skipped, seconds, costs, cpu_s=cpu_s)
+
+
+_ONE_BY_ONE = object()
+"""What :meth:`_SampleMaker.at_once` fetched when it made the samples one by one instead."""
+
+
+def fetches_batches(recipe: BatchRecipe) -> bool:
+    """Whether a whole batch's samples come from one call of the dataset's ``__getitems__``,
+    as DataLoader's fetcher takes them: with auto-collation, no transform of drapps' own
+    (which runs on each sample), and batches that are never made in parts (:func:`splittable`:
+    a part's samples are made, and seeded, each on its own, so a batch must be too)."""
+    if not recipe.auto_collation or recipe.transform is not None or splittable(recipe):
+        return False
+    getitems = getattr(recipe.dataset, "__getitems__", None)
+    return callable(getitems) and bool(getitems)
 
 
 @dataclass
@@ -346,6 +364,54 @@ class _SampleMaker:
             sample, now, queued = self.make(position, index, self.clock, now, queued)
             made.append(sample)
         return made, time.thread_time() - cpu
+
+    def at_once(self, indices: list[Any]) -> tuple[list[_Sample], Any, float]:
+        """The samples of ``indices`` from one call of the dataset's ``__getitems__``, what
+        it returned (passed to collate_fn as it is, as DataLoader does), and the CPU seconds
+        it took. Each sample is counted an equal share of the call's time; the call is seeded
+        as its first sample is (its draws are the batch's, not each sample's). Under
+        ``on_error="skip"`` a call that fails is made again one sample at a time, so that
+        only the samples that fail are skipped.
+
+        Raises:
+            SampleError: the call failed and ``on_error="raise"``.
+        """
+        recipe, dataset = self.recipe, self.recipe.dataset
+        cpu = time.thread_time()
+        t0, queued = time.perf_counter(), runqueue_wait()
+        if indices:
+            key = key_of(indices[0])
+            if recipe.reseed:
+                seed_sample(sample_seed_for(self.seed, self.epoch, key))
+            else:
+                seed_sample_later(self.seed, self.epoch, key)
+        watched = global_states() if recipe.watch_draws and Watch.left > 0 else None
+        measured = Watch.gil.measure() if watched is not None else _UNMEASURED
+        try:
+            with measured:
+                fetched = dataset.__getitems__(list(indices))
+        except Exception as exc:
+            if recipe.on_error == "skip":
+                made, cpu_s = self.in_turn(indices)
+                return made, _ONE_BY_ONE, cpu_s
+            raise failure(
+                exc,
+                f"__getitems__ failed on the batch of indices {indices}",
+                stage="__getitems__",
+                indices=indices,
+            ) from exc
+        finally:
+            clear_sample()
+            if watched is not None:
+                Watch.left -= len(indices)
+                Watch.watched += len(indices)
+                moved = moved_generators(watched, global_states())
+                if moved and Watch.drew is None:
+                    Watch.drew = f"{' and '.join(moved)} (__getitems__ did)"
+        seconds = time.perf_counter() - t0 - (runqueue_wait() - queued)
+        share = seconds / max(1, len(indices))
+        made = [_Sample(p, fetch_s=share, cost=share) for p in range(len(indices))]
+        return made, fetched, time.thread_time() - cpu
 
     def make(
         self, position: int, index: Any, clock: SampleClock | None, t0: float, queued: float
