@@ -387,19 +387,18 @@ class _SampleMaker:
                 seed_sample_later(self.seed, self.epoch, key)
         watched = global_states() if recipe.watch_draws and Watch.left > 0 else None
         measured = Watch.gil.measure() if watched is not None else _UNMEASURED
+        fetched: Any = _ONE_BY_ONE
         try:
             with measured:
                 fetched = dataset.__getitems__(list(indices))
         except Exception as exc:
-            if recipe.on_error == "skip":
-                made, cpu_s = self.in_turn(indices)
-                return made, _ONE_BY_ONE, cpu_s
-            raise failure(
-                exc,
-                f"__getitems__ failed on the batch of indices {indices}",
-                stage="__getitems__",
-                indices=indices,
-            ) from exc
+            if recipe.on_error != "skip":
+                raise failure(
+                    exc,
+                    f"__getitems__ failed on the batch of indices {indices}",
+                    stage="__getitems__",
+                    indices=indices,
+                ) from exc
         finally:
             clear_sample()
             if watched is not None:
@@ -408,6 +407,9 @@ class _SampleMaker:
                 moved = moved_generators(watched, global_states())
                 if moved and Watch.drew is None:
                     Watch.drew = f"{' and '.join(moved)} (__getitems__ did)"
+        if fetched is _ONE_BY_ONE:  # it failed: sample by sample, skipping only those that fail
+            made, cpu_s = self.in_turn(indices)
+            return made, fetched, cpu_s
         seconds = time.perf_counter() - t0 - (runqueue_wait() - queued)
         share = seconds / max(1, len(indices))
         made = [_Sample(p, fetch_s=share, cost=share) for p in range(len(indices))]
