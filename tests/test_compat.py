@@ -935,3 +935,34 @@ def test_a_failing_getitems_names_the_batch_and_skipping_makes_it_again_sample_b
         ]  # the failing batch: rows one by one
         assert rows == [i for i in range(20) if i != 7]
         assert loader.stats().samples_skipped == 1
+
+
+class _Marked(Dataset):  # type: ignore[type-arg]
+    """Says which call made each sample: ``__getitem__`` or ``__getitems__``."""
+
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, i: int) -> tuple[int, str]:
+        return i, "one"
+
+    def __getitems__(self, indices: list[int]) -> list[tuple[int, str]]:
+        return [(i, "batch") for i in indices]
+
+
+@pytest.mark.parametrize(
+    "settings, made_by",
+    [
+        ({}, "batch"),  # workers="auto"
+        ({"seed": 3, "num_workers": 2}, "batch"),
+        ({"num_workers": 2, "dispatch": "samples"}, "one"),  # made apart, as asked
+        ({"num_workers": 2, "defer_after": 0.0}, "one"),
+        ({"num_workers": 2, "transform": lambda sample: sample}, "one"),  # runs per sample
+    ],
+)
+def test_getitems_is_called_unless_the_samples_are_made_apart(
+    settings: dict[str, Any], made_by: str
+) -> None:
+    with drapps.Loader(_Marked(), batch_size=4, **settings) as loader:
+        called = {name for _, names in loader for name in names}
+    assert called == {made_by}

@@ -32,7 +32,7 @@ from drapps.ops.split import Split
 from drapps.runtime.config import LoaderConfig
 from drapps.runtime.pinning import pinner
 from drapps.runtime.stats import LoaderStats, PipelineSnapshot
-from drapps.runtime.worker import BatchRecipe
+from drapps.runtime.worker import BatchRecipe, fetches_batches
 
 
 class Parts:
@@ -236,6 +236,9 @@ def assemble(
         cache=samples,
         reseed=c.seeds_per_sample,
         first_dtype=c.workers not in ("auto", 0),  # stacked as DataLoader's workers do
+        getitems=not c.makes_samples_apart
+        and not iterable
+        and fetches_batches(dataset, batched, c.transform),
     )
     try:
         engine, c = choose_engine(c, recipe, backend, finish, split, iterable)

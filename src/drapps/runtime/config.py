@@ -406,12 +406,13 @@ class LoaderConfig:
         ``seed``, with ``workers="auto"`` (whose count changes), and where samples of a batch
         are made apart (``dispatch="samples"``, ``defer_after``). A fixed count without a
         seed draws as DataLoader's workers do, from each worker's own RNGs, seeded once."""
-        return (
-            self.seed is not None
-            or self.workers == "auto"
-            or self.dispatch == "samples"
-            or self.defer_after is not None
-        )
+        return self.seed is not None or self.workers == "auto" or self.makes_samples_apart
+
+    @property
+    def makes_samples_apart(self) -> bool:
+        """Whether the user asked for a batch's samples to be made apart (``dispatch=
+        "samples"``, ``defer_after``): each is then made, and seeded, on its own."""
+        return self.dispatch == "samples" or self.defer_after is not None
 
     def pool_settings(
         self, workers: int | None = None, memory_budget: int | None = None

@@ -108,6 +108,11 @@ class BatchRecipe:
     """Watch the first :data:`WATCHED_SAMPLES` samples a worker makes for draws from a
     global generator, and say so in the reply (see :class:`Watch`): the evidence a pool
     that may move to threads needs (:class:`~drapps.runtime.executor_pool.ExecutorPool`)."""
+    getitems: bool = False
+    """Take a whole batch's samples from one call of the dataset's ``__getitems__``, as
+    DataLoader's fetcher does (:func:`fetches_batches`); its batches are then never made in
+    parts (:func:`splittable`). False where the loader makes samples apart by choice
+    (``dispatch="samples"``, ``defer_after``), and for a transform of drapps' own."""
 
 
 WATCHED_SAMPLES = 8
@@ -257,7 +262,7 @@ def make_batch(
     cache = recipe.cache if recipe.cache is not None and recipe.cache.begin_batch() else None
     maker = _SampleMaker(recipe, seed, epoch, indices, split, cache, current_clock())
     fetched: Any = _ONE_BY_ONE
-    if collate and cache is None and fetches_batches(recipe):
+    if collate and cache is None and recipe.getitems:
         made, fetched, cpu_s = maker.at_once(indices)
     elif sample_threads > 1 and cache is None and SampleThreads.may_run(recipe):
         made = SampleThreads.make_all(key, maker, sample_threads)
@@ -290,15 +295,12 @@ _ONE_BY_ONE = object()
 """What :meth:`_SampleMaker.at_once` fetched when it made the samples one by one instead."""
 
 
-def fetches_batches(recipe: BatchRecipe) -> bool:
-    """Whether a whole batch's samples come from one call of the dataset's ``__getitems__``,
-    as DataLoader's fetcher takes them: with auto-collation, no transform of drapps' own
-    (which runs on each sample), and batches that are never made in parts (:func:`splittable`:
-    a part's samples are made, and seeded, each on its own, so a batch must be too)."""
-    if not recipe.auto_collation or recipe.transform is not None or splittable(recipe):
-        return False
-    getitems = getattr(recipe.dataset, "__getitems__", None)
-    return callable(getitems) and bool(getitems)
+def fetches_batches(dataset: Any, auto_collation: bool, transform: Any) -> bool:
+    """Whether a whole batch's samples may come from one call of ``dataset.__getitems__``,
+    as DataLoader's fetcher takes them: it has one, batches are collated, and no transform
+    of drapps' own runs on each sample (see :attr:`BatchRecipe.getitems`)."""
+    getitems = getattr(dataset, "__getitems__", None)
+    return auto_collation and transform is None and callable(getitems) and bool(getitems)
 
 
 @dataclass
@@ -732,8 +734,14 @@ def splittable(recipe: BatchRecipe) -> bool:
     batches of samples (not ``batch_size=None``) collated by torch's ``default_collate`` or a
     Pipeline's collate, which hold no state and run the same in any process; and whose
     samples are seeded each on its own (``reseed``), so that they draw the same whichever
-    workers make the parts."""
-    return recipe.reseed and recipe.auto_collation and recipe.collate_fn is default_collate
+    workers make the parts. Not a batch taken from ``__getitems__`` (``getitems``): that is
+    made, and seeded, whole."""
+    return (
+        recipe.reseed
+        and recipe.auto_collation
+        and recipe.collate_fn is default_collate
+        and not recipe.getitems
+    )
 
 
 def run_worker(
