@@ -261,9 +261,11 @@ def make_batch(
     """
     cache = recipe.cache if recipe.cache is not None and recipe.cache.begin_batch() else None
     maker = _SampleMaker(recipe, seed, epoch, indices, split, cache, current_clock())
-    fetched: Any = _ONE_BY_ONE
     if collate and cache is None and recipe.getitems:
-        made, fetched, cpu_s = maker.at_once(indices)
+        fetched = maker.at_once(indices)
+        if fetched is not None:
+            return _collate_fetched(recipe, fetched, indices, split, arena)
+        made, cpu_s = maker.in_turn(indices)  # it failed: sample by sample, skipping those
     elif sample_threads > 1 and cache is None and SampleThreads.may_run(recipe):
         made = SampleThreads.make_all(key, maker, sample_threads)
         if indices:
@@ -276,7 +278,7 @@ def make_batch(
         made, cpu_s = maker.in_turn(indices)
     if cache is not None:
         cache.end_batch(not all(m.exact for m in made))
-    samples = [m.sample for m in made if m.skipped is None] if fetched is _ONE_BY_ONE else fetched
+    samples = [m.sample for m in made if m.skipped is None]
     kept = [m.position for m in made if m.skipped is None]
     skipped = [m.skipped for m in made if m.skipped is not None]
     costs = [m.cost for m in made]
@@ -291,8 +293,24 @@ def make_batch(
     return Made(batch, skipped, seconds, costs, cpu_s=cpu_s)
 
 
-_ONE_BY_ONE = object()
-"""What :meth:`_SampleMaker.at_once` fetched when it made the samples one by one instead."""
+@dataclass
+class _Fetched:
+    """What one call of a dataset's ``__getitems__`` returned, and what it cost."""
+
+    samples: Any
+    seconds: float
+    cpu_s: float
+
+
+def _collate_fetched(
+    recipe: BatchRecipe, fetched: _Fetched, indices: list[Any], split: Any, arena: Any
+) -> Made:
+    """The batch of what ``__getitems__`` returned, each sample costed an equal share."""
+    t0 = time.perf_counter()
+    batch = collate_samples(recipe, fetched.samples, split, indices, arena=arena)
+    share = fetched.seconds / max(1, len(indices))
+    seconds = (fetched.seconds, 0.0, time.perf_counter() - t0)
+    return Made(batch, [], seconds, [share] * len(indices), cpu_s=fetched.cpu_s)
 
 
 def fetches_batches(dataset: Any, auto_collation: bool, transform: Any) -> bool:
@@ -367,13 +385,11 @@ class _SampleMaker:
             made.append(sample)
         return made, time.thread_time() - cpu
 
-    def at_once(self, indices: list[Any]) -> tuple[list[_Sample], Any, float]:
-        """The samples of ``indices`` from one call of the dataset's ``__getitems__``, what
-        it returned (passed to collate_fn as it is, as DataLoader does), and the CPU seconds
-        it took. Each sample is counted an equal share of the call's time; the call is seeded
-        as its first sample is (its draws are the batch's, not each sample's). Under
-        ``on_error="skip"`` a call that fails is made again one sample at a time, so that
-        only the samples that fail are skipped.
+    def at_once(self, indices: list[Any]) -> _Fetched | None:
+        """What one call of the dataset's ``__getitems__`` returns for ``indices`` (passed to
+        collate_fn as it is, as DataLoader does), seeded as its first sample is (its draws
+        are the batch's, not each sample's); None when it failed under ``on_error="skip"``
+        (the caller makes the samples one at a time, to skip only those that fail).
 
         Raises:
             SampleError: the call failed and ``on_error="raise"``.
@@ -389,11 +405,13 @@ class _SampleMaker:
                 seed_sample_later(self.seed, self.epoch, key)
         watched = global_states() if recipe.watch_draws and Watch.left > 0 else None
         measured = Watch.gil.measure() if watched is not None else _UNMEASURED
-        fetched: Any = _ONE_BY_ONE
+        fetched: Any = None
+        failed = False
         try:
             with measured:
                 fetched = dataset.__getitems__(list(indices))
         except Exception as exc:
+            failed = True
             if recipe.on_error != "skip":
                 raise failure(
                     exc,
@@ -409,13 +427,10 @@ class _SampleMaker:
                 moved = moved_generators(watched, global_states())
                 if moved and Watch.drew is None:
                     Watch.drew = f"{' and '.join(moved)} (__getitems__ did)"
-        if fetched is _ONE_BY_ONE:  # it failed: sample by sample, skipping only those that fail
-            made, cpu_s = self.in_turn(indices)
-            return made, fetched, cpu_s
+        if failed:
+            return None
         seconds = time.perf_counter() - t0 - (runqueue_wait() - queued)
-        share = seconds / max(1, len(indices))
-        made = [_Sample(p, fetch_s=share, cost=share) for p in range(len(indices))]
-        return made, fetched, time.thread_time() - cpu
+        return _Fetched(fetched, seconds, time.thread_time() - cpu)
 
     def make(
         self, position: int, index: Any, clock: SampleClock | None, t0: float, queued: float
