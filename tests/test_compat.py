@@ -966,3 +966,38 @@ def test_getitems_is_called_unless_the_samples_are_made_apart(
     with drapps.Loader(_Marked(), batch_size=4, **settings) as loader:
         called = {name for _, names in loader for name in names}
     assert called == {made_by}
+
+
+def _pipe() -> Any:
+    """A datapipe that shuffles, then shards: DataLoader seeds its shuffle alike in every
+    worker and gives each worker its share of the sharding filter."""
+    import torch.utils.data.datapipes as dp
+
+    return dp.iter.IterableWrapper(list(range(24))).shuffle().sharding_filter()
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [{"num_workers": 2}, {"num_workers": 3, "persistent_workers": True}, {}, {"num_workers": 0}],
+)
+def test_a_sharded_datapipe_gives_each_item_once_each_epoch(settings: dict[str, Any]) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # datapipes are deprecated
+        with drapps.Loader(_pipe(), batch_size=None, **settings) as loader:
+            epochs = [[int(item) for item in loader] for _ in range(2)]
+    for items in epochs:
+        assert sorted(items) == list(range(24))
+    assert epochs[0] != epochs[1]  # shuffled anew each epoch
+
+
+def test_a_sharded_datapipe_resumes_with_the_items_still_owed() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with drapps.Loader(_pipe(), batch_size=2, num_workers=2, seed=5) as loader:
+            epoch = iter(loader)
+            taken = [int(i) for _ in range(5) for i in next(epoch)]
+            state = loader.state_dict()
+        with drapps.Loader(_pipe(), batch_size=2, num_workers=2, seed=5) as loader:
+            loader.load_state_dict(state)
+            rest = [int(i) for batch in loader for i in batch]
+    assert sorted(taken + rest) == list(range(24))

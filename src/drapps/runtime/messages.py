@@ -110,6 +110,8 @@ class StreamStart(NamedTuple):
     """The global RNG states to start the pass from (a resumed checkpoint's), or None."""
     report: bool
     """Answer :class:`StreamStarted` with the states the pass starts from."""
+    pipe_seed: int = 0
+    """What a datapipe's shuffles draw from, the same in every worker (``stream.pipe_seed``)."""
 
 
 class StreamNext(NamedTuple):

@@ -27,6 +27,8 @@ from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
 from typing import Any
 
+import torch
+
 from drapps.runtime.errors import SampleError, failure, sample_error, warn_once
 from drapps.runtime.inbox import PARENT_GONE, Parent, next_task
 from drapps.runtime.messages import (
@@ -40,6 +42,7 @@ from drapps.runtime.messages import (
 )
 from drapps.runtime.process_pool import release_process, start_worker_process
 from drapps.runtime.seeding import (
+    mix_seed,
     rng_state,
     seed_worker,
     set_rng_state,
@@ -63,6 +66,32 @@ class Unsharded(Exception):
     """A worker past the first stops its stream: the dataset did not read
     ``get_worker_info()`` before its first item, so it does not shard, and each worker would
     yield all of it."""
+
+
+PIPE_STREAM = 0x70697065  # "pipe"
+
+
+def pipe_seed(seed: int, epoch: int) -> int:
+    """The seed every copy of a datapipe draws its shuffles from in ``epoch`` (DataLoader's
+    shared seed): the same in each worker, so that a shuffle before a ``sharding_filter``
+    deals each item to one worker; another each epoch, and again the same when a checkpoint
+    of that epoch is resumed."""
+    return mix_seed(seed, epoch, PIPE_STREAM) & ((1 << 63) - 1)
+
+
+def prepare_datapipe(dataset: Any, seed: int, num_workers: int, worker_id: int) -> bool:
+    """Prepare an ``IterDataPipe`` as DataLoader does in each worker: its random ops seeded
+    from ``seed`` (the same in every worker) and its ``sharding_filter`` given worker
+    ``worker_id``'s share of ``num_workers``. Whether the pipe has a sharding filter (it then
+    shards itself); False for any other dataset."""
+    from torch.utils.data import IterDataPipe, graph_settings
+
+    if not isinstance(dataset, IterDataPipe):
+        return False
+    graph_settings.apply_random_seed(dataset, torch.Generator().manual_seed(seed))
+    graph_settings.apply_sharding(dataset, num_workers, worker_id)
+    pipes = graph_settings.get_all_graph_pipes(graph_settings.traverse_dps(dataset))
+    return any(graph_settings._is_sharding_datapipe(pipe) for pipe in pipes)
 
 
 class StreamBatcher:
@@ -169,7 +198,8 @@ def run_stream_worker(
                 return  # asked to stop
             if isinstance(task, StreamStart):
                 generation = task.generation
-                watch = task.solo_unless_sharded and slot > 0
+                sharded = prepare_datapipe(recipe.dataset, task.pipe_seed, task.num_workers, slot)
+                watch = task.solo_unless_sharded and slot > 0 and not sharded
                 if not seeded:
                     seed_worker(task.seed, slot)
                     seeded = True
@@ -291,10 +321,12 @@ class StreamPool:
         solo_unless_sharded: bool = False,
         rngs: list[dict[str, Any]] | None = None,
         keep_rngs: bool = False,
+        shared_seed: int = 0,
     ) -> int:
         """Begin a pass over the dataset with ``workers`` processes; returns its generation.
 
         Args:
+            shared_seed: what a datapipe's shuffles draw from in every worker (:func:`pipe_seed`).
             solo_unless_sharded: only the first worker streams a dataset that does not shard
                 itself through ``get_worker_info()`` (the others end before their first
                 item), so a default worker count never duplicates its items.
@@ -315,7 +347,9 @@ class StreamPool:
         for worker in self.workers:
             worker.requested, worker.active = 0, True
             state = rngs[worker.slot] if rngs is not None else None
-            start = StreamStart(generation, seed, workers, solo_unless_sharded, state, keep_rngs)
+            start = StreamStart(
+                generation, seed, workers, solo_unless_sharded, state, keep_rngs, shared_seed
+            )
             worker.tasks.send(start)
         self.rngs = None
         if keep_rngs:
