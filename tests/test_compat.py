@@ -1001,3 +1001,15 @@ def test_a_sharded_datapipe_resumes_with_the_items_still_owed() -> None:
             loader.load_state_dict(state)
             rest = [int(i) for batch in loader for i in batch]
     assert sorted(taken + rest) == list(range(24))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_datapipe_sharded_twice_raises_the_pipes_error(workers: int) -> None:
+    import torch.utils.data.datapipes as dp
+
+    pipe = dp.iter.IterableWrapper(list(range(8))).sharding_filter().sharding_filter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        loader = drapps.Loader(pipe, batch_size=None, num_workers=workers)
+        with loader, pytest.raises(RuntimeError, match="Sharding twice"):
+            list(loader)

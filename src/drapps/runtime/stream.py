@@ -198,14 +198,21 @@ def run_stream_worker(
                 return  # asked to stop
             if isinstance(task, StreamStart):
                 generation = task.generation
-                sharded = prepare_datapipe(recipe.dataset, task.pipe_seed, task.num_workers, slot)
+                batcher, failed, sharded = None, None, False
+                try:
+                    sharded = prepare_datapipe(
+                        recipe.dataset, task.pipe_seed, task.num_workers, slot
+                    )
+                except Exception as exc:  # two sharding filters in one branch, say
+                    failed = failure(
+                        exc, f"preparing the datapipe in worker {slot} failed", stage="__iter__"
+                    )
                 watch = task.solo_unless_sharded and slot > 0 and not sharded
                 if not seeded:
                     seed_worker(task.seed, slot)
                     seeded = True
                 set_worker_info(slot, task.num_workers, task.seed, recipe.dataset, watched=watch)
-                batcher, failed = None, None
-                if not initialised:  # a failed worker_init_fn is tried again next epoch
+                if failed is None and not initialised:  # a failed one is tried next epoch
                     failed = run_worker_init(recipe, slot)
                     initialised = failed is None
                 if task.rngs is not None:
