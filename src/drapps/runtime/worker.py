@@ -134,6 +134,16 @@ class Watch:
     """How much of the watched samples' time ran Python bytecode (:mod:`drapps.runtime.gil`)."""
 
     @classmethod
+    def end(cls, before: Any, samples: int, who: str) -> None:
+        """``samples`` watched, the global generators' states ``before`` them given
+        (:func:`global_states`); ``who`` names what made them, for the evidence's words."""
+        cls.left -= samples
+        cls.watched += samples
+        moved = moved_generators(before, global_states())
+        if moved and cls.drew is None:
+            cls.drew = f"{' and '.join(moved)} ({who} did)"
+
+    @classmethod
     def take(cls) -> tuple[int, str | None, tuple[float, float]]:
         """(samples watched, a draw seen, (seconds in Python, seconds measured)) since the
         last call."""
@@ -398,11 +408,7 @@ class _SampleMaker:
         cpu = time.thread_time()
         t0, queued = time.perf_counter(), runqueue_wait()
         if indices:
-            key = key_of(indices[0])
-            if recipe.reseed:
-                seed_sample(sample_seed_for(self.seed, self.epoch, key))
-            else:
-                seed_sample_later(self.seed, self.epoch, key)
+            self._enter(indices[0])
         watched = global_states() if recipe.watch_draws and Watch.left > 0 else None
         measured = Watch.gil.measure() if watched is not None else _UNMEASURED
         fetched: Any = None
@@ -422,15 +428,20 @@ class _SampleMaker:
         finally:
             clear_sample()
             if watched is not None:
-                Watch.left -= len(indices)
-                Watch.watched += len(indices)
-                moved = moved_generators(watched, global_states())
-                if moved and Watch.drew is None:
-                    Watch.drew = f"{' and '.join(moved)} (__getitems__ did)"
+                Watch.end(watched, len(indices), "__getitems__")
         if failed:
             return None
         seconds = time.perf_counter() - t0 - (runqueue_wait() - queued)
         return _Fetched(fetched, seconds, time.thread_time() - cpu)
+
+    def _enter(self, index: Any) -> None:
+        """Enter sample ``index``: its seed set (the global RNGs reseeded from it where the
+        recipe says), or left to mix if asked for (``sample_seed()``, ``sample_rng()``)."""
+        key = key_of(index)
+        if self.recipe.reseed or self.pipeline is not None:  # a Pipeline's ops need the seed
+            seed_sample(sample_seed_for(self.seed, self.epoch, key), reseed=self.recipe.reseed)
+        else:
+            seed_sample_later(self.seed, self.epoch, key)
 
     def make(
         self, position: int, index: Any, clock: SampleClock | None, t0: float, queued: float
@@ -442,11 +453,7 @@ class _SampleMaker:
             SampleError: it failed and ``on_error="raise"``.
         """
         recipe, cache, held, pipeline = self.recipe, self.cache, self.held, self.pipeline
-        key = key_of(index)
-        if recipe.reseed or pipeline is not None:
-            seed_sample(sample_seed_for(self.seed, self.epoch, key), reseed=recipe.reseed)
-        else:  # drawn only if the sample asks (sample_seed(), sample_rng())
-            seed_sample_later(self.seed, self.epoch, key)
+        self._enter(index)
         watched = global_states() if recipe.watch_draws and Watch.left > 0 else None
         stage = "__getitem__"
         if clock is not None:
@@ -498,11 +505,7 @@ class _SampleMaker:
             if clock is not None:
                 clock.end_sample()
             if watched is not None:
-                Watch.left -= 1
-                Watch.watched += 1
-                moved = moved_generators(watched, global_states())
-                if moved and Watch.drew is None:
-                    Watch.drew = f"{' and '.join(moved)} (sample {index!r} did)"
+                Watch.end(watched, 1, f"sample {index!r}")
         end, end_queued = time.perf_counter(), runqueue_wait()
         made.cost = end - t0 - (end_queued - queued)
         return made, end, end_queued
