@@ -6,10 +6,9 @@ loader in a fresh interpreter, ``ROUNDS`` interleaved rounds (default 3), median
     .venv/bin/python docs/results/executor/cheap_samples.py
 """
 
-import os
 import statistics
 
-from interleaved import environment, interleaved
+from interleaved import rates, runs
 
 SYSTEMS = ["dataloader-0", "drapps-0", "dataloader-2", "drapps-2", "drapps-auto"]
 
@@ -44,18 +43,12 @@ print(2 * len(ds) / (time.perf_counter() - start))
 
 
 def main() -> None:
-    rounds = int(os.environ.get("ROUNDS", 3))
-    print(environment(f"{rounds} rounds"))
-    rates: dict[str, list[float]] = {s: [] for s in SYSTEMS}
-    for system, line in interleaved(CHILD, SYSTEMS, rounds):
-        rates[system].append(float(line))
-        print(f"{system}: {rates[system][-1]:,.0f} samples/s", flush=True)
+    got = rates(CHILD, SYSTEMS, "samples/s")
     print("| loader | samples/s (median) | runs | us a sample |")
     print("|---|---:|---|---:|")
-    for system, got in rates.items():
-        median = statistics.median(got)
-        runs = " / ".join(f"{x:,.0f}" for x in got)
-        print(f"| {system} | {median:,.0f} | {runs} | {1e6 / median:.1f} |")
+    for system, values in got.items():
+        median = statistics.median(values)
+        print(f"| {system} | {median:,.0f} | {runs(values)} | {1e6 / median:.1f} |")
 
 
 if __name__ == "__main__":

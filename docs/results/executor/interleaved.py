@@ -33,3 +33,20 @@ def interleaved(
                 capture_output=True, text=True, timeout=600, check=True,
             )  # fmt: skip
             yield system, out.stdout.strip().splitlines()[-1]
+
+
+def rates(child: str, systems: list[str], unit: str) -> dict[str, list[float]]:
+    """Each system's rates over ``ROUNDS`` interleaved rounds (default 3), where ``child``
+    prints one number, in ``unit``: the environment first, then each run as it ends."""
+    rounds = int(os.environ.get("ROUNDS", 3))
+    print(environment(f"{rounds} rounds"))
+    got: dict[str, list[float]] = {s: [] for s in systems}
+    for system, line in interleaved(child, systems, rounds):
+        got[system].append(float(line))
+        print(f"{system}: {got[system][-1]:,.0f} {unit}", flush=True)
+    return got
+
+
+def runs(values: list[float]) -> str:
+    """The runs of a table row: ``1,234 / 1,301 / 1,187``."""
+    return " / ".join(f"{x:,.0f}" for x in values)

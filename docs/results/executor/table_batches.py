@@ -9,10 +9,9 @@ is seeded once a batch).
     .venv/bin/python docs/results/executor/table_batches.py
 """
 
-import os
 import statistics
 
-from interleaved import environment, interleaved
+from interleaved import rates, runs
 
 SYSTEMS = ["dataloader-0", "drapps-0", "dataloader-2", "drapps-2", "drapps-auto", "drapps-seed"]
 
@@ -58,17 +57,11 @@ print(2 * len(table) / (time.perf_counter() - start))
 
 
 def main() -> None:
-    rounds = int(os.environ.get("ROUNDS", 3))
-    print(environment(f"{rounds} rounds"))
-    rates: dict[str, list[float]] = {s: [] for s in SYSTEMS}
-    for system, line in interleaved(CHILD, SYSTEMS, rounds):
-        rates[system].append(float(line))
-        print(f"{system}: {rates[system][-1]:,.0f} rows/s", flush=True)
+    got = rates(CHILD, SYSTEMS, "rows/s")
     print("| loader | rows/s (median) | runs |")
     print("|---|---:|---|")
-    for system, got in rates.items():
-        runs = " / ".join(f"{x:,.0f}" for x in got)
-        print(f"| {system} | {statistics.median(got):,.0f} | {runs} |")
+    for system, values in got.items():
+        print(f"| {system} | {statistics.median(values):,.0f} | {runs(values)} |")
 
 
 if __name__ == "__main__":

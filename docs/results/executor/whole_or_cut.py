@@ -22,7 +22,7 @@ import os
 import statistics
 import sys
 
-from interleaved import environment, interleaved
+from interleaved import environment, interleaved, runs
 
 SYSTEMS = ["whole", "cut", "dataloader-8"]
 
@@ -92,20 +92,20 @@ def main() -> None:
     cpu_kib = int(os.environ.get("CPU_KIB", 5100))
     systems = sys.argv[1].split(",") if len(sys.argv) > 1 else SYSTEMS
     print(environment(f"CPU_KIB={cpu_kib}, {rounds} rounds"))
-    runs: dict[str, list[dict]] = {s: [] for s in systems}
+    outcomes: dict[str, list[dict]] = {s: [] for s in systems}
     for system, line in interleaved(CHILD, systems, rounds, str(cpu_kib)):
-        runs[system].append(json.loads(line))
+        outcomes[system].append(json.loads(line))
         print(line, flush=True)
     print("| system | samples/s (median) | runs | p99 next() ms | samples at once | cut batches |")
     print("|---|---:|---|---:|---:|---:|")
-    for system, got in runs.items():
+    for system, got in outcomes.items():
         rates = [g["samples_s"] for g in got]
         p99 = statistics.median(g["p99_next_ms"] for g in got)
         once = statistics.median(g.get("at_once", 1) for g in got)
         cut = statistics.median(g.get("cut_batches", 0) for g in got)
         print(
             f"| {system} | {statistics.median(rates):,.0f} | "
-            f"{' / '.join(f'{x:,.0f}' for x in rates)} | {p99:.0f} | {once:g} | {cut:g} |"
+            f"{runs(rates)} | {p99:.0f} | {once:g} | {cut:g} |"
         )
 
 
