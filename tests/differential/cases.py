@@ -314,12 +314,13 @@ class SkippingCollate:
 
     def __call__(self, batch: Any) -> Any:
         if not self.batched:
-            return SKIPPED if _skipped(batch) else self.inner(batch)
-        kept = [sample for sample in batch if not _skipped(sample)]
+            return SKIPPED if is_skipped(batch) else self.inner(batch)
+        kept = [sample for sample in batch if not is_skipped(sample)]
         return self.inner(kept) if kept or not batch else SKIPPED
 
 
-def _skipped(value: Any) -> bool:
+def is_skipped(value: Any) -> bool:
+    """Whether ``value`` (a sample, or a batch the reference's collate_fn gave) is ``SKIPPED``."""
     return isinstance(value, str) and value == SKIPPED
 
 
@@ -376,10 +377,9 @@ class Settings:
         """DataLoader's arguments for this case (samplers and generators made fresh);
         ``skipping``: its collate_fn drops the ``SKIPPED`` samples."""
         collate = COLLATES[self.collate]
+        sampler = self._sampler(dataset)
         if skipping:
-            batched = self.batch_size is not None or (
-                self.batch_sampler and self._sampler(dataset) is not None
-            )
+            batched = self.batch_size is not None or (self.batch_sampler and sampler is not None)
             default = default_collate if batched else default_convert
             collate = SkippingCollate(collate or default, batched)
         kwargs: dict[str, Any] = {
@@ -398,7 +398,6 @@ class Settings:
             kwargs["prefetch_factor"] = self.prefetch_factor
         if self.context is not None:
             kwargs["multiprocessing_context"] = self.context
-        sampler = self._sampler(dataset)
         if self.batch_sampler and sampler is not None:
             size = self.batch_size or 1
             batches = torch.utils.data.BatchSampler(sampler, size, self.drop_last)

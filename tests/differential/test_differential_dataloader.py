@@ -28,8 +28,8 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 import torch
-from cases import DRAWS, SKIPPED, Case, Leaf, Payload, Settings, cases, without_draws
-from compare import assert_same, nothing_left, run, same_kind
+from cases import DRAWS, Case, Leaf, Payload, Settings, cases, is_skipped, without_draws
+from compare import Outcome, assert_same, nothing_left, run, same_kind
 from harness import FAST, campaign
 from hypothesis import assume, example, given, note, settings
 from torch.utils.data import DataLoader
@@ -58,16 +58,26 @@ def _in_process(s: Settings) -> Settings:
     )
 
 
-def _skipped(batch: object) -> bool:
-    return isinstance(batch, str) and batch == SKIPPED
-
-
 def _seed_everything() -> None:
     """The same global RNG states for each loader (a stream in the training process draws
     from them)."""
     random.seed(0)
     np.random.seed(0)
     torch.manual_seed(0)
+
+
+def _dataloaders(case: Case, reference: Settings, epochs: int) -> Outcome:
+    """What DataLoader gives for ``case`` with the ``reference`` settings. Where drapps skips
+    a failing sample, DataLoader's batches without it: the dataset marks it, the collate_fn
+    leaves it out, and a batch of nothing but it is dropped."""
+    skipping = case.settings.skip and case.fail_at is not None and not case.iterable
+    dataset = case.dataset(marks=skipping)
+    _seed_everything()
+    kwargs = reference.dataloader_kwargs(dataset, skipping=skipping)
+    outcome = run(lambda: DataLoader(dataset, **kwargs), epochs)
+    if skipping:
+        outcome.epochs = [[b for b in epoch if not is_skipped(b)] for epoch in outcome.epochs]
+    return outcome
 
 
 def check_against_dataloader(case: Case) -> None:
@@ -93,17 +103,7 @@ def check_against_dataloader(case: Case) -> None:
         # workers from their own: the draws are held by test_differential_inline.py.
         case = dataclasses.replace(case, payload=without_draws(case.payload))
     dataset = case.dataset()
-    # drapps skipping a failing sample: DataLoader's batches without it (the dataset marks
-    # it, and the collate_fn leaves it out, and a batch of nothing but it).
-    skipping = s.skip and case.fail_at is not None and not case.iterable
-    marked = case.dataset(marks=True) if skipping else dataset
-    _seed_everything()
-    expected = run(
-        lambda: DataLoader(marked, **reference.dataloader_kwargs(marked, skipping=skipping)),
-        epochs,
-    )
-    if skipping:
-        expected.epochs = [[b for b in epoch if not _skipped(b)] for epoch in expected.epochs]
+    expected = _dataloaders(case, reference, epochs)
     with nothing_left():
         _seed_everything()
         got = run(lambda: drapps.Loader(dataset, **s.drapps_kwargs(dataset)), epochs)
@@ -115,13 +115,7 @@ def check_against_dataloader(case: Case) -> None:
     ):
         # A malformed batch fails in DataLoader's workers where it collates into shared
         # memory (AttributeError), in-process where it stacks (TypeError): either is its.
-        in_process = _in_process(reference)
-        _seed_everything()
-        alternative = run(
-            lambda: DataLoader(marked, **in_process.dataloader_kwargs(marked, skipping=skipping))
-        )
-        if skipping:
-            alternative.epochs = [[b for b in e if not _skipped(b)] for e in alternative.epochs]
+        alternative = _dataloaders(case, _in_process(reference), 2)
         if alternative.error is not None and same_kind(got.error, alternative.error):
             expected = alternative
     assert_same(expected, got, any_order=not s.in_order and bool(s.workers))
