@@ -5,6 +5,7 @@ ones DataLoader makes, failures named as it names them."""
 from __future__ import annotations
 
 import io
+import multiprocessing
 import threading
 import time
 from collections.abc import Iterator
@@ -228,3 +229,40 @@ def test_a_collate_fn_that_draws_gets_the_draws_it_gets_one_sample_at_a_time() -
         got = list(loader)
         assert loader.stats().sample_threads > 1
     assert got == expected
+
+
+class ComputesInAHelper(Waits):
+    """Samples whose work runs in a thread each starts and waits for, as a BLAS matrix
+    product runs in native threads: their CPU time is the helper's."""
+
+    def __getitem__(self, i: int) -> tuple[int, float]:
+        spent: list[float] = []
+
+        def work() -> None:
+            start, deadline = time.thread_time(), time.perf_counter() + 0.01
+            while time.perf_counter() < deadline:
+                pass
+            spent.append(time.thread_time() - start)
+
+        helper = threading.Thread(target=work)
+        helper.start()
+        helper.join()
+        self.helper_cpu_s = getattr(self, "helper_cpu_s", 0.0) + spent[0]
+        return i, spent[0]
+
+
+def test_the_cpu_of_threads_a_sample_starts_is_its_own_in_a_worker_process() -> None:
+    """A sample whose work runs in threads it starts computes; it does not wait. Made where no
+    other Python thread runs (a worker process), the batch's CPU time counts the helpers'
+    (measured in a forked process: the test runner has threads of its own)."""
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        cpu_s, helper_s = pool.apply(_made_alone)
+    assert cpu_s >= helper_s > 0, (cpu_s, helper_s)
+
+
+def _made_alone() -> tuple[float, float]:
+    """The CPU seconds a batch of three such samples took, and their helpers'."""
+    assert threading.active_count() == 1
+    dataset = ComputesInAHelper(4)
+    batch = make_batch(BatchRecipe(dataset, None, default_collate, "raise"), 0, 0, [0, 1, 2])
+    return batch.cpu_s, dataset.helper_cpu_s

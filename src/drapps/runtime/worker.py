@@ -345,6 +345,15 @@ class _Sample:
     cpu_s: float = 0.0
 
 
+def samples_cpu_clock() -> Callable[[], float]:
+    """The clock of the CPU time samples made one after another in this thread spend: the
+    process's where this is its only Python thread (a worker process), so that the native
+    threads a sample starts (a BLAS matrix product's, OpenMP's) count as its CPU, not as time
+    it waited; this thread's where others share the process (thread workers, the training
+    loop), whose CPU is not the samples'."""
+    return time.process_time if threading.active_count() == 1 else time.thread_time
+
+
 class _SampleMaker:
     """Makes the samples of one task, one call a sample (in any thread)."""
 
@@ -388,12 +397,13 @@ class _SampleMaker:
             SampleError: one failed and ``on_error="raise"``.
         """
         made: list[_Sample] = []
-        cpu = time.thread_time()
+        cpu_clock = samples_cpu_clock()
+        cpu = cpu_clock()
         now, queued = time.perf_counter(), runqueue_wait()
         for position, index in enumerate(indices):
             sample, now, queued = self.make(position, index, self.clock, now, queued)
             made.append(sample)
-        return made, time.thread_time() - cpu
+        return made, cpu_clock() - cpu
 
     def at_once(self, indices: list[Any]) -> _Fetched | None:
         """What one call of the dataset's ``__getitems__`` returns for ``indices`` (passed to
