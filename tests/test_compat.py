@@ -634,13 +634,30 @@ def test_attributes_that_fix_the_batches_refuse_a_new_value(name: str) -> None:
         assert [b.tolist() for b in loader] == [[0, 1], [2, 3]]
 
 
-def test_shuffling_a_datapipe_is_refused_with_the_reason() -> None:
+def test_shuffle_true_with_a_datapipe_that_cannot_shuffle_is_refused_with_the_reason() -> None:
     datapipes = pytest.importorskip("torch.utils.data.datapipes.iter")
     pipe = datapipes.IterableWrapper(range(10))
-    with pytest.raises(ValueError, match="IterDataPipe: datapipes are deprecated"):
+    with pytest.raises(ValueError, match=r"IterDataPipe that has no \.shuffle\(\)"):
         drapps.Loader(pipe, batch_size=2, shuffle=True)
     with drapps.Loader(pipe, batch_size=2, num_workers=0) as loader:  # unshuffled, as before
         assert [b.tolist() for b in loader] == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("shuffle", [True, False, None])
+def test_shuffle_turns_a_datapipes_shuffles_on_or_off_as_in_dataloader(
+    shuffle: bool | None, workers: int
+) -> None:
+    """``shuffle=False`` turns a pipe's ``.shuffle()`` off (in place, as DataLoader does);
+    True turns it on; None leaves it. Each gives DataLoader's order."""
+    settings = {"shuffle": shuffle, "num_workers": workers}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        expected = _pipe_epochs(torch.utils.data.DataLoader, settings)
+        got = _pipe_epochs(drapps.Loader, settings)
+    assert got == expected
+    unshuffled = [item for item, _ in got] == [list(range(24))] * 3
+    assert unshuffled == (shuffle is False)
 
 
 def test_a_dataset_spawned_workers_cannot_receive_loads_in_process_by_default() -> None:
@@ -1001,6 +1018,53 @@ def test_a_sharded_datapipe_resumes_with_the_items_still_owed() -> None:
             loader.load_state_dict(state)
             rest = [int(i) for batch in loader for i in batch]
     assert sorted(taken + rest) == list(range(24))
+
+
+def _pipe_epochs(make: Callable[..., Any], settings: dict[str, Any]) -> list[Any]:
+    """Three epochs of ``make(_pipe())`` from ``torch.manual_seed(7)``: each epoch's items, and
+    a draw from torch's generator after it (where the loader left it)."""
+    torch.manual_seed(7)
+    loader = make(_pipe(), batch_size=None, **settings)
+    epochs = []
+    for _ in range(3):
+        epochs.append(([int(item) for item in loader], torch.randint(1 << 30, ()).item()))
+    if hasattr(loader, "close"):
+        loader.close()
+    return epochs
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [{"num_workers": 0}, {"num_workers": 2}, {"num_workers": 2, "persistent_workers": True}],
+)
+def test_a_datapipe_without_a_seed_draws_as_dataloader_draws(settings: dict[str, Any]) -> None:
+    """Without a ``seed``, a pipe's shuffles come from torch's generator as DataLoader's do:
+    the same order, epoch after epoch, and the training loop's draws after each epoch the
+    same (a ``torch.manual_seed`` before an epoch repeats the pipe's order)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        expected = _pipe_epochs(torch.utils.data.DataLoader, settings)
+        assert _pipe_epochs(drapps.Loader, settings) == expected
+        torch.manual_seed(3)
+        with drapps.Loader(_pipe(), batch_size=None, **settings) as loader:
+            first = [int(item) for item in loader]
+            torch.manual_seed(3)
+            assert [int(item) for item in loader] == first
+
+
+def test_a_datapipe_without_a_seed_resumes_with_the_pipe_seed_it_drew() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with drapps.Loader(_pipe(), batch_size=2, num_workers=2) as loader:
+            epoch = iter(loader)
+            taken = [int(i) for _ in range(5) for i in next(epoch)]
+            state = loader.state_dict()
+            rest = [int(i) for batch in epoch for i in batch]
+        torch.manual_seed(11)  # another generator state: the pipe's order comes from the state
+        with drapps.Loader(_pipe(), batch_size=2, num_workers=2) as loader:
+            loader.load_state_dict(state)
+            assert [int(i) for batch in loader for i in batch] == rest
+    assert "pipe_seed" in state and sorted(taken + rest) == list(range(24))
 
 
 @pytest.mark.parametrize("workers", [0, 2])

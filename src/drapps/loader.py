@@ -41,6 +41,7 @@ from drapps.runtime.sampling import (
     check_sampling,
     default_sampler,
     is_iterable_dataset,
+    set_pipe_shuffles,
     stream_length,
 )
 from drapps.runtime.stats import LoaderStats, PipelineSnapshot
@@ -202,6 +203,7 @@ class Loader(_DataLoaderAttributes):
             )
         check_dataset(dataset)
         check_sampling(dataset, batch_size, shuffle, sampler, batch_sampler, drop_last)
+        set_pipe_shuffles(dataset, shuffle)
         if generator is not None and not isinstance(generator, torch.Generator):
             raise ValueError(f"generator must be a torch.Generator or None, got {generator!r}")
         config = LoaderConfig.of(

@@ -265,6 +265,14 @@ class Stream(IterableDataset):  # type: ignore[type-arg]
             yield (i, self.payload.make(i))
 
 
+def shuffled_pipe(stream: Stream) -> Any:
+    """``stream`` as an ``IterDataPipe`` that shuffles it, then shards it among the workers
+    (DataLoader seeds the shuffle alike in every worker, from torch's generator)."""
+    from torch.utils.data.datapipes.iter import IterableWrapper
+
+    return IterableWrapper(stream).shuffle().sharding_filter()
+
+
 def identity(batch: Any) -> Any:
     """A collate_fn that keeps the samples as they are (module level: it pickles)."""
     return batch
@@ -445,11 +453,13 @@ class Case:
     fail_at: int | None = None
     waits: bool = False
     getitems: bool = False  # the dataset has __getitems__
+    pipe: bool = False  # an iterable dataset is a datapipe that shuffles, then shards
 
     def dataset(self, *, marks: bool = False) -> Any:
         """The case's dataset; ``marks``: its failing sample is ``SKIPPED`` instead."""
         if self.iterable:
-            return Stream(self.n, self.payload, self.sharded, self.shuffle_stream)
+            stream = Stream(self.n, self.payload, self.sharded, self.shuffle_stream)
+            return shuffled_pipe(stream) if self.pipe else stream
         kind = BatchedSamples if self.getitems else Samples
         if self.waits and self.settings.workers == "auto":
             # Samples that wait, and enough of them (WAITED more, the failure among the
@@ -559,4 +569,5 @@ def cases(
         fail_at=st.one_of(st.none(), st.integers(0, 12)),
         waits=st.booleans(),
         getitems=st.sampled_from((False, False, False, True)),
+        pipe=st.sampled_from((False, False, False, True)),
     )

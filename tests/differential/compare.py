@@ -39,6 +39,9 @@ class Outcome:
     where: str = ""
     length: int | str = ""
     """``len(loader)``, or the name of the error it raised."""
+    after: list[int] = field(default_factory=list)
+    """A draw from torch's default generator after each epoch that ran out: where the loader
+    left the training loop's generator."""
 
     def indices(self, epoch: int) -> list[int]:
         """The sample indices epoch ``epoch`` delivered, in order."""
@@ -68,6 +71,8 @@ def run(make: Callable[[], Any], epochs: int = 2) -> Outcome:
                 iterator = iter(loader)
                 for batch in iterator:
                     outcome.epochs[-1].append(batch)
+                with torch.random.fork_rng(devices=[]):  # read, and left where it was
+                    outcome.after.append(int(torch.randint(1 << 62, ()).item()))
         except Exception as exc:
             outcome.error, outcome.where = exc, f"epoch {len(outcome.epochs) - 1}"
         finally:
@@ -126,9 +131,13 @@ def batch_indices(batch: Any) -> list[int]:
     return [int(sample[0]) for sample in batch]
 
 
-def assert_same(reference: Outcome, got: Outcome, *, any_order: bool = False) -> None:
+def assert_same(
+    reference: Outcome, got: Outcome, *, any_order: bool = False, generator: bool = True
+) -> None:
     """``got`` is ``reference``: the same batches (as multisets of batches per epoch when
-    ``any_order``), ending with an error of the same kind at the same place."""
+    ``any_order``), ending with an error of the same kind at the same place, and (with
+    ``generator``) torch's default generator left where the reference left it after each
+    epoch."""
     if reference.error is not None or got.error is not None:
         assert got.error is not None, f"no error where the reference raised {reference.error!r}"
         assert reference.error is not None, f"raised {got.error!r} where the reference did not"
@@ -149,6 +158,10 @@ def assert_same(reference: Outcome, got: Outcome, *, any_order: bool = False) ->
         assert len(right) == len(left), f"epoch {e}: {len(right)} batches, reference {len(left)}"
         for b, (x, y) in enumerate(zip(left, right, strict=True)):
             assert_equal(x, y, f"epoch {e} batch {b}")
+    if generator:
+        assert got.after == reference.after, (
+            f"torch's generator after each epoch: {got.after}, reference {reference.after}"
+        )
 
 
 def same_kind(got: BaseException, reference: BaseException) -> bool:

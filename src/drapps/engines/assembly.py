@@ -129,7 +129,7 @@ class Parts:
             self.claim.claim(self.engine)
         split = self.split
         with self.turn:
-            job = cursor.next_job()
+            job = cursor.next_job(self.engine.workers)
             epoch = Epoch(
                 job,
                 self.engine,

@@ -42,6 +42,9 @@ class EpochJob:
     """An iterable dataset's resumed epoch: the workers it streamed in (None: the engine's)."""
     rngs: list[dict[str, Any]] | None = None
     """A resumed epoch of persistent stream workers: each one's RNG states at its start."""
+    pipe_seed: int = 0
+    """An ``IterDataPipe``'s shared seed this epoch: its shuffles draw from it, alike in every
+    worker (DataLoader's shared seed). Unused by any other dataset."""
 
 
 @dataclass

@@ -23,11 +23,17 @@ from drapps.runtime.sampling import (
     draw_base_seed,
     draw_batches,
     drawn_as_needed,
+    is_datapipe,
     is_iterable_dataset,
     plain_key,
 )
+from drapps.runtime.stream import pipe_seed
 
 _STATE_VERSION = 2
+
+_Stream = tuple[int, int, list[dict[str, Any]] | None, int | None]
+"""A resumed stream: its seed, its workers, each one's RNG states (or None), its pipe seed (or
+None: derived from the seed)."""
 
 
 class Positioned(Protocol):
@@ -42,6 +48,8 @@ class Positioned(Protocol):
     """An iterable dataset's epoch: the workers streaming it (0: the training process)."""
     rngs: list[dict[str, Any]] | None
     """Persistent stream workers: each one's RNG states at the start of the epoch."""
+    pipe_seed: int
+    """An ``IterDataPipe``'s shared seed in this epoch (0 for any other dataset)."""
 
     @property
     def ended(self) -> bool:
@@ -109,8 +117,9 @@ class EpochCursor:
         self._next_epoch = 0
         self._next_batch = 0
         self._pending: SampledPlan | None = None
-        # A resumed stream's (seed, workers, each worker's RNG states or None).
-        self._pending_stream: tuple[int, int, list[dict[str, Any]] | None] | None = None
+        # A resumed stream's (seed, workers, each worker's RNG states or None, pipe seed).
+        self._pending_stream: _Stream | None = None
+        self._datapipe = is_datapipe(dataset)
         self._base_seed: int | None = None
         self.epochs_started = 0
         self.reported: int | None = None
@@ -161,20 +170,29 @@ class EpochCursor:
         """Batches are collated (False: ``batch_size=None``, one sample at a time)."""
         return self._batched
 
-    def next_job(self) -> EpochJob:
-        """The epoch the next ``iter(loader)`` runs; moves the cursor past it."""
+    def next_job(self, workers: int = 0) -> EpochJob:
+        """The epoch the next ``iter(loader)`` runs; moves the cursor past it.
+
+        Args:
+            workers: the loader's workers now (an ``IterDataPipe``'s seeds are drawn as
+                DataLoader draws them with that many).
+        """
         with self._lock:
-            fresh = not self._persistent and self.epochs_started > 0
+            first = self.epochs_started == 0
+            fresh = not self._persistent and not first
             self.epochs_started += 1
             if self._iterable:
                 epoch, start = self._next_epoch, self._next_batch
                 self._next_epoch, self._next_batch = epoch + 1, 0
                 if self._pending_stream is not None:  # replayed as it was made
-                    (seed, workers, rngs), self._pending_stream = self._pending_stream, None
+                    (seed, streams, rngs, pipe), self._pending_stream = self._pending_stream, None
+                    if pipe is None:  # saved without one: it was derived from the seed
+                        pipe = pipe_seed(seed, epoch)
                     return EpochJob(
-                        epoch, seed, None, start, fresh, self._persistent, workers, rngs
+                        epoch, seed, None, start, fresh, self._persistent, streams, rngs, pipe
                     )
-                return EpochJob(epoch, self._epoch_seed(), None, start, fresh, self._persistent)
+                seed, pipe = self._stream_seeds(epoch, workers, first)
+                return EpochJob(epoch, seed, None, start, fresh, self._persistent, pipe_seed=pipe)
             plan: EpochPlan
             if self._pending is not None:
                 plan, self._pending = self._pending, None
@@ -223,6 +241,27 @@ class EpochCursor:
             return DrawnPlan(iter(sampler), len(sampler), seed, epoch)
         return SampledPlan(draw_batches(self._index_sampler, self._batched), seed, epoch)
 
+    def _stream_seeds(self, epoch: int, workers: int, first: bool) -> tuple[int, int]:
+        """An iterable dataset's base seed and pipe seed for ``epoch``.
+
+        With the loader's ``seed``, the pipe seed is derived from it (:func:`pipe_seed`).
+        Without, both are drawn from the loader's generator (torch's default one) in
+        DataLoader's order, so that a ``torch.manual_seed`` before each epoch repeats a
+        pipe's order, and the training loop's generator is left where DataLoader leaves it: an
+        iterator draws the pipe seed, then its base seed, and, where it starts workers, a
+        second pipe seed that only its own copy of the pipe sees; a persistent iterator's
+        later epochs draw one pipe seed each.
+        """
+        if self._seed is not None or not self._datapipe:
+            seed = self._epoch_seed()
+            return seed, pipe_seed(seed, epoch)
+        later = self._persistent and workers > 0 and not first
+        pipe = draw_base_seed(self._generator)
+        seed = self._epoch_seed()
+        if workers > 0 and not later:
+            draw_base_seed(self._generator)
+        return seed, pipe
+
     def _epoch_seed(self) -> int:
         """The seed of the epoch about to start, drawn as DataLoader draws its base seed (once
         per iterator, so once in all with persistent workers) unless ``seed`` was given."""
@@ -251,7 +290,7 @@ class EpochCursor:
                 epoch, next_batch = active.epoch, active.position
                 plan, remaining, owed = active.plan, active.undelivered(), active.owed()
                 if active.streams is not None:
-                    stream = (active.seed, active.streams, active.rngs)
+                    stream = (active.seed, active.streams, active.rngs, active.pipe_seed)
             elif self._pending is not None:
                 plan = self._pending
                 epoch, next_batch = plan.epoch, plan.first
@@ -275,6 +314,8 @@ class EpochCursor:
             state["seed"], state["workers"] = stream[:2]
             if stream[2] is not None:
                 state["stream_rngs"] = stream[2]
+            if self._datapipe and stream[3] is not None:
+                state["pipe_seed"] = stream[3]
         if owed is not None and plan is not None:
             # Batches filled from made samples: the samples still owed, in plan order.
             state["seed"] = plan.seed
@@ -340,7 +381,13 @@ class EpochCursor:
                 or not all(isinstance(r, dict) for r in rngs)
             ):
                 raise ValueError(f"state stream_rngs must be {streams} RNG states, got {rngs!r}")
-            pending_stream = (checked_index("state seed", state.get("seed")), streams, rngs)
+            pipe = state.get("pipe_seed")
+            pending_stream = (
+                checked_index("state seed", state.get("seed")),
+                streams,
+                rngs,
+                None if pipe is None else checked_index("state pipe_seed", pipe),
+            )
         if batches is not None:
             if not isinstance(batches, list) or not all(isinstance(b, list) for b in batches):
                 raise ValueError("state batches must be a list of lists of dataset keys")

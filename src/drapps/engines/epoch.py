@@ -106,6 +106,7 @@ class Epoch:
         self._turn = turn if turn is not None else contextlib.nullcontext()
         self.epoch = job.epoch
         self.seed = job.seed
+        self.pipe_seed = job.pipe_seed
         self._job = job
         self.plan = job.plan
         self.position = job.start if job.plan is not None else 0

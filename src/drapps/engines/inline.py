@@ -15,7 +15,7 @@ from drapps.engines.base import Engine, EngineBatch, EpochJob, Limits
 from drapps.runtime.plan import EpochPlan
 from drapps.runtime.seeding import WorkerRngs, preserved_global_rngs
 from drapps.runtime.stats import PipelineSnapshot, inline_snapshot
-from drapps.runtime.stream import StreamBatcher, pipe_seed, prepare_datapipe
+from drapps.runtime.stream import StreamBatcher, prepare_datapipe
 from drapps.runtime.worker import BatchRecipe, make_batch
 
 
@@ -74,7 +74,7 @@ class InlineEngine(Engine):
 
     def start_epoch(self, job: EpochJob) -> None:
         self._plan, self._position = job.plan, job.start
-        self._made = self._stream(job.seed, job.epoch) if job.plan is None else iter(())
+        self._made = self._stream(job.seed, job.pipe_seed) if job.plan is None else iter(())
 
     def next(self) -> EngineBatch | None:
         began = time.perf_counter()
@@ -102,11 +102,11 @@ class InlineEngine(Engine):
             return EngineBatch(None, split=split, error=exc)
         return EngineBatch(self._finished(made.batch), made.skipped, split)
 
-    def _stream(self, seed: int, epoch: int) -> Iterator[EngineBatch]:
+    def _stream(self, seed: int, shared_seed: int) -> Iterator[EngineBatch]:
         # With a seed, the stream is seeded as a lone worker's is: the same seed gives the same
         # stream on every run (and a resumed epoch replays it), and the training loop's own
         # draws neither change it nor are changed by it.
-        prepare_datapipe(self._recipe.dataset, pipe_seed(seed, epoch), 1, 0)
+        prepare_datapipe(self._recipe.dataset, shared_seed, 1, 0)
         rngs = WorkerRngs(seed) if self._seeded else None
         with rngs.active() if rngs is not None else contextlib.nullcontext():
             batcher = StreamBatcher(self._recipe, *self._batching)

@@ -13,7 +13,7 @@ from typing import Any
 
 from drapps.engines.base import Engine, EngineBatch, EpochJob, Limits, Skipped
 from drapps.runtime.stats import PipelineSnapshot
-from drapps.runtime.stream import StreamPool, pipe_seed
+from drapps.runtime.stream import StreamPool
 from drapps.runtime.worker import BatchRecipe
 
 
@@ -63,7 +63,7 @@ class StreamEngine(Engine):
             solo_unless_sharded=self._solo_unless_sharded,
             rngs=job.rngs,
             keep_rngs=job.persistent,
-            shared_seed=pipe_seed(job.seed, job.epoch),
+            shared_seed=job.pipe_seed,
         )
         self._batches = self.pool.batches(generation)
 

@@ -62,14 +62,14 @@ def check_sampling(
     """DataLoader's rules for combining these arguments, in its words (scripts match them).
     ``shuffle`` is taken for its truth, as DataLoader takes it."""
     if is_iterable_dataset(dataset):
-        if shuffle and _is_datapipe(dataset):
+        if shuffle and is_datapipe(dataset) and not pipe_shufflers(dataset):
             raise ValueError(
-                "shuffle=True with an IterDataPipe: datapipes are deprecated in torch and "
-                "torchdata has removed them, so drapps does not shuffle them as DataLoader "
-                "did; add .shuffle() to the pipe, or move to torchdata.nodes or a map-style "
-                f"dataset, got {type(dataset).__name__}"
+                "shuffle=True with an IterDataPipe that has no .shuffle(): DataLoader warns "
+                "that it adds one, then iterates the pipe without it, unshuffled; add "
+                ".shuffle() to the pipe where it should shuffle (before its "
+                f".sharding_filter()), got {type(dataset).__name__}"
             )
-        if shuffle not in (False, None):
+        if shuffle not in (False, None) and not is_datapipe(dataset):
             raise ValueError(
                 "DataLoader with IterableDataset: expected unspecified shuffle option, "
                 f"but got shuffle={shuffle}"
@@ -215,10 +215,27 @@ def stream_length(dataset: Any, batch_size: int | None, drop_last: bool) -> int:
     return length // batch_size if drop_last else math.ceil(length / batch_size)
 
 
-def _is_datapipe(dataset: Any) -> bool:
+def is_datapipe(dataset: Any) -> bool:
     """Whether ``dataset`` is one of torch's (deprecated) IterDataPipes."""
     try:
         from torch.utils.data import IterDataPipe
     except ImportError:  # a torch that no longer has them
         return False
     return isinstance(dataset, IterDataPipe)
+
+
+def pipe_shufflers(pipe: Any) -> list[Any]:
+    """The shuffling steps (``.shuffle()``) of the datapipe ``pipe``'s graph."""
+    from torch.utils.data import graph_settings
+
+    steps = graph_settings.get_all_graph_pipes(graph_settings.traverse_dps(pipe))
+    return [step for step in steps if graph_settings._is_shuffle_datapipe(step)]
+
+
+def set_pipe_shuffles(dataset: Any, shuffle: bool | None) -> None:
+    """As DataLoader does with a datapipe: a ``shuffle`` given turns the pipe's shuffling
+    steps on or off, in place (``shuffle=False`` turns off a pipe's ``.shuffle()``); None
+    leaves them as they are. Any other dataset is left alone."""
+    if shuffle is not None and is_datapipe(dataset):
+        for step in pipe_shufflers(dataset):
+            step.set_shuffle(bool(shuffle))
