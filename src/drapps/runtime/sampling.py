@@ -28,6 +28,8 @@ from torch.utils.data import (
     SequentialSampler,
 )
 
+from drapps.runtime.errors import warn_user
+
 logger = logging.getLogger(__name__)
 
 
@@ -62,13 +64,6 @@ def check_sampling(
     """DataLoader's rules for combining these arguments, in its words (scripts match them).
     ``shuffle`` is taken for its truth, as DataLoader takes it."""
     if is_iterable_dataset(dataset):
-        if shuffle and is_datapipe(dataset) and not pipe_shufflers(dataset):
-            raise ValueError(
-                "shuffle=True with an IterDataPipe that has no .shuffle(): DataLoader warns "
-                "that it adds one, then iterates the pipe without it, unshuffled; add "
-                ".shuffle() to the pipe where it should shuffle (before its "
-                f".sharding_filter()), got {type(dataset).__name__}"
-            )
         if shuffle not in (False, None) and not is_datapipe(dataset):
             raise ValueError(
                 "DataLoader with IterableDataset: expected unspecified shuffle option, "
@@ -235,7 +230,18 @@ def pipe_shufflers(pipe: Any) -> list[Any]:
 def set_pipe_shuffles(dataset: Any, shuffle: bool | None) -> None:
     """As DataLoader does with a datapipe: a ``shuffle`` given turns the pipe's shuffling
     steps on or off, in place (``shuffle=False`` turns off a pipe's ``.shuffle()``); None
-    leaves them as they are. Any other dataset is left alone."""
-    if shuffle is not None and is_datapipe(dataset):
-        for step in pipe_shufflers(dataset):
-            step.set_shuffle(bool(shuffle))
+    leaves them as they are. ``shuffle=True`` with a pipe that has no ``.shuffle()`` leaves
+    it unshuffled, as DataLoader does (it warns that it adds one, then iterates the pipe
+    without it), and says so. Any other dataset is left alone."""
+    if shuffle is None or not is_datapipe(dataset):
+        return
+    steps = pipe_shufflers(dataset)
+    if shuffle and not steps:
+        warn_user(
+            f"drapps: shuffle=True, but the IterDataPipe {type(dataset).__name__} has no "
+            ".shuffle(): it is not shuffled (nor under DataLoader, which says it adds one, "
+            "then iterates the pipe without it); add .shuffle() to the pipe where it should "
+            "shuffle, before its .sharding_filter()"
+        )
+    for step in steps:
+        step.set_shuffle(bool(shuffle))
