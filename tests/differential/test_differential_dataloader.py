@@ -215,9 +215,25 @@ _EMPTY_BATCH = Case(
     ),
 )
 
+# Found by PyTorch's test_dataloader.py and then the campaigns: a datapipe's shuffles drew
+# their seed from (base seed, epoch), not from torch's generator in DataLoader's order (the
+# pipe's order and where each epoch left the generator differed), and shuffle=False did not
+# turn them off.
+_PIPE = Case(n=5, payload=Payload(leaf=Leaf(kind="python", dtype="int")),
+             settings=Settings(workers=2, batch_size=2), iterable=True, pipe=True)  # fmt: skip
+_PIPE_PERSISTENT = dataclasses.replace(
+    _PIPE, settings=Settings(workers=2, batch_size=None, persistent_workers=True)
+)
+_PIPE_UNSHUFFLED = Case(n=6, payload=Payload(leaf=Leaf(kind="python", dtype="int")),
+                        settings=Settings(workers=0, batch_size=None), iterable=True,
+                        pipe=True)  # fmt: skip
+
 
 @FAST
 @given(cases(draws=DRAWS))
+@example(_PIPE)
+@example(_PIPE_PERSISTENT)
+@example(_PIPE_UNSHUFFLED)
 @example(_NONE_BATCHES)
 @example(_EMPTY_BATCH)
 @example(
