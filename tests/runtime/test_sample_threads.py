@@ -256,13 +256,26 @@ def test_the_cpu_of_threads_a_sample_starts_is_its_own_in_a_worker_process() -> 
     other Python thread runs (a worker process), the batch's CPU time counts the helpers'
     (measured in a forked process: the test runner has threads of its own)."""
     with multiprocessing.get_context("fork").Pool(1) as pool:
-        cpu_s, helper_s = pool.apply(_made_alone)
-    assert cpu_s >= helper_s > 0, (cpu_s, helper_s)
+        spent = pool.apply(_made_alone)
+    for cpu_s, helper_s in spent:  # one after another, and by one __getitems__ call
+        assert cpu_s >= helper_s > 0, spent
 
 
-def _made_alone() -> tuple[float, float]:
-    """The CPU seconds a batch of three such samples took, and their helpers'."""
+class ComputesInAHelperAtOnce(ComputesInAHelper):
+    """The same samples, a batch of them from one ``__getitems__`` call."""
+
+    def __getitems__(self, indices: list[int]) -> list[tuple[int, float]]:
+        return [self[i] for i in indices]
+
+
+def _made_alone() -> list[tuple[float, float]]:
+    """The CPU seconds a batch of three such samples took, and their helpers', made one after
+    another and by one ``__getitems__`` call."""
     assert threading.active_count() == 1
-    dataset = ComputesInAHelper(4)
-    batch = make_batch(BatchRecipe(dataset, None, default_collate, "raise"), 0, 0, [0, 1, 2])
-    return batch.cpu_s, dataset.helper_cpu_s
+    spent = []
+    for dataset in (ComputesInAHelper(4), ComputesInAHelperAtOnce(4)):
+        getitems = isinstance(dataset, ComputesInAHelperAtOnce)
+        recipe = BatchRecipe(dataset, None, default_collate, "raise", getitems=getitems)
+        batch = make_batch(recipe, 0, 0, [0, 1, 2])
+        spent.append((batch.cpu_s, dataset.helper_cpu_s))
+    return spent

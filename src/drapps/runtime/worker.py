@@ -346,11 +346,11 @@ class _Sample:
 
 
 def samples_cpu_clock() -> Callable[[], float]:
-    """The clock of the CPU time samples made one after another in this thread spend: the
-    process's where this is its only Python thread (a worker process), so that the native
-    threads a sample starts (a BLAS matrix product's, OpenMP's) count as its CPU, not as time
-    it waited; this thread's where others share the process (thread workers, the training
-    loop), whose CPU is not the samples'."""
+    """The clock of the CPU time samples made in this thread spend (one after another, or by
+    one ``__getitems__`` call): the process's where this is its only Python thread (a worker
+    process), so that the native threads a sample starts (a BLAS matrix product's, OpenMP's)
+    count as its CPU, not as time it waited; this thread's where others share the process
+    (thread workers, the training loop), whose CPU is not the samples'."""
     return time.process_time if threading.active_count() == 1 else time.thread_time
 
 
@@ -415,7 +415,8 @@ class _SampleMaker:
             SampleError: the call failed and ``on_error="raise"``.
         """
         recipe, dataset = self.recipe, self.recipe.dataset
-        cpu = time.thread_time()
+        cpu_clock = samples_cpu_clock()
+        cpu = cpu_clock()
         t0, queued = time.perf_counter(), runqueue_wait()
         if indices:
             self._enter(indices[0])
@@ -442,7 +443,7 @@ class _SampleMaker:
         if failed:
             return None
         seconds = time.perf_counter() - t0 - (runqueue_wait() - queued)
-        return _Fetched(fetched, seconds, time.thread_time() - cpu)
+        return _Fetched(fetched, seconds, cpu_clock() - cpu)
 
     def _enter(self, index: Any) -> None:
         """Enter sample ``index``: its seed set (the global RNGs reseeded from it where the
