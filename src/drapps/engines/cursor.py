@@ -186,8 +186,8 @@ class EpochCursor:
                 self._next_epoch, self._next_batch = epoch + 1, 0
                 if self._pending_stream is not None:  # replayed as it was made
                     (seed, streams, rngs, pipe), self._pending_stream = self._pending_stream, None
-                    if pipe is None:  # saved without one: it was derived from the seed
-                        pipe = pipe_seed(seed, epoch)
+                    if pipe is None:  # saved without one: derived from the seed, or none
+                        pipe = pipe_seed(seed, epoch) if self._datapipe else 0
                     return EpochJob(
                         epoch, seed, None, start, fresh, self._persistent, streams, rngs, pipe
                     )
@@ -242,7 +242,7 @@ class EpochCursor:
         return SampledPlan(draw_batches(self._index_sampler, self._batched), seed, epoch)
 
     def _stream_seeds(self, epoch: int, workers: int, first: bool) -> tuple[int, int]:
-        """An iterable dataset's base seed and pipe seed for ``epoch``.
+        """An iterable dataset's base seed and pipe seed for ``epoch`` (0: not a datapipe).
 
         With the loader's ``seed``, the pipe seed is derived from it (:func:`pipe_seed`).
         Without, both are drawn from the loader's generator (torch's default one) in
@@ -252,7 +252,9 @@ class EpochCursor:
         second pipe seed that only its own copy of the pipe sees; a persistent iterator's
         later epochs draw one pipe seed each.
         """
-        if self._seed is not None or not self._datapipe:
+        if not self._datapipe:
+            return self._epoch_seed(), 0
+        if self._seed is not None:
             seed = self._epoch_seed()
             return seed, pipe_seed(seed, epoch)
         later = self._persistent and workers > 0 and not first
