@@ -74,8 +74,12 @@ def _dataloaders(case: Case, reference: Settings, epochs: int) -> Outcome:
     skipping = case.settings.skip and case.fail_at is not None and not case.iterable
     dataset = case.dataset(marks=skipping)
     _seed_everything()
-    kwargs = reference.dataloader_kwargs(dataset, skipping=skipping)
-    outcome = run(lambda: DataLoader(dataset, **kwargs), epochs)
+    # The arguments are made inside run(): a sampler that refuses the dataset (a
+    # RandomSampler of no samples) fails DataLoader's construction, as drapps' must.
+    outcome = run(
+        lambda: DataLoader(dataset, **reference.dataloader_kwargs(dataset, skipping=skipping)),
+        epochs,
+    )
     if skipping:
         outcome.epochs = [[b for b in epoch if not is_skipped(b)] for epoch in outcome.epochs]
     return outcome
