@@ -6,9 +6,10 @@ same loader made with ``workers=0``: it makes every batch in the training proces
 pool to resize, kill or restart (for an iterable dataset, and for persistent workers, whose
 base seed is drawn once, the same loader with its workers and no events). A Hypothesis state
 machine drives a loader with workers through random events (take a batch, resize, SIGKILL a
-worker, checkpoint through JSON and resume in a new loader after another
-``torch.manual_seed`` (the old one closed or dropped unclosed), start the next epoch early,
-also while another thread is inside the old iterator's ``next()``) and checks after every
+worker, make the batches in the training process and bring the workers back, checkpoint
+through JSON and resume in a new loader after another ``torch.manual_seed`` (the old one
+closed or dropped unclosed), start the next epoch early, also while another thread is inside
+the old iterator's ``next()``) and checks after every
 step that what the loop received is the reference's epoch so far, and at every epoch's end
 that it held each planned sample exactly once. Batches filled from made samples
 (``defer_after``) are not the planned ones: each epoch holds every planned sample once, in as
@@ -30,7 +31,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from cases import RNGS, WAIT_S, WAITED, Payload, Samples, Stream, payloads, without_draws
+from cases import RNGS, WAIT_S, WAITED, Leaf, Payload, Samples, Stream, payloads, without_draws
 from compare import assert_equal, batch_indices, nothing_left, run
 from harness import FAST, FAST_EXAMPLES, campaign
 from hypothesis import assume, note, settings
@@ -124,7 +125,7 @@ def runs() -> st.SearchStrategy[Run]:
         Run,
         n=st.integers(1, 24),
         payload=payloads(draws=RNGS, alternate=False),
-        workers=st.sampled_from((1, 2, 3, "auto")),
+        workers=st.sampled_from((1, 2, 3, "auto", "auto")),  # the default's events are its own
         seed=st.sampled_from((None, 0, 7)),
         batch_size=st.integers(1, 5),
         shuffle=st.booleans(),
@@ -211,6 +212,19 @@ class LoaderMachine(RuleBasedStateMachine):
         dispatcher = getattr(self.loader._parts.engine, "dispatcher", None)
         if dispatcher is not None and dispatcher.pool.choosable:
             dispatcher.set_executor("threads" if threads else "processes")
+
+    @precondition(lambda self: self.epoch < EPOCHS and not self.case.iterable)
+    @rule(moves=st.lists(st.booleans(), min_size=1, max_size=4))
+    def move_between_the_loop_and_the_workers(self, moves: list[bool]) -> None:
+        """What the default count does where batches cost less to make than to wait for: make
+        them in the training process (True) or bring the workers back (False), a batch taken
+        after each move (refused under a fixed count)."""
+        use_loop = getattr(self.loader._parts.engine, "use_loop", None)
+        for on in moves if use_loop is not None else ():
+            moved = use_loop(on)
+            expected = self.case.workers == "auto" and not self.case.filled
+            assert moved == expected, f"use_loop({on}) -> {moved}"
+            self.take_a_batch()
 
     @precondition(lambda self: self.epoch < EPOCHS)
     @rule(torch_seed=st.integers(1, 3), drop=st.booleans())
@@ -315,6 +329,49 @@ class LoaderMachine(RuleBasedStateMachine):
             self.loader.close()
             del self.loader, self.iterator, self.got
             self.leak_check.__exit__(None, None, None)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("dispatch", ["batches", "samples"])
+def test_moves_between_the_loop_and_the_workers_are_held_to_the_reference(
+    dispatch: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One walk, written out, through what random ones seldom combine: into the training
+    process and back, and into it again, within an epoch and across its end, with a
+    checkpoint resumed between (each move followed by a batch)."""
+    case = Run(
+        n=23,
+        payload=Payload(leaf=Leaf(kind="tensor"), draw="torch"),
+        workers="auto",
+        seed=None,
+        batch_size=2,
+        shuffle=True,
+        sampler=False,
+        dispatch=dispatch,
+        cache=False,
+        persistent=False,
+        iterable=False,
+    )
+    monkeypatch.setitem(globals(), "note", print)  # outside Hypothesis' run
+    machine = LoaderMachine()
+    machine.start(case)
+    try:
+        for step in (
+            lambda: machine.take_a_batch(),
+            lambda: machine.move_between_the_loop_and_the_workers([True, True, False, True]),
+            lambda: machine.move_between_the_loop_and_the_workers([False, True]),
+            lambda: machine.take_a_batch(),
+            lambda: machine.checkpoint_and_resume_in_a_new_loader(2, drop=False),
+            lambda: machine.move_between_the_loop_and_the_workers([True, False, False]),
+            *[lambda: machine.take_a_batch()] * 10,  # past the epoch's end
+            lambda: machine.move_between_the_loop_and_the_workers([True, False, True]),
+            *[lambda: machine.take_a_batch()] * 14,
+        ):
+            step()
+            machine.the_epoch_so_far_is_the_references()
+        assert machine.epoch >= 1
+    finally:
+        machine.teardown()
 
 
 @pytest.mark.timeout(600)

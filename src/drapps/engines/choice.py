@@ -110,5 +110,11 @@ def choose_engine(
         pool=pool,
         in_order=c.in_order,
         in_process_if_unsendable=c.workers == "auto" and backend.local,
+        # The default count may also make cheap batches in the training process; not where
+        # the user's worker_init_fn prepares what samples need, nor where samples are pooled.
+        in_loop=c.workers == "auto"
+        and backend.local
+        and recipe.worker_init_fn is None
+        and c.defer_after is None,
     )
     return engine, c

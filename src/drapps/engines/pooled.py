@@ -8,12 +8,14 @@ the loader's face on that pair, and owns the workers, prefetch and priority knob
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable
 from typing import Any
 
 from drapps.control.controller import Bounds, default_knobs
 from drapps.control.knobs import ExecutorKnob, Knob, LookaheadKnob, PriorityKnob
 from drapps.engines.base import Engine, EngineBatch, EpochJob, Limits
+from drapps.engines.in_loop import InLoopRule
 from drapps.engines.inline import InlineEngine
 from drapps.runtime.config import PoolSettings
 from drapps.runtime.dispatcher import Dispatcher
@@ -44,6 +46,10 @@ class PoolEngine(Engine):
             workers go and make that batch and every later one in this process, with one
             warning, as DataLoader's default (``num_workers=0``) would have (the default
             count, ``workers="auto"``); False: the batch's error is raised in its place.
+        in_loop: try making the batches in the training process when they cost less to make
+            than the loop waits for them, keep it only where the loop gets them faster, and
+            bring the workers back when they grow dearer (:mod:`drapps.engines.in_loop`;
+            the default count's choice, ``workers="auto"``).
     """
 
     kind = "pool"
@@ -60,16 +66,21 @@ class PoolEngine(Engine):
         pool: WorkerPool | None = None,
         in_order: bool = True,
         in_process_if_unsendable: bool = False,
+        in_loop: bool = False,
     ) -> None:
         self._limits = Limits(settings.memory_budget, max_workers)
         self._recipe, self._finish = recipe, finish
         self._fallback = in_process_if_unsendable
-        self._inline: InlineEngine | None = None  # once batches cannot be sent back
+        self._inline: InlineEngine | None = None  # in-process: by choice, or unsendable
+        self._loop: InlineEngine | None = None  # the engine batches made by choice ran on
+        self._rule = InLoopRule() if in_loop else None
+        self._back_at_epoch = False
         self._job: EpochJob | None = None
         self._delivered: set[int] = set()  # this epoch's ids handed over out of order
         self._lookahead_auto = settings.lookahead is None
         self._any_order = not in_order
         self._generation = 0
+        self._split = split  # the split of the last batch handed over
         self.dispatcher = Dispatcher(recipe, settings, finish=finish, split=split, pool=pool)
 
     @property
@@ -81,12 +92,15 @@ class PoolEngine(Engine):
             raise ValueError("the pool engine makes planned batches; an iterable dataset has none")
         self._job = job
         self._delivered.clear()
+        if self._rule is not None:
+            self._rule.restart()
+        fresh = job.fresh
+        if self._back_at_epoch:  # the workers come back with this epoch
+            self._inline, self._back_at_epoch, fresh = None, False, True
         if self._inline is not None:
             self._inline.start_epoch(job)
         elif job.start < len(job.plan):
-            self._generation = self.dispatcher.start_epoch(
-                job.plan, job.start, fresh_workers=job.fresh
-            )
+            self._generation = self.dispatcher.start_epoch(job.plan, job.start, fresh_workers=fresh)
 
     def end_epoch(self, job: EpochJob) -> None:
         if not job.persistent and self._inline is None:
@@ -95,24 +109,79 @@ class PoolEngine(Engine):
     def next(self) -> EngineBatch | None:
         if self._inline is not None:
             return self._next_in_process()
+        began = time.perf_counter()
         buffer = self.dispatcher.buffer
         entry = buffer.get(alive=self.dispatcher.alive, any_order=self._any_order)
-        return None if entry is None else self._handed_over(entry)
+        return None if entry is None else self._handed_over(entry, began)
 
     def ready(self) -> EngineBatch | None:
         if self._inline is not None:
             return None  # made when asked for
         entry = self.dispatcher.buffer.get_ready(any_order=self._any_order)
-        return None if entry is None else self._handed_over(entry)
+        return None if entry is None else self._handed_over(entry, None)
 
-    def _handed_over(self, entry: Entry) -> EngineBatch | None:
+    def _handed_over(self, entry: Entry, began: float | None) -> EngineBatch | None:
+        """``entry`` handed to the loop, which asked for it at ``began`` (None: it asked
+        whether one was ready)."""
         made = _made(entry, self._any_order)
         error = made.error
         if self._fallback and isinstance(error, SampleError) and error.stage == "transport":
             self._make_in_process_from(error, made.split)
             return self._next_in_process()
         self._delivered.add(entry.batch_id)
+        self._split = made.split
+        if self._rule is not None and error is None:
+            now = time.perf_counter()
+            waited = 0.0 if began is None else now - began
+            if self._rule.pool_batch(now, waited, self._made_s()) == "try":
+                self._to_loop()
         return made
+
+    def use_loop(self, on: bool) -> bool:
+        """Make the next batches in the training process (``on``) or bring the workers back,
+        as the default count's rule does when it measures a win; returns whether this engine
+        can (only under the default count, where every sample is seeded wherever it is
+        made, so the batches are the same either way)."""
+        rule = self._rule
+        if rule is None or self._job is None or self._job.plan is None:
+            return False
+        if on and self._inline is None:
+            self._to_loop()
+        elif not on and self._inline is not None and not self._back_at_epoch:
+            self._to_pool()
+        rule.state = "kept" if self._inline is not None else "pool"
+        rule.restart()
+        return True
+
+    def _made_s(self) -> float:
+        """The workers' seconds making batches so far (fetch, transform and collate)."""
+        counters = self.dispatcher.counters
+        return counters["fetch_s"] + counters["transform_s"] + counters["collate_s"]
+
+    def _to_loop(self) -> None:
+        """Let the workers go and make the epoch's next batches in this process."""
+        job = self._job
+        assert job is not None and job.plan is not None
+        self.dispatcher.stop_workers(self._generation)
+        if self._loop is None:
+            recipe = dataclasses.replace(self._recipe, watch_draws=False)  # a worker's watch
+            self._loop = InlineEngine(recipe, None, False, self._limits, self._finish)
+        self._loop.set_split(self._split)
+        self._loop.start_epoch(job)  # from the start, past the batches handed over
+        self._inline = self._loop
+
+    def _to_pool(self) -> None:
+        """Bring the workers back: now, from the next batch to make, or, where a batch past
+        it was handed over already (out of order), with the next epoch."""
+        job, inline = self._job, self._inline
+        assert job is not None and job.plan is not None and inline is not None
+        position = inline.position
+        if any(batch_id >= position for batch_id in self._delivered):
+            self._back_at_epoch = True
+            return
+        self._inline = None
+        self._delivered.update(range(job.start, position))
+        self._generation = self.dispatcher.start_epoch(job.plan, position, fresh_workers=True)
 
     def _make_in_process_from(self, error: SampleError, split: Any) -> None:
         """Let the workers go, and make the rest of the epoch (and every later epoch) here."""
@@ -126,6 +195,7 @@ class PoolEngine(Engine):
             "level, no locks or open files); num_workers=0 says so from the start"
         )
         self.dispatcher.stop_workers(self._generation)
+        self._rule, self._loop = None, None  # every batch is made here from now on
         self._inline = InlineEngine(self._recipe, None, False, self._limits, self._finish, split)
         # From the epoch's start, past the batches handed over already: out of order, a
         # batch before this one may not have been.
@@ -138,9 +208,15 @@ class PoolEngine(Engine):
         while inline.position in self._delivered:
             inline.skip()  # made by a worker already: not made again
         batch_id = inline.position
+        began = time.perf_counter()
         made = inline.next()
         if made is not None and self._any_order:
             made = dataclasses.replace(made, batch_id=batch_id)
+        rule = self._rule if not self._back_at_epoch else None
+        if rule is not None and made is not None and made.error is None:
+            now = time.perf_counter()
+            if rule.loop_batch(now, now - began) == "back":
+                self._to_pool()
         return made
 
     def resize(self, workers: int) -> None:
@@ -148,8 +224,9 @@ class PoolEngine(Engine):
             self.dispatcher.resize(workers)
 
     def set_split(self, split: Any) -> None:
-        if self._inline is not None:
-            self._inline.set_split(split)
+        self._split = split
+        for inline in {id(e): e for e in (self._inline, self._loop) if e is not None}.values():
+            inline.set_split(split)
         self.dispatcher.set_split(split)
 
     def _use_executor(self, value: int) -> None:
@@ -176,10 +253,31 @@ class PoolEngine(Engine):
         return knobs
 
     def snapshot(self, samples: int) -> PipelineSnapshot:
-        if self._inline is not None:
+        if self._inline is not None and self._loop is None:  # unsendable: no workers again
             return self._inline.snapshot(samples)
         limits = self._limits
-        return pool_snapshot(self.dispatcher, samples, limits.memory_budget, limits.max_workers)
+        snap = pool_snapshot(self.dispatcher, samples, limits.memory_budget, limits.max_workers)
+        rule, loop = self._rule, self._loop
+        if rule is None or loop is None:
+            return snap
+        wait_s = snap.wait_s + loop.wait_s  # the loop's wait: for workers, or making here
+        if self._inline is None:  # the workers are back (or were kept): say why
+            why = rule.why if snap.executor_why is None else f"{snap.executor_why}; {rule.why}"
+            return dataclasses.replace(snap, wait_s=wait_s, executor_why=why)
+        return dataclasses.replace(
+            snap,
+            wait_s=wait_s,
+            workers=0,
+            target_workers=0,
+            ready_batches=0,
+            ready_bytes=0,
+            in_flight=0,
+            worker_pids=(),
+            helper_pids=(),
+            executor="the training process",
+            executor_why=rule.why,
+            executor_choice=False,
+        )
 
     def shutdown(self) -> None:
         self.dispatcher.shutdown()

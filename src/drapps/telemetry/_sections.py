@@ -104,6 +104,8 @@ def _executor_line(executor: str, why: str | None) -> list[str]:
             "boundary, and work that holds the GIL runs one thread at a time (pure-Python "
             "transforms are the processes' case)."
         ]
+    if executor == "the training process":  # batches cheaper to make than to wait for
+        return [f"Executor: the training process itself (as DataLoader's num_workers=0): {why}."]
     words = "worker processes" if executor == "processes" else executor
     if why is None:
         return [f"Executor: {words} (the default)."]

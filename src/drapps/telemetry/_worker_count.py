@@ -68,13 +68,20 @@ def settled_workers(rows: Sequence[TraceRow]) -> int:
     return final if ticks >= MIN_TICKS or len(counts) == 1 else counts[-2][0]
 
 
-def _why_changed(row: TraceRow, before: int, fixed: bool) -> str:
+def _why_changed(row: TraceRow, before: int, after: int, fixed: bool) -> str:
     """The reason for one change of the worker count, true of what happened: the policy's move
-    (and what held it short), or a change that came from outside the controller."""
+    (and what held it short), the default count's move between its workers and the training
+    process, or a change that came from outside the controller."""
     move = int(row.action.moves().get("workers", 0))
     note = row.notes.get("workers")
     if move and not fixed:
         reason = row.action.reason or f"the policy asked for {move:+d}"
+    elif not fixed and 0 in (before, after):
+        reason = (
+            "batches made in the training process (see Executor)"
+            if after == 0
+            else "the workers came back (see Executor)"
+        )
     elif row.state.workers != before or row.state.target_workers is not None:
         reason = (
             "by resize(), or a worker that was not replaced"
@@ -97,13 +104,14 @@ def worker_story(rows: Sequence[TraceRow], setting: int | str | None) -> list[st
     for i, row in enumerate(rows):
         after = count_after(rows, i)
         if after != counts[-1]:
-            why = _why_changed(row, counts[-1], fixed)
+            why = _why_changed(row, counts[-1], after, fixed)
             changes.append(f"  at {row.t:.1f} s {counts[-1]} -> {after}: {why}")
             counts.append(after)
     if len(counts) == 1:
         if counts[0] == 0:
+            why = "(workers=0)" if fixed or setting == 0 else "(see Executor)"
             return [
-                "Workers: none (workers=0): the training process made every batch itself, so "
+                f"Workers: none {why}: the training process made every batch itself, so "
                 "the loop's wait is the time it spent making them."
             ]
         if fixed:

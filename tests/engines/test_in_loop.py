@@ -1,0 +1,274 @@
+"""The default count's choice to make batches in the training process: the rule (from the times
+it is given) and the pool engine's moves between its workers and the loop (batches the same,
+each once, whenever it moves, and its workers gone while the loop makes them)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+import torch
+from helpers import RandomDataset, assert_batches_equal, wait_until
+
+import drapps
+from drapps.engines.in_loop import InLoopRule
+
+MS = 1e-3
+
+
+class Clock:
+    """Feeds a rule the times of batches: the clock and the workers' making time run on."""
+
+    def __init__(self, rule: InLoopRule) -> None:
+        self.rule, self.now, self.made = rule, 0.0, 0.0
+
+    def pool(self, batches: int, *, gap: float, wait: float, make: float) -> list[Any]:
+        """``batches`` from the pool, one every ``gap`` s, the loop waiting ``wait`` s for
+        each and the workers making each in ``make`` s; the rule's verdicts."""
+        verdicts = []
+        for _ in range(batches):
+            self.now, self.made = self.now + gap, self.made + make
+            verdicts.append(self.rule.pool_batch(self.now, wait, self.made))
+        return verdicts
+
+    def loop(self, batches: int, *, gap: float, make: float) -> list[Any]:
+        """``batches`` made in the loop, one every ``gap`` s, each in ``make`` s."""
+        verdicts = []
+        for _ in range(batches):
+            self.now += gap
+            verdicts.append(self.rule.loop_batch(self.now, make))
+        return verdicts
+
+
+def test_the_rule_tries_the_loop_once_it_waits_longer_for_a_batch_than_one_takes_to_make() -> None:
+    rule = InLoopRule(warm=2, window=4)
+    clock = Clock(rule)
+    verdicts = clock.pool(2 + 1 + 4, gap=1 * MS, wait=0.9 * MS, make=0.3 * MS)
+    assert verdicts == [None] * 6 + ["try"]
+    assert rule.state == "trying" and rule.tries == 1
+    assert rule.make_s == pytest.approx(0.3 * MS) and rule.pool_s == pytest.approx(1 * MS)
+    assert "waited 900 us" in str(rule.why) and "made in 300 us" in str(rule.why)
+
+
+def test_the_rule_leaves_batches_dearer_than_the_wait_with_the_workers() -> None:
+    """A loop that waits less for a batch than the workers take to make one gains nothing by
+    making it itself: compute-bound, or the workers ahead."""
+    rule = InLoopRule(warm=0, window=4)
+    clock = Clock(rule)
+    assert "try" not in clock.pool(40, gap=10 * MS, wait=0.1 * MS, make=20 * MS)
+    assert rule.state == "pool" and rule.why is None
+
+
+def test_a_try_is_kept_only_for_a_clear_win_and_a_lost_one_backs_off_longer_each_time() -> None:
+    rule = InLoopRule(warm=0, window=4, margin=1.15, backoff=8)
+    clock = Clock(rule)
+    assert clock.pool(5, gap=1 * MS, wait=0.9 * MS, make=0.3 * MS)[-1] == "try"
+    # 0.9 ms a batch in the loop against 1 ms with workers: under the margin
+    assert clock.loop(5, gap=0.9 * MS, make=0.3 * MS)[-1] == "back"
+    assert rule.state == "pool" and "workers kept" in str(rule.why)
+    # the next try waits out the backoff (8 batches), then a full reading
+    verdicts = clock.pool(8 + 5, gap=1 * MS, wait=0.9 * MS, make=0.3 * MS)
+    assert verdicts.index("try") == 8 + 4
+    assert clock.loop(5, gap=0.95 * MS, make=0.3 * MS)[-1] == "back"
+    verdicts = clock.pool(16 + 5, gap=1 * MS, wait=0.9 * MS, make=0.3 * MS)
+    assert verdicts.index("try") == 16 + 4  # doubled
+    assert clock.loop(5, gap=0.5 * MS, make=0.3 * MS)[-1] == "keep"
+    assert rule.state == "kept" and rule.gain == pytest.approx(2.0)
+    assert "(2.0x)" in str(rule.why)
+
+
+def test_kept_in_the_loop_the_workers_come_back_once_batches_grow_dearer() -> None:
+    rule = InLoopRule(warm=0, window=4)
+    clock = Clock(rule)
+    clock.pool(5, gap=1 * MS, wait=0.9 * MS, make=0.3 * MS)
+    assert clock.loop(5, gap=0.4 * MS, make=0.3 * MS)[-1] == "keep"
+    assert "back" not in clock.loop(20, gap=0.5 * MS, make=0.4 * MS)  # dearer, still ahead
+    assert clock.loop(4, gap=2 * MS, make=1.5 * MS)[-1] == "back"  # past 1 ms a batch
+    assert rule.state == "pool" and "workers back" in str(rule.why)
+
+
+def test_an_epoch_start_is_no_reading() -> None:
+    rule = InLoopRule(warm=0, window=4)
+    clock = Clock(rule)
+    clock.pool(3, gap=1 * MS, wait=0.1 * MS, make=0.3 * MS)
+    rule.restart()
+    clock.now += 5.0  # the next epoch's workers start slowly
+    clock.pool(5, gap=1 * MS, wait=0.1 * MS, make=0.3 * MS)
+    assert rule.pool_s == pytest.approx(1 * MS)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("warm", -1), ("window", 1), ("margin", 0.5), ("backoff", 0)]
+)
+def test_the_rule_refuses_bad_settings_by_name(field: str, value: float) -> None:
+    with pytest.raises(ValueError, match="InLoopRule needs"):
+        InLoopRule(**{field: value})  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------------- the pool engine
+
+
+class Scripted(InLoopRule):
+    """The rule's verdicts at chosen batches (``at``: the number of batches handed over so
+    far, pool and loop together, to the verdict then), with what the engine told it."""
+
+    def __init__(self, at: dict[int, str]) -> None:
+        super().__init__()
+        self.at, self.seen, self.made_totals = at, 0, [0.0]
+        self.kinds: list[str] = []
+
+    def pool_batch(self, now: float, waited: float, made_total: float) -> Any:
+        assert waited >= 0 and made_total >= self.made_totals[-1]
+        self.made_totals.append(made_total)
+        return self._verdict("pool")
+
+    def loop_batch(self, now: float, made: float) -> Any:
+        assert made > 0
+        return self._verdict("loop")
+
+    def _verdict(self, kind: str) -> Any:
+        self.seen += 1
+        self.kinds.append(kind)
+        verdict = self.at.get(self.seen)
+        self.state = {"try": "trying", "keep": "kept", "back": "pool"}.get(verdict, self.state)
+        if verdict == "try":
+            self.why = "scripted try"
+        return verdict
+
+
+def _auto(dataset: Any, **kwargs: Any) -> drapps.Loader:
+    return drapps.Loader(dataset, batch_size=4, shuffle=True, seed=5, **kwargs)
+
+
+def test_batches_moved_between_the_workers_and_the_loop_are_the_same_each_once() -> None:
+    """Into the loop after 3 batches, back after 7, into it again after 11 (kept through the
+    next epoch): every batch is the one a fixed count of workers makes, with the samples'
+    draws from the global generators."""
+    data = RandomDataset(64)
+    with _auto(data, num_workers=2) as fixed:
+        expected = [list(fixed), list(fixed)]
+    with _auto(data) as loader:
+        rule = Scripted({3: "try", 7: "back", 11: "try"})
+        loader._parts.engine._rule = rule
+        epochs, executors, workers = [], [], []
+        for _ in range(2):
+            got = []
+            for batch in loader:
+                got.append(batch)
+                snap = loader.snapshot()
+                executors.append(snap.executor)
+                workers.append((snap.workers, len(snap.worker_pids)))
+            epochs.append(got)
+        stats = loader.stats()
+    for e in range(2):
+        assert_batches_equal(expected[e], epochs[e])
+    assert rule.kinds[:12] == ["pool"] * 3 + ["loop"] * 4 + ["pool"] * 4 + ["loop"]
+    assert rule.kinds[12:] == ["loop"] * (32 - 12)
+    assert executors[3] == "the training process" and workers[3] == (0, 0)
+    assert executors[8] != "the training process"
+    assert executors[-1] == "the training process" and loader.num_workers == 0
+    assert rule.made_totals[-1] > 0  # the workers' making time reached the rule
+    assert stats.executor == "the training process" and stats.executor_why == "scripted try"
+
+
+def test_in_the_loop_the_workers_are_gone_and_come_back_on_the_verdict() -> None:
+    data = RandomDataset(200)
+    with _auto(data) as loader:
+        rule = Scripted({2: "try", 20: "back"})
+        loader._parts.engine._rule = rule
+        iterator = iter(loader)
+        for _ in range(3):
+            next(iterator)
+        assert wait_until(lambda: not loader.snapshot().worker_pids and not _children(loader))
+        for _ in range(20):
+            next(iterator)
+        assert loader.num_workers > 0
+        assert wait_until(lambda: len(loader.snapshot().worker_pids) > 0)
+        rest = list(iterator)
+    assert 3 + 20 + len(rest) == 50
+
+
+def _children(loader: drapps.Loader) -> list[int]:
+    return list(loader._parts.engine.dispatcher.pool.pids())
+
+
+def test_out_of_order_the_workers_come_back_with_the_next_epoch() -> None:
+    """With ``in_order=False`` a batch past the loop's may have been handed over already:
+    the workers then come back with the next epoch, and no batch is made twice."""
+    data = RandomDataset(96)
+    with _auto(data, num_workers=2) as fixed:
+        expected = [list(fixed), list(fixed)]
+    with _auto(data, in_order=False) as loader:
+        rule = Scripted({4: "try", 6: "back"})
+        loader._parts.engine._rule = rule
+        epochs = [list(loader), list(loader)]
+    for e in range(2):
+        assert sorted(_keys(epochs[e])) == sorted(_keys(expected[e]))
+        by_first = {int(b["index"][0]): b for b in expected[e]}
+        assert_batches_equal([by_first[int(b["index"][0])] for b in epochs[e]], epochs[e])
+
+
+def _keys(batches: list[Any]) -> list[tuple[int, ...]]:
+    return [tuple(int(i) for i in b["index"]) for b in batches]
+
+
+def test_a_checkpoint_taken_in_the_loop_resumes_the_same() -> None:
+    data = RandomDataset(64)
+    with _auto(data, num_workers=2) as fixed:
+        expected = list(fixed)
+    with _auto(data) as loader:
+        loader._parts.engine._rule = Scripted({2: "try"})
+        iterator = iter(loader)
+        head = [next(iterator) for _ in range(6)]
+        state = loader.state_dict()
+    with _auto(data) as resumed:
+        resumed.load_state_dict(state)
+        tail = list(resumed)
+    assert_batches_equal(expected, head + tail)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"num_workers": 2}, {"worker_init_fn": abs}, {"defer_after": 0.0}],
+    ids=["a fixed count", "a worker_init_fn", "defer_after"],
+)
+def test_the_loop_is_only_the_default_counts_choice(kwargs: dict[str, Any]) -> None:
+    """A fixed count keeps DataLoader's processes; a worker_init_fn may prepare what the
+    samples need in a worker; batches filled from made samples are the workers'."""
+    with _auto(RandomDataset(16), **kwargs) as loader:
+        next(iter(loader))
+        assert loader._parts.engine.use_loop(True) is False
+        assert loader.num_workers > 0
+
+
+def test_cheap_batches_by_default_are_a_fixed_counts_wherever_they_were_made() -> None:
+    """The rule itself, on a dataset of tensors in memory: whatever it chose, and whenever
+    (that is the timing's), the batches are those of a fixed count."""
+    data = [torch.full((4,), float(i)) for i in range(4096)]
+    with drapps.Loader(data, batch_size=8, shuffle=True, seed=1, num_workers=2) as fixed:
+        expected = list(fixed)
+    with drapps.Loader(data, batch_size=8, shuffle=True, seed=1) as loader:
+        got = list(loader)
+    assert_batches_equal(expected, got)
+
+
+class Paced(RandomDataset):
+    """A sample that takes a little while, so the run lasts several telemetry ticks."""
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        time.sleep(0.002)
+        return super().__getitem__(i)
+
+
+def test_the_report_says_the_training_process_made_the_batches_and_why() -> None:
+    with _auto(Paced(200), control_interval=0.05) as loader:
+        rule = Scripted({2: "try"})
+        loader._parts.engine._rule = rule
+        for _ in range(2):
+            list(loader)
+        report = loader.report()
+    assert (
+        "Executor: the training process itself (as DataLoader's num_workers=0): scripted try"
+        in report
+    )
