@@ -15,7 +15,7 @@ import functools
 import os
 import random
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -48,6 +48,18 @@ def mix_seed(*parts: int) -> int:
 def sample_seed_for(seed: int, epoch: int, index: int) -> int:
     """The 64-bit seed of sample ``index`` in ``epoch`` for a loader seeded with ``seed``."""
     return mix_seed(seed, epoch, index)
+
+
+def epoch_seeds(seed: int, epoch: int) -> Callable[[int], int]:
+    """``sample_seed_for(seed, epoch, index)`` as a function of ``index``, with the mix of
+    ``seed`` and ``epoch`` done once (a sample made in memory notices the two it saves).
+
+    Example:
+        >>> epoch_seeds(7, 2)(11) == sample_seed_for(7, 2, 11)
+        True
+    """
+    prefix = mix_seed(seed, epoch)
+    return lambda index: _splitmix64(prefix ^ (index & _MASK64))
 
 
 class _SampleContext(threading.local):

@@ -33,6 +33,7 @@ from drapps.runtime.sampling import key_of
 from drapps.runtime.seeding import (
     answer_worker_info_per_thread,
     clear_sample,
+    epoch_seeds,
     global_states,
     moved_generators,
     sample_seed,
@@ -369,6 +370,7 @@ class _SampleMaker:
     ) -> None:
         self.recipe, self.seed, self.epoch, self.indices = recipe, seed, epoch, indices
         self.split, self.cache, self.clock = split, cache, clock
+        self.seed_of = epoch_seeds(seed, epoch)
         pipeline: Any = recipe.transform if hasattr(recipe.transform, "run_sample") else None
         end = pipeline.stop_of(split) if pipeline is not None else split
         self.pipeline = pipeline
@@ -450,7 +452,7 @@ class _SampleMaker:
         recipe says), or left to mix if asked for (``sample_seed()``, ``sample_rng()``)."""
         key = key_of(index)
         if self.recipe.reseed or self.pipeline is not None:  # a Pipeline's ops need the seed
-            seed_sample(sample_seed_for(self.seed, self.epoch, key), reseed=self.recipe.reseed)
+            seed_sample(self.seed_of(key), reseed=self.recipe.reseed)
         else:
             seed_sample_later(self.seed, self.epoch, key)
 
