@@ -78,6 +78,16 @@ def test_a_try_is_kept_only_for_a_clear_win_and_a_lost_one_backs_off_longer_each
     assert "(2.0x)" in str(rule.why)
 
 
+def test_a_trys_first_batches_are_no_reading() -> None:
+    """While the workers finish what they hold and exit they take the cores the loop makes
+    its first batches on: those are passed over."""
+    rule = InLoopRule(warm=3, window=4)
+    clock = Clock(rule)
+    assert clock.pool(3 + 5, gap=1 * MS, wait=0.9 * MS, make=0.3 * MS)[-1] == "try"
+    assert clock.loop(3, gap=5 * MS, make=4 * MS) == [None] * 3
+    assert clock.loop(4, gap=0.4 * MS, make=0.3 * MS)[-1] == "keep"
+
+
 def test_kept_in_the_loop_the_workers_come_back_once_batches_grow_dearer() -> None:
     rule = InLoopRule(warm=0, window=4)
     clock = Clock(rule)

@@ -9,7 +9,8 @@ is measured: :class:`InLoopRule` watches the pool's batches, and once the loop w
 for one than the workers take to make one, the engine tries making them in the loop. The try
 is kept only where the loop's time per batch falls by ``margin``; otherwise the workers come
 back, and the next try waits twice as long. Kept, the rule keeps watching: once making a
-batch in the loop takes longer than the loop took per batch with the workers, they come back.
+batch in the loop takes ``margin`` times longer than the loop took per batch with the
+workers, they come back.
 
 The batches are the same either way: under ``workers="auto"`` every sample is seeded from
 ``(seed, epoch, index)`` wherever it is made.
@@ -41,11 +42,14 @@ class InLoopRule:
     """
 
     warm: int = 8
-    """Pool batches passed over before the first reading (the workers start)."""
+    """Batches passed over before a reading: the pool's first (the workers start), and a
+    try's first (the workers finish what they hold and exit)."""
     window: int = 16
     """Batches per reading."""
     margin: float = 1.15
-    """The try is kept where the loop's median time per batch falls by this factor."""
+    """The try is kept where the loop's median time per batch falls by this factor, and
+    the workers come back where making a batch in the loop takes this factor longer than the
+    loop took per batch with them."""
     backoff: int = 64
     """Pool batches before another try after one that was not kept (doubled each time)."""
     state: Literal["pool", "trying", "kept"] = "pool"
@@ -110,7 +114,7 @@ class InLoopRule:
         if self.make_s <= 0 or self.wait_s <= self.make_s:
             return None
         self.state, self.tries = "trying", self.tries + 1
-        self._last = None
+        self._last, self._skip = None, self.warm  # the workers' exit: no reading
         self.why = (
             f"the loop waited {_us(self.wait_s)} for a batch the workers made in "
             f"{_us(self.make_s)}: trying batches made in the training process"
@@ -122,6 +126,9 @@ class InLoopRule:
         when a try wins, "back" when the workers should come back (a try that lost, or
         batches that grew dearer than the workers' pace), else None."""
         gap, self._last = (None if self._last is None else now - self._last), now
+        if self._skip > 0:
+            self._skip -= 1
+            return None
         if gap is None:
             return None
         self._gaps.append(gap)
@@ -147,7 +154,7 @@ class InLoopRule:
                 f"{_us(self.pool_s)} with workers: workers kept"
             )
             return self._back()
-        if made_s > self.pool_s:
+        if made_s > self.pool_s * self.margin:
             self.why = (
                 f"a batch took {_us(made_s)} to make in the training process, longer than "
                 f"the {_us(self.pool_s)} per batch the loop took with workers: workers back"
