@@ -385,3 +385,19 @@ def test_workers_idle_behind_a_full_queue_get_a_count_that_would_keep_up() -> No
         rows[k] = replace(rows[k], state=replace(rows[k].state, wait_fraction=0.9))
     text = bottleneck_report(rows)
     assert "the input pipeline is the bottleneck" in text and "about 1 would keep up" in text
+
+
+def test_batches_moved_into_the_training_process_are_named_in_the_worker_story() -> None:
+    # workers="auto" made the batches in the training process for a while (no policy move):
+    # the count went to none and back, and the story says why, not "outside the controller".
+    from drapps.telemetry._worker_count import worker_story
+
+    rows = []
+    for i, target in enumerate([2] * 6 + [0] * 6 + [2] * 6):
+        s = state(t=0.5 * (i + 1), workers=target, target_workers=target)
+        rows.append(TraceRow(s.t, s, Action(), {"workers": target, "prefetch": 4}, 1.0))
+    lines = worker_story(rows, "auto")
+    assert "2 -> 0: batches made in the training process (see Executor)" in lines[1]
+    assert "0 -> 2: the workers came back (see Executor)" in lines[2]
+    assert worker_story(rows[6:12], "auto")[0].startswith("Workers: none (see Executor)")
+    assert worker_story(rows[6:12], 0)[0].startswith("Workers: none (workers=0)")
