@@ -302,6 +302,8 @@ class Loader(_DataLoaderAttributes):
     def resize(self, workers: int) -> None:
         """Change the worker count now, mid-epoch, without losing or reordering data (an
         iterable dataset's streams cannot move: its count applies from the next epoch).
+        Under ``workers="auto"`` the batches stay with workers from then on: where the
+        loader made them in the training process, the workers come back.
 
         Raises:
             ValueError: ``workers`` is not in [1, max_workers], or this loader has no pool
@@ -310,6 +312,7 @@ class Loader(_DataLoaderAttributes):
         limit = self.config.resolved_max_workers
         if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= limit:
             raise ValueError(f"workers must be an int in [1, {limit}], got {workers!r}")
+        self._parts.engine.keep_workers()
         self._parts.engine.resize(workers)
 
     def set_split(self, split: int) -> None:

@@ -282,3 +282,26 @@ def test_the_report_says_the_training_process_made_the_batches_and_why() -> None
         "Executor: the training process itself (as DataLoader's num_workers=0): scripted try"
         in report
     )
+
+
+@pytest.mark.parametrize("in_order", [True, False], ids=["in order", "any order"])
+def test_resize_brings_the_workers_back_for_good(in_order: bool) -> None:
+    """A count the user sets is kept by workers: resize() in the loop brings them back (with
+    the next epoch, out of order, where a later batch was handed over), and no try follows."""
+    data = RandomDataset(96)
+    with _auto(data, num_workers=2) as fixed:
+        expected = [list(fixed), list(fixed)]
+    with _auto(data, in_order=in_order) as loader:
+        engine = loader._parts.engine
+        engine._rule = Scripted({3: "try"})
+        iterator = iter(loader)
+        head = [next(iterator) for _ in range(5)]
+        assert loader.num_workers == 0
+        loader.resize(1)
+        epochs = [head + list(iterator), list(loader)]
+        assert engine._rule is None and loader.num_workers == 1
+        assert wait_until(lambda: len(loader.snapshot().worker_pids) == 1)
+    for e in range(2):
+        assert sorted(_keys(epochs[e])) == sorted(_keys(expected[e]))
+    if in_order:
+        assert_batches_equal(expected[0] + expected[1], epochs[0] + epochs[1])

@@ -112,6 +112,12 @@ class Engine(ABC):
         """``job`` was iterated to its end: its workers exit unless ``job.persistent``."""
         return None
 
+    def keep_workers(self) -> None:
+        """The user set the worker count (:meth:`drapps.Loader.resize`): batches are made
+        by workers from now on, where the engine could have moved them into the training
+        process."""
+        return None
+
     def resize(self, workers: int) -> None:
         """Change the worker count now, without losing or reordering data."""
         raise ValueError(

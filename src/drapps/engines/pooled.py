@@ -219,8 +219,13 @@ class PoolEngine(Engine):
                 self._to_pool()
         return made
 
+    def keep_workers(self) -> None:
+        if self._rule is not None and self._loop is not None and self._inline is not None:
+            self._to_pool()  # now, or with the next epoch
+        self._rule = None
+
     def resize(self, workers: int) -> None:
-        if self._inline is None:
+        if self._inline is None or self._back_at_epoch:  # the count the workers come back at
             self.dispatcher.resize(workers)
 
     def set_split(self, split: Any) -> None:
