@@ -97,7 +97,8 @@ class InlineEngine(Engine):
         rngs = preserved_global_rngs() if self._recipe.reseed else contextlib.nullcontext()
         try:
             with rngs:
-                made = make_batch(self._recipe, plan.seed, plan.epoch, plan.batch(batch_id), split)
+                indices = plan.batch(batch_id)
+                made = make_batch(self._recipe, plan.seed, plan.epoch, indices, split, timed=False)
         except Exception as exc:  # raised in the loop in the batch's place; the epoch goes on
             return EngineBatch(None, split=split, error=exc)
         return EngineBatch(self._finished(made.batch), made.skipped, split)

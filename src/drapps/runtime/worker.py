@@ -250,6 +250,7 @@ def make_batch(
     arena: SlabArena | None = None,
     sample_threads: int = 1,
     key: Hashable = None,
+    timed: bool = True,
 ) -> Made:
     """Fetch, transform and collate ``indices``, seeding each sample from (seed, epoch, index).
 
@@ -266,12 +267,14 @@ def make_batch(
     collated in the indices' order, and a failure raised is the first in that order. Not
     while the sample cache takes part, nor while this process watches its first samples.
     ``key``: the task's, under which :meth:`SampleThreads.start` may have begun its samples.
+    ``timed=False``: the samples' costs are wall times, not net of their wait for a core (a
+    system call a sample saved where nothing reads the costs: a batch made in the loop).
 
     Raises:
         SampleError: a sample failed and ``on_error="raise"``, or collate_fn failed.
     """
     cache = recipe.cache if recipe.cache is not None and recipe.cache.begin_batch() else None
-    maker = _SampleMaker(recipe, seed, epoch, indices, split, cache, current_clock())
+    maker = _SampleMaker(recipe, seed, epoch, indices, split, cache, current_clock(), timed)
     if collate and cache is None and recipe.getitems:
         fetched = maker.at_once(indices)
         if fetched is not None:
@@ -367,9 +370,13 @@ class _SampleMaker:
         split: Any,
         cache: SampleStore | None,
         clock: SampleClock | None,
+        timed: bool = True,
     ) -> None:
         self.recipe, self.seed, self.epoch, self.indices = recipe, seed, epoch, indices
         self.split, self.cache, self.clock = split, cache, clock
+        # A sample's cost is net of its wait for a core (a schedstat read a sample) where
+        # someone reads it: a worker's dispatcher does, a batch made in the loop has no reader.
+        self.queued = runqueue_wait if timed else _not_read
         self.seed_of = epoch_seeds(seed, epoch)
         pipeline: Any = recipe.transform if hasattr(recipe.transform, "run_sample") else None
         end = pipeline.stop_of(split) if pipeline is not None else split
@@ -385,7 +392,7 @@ class _SampleMaker:
         """
         cpu = time.thread_time()
         clock = self.clock if clocked else None
-        made, _, _ = self.make(position, index, clock, time.perf_counter(), runqueue_wait())
+        made, _, _ = self.make(position, index, clock, time.perf_counter(), self.queued())
         made.cpu_s = time.thread_time() - cpu
         return made
 
@@ -401,7 +408,7 @@ class _SampleMaker:
         made: list[_Sample] = []
         cpu_clock = samples_cpu_clock()
         cpu = cpu_clock()
-        now, queued = time.perf_counter(), runqueue_wait()
+        now, queued = time.perf_counter(), self.queued()
         for position, index in enumerate(indices):
             sample, now, queued = self.make(position, index, self.clock, now, queued)
             made.append(sample)
@@ -419,7 +426,7 @@ class _SampleMaker:
         recipe, dataset = self.recipe, self.recipe.dataset
         cpu_clock = samples_cpu_clock()
         cpu = cpu_clock()
-        t0, queued = time.perf_counter(), runqueue_wait()
+        t0, queued = time.perf_counter(), self.queued()
         if indices:
             self._enter(indices[0])
         watched = global_states() if recipe.watch_draws and Watch.left > 0 else None
@@ -444,7 +451,7 @@ class _SampleMaker:
                 Watch.end(watched, len(indices), "__getitems__")
         if failed:
             return None
-        seconds = time.perf_counter() - t0 - (runqueue_wait() - queued)
+        seconds = time.perf_counter() - t0 - (self.queued() - queued)
         return _Fetched(fetched, seconds, cpu_clock() - cpu)
 
     def _enter(self, index: Any) -> None:
@@ -519,7 +526,7 @@ class _SampleMaker:
                 clock.end_sample()
             if watched is not None:
                 Watch.end(watched, 1, f"sample {index!r}")
-        end, end_queued = time.perf_counter(), runqueue_wait()
+        end, end_queued = time.perf_counter(), self.queued()
         made.cost = end - t0 - (end_queued - queued)
         return made, end, end_queued
 
@@ -665,6 +672,10 @@ def _forget_schedstat() -> None:  # a forked child's open file is its parent's t
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_schedstat)
+
+
+def _not_read() -> float:
+    return 0.0
 
 
 def runqueue_wait() -> float:
