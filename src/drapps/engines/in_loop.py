@@ -67,7 +67,7 @@ class InLoopRule:
     _skip: int = 8
     _last: float | None = None
     _gaps: list[float] = field(default_factory=list)
-    _waits: list[float] = field(default_factory=list)
+    _times: list[float] = field(default_factory=list)  # waits for the pool; making in the loop
     _made_from: float | None = None
 
     def __post_init__(self) -> None:
@@ -84,10 +84,11 @@ class InLoopRule:
         return self.pool_s / self.loop_s if self.loop_s > 0 else 0.0
 
     def restart(self) -> None:
-        """A new epoch: the gap across its start (workers starting) is no reading."""
+        """Drop the reading under way: a new epoch (the gap across its start, workers
+        starting, is no reading), or a move between the loop and the workers."""
         self._last = None
         self._gaps.clear()
-        self._waits.clear()
+        self._times.clear()
         self._made_from = None
 
     def pool_batch(self, now: float, waited: float, made_total: float) -> Verdict | None:
@@ -102,14 +103,14 @@ class InLoopRule:
             self._made_from = made_total
             return None
         self._gaps.append(gap)
-        self._waits.append(waited)
+        self._times.append(waited)
         if len(self._gaps) < self.window:
             return None
         self.pool_s = statistics.median(self._gaps)
-        self.wait_s = statistics.median(self._waits)
+        self.wait_s = statistics.median(self._times)
         self.make_s = (made_total - self._made_from) / len(self._gaps)
         self._gaps.clear()
-        self._waits.clear()
+        self._times.clear()
         self._made_from = made_total
         if self.make_s <= 0 or self.wait_s <= self.make_s:
             return None
@@ -132,13 +133,13 @@ class InLoopRule:
         if gap is None:
             return None
         self._gaps.append(gap)
-        self._waits.append(made)
+        self._times.append(made)
         if len(self._gaps) < self.window:
             return None
         self.loop_s = statistics.median(self._gaps)
-        made_s = statistics.median(self._waits)
+        made_s = statistics.median(self._times)
         self._gaps.clear()
-        self._waits.clear()
+        self._times.clear()
         if self.state == "trying":
             if self.loop_s * self.margin <= self.pool_s:
                 self.state = "kept"
