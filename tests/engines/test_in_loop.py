@@ -4,6 +4,7 @@ each once, whenever it moves, and its workers gone while the loop makes them).""
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -305,3 +306,32 @@ def test_resize_brings_the_workers_back_for_good(in_order: bool) -> None:
         assert sorted(_keys(epochs[e])) == sorted(_keys(expected[e]))
     if in_order:
         assert_batches_equal(expected[0] + expected[1], epochs[0] + epochs[1])
+
+
+class DiesOnce(RandomDataset):
+    """Sample 1 (of the first batch, in order) ends its worker process the first time it is
+    made: no batch reaches the loop before the worker died."""
+
+    def __init__(self, n: int, marker: str) -> None:
+        super().__init__(n)
+        self.marker = marker
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        if i == 1 and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            os._exit(3)
+        return super().__getitem__(i)
+
+
+def test_after_a_worker_died_the_batches_stay_with_workers(tmp_path: Any) -> None:
+    """The workers made the lost batch again; the loop could not have: no try follows."""
+    data = DiesOnce(64, str(tmp_path / "died"))
+    with drapps.Loader(data, batch_size=4, shuffle=False, seed=5) as loader:
+        rule = Scripted({n: "try" for n in range(1, 33)})
+        loader._parts.engine._rule = rule
+        got = [list(loader), list(loader)]
+        assert loader.stats().worker_restarts >= 1
+        assert loader.num_workers > 0
+    assert (tmp_path / "died").exists()
+    assert "loop" not in rule.kinds
+    assert sorted(i for b in got[0] for i in b["index"].tolist()) == list(range(64))

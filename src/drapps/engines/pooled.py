@@ -130,7 +130,7 @@ class PoolEngine(Engine):
             return self._next_in_process()
         self._delivered.add(entry.batch_id)
         self._split = made.split
-        if self._rule is not None and error is None:
+        if self._rule is not None and error is None and not self._guarding():
             now = time.perf_counter()
             waited = 0.0 if began is None else now - began
             if self._rule.pool_batch(now, waited, self._made_s()) == "try":
@@ -152,6 +152,12 @@ class PoolEngine(Engine):
         rule.state = "kept" if self._inline is not None else "pool"
         rule.restart()
         return True
+
+    def _guarding(self) -> bool:
+        """Whether a worker died, hung or lost a task this run: the workers then guard the
+        samples (a task made again, a timeout), which batches made in the loop cannot."""
+        d = self.dispatcher
+        return bool(d.counters["worker_restarts"] or sum(d.retries.counters.values()))
 
     def _made_s(self) -> float:
         """The workers' seconds making batches so far (fetch, transform and collate)."""
