@@ -1082,3 +1082,27 @@ def test_a_datapipe_sharded_twice_raises_the_pipes_error(workers: int) -> None:
         loader = drapps.Loader(pipe, batch_size=None, num_workers=workers)
         with loader, pytest.raises(RuntimeError, match="Sharding twice"):
             list(loader)
+
+
+@pytest.mark.parametrize(("workers", "persistent"), [(0, False), (2, False), (2, True)])
+def test_an_epoch_of_no_batch_draws_from_torch_as_dataloaders_does(
+    workers: int, persistent: bool
+) -> None:
+    """One sample, batches of 2 without the last: DataLoader's epoch yields nothing, but
+    starts its RandomSampler, which draws its seed from torch's generator. drapps drew
+    nothing there, so every later draw of the training loop moved."""
+    after = {}
+    for make in (DataLoader, drapps.Loader):
+        torch.manual_seed(0)
+        loader = make(
+            [0], batch_size=2, drop_last=True, shuffle=True, num_workers=workers,
+            persistent_workers=persistent,
+        )  # fmt: skip
+        draws = []
+        for _ in range(3):
+            assert list(loader) == []
+            draws.append(int(torch.randint(0, 2**62, ())))
+        after[make] = draws
+        if isinstance(loader, drapps.Loader):
+            loader.close()
+    assert after[drapps.Loader] == after[DataLoader]

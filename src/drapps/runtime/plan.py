@@ -116,6 +116,8 @@ class DrawnPlan:
         self._lock = threading.Lock()
         if length:
             self.batch(0)
+        else:  # DataLoader starts the sampler for an epoch of no batch too: its draws happen
+            next(self._source, None)
 
     def __len__(self) -> int:
         return self._length
