@@ -49,7 +49,7 @@ def test_the_rule_tries_the_loop_once_it_waits_longer_for_a_batch_than_one_takes
     assert verdicts == [None] * 6 + ["try"]
     assert rule.state == "trying" and rule.tries == 1
     assert rule.make_s == pytest.approx(0.3 * MS) and rule.pool_s == pytest.approx(1 * MS)
-    assert "waited 900 us" in str(rule.why) and "made in 300 us" in str(rule.why)
+    assert "waited 900 µs" in str(rule.why) and "made in 300 µs" in str(rule.why)
 
 
 def test_the_rule_leaves_batches_dearer_than_the_wait_with_the_workers() -> None:

@@ -22,7 +22,7 @@ from drapps.engines.base import Engine, EngineBatch, EpochJob, Skipped
 from drapps.ops.device_stage import DeviceStage, Staged
 from drapps.runtime.errors import SampleError, failure, warn_user
 from drapps.runtime.sampling import key_of
-from drapps.runtime.seeding import sample_seed_for
+from drapps.runtime.seeding import epoch_seeds
 
 _KEPT_SKIPS = 100
 
@@ -304,11 +304,8 @@ class Epoch:
         """The seeds of a batch's delivered samples, in batch order."""
         assert self.plan is not None
         dropped = {key_of(index) for index, _ in skipped}
-        return [
-            sample_seed_for(self.plan.seed, self.epoch, key)
-            for key in map(key_of, indices)
-            if key not in dropped
-        ]
+        seed_of = epoch_seeds(self.plan.seed, self.epoch)
+        return [seed_of(key) for key in map(key_of, indices) if key not in dropped]
 
     def _advance(self, batch_id: int) -> None:
         """Count ``batch_id`` delivered: ``position`` is the first batch not yet delivered."""

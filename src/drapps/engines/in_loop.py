@@ -24,6 +24,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Literal
 
+from drapps.telemetry._sections import format_duration as _dur
+
 Verdict = Literal["try", "keep", "back"]
 
 
@@ -119,8 +121,8 @@ class InLoopRule:
         self.state, self.tries = "trying", self.tries + 1
         self._last, self._skip = None, self.warm  # the workers' exit: no reading
         self.why = (
-            f"the loop waited {_us(self.wait_s)} for a batch the workers made in "
-            f"{_us(self.make_s)}: trying batches made in the training process"
+            f"the loop waited {_dur(self.wait_s)} for a batch the workers made in "
+            f"{_dur(self.make_s)}: trying batches made in the training process"
         )
         return "try"
 
@@ -146,21 +148,21 @@ class InLoopRule:
             if self.loop_s * self.margin <= self.pool_s:
                 self.state = "kept"
                 self.why = (
-                    f"a batch took {_us(made_s)} to make here and the loop waited "
-                    f"{_us(self.wait_s)} for one from the workers: made in the training "
-                    f"process, a batch every {_us(self.loop_s)} against {_us(self.pool_s)} "
+                    f"a batch took {_dur(made_s)} to make here and the loop waited "
+                    f"{_dur(self.wait_s)} for one from the workers: made in the training "
+                    f"process, a batch every {_dur(self.loop_s)} against {_dur(self.pool_s)} "
                     f"with workers ({self.gain:.1f}x)"
                 )
                 return "keep"
             self.why = (
-                f"made in the training process, a batch every {_us(self.loop_s)} against "
-                f"{_us(self.pool_s)} with workers: workers kept"
+                f"made in the training process, a batch every {_dur(self.loop_s)} against "
+                f"{_dur(self.pool_s)} with workers: workers kept"
             )
             return self._back()
         if made_s > self.pool_s * self.margin:
             self.why = (
-                f"a batch took {_us(made_s)} to make in the training process, longer than "
-                f"the {_us(self.pool_s)} per batch the loop took with workers: workers back"
+                f"a batch took {_dur(made_s)} to make in the training process, longer than "
+                f"the {_dur(self.pool_s)} per batch the loop took with workers: workers back"
             )
             return self._back()
         return None
@@ -170,10 +172,3 @@ class InLoopRule:
         self._skip = self.warm + self.backoff * 2 ** (self.tries - 1)
         self.restart()
         return "back"
-
-
-def _us(seconds: float) -> str:
-    """``seconds`` in words: microseconds below a millisecond, else milliseconds."""
-    if seconds < 1e-3:
-        return f"{seconds * 1e6:.0f} us"
-    return f"{seconds * 1e3:.1f} ms"
