@@ -5,15 +5,19 @@ each once, whenever it moves, and its workers gone while the loop makes them).""
 from __future__ import annotations
 
 import os
+import random
 import time
+from collections import Counter
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from helpers import RandomDataset, assert_batches_equal, wait_until
 
 import drapps
 from drapps.engines.in_loop import InLoopRule
+from drapps.runtime.executor_pool import EVIDENCE
 
 MS = 1e-3
 
@@ -335,3 +339,109 @@ def test_after_a_worker_died_the_batches_stay_with_workers(tmp_path: Any) -> Non
     assert (tmp_path / "died").exists()
     assert "loop" not in rule.kinds
     assert sorted(i for b in got[0] for i in b["index"].tolist()) == list(range(64))
+
+
+# ------------------------------------------------- samples made unseeded, checked for draws
+
+DRAWS = {
+    "python": lambda: random.random(),
+    "numpy": lambda: float(np.random.rand()),
+    "numpy-normal": lambda: float(np.random.standard_normal()),
+    "torch": lambda: float(torch.rand(1)),
+}
+
+
+class LateDraws:
+    """Samples drawn from :func:`drapps.sample_rng` alone, except that from index ``at`` on
+    they also draw from a global generator (``kind``), which the workers' watch of their
+    first samples does not see; every call made in this process is recorded."""
+
+    def __init__(self, n: int, kind: str | None = None, at: int = 0) -> None:
+        self.n, self.kind, self.at = n, kind, at
+        self.calls: list[int] = []
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        self.calls.append(i)
+        sample = {"index": i, "rng": drapps.sample_rng().random(), "drew": 0.0}
+        if self.kind is not None and i >= self.at:
+            sample["drew"] = DRAWS[self.kind]()
+        return sample
+
+
+def _seeded_then_drawn(loader: drapps.Loader, into_loop_after: int | None) -> tuple[Any, Any]:
+    """The batches of an epoch begun with the global generators seeded, moved into the
+    loop after ``into_loop_after`` batches, once the workers watched enough samples; and
+    the training process's draws after it."""
+    random.seed(11), np.random.seed(11), torch.manual_seed(11)
+    iterator = iter(loader)
+    batches = []
+    if into_loop_after is not None:
+        engine = loader._parts.engine
+        engine._rule = Scripted({})
+        batches = [next(iterator) for _ in range(into_loop_after)]
+        assert wait_until(lambda: engine.dispatcher.pool.watched >= EVIDENCE)
+        assert engine.use_loop(True)
+    batches += list(iterator)
+    return batches, (random.random(), float(np.random.rand()), float(torch.rand(1)))
+
+
+def _loader(data: Any, **kwargs: Any) -> drapps.Loader:
+    return drapps.Loader(data, batch_size=4, seed=5, policy="static", **kwargs)
+
+
+def test_samples_that_draw_from_no_global_generator_are_made_in_the_loop_unseeded() -> None:
+    with _loader(LateDraws(64), num_workers=2) as fixed:
+        expected, after = _seeded_then_drawn(fixed, None)
+    data = LateDraws(64)
+    with _loader(data) as loader:
+        got, got_after = _seeded_then_drawn(loader, 4)
+        loop = loader._parts.engine._loop
+        assert loop._unseeded is not None and not loop.drew  # checked, never reseeded
+    assert_batches_equal(expected, got)
+    assert got_after == after  # the training loop's own draws are untouched
+    assert sorted(data.calls) == list(range(16, 64))  # each made once here
+
+
+@pytest.mark.parametrize("kind", sorted(DRAWS))
+def test_a_draw_the_workers_did_not_see_is_caught_and_its_batch_made_again_seeded(
+    kind: str,
+) -> None:
+    with _loader(LateDraws(64, kind, at=40), num_workers=2) as fixed:
+        expected, after = _seeded_then_drawn(fixed, None)
+    data = LateDraws(64, kind, at=40)
+    with _loader(data) as loader:
+        got, got_after = _seeded_then_drawn(loader, 4)
+        loop = loader._parts.engine._loop
+        assert loop.drew and loop._unseeded is None
+    assert_batches_equal(expected, got)
+    assert got_after == after
+    twice = sorted(i for i, n in Counter(data.calls).items() if n == 2)
+    assert twice == [40, 41, 42, 43] and sorted(set(data.calls)) == list(range(16, 64))
+
+
+def test_a_collate_fn_that_draws_is_caught_as_well() -> None:
+    def collate(samples: list[Any]) -> Any:
+        return {**torch.utils.data.default_collate(samples), "noise": torch.rand(2)}
+
+    with _loader(LateDraws(64), num_workers=2, collate_fn=collate) as fixed:
+        expected, after = _seeded_then_drawn(fixed, None)
+    with _loader(LateDraws(64), collate_fn=collate) as loader:
+        got, got_after = _seeded_then_drawn(loader, 4)
+        assert loader._parts.engine._loop.drew
+    assert_batches_equal(expected, got)
+    assert got_after == after
+
+
+def test_samples_seen_drawing_are_reseeded_in_the_loop_from_the_start() -> None:
+    with _loader(LateDraws(64, "torch"), num_workers=2) as fixed:
+        expected, _ = _seeded_then_drawn(fixed, None)
+    data = LateDraws(64, "torch")
+    with _loader(data) as loader:
+        got, _ = _seeded_then_drawn(loader, 4)
+        loop = loader._parts.engine._loop
+        assert loop._unseeded is None and not loop.drew
+    assert_batches_equal(expected, got)
+    assert sorted(data.calls) == list(range(16, 64))

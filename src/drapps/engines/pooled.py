@@ -20,7 +20,7 @@ from drapps.engines.inline import InlineEngine
 from drapps.runtime.config import PoolSettings
 from drapps.runtime.dispatcher import Dispatcher
 from drapps.runtime.errors import SampleError, warn_user
-from drapps.runtime.executor_pool import KINDS
+from drapps.runtime.executor_pool import EVIDENCE, KINDS, ExecutorPool
 from drapps.runtime.pool import WorkerPool
 from drapps.runtime.reorder import Entry
 from drapps.runtime.stats import STAGES, PipelineSnapshot
@@ -173,8 +173,16 @@ class PoolEngine(Engine):
             recipe = dataclasses.replace(self._recipe, watch_draws=False)  # a worker's watch
             self._loop = InlineEngine(recipe, None, False, self._limits, self._finish)
         self._loop.set_split(self._split)
+        self._loop.check_draws(self._drew_from_none())
         self._loop.start_epoch(job)  # from the start, past the batches handed over
         self._inline = self._loop
+
+    def _drew_from_none(self) -> bool:
+        """Whether the workers watched enough samples (:data:`EVIDENCE`) and saw none draw
+        from a global generator: the loop then checks its batches for draws instead of
+        reseeding each sample (:meth:`InlineEngine.check_draws`)."""
+        pool = self.dispatcher.pool
+        return isinstance(pool, ExecutorPool) and pool.drew is None and pool.watched >= EVIDENCE
 
     def _to_pool(self) -> None:
         """Bring the workers back: now, from the next batch to make, or, where a batch past

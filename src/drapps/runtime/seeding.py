@@ -445,6 +445,22 @@ def restore_states(states: tuple[Any, Any, torch.Tensor]) -> None:
     torch.default_generator.set_state(states[2])
 
 
+def unmoved(saved: tuple[Any, Any, torch.Tensor]) -> bool:
+    """Whether no global generator moved since :func:`saved_states` gave ``saved`` (~15 us).
+    A NumPy state saved the slow way (it held a cached Gaussian, or is another bit generator)
+    is not compared: it counts as moved."""
+    python, numpy_state, torch_state = saved
+    if not (isinstance(numpy_state, tuple) and len(numpy_state) == 2):
+        return False
+    address, raw = numpy_state
+    return (
+        _mt_address() == address
+        and ctypes.string_at(address, _MT_BYTES) == raw
+        and torch.equal(torch.default_generator.get_state(), torch_state)
+        and random.getstate() == python
+    )
+
+
 _MT_BYTES = 624 * 4 + 4
 """MT19937's state as NumPy keeps it: 624 32-bit words, then the position (a C int)."""
 _mt_checked: tuple[Any, int | None] = (None, None)  # (the bit generator, its state's address)
