@@ -405,6 +405,23 @@ def test_samples_that_draw_from_no_global_generator_are_made_in_the_loop_unseede
     assert sorted(data.calls) == list(range(16, 64))  # each made once here
 
 
+def test_a_sample_that_reads_torchs_seed_without_drawing_reads_its_own() -> None:
+    """``torch.initial_seed()`` moves no generator, so no check would see it: torch's is
+    seeded per sample in the loop still."""
+    DRAWS["torch-seed"] = lambda: float(torch.initial_seed() % 1000)
+    try:
+        with _loader(LateDraws(64, "torch-seed"), num_workers=2) as fixed:
+            expected, after = _seeded_then_drawn(fixed, None)
+        with _loader(LateDraws(64, "torch-seed")) as loader:
+            got, got_after = _seeded_then_drawn(loader, 4)
+            loop = loader._parts.engine._loop
+            assert loop._unseeded is not None and not loop.drew
+    finally:
+        del DRAWS["torch-seed"]
+    assert_batches_equal(expected, got)
+    assert got_after == after
+
+
 @pytest.mark.parametrize("kind", sorted(DRAWS))
 def test_a_draw_the_workers_did_not_see_is_caught_and_its_batch_made_again_seeded(
     kind: str,
@@ -415,16 +432,20 @@ def test_a_draw_the_workers_did_not_see_is_caught_and_its_batch_made_again_seede
     with _loader(data) as loader:
         got, got_after = _seeded_then_drawn(loader, 4)
         loop = loader._parts.engine._loop
-        assert loop.drew and loop._unseeded is None
+        # torch's generator is seeded per sample still: its draws need no second making
+        caught = kind != "torch"
+        assert loop.drew is caught and (loop._unseeded is None) is caught
     assert_batches_equal(expected, got)
     assert got_after == after
     twice = sorted(i for i, n in Counter(data.calls).items() if n == 2)
-    assert twice == [40, 41, 42, 43] and sorted(set(data.calls)) == list(range(16, 64))
+    assert twice == ([40, 41, 42, 43] if caught else [])
+    assert sorted(set(data.calls)) == list(range(16, 64))
 
 
 def test_a_collate_fn_that_draws_is_caught_as_well() -> None:
     def collate(samples: list[Any]) -> Any:
-        return {**torch.utils.data.default_collate(samples), "noise": torch.rand(2)}
+        noise = (random.random(), float(torch.rand(1)))
+        return {**torch.utils.data.default_collate(samples), "noise": noise}
 
     with _loader(LateDraws(64), num_workers=2, collate_fn=collate) as fixed:
         expected, after = _seeded_then_drawn(fixed, None)

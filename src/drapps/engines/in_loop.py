@@ -13,9 +13,10 @@ batch in the loop takes ``margin`` times longer than the loop took per batch wit
 workers, they come back.
 
 The batches are the same either way: under ``workers="auto"`` every sample is seeded from
-``(seed, epoch, index)`` wherever it is made. Where a worker died, hung or lost a task, no try
-is made: the workers make a lost batch again and replace a hung worker, which the loop
-cannot.
+``(seed, epoch, index)`` wherever it is made (or, in the loop, checked to draw from no global
+generator: :meth:`~drapps.engines.inline.InlineEngine.check_draws`). Where a worker died,
+hung or lost a task, no try is made: the workers make a lost batch again and replace a hung
+worker, which the loop cannot.
 """
 
 from __future__ import annotations

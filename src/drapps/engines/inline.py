@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import torch
+
 from drapps.engines.base import Engine, EngineBatch, EpochJob, Limits
 from drapps.runtime.plan import EpochPlan
 from drapps.runtime.seeding import (
@@ -83,18 +85,22 @@ class InlineEngine(Engine):
         self._split = split
 
     def check_draws(self, on: bool) -> None:
-        """Make batches without reseeding the global generators for each sample (``on``),
-        where the workers watched samples draw from none of them: seeding costs ~7 us a
-        sample, which a sample made in memory notices. Each batch is checked instead (~35
-        us): where a generator moved after all (a sample or the ``collate_fn`` drew), it is
-        put back, the batch is made again, seeded, and so is every later batch. The batches
+        """Make batches without reseeding Python's and NumPy's global generators for each
+        sample (``on``), where the workers watched samples draw from none of them: seeding
+        them costs ~5 us a sample, which a sample made in memory notices. Each batch is
+        checked instead (~30 us): where one moved after all (a sample or the ``collate_fn``
+        drew), the generators are put back, the batch is made again, seeded, and so is every
+        later batch. torch's is still seeded per sample (~1 us), as a sample may read its seed
+        without drawing (``torch.initial_seed()``), and put back after the batch. The batches
         are the same either way; a dataset that draws unseen by the workers has one batch's
         samples made twice. Not with the sample cache (a sample made unseeded would be
         kept), nor where a batch is one call of ``__getitems__`` (seeded once a batch)."""
         recipe = self._recipe
         able = recipe.reseed and recipe.cache is None and not recipe.getitems
         self._unseeded = (
-            dataclasses.replace(recipe, reseed=False) if on and able and not self.drew else None
+            dataclasses.replace(recipe, reseed=False, reseed_torch=True)
+            if on and able and not self.drew
+            else None
         )
 
     def start_epoch(self, job: EpochJob) -> None:
@@ -142,9 +148,11 @@ class InlineEngine(Engine):
             made = make_batch(self._unseeded, plan.seed, plan.epoch, indices, split, timed=False)
         except Exception:
             if unmoved(saved):
+                torch.default_generator.set_state(saved[2])
                 raise
         else:
             if unmoved(saved):
+                torch.default_generator.set_state(saved[2])
                 return made
         restore_states(saved)
         self.drew, self._unseeded = True, None

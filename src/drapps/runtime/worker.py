@@ -101,6 +101,11 @@ class BatchRecipe:
     index), so that its draws are the same whichever worker makes it. False: leave them to
     draw on as each worker's own, seeded once when it starts, as DataLoader's (what a
     ``worker_init_fn`` seeds then holds); :func:`drapps.sample_rng` is per sample either way."""
+    reseed_torch: bool = False
+    """With ``reseed`` False, still seed torch's default generator before each sample: a
+    sample may read its seed (``torch.initial_seed()``) without drawing, which no check of
+    the generators after a batch sees (the loop's checked batches,
+    :meth:`~drapps.engines.inline.InlineEngine.check_draws`)."""
     first_dtype: bool = False
     """Stack a batch's tensors at its first sample's dtype in worker processes, as
     DataLoader's workers do (a fixed count); False: as DataLoader without workers, the
@@ -458,8 +463,9 @@ class _SampleMaker:
         """Enter sample ``index``: its seed set (the global RNGs reseeded from it where the
         recipe says), or left to mix if asked for (``sample_seed()``, ``sample_rng()``)."""
         key = key_of(index)
-        if self.recipe.reseed or self.pipeline is not None:  # a Pipeline's ops need the seed
-            seed_sample(self.seed_of(key), reseed=self.recipe.reseed)
+        recipe = self.recipe
+        if recipe.reseed or recipe.reseed_torch or self.pipeline is not None:  # ops need it
+            seed_sample(self.seed_of(key), reseed=recipe.reseed, torch_too=recipe.reseed_torch)
         else:
             seed_sample_later(self.seed, self.epoch, key)
 
