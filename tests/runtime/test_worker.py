@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -246,3 +247,44 @@ def make_sample_four_of_batch_two(clock: SampleClock) -> None:
     clock.begin_task(2, 1)
     clock.begin_sample(4)
     time.sleep(60)
+
+
+class _FailsAt:
+    """Index 2 fails in ``__getitem__``; the transform fails on 3."""
+
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if i == 2:
+            raise KeyError(f"no sample {i}")
+        return torch.tensor([i, int(drapps.sample_rng().integers(100))])
+
+
+def _fails_on_three(sample: torch.Tensor) -> torch.Tensor:
+    if int(sample[0]) == 3:
+        raise ValueError("cannot transform 3")
+    return sample.flip(0).flip(0)
+
+
+@pytest.mark.parametrize("transform", [None, _fails_on_three], ids=["plain", "transform"])
+def test_samples_made_in_the_loop_are_made_and_fail_as_a_workers_are(transform: Any) -> None:
+    """The loop's plain path (costs as wall times) and a worker's (costs net of the wait for
+    a core) make the same batch, and skip or raise the same failures, named alike."""
+    for on_error in ("skip", "raise"):
+        recipe = BatchRecipe(_FailsAt(), transform, default_collate, on_error)
+        outcomes = []
+        for timed in (False, True):
+            try:
+                made = make_batch(recipe, 3, 1, [0, 1, 2, 3, 4], timed=timed)
+                outcomes.append((made.batch.tolist(), made.skipped, len(made.costs)))
+            except drapps.SampleError as exc:
+                outcomes.append((str(exc).splitlines()[0], exc.stage, exc.index))
+        assert outcomes[0] == outcomes[1], on_error
+        if on_error == "skip":
+            batch, skipped, costs = outcomes[0]
+            assert [row[0] for row in batch] == ([0, 1, 4] if transform else [0, 1, 3, 4])
+            assert [index for index, _ in skipped] == ([2, 3] if transform else [2])
+            assert costs == 5
+        else:
+            assert outcomes[0][1:] == ("__getitem__", 2)
