@@ -343,6 +343,13 @@ def test_batch_latency_is_left_out_where_none_was_measured() -> None:
     text = bottleneck_report(rows)
     assert "latency" not in text and "Throughput: median 800 samples/s, last 800." in text
     assert "batch latency p50 50 ms, p99 80 ms." in bottleneck_report(rows_of_a_run())
+    # workers="auto" made the second half in the training process: the figures are the
+    # first half's, and say so
+    half = [
+        replace(r, state=replace(r.state, latency_p50_s=0.0, latency_p99_s=0.0)) if i >= 10 else r
+        for i, r in enumerate(rows_of_a_run())
+    ]
+    assert "batch latency of the batches workers made p50 50 ms" in bottleneck_report(half)
 
 
 def test_report_gives_joules_per_sample_and_epoch_and_says_how_they_were_counted() -> None:

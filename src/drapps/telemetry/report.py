@@ -71,7 +71,11 @@ def bottleneck_report(
     if external is None and timed:
         p50 = statistics.median(s.latency_p50_s for s in timed)
         p99 = max(s.latency_p99_s for s in timed)
-        latency = f"; batch latency p50 {format_duration(p50)}, p99 {format_duration(p99)}."
+        # Batches made in the training process have no dispatch-to-arrival time: where some
+        # were (workers="auto" moved into the loop), the figures are the workers' batches'.
+        loop_made = any(s.latency_p50_s == 0 and s.throughput > 0 for s in states)
+        whose = " of the batches workers made" if loop_made else ""
+        latency = f"; batch latency{whose} p50 {format_duration(p50)}, p99 {format_duration(p99)}."
     lines = [
         f"Over {span:.1f} s the training loop waited {wait:.0%} of the time for data: {verdict}.",
         f"Throughput: median {statistics.median(s.throughput for s in states):.0f} samples/s, "
