@@ -1,3 +1,4 @@
+import gc
 import random
 
 import numpy as np
@@ -9,9 +10,11 @@ from drapps.runtime.seeding import (
     clear_sample,
     op_stream,
     preserved_global_rngs,
+    restore_states,
     sample_rng,
     sample_seed,
     sample_seed_for,
+    saved_states,
     seed_sample,
     seed_sample_later,
 )
@@ -88,6 +91,23 @@ def test_preserved_rngs_keep_numpys_words_and_its_cached_gaussian(normals: int) 
         np.random.standard_normal()  # the sample leaves a cache of its own
         np.random.rand(7)
     assert _numpy_draws() == expected
+
+
+def test_a_saved_numpy_state_goes_to_the_generator_in_place_after_another_replaced_it() -> None:
+    # The raw bytes were copied from the first generator's memory: they are not written
+    # there once it is gone, but set on the generator the program uses now.
+    mt = np.random.get_bit_generator()
+    np.random.seed(8)
+    expected = float(np.random.rand())
+    np.random.seed(8)
+    saved = saved_states()
+    try:
+        np.random.set_bit_generator(np.random.MT19937(1))
+        gc.collect()
+        restore_states(saved)
+        assert float(np.random.rand()) == expected
+    finally:
+        np.random.set_bit_generator(mt)
 
 
 def test_preserved_rngs_keep_another_numpy_bit_generator() -> None:

@@ -513,11 +513,16 @@ def _numpy_state() -> Any:
 
 
 def _set_numpy_state(state: Any) -> None:
-    if isinstance(state, tuple) and len(state) == 2:
-        np.random.seed(0)  # clears a cached Gaussian; every word is then overwritten
-        ctypes.memmove(state[0], state[1], _MT_BYTES)
-    else:
+    if not (isinstance(state, tuple) and len(state) == 2):
         np.random.set_state(state)
+        return
+    address, raw = state
+    if _mt_address() != address:  # the global bit generator was replaced since: not there
+        keys = np.frombuffer(raw, np.uint32, count=624).copy()
+        np.random.set_state(("MT19937", keys, np.frombuffer(raw, np.intc, 1, 2496).item(), 0, 0.0))
+        return
+    np.random.seed(0)  # clears a cached Gaussian; every word is then overwritten
+    ctypes.memmove(address, raw, _MT_BYTES)
 
 
 class WorkerRngs:
