@@ -125,13 +125,13 @@ class InlineEngine(Engine):
         split = self._split
         # Reseeded per sample, the caller's RNG streams are put back after the batch; else
         # the samples draw from them, as DataLoader's do without workers.
-        rngs = preserved_global_rngs() if self._recipe.reseed else contextlib.nullcontext()
         try:
             indices = plan.batch(batch_id)  # drawn ahead: the sampler draws nothing here
             if self._unseeded is not None and len(indices) > 2:
                 made = self._checked(plan, indices, split)
             else:
-                with rngs:
+                reseeded = self._recipe.reseed
+                with preserved_global_rngs() if reseeded else contextlib.nullcontext():
                     made = make_batch(
                         self._recipe, plan.seed, plan.epoch, indices, split, timed=False
                     )

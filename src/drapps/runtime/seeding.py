@@ -504,8 +504,7 @@ def _numpy_state() -> Any:
     raw = ctypes.string_at(address, _MT_BYTES)
     cached = float(np.random.standard_normal())
     if ctypes.string_at(address, _MT_BYTES) == raw:  # the cached Gaussian, handed out
-        keys = np.frombuffer(raw, np.uint32, count=624).copy()
-        state = ("MT19937", keys, np.frombuffer(raw, np.intc, 1, 2496).item(), 1, cached)
+        state = _legacy_state(raw, 1, cached)
         np.random.set_state(state)
         return state
     _set_numpy_state((address, raw))
@@ -518,11 +517,16 @@ def _set_numpy_state(state: Any) -> None:
         return
     address, raw = state
     if _mt_address() != address:  # the global bit generator was replaced since: not there
-        keys = np.frombuffer(raw, np.uint32, count=624).copy()
-        np.random.set_state(("MT19937", keys, np.frombuffer(raw, np.intc, 1, 2496).item(), 0, 0.0))
+        np.random.set_state(_legacy_state(raw, 0, 0.0))
         return
     np.random.seed(0)  # clears a cached Gaussian; every word is then overwritten
     ctypes.memmove(address, raw, _MT_BYTES)
+
+
+def _legacy_state(raw: bytes, has_gauss: int, cached: float) -> Any:
+    """NumPy's legacy state tuple of an MT19937's raw bytes (:data:`_MT_BYTES`)."""
+    keys = np.frombuffer(raw, np.uint32, count=624).copy()
+    return ("MT19937", keys, np.frombuffer(raw, np.intc, 1, 624 * 4).item(), has_gauss, cached)
 
 
 class WorkerRngs:
