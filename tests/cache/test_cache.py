@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import time
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -460,3 +461,30 @@ def test_entries_refuse_what_they_would_change(value: Any) -> None:
     none = CODECS.get("none")
     with pytest.raises(Uncacheable):
         pack({"x": value}, none, none, None)
+
+
+class _Tagged:
+    """Samples holding an object no cache entry can carry."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> tuple[int, Fraction]:
+        return i, Fraction(i, 3)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_sample_no_entry_can_hold_is_made_every_epoch_under_the_default_codec(
+    workers: int,
+) -> None:
+    """The codec profile packed each first sample and let a refusal fail the sample (named as
+    failed in the transform); it is not cached, as any refused sample is."""
+    expected = [list(batch) for batch in torch.utils.data.DataLoader(_Tagged(), 4, collate_fn=list)]
+    with drapps.Loader(
+        _Tagged(), batch_size=4, workers=workers, cache=Cache(memory="4MB"), collate_fn=list
+    ) as loader:
+        for _ in range(2):
+            assert [list(batch) for batch in loader] == expected
+        stats = loader.stats().cache
+    assert stats is not None, stats
+    assert stats["counts"]["writes"] == 0 and stats["counts"]["not_admitted"] == 16, stats

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from drapps.cache.codec import Codec
-from drapps.cache.entry import pack, unpack
+from drapps.cache.entry import Uncacheable, pack, unpack
 from drapps.cache.none import Raw
 
 SAMPLES = 8
@@ -28,20 +28,25 @@ class ProfileRecorder:
         self.sums = {c.name: [0.0, 0.0, 0.0] for c in self.codecs}
 
     def add(self, sample: Any) -> bool:
-        """Measure every codec on ``sample``; True once :data:`SAMPLES` are measured."""
+        """Measure every codec on ``sample``; True once :data:`SAMPLES` are measured. A sample
+        no entry can hold is not measured (the cache does not keep it either)."""
         fallback = Raw()
         decoders = {c.name: c for c in (*self.codecs, fallback)}
+        sums = {name: list(total) for name, total in self.sums.items()}
         for codec in self.codecs:
             t0 = time.perf_counter()
-            packed = pack(sample, codec, fallback, self.min_psnr)
+            try:
+                packed = pack(sample, codec, fallback, self.min_psnr)
+            except Uncacheable:
+                return False
             t1 = time.perf_counter()
             unpack(bytearray(packed.data), decoders)
             t2 = time.perf_counter()
-            total = self.sums[codec.name]
+            total = sums[codec.name]
             total[0] += len(packed.data)
             total[1] += 1000 * (t1 - t0)
             total[2] += 1000 * (t2 - t1)
-        self.samples += 1
+        self.sums, self.samples = sums, self.samples + 1
         return self.samples >= SAMPLES
 
     def result(self) -> dict[str, list[float]]:
