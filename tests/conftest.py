@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import logging
 import os
 import random
 import sys
@@ -47,3 +48,29 @@ def no_leaks() -> Iterator[None]:
     yield
     left = leaks()
     assert not left, f"test left resources behind: {left}"
+
+
+class _ErrorsLogged(logging.Handler):
+    """drapps' records that carry an error itself: its traceback holds the frames it passed
+    through (the training loop's, and the loader through them), and a handler that keeps
+    records (pytest's own) would keep them alive. A record carries the error's text."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.found: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        args = record.args if isinstance(record.args, tuple) else ()
+        if any(isinstance(a, BaseException) for a in args):
+            self.found.append(f"{record.name}: {record.msg!r}")
+
+
+_errors_logged = _ErrorsLogged()
+logging.getLogger("drapps").addHandler(_errors_logged)
+
+
+@pytest.fixture(autouse=True)
+def no_errors_in_log_records() -> Iterator[None]:
+    _errors_logged.found.clear()
+    yield
+    assert not _errors_logged.found, f"a log record holds an error: {_errors_logged.found}"

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import gc
 import json
+import logging
+import logging.handlers
 import os
 import signal
 import time
+import weakref
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -14,7 +18,7 @@ import numpy as np
 import pytest
 import simplejpeg
 import torch
-from helpers import assert_batches_equal, flatten_indices
+from helpers import assert_batches_equal, flatten_indices, slab_fds
 
 import drapps
 from drapps.cache import Cache, arena
@@ -471,6 +475,40 @@ class _Tagged:
 
     def __getitem__(self, i: int) -> tuple[int, Fraction]:
         return i, Fraction(i, 3)
+
+
+@pytest.mark.parametrize("workers", [0, "auto"])
+def test_a_log_handler_that_keeps_records_keeps_no_dropped_loader_alive(
+    workers: int | str,
+) -> None:
+    """A sample the cache refuses is logged once. The record held the refusal itself, whose
+    traceback held the training loop's frames and through them the loader: a handler that
+    keeps records (pytest's, a MemoryHandler) kept a dropped loader's workers, threads and
+    cache memory alive."""
+    kept = logging.handlers.MemoryHandler(capacity=10_000, flushLevel=logging.CRITICAL + 1)
+    log = logging.getLogger("drapps")
+    log.addHandler(kept)
+    try:
+        loader = drapps.Loader(
+            _Tagged(), batch_size=4, workers=workers, cache=Cache(memory="4MB"), collate_fn=list
+        )
+        if workers == "auto":  # the batches made in the training process, as auto may
+            iterator = iter(loader)
+            next(iterator)
+            assert loader._parts.engine.use_loop(True)
+        else:
+            iterator = iter(loader)
+        assert next(iterator) is not None
+        gone = weakref.ref(loader)
+        del loader, iterator
+        gc.collect()
+        refusals = [r for r in kept.buffer if "is not cached" in r.getMessage()]
+        assert refusals, [r.getMessage() for r in kept.buffer]
+        assert "cannot hold a fractions.Fraction" in refusals[0].getMessage()
+        assert gone() is None, "a dropped loader was kept alive by a logged record"
+        assert not slab_fds(), slab_fds()
+    finally:
+        log.removeHandler(kept)
 
 
 @pytest.mark.parametrize("workers", [0, 2])

@@ -120,7 +120,7 @@ class SampleCache:
             try:
                 sample, exact, written_by = unpack(data, self.decoders)
             except CorruptEntry as exc:
-                logger.warning("dropping a corrupt cache entry of sample %r: %s", index, exc)
+                logger.warning("dropping a corrupt cache entry of sample %r: %s", index, str(exc))
                 self._drop(tier, key)
                 continue
             self._pending["hits"] += 1
@@ -149,7 +149,7 @@ class SampleCache:
         except Uncacheable as exc:
             if not self._warned_uncacheable:
                 self._warned_uncacheable = True
-                logger.warning("sample %r is not cached: %s", index, exc)
+                logger.warning("sample %r is not cached: %s", index, str(exc))
             self._pending["not_admitted"] += 1
             return
         key = self.key(index, ops)
@@ -216,7 +216,9 @@ class SampleCache:
             self._warn("drop", "the %s tier could not drop %s (%s)", tier.name, key, exc)
 
     def _warn(self, what: str, message: str, *args: Any) -> None:
-        """Log a tier's failure: the first of each kind in this process as a warning."""
+        """Log a tier's failure: the first of each kind in this process as a warning. An error
+        is logged as its text: a record that held it would hold its traceback's frames."""
+        args = tuple(str(a) if isinstance(a, BaseException) else a for a in args)
         if what in self._warned:
             logger.debug(message, *args)
         else:

@@ -197,7 +197,7 @@ class Producer:
                         self.name,
                         redact(self.address.url),
                         type(exc).__name__,
-                        exc,
+                        str(exc),
                     )
                 client = None
                 time.sleep(1.0)
@@ -247,7 +247,9 @@ class Producer:
             if not all(isinstance(i, int) and 0 <= i < self.length for i in indices):
                 raise ValueError(f"indices out of range 0..{self.length - 1}")
         except (KeyError, ValueError, TypeError) as exc:
-            logger.warning("producer %s dropped a malformed task %r: %s", self.name, entry_id, exc)
+            logger.warning(
+                "producer %s dropped a malformed task %r: %s", self.name, entry_id, str(exc)
+            )
             self._done(client, tasks, entry_id)
             return
         current = client.get(self.address.key("gen"))

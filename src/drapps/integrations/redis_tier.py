@@ -204,7 +204,7 @@ class RedisTier:
                 "(samples are made as on a miss) and trying again every %.0f s",
                 redact(self.url),
                 type(exc).__name__,
-                exc,
+                str(exc),
                 self._retry_s,
             )
 
@@ -217,7 +217,7 @@ class RedisTier:
                 "the Redis cache tier at %s refuses keys under %r (%s); going on without it",
                 redact(self.url),
                 self.prefix,
-                exc,
+                str(exc),
             )
 
     def __getstate__(self) -> dict[str, Any]:

@@ -467,7 +467,7 @@ class Dispatcher:
         self.buffer.put(generation, batch_id, entry)
 
     def _unreadable(self, batch_id: int, work: Work | None, exc: Exception) -> None:
-        logger.warning("batch %d could not be read back (%s); retrying it", batch_id, exc)
+        logger.warning("batch %d could not be read back (%s); retrying it", batch_id, str(exc))
         self._retry_task(batch_id, work, f"could not be read back ({exc})")
 
     def _enforce_timeout(self) -> None:

@@ -295,7 +295,7 @@ class ProcessPool(WorkerPool):
         except (EOFError, OSError, ValueError, pickle.UnpicklingError) as exc:
             # EOF or a truncated message: the pipe is unusable. Make sure the process is gone
             # too; it then shows as exited and its tasks are re-queued.
-            logger.debug("worker %d result pipe broke: %r", worker.wid, exc)
+            logger.debug("worker %d result pipe broke: %s", worker.wid, repr(exc))
             worker.broken = True
             _own(worker).process.kill()
         return replies

@@ -995,7 +995,7 @@ def hint_reads(read_ahead: Callable[[Sequence[Any]], None], tasks: list[BatchTas
         try:
             read_ahead(list(task.indices))
         except Exception as exc:
-            logger.debug("read_ahead(%r) failed: %r", task.indices, exc)
+            logger.debug("read_ahead(%r) failed: %s", task.indices, repr(exc))
 
 
 def _exit_on_sigterm(signum: int, frame: Any) -> None:
@@ -1031,5 +1031,5 @@ def pack_batch(
     except SharedMemoryFullError as exc:
         if not _warned_full:
             _warned_full = True
-            logger.warning("%s; sending batches through the worker's pipe meanwhile", exc)
+            logger.warning("%s; sending batches through the worker's pipe meanwhile", str(exc))
         return pack_inline(batch)

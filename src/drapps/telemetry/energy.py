@@ -62,7 +62,7 @@ def rapl_zones(root: Path = RAPL_ROOT) -> list[_Zone]:
             int((path / "energy_uj").read_text())
             wraps_at = int((path / "max_energy_range_uj").read_text())
         except (OSError, ValueError) as exc:  # root-only since 2020 on most kernels
-            logger.debug("RAPL zone %s unreadable: %r", path, exc)
+            logger.debug("RAPL zone %s unreadable: %s", path, repr(exc))
             continue
         zones.append(_Zone(path / "energy_uj", name, wraps_at))
     return zones

@@ -37,7 +37,7 @@ class GpuMeter:
             self._nvml = pynvml
             self._handle = pynvml.nvmlDeviceGetHandleByIndex(0)
         except Exception as exc:  # no module, no driver, or no device: all normal
-            logger.debug("no GPU telemetry: %r", exc)
+            logger.debug("no GPU telemetry: %s", repr(exc))
 
     def read(self) -> tuple[float | None, int | None, float | None]:
         """(utilisation 0..1, memory used in bytes, power in watts), each None if unknown."""
