@@ -68,6 +68,7 @@ class Run:
     threads: bool = False
     waits: bool = False  # samples that wait, under workers="auto": made several at a time
     defer: bool = False  # batches filled from made samples (defer_after=0), map-style only
+    codec: str = "none"  # the sample cache's ("auto": lossless ones, profiled on first samples)
 
     def dataset(self) -> Any:
         if self.iterable:
@@ -112,7 +113,7 @@ class Run:
                 if self.filled:
                     kwargs["defer_after"] = 0.0
                 if self.cache:
-                    kwargs["cache"] = drapps.Cache(memory="16MB", codec="none")
+                    kwargs["cache"] = drapps.Cache(memory="16MB", codec=self.codec)
         if not inline:
             kwargs["persistent_workers"] = self.persistent
             if self.threads and not self.iterable and not self.cache:
@@ -137,6 +138,7 @@ def runs() -> st.SearchStrategy[Run]:
         threads=st.booleans(),
         waits=st.booleans(),
         defer=st.sampled_from((False, False, False, True)),
+        codec=st.sampled_from(("none", "auto")),
     )
 
 
