@@ -116,6 +116,9 @@ class Run:
                     kwargs["cache"] = drapps.Cache(memory="16MB", codec=self.codec)
         if not inline:
             kwargs["persistent_workers"] = self.persistent
+            # Kills may land on one batch's worker at every attempt; a batch whose attempts
+            # run out is an error by design (tests/test_loader_faults.py), not a loss.
+            kwargs["max_attempts"] = 64
             if self.threads and not self.iterable and not self.cache:
                 kwargs["backend"] = "thread"  # the sample cache keeps worker processes
         return kwargs
