@@ -415,9 +415,12 @@ class _SampleMaker:
         cpu = cpu_clock()
         now, queued = time.perf_counter(), self.queued()
         if self._plain():
-            for position, index in enumerate(indices):
-                sample, now = self.make_plain(position, index, now)
-                made.append(sample)
+            try:
+                for position, index in enumerate(indices):
+                    sample, now = self.make_plain(position, index, now)
+                    made.append(sample)
+            finally:
+                clear_sample()  # once: each sample's entry replaces the one before
             return made, cpu_clock() - cpu
         for position, index in enumerate(indices):
             sample, now, queued = self.make(position, index, self.clock, now, queued)
@@ -440,6 +443,7 @@ class _SampleMaker:
     def make_plain(self, position: int, index: Any, t0: float) -> tuple[_Sample, float]:
         """:meth:`make` where :meth:`_plain` holds, with the time it ended: the same sample
         and the same record, about a microsecond sooner (a sample made in memory notices).
+        The sample is left entered; :meth:`in_turn` leaves the batch's last one.
 
         Raises:
             SampleError: it failed and ``on_error="raise"``.
@@ -459,8 +463,6 @@ class _SampleMaker:
             made.sample = sample
         except Exception as exc:
             self._failed(made, index, stage, exc)
-        finally:
-            clear_sample()
         end = time.perf_counter()
         made.cost = end - t0
         return made, end
