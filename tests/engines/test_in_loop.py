@@ -204,6 +204,37 @@ def test_in_the_loop_the_workers_are_gone_and_come_back_on_the_verdict() -> None
     assert 3 + 20 + len(rest) == 50
 
 
+class Kept:
+    """Samples held in memory and returned as they are: views of one tensor's rows."""
+
+    def __init__(self, n: int) -> None:
+        self.rows = torch.arange(n * 3, dtype=torch.float32).reshape(n, 3)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return self.rows[i]
+
+
+def test_a_batch_made_in_the_loop_is_the_loops_own_as_a_workers_is() -> None:
+    """The loop stands in for the workers, whose batches cross a process and are copies: a
+    loop that writes into its batch changes no sample of a later epoch. (With
+    ``num_workers=0`` it does, as with DataLoader's.)"""
+    data = Kept(24)
+    rows = data.rows.clone()
+    with drapps.Loader(data, batch_size=None, seed=5) as loader:
+        loader._parts.engine._rule = Scripted({2: "try"})
+        for _ in range(2):
+            for row in loader:
+                row.add_(100)
+        assert loader.num_workers == 0  # in the loop
+    assert torch.equal(data.rows, rows)
+    with drapps.Loader(data, batch_size=None, num_workers=0) as plain:
+        next(iter(plain)).add_(100)
+    assert data.rows[0, 0] == 100
+
+
 def _children(loader: drapps.Loader) -> list[int]:
     return list(loader._parts.engine.dispatcher.pool.pids())
 

@@ -7,6 +7,7 @@ import random
 import threading
 import time
 import warnings
+from typing import Any
 
 import numpy as np
 import pytest
@@ -82,6 +83,47 @@ def test_threads_give_the_batches_processes_and_the_training_process_give(worker
         assert _batches(processes) == expected
         assert processes.stats().executor == "processes"
     assert not _threads()
+
+
+class Kept:
+    """A dataset that holds its samples in memory and returns them as they are: rows of one
+    tensor (views of it) and a list per sample."""
+
+    def __init__(self, n: int = 12) -> None:
+        self.rows = torch.arange(n * 3, dtype=torch.float32).reshape(n, 3)
+        self.lists = [[i] for i in range(n)]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, list[int]]:
+        return self.rows[i], self.lists[i]
+
+
+def _keep(batch: Any) -> Any:
+    return batch
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"batch_size": None}, {"batch_size": 3, "collate_fn": _keep}],
+    ids=["batch_size=None", "a collate_fn that keeps samples"],
+)
+def test_writing_into_a_batch_from_a_thread_changes_no_sample(kwargs: dict[str, Any]) -> None:
+    """As from DataLoader's worker processes: the loop's batch is its own memory, so a loop
+    that writes into it (a normalization in place) changes no sample of a later epoch."""
+    data = Kept()
+    rows, lists = data.rows.clone(), [list(x) for x in data.lists]
+    with drapps.Loader(data, num_workers=2, backend="thread", **kwargs) as loader:
+        for _ in range(2):
+            for batch in loader:
+                samples = [batch] if kwargs["batch_size"] is None else batch
+                for row, labels in samples:
+                    row.add_(100)
+                    labels.append(-1)
+        assert loader.stats().executor == "threads"
+    assert torch.equal(data.rows, rows)
+    assert data.lists == lists
 
 
 def test_each_thread_is_a_worker_to_get_worker_info_and_the_training_loop_is_not() -> None:

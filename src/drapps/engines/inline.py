@@ -25,7 +25,8 @@ from drapps.runtime.seeding import (
 )
 from drapps.runtime.stats import PipelineSnapshot, inline_snapshot
 from drapps.runtime.stream import StreamBatcher, prepare_datapipe
-from drapps.runtime.worker import BatchRecipe, Made, make_batch
+from drapps.runtime.transport import owned
+from drapps.runtime.worker import BatchRecipe, Made, fresh_batches, make_batch
 
 
 class InlineEngine(Engine):
@@ -40,6 +41,10 @@ class InlineEngine(Engine):
         seeded: the loader has a ``seed``: an iterable dataset's stream draws from RNGs of
             its own, seeded from it as a lone worker's are (False: from the training
             process's own RNGs, as under DataLoader with no workers).
+        owned: the batches stand in for a worker pool's: one that may hold the dataset's
+            own objects is copied, as it would cross from a worker process
+            (:func:`~drapps.runtime.transport.owned`). False (``workers=0``): handed over
+            as made, as DataLoader's are with no workers.
     """
 
     kind = "inline"
@@ -53,9 +58,11 @@ class InlineEngine(Engine):
         finish: Callable[[Any], Any] | None = None,
         split: Any = None,
         seeded: bool = False,
+        owned: bool = False,
     ) -> None:
         self._recipe = recipe
         self._seeded = seeded
+        self._owned = owned
         self._batching = (batch_size, drop_last)
         self._limits = limits
         self._finish = finish
@@ -137,7 +144,10 @@ class InlineEngine(Engine):
                     )
         except Exception as exc:  # raised in the loop in the batch's place; the epoch goes on
             return EngineBatch(None, split=split, error=exc)
-        return EngineBatch(self._finished(made.batch), made.skipped, split)
+        batch = made.batch
+        if self._owned and batch is not None and not fresh_batches(self._recipe, split):
+            batch = owned(batch)
+        return EngineBatch(self._finished(batch), made.skipped, split)
 
     def _checked(self, plan: EpochPlan, indices: list[Any], split: Any) -> Made:
         """``indices``' batch made unseeded, or again seeded where that moved a generator

@@ -171,7 +171,7 @@ class PoolEngine(Engine):
         self.dispatcher.stop_workers(self._generation)
         if self._loop is None:
             recipe = dataclasses.replace(self._recipe, watch_draws=False)  # a worker's watch
-            self._loop = InlineEngine(recipe, None, False, self._limits, self._finish)
+            self._loop = InlineEngine(recipe, None, False, self._limits, self._finish, owned=True)
         self._loop.set_split(self._split)
         self._loop.check_draws(self._drew_from_none())
         self._loop.start_epoch(job)  # from the start, past the batches handed over

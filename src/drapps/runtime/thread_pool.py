@@ -2,7 +2,10 @@
 process (``Loader(backend="thread")``).
 
 A batch made by a thread crosses no process boundary: no slab, no pickle, one copy of the
-dataset. Work that releases the GIL (decoding, resizing, reading, waiting on storage) runs in
+dataset. A batch that may hold the dataset's own objects (``batch_size=None``, a
+``collate_fn`` that keeps samples) is copied once, as the boundary would copy it
+(:func:`~drapps.runtime.transport.owned`), so that a loop that writes into its batch changes
+no sample. Work that releases the GIL (decoding, resizing, reading, waiting on storage) runs in
 parallel; pure-Python work does not, and is the processes' case.
 
 The guarantees are the process pool's. Each sample is made from its own seed: drapps'
@@ -41,8 +44,8 @@ from drapps.runtime.seeding import (
     seed_worker,
     set_thread_worker_info,
 )
-from drapps.runtime.transport import pack_local
-from drapps.runtime.worker import BatchRecipe, answer, make_batch
+from drapps.runtime.transport import pack_local, pack_owned
+from drapps.runtime.worker import BatchRecipe, answer, fresh_batches, make_batch
 
 logger = logging.getLogger(__name__)
 
@@ -134,7 +137,10 @@ class ThreadPool(WorkerPool):
                 if (task.num_workers, task.seed) != shape:
                     shape = task.num_workers, task.seed
                     set_thread_worker_info(worker.slot, *shape, self._recipe.dataset)
-                self._reply(worker, answer(self._recipe, task, pack_local))
+                # A batch that may hold the dataset's own objects is copied, as crossing
+                # from a worker process copies it: the loop may write into its batch.
+                pack = pack_local if fresh_batches(self._recipe, task.split) else pack_owned
+                self._reply(worker, answer(self._recipe, task, pack))
         except BaseException:  # said to the dispatcher, which names it in its error
             self._reply(worker, WorkerFatal(traceback.format_exc()))
 

@@ -368,6 +368,75 @@ def pack_local(batch: Any) -> Packed:
     return Packed(b"", tensor_bytes(batch), local=(batch,))
 
 
+def owned(batch: Any) -> Any:
+    """``batch`` as it arrives from a worker process: rebuilt, with its tensors and arrays
+    gathered into memory of its own (one copy, :func:`pack_buffer` then :func:`unpack`), so
+    that it shares no memory, list or dict with what the dataset keeps and returned. For a
+    batch made in this process that may hold the dataset's own objects (``batch_size=None``,
+    a ``collate_fn`` that keeps samples): a loop that writes into it changes no sample, as
+    with DataLoader's workers. A batch that cannot be pickled is returned as it is (it could
+    not come from a worker process at all).
+
+    A batch of plain values (tuples, lists and dicts of contiguous CPU tensors, numbers and
+    strings, no storage twice) is cloned instead: the same result without a pickle, which
+    costs ~25 us where a sample of ``batch_size=None`` is a small tensor.
+    """
+    try:
+        return _cloned(batch, set())
+    except _NotPlain:
+        pass
+    try:
+        packed = pack_buffer(batch)
+    except Exception:  # pickle raises PicklingError, TypeError, AttributeError
+        return batch
+    return unpack(packed)
+
+
+class _NotPlain(Exception):
+    """A value :func:`_cloned` leaves to the pickler."""
+
+
+_IMMUTABLE = (int, float, bool, str, bytes, type(None))
+
+
+def _cloned(value: Any, storages: set[int]) -> Any:
+    """``value`` rebuilt with its tensors cloned; raises :class:`_NotPlain` for anything a
+    clone would not give as pickling gives it (a subclass, a named tuple, a view sharing a
+    storage with another, a tensor that is not a plain contiguous one)."""
+    kind = type(value)
+    if kind in _IMMUTABLE:
+        return value
+    if kind is torch.Tensor:
+        if (
+            value.layout != torch.strided
+            or value.device.type != "cpu"
+            or value.requires_grad
+            or value.is_quantized
+            or value.is_conj()
+            or value.is_neg()
+            or not value.is_contiguous()
+        ):
+            raise _NotPlain
+        storage = value.untyped_storage().data_ptr()
+        if storage in storages:
+            raise _NotPlain  # views of one storage share it after a pickle too
+        storages.add(storage)
+        return value.clone()
+    if kind is tuple:
+        return tuple(_cloned(item, storages) for item in value)
+    if kind is list:
+        return [_cloned(item, storages) for item in value]
+    if kind is dict:
+        return {key: _cloned(item, storages) for key, item in value.items()}
+    raise _NotPlain
+
+
+def pack_owned(batch: Any) -> Packed:
+    """:func:`pack_local` of :func:`owned`: a thread worker's batch that may hold the
+    dataset's own objects."""
+    return pack_local(owned(batch))
+
+
 def pack_inline(batch: Any) -> Packed:
     """The whole batch pickled for the pipe: the fallback when shared memory is full."""
     return Packed(pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL), 0)

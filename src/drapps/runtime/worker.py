@@ -796,6 +796,16 @@ _ONE_THREAD_FIRST_DTYPE_MAP: dict[Any, Callable[..., Any]] = {
 _FIRST_DTYPE_MAP = {**default_collate_fn_map, torch.Tensor: stack_at_first_dtype}
 
 
+def fresh_batches(recipe: BatchRecipe, split: Any) -> bool:
+    """Whether every batch is memory its collate made: torch's ``default_collate`` over
+    samples stacks each tensor and array into a new one and rebuilds every list and dict.
+    Otherwise a batch may hold what the dataset returned (``batch_size=None``, a
+    ``collate_fn`` of the user's, a Pipeline split whose parts are listed), which a batch made
+    in the training process then shares with the dataset (see
+    :func:`~drapps.runtime.transport.owned`)."""
+    return recipe.auto_collation and recipe.collate_fn is default_collate and split is None
+
+
 def collate_samples(
     recipe: BatchRecipe,
     samples: list[Any],
