@@ -206,7 +206,9 @@ def _python(kind: str, i: int) -> Any:
 
 class Samples:
     """A map-style dataset of ``n`` samples ``(i, payload.make(i))``; index ``fail_at``
-    raises KeyError (as a dataset missing a file does), or is ``SKIPPED`` when ``marks``."""
+    raises KeyError (as a dataset missing a file does), or is ``SKIPPED`` when ``marks``.
+    ``held``: each sample is made once and kept (in :attr:`kept`), and the kept object itself
+    is returned every time, as a dataset that holds its data in memory returns it."""
 
     def __init__(
         self,
@@ -215,9 +217,11 @@ class Samples:
         fail_at: int | None = None,
         wait_s: float = 0.0,
         marks: bool = False,
+        held: bool = False,
     ) -> None:
         self.n, self.payload, self.fail_at, self.wait_s = n, payload, fail_at, wait_s
         self.marks = marks
+        self.kept: dict[int, Any] | None = {} if held else None
 
     def __len__(self) -> int:
         return self.n
@@ -229,7 +233,11 @@ class Samples:
             if self.marks:
                 return SKIPPED
             raise KeyError(f"sample {i} is missing")
-        return (i, self.payload.make(i))
+        if self.kept is None:
+            return (i, self.payload.make(i))
+        if i not in self.kept:
+            self.kept[i] = [i, self.payload.make(i)]  # a list: a container a loop may change
+        return self.kept[i]
 
 
 class BatchedSamples(Samples):
@@ -454,6 +462,7 @@ class Case:
     waits: bool = False
     getitems: bool = False  # the dataset has __getitems__
     pipe: bool = False  # an iterable dataset is a datapipe that shuffles, then shards
+    held: bool = False  # a map-style dataset returns samples it keeps (no draws then)
 
     def dataset(self, *, marks: bool = False) -> Any:
         """The case's dataset; ``marks``: its failing sample is ``SKIPPED`` instead."""
@@ -465,8 +474,10 @@ class Case:
             # Samples that wait, and enough of them (WAITED more, the failure among the
             # later ones) that workers="auto" measures it and makes them several at a time.
             fail_at = None if self.fail_at is None else self.fail_at + WAITED
-            return kind(self.n + WAITED, self.payload, fail_at, wait_s=WAIT_S, marks=marks)
-        return kind(self.n, self.payload, self.fail_at, marks=marks)
+            return kind(
+                self.n + WAITED, self.payload, fail_at, wait_s=WAIT_S, marks=marks, held=self.held
+            )
+        return kind(self.n, self.payload, self.fail_at, marks=marks, held=self.held)
 
 
 WAITED = 40
@@ -570,4 +581,5 @@ def cases(
         waits=st.booleans(),
         getitems=st.sampled_from((False, False, False, True)),
         pipe=st.sampled_from((False, False, False, True)),
+        held=st.booleans(),
     )

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 from helpers import leaks
+from numpy.lib.array_utils import byte_bounds
 
 import drapps
 from drapps.runtime.worker import runqueue_wait
@@ -282,3 +283,60 @@ def nothing_left() -> Iterator[None]:
         gc.collect()
         time.sleep(0.05)
     assert open_descriptors() <= before, f"{open_descriptors() - before} descriptors left open"
+
+
+def assert_owned(got: Outcome, dataset: Any) -> None:
+    """No batch in ``got`` shares memory, or a list or dict, with a sample ``dataset`` keeps
+    (its ``kept`` samples, made in this process): as with batches from DataLoader's worker
+    processes, a loop that writes into a batch changes no sample, and so no later batch."""
+    kept = getattr(dataset, "kept", None)
+    if not kept:
+        return
+    containers: set[int] = set()
+    spans: list[tuple[int, int]] = []
+    for sample in kept.values():
+        _memory_of(sample, containers, spans)
+    for e, epoch in enumerate(got.epochs):
+        for b, batch in enumerate(epoch):
+            mine: set[int] = set()
+            mine_spans: list[tuple[int, int]] = []
+            _memory_of(batch, mine, mine_spans)
+            shared = containers & mine
+            assert not shared, f"epoch {e} batch {b}: holds a list or dict the dataset keeps"
+            for start, end in mine_spans:
+                assert not any(start < e2 and s2 < end for s2, e2 in spans), (
+                    f"epoch {e} batch {b}: a tensor or array shares memory with a sample the "
+                    "dataset keeps"
+                )
+
+
+def _memory_of(value: Any, containers: set[int], spans: list[tuple[int, int]]) -> None:
+    """Collect the ids of ``value``'s lists and dicts and the byte spans of its tensors and
+    arrays."""
+    if isinstance(value, (list, dict)):
+        containers.add(id(value))
+    if isinstance(value, dict):
+        for item in value.values():
+            _memory_of(item, containers, spans)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _memory_of(item, containers, spans)
+    elif isinstance(value, torch.Tensor):
+        if value.layout == torch.sparse_coo:
+            parts = [value._indices(), value._values()]
+        elif value.layout == torch.sparse_csr:
+            parts = [value.crow_indices(), value.col_indices(), value.values()]
+        else:
+            parts = [value]
+        for part in parts:
+            storage = part.untyped_storage()
+            if storage.nbytes():
+                spans.append((storage.data_ptr(), storage.data_ptr() + storage.nbytes()))
+    elif isinstance(value, np.ndarray):
+        arrays = [value.data, value.mask] if isinstance(value, np.ma.MaskedArray) else [value]
+        for array in arrays:
+            if isinstance(array, np.ndarray) and array.size and array.itemsize:
+                spans.append(byte_bounds(array))
+                if array.dtype.hasobject:
+                    for item in array.flat:
+                        _memory_of(item, containers, spans)

@@ -30,7 +30,7 @@ import numpy as np
 import pytest
 import torch
 from cases import DRAWS, Case, Leaf, Payload, Settings, cases, is_skipped, without_draws
-from compare import Outcome, assert_same, nothing_left, run, same_kind
+from compare import Outcome, assert_owned, assert_same, nothing_left, run, same_kind
 from harness import FAST, campaign
 from hypothesis import assume, example, given, note, settings
 from torch.utils.data import DataLoader
@@ -92,9 +92,10 @@ def check_against_dataloader(case: Case) -> None:
     s = reference = case.settings
     epochs = 2
     auto = s.workers == "auto"
-    if (s.workers and not s.in_order) or auto or s.cache or s.cut:
+    if (s.workers and not s.in_order) or auto or s.cache or s.cut or case.held:
         # Per-sample seeds ("auto", batches cut into parts), or dataset[i] made once and kept
-        # (the cache): the draws are drapps' own, held by test_differential_inline.py.
+        # (the cache, or a dataset that keeps its samples): the draws are drapps' own, held by
+        # test_differential_inline.py.
         case = dataclasses.replace(case, payload=without_draws(case.payload))
     if auto:
         # drapps' default against DataLoader's (no workers): a stream that does not shard
@@ -115,6 +116,8 @@ def check_against_dataloader(case: Case) -> None:
     with nothing_left():
         _seed_everything()
         got = run(lambda: drapps.Loader(dataset, **s.drapps_kwargs(dataset)), epochs)
+    if s.workers:  # with workers, as from DataLoader's, batches are the loop's own memory
+        assert_owned(got, dataset)
     if (
         got.error is not None
         and expected.error is not None
@@ -206,6 +209,24 @@ _SPARSE_ON_THREADS = Case(
 )
 
 
+# Found by the probes: a thread worker handed over what the dataset returned, not a copy: a
+# tensor of a dataset that keeps its samples in memory (batch_size=None, or a collate_fn that
+# keeps samples), or a list it keeps, reached the loop as the dataset's own, so a loop that
+# wrote into its batch changed the dataset. DataLoader's workers (and drapps' processes) give
+# copies.
+_HELD_ON_THREADS = Case(
+    n=4,
+    payload=Payload(leaf=Leaf(kind="tensor")),
+    settings=Settings(workers=2, batch_size=None, threads=True),
+    held=True,
+)
+_HELD_ON_THREADS_KEPT = dataclasses.replace(
+    _HELD_ON_THREADS,
+    payload=Payload(leaf=Leaf(kind="array", dtype="int32")),
+    settings=Settings(workers=2, batch_size=2, collate="identity", threads=True),
+)
+
+
 # Found by the probes: a batch that is None (a collate_fn's) or empty (a batch_sampler's) was
 # not delivered, where DataLoader delivers it (or, collating an empty batch by default,
 # raises IndexError).
@@ -246,6 +267,8 @@ _PIPE_UNSHUFFLED = Case(n=6, payload=Payload(leaf=Leaf(kind="python", dtype="int
     )
 )
 @example(_SPARSE_ON_THREADS)
+@example(_HELD_ON_THREADS)
+@example(_HELD_ON_THREADS_KEPT)
 @example(_SKIPPED_SAMPLE)
 @example(_SKIPPED_BATCH)
 @example(_STEPPED_ARRAY_AUTO)

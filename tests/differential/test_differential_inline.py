@@ -31,8 +31,19 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from cases import RNGS, WAIT_S, WAITED, Leaf, Payload, Samples, Stream, payloads, without_draws
-from compare import assert_equal, batch_indices, nothing_left, run
+from cases import (
+    RNGS,
+    WAIT_S,
+    WAITED,
+    Leaf,
+    Payload,
+    Samples,
+    Stream,
+    identity,
+    payloads,
+    without_draws,
+)
+from compare import Outcome, assert_equal, assert_owned, batch_indices, nothing_left, run
 from harness import FAST, FAST_EXAMPLES, campaign
 from hypothesis import assume, note, settings
 from hypothesis import strategies as st
@@ -69,13 +80,15 @@ class Run:
     waits: bool = False  # samples that wait, under workers="auto": made several at a time
     defer: bool = False  # batches filled from made samples (defer_after=0), map-style only
     codec: str = "none"  # the sample cache's ("auto": lossless ones, profiled on first samples)
+    held: bool = False  # map-style samples kept and returned as they are (no draws then)
+    keep: bool = False  # a collate_fn that keeps the samples as they are (not with defer)
 
     def dataset(self) -> Any:
         if self.iterable:
             return Stream(self.n, self.payload, sharded=True, shuffle="random")
         if self.waits and self.workers == "auto":
-            return Samples(self.n + WAITED, self.payload, wait_s=WAIT_S)
-        return Samples(self.n, self.payload)
+            return Samples(self.n + WAITED, self.payload, wait_s=WAIT_S, held=self.held)
+        return Samples(self.n, self.payload, held=self.held)
 
     @property
     def per_sample(self) -> bool:
@@ -102,6 +115,8 @@ class Run:
             "num_workers": self.workers if workers is None else workers,
             "seed": self.seed,
         }
+        if self.keep:
+            kwargs["collate_fn"] = identity
         if not self.iterable:
             kwargs["shuffle"] = self.shuffle and not self.sampler
             if self.sampler:
@@ -142,6 +157,8 @@ def runs() -> st.SearchStrategy[Run]:
         waits=st.booleans(),
         defer=st.sampled_from((False, False, False, True)),
         codec=st.sampled_from(("none", "auto")),
+        held=st.booleans(),
+        keep=st.sampled_from((False, False, True)),
     )
 
 
@@ -156,8 +173,10 @@ class LoaderMachine(RuleBasedStateMachine):
 
     @initialize(case=runs())
     def start(self, case: Run) -> None:
-        if case.cache or not case.per_sample:  # a cache keeps dataset[i]: no draws then
+        if case.cache or case.held or not case.per_sample:  # dataset[i] kept: no draws then
             case = Run(**{**case.__dict__, "payload": without_draws(case.payload)})
+        if case.keep and case.defer:  # batches filled from made samples are default_collate's
+            case = Run(**{**case.__dict__, "defer": False})
         note(f"case = {case!r}")
         self.case = case
         self.dataset = case.dataset()
@@ -196,6 +215,10 @@ class LoaderMachine(RuleBasedStateMachine):
             self.got.append(next(self.iterator))
         except StopIteration:
             self._epoch_ended()
+            return
+        # Wherever the loader made it (a worker process or thread, or the loop standing in
+        # for them), the batch is the loop's own, as a worker process's is.
+        assert_owned(Outcome(epochs=[self.got[-1:]]), self.dataset)
 
     @precondition(lambda self: self.epoch < EPOCHS and not self.case.iterable)
     @rule(workers=st.integers(1, 3))
