@@ -117,13 +117,7 @@ class _SlabPickler(pickle.Pickler):
         return NotImplemented
 
     def _tensor_id(self, obj: torch.Tensor) -> Any:
-        if (
-            obj.layout != torch.strided
-            or obj.device.type != "cpu"
-            or obj.requires_grad
-            or obj.is_quantized
-            or obj.is_nested
-        ):
+        if not _bytes_say_all(obj):
             return None  # pickled whole (or refused by pickling, naming the type)
         if obj.is_conj() or obj.is_neg():
             obj = obj.resolve_conj().resolve_neg()
@@ -148,6 +142,18 @@ class _SlabPickler(pickle.Pickler):
         # A uint8 view reaches dtypes NumPy lacks (bfloat16) and keeps the copy a memcpy.
         raw = flat.view(torch.uint8).numpy()
         return ("s", self._place(raw), span * itemsize, obj.dtype, shape, stride, 0)
+
+
+def _bytes_say_all(obj: torch.Tensor) -> bool:
+    """Whether a tensor is its dense CPU bytes, dtype and strides, and nothing more (not
+    sparse, quantized, nested or needing grad): what is copied as bytes rather than pickled."""
+    return not (
+        obj.layout != torch.strided
+        or obj.device.type != "cpu"
+        or obj.requires_grad
+        or obj.is_quantized
+        or obj.is_nested
+    )
 
 
 def _span(shape: tuple[int, ...], stride: tuple[int, ...]) -> int:
@@ -407,16 +413,10 @@ def _cloned(value: Any, storages: set[int]) -> Any:
     if kind in _IMMUTABLE:
         return value
     if kind is torch.Tensor:
-        if (
-            value.layout != torch.strided
-            or value.device.type != "cpu"
-            or value.requires_grad
-            or value.is_quantized
-            or value.is_conj()
-            or value.is_neg()
-            or not value.is_contiguous()
-        ):
+        if not _bytes_say_all(value) or value.is_conj() or value.is_neg():
             raise _NotPlain
+        if not value.is_contiguous():
+            raise _NotPlain  # a clone packs a stepped or expanded view; the pickler keeps it
         storage = value.untyped_storage().data_ptr()
         if storage in storages:
             raise _NotPlain  # views of one storage share it after a pickle too
