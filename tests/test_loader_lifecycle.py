@@ -8,7 +8,9 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +54,54 @@ def test_garbage_collection_mid_epoch_stops_everything() -> None:
     gc.collect()
     assert not leaks()
     assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in pids)
+
+
+class CollectsOnAWorkerThread:
+    """Sample ``at`` waits until the test has dropped its loader, then runs the cyclic
+    collector on the worker thread making it, which finds the loader unreachable."""
+
+    def __init__(self, n: int, at: int) -> None:
+        self.n, self.at = n, at
+        self.dropped, self.collected = threading.Event(), threading.Event()
+        self.dispatcher_after: bool | None = None
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if i == self.at:
+            assert self.dropped.wait(60), "the test never dropped the loader"
+            gc.collect()
+            # Stopping the loader joins this very thread: it cannot have ended yet.
+            names = [t.name for t in threading.enumerate()]
+            self.dispatcher_after = any(n.startswith("drapps-dispatcher") for n in names)
+            self.collected.set()
+        return torch.tensor(i)
+
+
+def test_garbage_collection_on_the_loaders_own_worker_thread_neither_waits_nor_warns(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A loader in a reference cycle is freed by whichever thread's allocation starts a
+    # collection: often one of its own worker threads. Stopping it there must not wait for
+    # that very thread (its grace ran out, then a warning said it was "still making a sample").
+    dataset = CollectsOnAWorkerThread(16, at=2)
+    gc.disable()  # only the worker thread's collection may find the loader
+    try:
+        loader = drapps.Loader(dataset, batch_size=1, workers=2, backend="thread", prefetch=4)
+        loader.cycle = loader  # type: ignore[attr-defined]
+        it = iter(loader)
+        next(it)
+        collected = weakref.ref(loader)
+        del loader, it
+        dataset.dropped.set()
+        assert dataset.collected.wait(60)
+    finally:
+        gc.enable()
+    assert collected() is None  # the worker thread's collection freed it
+    assert dataset.dispatcher_after, "the collection waited for the loader to stop"
+    assert not leaks()
+    assert "still making a sample" not in caplog.text
 
 
 def train_until_failure() -> None:

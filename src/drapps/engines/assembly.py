@@ -34,6 +34,10 @@ from drapps.runtime.pinning import pinner
 from drapps.runtime.stats import LoaderStats, PipelineSnapshot
 from drapps.runtime.worker import BatchRecipe, fetches_batches
 
+THREAD_PREFIX = "drapps-"
+"""How the names of drapps' own threads begin (workers, dispatcher, controller, sample
+threads)."""
+
 
 class Parts:
     """The engine and the other owners of a loader's knobs and counters."""
@@ -169,11 +173,24 @@ class Parts:
         return knobs
 
     def shutdown(self) -> None:
-        """Stop the tuner, the engine, the stage and the cache, in that order. Idempotent."""
+        """Stop the tuner, the engine, the stage and the cache, in that order. Idempotent.
+
+        Called on one of drapps' own threads (a garbage collection that ran there found the
+        loader unreachable, or a dataset closed it from a worker thread), it hands the work
+        to a thread of its own and returns: stopping joins the loader's threads, perhaps
+        the very one it was called on, which would wait for itself until a timeout.
+        """
         # Only the process that made the loader acts: a forked child inherits its finalizer
         # (and may collect its copy of the loader), and must not stop its parent's workers.
         if os.getpid() != self.owner:
             return
+        if threading.current_thread().name.startswith(THREAD_PREFIX):
+            # Not a daemon: an interpreter that exits now waits for the workers to stop.
+            threading.Thread(target=self._stop, name="drapps-closer").start()
+            return
+        self._stop()
+
+    def _stop(self) -> None:
         if self.tuner is not None:
             self.tuner.stop()
         self.engine.shutdown()
