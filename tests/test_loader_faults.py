@@ -8,6 +8,7 @@ import re
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -140,6 +141,62 @@ def test_collate_failure_names_the_batch(workers: int) -> None:
         ),
     ):
         next(iter(loader))
+
+
+TRAINING_PROCESS = os.getpid()
+
+
+def _label(value: int) -> Label:
+    if os.getpid() == TRAINING_PROCESS and value == 3:
+        raise LookupError("sample 3 cannot be rebuilt here")
+    return Label(value)
+
+
+class Label(int):
+    """Pickles in a worker, but label 3 cannot be unpickled in the training process."""
+
+    def __reduce__(self) -> tuple[Any, tuple[int]]:
+        return _label, (int(self),)
+
+
+class Labels:
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> Label:
+        return Label(i)
+
+
+def keep_labels(labels: list[Label]) -> list[Label]:
+    return labels
+
+
+@pytest.mark.parametrize("dispatch", ["batches", "samples"])
+def test_a_batch_that_cannot_be_rebuilt_in_the_training_process_is_named_and_the_rest_come(
+    dispatch: str,
+) -> None:
+    # DataLoader raises the unpickling error once, then waits forever for the lost batch.
+    # Whole batches that keep their labels, or batches cut into parts (sent uncollated, and
+    # collated here).
+    collate = keep_labels if dispatch == "batches" else None
+    got: list[object] = []
+    with drapps.Loader(
+        Labels(), batch_size=2, workers=2, dispatch=dispatch, collate_fn=collate
+    ) as loader:
+        iterator = iter(loader)
+        for _ in range(4):
+            try:
+                got.append([int(label) for label in next(iterator)])
+            except LookupError as exc:
+                assert isinstance(exc, drapps.SampleError)
+                assert re.search(
+                    r"batch 1 \(indices \[(2, )?3\]\) was made but could not be rebuilt in the "
+                    "training process: LookupError: sample 3 cannot",
+                    str(exc),
+                )
+                got.append("failed")
+        assert next(iterator, None) is None
+    assert got == [[0, 1], "failed", [4, 5], [6, 7]]
 
 
 def test_sample_error_survives_pickling() -> None:

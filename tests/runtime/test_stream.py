@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 import drapps
 
@@ -32,6 +32,74 @@ class Square:
         if x == 7:
             raise KeyError("no square for 7")
         return torch.tensor(x * x)
+
+
+class GoesOn(IterableDataset):  # type: ignore[type-arg]
+    """A stream that is an iterator object, not a generator: after the item that fails, the
+    next ones follow (a generator ends at its first error)."""
+
+    def __init__(self, n: int, fail_at: int) -> None:
+        self.n, self.fail_at = n, fail_at
+
+    def __iter__(self) -> Iterator[int]:
+        info = get_worker_info()
+        start, step = (0, 1) if info is None else (info.id, info.num_workers)
+        return _Items(iter(range(start, self.n, step)), self.fail_at)
+
+
+class _Items:
+    def __init__(self, ids: Iterator[int], fail_at: int) -> None:
+        self.ids, self.fail_at = ids, fail_at
+
+    def __iter__(self) -> _Items:
+        return self
+
+    def __next__(self) -> int:
+        i = next(self.ids)
+        if i == self.fail_at:
+            raise KeyError(f"item {i} is missing")
+        return i
+
+
+def _outcome(loader: Any, take: int | None = None) -> list[Any]:
+    """Each batch as a list, or the name of the error raised in its place (the loop goes on)."""
+    got: list[Any] = []
+    iterator = iter(loader)
+    while take is None or len(got) < take:
+        try:
+            got.append(next(iterator).tolist())
+        except StopIteration:
+            break
+        except Exception as exc:  # as a loop that logs a bad batch and goes on
+            got.append(type(exc).__name__)
+    return got
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_stream_goes_on_after_a_failed_batch_as_under_dataloader(workers: int) -> None:
+    expected = _outcome(DataLoader(GoesOn(10, fail_at=4), batch_size=2, num_workers=workers))
+    assert "KeyError" in expected and len(expected) > expected.index("KeyError") + 1
+    with drapps.Loader(GoesOn(10, fail_at=4), batch_size=2, workers=workers) as loader:
+        got = _outcome(loader)
+    assert [b if isinstance(b, list) else "KeyError" for b in got] == expected
+    # A generator ends at its error, here and under DataLoader.
+    generator = _outcome(DataLoader(Numbers(10, fail_at=4), batch_size=2, num_workers=workers))
+    with drapps.Loader(Numbers(10, fail_at=4), batch_size=2, workers=workers) as loader:
+        got = _outcome(loader)
+    assert [b if isinstance(b, list) else "ValueError" for b in got] == generator
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_stream_resumed_after_a_failed_batch_gives_the_rest(workers: int) -> None:
+    with drapps.Loader(GoesOn(10, fail_at=4), batch_size=2, workers=workers) as loader:
+        whole = _outcome(loader)
+    failed = next(i for i, b in enumerate(whole) if not isinstance(b, list))
+    with drapps.Loader(GoesOn(10, fail_at=4), batch_size=2, workers=workers) as loader:
+        assert _outcome(loader, take=failed + 1) == whole[: failed + 1]
+        state = loader.state_dict()
+    with drapps.Loader(GoesOn(10, fail_at=4), batch_size=2, workers=workers) as resumed:
+        resumed.load_state_dict(state)
+        assert _outcome(resumed) == whole[failed + 1 :]
 
 
 def _fail_init(worker_id: int) -> None:

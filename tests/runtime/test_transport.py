@@ -583,3 +583,42 @@ def test_nested_tensors_are_not_stacked_into_a_slab() -> None:
             arena._stack([nested, nested])
     finally:
         arena.reset()
+
+
+def test_a_bare_storage_crosses_and_still_backs_the_tensor_beside_it(
+    channel: tuple[Connection, Connection],
+) -> None:
+    """torch's own pickling of an ``UntypedStorage`` does not load back; DataLoader's workers
+    share it. It crosses as a tensor's bytes do, once for a tensor over it too."""
+    tensor = torch.arange(6.0)
+    got_storage, got_view = unpack(cross(pack((tensor.untyped_storage(), tensor[2:])), channel))
+    assert type(got_storage) is torch.UntypedStorage
+    assert bytes(got_storage) == bytes(tensor.untyped_storage())
+    assert got_view.untyped_storage().data_ptr() == got_storage.data_ptr()
+    assert torch.equal(got_view, tensor[2:])
+    empty = unpack(cross(pack(torch.UntypedStorage(0)), channel))
+    assert type(empty) is torch.UntypedStorage and empty.nbytes() == 0
+    assert bytes(transport.owned([tensor.untyped_storage()])[0]) == bytes(tensor.untyped_storage())
+
+
+class _Unbuildable:
+    """Pickles, but cannot be unpickled: ``__setstate__`` raises."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        raise LookupError(f"cannot rebuild {state['value']}")
+
+
+def test_a_batch_that_cannot_be_rebuilt_says_why_and_gives_its_slab_back(
+    channel: tuple[Connection, Connection],
+) -> None:
+    released: list[bool] = []
+    packed = cross(pack((torch.arange(4096), _Unbuildable(3))), channel)
+    with pytest.raises(transport.RebuildError, match="LookupError: cannot rebuild 3") as caught:
+        unpack(packed, release=released.append)
+    assert isinstance(caught.value.error, LookupError)
+    del caught
+    gc.collect()
+    assert released == [True]  # nothing holds the slab: it goes back to be written again

@@ -117,6 +117,7 @@ class Epoch:
         self._batched, self._batch_size = batched, batch_size
         self._ahead: _Ahead | None = None
         self._ended = False
+        self._failed = 0  # a stream's batches that failed (they count in its position)
         self._out_of_order: set[int] = set()  # ids past position delivered ahead of it
         self._places: set[tuple[int, int]] | None = None  # delivered, when batches are filled
         self.delivered_keys: list[list[Any]] = []
@@ -199,9 +200,12 @@ class Epoch:
             self.finished = True
             self._end()
             raise StopIteration
-        self.position += 1
+        self.position += 1  # a failed batch too: a resumed stream replays past it
+        if made.error is not None:  # this batch failed; the stream goes on
+            self._failed += 1
+            raise made.error
         reported = self._reported()
-        if reported is not None and self.position > reported:
+        if reported is not None and self.position - self._failed > reported:
             self._warn_past_length(reported)
         batch = made.batch
         self._delivered.record(_batch_len(batch, self._batch_size), made.skipped, True)
@@ -213,8 +217,8 @@ class Epoch:
         """DataLoader's warning, in its words, for a stream longer than its ``__len__``."""
         message = (
             f"Length of IterableDataset {self._dataset} was reported to be "
-            f"{reported} (when accessing len(dataloader)), but {self.position} samples have "
-            "been fetched. "
+            f"{reported} (when accessing len(dataloader)), but "
+            f"{self.position - self._failed} samples have been fetched. "
         )
         if self.streams:
             message += (

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from drapps.engines.base import Engine, EngineBatch, EpochJob, Limits
+from drapps.runtime.errors import SampleError
 from drapps.runtime.plan import EpochPlan
 from drapps.runtime.seeding import (
     WorkerRngs,
@@ -183,6 +184,13 @@ class InlineEngine(Engine):
                     batch = batcher.next_batch()
             except StopIteration:
                 return
+            except SampleError as exc:  # the stream goes on from its next item, as DataLoader's
+                # Without this generator's frame: a caller that clears the error's frames
+                # (traceback.clear_frames) would close the generator, and end the stream.
+                if exc.__traceback__ is not None:
+                    exc.__traceback__ = exc.__traceback__.tb_next
+                yield EngineBatch(None, error=exc)
+                continue
             skipped, batcher.skipped = batcher.skipped, []
             yield EngineBatch(self._finished(batch), skipped)
 

@@ -48,7 +48,7 @@ class StreamEngine(Engine):
             timeout=timeout,
             finish=finish,
         )
-        self._batches: Iterator[tuple[Any, Skipped]] = iter(())
+        self._batches: Iterator[tuple[Any, Skipped, BaseException | None]] = iter(())
 
     @property
     def workers(self) -> int:
@@ -73,7 +73,7 @@ class StreamEngine(Engine):
 
     def next(self) -> EngineBatch | None:
         item = next(self._batches, None)
-        return None if item is None else EngineBatch(item[0], item[1])
+        return None if item is None else EngineBatch(item[0], item[1], error=item[2])
 
     def stream_rngs(self) -> list[dict[str, Any]] | None:
         return self.pool.rngs

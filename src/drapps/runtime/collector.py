@@ -27,7 +27,8 @@ from drapps.runtime.plan import EpochPlan
 from drapps.runtime.pool import Task, Worker
 from drapps.runtime.reorder import Entry, ReorderBuffer
 from drapps.runtime.schedule import Work
-from drapps.runtime.worker import BatchRecipe, collate_samples
+from drapps.runtime.transport import RebuildError
+from drapps.runtime.worker import BatchRecipe, collate_samples, transport_error
 
 Deliver = Callable[[int, int, Entry], None]
 """Hand a batch (generation, batch id, entry) to the buffer."""
@@ -113,16 +114,25 @@ class Collector:
                 self._admission.drop(worker, reply.packed)
             return  # a stale epoch's part, or a duplicate of a retried one
         now = time.monotonic()
-        if isinstance(reply, BatchFailed):
+        failure = reply.error if isinstance(reply, BatchFailed) else None
+        received = None
+        if isinstance(reply, BatchMade):
+            try:
+                received = self._samples(worker, reply, task, unreadable)
+            except RebuildError as exc:  # made again, it would fail again
+                indices = task.indices if task is not None else None
+                failure = transport_error(batch_id, indices, exc.error, received=True)
+            else:
+                if received is None:
+                    return
+        if failure is not None:
             if self.fill is not None:
-                self.fill.fail(batch_id, part, partial.positions[part], reply.error)
+                self.fill.fail(batch_id, part, partial.positions[part], failure)
                 self._part_in(batch_id, partial, part)
                 return
-            partial.fail(part, reply.error)
+            partial.fail(part, failure)
         else:
-            received = self._samples(worker, reply, task, unreadable)
-            if received is None:
-                return
+            assert isinstance(reply, BatchMade) and received is not None
             assert reply.kept is not None  # a part says which of its samples it holds
             add_stages(self._counters, reply.seconds)
             if self.fill is not None:
@@ -162,6 +172,12 @@ class Collector:
                     batch, nbytes = self._admission.receive(worker, reply.packed)
                 except (OSError, ValueError) as exc:  # its slab cannot be mapped: make it again
                     unreadable(reply.batch_id, None, exc)
+                    return
+                except RebuildError as exc:  # made again, it would fail again
+                    indices = task.indices if task is not None else None
+                    error = transport_error(reply.batch_id, indices, exc.error, received=True)
+                    if current:
+                        deliver(reply.generation, reply.batch_id, Entry(error=error))
                     return
                 if self._finish is not None:
                     batch = self._finish(batch)
@@ -210,7 +226,11 @@ class Collector:
         self, worker: Worker, reply: BatchMade, task: Task | None, unreadable: Unreadable
     ) -> tuple[list[Any], int] | None:
         """A part's samples and their bytes; None when its slab cannot be mapped (the part is
-        made again)."""
+        made again).
+
+        Raises:
+            RebuildError: the samples cannot be rebuilt in this process.
+        """
         if reply.packed is None:
             return [], 0
         try:

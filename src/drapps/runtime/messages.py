@@ -134,6 +134,9 @@ class StreamBatch(NamedTuple):
 class StreamFailed(NamedTuple):
     generation: int
     error: SampleError | None
+    over: bool = True
+    """The stream cannot go on (it failed to start); False: only this batch failed, and the
+    next request takes the stream's next items, as DataLoader's workers do."""
 
 
 class StreamEnded(NamedTuple):

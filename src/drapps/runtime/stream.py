@@ -50,7 +50,13 @@ from drapps.runtime.seeding import (
     worker_info_read,
 )
 from drapps.runtime.stats import PipelineSnapshot
-from drapps.runtime.transport import discard, receive_message, send_message, unpack
+from drapps.runtime.transport import (
+    RebuildError,
+    discard,
+    receive_message,
+    send_message,
+    unpack,
+)
 from drapps.runtime.worker import (
     BatchRecipe,
     collate,
@@ -120,6 +126,11 @@ class StreamBatcher:
         self.position = 0  # items taken from the stream so far
         self.skipped: list[tuple[int, str]] = []
 
+    def _unsharded(self) -> bool:
+        """Whether this worker ends its stream now: it is told to unless the dataset shards
+        itself, and the dataset has not read ``get_worker_info()`` by its first item."""
+        return self.unless_sharded and self.position == 0 and not worker_info_read()
+
     def next_batch(self) -> Any:
         """The next batch; raises StopIteration at the end of the stream."""
         r = self.recipe
@@ -131,12 +142,14 @@ class StreamBatcher:
             except StopIteration:
                 break
             except Exception as exc:
+                if self._unsharded():
+                    raise Unsharded from exc  # the first worker streams it, and its error
                 raise failure(
                     exc,
                     f"the dataset's stream failed after {self.position} items",
                     stage="__iter__",
                 ) from exc
-            if self.unless_sharded and self.position == 0 and not worker_info_read():
+            if self._unsharded():
                 raise Unsharded  # before the first item leaves: nothing is duplicated
             position, self.position = self.position, self.position + 1
             if r.transform is not None:
@@ -243,8 +256,8 @@ def run_stream_worker(
                     reply = StreamEnded(generation)
                 except Unsharded:
                     reply = StreamEnded(generation, unsharded=True)
-                except SampleError as exc:
-                    reply = StreamFailed(generation, exc)
+                except SampleError as exc:  # the stream goes on from its next item
+                    reply = StreamFailed(generation, exc, over=False)
                 except Exception as exc:  # the batch cannot be pickled for the transport
                     reply = StreamFailed(
                         generation,
@@ -253,6 +266,7 @@ def run_stream_worker(
                             type(exc),
                             stage="transport",
                         ),
+                        over=False,
                     )
             send_message(results, reply)
     except (EOFError, BrokenPipeError, ConnectionResetError):
@@ -363,8 +377,17 @@ class StreamPool:
             self.rngs = [self._started(worker, generation) for worker in self.workers]
         return generation
 
-    def batches(self, generation: int) -> Iterator[tuple[Any, list[tuple[int, str]]]]:
-        """The pass's batches, round-robin over the workers whose streams have not ended."""
+    def batches(
+        self, generation: int
+    ) -> Iterator[tuple[Any, list[tuple[int, str]], SampleError | None]]:
+        """The pass's batches, round-robin over the workers whose streams have not ended:
+        each with the samples skipped, or with the error to raise in its place (a batch
+        that failed; its worker's stream goes on, as under DataLoader).
+
+        Raises:
+            SampleError: a worker's stream failed to start.
+            RuntimeError: a worker exited or gave no batch in ``timeout``.
+        """
         for worker in itertools.cycle(self.workers):
             if generation != self._generation:
                 raise RuntimeError("this epoch's iterator was superseded by a newer iter(loader)")
@@ -389,14 +412,29 @@ class StreamPool:
                 continue
             if isinstance(reply, StreamFailed):
                 assert reply.error is not None
-                raise reply.error
+                if reply.over:
+                    raise reply.error
+                yield None, [], reply.error
+                continue
             assert isinstance(reply, StreamBatch)
             self._top_up(worker, generation)
-            batch = unpack(reply.packed)
+            try:
+                batch = unpack(reply.packed)
+            except RebuildError as exc:
+                error = exc.error
+                rebuilt = sample_error(
+                    f"worker {worker.slot}'s batch was made but could not be rebuilt in the "
+                    f"training process: {type(error).__name__}: {error}",
+                    type(error),
+                    stage="transport",
+                )
+                rebuilt.__cause__ = error
+                yield None, [], rebuilt
+                continue
             self.shared_bytes += reply.packed.nbytes
             if self._finish is not None:
                 batch = self._finish(batch)
-            yield batch, reply.skipped
+            yield batch, reply.skipped, None
 
     def _top_up(self, worker: _StreamWorker, generation: int) -> None:
         while worker.requested < self._per_worker:

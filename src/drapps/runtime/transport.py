@@ -43,6 +43,17 @@ from drapps.runtime.slabs import (
 )
 
 
+class RebuildError(Exception):
+    """A batch whose bytes arrived but which could not be rebuilt in this process: unpickling
+    one of its objects failed here (a ``__setstate__`` that raises, a type whose pickling
+    does not round-trip). ``error`` is that failure; the slab was mapped, and is released as
+    the batch's would be."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(f"{type(error).__name__}: {error}")
+        self.error = error
+
+
 @dataclass(frozen=True)
 class Packed:
     """A batch as it crosses processes: the pickled skeleton and where its bytes lie."""
@@ -100,6 +111,11 @@ class _SlabPickler(pickle.Pickler):
     def persistent_id(self, obj: Any) -> Any:
         if type(obj) is torch.Tensor:
             return self._tensor_id(obj)
+        if type(obj) is torch.UntypedStorage and obj.device.type == "cpu":
+            # torch's own pickling of a bare storage does not load back (it asks the type
+            # for a dtype); DataLoader's workers share it. Its bytes go as a tensor's do,
+            # once, so a tensor over it in the same batch still shares it after the trip.
+            return ("u", self._storage_offset(obj), obj.nbytes())
         if type(obj) is np.ndarray and not obj.dtype.hasobject:
             # Fortran order is kept, as pickling keeps it; any other layout arrives C-ordered.
             order = "F" if obj.flags.f_contiguous and not obj.flags.c_contiguous else "C"
@@ -131,17 +147,22 @@ class _SlabPickler(pickle.Pickler):
         storage = obj.untyped_storage()
         whole = storage.nbytes()
         if whole <= _WHOLE_STORAGE * span * itemsize and whole % itemsize == 0:
-            key = (storage.data_ptr(), whole)
-            offset = self._storages.get(key)
-            if offset is None:
-                raw = torch.empty(0, dtype=torch.uint8).set_(storage).numpy()
-                offset = self._storages[key] = self._place(raw)
+            offset = self._storage_offset(storage)
             return ("s", offset, whole, obj.dtype, shape, stride, obj.storage_offset())
         # A small view of a large storage: only the bytes it spans.
         flat = obj.as_strided((span,), (1,))
         # A uint8 view reaches dtypes NumPy lacks (bfloat16) and keeps the copy a memcpy.
         raw = flat.view(torch.uint8).numpy()
         return ("s", self._place(raw), span * itemsize, obj.dtype, shape, stride, 0)
+
+    def _storage_offset(self, storage: torch.UntypedStorage) -> int:
+        """Where a whole storage's bytes lie in the slab (placed once per batch)."""
+        key = (storage.data_ptr(), storage.nbytes())
+        offset = self._storages.get(key)
+        if offset is None:
+            raw = torch.empty(0, dtype=torch.uint8).set_(storage).numpy()
+            offset = self._storages[key] = self._place(raw)
+        return offset
 
 
 def _bytes_say_all(obj: torch.Tensor) -> bool:
@@ -180,6 +201,14 @@ class _SlabUnpickler(pickle.Unpickler):
         kind, offset = pid[0], pid[1]
         if kind == "s":
             return self._strided(*pid[1:])
+        if kind == "u":
+            nbytes = pid[2]
+            if nbytes == 0:
+                return torch.UntypedStorage(0)
+            self._check(offset, nbytes)
+            return torch.frombuffer(
+                self.slab, dtype=torch.uint8, count=nbytes, offset=offset
+            ).untyped_storage()
         if kind == "t":
             dtype, shape = pid[2], pid[3]
             count = math.prod(shape)
@@ -395,7 +424,10 @@ def owned(batch: Any) -> Any:
         packed = pack_buffer(batch)
     except Exception:  # pickle raises PicklingError, TypeError, AttributeError
         return batch
-    return unpack(packed)
+    try:
+        return unpack(packed)
+    except RebuildError as exc:  # as crossing a process would fail: the caller names it
+        raise exc.error from None
 
 
 class _NotPlain(Exception):
@@ -462,6 +494,10 @@ def unpack(
 
     Both are called only in this process: a forked child that drops its copy of the batch
     (or exits) calls neither.
+
+    Raises:
+        OSError, ValueError: the slab cannot be mapped.
+        RebuildError: it was, but the batch cannot be rebuilt over it.
     """
     if packed.local is not None:
         batch = packed.local[0]
@@ -505,7 +541,10 @@ def unpack(
                 weakref.finalize(slab, _in_owner, owner, on_release, packed.nbytes)
             if release is not None:
                 weakref.finalize(slab, release_slab, owner, release, settled)
-    return _SlabUnpickler(io.BytesIO(packed.skeleton), slab).load()
+    try:
+        return _SlabUnpickler(io.BytesIO(packed.skeleton), slab).load()
+    except Exception as exc:
+        raise RebuildError(exc) from exc
 
 
 def _in_owner(owner: int, function: Callable[..., None], *args: Any) -> None:

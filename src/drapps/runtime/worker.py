@@ -969,11 +969,17 @@ def answer(
     )  # fmt: skip
 
 
-def transport_error(batch_id: int, indices: list[Any], exc: Exception) -> SampleError:
-    """The error for a batch that was made but cannot cross to the training process."""
+def transport_error(
+    batch_id: int, indices: list[Any] | None, exc: Exception, *, received: bool = False
+) -> SampleError:
+    """The error for a batch that was made but cannot cross to the training process (or,
+    ``received``, crossed and cannot be rebuilt there: see
+    :class:`~drapps.runtime.transport.RebuildError`)."""
+    which = f"batch {batch_id}" if indices is None else f"batch {batch_id} (indices {indices})"
+    failed = "rebuilt in" if received else "sent to"
     return sample_error(
-        f"batch {batch_id} (indices {indices}) was made but could not be sent to the training "
-        f"process: {type(exc).__name__}: {exc}",
+        f"{which} was made but could not be {failed} the training process: "
+        f"{type(exc).__name__}: {exc}",
         type(exc),
         stage="transport",
         indices=indices,
