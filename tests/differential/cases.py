@@ -34,7 +34,7 @@ TENSOR_DTYPES = (
 )  # fmt: skip
 TENSOR_LAYOUTS = (
     "contiguous", "transposed", "stepped", "expanded", "offset", "two_views", "zero_size",
-    "scalar", "conj", "sparse_coo", "sparse_csr",
+    "scalar", "conj", "sparse_coo", "sparse_csr", "storage",
 )  # fmt: skip
 NOT_SPARSE = ("uint16", "uint32", "uint64", "float8_e4m3fn", "float8_e5m2")
 """Dtypes torch cannot make sparse (their "sparse" layouts are contiguous instead)."""
@@ -140,6 +140,8 @@ def _tensor(dtype: str, layout: str, shape: tuple[int, ...], i: int) -> Any:
         return values[0].clone()
     if layout == "conj" and values.is_complex():
         return values[:numel].reshape(shape).conj()
+    if layout == "storage":  # a bare storage, as torch.save writes and DataLoader shares
+        return values[:numel].clone().untyped_storage()
     if layout.startswith("sparse") and dtype not in NOT_SPARSE:
         if layout == "sparse_csr":  # two dimensions
             return values[:numel].reshape(-1, shape[-1]).to_sparse_csr()
@@ -251,12 +253,21 @@ class BatchedSamples(Samples):
 class Stream(IterableDataset):  # type: ignore[type-arg]
     """An iterable dataset of ``n`` samples, sharded by ``get_worker_info()`` when
     ``sharded`` (else every worker yields all of them, as DataLoader's would), shuffled per
-    worker with ``shuffle`` ("random", "numpy" or "torch") when given."""
+    worker with ``shuffle`` ("random", "numpy" or "torch") when given. Item ``fail_at``
+    raises KeyError instead; the stream then ends if it is a generator, or goes on with the
+    next item if it is an iterator object (``goes_on``)."""
 
     def __init__(
-        self, n: int, payload: Payload, sharded: bool = True, shuffle: str | None = None
+        self,
+        n: int,
+        payload: Payload,
+        sharded: bool = True,
+        shuffle: str | None = None,
+        fail_at: int | None = None,
+        goes_on: bool = False,
     ) -> None:
         self.n, self.payload, self.sharded, self.shuffle = n, payload, sharded, shuffle
+        self.fail_at, self.goes_on = fail_at, goes_on
 
     def __iter__(self):  # type: ignore[no-untyped-def]
         info = get_worker_info()
@@ -269,8 +280,24 @@ class Stream(IterableDataset):  # type: ignore[type-arg]
             ids = [ids[k] for k in np.random.permutation(len(ids))]
         elif self.shuffle == "torch":
             ids = [ids[k] for k in torch.randperm(len(ids)).tolist()]
-        for i in ids:
-            yield (i, self.payload.make(i))
+        items = _Items(iter(ids), self.payload, self.fail_at)
+        return items if self.goes_on else (item for item in items)
+
+
+class _Items:
+    """An iterator over ``(i, payload)`` of ``ids``, raising KeyError at ``fail_at``."""
+
+    def __init__(self, ids: Any, payload: Payload, fail_at: int | None) -> None:
+        self.ids, self.payload, self.fail_at = ids, payload, fail_at
+
+    def __iter__(self) -> _Items:
+        return self
+
+    def __next__(self) -> Any:
+        i = next(self.ids)
+        if i == self.fail_at:
+            raise KeyError(f"item {i} is missing")
+        return (i, self.payload.make(i))
 
 
 def shuffled_pipe(stream: Stream) -> Any:
@@ -463,11 +490,14 @@ class Case:
     getitems: bool = False  # the dataset has __getitems__
     pipe: bool = False  # an iterable dataset is a datapipe that shuffles, then shards
     held: bool = False  # a map-style dataset returns samples it keeps (no draws then)
+    goes_on: bool = False  # a stream that fails at fail_at goes on (an iterator, no generator)
 
     def dataset(self, *, marks: bool = False) -> Any:
         """The case's dataset; ``marks``: its failing sample is ``SKIPPED`` instead."""
         if self.iterable:
-            stream = Stream(self.n, self.payload, self.sharded, self.shuffle_stream)
+            stream = Stream(
+                self.n, self.payload, self.sharded, self.shuffle_stream, self.fail_at, self.goes_on
+            )
             return shuffled_pipe(stream) if self.pipe else stream
         kind = BatchedSamples if self.getitems else Samples
         if self.waits and self.settings.workers == "auto":
@@ -582,4 +612,5 @@ def cases(
         getitems=st.sampled_from((False, False, False, True)),
         pipe=st.sampled_from((False, False, False, True)),
         held=st.booleans(),
+        goes_on=st.booleans(),
     )

@@ -1,10 +1,12 @@
 """Running a loader to an outcome, and comparing two outcomes exactly.
 
-An outcome is what a training loop sees: the batches of each epoch, in order, and the error
-that ended them (if any). Two outcomes are the same when every batch holds the same values
-with the same types (named tuples, dicts, lists), dtypes (structured ones with their fields),
-shapes and, where the reference keeps them, strides; and when they end with errors of the same
-kind, after the same batches.
+An outcome is what a training loop sees: the batches of each epoch, in order, with the
+errors ``next()`` raised among them (the loop goes on after one, as a loop that logs and
+continues does: DataLoader then gives the batches after it, and an iterable dataset's stream
+goes on from its next item), and the error that ended them (if any). Two outcomes are the same
+when every batch holds the same values with the same types (named tuples, dicts, lists), dtypes
+(structured ones with their fields), shapes and, where the reference keeps them, strides; and
+when they raise errors of the same kind in the same places.
 """
 
 from __future__ import annotations
@@ -30,10 +32,29 @@ import drapps
 from drapps.runtime.worker import runqueue_wait
 
 
+@dataclass(frozen=True)
+class Raised:
+    """An error ``next()`` raised in the place of a batch; the loop went on. Only its type and
+    words are kept: its traceback would keep the iterator that raised it alive."""
+
+    kind: type[BaseException]
+    message: str
+
+    @staticmethod
+    def of(error: BaseException) -> Raised:
+        return Raised(type(error), str(error)[:500])
+
+
+RAISED_PER_EPOCH = 20
+"""Errors one epoch may raise before the loop stops (a batch that fails every time, a
+stream that raises on every item): the next one ends the outcome."""
+
+
 @dataclass
 class Outcome:
-    """What a loop received: ``epochs[e]`` the batches of epoch ``e``; ``error`` what ended it
-    (None: every epoch ran out), with ``where``: "construction" or "epoch e"."""
+    """What a loop received: ``epochs[e]`` the batches of epoch ``e`` (and a :class:`Raised`
+    where ``next()`` raised instead); ``error`` what ended it (None: every epoch ran out),
+    with ``where``: "construction" or "epoch e"."""
 
     epochs: list[list[Any]] = field(default_factory=list)
     error: BaseException | None = None
@@ -48,10 +69,24 @@ class Outcome:
         """The sample indices epoch ``epoch`` delivered, in order."""
         return [i for batch in self.epochs[epoch] for i in batch_indices(batch)]
 
+    @property
+    def failed(self) -> bool:
+        """Whether any error was raised."""
+        return self.error is not None or any(
+            isinstance(b, Raised) for epoch in self.epochs for b in epoch
+        )
+
+    def error_kinds(self) -> list[type[BaseException]]:
+        """The types of every error raised, in order (the one that ended it last)."""
+        kinds = [b.kind for epoch in self.epochs for b in epoch if isinstance(b, Raised)]
+        return kinds + ([type(self.error)] if self.error is not None else [])
+
 
 def run(make: Callable[[], Any], epochs: int = 2) -> Outcome:
-    """Make a loader, iterate ``epochs`` epochs and close it (a drapps loader), catching the
-    first error, where it happened."""
+    """Make a loader, iterate ``epochs`` epochs and close it (a drapps loader). An error from
+    ``next()`` is kept in its place and the loop goes on, up to :data:`RAISED_PER_EPOCH` in
+    an epoch; one from construction, ``iter()`` or past that ends the outcome, where it
+    happened."""
     outcome = Outcome()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # pin_memory without an accelerator, and the like
@@ -70,7 +105,21 @@ def run(make: Callable[[], Any], epochs: int = 2) -> Outcome:
             for _ in range(epochs):
                 outcome.epochs.append([])
                 iterator = iter(loader)
-                for batch in iterator:
+                raised = 0
+                while True:
+                    try:
+                        batch = next(iterator)
+                    except StopIteration:
+                        break
+                    except Exception as exc:
+                        raised += 1
+                        if raised > RAISED_PER_EPOCH:
+                            raise
+                        outcome.epochs[-1].append(Raised.of(exc))
+                        # As a loop that lets go of the error's frames does: that must not
+                        # end what the loader iterates (a generator's frame, cleared, closes).
+                        traceback.clear_frames(exc.__traceback__)
+                        continue
                     outcome.epochs[-1].append(batch)
                 with torch.random.fork_rng(devices=[]):  # read, and left where it was
                     outcome.after.append(int(torch.randint(1 << 62, ()).item()))
@@ -121,8 +170,8 @@ def _settle(error: BaseException | None) -> None:
 def batch_indices(batch: Any) -> list[int]:
     """The indices of the samples in a batch: ``[indices, payloads]`` from the default
     collate, a list of ``(index, payload)`` samples from an identity one, or one sample; none
-    from an empty batch or a collate_fn that gives None."""
-    if batch is None or len(batch) == 0:
+    from an empty batch or a collate_fn that gives None, or an error raised in its place."""
+    if batch is None or isinstance(batch, Raised) or len(batch) == 0:
         return []
     first = batch[0]
     if isinstance(first, int):
@@ -135,10 +184,10 @@ def batch_indices(batch: Any) -> list[int]:
 def assert_same(
     reference: Outcome, got: Outcome, *, any_order: bool = False, generator: bool = True
 ) -> None:
-    """``got`` is ``reference``: the same batches (as multisets of batches per epoch when
-    ``any_order``), ending with an error of the same kind at the same place, and (with
-    ``generator``) torch's default generator left where the reference left it after each
-    epoch."""
+    """``got`` is ``reference``: the same batches, and errors of the same kinds in the same
+    places (out of order, ``any_order``: as multisets per epoch, as many errors), ending with
+    an error of the same kind at the same place, and (with ``generator``) torch's default
+    generator left where the reference left it after each epoch."""
     if reference.error is not None or got.error is not None:
         assert got.error is not None, f"no error where the reference raised {reference.error!r}"
         assert reference.error is not None, f"raised {got.error!r} where the reference did not"
@@ -156,13 +205,38 @@ def assert_same(
     for e, (left, right) in enumerate(zip(reference.epochs, got.epochs, strict=True)):
         if any_order:
             left, right = _by_indices(left), _by_indices(right)
-        assert len(right) == len(left), f"epoch {e}: {len(right)} batches, reference {len(left)}"
+        assert len(right) == len(left), (
+            f"epoch {e}: {len(right)} batches and errors, reference {len(left)}: "
+            f"{_errors_in(right)} against {_errors_in(left)}"
+        )
         for b, (x, y) in enumerate(zip(left, right, strict=True)):
+            if isinstance(x, Raised) or isinstance(y, Raised):
+                assert isinstance(x, Raised) and isinstance(y, Raised), (
+                    f"epoch {e} batch {b}: {_said(y)}, reference {_said(x)}"
+                )
+                assert issubclass(y.kind, x.kind) or issubclass(x.kind, y.kind), (
+                    f"epoch {e} batch {b}: {_said(y)}, reference {_said(x)}"
+                )
+                continue
             assert_equal(x, y, f"epoch {e} batch {b}")
     if generator:
         assert got.after == reference.after, (
             f"torch's generator after each epoch: {got.after}, reference {reference.after}"
         )
+
+
+def same_kinds(got: Outcome, reference: Outcome) -> bool:
+    """Whether ``got`` raised as many errors as ``reference``, each of the same kind as one of
+    the reference's (in any order)."""
+    left, right = got.error_kinds(), reference.error_kinds()
+    if len(left) != len(right):
+        return False
+    for kind in left:
+        match = next((k for k in right if issubclass(kind, k) or issubclass(k, kind)), None)
+        if match is None:
+            return False
+        right.remove(match)
+    return True
 
 
 def same_kind(got: BaseException, reference: BaseException) -> bool:
@@ -172,7 +246,20 @@ def same_kind(got: BaseException, reference: BaseException) -> bool:
 
 
 def _by_indices(batches: list[Any]) -> list[Any]:
-    return sorted(batches, key=batch_indices)
+    """Batches sorted by their indices, errors last (by type)."""
+    fine = [b for b in batches if not isinstance(b, Raised)]
+    errors = [b for b in batches if isinstance(b, Raised)]
+    return sorted(fine, key=batch_indices) + sorted(errors, key=lambda r: r.kind.__name__)
+
+
+def _said(value: Any) -> str:
+    if isinstance(value, Raised):
+        return f"raised {value.kind.__name__}: {value.message}"
+    return f"a batch of indices {batch_indices(value)}"
+
+
+def _errors_in(batches: list[Any]) -> str:
+    return f"{sum(isinstance(b, Raised) for b in batches)} errors"
 
 
 def assert_equal(x: Any, y: Any, where: str) -> None:
@@ -180,6 +267,9 @@ def assert_equal(x: Any, y: Any, where: str) -> None:
     assert type(y) is type(x), f"{where}: {type(y).__name__}, reference {type(x).__name__}"
     if isinstance(x, torch.Tensor):
         _assert_tensors(x, y, where)
+    elif isinstance(x, torch.UntypedStorage):
+        assert y.device == x.device, f"{where}: storage on {y.device}, reference {x.device}"
+        assert bytes(y) == bytes(x), f"{where}: storage bytes differ"
     elif isinstance(x, np.ma.MaskedArray):
         assert np.array_equal(x.mask, y.mask), f"{where}: masks differ"
         _assert_arrays(x.data, y.data, where)
@@ -332,6 +422,9 @@ def _memory_of(value: Any, containers: set[int], spans: list[tuple[int, int]]) -
             storage = part.untyped_storage()
             if storage.nbytes():
                 spans.append((storage.data_ptr(), storage.data_ptr() + storage.nbytes()))
+    elif isinstance(value, torch.UntypedStorage):
+        if value.nbytes():
+            spans.append((value.data_ptr(), value.data_ptr() + value.nbytes()))
     elif isinstance(value, np.ndarray):
         arrays = [value.data, value.mask] if isinstance(value, np.ma.MaskedArray) else [value]
         for array in arrays:

@@ -30,7 +30,7 @@ import numpy as np
 import pytest
 import torch
 from cases import DRAWS, Case, Leaf, Payload, Settings, cases, is_skipped, without_draws
-from compare import Outcome, assert_owned, assert_same, nothing_left, run, same_kind
+from compare import Outcome, assert_owned, assert_same, nothing_left, run, same_kinds
 from harness import FAST, campaign
 from hypothesis import assume, example, given, note, settings
 from torch.utils.data import DataLoader
@@ -118,16 +118,11 @@ def check_against_dataloader(case: Case) -> None:
         got = run(lambda: drapps.Loader(dataset, **s.drapps_kwargs(dataset)), epochs)
     if s.workers:  # with workers, as from DataLoader's, batches are the loop's own memory
         assert_owned(got, dataset)
-    if (
-        got.error is not None
-        and expected.error is not None
-        and reference.workers
-        and not same_kind(got.error, expected.error)
-    ):
+    if got.failed and expected.failed and reference.workers and not same_kinds(got, expected):
         # A malformed batch fails in DataLoader's workers where it collates into shared
         # memory (AttributeError), in-process where it stacks (TypeError): either is its.
         alternative = _dataloaders(case, _in_process(reference), 2)
-        if alternative.error is not None and same_kind(got.error, alternative.error):
+        if alternative.failed and same_kinds(got, alternative):
             expected, reference = alternative, _in_process(reference)
     # Against another loader's settings (DataLoader without workers), the base seeds drawn
     # differ (once for a persistent loader, once per epoch without workers).
@@ -254,8 +249,51 @@ _PIPE_UNSHUFFLED = Case(n=6, payload=Payload(leaf=Leaf(kind="python", dtype="int
                         pipe=True)  # fmt: skip
 
 
+# Found by the probes: after a batch of an iterable dataset failed, drapps ended the epoch
+# where DataLoader goes on (the stream's next items follow, in workers and without: a stream
+# that is an iterator object goes on; a generator ends by itself).
+_STREAM_GOES_ON = Case(
+    n=9,
+    payload=Payload(leaf=Leaf(kind="python", dtype="int")),
+    settings=Settings(workers=2, batch_size=2),
+    iterable=True,
+    fail_at=4,
+    goes_on=True,
+)
+_STREAM_GOES_ON_IN_PROCESS = dataclasses.replace(
+    _STREAM_GOES_ON, settings=Settings(workers=0, batch_size=2)
+)
+# Found by the campaigns then: under workers="auto", a worker past the first whose stream
+# failed at its first item reported that error too, where it streams nothing (the dataset
+# does not shard itself): the loop met the first item's error twice.
+_STREAM_FAILS_FIRST_AUTO = Case(
+    n=1,
+    payload=Payload(leaf=Leaf(kind="python", dtype="int")),
+    settings=Settings(workers="auto", batch_size=None),
+    iterable=True,
+    sharded=False,
+    fail_at=0,
+)
+
+# Found by the probes: a bare storage in a batch (batch_size=None) failed to cross from a
+# worker (torch's pickling of a storage does not load back); DataLoader's workers share it.
+_STORAGE = Case(
+    n=3,
+    payload=Payload(leaf=Leaf(kind="tensor", layout="storage")),
+    settings=Settings(workers=2, batch_size=None),
+)
+_STORAGE_ON_THREADS = dataclasses.replace(
+    _STORAGE, settings=Settings(workers=2, batch_size=2, collate="identity", threads=True)
+)
+
+
 @FAST
 @given(cases(draws=DRAWS))
+@example(_STREAM_GOES_ON)
+@example(_STREAM_GOES_ON_IN_PROCESS)
+@example(_STREAM_FAILS_FIRST_AUTO)
+@example(_STORAGE)
+@example(_STORAGE_ON_THREADS)
 @example(_PIPE)
 @example(_PIPE_PERSISTENT)
 @example(_PIPE_UNSHUFFLED)

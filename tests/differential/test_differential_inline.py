@@ -194,7 +194,7 @@ class LoaderMachine(RuleBasedStateMachine):
             self.reference = run(
                 lambda: drapps.Loader(self.dataset, **case.kwargs(self.dataset)), EPOCHS
             )
-        assume(self.reference.error is None)  # a sample the default collate cannot take
+        assume(not self.reference.failed)  # a sample the default collate cannot take
         self.leak_check = nothing_left()
         self.leak_check.__enter__()
         _seed_everything()
