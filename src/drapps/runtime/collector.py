@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from drapps.runtime.admission import Admission
-from drapps.runtime.errors import WorkerTimeoutError
+from drapps.runtime.errors import SampleError, WorkerTimeoutError
 from drapps.runtime.fill import Filled, ReadyFill
 from drapps.runtime.messages import BatchFailed, BatchMade
 from drapps.runtime.parts import PartialBatch, largest_tensor
@@ -120,8 +120,7 @@ class Collector:
             try:
                 received = self._samples(worker, reply, task, unreadable)
             except RebuildError as exc:  # made again, it would fail again
-                indices = task.indices if task is not None else None
-                failure = transport_error(batch_id, indices, exc.error, received=True)
+                failure = _not_rebuilt(batch_id, task, exc)
             else:
                 if received is None:
                     return
@@ -174,9 +173,8 @@ class Collector:
                     unreadable(reply.batch_id, None, exc)
                     return
                 except RebuildError as exc:  # made again, it would fail again
-                    indices = task.indices if task is not None else None
-                    error = transport_error(reply.batch_id, indices, exc.error, received=True)
                     if current:
+                        error = _not_rebuilt(reply.batch_id, task, exc)
                         deliver(reply.generation, reply.batch_id, Entry(error=error))
                     return
                 if self._finish is not None:
@@ -284,3 +282,9 @@ def add_stages(counters: dict[str, float], seconds: tuple[float, float, float]) 
     """Add a reply's seconds in ``__getitem__``, the transform and ``collate_fn``."""
     for name, value in zip(("fetch_s", "transform_s", "collate_s"), seconds, strict=True):
         counters[name] += value
+
+
+def _not_rebuilt(batch_id: int, task: Task | None, exc: RebuildError) -> SampleError:
+    """The error in the place of a batch (or part) that arrived but cannot be rebuilt here."""
+    indices = task.indices if task is not None else None
+    return transport_error(batch_id, indices, exc.error, received=True)

@@ -421,14 +421,9 @@ class StreamPool:
             try:
                 batch = unpack(reply.packed)
             except RebuildError as exc:
-                error = exc.error
-                rebuilt = sample_error(
-                    f"worker {worker.slot}'s batch was made but could not be rebuilt in the "
-                    f"training process: {type(error).__name__}: {error}",
-                    type(error),
-                    stage="transport",
-                )
-                rebuilt.__cause__ = error
+                what = f"worker {worker.slot}'s batch was made but could not be rebuilt in the "
+                rebuilt = failure(exc.error, what + "training process", stage="transport")
+                rebuilt.__cause__ = exc.error
                 yield None, [], rebuilt
                 continue
             self.shared_bytes += reply.packed.nbytes
