@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import Any, Protocol
 
 import torch
@@ -18,14 +19,24 @@ import torch
 from drapps.engines.base import EpochJob
 from drapps.engines.sharding import RankShard
 from drapps.runtime.config import LoaderConfig, checked_index
-from drapps.runtime.plan import DrawnPlan, EpochPlan, Plan, SampledPlan
+from drapps.runtime.plan import (
+    DrawnPlan,
+    EpochPlan,
+    Plan,
+    SampledPlan,
+    SamplerRest,
+    draw_up_to,
+    first_window,
+)
 from drapps.runtime.sampling import (
+    batch_lists,
     draw_base_seed,
     draw_batches,
     drawn_as_needed,
     is_datapipe,
     is_iterable_dataset,
     plain_key,
+    planned_length,
 )
 from drapps.runtime.stream import pipe_seed
 
@@ -117,6 +128,8 @@ class EpochCursor:
         self._next_epoch = 0
         self._next_batch = 0
         self._pending: SampledPlan | None = None
+        # A resumed endless epoch: the batches its sampler had given, and the epoch's seed.
+        self._pending_rest: tuple[int, int] | None = None
         # A resumed stream's (seed, workers, each worker's RNG states or None, pipe seed).
         self._pending_stream: _Stream | None = None
         self._datapipe = is_datapipe(dataset)
@@ -197,6 +210,9 @@ class EpochCursor:
             if self._pending is not None:
                 plan, self._pending = self._pending, None
                 start = plan.first
+                if self._pending_rest is not None:
+                    (drawn, base_seed), self._pending_rest = self._pending_rest, None
+                    plan = replace(plan, rest=self._passed_over(drawn, base_seed))
             else:
                 plan, start = self._make_plan(self._next_epoch), self._next_batch
             self._next_epoch, self._next_batch = plan.epoch + 1, 0
@@ -218,7 +234,7 @@ class EpochCursor:
                 sampler.set_epoch(epoch)
         with self._lock:
             self._next_epoch, self._next_batch = epoch, 0
-            self._pending, self._pending_stream = None, None
+            self._pending, self._pending_stream, self._pending_rest = None, None, None
             self._active = lambda: None
 
     def length(self) -> int:
@@ -239,7 +255,23 @@ class EpochCursor:
         if drawn_as_needed(self._index_sampler, self._batched):
             sampler: Any = self._index_sampler
             return DrawnPlan(iter(sampler), len(sampler), seed, epoch)
-        return SampledPlan(draw_batches(self._index_sampler, self._batched), seed, epoch)
+        # The sampler's batches, all of them where they end within its len() (or a window
+        # of them where it has none); past that it is endless, and planned a window at a time.
+        batches = batch_lists(self._index_sampler, self._batched)
+        drawn, after = draw_up_to(batches, first_window(planned_length(self._index_sampler)))
+        rest = None if after is None else SamplerRest(batches, after, seed, len(drawn))
+        return SampledPlan(tuple(drawn), seed, epoch, rest=rest)
+
+    def _passed_over(self, drawn: int, base_seed: int) -> SamplerRest | None:
+        """A resumed endless epoch's sampler: a new pass, its first ``drawn`` batches (those
+        the saved epoch had planned) drawn and passed over, as torchdata's stateful loader
+        fast-forwards a sampler without state of its own; None where it ends there."""
+        assert self._index_sampler is not None
+        batches = batch_lists(self._index_sampler, self._batched)
+        passed, after = draw_up_to(batches, drawn)
+        if len(passed) < drawn or after is None:
+            return None
+        return SamplerRest(batches, after, base_seed, drawn)
 
     def _stream_seeds(self, epoch: int, workers: int, first: bool) -> tuple[int, int]:
         """An iterable dataset's base seed and pipe seed for ``epoch`` (0: not a datapipe).
@@ -287,6 +319,7 @@ class EpochCursor:
             plan: EpochPlan | None = None
             remaining: list[int] | None = None
             owed: list[list[Any]] | None = None
+            pending_rest: tuple[int, int] | None = None
             stream = self._pending_stream
             if active is not None and not active.ended:
                 epoch, next_batch = active.epoch, active.position
@@ -294,7 +327,7 @@ class EpochCursor:
                 if active.streams is not None:
                     stream = (active.seed, active.streams, active.rngs, active.pipe_seed)
             elif self._pending is not None:
-                plan = self._pending
+                plan, pending_rest = self._pending, self._pending_rest
                 epoch, next_batch = plan.epoch, plan.first
             else:
                 epoch, next_batch = self._next_epoch, self._next_batch
@@ -329,6 +362,13 @@ class EpochCursor:
             ids = remaining if remaining is not None else range(next_batch, len(plan))
             state["seed"] = plan.seed
             state["batches"] = [[plain_key(key) for key in plan.batch(b)] for b in ids]
+        rest = getattr(plan, "rest", None)
+        if rest is not None:
+            pending_rest = (rest.first, rest.base_seed)
+        if pending_rest is not None:
+            # An endless sampler's epoch: the batches it has given so far, passed over when
+            # the epoch resumes, and the epoch's seed (each later window's is derived from it).
+            state["sampler_batches"], state["epoch_seed"] = pending_rest
         return state
 
     def load_state_dict(self, state: dict[str, Any], workers: int | None = None) -> None:
@@ -390,11 +430,21 @@ class EpochCursor:
                 rngs,
                 None if pipe is None else checked_index("state pipe_seed", pipe),
             )
+        pending_rest = None
         if batches is not None:
             if not isinstance(batches, list) or not all(isinstance(b, list) for b in batches):
                 raise ValueError("state batches must be a list of lists of dataset keys")
             seed = checked_index("state seed", state.get("seed"))
             pending = SampledPlan(tuple(batches), seed, epoch, first=next_batch)
+            if state.get("sampler_batches") is not None:
+                drawn = checked_index("state sampler_batches", state["sampler_batches"])
+                if drawn < next_batch + len(batches):
+                    raise ValueError(
+                        f"state sampler_batches must be at least next_batch + len(batches) "
+                        f"= {next_batch + len(batches)}, got {drawn!r}"
+                    )
+                base = checked_index("state epoch_seed", state.get("epoch_seed"))
+                pending_rest = (drawn, base)
         elif not self._iterable:
             batch_size, shuffle, drop_last = self._batching
             plan = Plan(len(self._dataset), batch_size or 1, shuffle, drop_last, 0, epoch)
@@ -405,4 +455,5 @@ class EpochCursor:
         with self._lock:
             self._next_epoch, self._next_batch = epoch, next_batch
             self._pending, self._pending_stream = pending, pending_stream
+            self._pending_rest = pending_rest
             self._active = lambda: None

@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -21,6 +21,7 @@ import torch
 from drapps.engines.base import Engine, EngineBatch, EpochJob, Skipped
 from drapps.ops.device_stage import DeviceStage, Staged
 from drapps.runtime.errors import SampleError, failure, warn_user
+from drapps.runtime.plan import EpochPlan, SampledPlan, SamplerRest
 from drapps.runtime.sampling import key_of
 from drapps.runtime.seeding import epoch_seeds
 
@@ -110,7 +111,9 @@ class Epoch:
         self._job = job
         self.plan = job.plan
         self.position = job.start if job.plan is not None else 0
-        self.finished = job.plan is not None and job.start >= len(job.plan)
+        self.finished = (
+            job.plan is not None and job.start >= len(job.plan) and _rest(job.plan) is None
+        )
         self._engine, self._stage, self._delivered = engine, stage, delivered
         self._is_current, self._split, self._length = is_current, split, length
         self._reported, self._dataset = reported, dataset
@@ -151,8 +154,10 @@ class Epoch:
         return self._ended
 
     def __len__(self) -> int:
-        if self.plan is not None:
+        if self.plan is not None and _rest(self.plan) is None:
             return len(self.plan) - self.position - len(self._out_of_order)
+        if self.plan is not None:  # an endless sampler's: as long as its len() says, if any
+            return max(0, self._length() - self.position)
         return max(0, self._length() - self.position)
 
     def __next__(self) -> Any:
@@ -235,8 +240,11 @@ class Epoch:
         assert plan is not None
         batch_id = self.position
         if batch_id >= len(plan):
-            self.finished = True
-            return None
+            if not self._next_window():
+                self.finished = True
+                return None
+            plan, batch_id = self.plan, self.position
+            assert plan is not None
         ahead, self._ahead = self._ahead, None
         if ahead is not None:
             made: EngineBatch | None = ahead.made
@@ -321,8 +329,23 @@ class Epoch:
             while self.position in self._out_of_order:
                 self._out_of_order.discard(self.position)
                 self.position += 1
-        if self.position >= len(self.plan):
+        if self.position >= len(self.plan) and _rest(self.plan) is None:
             self.finished = True
+
+    def _next_window(self) -> bool:
+        """Plan an endless sampler's next window and hand it to the engine as the rest of
+        this epoch, its workers kept; False where the sampler has ended."""
+        rest = _rest(self.plan)
+        if rest is None:
+            return False
+        window = rest.window(self.epoch)
+        job = self._job
+        self._engine.end_epoch(replace(job, persistent=True))
+        self._job = replace(job, seed=window.seed, plan=window, start=window.first, fresh=False)
+        self.plan, self.position = window, window.first
+        self._out_of_order.clear()
+        self._engine.start_epoch(self._job)
+        return True
 
     def owed(self) -> list[list[Any]] | None:
         """The keys still owed, in plan order and cut to the remaining batches' sizes, where
@@ -350,6 +373,11 @@ class Epoch:
         if not self._out_of_order or self.plan is None:
             return None
         return [b for b in range(self.position, len(self.plan)) if b not in self._out_of_order]
+
+
+def _rest(plan: EpochPlan | None) -> SamplerRest | None:
+    """What an endless sampler has still to give past ``plan`` (None: ``plan`` is all)."""
+    return plan.rest if isinstance(plan, SampledPlan) else None
 
 
 def _stage_error(exc: Exception, batch_id: int, indices: list[Any]) -> SampleError:

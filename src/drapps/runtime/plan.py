@@ -1,22 +1,30 @@
 """The epoch plan: which indices make batch ``b`` of epoch ``e``.
 
 A :class:`Plan` depends only on (dataset length, batch size, shuffle, drop_last, seed, epoch);
-a :class:`SampledPlan` holds the batches a sampler drew when the epoch began, and a
-:class:`DrawnPlan` draws them from one of torch's own samplers as they are needed. None depends
-on the worker count, so batch ``b`` is the same list of indices however the pool is sized.
+a :class:`SampledPlan` holds the batches a sampler drew when the epoch began (an endless
+sampler's, a window of them at a time: :class:`SamplerRest`), and a :class:`DrawnPlan` draws
+them from one of torch's own samplers as they are needed. None depends on the worker count, so
+batch ``b`` is the same list of indices however the pool is sized.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
 import numpy as np
 
 from drapps.runtime.seeding import ORDER_STREAM, mix_seed
+
+WINDOW = 1024
+"""Batches drawn at a time from a sampler that runs past its ``len()``, or has none (an endless
+sampler, as iteration-based training uses): its epoch is planned a window at a time."""
+
+WINDOW_STREAM = 0x77696E646F77  # "window"
 
 
 @dataclass(frozen=True)
@@ -82,6 +90,8 @@ class SampledPlan:
     """Epoch number."""
     first: int = 0
     """Batch id of ``batches[0]``: a resumed epoch keeps its ids."""
+    rest: SamplerRest | None = field(default=None, compare=False, repr=False)
+    """The sampler's batches past these (None: these end the epoch)."""
 
     def __len__(self) -> int:
         return self.first + len(self.batches)
@@ -91,6 +101,58 @@ class SampledPlan:
         if not self.first <= batch_id < len(self):
             raise IndexError(f"batch_id must be in [{self.first}, {len(self)}), got {batch_id!r}")
         return self.batches[batch_id - self.first]
+
+
+def first_window(length: int | None) -> int:
+    """How many batches a sampler of ``len()`` ``length`` (None: none) is drawn for when its
+    epoch starts: all of them, and one more to learn that it ends there."""
+    return max(WINDOW, 0 if length is None else length + 1)
+
+
+def draw_up_to(
+    batches: Iterator[list[Any]], limit: int
+) -> tuple[list[list[Any]], list[Any] | None]:
+    """Up to ``limit`` of ``batches``, and the one after them (None: they ended first)."""
+    drawn = list(itertools.islice(batches, limit))
+    if len(drawn) < limit:
+        return drawn, None
+    after = next(batches, None)
+    return drawn, None if after is None else list(after)
+
+
+class SamplerRest:
+    """What a sampler has still to give past a plan: its next batch, drawn to learn that there
+    is one, and its iterator. :meth:`window` plans the next :data:`WINDOW` of them.
+
+    Each window's samples are seeded with a seed of their own, derived from the epoch's and
+    the window's first batch id, so a key that an endless sampler draws again in a later
+    window draws its augmentation anew.
+    """
+
+    def __init__(
+        self, batches: Iterator[list[Any]], head: list[Any], base_seed: int, first: int
+    ) -> None:
+        self._batches = batches
+        self._head = head
+        self.base_seed = base_seed
+        """The epoch's seed (the first window's)."""
+        self.first = first
+        """The id of the next batch: how many the sampler has given before it."""
+
+    def window(self, epoch: int) -> SampledPlan:
+        """The next window's plan (at least one batch), its ids from :attr:`first` on."""
+        drawn, after = draw_up_to(self._batches, WINDOW - 1)
+        drawn.insert(0, self._head)
+        rest = None
+        if after is not None:
+            rest = SamplerRest(self._batches, after, self.base_seed, self.first + len(drawn))
+        seed = window_seed(self.base_seed, self.first)
+        return SampledPlan(tuple(drawn), seed, epoch, first=self.first, rest=rest)
+
+
+def window_seed(base_seed: int, first: int) -> int:
+    """The seed of an endless sampler's window from batch ``first`` on (0: the epoch's)."""
+    return base_seed if first == 0 else mix_seed(WINDOW_STREAM, base_seed, first) >> 1
 
 
 class DrawnPlan:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import math
 import operator
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -155,9 +155,22 @@ def drawn_as_needed(index_sampler: Any, auto_collation: bool) -> bool:
 
 def draw_batches(index_sampler: Iterable[Any], auto_collation: bool) -> tuple[list[Any], ...]:
     """Every batch of one pass over ``index_sampler`` (a batch sampler, or a sampler of keys)."""
+    return tuple(batch_lists(index_sampler, auto_collation))
+
+
+def batch_lists(index_sampler: Iterable[Any], auto_collation: bool) -> Iterator[list[Any]]:
+    """The batches of one pass over ``index_sampler``, as lists of keys, drawn as asked."""
     if auto_collation:
-        return tuple(list(batch) for batch in index_sampler)
-    return tuple([key] for key in index_sampler)
+        return (list(batch) for batch in index_sampler)
+    return ([key] for key in index_sampler)
+
+
+def planned_length(index_sampler: Any) -> int | None:
+    """``len(index_sampler)``, or None where it has none (an endless sampler's may raise)."""
+    try:
+        return operator.index(len(index_sampler))
+    except Exception:  # no __len__, or one that refuses (an endless sampler's may)
+        return None
 
 
 def world() -> tuple[int, int] | None:

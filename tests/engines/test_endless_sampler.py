@@ -1,0 +1,172 @@
+"""A sampler that never ends, or has no ``len()``: iteration-based training's
+(detectron2's ``TrainingSampler``, mmengine's ``InfiniteSampler``). DataLoader draws such a
+sampler as it goes; drapps plans its epoch a window of batches at a time."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Sampler
+
+import drapps
+import drapps.runtime.plan
+
+WINDOW = 3
+"""Batches per window in these tests: each run below crosses several windows."""
+
+
+@pytest.fixture(autouse=True)
+def small_windows(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(drapps.runtime.plan, "WINDOW", WINDOW)
+
+
+class Endless(Sampler[int]):
+    """Pass after pass over ``range(n)``, each shuffled by a generator of its own (as
+    detectron2's TrainingSampler); ``stop``: end after that many keys; counts what it gave."""
+
+    def __init__(self, n: int, stop: int | None = None, *, length: bool = False) -> None:
+        self.n, self.stop, self.length = n, stop, length
+        self.given = 0
+
+    def __iter__(self) -> Iterator[int]:
+        g = torch.Generator().manual_seed(0)
+        passes = (i for _ in itertools.count() for i in torch.randperm(self.n, generator=g))
+        for i in itertools.islice(passes, self.stop):
+            self.given += 1
+            yield int(i)
+
+    def __len__(self) -> int:  # mmengine's InfiniteSampler says one pass, and goes on
+        if not self.length:
+            raise TypeError("an endless sampler has no len()")
+        return self.n
+
+
+class Draws:
+    """Each sample: its key, and a draw from torch's global generator."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[int, torch.Tensor]:
+        return i, torch.rand(2)
+
+
+def take(loader: Any, batches: int) -> list[Any]:
+    try:
+        return list(itertools.islice(loader, batches))
+    finally:
+        if hasattr(loader, "close"):
+            loader.close()
+
+
+def keys(batches: list[Any]) -> list[list[int]]:
+    return [batch[0].tolist() for batch in batches]
+
+
+SETTINGS = {
+    "in the loop": {"num_workers": 0},
+    "2 processes": {"num_workers": 2},
+    "2 threads": {"num_workers": 2, "backend": "thread"},
+    "persistent": {"num_workers": 2, "persistent_workers": True},
+    "out of order": {"num_workers": 2, "in_order": False},
+    "auto": {},
+}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("settings", SETTINGS.values(), ids=SETTINGS.keys())
+@pytest.mark.parametrize("length", [False, True], ids=["no len", "len of one pass"])
+def test_an_endless_sampler_gives_dataloaders_batches(
+    settings: dict[str, Any], length: bool
+) -> None:
+    """It hung: the epoch's batches were all drawn before the first was made."""
+    workers = settings.get("num_workers", 0)
+    torch.manual_seed(0)
+    sampler = Endless(10, length=length)
+    reference = take(DataLoader(Draws(10), batch_size=4, sampler=sampler, num_workers=workers), 12)
+    torch.manual_seed(0)
+    sampler = Endless(10, length=length)
+    got = take(drapps.Loader(Draws(10), batch_size=4, sampler=sampler, **settings), 12)
+    if settings.get("in_order", True):
+        assert keys(got) == keys(reference)
+    else:
+        assert sorted(map(sorted, keys(got))) == sorted(map(sorted, keys(reference)))
+    if "num_workers" in settings and settings.get("in_order", True):  # DataLoader's draws too
+        assert all(torch.equal(a[1], b[1]) for a, b in zip(got, reference, strict=True))
+    # Drawn a window ahead of the loop at most (the first window is one pass and a batch
+    # where the sampler's len() says one pass), and a batch more, to learn it goes on.
+    first = max(WINDOW, 3 + 1 if length else 0)
+    assert sampler.given <= 4 * (max(12, first) + WINDOW + 1)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_sampler_without_len_ends_its_epoch_where_it_ends(workers: int) -> None:
+    """37 keys: 10 batches, the last of one; ended past three windows, and again next epoch."""
+    reference = keys(list(DataLoader(Draws(10), batch_size=4, sampler=Endless(10, stop=37))))
+    with drapps.Loader(
+        Draws(10), batch_size=4, sampler=Endless(10, stop=37), num_workers=workers
+    ) as loader:
+        assert [keys(list(loader)) for _ in range(2)] == [reference, reference]
+
+
+@pytest.mark.parametrize("workers", [0, 2, "auto"])
+def test_an_endless_epoch_resumes_from_a_checkpoint_past_its_first_window(
+    workers: int | str,
+) -> None:
+    kwargs: dict[str, Any] = {"batch_size": 4, "seed": 3, "workers": workers}
+    whole = take(drapps.Loader(Draws(10), sampler=Endless(10), **kwargs), 14)
+    with drapps.Loader(Draws(10), sampler=Endless(10), **kwargs) as loader:
+        iterator = iter(loader)
+        first = take_from(iterator, 7)
+        state = json.loads(json.dumps(loader.state_dict()))
+    assert state["sampler_batches"] == 9  # windows of 3: the third is under way
+    resumed = drapps.Loader(Draws(10), sampler=Endless(10), **kwargs)
+    resumed.load_state_dict(state)
+    assert resumed.state_dict() == state  # held until the epoch starts
+    rest = take(resumed, 7)
+    assert keys(first + rest) == keys(whole)
+    assert all(torch.equal(a[1], b[1]) for a, b in zip(first + rest, whole, strict=True))
+
+
+def take_from(iterator: Iterator[Any], batches: int) -> list[Any]:
+    return [next(iterator) for _ in range(batches)]
+
+
+def test_a_key_drawn_again_in_a_later_window_draws_anew_the_same_for_any_workers() -> None:
+    """With a seed each sample's draws come from (seed, epoch, key); an endless sampler
+    draws a key again and again in one epoch, and each window seeds its samples apart."""
+    runs = [
+        take(drapps.Loader(Draws(100), batch_size=4, sampler=Endless(100), seed=0, workers=w), 60)
+        for w in (0, 2)
+    ]
+    assert all(torch.equal(a[1], b[1]) for a, b in zip(*runs, strict=True))
+    by_window: dict[int, dict[int, torch.Tensor]] = {}
+    for b, (batch_keys, draws) in enumerate(runs[0]):
+        window = b // WINDOW
+        for key, draw in zip(batch_keys.tolist(), draws, strict=True):
+            by_window.setdefault(key, {}).setdefault(window, draw)
+    again = [d for d in by_window.values() if len(d) > 1]
+    assert again  # 240 keys of 100: many drawn in two windows
+    assert all(
+        not torch.equal(x, y)
+        for draws in again
+        for x, y in itertools.combinations(draws.values(), 2)
+    )
+
+
+def test_a_checkpoint_of_an_endless_epoch_is_checked_as_it_loads() -> None:
+    with drapps.Loader(Draws(10), batch_size=4, sampler=Endless(10), seed=3, workers=0) as loader:
+        iterator = iter(loader)
+        take_from(iterator, 4)
+        state = loader.state_dict()
+    state["sampler_batches"] = 1
+    with pytest.raises(ValueError, match="sampler_batches must be at least"):
+        drapps.Loader(Draws(10), batch_size=4, sampler=Endless(10), seed=3).load_state_dict(state)
