@@ -276,7 +276,14 @@ class Loader(_DataLoaderAttributes):
     def __iter__(self) -> Iterator[Any]:
         if self._closed:
             raise RuntimeError("this drapps.Loader is closed")
-        return self._parts.start_epoch(self._cursor, self.__len__)
+        try:
+            return self._parts.start_epoch(self._cursor, self.__len__)
+        except Exception as exc:
+            # A sampler that fails as the epoch is planned: DataLoader's in-process iterator
+            # (its default, and what workers="auto" stands in for) raises that from next().
+            if getattr(exc, "drapps_sampler", False) and self.config.workers in (0, "auto"):
+                return _raising(exc)
+            raise
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next ``iter(loader)`` run ``epoch`` from its first batch; passed on to the
@@ -375,3 +382,9 @@ class Loader(_DataLoaderAttributes):
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _raising(error: Exception) -> Iterator[Any]:
+    """An epoch whose sampler failed as it began: ``next()`` raises that, then it is over."""
+    yield from ()
+    raise error

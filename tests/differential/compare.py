@@ -76,6 +76,19 @@ class Outcome:
             isinstance(b, Raised) for epoch in self.epochs for b in epoch
         )
 
+    def first(self, epochs: int) -> Outcome:
+        """What the loop received in its first ``epochs`` epochs."""
+        ended = self.error is not None and (
+            self.where == "construction" or int(self.where.split()[1]) < epochs
+        )
+        return Outcome(
+            self.epochs[:epochs],
+            self.error if ended else None,
+            self.where if ended else "",
+            self.length,
+            self.after[:epochs],
+        )
+
     def error_kinds(self) -> list[type[BaseException]]:
         """The types of every error raised, in order (the one that ended it last)."""
         kinds = [b.kind for epoch in self.epochs for b in epoch if isinstance(b, Raised)]

@@ -121,9 +121,12 @@ def check_against_dataloader(case: Case) -> None:
     if got.failed and expected.failed and reference.workers and not same_kinds(got, expected):
         # A malformed batch fails in DataLoader's workers where it collates into shared
         # memory (AttributeError), in-process where it stacks (TypeError): either is its.
-        alternative = _dataloaders(case, _in_process(reference), 2)
-        if alternative.failed and same_kinds(got, alternative):
-            expected, reference = alternative, _in_process(reference)
+        # Without workers DataLoader draws a base seed every epoch, so a persistent loader
+        # is held to it for its first epoch only.
+        alone = 1 if s.persistent_workers else 2
+        alternative = _dataloaders(case, _in_process(reference), alone)
+        if alternative.failed and same_kinds(got.first(alone), alternative):
+            expected, reference, got = alternative, _in_process(reference), got.first(alone)
     # Against another loader's settings (DataLoader without workers), the base seeds drawn
     # differ (once for a persistent loader, once per epoch without workers).
     assert_same(
@@ -286,9 +289,31 @@ _STORAGE_ON_THREADS = dataclasses.replace(
     _STORAGE, settings=Settings(workers=2, batch_size=2, collate="identity", threads=True)
 )
 
+# Found by a campaign: a sampler that fails as it draws (a RandomSampler with replacement
+# over an empty dataset), which DataLoader's in-process iterator raises from next().
+_SAMPLER_FAILS_AUTO = Case(
+    n=0,
+    payload=Payload(leaf=Leaf(kind="python", dtype="int")),
+    settings=Settings(workers="auto", batch_size=None, sampler="random_replacement"),
+)
+# Found by the same campaign: a persistent loader whose batch mixes a tensor and a number
+# (DataLoader's workers raise AttributeError, in-process TypeError, as drapps does).
+_MIXED_BATCH_PERSISTENT = Case(
+    n=4,
+    payload=Payload(
+        leaf=Leaf(kind="tensor", dtype="bool"),
+        alternate=Payload(leaf=Leaf(kind="python", dtype="int")),
+    ),
+    settings=Settings(
+        workers=1, batch_size=3, shuffle=True, in_order=False, persistent_workers=True
+    ),
+)
+
 
 @FAST
 @given(cases(draws=DRAWS))
+@example(_SAMPLER_FAILS_AUTO)
+@example(_MIXED_BATCH_PERSISTENT)
 @example(_STREAM_GOES_ON)
 @example(_STREAM_GOES_ON_IN_PROCESS)
 @example(_STREAM_FAILS_FIRST_AUTO)

@@ -214,7 +214,11 @@ class EpochCursor:
                     (drawn, base_seed), self._pending_rest = self._pending_rest, None
                     plan = replace(plan, rest=self._passed_over(drawn, base_seed))
             else:
-                plan, start = self._make_plan(self._next_epoch), self._next_batch
+                try:
+                    plan, start = self._make_plan(self._next_epoch), self._next_batch
+                except Exception as exc:
+                    exc.drapps_sampler = True  # type: ignore[attr-defined]
+                    raise
             self._next_epoch, self._next_batch = plan.epoch + 1, 0
             return EpochJob(plan.epoch, plan.seed, plan, start, fresh, self._persistent)
 
