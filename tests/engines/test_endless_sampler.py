@@ -91,16 +91,18 @@ def test_an_endless_sampler_gives_dataloaders_batches(
     workers = settings.get("num_workers", 0)
     torch.manual_seed(0)
     sampler = Endless(10, length=length)
-    reference = take(DataLoader(Draws(10), batch_size=4, sampler=sampler, num_workers=workers), 12)
+    reference = take(DataLoader(Draws(10), batch_size=4, sampler=sampler, num_workers=workers), 24)
     torch.manual_seed(0)
     sampler = Endless(10, length=length)
     got = take(drapps.Loader(Draws(10), batch_size=4, sampler=sampler, **settings), 12)
     if settings.get("in_order", True):
-        assert keys(got) == keys(reference)
-    else:
-        assert sorted(map(sorted, keys(got))) == sorted(map(sorted, keys(reference)))
-    if "num_workers" in settings and settings.get("in_order", True):  # DataLoader's draws too
-        assert all(torch.equal(a[1], b[1]) for a, b in zip(got, reference, strict=True))
+        assert keys(got) == keys(reference)[:12]
+        if "num_workers" in settings:  # DataLoader's draws too
+            assert all(torch.equal(a[1], b[1]) for a, b in zip(got, reference, strict=False))
+    else:  # each of DataLoader's batches once, in the order they were made
+        planned = keys(reference)
+        for batch in keys(got):
+            planned[planned.index(batch)] = []
     # Drawn a window ahead of the loop at most (the first window is one pass and a batch
     # where the sampler's len() says one pass), and a batch more, to learn it goes on.
     first = max(WINDOW, 3 + 1 if length else 0)
