@@ -271,3 +271,46 @@ def test_load_state_dict_refuses_booleans_and_out_of_range_and_takes_numpy_ints(
     for seed in (2**64, True, -1):
         with pytest.raises(ValueError, match="seed must be an int in"):
             drapps.Loader(SlowDataset(4), seed=seed)
+
+
+class _FailingSampler(torch.utils.data.Sampler[int]):
+    """Fails as it draws its first key (a RandomSampler with replacement over nothing does)."""
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        raise LookupError("the sampler has nothing to draw from")
+        yield 0
+
+    def __len__(self) -> int:
+        return 3
+
+
+def _where_it_raises(loader: Any) -> list[str]:
+    """What two epochs of a loop that calls iter() and next() apart meet."""
+    met = []
+    for _ in range(2):
+        try:
+            iterator = iter(loader)
+        except LookupError:
+            met.append("iter")
+            continue
+        while True:
+            try:
+                next(iterator)
+            except StopIteration:
+                break
+            except LookupError:
+                met.append("next")
+    return met
+
+
+@pytest.mark.parametrize("workers", [0, "auto", 2])
+def test_a_sampler_that_fails_as_it_draws_raises_where_dataloaders_does(
+    workers: int | str,
+) -> None:
+    """In the training process (DataLoader's default) from next(), and the epoch is over;
+    with workers, from iter()."""
+    reference = torch.utils.data.DataLoader(
+        list(range(3)), sampler=_FailingSampler(), num_workers=2 if workers == 2 else 0
+    )
+    with drapps.Loader(list(range(3)), sampler=_FailingSampler(), workers=workers) as loader:
+        assert _where_it_raises(loader) == _where_it_raises(reference)

@@ -119,21 +119,23 @@ def test_a_sampler_without_len_ends_its_epoch_where_it_ends(workers: int) -> Non
         assert [keys(list(loader)) for _ in range(2)] == [reference, reference]
 
 
+@pytest.mark.parametrize("taken", [7, 6], ids=["within a window", "between two"])
 @pytest.mark.parametrize("workers", [0, 2, "auto"])
 def test_an_endless_epoch_resumes_from_a_checkpoint_past_its_first_window(
-    workers: int | str,
+    workers: int | str, taken: int
 ) -> None:
     kwargs: dict[str, Any] = {"batch_size": 4, "seed": 3, "workers": workers}
     whole = take(drapps.Loader(Draws(10), sampler=Endless(10), **kwargs), 14)
     with drapps.Loader(Draws(10), sampler=Endless(10), **kwargs) as loader:
         iterator = iter(loader)
-        first = take_from(iterator, 7)
+        first = take_from(iterator, taken)
         state = json.loads(json.dumps(loader.state_dict()))
-    assert state["sampler_batches"] == 9  # windows of 3: the third is under way
+    # Windows of 3: the third is under way, or the second taken whole.
+    assert (state["sampler_batches"], len(state["batches"])) == ((9, 2) if taken == 7 else (6, 0))
     resumed = drapps.Loader(Draws(10), sampler=Endless(10), **kwargs)
     resumed.load_state_dict(state)
     assert resumed.state_dict() == state  # held until the epoch starts
-    rest = take(resumed, 7)
+    rest = take(resumed, 14 - taken)
     assert keys(first + rest) == keys(whole)
     assert all(torch.equal(a[1], b[1]) for a, b in zip(first + rest, whole, strict=True))
 

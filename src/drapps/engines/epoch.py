@@ -156,8 +156,7 @@ class Epoch:
     def __len__(self) -> int:
         if self.plan is not None and _rest(self.plan) is None:
             return len(self.plan) - self.position - len(self._out_of_order)
-        if self.plan is not None:  # an endless sampler's: as long as its len() says, if any
-            return max(0, self._length() - self.position)
+        # A stream's, or an endless sampler's: as long as the loader's len() says, if it can.
         return max(0, self._length() - self.position)
 
     def __next__(self) -> Any:
