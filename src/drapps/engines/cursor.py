@@ -259,10 +259,10 @@ class EpochCursor:
         if drawn_as_needed(self._index_sampler, self._batched):
             sampler: Any = self._index_sampler
             return DrawnPlan(iter(sampler), len(sampler), seed, epoch)
-        # The sampler's batches, all of them where they end within its len() (or a window
-        # of them where it has none); past that it is endless, and planned a window at a time.
+        # The sampler's batches, all of them where they end within its len() (or its first
+        # pass where it has none); past that it is endless, and planned a window at a time.
         batches = batch_lists(self._index_sampler, self._batched)
-        drawn, after = draw_up_to(batches, first_window(planned_length(self._index_sampler)))
+        drawn, after = first_window(batches, planned_length(self._index_sampler))
         rest = None if after is None else SamplerRest(batches, after, seed, len(drawn))
         return SampledPlan(tuple(drawn), seed, epoch, rest=rest)
 

@@ -18,11 +18,15 @@ from typing import Any
 
 import numpy as np
 
+from drapps.runtime.sampling import key_of
 from drapps.runtime.seeding import ORDER_STREAM, mix_seed
 
 WINDOW = 1024
-"""Batches drawn at a time from a sampler that runs past its ``len()``, or has none (an endless
+"""Batches drawn at a time, at most, from a sampler that runs past its ``len()`` (an endless
 sampler, as iteration-based training uses): its epoch is planned a window at a time."""
+
+FIRST_WINDOW = 1 << 20
+"""Batches a sampler without ``len()`` is drawn for at most when its epoch starts."""
 
 WINDOW_STREAM = 0x77696E646F77  # "window"
 
@@ -103,26 +107,46 @@ class SampledPlan:
         return self.batches[batch_id - self.first]
 
 
-def first_window(length: int | None) -> int:
-    """How many batches a sampler of ``len()`` ``length`` (None: none) is drawn for when its
-    epoch starts: all of them, and one more to learn that it ends there."""
-    return max(WINDOW, 0 if length is None else length + 1)
+def first_window(
+    batches: Iterator[list[Any]], length: int | None
+) -> tuple[list[list[Any]], list[Any] | None]:
+    """The batches a sampler of ``len()`` ``length`` (None: none) is drawn for when its epoch
+    starts, and the one after them (None: the sampler ended there).
+
+    With a ``len()``, that many, as DataLoader's ``len()`` counts them; without, until a key
+    comes again (an endless sampler's first pass), or :data:`FIRST_WINDOW` batches.
+    """
+    if length is None:
+        return draw_up_to(batches, FIRST_WINDOW, distinct=True)
+    return draw_up_to(batches, length)
 
 
 def draw_up_to(
-    batches: Iterator[list[Any]], limit: int
+    batches: Iterator[list[Any]], limit: int, *, distinct: bool = False
 ) -> tuple[list[list[Any]], list[Any] | None]:
-    """Up to ``limit`` of ``batches``, and the one after them (None: they ended first)."""
-    drawn = list(itertools.islice(batches, limit))
-    if len(drawn) < limit:
-        return drawn, None
-    after = next(batches, None)
-    return drawn, None if after is None else list(after)
+    """Up to ``limit`` of ``batches``, and the one after them (None: they ended first).
+
+    ``distinct``: end also before a batch that holds a key already drawn. Within a window a
+    sample's draws are seeded from its key alone, so a window of an endless sampler holds
+    each key once (a key repeated within one batch keeps its repeats).
+    """
+    drawn: list[list[Any]] = []
+    seen: set[int] = set()
+    for batch in batches:
+        if len(drawn) == limit:
+            return drawn, batch
+        if distinct:
+            keys = {key_of(key) for key in batch}
+            if drawn and not seen.isdisjoint(keys):
+                return drawn, batch
+            seen |= keys
+        drawn.append(batch)
+    return drawn, None
 
 
 class SamplerRest:
     """What a sampler has still to give past a plan: its next batch, drawn to learn that there
-    is one, and its iterator. :meth:`window` plans the next :data:`WINDOW` of them.
+    is one, and its iterator. :meth:`window` plans the next window of them.
 
     Each window's samples are seeded with a seed of their own, derived from the epoch's and
     the window's first batch id, so a key that an endless sampler draws again in a later
@@ -140,9 +164,10 @@ class SamplerRest:
         """The id of the next batch: how many the sampler has given before it."""
 
     def window(self, epoch: int) -> SampledPlan:
-        """The next window's plan (at least one batch), its ids from :attr:`first` on."""
-        drawn, after = draw_up_to(self._batches, WINDOW - 1)
-        drawn.insert(0, self._head)
+        """The next window's plan (at least one batch), its ids from :attr:`first` on: up
+        to :data:`WINDOW` batches, ending before a key comes again."""
+        batches = itertools.chain([self._head], self._batches)
+        drawn, after = draw_up_to(batches, WINDOW, distinct=True)
         rest = None
         if after is not None:
             rest = SamplerRest(self._batches, after, self.base_seed, self.first + len(drawn))
