@@ -196,6 +196,60 @@ def test_resume_yields_exactly_the_remaining_batches(
         assert second.state_dict()["epoch"] == 1  # the next iteration is the next epoch
 
 
+class _Stream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        info = torch.utils.data.get_worker_info()
+        start, step = (0, 1) if info is None else (info.id, info.num_workers)
+        return iter(range(start, 30, step))
+
+
+@pytest.mark.parametrize("seed", [11, None])
+@pytest.mark.parametrize("stream", [False, True], ids=["map-style", "iterable"])
+@pytest.mark.parametrize("workers", [0, 2, "auto"])
+def test_a_checkpoint_after_the_loop_breaks_out_resumes_the_rest_of_the_epoch(
+    workers: int | str, stream: bool, seed: int | None
+) -> None:
+    """A loop that breaks out mid-epoch (a job out of time) and saves: its iterator is gone,
+    and the checkpoint pointed past the epoch, dropping its remaining batches on resume."""
+
+    def loader() -> drapps.Loader:
+        if stream:
+            return drapps.Loader(_Stream(), batch_size=3, seed=seed, workers=workers)
+        return drapps.Loader(
+            list(range(30)), batch_size=3, shuffle=True, seed=seed, workers=workers
+        )
+
+    torch.manual_seed(0)
+    with loader() as whole:
+        expected = [b.tolist() for b in whole]
+    torch.manual_seed(0)
+    with loader() as first:
+        head = []
+        for step, batch in enumerate(first):
+            head.append(batch.tolist())
+            if step == 3:
+                break
+        gc.collect()
+        state = json.loads(json.dumps(first.state_dict()))
+        assert (state["epoch"], state["next_batch"]) == (0, 4)
+    with loader() as second:
+        second.load_state_dict(state)
+        assert head + [b.tolist() for b in second] == expected
+
+
+def test_after_a_break_a_new_iteration_or_set_epoch_moves_the_checkpoint_on() -> None:
+    with drapps.Loader(list(range(12)), batch_size=3, seed=0, workers=0) as loader:
+        for _ in loader:
+            break
+        assert loader.state_dict()["next_batch"] == 1
+        it = iter(loader)  # the next epoch: the one let go of is over
+        assert (loader.state_dict()["epoch"], loader.state_dict()["next_batch"]) == (1, 0)
+        next(it)
+        del it
+        loader.set_epoch(5)
+        assert (loader.state_dict()["epoch"], loader.state_dict()["next_batch"]) == (5, 0)
+
+
 def test_state_dict_before_and_after_an_epoch() -> None:
     with drapps.Loader(SlowDataset(8), batch_size=4, workers=0) as loader:
         assert loader.state_dict()["epoch"] == 0 and loader.state_dict()["next_batch"] == 0

@@ -261,10 +261,16 @@ class LoaderMachine(RuleBasedStateMachine):
             self.take_a_batch()
 
     @precondition(lambda self: self.epoch < EPOCHS)
-    @rule(torch_seed=st.integers(1, 3), drop=st.booleans())
-    def checkpoint_and_resume_in_a_new_loader(self, torch_seed: int, drop: bool) -> None:
+    @rule(torch_seed=st.integers(1, 3), drop=st.booleans(), let_go=st.booleans())
+    def checkpoint_and_resume_in_a_new_loader(
+        self, torch_seed: int, drop: bool, let_go: bool = False
+    ) -> None:
         """Resume in a new loader; the old one closed, or dropped mid-epoch unclosed (its
-        workers and memory must go with it)."""
+        workers and memory must go with it). ``let_go``: the loop let go of its iterator
+        before the checkpoint (it broke out of the epoch), which still holds the epoch."""
+        if let_go:
+            self.iterator = None
+            gc.collect()
         state = json.loads(json.dumps(self.loader.state_dict()))
         if drop:
             del self.loader, self.iterator

@@ -149,7 +149,7 @@ class Parts:
                 turn=self.turn,
             )
             self.delivered.epoch = job.epoch
-            cursor.follow(epoch)
+            epoch.on_let_go = cursor.follow(epoch)
         if self.tuner is not None:  # its threads start after the epoch's workers' zygote
             self.tuner.start()
         return epoch

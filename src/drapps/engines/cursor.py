@@ -8,10 +8,11 @@ their own state.
 
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
 from collections.abc import Callable, Iterable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import torch
@@ -70,6 +71,46 @@ class Positioned(Protocol):
     def undelivered(self) -> list[int] | None: ...
 
     def owed(self) -> list[list[Any]] | None: ...
+
+
+@dataclass(frozen=True)
+class Left:
+    """An epoch under way whose iterator the loop let go of before its end (a loop that
+    breaks out of it): what a checkpoint reads of it, kept as it stood then."""
+
+    epoch: int
+    position: int
+    plan: EpochPlan | None
+    seed: int
+    streams: int | None
+    rngs: list[dict[str, Any]] | None
+    pipe_seed: int
+    held_undelivered: list[int] | None
+    held_owed: list[list[Any]] | None
+
+    @property
+    def ended(self) -> bool:
+        return False
+
+    def undelivered(self) -> list[int] | None:
+        return self.held_undelivered
+
+    def owed(self) -> list[list[Any]] | None:
+        return self.held_owed
+
+    @classmethod
+    def of(cls, epoch: Positioned) -> Left:
+        return cls(
+            epoch.epoch,
+            epoch.position,
+            epoch.plan,
+            epoch.seed,
+            epoch.streams,
+            epoch.rngs,
+            epoch.pipe_seed,
+            epoch.undelivered(),
+            epoch.owed(),
+        )
 
 
 class EpochCursor:
@@ -138,8 +179,12 @@ class EpochCursor:
         self.reported: int | None = None
         """The length ``len(loader)`` last reported for an iterable dataset (None: never
         asked): a stream that yields more batches gets DataLoader's warning."""
-        # A weak reference: the iterator holds the loader, not the other way round.
+        # A weak reference: the iterator holds the loader, not the other way round. Let go
+        # of before its end, it leaves what a checkpoint reads of it (``_left``), as
+        # torchdata's stateful loader, which holds its iterator, would still read it.
         self._active: Callable[[], Positioned | None] = lambda: None
+        self._serial = 0  # the epoch under way's; a later one's start, or a load, moves it
+        self._left: Left | None = None
 
     @classmethod
     def of(
@@ -222,9 +267,26 @@ class EpochCursor:
             self._next_epoch, self._next_batch = plan.epoch + 1, 0
             return EpochJob(plan.epoch, plan.seed, plan, start, fresh, self._persistent)
 
-    def follow(self, epoch: Positioned) -> None:
-        """Make ``epoch`` the one under way (held weakly)."""
+    def follow(self, epoch: Positioned) -> Callable[[Positioned], None]:
+        """Make ``epoch`` the one under way (held weakly); returns what it calls with itself
+        when it is let go of before its end."""
         self._active = weakref.ref(epoch)
+        self._serial += 1
+        self._left = None
+        return functools.partial(self._let_go, self._serial)
+
+    def _let_go(self, serial: int, epoch: Positioned) -> None:
+        """``epoch``, the one under way as of ``serial``, is let go of (from its ``__del__``,
+        in whichever thread dropped it, maybe holding this cursor's lock: so no lock)."""
+        if serial == self._serial:
+            self._left = Left.of(epoch)
+
+    def _forget(self) -> None:
+        """No epoch is under way (a ``set_epoch`` or a load decided the next); with the
+        lock held."""
+        self._active = lambda: None
+        self._serial += 1
+        self._left = None
 
     def is_current(self, epoch: Positioned) -> bool:
         return self._active() is epoch
@@ -239,7 +301,7 @@ class EpochCursor:
         with self._lock:
             self._next_epoch, self._next_batch = epoch, 0
             self._pending, self._pending_stream, self._pending_rest = None, None, None
-            self._active = lambda: None
+            self._forget()
 
     def length(self) -> int:
         """Batches in an epoch (this rank's share under torch.distributed)."""
@@ -319,7 +381,9 @@ class EpochCursor:
         stored with its remaining batches, since a sampler cannot in general redraw them.
         """
         with self._lock:
-            active = self._active()
+            active: Positioned | Left | None = self._active()
+            if active is None:  # let go of before its end, or none under way
+                active = self._left
             plan: EpochPlan | None = None
             remaining: list[int] | None = None
             owed: list[list[Any]] | None = None
@@ -460,4 +524,4 @@ class EpochCursor:
             self._next_epoch, self._next_batch = epoch, next_batch
             self._pending, self._pending_stream = pending, pending_stream
             self._pending_rest = pending_rest
-            self._active = lambda: None
+            self._forget()

@@ -120,6 +120,8 @@ class Epoch:
         self._batched, self._batch_size = batched, batch_size
         self._ahead: _Ahead | None = None
         self._ended = False
+        self.on_let_go: Callable[[Epoch], None] | None = None
+        """Called with this epoch when it is let go of before its end (set by the cursor)."""
         self._failed = 0  # a stream's batches that failed (they count in its position)
         self._out_of_order: set[int] = set()  # ids past position delivered ahead of it
         self._places: set[tuple[int, int]] | None = None  # delivered, when batches are filled
@@ -145,6 +147,14 @@ class Epoch:
 
     def __iter__(self) -> Epoch:
         return self
+
+    def __del__(self) -> None:
+        # Let go of before its end (a loop that breaks out of it): the loader's checkpoint
+        # still reads where it stood, as if the loop held it.
+        let_go = self.__dict__.get("on_let_go")
+        if let_go is not None and not self.__dict__.get("_ended", True):
+            with contextlib.suppress(Exception):  # late in the interpreter's shutdown
+                let_go(self)
 
     @property
     def ended(self) -> bool:
