@@ -28,6 +28,7 @@ from drapps.runtime.plan import (
     SamplerRest,
     draw_up_to,
     first_window,
+    rest_of,
 )
 from drapps.runtime.sampling import (
     batch_lists,
@@ -74,43 +75,25 @@ class Positioned(Protocol):
 
 
 @dataclass(frozen=True)
-class Left:
-    """An epoch under way whose iterator the loop let go of before its end (a loop that
-    breaks out of it): what a checkpoint reads of it, kept as it stood then."""
+class Standing:
+    """Where an epoch under way stands, as a checkpoint reads it: its position, its plan, the
+    batches still owed, and a stream's seeds. Read while its iterator lives, or kept as it
+    stood when the loop let go of the iterator before its end (a loop that breaks out)."""
 
     epoch: int
-    position: int
+    next_batch: int
     plan: EpochPlan | None
-    seed: int
-    streams: int | None
-    rngs: list[dict[str, Any]] | None
-    pipe_seed: int
-    held_undelivered: list[int] | None
-    held_owed: list[list[Any]] | None
-
-    @property
-    def ended(self) -> bool:
-        return False
-
-    def undelivered(self) -> list[int] | None:
-        return self.held_undelivered
-
-    def owed(self) -> list[list[Any]] | None:
-        return self.held_owed
+    remaining: list[int] | None
+    owed: list[list[Any]] | None
+    stream: _Stream | None
 
     @classmethod
-    def of(cls, epoch: Positioned) -> Left:
-        return cls(
-            epoch.epoch,
-            epoch.position,
-            epoch.plan,
-            epoch.seed,
-            epoch.streams,
-            epoch.rngs,
-            epoch.pipe_seed,
-            epoch.undelivered(),
-            epoch.owed(),
-        )
+    def of(cls, epoch: Positioned) -> Standing:
+        stream = None
+        if epoch.streams is not None:
+            stream = (epoch.seed, epoch.streams, epoch.rngs, epoch.pipe_seed)
+        plan = epoch.plan
+        return cls(epoch.epoch, epoch.position, plan, epoch.undelivered(), epoch.owed(), stream)
 
 
 class EpochCursor:
@@ -184,7 +167,7 @@ class EpochCursor:
         # torchdata's stateful loader, which holds its iterator, would still read it.
         self._active: Callable[[], Positioned | None] = lambda: None
         self._serial = 0  # the epoch under way's; a later one's start, or a load, moves it
-        self._left: Left | None = None
+        self._left: Standing | None = None
 
     @classmethod
     def of(
@@ -279,7 +262,7 @@ class EpochCursor:
         """``epoch``, the one under way as of ``serial``, is let go of (from its ``__del__``,
         in whichever thread dropped it, maybe holding this cursor's lock: so no lock)."""
         if serial == self._serial:
-            self._left = Left.of(epoch)
+            self._left = Standing.of(epoch)
 
     def _forget(self) -> None:
         """No epoch is under way (a ``set_epoch`` or a load decided the next); with the
@@ -381,19 +364,22 @@ class EpochCursor:
         stored with its remaining batches, since a sampler cannot in general redraw them.
         """
         with self._lock:
-            active: Positioned | Left | None = self._active()
-            if active is None:  # let go of before its end, or none under way
-                active = self._left
+            # The epoch under way, or the one let go of before its end (None: neither).
+            active = self._active()
+            if active is None:
+                standing = self._left
+            else:
+                standing = None if active.ended else Standing.of(active)
             plan: EpochPlan | None = None
             remaining: list[int] | None = None
             owed: list[list[Any]] | None = None
             pending_rest: tuple[int, int] | None = None
             stream = self._pending_stream
-            if active is not None and not active.ended:
-                epoch, next_batch = active.epoch, active.position
-                plan, remaining, owed = active.plan, active.undelivered(), active.owed()
-                if active.streams is not None:
-                    stream = (active.seed, active.streams, active.rngs, active.pipe_seed)
+            if standing is not None:
+                epoch, next_batch, plan = standing.epoch, standing.next_batch, standing.plan
+                remaining, owed = standing.remaining, standing.owed
+                if standing.stream is not None:
+                    stream = standing.stream
             elif self._pending is not None:
                 plan, pending_rest = self._pending, self._pending_rest
                 epoch, next_batch = plan.epoch, plan.first
@@ -430,7 +416,7 @@ class EpochCursor:
             ids = remaining if remaining is not None else range(next_batch, len(plan))
             state["seed"] = plan.seed
             state["batches"] = [[plain_key(key) for key in plan.batch(b)] for b in ids]
-        rest = getattr(plan, "rest", None)
+        rest = rest_of(plan)
         if rest is not None:
             pending_rest = (rest.first, rest.base_seed)
         if pending_rest is not None:

@@ -21,7 +21,7 @@ import torch
 from drapps.engines.base import Engine, EngineBatch, EpochJob, Skipped
 from drapps.ops.device_stage import DeviceStage, Staged
 from drapps.runtime.errors import SampleError, failure, warn_user
-from drapps.runtime.plan import EpochPlan, SampledPlan, SamplerRest
+from drapps.runtime.plan import rest_of
 from drapps.runtime.sampling import key_of
 from drapps.runtime.seeding import epoch_seeds
 
@@ -112,7 +112,7 @@ class Epoch:
         self.plan = job.plan
         self.position = job.start if job.plan is not None else 0
         self.finished = (
-            job.plan is not None and job.start >= len(job.plan) and _rest(job.plan) is None
+            job.plan is not None and job.start >= len(job.plan) and rest_of(job.plan) is None
         )
         self._engine, self._stage, self._delivered = engine, stage, delivered
         self._is_current, self._split, self._length = is_current, split, length
@@ -164,7 +164,7 @@ class Epoch:
         return self._ended
 
     def __len__(self) -> int:
-        if self.plan is not None and _rest(self.plan) is None:
+        if self.plan is not None and rest_of(self.plan) is None:
             return len(self.plan) - self.position - len(self._out_of_order)
         # A stream's, or an endless sampler's: as long as the loader's len() says, if it can.
         return max(0, self._length() - self.position)
@@ -338,13 +338,13 @@ class Epoch:
             while self.position in self._out_of_order:
                 self._out_of_order.discard(self.position)
                 self.position += 1
-        if self.position >= len(self.plan) and _rest(self.plan) is None:
+        if self.position >= len(self.plan) and rest_of(self.plan) is None:
             self.finished = True
 
     def _next_window(self) -> bool:
         """Plan an endless sampler's next window and hand it to the engine as the rest of
         this epoch, its workers kept; False where the sampler has ended."""
-        rest = _rest(self.plan)
+        rest = rest_of(self.plan)
         if rest is None:
             return False
         window = rest.window(self.epoch)
@@ -382,11 +382,6 @@ class Epoch:
         if not self._out_of_order or self.plan is None:
             return None
         return [b for b in range(self.position, len(self.plan)) if b not in self._out_of_order]
-
-
-def _rest(plan: EpochPlan | None) -> SamplerRest | None:
-    """What an endless sampler has still to give past ``plan`` (None: ``plan`` is all)."""
-    return plan.rest if isinstance(plan, SampledPlan) else None
 
 
 def _stage_error(exc: Exception, batch_id: int, indices: list[Any]) -> SampleError:

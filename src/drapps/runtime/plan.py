@@ -175,6 +175,11 @@ class SamplerRest:
         return SampledPlan(tuple(drawn), seed, epoch, first=self.first, rest=rest)
 
 
+def rest_of(plan: EpochPlan | None) -> SamplerRest | None:
+    """What an endless sampler has still to give past ``plan`` (None: ``plan`` is all)."""
+    return plan.rest if isinstance(plan, SampledPlan) else None
+
+
 def window_seed(base_seed: int, first: int) -> int:
     """The seed of an endless sampler's window from batch ``first`` on (0: the epoch's)."""
     return base_seed if first == 0 else mix_seed(WINDOW_STREAM, base_seed, first) >> 1

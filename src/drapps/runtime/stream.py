@@ -421,8 +421,11 @@ class StreamPool:
             try:
                 batch = unpack(reply.packed)
             except RebuildError as exc:
-                what = f"worker {worker.slot}'s batch was made but could not be rebuilt in the "
-                rebuilt = failure(exc.error, what + "training process", stage="transport")
+                what = (
+                    f"worker {worker.slot}'s batch was made but could not be rebuilt in the "
+                    "training process"
+                )
+                rebuilt = failure(exc.error, what, stage="transport")
                 rebuilt.__cause__ = exc.error
                 yield None, [], rebuilt
                 continue
