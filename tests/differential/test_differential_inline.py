@@ -71,7 +71,7 @@ class Run:
     seed: int | None
     batch_size: int
     shuffle: bool
-    sampler: bool
+    sampler: str | None  # None, "random", or one that gives keys again: "replacement", "weighted"
     dispatch: str
     cache: bool
     persistent: bool
@@ -119,8 +119,8 @@ class Run:
             kwargs["collate_fn"] = identity
         if not self.iterable:
             kwargs["shuffle"] = self.shuffle and not self.sampler
-            if self.sampler:
-                kwargs["sampler"] = torch.utils.data.RandomSampler(dataset)
+            if self.sampler is not None:
+                kwargs["sampler"] = _sampler(self.sampler, len(dataset))
             if inline and self.per_sample:
                 kwargs["dispatch"] = "samples"  # without workers too, each sample seeded
             if not inline:
@@ -148,7 +148,7 @@ def runs() -> st.SearchStrategy[Run]:
         seed=st.sampled_from((None, 0, 7)),
         batch_size=st.integers(1, 5),
         shuffle=st.booleans(),
-        sampler=st.booleans(),
+        sampler=st.sampled_from((None, None, "random", "replacement", "weighted")),
         dispatch=st.sampled_from(("batches", "samples")),
         cache=st.booleans(),
         persistent=st.booleans(),
@@ -160,6 +160,16 @@ def runs() -> st.SearchStrategy[Run]:
         held=st.booleans(),
         keep=st.sampled_from((False, False, True)),
     )
+
+
+def _sampler(kind: str, n: int) -> Any:
+    """A sampler drawing from torch's RNG: a permutation, or keys drawn with replacement (as
+    often as the dataset is long), the last key 20 times as likely as the others."""
+    if kind == "random":
+        return torch.utils.data.RandomSampler(range(n))
+    if kind == "replacement":
+        return torch.utils.data.RandomSampler(range(n), replacement=True)
+    return torch.utils.data.WeightedRandomSampler([1.0] * (n - 1) + [20.0], n)
 
 
 def _seed_everything(value: int = 0) -> None:
@@ -387,7 +397,7 @@ def test_moves_between_the_loop_and_the_workers_are_held_to_the_reference(
         seed=None,
         batch_size=2,
         shuffle=True,
-        sampler=False,
+        sampler=None,
         dispatch=dispatch,
         cache=False,
         persistent=False,

@@ -24,6 +24,7 @@ from drapps.runtime.plan import (
     DrawnPlan,
     EpochPlan,
     Plan,
+    Repeats,
     SampledPlan,
     SamplerRest,
     draw_up_to,
@@ -71,7 +72,7 @@ class Positioned(Protocol):
 
     def undelivered(self) -> list[int] | None: ...
 
-    def owed(self) -> list[list[Any]] | None: ...
+    def owed(self) -> tuple[list[list[Any]], list[Repeats]] | None: ...
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,7 @@ class Standing:
     next_batch: int
     plan: EpochPlan | None
     remaining: list[int] | None
-    owed: list[list[Any]] | None
+    owed: tuple[list[list[Any]], list[Repeats]] | None
     stream: _Stream | None
 
     @classmethod
@@ -303,7 +304,8 @@ class EpochCursor:
         assert self._index_sampler is not None
         if drawn_as_needed(self._index_sampler, self._batched):
             sampler: Any = self._index_sampler
-            return DrawnPlan(iter(sampler), len(sampler), seed, epoch)
+            may_repeat = bool(getattr(sampler.sampler, "replacement", False))
+            return DrawnPlan(iter(sampler), len(sampler), seed, epoch, may_repeat=may_repeat)
         # The sampler's batches, all of them where they end within its len() (or its first
         # pass where it has none); past that it is endless, and planned a window at a time.
         batches = batch_lists(self._index_sampler, self._batched)
@@ -372,7 +374,7 @@ class EpochCursor:
                 standing = None if active.ended else Standing.of(active)
             plan: EpochPlan | None = None
             remaining: list[int] | None = None
-            owed: list[list[Any]] | None = None
+            owed: tuple[list[list[Any]], list[Repeats]] | None = None
             pending_rest: tuple[int, int] | None = None
             stream = self._pending_stream
             if standing is not None:
@@ -405,10 +407,12 @@ class EpochCursor:
                 state["stream_rngs"] = stream[2]
             if self._datapipe and stream[3] is not None:
                 state["pipe_seed"] = stream[3]
+        repeats: list[Repeats] = []
         if owed is not None and plan is not None:
             # Batches filled from made samples: the samples still owed, in plan order.
             state["seed"] = plan.seed
-            state["batches"] = [[plain_key(key) for key in batch] for batch in owed]
+            state["batches"] = [[plain_key(key) for key in batch] for batch in owed[0]]
+            repeats = owed[1]
         elif plan is not None and (
             isinstance(plan, SampledPlan | DrawnPlan) or self._seed is None or remaining is not None
         ):
@@ -416,6 +420,11 @@ class EpochCursor:
             ids = remaining if remaining is not None else range(next_batch, len(plan))
             state["seed"] = plan.seed
             state["batches"] = [[plain_key(key) for key in plan.batch(b)] for b in ids]
+            repeats = [plan.repeats_of(b) for b in ids]
+        if any(r is not None for r in repeats):
+            # How many times the epoch drew each of those keys before (a sampler with
+            # replacement): a resumed repeat draws as it would have.
+            state["repeats"] = [None if r is None else list(r) for r in repeats]
         rest = rest_of(plan)
         if rest is not None:
             pending_rest = (rest.first, rest.base_seed)
@@ -489,7 +498,10 @@ class EpochCursor:
             if not isinstance(batches, list) or not all(isinstance(b, list) for b in batches):
                 raise ValueError("state batches must be a list of lists of dataset keys")
             seed = checked_index("state seed", state.get("seed"))
-            pending = SampledPlan(tuple(batches), seed, epoch, first=next_batch)
+            repeats = _saved_repeats(state.get("repeats"), batches)
+            pending = SampledPlan(
+                tuple(batches), seed, epoch, first=next_batch, saved_repeats=repeats
+            )
             if state.get("sampler_batches") is not None:
                 drawn = checked_index("state sampler_batches", state["sampler_batches"])
                 if drawn < next_batch + len(batches):
@@ -511,3 +523,32 @@ class EpochCursor:
             self._pending, self._pending_stream = pending, pending_stream
             self._pending_rest = pending_rest
             self._forget()
+
+
+def _saved_repeats(saved: Any, batches: list[list[Any]]) -> tuple[Repeats, ...] | None:
+    """A checkpoint's ``repeats`` of its ``batches``, checked (None: none saved).
+
+    Raises:
+        ValueError: they are not one list of counts (or null) per batch, of its length.
+    """
+    if saved is None:
+        return None
+    if isinstance(saved, list) and len(saved) == len(batches):
+        found: list[Repeats] = []
+        for counts, batch in zip(saved, batches, strict=True):
+            if counts is None:
+                found.append(None)
+            elif (
+                isinstance(counts, list)
+                and len(counts) == len(batch)
+                and all(type(c) is int and c >= 0 for c in counts)
+            ):
+                found.append(tuple(counts))
+            else:
+                break
+        else:
+            return tuple(found)
+    raise ValueError(
+        f"state repeats must be one list of counts (or null) per batch of state batches, of "
+        f"its length, got {saved!r}"
+    )

@@ -9,6 +9,7 @@ counts what it delivers. It is superseded by the loader's next ``iter()``, ``set
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
 import time
 from collections.abc import Callable
@@ -21,9 +22,9 @@ import torch
 from drapps.engines.base import Engine, EngineBatch, EpochJob, Skipped
 from drapps.ops.device_stage import DeviceStage, Staged
 from drapps.runtime.errors import SampleError, failure, warn_user
-from drapps.runtime.plan import rest_of
+from drapps.runtime.plan import Repeats, rest_of
 from drapps.runtime.sampling import key_of
-from drapps.runtime.seeding import epoch_seeds
+from drapps.runtime.seeding import epoch_seeds, repeat_seed
 
 _KEPT_SKIPS = 100
 
@@ -277,7 +278,7 @@ class Epoch:
             if ahead is not None:
                 batch = self._collect(ahead)
             else:
-                batch = self._staged(made.batch, indices, made.skipped, made.split)
+                batch = self._staged(made, indices, self._repeats(batch_id, made))
         except Exception as exc:
             raise _stage_error(exc, batch_id, indices) from exc
         self._stage_next()
@@ -295,7 +296,7 @@ class Epoch:
         batch_id = made.batch_id if made.batch_id is not None else self.position
         if made.error is None and made.batch is not None and not stage.idle(made.split):
             keys = made.keys if made.keys is not None else plan.batch(batch_id)
-            seeds = self._seeds(keys, made.skipped)
+            seeds = self._seeds(keys, made.skipped, self._repeats(batch_id, made))
             staged = stage.ahead(made.batch, seeds, made.split)
         else:  # an error to raise, or nothing to stage: handed over as it is
             staged = Future()
@@ -312,21 +313,38 @@ class Epoch:
             self._delivered.stage_wait_s += time.perf_counter() - began
         return self._stage.finish(staged)
 
-    def _staged(self, batch: Any, indices: list[Any], skipped: Skipped, split: Any) -> Any:
-        """``batch`` through the device stage: moved to the loader's device, and through the
-        ops of its Pipeline from ``split``, the split it was made with."""
-        stage = self._stage
+    def _staged(self, made: EngineBatch, indices: list[Any], repeats: Repeats) -> Any:
+        """``made``'s batch through the device stage: moved to the loader's device, and
+        through the ops of its Pipeline from the split it was made with."""
+        stage, batch, split = self._stage, made.batch, made.split
         if stage is None or batch is None:
             return batch
-        seeds = self._seeds(indices, skipped) if stage.has_ops(split) else ()
+        seeds = self._seeds(indices, made.skipped, repeats) if stage.has_ops(split) else ()
         return stage.run(batch, seeds, split)
 
-    def _seeds(self, indices: list[Any], skipped: Skipped) -> list[int]:
+    def _repeats(self, batch_id: int, made: EngineBatch) -> Repeats:
+        """The repeats of ``made``'s keys (its places', where batches are filled)."""
+        plan = self.plan
+        assert plan is not None
+        if made.places is None:
+            return plan.repeats_of(batch_id)
+        found = [plan.repeats_of(b) for b, _ in made.places]
+        if all(r is None for r in found):
+            return None
+        places = zip(found, made.places, strict=True)
+        return tuple(r[p] if r is not None else 0 for r, (_, p) in places)
+
+    def _seeds(self, indices: list[Any], skipped: Skipped, repeats: Repeats) -> list[int]:
         """The seeds of a batch's delivered samples, in batch order."""
         assert self.plan is not None
         dropped = {key_of(index) for index, _ in skipped}
         seed_of = epoch_seeds(self.plan.seed, self.epoch)
-        return [seed_of(key) for key in map(key_of, indices) if key not in dropped]
+        counts = repeats if repeats is not None else itertools.repeat(0)
+        return [
+            repeat_seed(seed_of(key), count)
+            for key, count in zip(map(key_of, indices), counts, strict=False)
+            if key not in dropped
+        ]
 
     def _advance(self, batch_id: int) -> None:
         """Count ``batch_id`` delivered: ``position`` is the first batch not yet delivered."""
@@ -356,25 +374,31 @@ class Epoch:
         self._engine.start_epoch(self._job)
         return True
 
-    def owed(self) -> list[list[Any]] | None:
-        """The keys still owed, in plan order and cut to the remaining batches' sizes, where
-        batches are filled from made samples (their samples are not the plan's batches');
-        None otherwise."""
+    def owed(self) -> tuple[list[list[Any]], list[Repeats]] | None:
+        """The keys still owed, in plan order and cut to the remaining batches' sizes, and
+        their repeats, where batches are filled from made samples (their samples are not the
+        plan's batches); None otherwise."""
         if self._places is None or self.plan is None:
             return None
         plan, delivered = self.plan, self._places
-        keys = [
-            key
+        places = [
+            (key, repeats[p] if repeats is not None else 0)
             for b in range(self._job.start, len(plan))
+            for repeats in [plan.repeats_of(b)]
             for p, key in enumerate(plan.batch(b))
             if (b, p) not in delivered
         ]
         sizes = [len(plan.batch(b)) for b in range(self.position, len(plan))]
-        owed, start = [], 0
+        owed: list[list[Any]] = []
+        owed_repeats: list[Repeats] = []
+        start = 0
         for size in sizes:
-            owed.append(keys[start : start + size])
+            chunk = places[start : start + size]
+            counts = tuple(count for _, count in chunk)
+            owed.append([key for key, _ in chunk])
+            owed_repeats.append(counts if any(counts) else None)
             start += size
-        return owed
+        return owed, owed_repeats
 
     def undelivered(self) -> list[int] | None:
         """The ids from ``position`` on not delivered yet, when some past it were delivered

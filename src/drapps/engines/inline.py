@@ -16,7 +16,7 @@ import torch
 
 from drapps.engines.base import Engine, EngineBatch, EpochJob, Limits
 from drapps.runtime.errors import SampleError
-from drapps.runtime.plan import EpochPlan
+from drapps.runtime.plan import EpochPlan, Repeats
 from drapps.runtime.seeding import (
     WorkerRngs,
     preserved_global_rngs,
@@ -135,14 +135,16 @@ class InlineEngine(Engine):
         # the samples draw from them, as DataLoader's do without workers.
         try:
             indices = plan.batch(batch_id)  # drawn ahead: the sampler draws nothing here
+            repeats = plan.repeats_of(batch_id)
             if self._unseeded is not None and len(indices) > 2:
-                made = self._checked(plan, indices, split)
+                made = self._checked(plan, indices, split, repeats)
             else:
                 reseeded = self._recipe.reseed
                 with preserved_global_rngs() if reseeded else contextlib.nullcontext():
                     made = make_batch(
-                        self._recipe, plan.seed, plan.epoch, indices, split, timed=False
-                    )
+                        self._recipe, plan.seed, plan.epoch, indices, split, timed=False,
+                        repeats=repeats,
+                    )  # fmt: skip
         except Exception as exc:  # raised in the loop in the batch's place; the epoch goes on
             return EngineBatch(None, split=split, error=exc)
         batch = made.batch
@@ -150,13 +152,16 @@ class InlineEngine(Engine):
             batch = owned(batch)
         return EngineBatch(self._finished(batch), made.skipped, split)
 
-    def _checked(self, plan: EpochPlan, indices: list[Any], split: Any) -> Made:
+    def _checked(self, plan: EpochPlan, indices: list[Any], split: Any, repeats: Repeats) -> Made:
         """``indices``' batch made unseeded, or again seeded where that moved a generator
         (:meth:`check_draws`)."""
         assert self._unseeded is not None
         saved = saved_states()
         try:
-            made = make_batch(self._unseeded, plan.seed, plan.epoch, indices, split, timed=False)
+            made = make_batch(
+                self._unseeded, plan.seed, plan.epoch, indices, split, timed=False,
+                repeats=repeats,
+            )  # fmt: skip
         except Exception:
             if unmoved(saved):
                 torch.default_generator.set_state(saved[2])
@@ -168,7 +173,10 @@ class InlineEngine(Engine):
         restore_states(saved)
         self.drew, self._unseeded = True, None
         with preserved_global_rngs():
-            return make_batch(self._recipe, plan.seed, plan.epoch, indices, split, timed=False)
+            return make_batch(
+                self._recipe, plan.seed, plan.epoch, indices, split, timed=False,
+                repeats=repeats,
+            )  # fmt: skip
 
     def _stream(self, seed: int, shared_seed: int) -> Iterator[EngineBatch]:
         # With a seed, the stream is seeded as a lone worker's is: the same seed gives the same

@@ -53,6 +53,7 @@ from drapps.integrations._redis import (
     watch_error,
 )
 from drapps.runtime.errors import SampleError
+from drapps.runtime.plan import EpochPlan
 
 logger = logging.getLogger(__name__)
 
@@ -246,6 +247,13 @@ class Producer:
             indices = json.loads(fields[b"indices"])
             if not all(isinstance(i, int) and 0 <= i < self.length for i in indices):
                 raise ValueError(f"indices out of range 0..{self.length - 1}")
+            repeats = json.loads(fields.get(b"repeats", b"null"))
+            if repeats is not None and (
+                not isinstance(repeats, list)
+                or len(repeats) != len(indices)
+                or not all(isinstance(r, int) and r >= 0 for r in repeats)
+            ):
+                raise ValueError(f"repeats must be {len(indices)} counts, got {repeats!r}")
         except (KeyError, ValueError, TypeError) as exc:
             logger.warning(
                 "producer %s dropped a malformed task %r: %s", self.name, entry_id, str(exc)
@@ -260,7 +268,8 @@ class Producer:
             time.sleep(0.02)  # back-pressure: the training host is behind
         fields_out: dict[str, Any] = {"gen": gen, "batch": batch_id}
         try:
-            made = make_batch(self._recipe, seed, epoch, indices)
+            counts = None if repeats is None else tuple(repeats)
+            made = make_batch(self._recipe, seed, epoch, indices, repeats=counts)
             payload = wire.encode(made.batch)
         except (SampleError, wire.WireError) as exc:
             fields_out["error"] = str(exc)
@@ -523,18 +532,20 @@ class QueueReader:
         self._client.set(self.address.key("gen"), gen)
         return gen
 
-    def post(self, gen: str, epoch: int, batch_id: int, seed: int, indices: list[int]) -> None:
+    def post(self, gen: str, plan: EpochPlan, batch_id: int) -> None:
+        """Ask the producers for batch ``batch_id`` of ``plan``."""
         self._lease.check()
-        self._client.xadd(
-            self.address.key("tasks"),
-            {
-                "gen": gen,
-                "epoch": epoch,
-                "batch": batch_id,
-                "seed": seed,
-                "indices": json.dumps([int(i) for i in indices]),
-            },
-        )
+        task = {
+            "gen": gen,
+            "epoch": plan.epoch,
+            "batch": batch_id,
+            "seed": plan.seed,
+            "indices": json.dumps([int(i) for i in plan.batch(batch_id)]),
+        }
+        repeats = plan.repeats_of(batch_id)
+        if repeats is not None:
+            task["repeats"] = json.dumps(repeats)
+        self._client.xadd(self.address.key("tasks"), task)
 
     def receive(self, gen: str, want: int, held: dict[int, Any]) -> None:
         """Wait for batch ``want``; put every batch of ``gen`` that arrives into ``held``
@@ -674,7 +685,7 @@ def iterate(
         gen = reader.begin()
         for want in range(start, len(plan)):
             while posted < min(len(plan), want + prefetch):
-                reader.post(gen, plan.epoch, posted, plan.seed, plan.batch(posted))
+                reader.post(gen, plan, posted)
                 posted += 1
             reader.receive(gen, want, held)
             entry_id, key, batch = held.pop(want)
@@ -689,7 +700,7 @@ def iterate(
                         "until they are read"
                     )
                 remakes += 1
-                reader.post(gen, plan.epoch, want, plan.seed, plan.batch(want))
+                reader.post(gen, plan, want)
                 reader.receive(gen, want, held)
                 entry_id, key, batch = held.pop(want)
             reader.release(entry_id, key)  # acknowledged as it is handed over

@@ -373,9 +373,12 @@ class Dispatcher:
         """What a worker is sent to make ``task`` (part ``part`` of its batch, or all), with
         as many samples at once as this dispatch pass found (``Schedule.samples_at_once``)."""
         assert self._plan is not None
+        repeats = self._plan.repeats_of(task.batch_id)
+        if repeats is not None and task.work is not None and part is not None:
+            repeats = tuple(repeats[p] for p in task.work.positions)
         return BatchTask(
             task.generation, self._plan.seed, task.epoch, task.batch_id, task.indices,
-            self._target, task.split, part, self.schedule.samples_at_once,
+            self._target, task.split, part, self.schedule.samples_at_once, repeats,
         )  # fmt: skip
 
     def _wait_and_receive(self) -> None:

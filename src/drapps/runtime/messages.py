@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from drapps.runtime.errors import SampleError
+from drapps.runtime.plan import Repeats
 from drapps.runtime.transport import Packed
 
 
@@ -38,6 +39,8 @@ class BatchTask(NamedTuple):
     sample_threads: int = 1
     """How many of the task's samples the worker makes at once, each in a thread of its own
     (1: one after another; see :func:`drapps.runtime.worker.make_batch`)."""
+    repeats: Repeats = None
+    """How many times the epoch drew each of ``indices`` before (None: none)."""
 
 
 class BatchMade(NamedTuple):

@@ -10,8 +10,9 @@ batch ``b`` is the same list of indices however the pool is sized.
 from __future__ import annotations
 
 import itertools
+import operator
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -29,6 +30,11 @@ FIRST_WINDOW = 1 << 20
 """Batches a sampler without ``len()`` is drawn for at most when its epoch starts."""
 
 WINDOW_STREAM = 0x77696E646F77  # "window"
+
+Repeats = tuple[int, ...] | None
+"""A batch's repeats: for each of its keys, how many times the epoch drew that key before
+(None: none was drawn before), which seeds its draws apart
+(:func:`~drapps.runtime.seeding.sample_seed_for`)."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +82,10 @@ class Plan:
         start = batch_id * self.batch_size
         return self.order[start : start + self.batch_size].tolist()
 
+    def repeats_of(self, batch_id: int) -> Repeats:
+        """None: a permutation draws no key twice."""
+        return None
+
 
 @dataclass(frozen=True)
 class SampledPlan:
@@ -96,6 +106,9 @@ class SampledPlan:
     """Batch id of ``batches[0]``: a resumed epoch keeps its ids."""
     rest: SamplerRest | None = field(default=None, compare=False, repr=False)
     """The sampler's batches past these (None: these end the epoch)."""
+    saved_repeats: tuple[Repeats, ...] | None = field(default=None, compare=False, repr=False)
+    """Each batch's repeats as a checkpoint saved them, counting the batches before these
+    (None: counted from these batches)."""
 
     def __len__(self) -> int:
         return self.first + len(self.batches)
@@ -105,6 +118,63 @@ class SampledPlan:
         if not self.first <= batch_id < len(self):
             raise IndexError(f"batch_id must be in [{self.first}, {len(self)}), got {batch_id!r}")
         return self.batches[batch_id - self.first]
+
+    def repeats_of(self, batch_id: int) -> Repeats:
+        """How many times the epoch drew each key of batch ``batch_id`` before (None: none)."""
+        if not self.first <= batch_id < len(self):
+            raise IndexError(f"batch_id must be in [{self.first}, {len(self)}), got {batch_id!r}")
+        repeats = self._repeats
+        return None if repeats is None else repeats[batch_id - self.first]
+
+    @cached_property
+    def _repeats(self) -> tuple[Repeats, ...] | None:
+        if self.saved_repeats is not None:
+            return self.saved_repeats
+        return repeats_in(self.batches)
+
+
+def repeats_in(batches: Sequence[list[Any]]) -> tuple[Repeats, ...] | None:
+    """Each batch's :data:`Repeats`, counted over ``batches`` in order (a key twice in one
+    batch: its second place is a repeat); None where no key comes twice."""
+    sizes = [len(batch) for batch in batches]
+    total = sum(sizes)
+    try:
+        keys = np.fromiter(
+            map(operator.index, itertools.chain.from_iterable(batches)), np.int64, total
+        )
+    except (TypeError, OverflowError):  # keys that are not int64: count them one by one
+        return _counted(batches)
+    if total < 2:
+        return None
+    order = np.argsort(keys, kind="stable")
+    ranked = keys[order]
+    first = np.empty(total, dtype=bool)
+    first[0], first[1:] = True, ranked[1:] != ranked[:-1]
+    if first.all():
+        return None
+    places = np.arange(total)
+    repeat = np.empty(total, dtype=np.int64)
+    repeat[order] = places - np.maximum.accumulate(np.where(first, places, 0))
+    cuts = np.cumsum(sizes)[:-1]
+    return tuple(tuple(r.tolist()) if r.any() else None for r in np.split(repeat, cuts))
+
+
+def _counted(batches: Sequence[list[Any]]) -> tuple[Repeats, ...] | None:
+    """:func:`repeats_in` by a count of each key (any keys)."""
+    seen: dict[int, int] = {}
+    found = [_count_batch(batch, seen) for batch in batches]
+    return tuple(found) if any(r is not None for r in found) else None
+
+
+def _count_batch(batch: list[Any], seen: dict[int, int]) -> Repeats:
+    """``batch``'s repeats, given how many times each key was ``seen`` before (updated)."""
+    repeats = []
+    for index in batch:
+        key = key_of(index)
+        count = seen.get(key, 0)
+        seen[key] = count + 1
+        repeats.append(count)
+    return tuple(repeats) if any(repeats) else None
 
 
 def first_window(
@@ -196,9 +266,20 @@ class DrawnPlan:
     from the sampler's private state alone, so every batch is the one DataLoader's would be.
     """
 
-    def __init__(self, batches: Iterator[list[Any]], length: int, seed: int, epoch: int):
+    def __init__(
+        self,
+        batches: Iterator[list[Any]],
+        length: int,
+        seed: int,
+        epoch: int,
+        *,
+        may_repeat: bool = False,
+    ):
         self._source = batches
         self._drawn: list[list[Any]] = []
+        # A sampler with replacement: each batch's repeats, counted as it is drawn.
+        self._seen: dict[int, int] | None = {} if may_repeat else None
+        self._repeats: list[Repeats] = []
         self._length = length
         self.seed = seed
         """Seeds each sample's augmentation with (seed, epoch, index)."""
@@ -228,7 +309,14 @@ class DrawnPlan:
                         f"{self._length}"
                     )
                 drawn.append(list(batch))
+                if self._seen is not None:
+                    self._repeats.append(_count_batch(drawn[-1], self._seen))
             return drawn[batch_id]
+
+    def repeats_of(self, batch_id: int) -> Repeats:
+        """How many times the epoch drew each key of batch ``batch_id`` before (None: none)."""
+        self.batch(batch_id)
+        return self._repeats[batch_id] if self._seen is not None else None
 
 
 EpochPlan = Plan | SampledPlan | DrawnPlan

@@ -4,8 +4,10 @@ Before drapps fetches sample ``index`` of ``epoch`` it seeds Python's :mod:`rand
 global RNG and torch's default CPU generator from ``sample_seed_for(seed, epoch, index)``. A
 transform that calls ``random.random()``, ``np.random.rand()`` or ``torch.rand()`` (as
 torchvision's do) therefore draws the same numbers for that sample whichever worker makes it, after
-any resize or restart, and in the calling process with ``workers=0``. :func:`sample_rng` gives an
-explicit NumPy generator for the same sample, for code that prefers not to touch global state.
+any resize or restart, and in the calling process with ``workers=0``. A key the epoch draws
+again (a sampler with replacement, a weighted one) is seeded by its repeat too, so each time it
+comes it draws anew. :func:`sample_rng` gives an explicit NumPy generator for the same sample,
+for code that prefers not to touch global state.
 """
 
 from __future__ import annotations
@@ -46,9 +48,19 @@ def mix_seed(*parts: int) -> int:
     return h
 
 
-def sample_seed_for(seed: int, epoch: int, index: int) -> int:
-    """The 64-bit seed of sample ``index`` in ``epoch`` for a loader seeded with ``seed``."""
-    return mix_seed(seed, epoch, index)
+def sample_seed_for(seed: int, epoch: int, index: int, repeat: int = 0) -> int:
+    """The 64-bit seed of sample ``index`` in ``epoch`` for a loader seeded with ``seed``.
+
+    ``repeat``: how many times the epoch drew ``index`` before (a sampler with replacement, a
+    weighted one): each time a key comes again in one epoch it draws anew.
+    """
+    return repeat_seed(mix_seed(seed, epoch, index), repeat)
+
+
+def repeat_seed(first: int, repeat: int) -> int:
+    """The seed of a key's ``repeat``-th repeat in an epoch, from its first time's (itself
+    for 0)."""
+    return first if repeat == 0 else _splitmix64(first ^ (repeat & _MASK64))
 
 
 def epoch_seeds(seed: int, epoch: int) -> Callable[[int], int]:
@@ -65,7 +77,7 @@ def epoch_seeds(seed: int, epoch: int) -> Callable[[int], int]:
 
 class _SampleContext(threading.local):
     seed: int | None = None
-    later: tuple[int, int, int] | None = None  # (seed, epoch, index): the seed, not yet mixed
+    later: tuple[int, int, int, int] | None = None  # (seed, epoch, index, repeat): not yet mixed
     rng: np.random.Generator | None = None
     bits: np.random.PCG64 | None = None
 
@@ -89,12 +101,12 @@ def seed_sample(sample_seed: int, *, reseed: bool = True, torch_too: bool = Fals
     torch.default_generator.manual_seed(sample_seed & _MASK63)
 
 
-def seed_sample_later(seed: int, epoch: int, index: int) -> None:
-    """Enter sample ``index`` of ``epoch`` without reseeding the global RNGs, its seed
-    (``sample_seed_for(seed, epoch, index)``) mixed only if :func:`sample_seed` or
-    :func:`sample_rng` asks for it: most samples never do, and the mix costs about a
-    microsecond, which a sample made in memory notices."""
-    _context.seed, _context.later = None, (seed, epoch, index)
+def seed_sample_later(seed: int, epoch: int, index: int, repeat: int = 0) -> None:
+    """Enter sample ``index`` of ``epoch`` (its ``repeat``-th repeat) without reseeding the
+    global RNGs, its seed (``sample_seed_for(seed, epoch, index, repeat)``) mixed only if
+    :func:`sample_seed` or :func:`sample_rng` asks for it: most samples never do, and the
+    mix costs about a microsecond, which a sample made in memory notices."""
+    _context.seed, _context.later = None, (seed, epoch, index, repeat)
     _context.rng = None
 
 

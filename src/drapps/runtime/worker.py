@@ -28,6 +28,7 @@ from drapps.runtime.gil import GilMeter
 from drapps.runtime.handles import shared_handle
 from drapps.runtime.inbox import PARENT_GONE, Inbox, Parent
 from drapps.runtime.messages import BatchFailed, BatchMade, BatchTask, WorkerFatal
+from drapps.runtime.plan import Repeats
 from drapps.runtime.progress import SampleClock, current_clock, use_clock
 from drapps.runtime.sampling import key_of
 from drapps.runtime.seeding import (
@@ -36,8 +37,8 @@ from drapps.runtime.seeding import (
     epoch_seeds,
     global_states,
     moved_generators,
+    repeat_seed,
     sample_seed,
-    sample_seed_for,
     seed_sample,
     seed_sample_later,
     seed_worker,
@@ -256,6 +257,7 @@ def make_batch(
     sample_threads: int = 1,
     key: Hashable = None,
     timed: bool = True,
+    repeats: Repeats = None,
 ) -> Made:
     """Fetch, transform and collate ``indices``, seeding each sample from (seed, epoch, index).
 
@@ -274,12 +276,16 @@ def make_batch(
     ``key``: the task's, under which :meth:`SampleThreads.start` may have begun its samples.
     ``timed=False``: the samples' costs are wall times, not net of their wait for a core (a
     system call a sample saved where nothing reads the costs: a batch made in the loop).
+    ``repeats``: how many times the epoch drew each of ``indices`` before (the plan's
+    :meth:`repeats_of`; None: none), which seeds each repeat's draws apart.
 
     Raises:
         SampleError: a sample failed and ``on_error="raise"``, or collate_fn failed.
     """
     cache = recipe.cache if recipe.cache is not None and recipe.cache.begin_batch() else None
-    maker = _SampleMaker(recipe, seed, epoch, indices, split, cache, current_clock(), timed)
+    maker = _SampleMaker(
+        recipe, seed, epoch, indices, split, cache, current_clock(), timed, repeats
+    )
     if collate and cache is None and recipe.getitems:
         fetched = maker.at_once(indices)
         if fetched is not None:
@@ -290,7 +296,7 @@ def make_batch(
         if indices:
             # The global generators as one sample after another leaves them, for a
             # collate_fn that draws: seeded for the last (which drew nothing from them).
-            seed_sample(sample_seed_for(seed, epoch, key_of(indices[-1])), reseed=recipe.reseed)
+            seed_sample(maker.seed_at(len(indices) - 1), reseed=recipe.reseed)
             clear_sample()
         cpu_s = sum(m.cpu_s for m in made)
     else:
@@ -376,8 +382,10 @@ class _SampleMaker:
         cache: SampleStore | None,
         clock: SampleClock | None,
         timed: bool = True,
+        repeats: Repeats = None,
     ) -> None:
         self.recipe, self.seed, self.epoch, self.indices = recipe, seed, epoch, indices
+        self.repeats = repeats
         self.split, self.cache, self.clock = split, cache, clock
         # A sample's cost is net of its wait for a core (a schedstat read a sample) where
         # someone reads it: a worker's dispatcher does, a batch made in the loop has no reader.
@@ -449,7 +457,7 @@ class _SampleMaker:
             SampleError: it failed and ``on_error="raise"``.
         """
         recipe = self.recipe
-        self._enter(index)
+        self._enter(position, index)
         made = _Sample(position)
         stage = "__getitem__"
         try:
@@ -481,7 +489,7 @@ class _SampleMaker:
         cpu = cpu_clock()
         t0, queued = time.perf_counter(), self.queued()
         if indices:
-            self._enter(indices[0])
+            self._enter(0, indices[0])
         watched = global_states() if recipe.watch_draws and Watch.left > 0 else None
         measured = Watch.gil.measure() if watched is not None else _UNMEASURED
         fetched: Any = None
@@ -507,15 +515,22 @@ class _SampleMaker:
         seconds = time.perf_counter() - t0 - (self.queued() - queued)
         return _Fetched(fetched, seconds, cpu_clock() - cpu)
 
-    def _enter(self, index: Any) -> None:
-        """Enter sample ``index``: its seed set (the global RNGs reseeded from it where the
-        recipe says), or left to mix if asked for (``sample_seed()``, ``sample_rng()``)."""
-        key = key_of(index)
+    def _enter(self, position: int, index: Any) -> None:
+        """Enter sample ``index`` at ``position``: its seed set (the global RNGs reseeded from
+        it where the recipe says), or left to mix if asked for (``sample_seed()``,
+        ``sample_rng()``)."""
         recipe = self.recipe
         if recipe.reseed or recipe.reseed_torch or self.pipeline is not None:  # ops need it
-            seed_sample(self.seed_of(key), reseed=recipe.reseed, torch_too=recipe.reseed_torch)
+            seed = self.seed_at(position, index)
+            seed_sample(seed, reseed=recipe.reseed, torch_too=recipe.reseed_torch)
         else:
-            seed_sample_later(self.seed, self.epoch, key)
+            repeat = self.repeats[position] if self.repeats is not None else 0
+            seed_sample_later(self.seed, self.epoch, key_of(index), repeat)
+
+    def seed_at(self, position: int, index: Any = None) -> int:
+        """The seed of the sample at ``position`` (``index``: its key, if at hand)."""
+        first = self.seed_of(key_of(self.indices[position] if index is None else index))
+        return first if self.repeats is None else repeat_seed(first, self.repeats[position])
 
     def make(
         self, position: int, index: Any, clock: SampleClock | None, t0: float, queued: float
@@ -527,7 +542,7 @@ class _SampleMaker:
             SampleError: it failed and ``on_error="raise"``.
         """
         recipe, cache, held, pipeline = self.recipe, self.cache, self.held, self.pipeline
-        self._enter(index)
+        self._enter(position, index)
         watched = global_states() if recipe.watch_draws and Watch.left > 0 else None
         stage = "__getitem__"
         if clock is not None:
@@ -704,8 +719,9 @@ def begin_waiting(recipe: BatchRecipe, tasks: list[BatchTask]) -> None:
     for task in tasks:
         if task.sample_threads > 1:
             maker = _SampleMaker(
-                recipe, task.seed, task.epoch, task.indices, task.split, None, None
-            )
+                recipe, task.seed, task.epoch, task.indices, task.split, None, None,
+                repeats=task.repeats,
+            )  # fmt: skip
             SampleThreads.start(task_key(task), maker, task.sample_threads)
 
 
@@ -945,7 +961,7 @@ def answer(
             made = make_batch(
                 recipe, task.seed, task.epoch, indices, task.split, collate=part is None,
                 arena=arena if part is None else None, sample_threads=task.sample_threads,
-                key=task_key(task),
+                key=task_key(task), repeats=task.repeats,
             )  # fmt: skip
         except SampleError as exc:
             return BatchFailed(generation, batch_id, exc, part)
