@@ -126,6 +126,54 @@ def test_skip_drops_failing_samples_and_counts_them(workers: int) -> None:
     assert stats.skipped[0][0] == 5 and "boom 5" in stats.skipped[0][1]
 
 
+class Exits:
+    """Sample 5 calls ``sys.exit(3)``."""
+
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, i: int) -> int:
+        if i == 5:
+            raise SystemExit(3)
+        return i
+
+
+EXECUTORS = {
+    "2 processes": {"num_workers": 2},
+    "2 threads": {"num_workers": 2, "backend": "thread"},
+    "processes, samples apart": {"num_workers": 2, "dispatch": "samples"},
+}
+
+
+@pytest.mark.parametrize("settings", EXECUTORS.values(), ids=EXECUTORS.keys())
+def test_a_sample_that_calls_sys_exit_in_a_worker_is_that_samples_failure(
+    settings: dict[str, Any],
+) -> None:
+    """DataLoader's worker exits and its loop raises "worker exited unexpectedly", naming no
+    sample; drapps retried the batch on a new worker each time (each exited), then named a
+    worker's death. The sample's failure is raised once, naming it, and the epoch goes on."""
+    with drapps.Loader(Exits(), batch_size=4, **settings) as loader:
+        it = iter(loader)
+        assert next(it).tolist() == [0, 1, 2, 3]
+        with pytest.raises(drapps.SampleError, match=r"sample 5 failed .*sys\.exit\(3\)") as info:
+            next(it)
+        assert isinstance(info.value, RuntimeError) and info.value.index == 5
+        assert next(it).tolist() == [8, 9, 10, 11]
+        assert loader.stats().worker_restarts == 0
+    with drapps.Loader(Exits(), batch_size=4, on_error="skip", **settings) as loader:
+        assert flatten_indices(list(loader)) == [i for i in range(12) if i != 5]
+
+
+def test_a_sample_that_calls_sys_exit_in_the_training_process_exits_it() -> None:
+    """As DataLoader's without workers: the exit is the training process's."""
+    with drapps.Loader(Exits(), batch_size=4, num_workers=0) as loader:
+        it = iter(loader)
+        next(it)
+        with pytest.raises(SystemExit) as info:
+            next(it)
+        assert info.value.code == 3
+
+
 def bad_collate(samples: list[torch.Tensor]) -> torch.Tensor:
     raise TypeError("cannot stack")
 

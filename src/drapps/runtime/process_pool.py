@@ -45,6 +45,9 @@ from drapps.runtime.zygote import ForkedProcess, Zygote
 
 logger = logging.getLogger(__name__)
 
+_EXITING_S = 0.5
+"""How long a worker whose result pipe closed is given to finish exiting before it is killed."""
+
 # Every worker process drapps started in this process. multiprocessing lists them as children of
 # this process, and a plain os.fork() child inherits that list: when such a child exits, its
 # atexit handler would terminate our workers as if they were its own. The fork hook below makes
@@ -294,10 +297,14 @@ class ProcessPool(WorkerPool):
                 replies.append((worker, receive_message(results)))
         except (EOFError, OSError, ValueError, pickle.UnpicklingError) as exc:
             # EOF or a truncated message: the pipe is unusable. Make sure the process is gone
-            # too; it then shows as exited and its tasks are re-queued.
+            # too; it then shows as exited and its tasks are re-queued. One that is exiting
+            # is let finish first, so that its own exit code is the one reported.
             logger.debug("worker %d result pipe broke: %s", worker.wid, repr(exc))
             worker.broken = True
-            _own(worker).process.kill()
+            process = _own(worker).process
+            process.join(timeout=_EXITING_S)
+            if process.is_alive():
+                process.kill()
         return replies
 
     def retire(self, worker: Worker) -> None:

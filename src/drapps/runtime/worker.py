@@ -471,6 +471,8 @@ class _SampleMaker:
             made.sample = sample
         except Exception as exc:
             self._failed(made, index, stage, exc)
+        except SystemExit as exc:
+            self._failed(made, index, stage, sample_exit(exc))
         end = time.perf_counter()
         made.cost = end - t0
         return made, end
@@ -576,6 +578,8 @@ class _SampleMaker:
                 made.sample = sample
         except Exception as exc:
             self._failed(made, index, stage, exc)
+        except SystemExit as exc:
+            self._failed(made, index, stage, sample_exit(exc))
         finally:
             clear_sample()
             if clock is not None:
@@ -1032,8 +1036,26 @@ def hint_reads(read_ahead: Callable[[Sequence[Any]], None], tasks: list[BatchTas
             logger.debug("read_ahead(%r) failed: %s", task.indices, repr(exc))
 
 
+class Terminated(SystemExit):
+    """A SIGTERM in a worker process: it leaves with 128 + the signal's number as its code."""
+
+
 def _exit_on_sigterm(signum: int, frame: Any) -> None:
-    raise SystemExit(128 + signum)
+    raise Terminated(128 + signum)
+
+
+def sample_exit(exc: SystemExit) -> RuntimeError:
+    """A sample that called ``sys.exit()`` in a worker: that sample's failure (DataLoader's
+    worker exits, and its loop raises "worker exited unexpectedly", naming no sample; a
+    retry would exit the next worker the same way). In the training process it exits as it
+    does there, and a SIGTERM ends the worker.
+
+    Raises:
+        SystemExit: ``exc``, outside a worker or for a SIGTERM.
+    """
+    if isinstance(exc, Terminated) or torch.utils.data.get_worker_info() is None:
+        raise exc
+    return RuntimeError(f"the sample called sys.exit({exc.code!r}), which does not end a worker")
 
 
 def run_worker_init(recipe: BatchRecipe, slot: int) -> SampleError | None:
