@@ -26,7 +26,8 @@ from helpers import wait_until
 
 import drapps
 from drapps.integrations import wire
-from drapps.integrations.redis_queue import QueueAddress, QueueInUseError, QueueReader
+from drapps.integrations.redis_queue import QueueAddress, QueueInUseError, QueueReader, iterate
+from drapps.runtime.plan import SampledPlan
 
 pytestmark = pytest.mark.integration  # starts real engines or interpreters
 
@@ -91,6 +92,29 @@ def test_batches_are_a_local_loaders_in_order_for_every_epoch(server: RedisServe
         stop(producers)
     reference = local(2)
     assert same(got[0], reference[0]) and same(got[1], reference[1])
+
+
+def test_a_key_drawn_again_draws_on_the_producers_as_in_a_local_loader(
+    server: RedisServer,
+) -> None:
+    """A plan that gives a key again (a rank's shard padded with repeated keys) posts each
+    key's repeat with its task: the producers draw anew for each, as a local loader does."""
+    batches = [[0, 1, 1, 2], [0, 3, 1, 1], [4, 0, 2, 2]]
+    plan = SampledPlan(tuple(batches), 5, 0)
+    assert plan.repeats_of(1) == (1, 0, 2, 3)
+    producers = serve(server, "again", "photos")
+    queue = QueueReader(
+        QueueAddress.parse(source(server, "again")), max_batch_bytes=2**20, timeout=60
+    )
+    try:
+        got = list(iterate(queue, plan, 0, 2, lambda _: None))
+    finally:
+        queue.close()
+        stop(producers)
+    with drapps.Loader(Photos(), batch_sampler=batches, seed=5, workers=0, cache=None) as loader:
+        assert same(got, list(loader))
+    noise = torch.cat([batch["noise"] for batch in got])
+    assert len({tuple(row.tolist()) for row in noise}) == 12  # every repeat drew anew
 
 
 def test_a_killed_producer_loses_and_repeats_nothing(server: RedisServer) -> None:
