@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import time
 from typing import Any
 
@@ -11,7 +12,7 @@ from helpers import FailingDataset, assert_batches_equal
 
 import drapps
 from drapps.runtime.fill import ReadyFill
-from drapps.runtime.plan import Plan
+from drapps.runtime.plan import Plan, SampledPlan
 
 
 class Stragglers:
@@ -26,11 +27,10 @@ class Stragglers:
 
 
 def filled(**options: Any) -> drapps.Loader:
-    settings = {"defer_after": 0.0, **options}
+    settings = {"defer_after": 0.0, "shuffle": True, **options}
     return drapps.Loader(
-        Stragglers(), batch_size=8, shuffle=True, seed=1, workers=2, persistent_workers=True,
-        **settings,
-    )  # fmt: skip
+        Stragglers(), batch_size=8, seed=1, workers=2, persistent_workers=True, **settings
+    )
 
 
 def test_ready_samples_fill_batches_every_sample_once_and_the_epoch_replays() -> None:
@@ -103,6 +103,54 @@ def test_the_pool_forms_the_planned_batch_unless_the_loop_waited_long_enough() -
     second = fill.form(None, 0.05)  # every sample it owes is here: no wait needed
     assert second is not None and second.samples == ["a3", "b1", "b2", "b3"]
     assert fill.done and fill.form(1.0, 0.0) is None
+
+
+def test_a_repeat_of_a_stragglers_key_waits_for_it() -> None:
+    """A key the plan gives again is delivered in the order of its repeats (each draws its
+    own), so that the delivered keys, replayed as a batch sampler, draw as the epoch did."""
+    plan = SampledPlan(([0, 1], [1, 2], [3, 4]), 0, 0)
+    fill = ReadyFill(plan, 0)
+    fill.add(0, 0, [0], ["0"], [0], [])  # key 1's first time is late
+    fill.add(1, 0, [0, 1], ["1 again", "2"], [0, 1], [])
+    fill.add(2, 0, [0, 1], ["3", "4"], [0, 1], [])
+    first = fill.form(1.0, 0.0)
+    assert first is not None and first.keys == [0, 2]  # not key 1's repeat
+    fill.add(0, 1, [1], ["1"], [0], [])
+    second = fill.form(1.0, 0.0)
+    assert second is not None and second.samples == ["1", "1 again"]
+    plan = SampledPlan(([0, 1], [1, 2]), 0, 0)
+    fill = ReadyFill(plan, 0)
+    fill.add(1, 0, [0, 1], ["1 again", "2"], [0, 1], [])
+    assert fill.form(1.0, 0.0) is None  # made, but a repeat: it waits
+
+
+class Jittery:
+    """Samples that take 0-5 ms, drawn afresh each time (so repeats finish out of order),
+    each drawing from torch's RNG."""
+
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        time.sleep(random.Random().random() * 0.005)
+        return torch.tensor(i), torch.rand(2)
+
+
+def test_filled_epochs_that_give_keys_again_replay() -> None:
+    sampler = torch.utils.data.RandomSampler(
+        range(12), replacement=True, num_samples=48, generator=torch.Generator()
+    )
+    with drapps.Loader(
+        Jittery(), batch_size=4, sampler=sampler, seed=1, workers=2, defer_after=0.0
+    ) as loader:
+        for epoch in range(3):
+            iterator = iter(loader)
+            batches = list(iterator)
+            record = iterator.delivered_keys
+            replay = drapps.Loader(Jittery(), batch_sampler=record, seed=1, workers=0)
+            replay.set_epoch(epoch)
+            with replay:
+                assert_batches_equal(list(replay), batches)
 
 
 @pytest.mark.parametrize(

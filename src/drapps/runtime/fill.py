@@ -8,7 +8,8 @@ delivery ``k`` takes, in plan order,
   nothing was deferred before it), or
 - once the training loop has waited ``defer_after`` seconds for them, the first ``size_k``
   samples that are made: a straggler joins a later delivery instead, and samples planned for
-  later batches fill its place.
+  later batches fill its place (but not a repeat of the straggler's key: a key the plan gives
+  again is delivered in the plan's order of its repeats, each of which draws its own).
 
 ``size_k`` is the planned batch's size, so an epoch has as many batches as planned and every
 sample comes exactly once. This gives up what the seed fixes (which samples form batch ``b``)
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from drapps.runtime.plan import EpochPlan
+from drapps.runtime.sampling import key_of
 
 Place = tuple[int, int]
 """A sample's place in the plan: (batch id, position in the batch)."""
@@ -62,6 +64,8 @@ class ReadyFill:
             for position, key in enumerate(plan.batch(batch_id)):
                 self._owed[batch_id, position] = None
                 self._keys[batch_id, position] = key
+        # A plan that gives a key again: its repeats are delivered in order (see form()).
+        self._repeating = any(plan.repeats_of(b) is not None for b in range(start, self._end))
         self._made: dict[Place, Any] = {}
         self._skipped: dict[Place, str] = {}
         self._failed: dict[Place, BaseException] = {}
@@ -139,11 +143,17 @@ class ReadyFill:
         if self.pooled < min(size, len(self._owed)):
             return None  # not enough made yet: keep waiting for whichever comes first
         ready = []
+        passed: set[int] = set()  # keys passed over: a later repeat of one waits for it
         for place in self._owed:  # made samples sit within the dispatcher's lookahead
-            if self._here(place):
+            key = key_of(self._keys[place]) if self._repeating else 0
+            if self._here(place) and key not in passed:
                 ready.append(place)
                 if len(ready) == size:
                     break
+            elif self._repeating:
+                passed.add(key)
+        if len(ready) < min(size, len(self._owed)):
+            return None  # made ones are repeats of a straggler's key: wait for it
         self.deferred += sum(p not in ready for p in head)
         return self._take(ready)
 
