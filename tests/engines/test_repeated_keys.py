@@ -12,12 +12,13 @@ import itertools
 import json
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader, RandomSampler, Sampler, WeightedRandomSampler
 
 import drapps
-from drapps.runtime.plan import SampledPlan, repeats_in
+from drapps.runtime.plan import SampledPlan, _count_drawn, repeats_in
 from drapps.runtime.seeding import sample_seed_for
 
 
@@ -195,6 +196,8 @@ def test_repeats_are_counted_over_the_epoch_in_order() -> None:
     assert repeats_in(batches) == expected
     assert repeats_in([["a", "b", "b"], ["c", "a"], ["d"], ["b", "a", "c"]]) == expected
     assert repeats_in([[1 << 70, 1], [1 << 70]]) == (None, (1,))  # keys past int64
+    seen = np.zeros(4, dtype=np.int32)  # a sampler with replacement, counted as it draws
+    assert tuple(_count_drawn(batch, seen) for batch in batches) == expected
     assert repeats_in(([0, 1], [2])) is None  # no key twice: nothing kept
     assert repeats_in(()) is None
     plan = SampledPlan(([3], [1, 0, 2]), 0, 0, first=2, saved_repeats=(None, (1, 0, 0)))

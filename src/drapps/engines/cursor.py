@@ -304,8 +304,9 @@ class EpochCursor:
         assert self._index_sampler is not None
         if drawn_as_needed(self._index_sampler, self._batched):
             sampler: Any = self._index_sampler
-            may_repeat = bool(getattr(sampler.sampler, "replacement", False))
-            return DrawnPlan(iter(sampler), len(sampler), seed, epoch, may_repeat=may_repeat)
+            drawn = sampler.sampler  # keys in range(len(its data_source)), maybe again
+            keys = len(drawn.data_source) if getattr(drawn, "replacement", False) else None
+            return DrawnPlan(iter(sampler), len(sampler), seed, epoch, keys=keys)
         # The sampler's batches, all of them where they end within its len() (or its first
         # pass where it has none); past that it is endless, and planned a window at a time.
         batches = batch_lists(self._index_sampler, self._batched)

@@ -166,6 +166,22 @@ def _counted(batches: Sequence[list[Any]]) -> tuple[Repeats, ...] | None:
     return tuple(found) if any(r is not None for r in found) else None
 
 
+def _count_drawn(batch: list[Any], seen: np.ndarray) -> Repeats:
+    """``batch``'s repeats, given the count ``seen`` of each key in ``range(len(seen))``
+    drawn before (updated)."""
+    keys = np.asarray(batch, dtype=np.int64)
+    repeats = seen[keys]
+    if len(keys) > 1:  # a key twice in the batch: its later places count the earlier ones
+        order = np.argsort(keys, kind="stable")
+        ranked = keys[order]
+        first = np.ones(len(keys), dtype=bool)
+        first[1:] = ranked[1:] != ranked[:-1]
+        places = np.arange(len(keys))
+        repeats[order] += places - np.maximum.accumulate(np.where(first, places, 0))
+    np.add.at(seen, keys, 1)
+    return tuple(repeats.tolist()) if repeats.any() else None
+
+
 def _count_batch(batch: list[Any], seen: dict[int, int]) -> Repeats:
     """``batch``'s repeats, given how many times each key was ``seen`` before (updated)."""
     repeats = []
@@ -273,12 +289,13 @@ class DrawnPlan:
         seed: int,
         epoch: int,
         *,
-        may_repeat: bool = False,
+        keys: int | None = None,
     ):
         self._source = batches
         self._drawn: list[list[Any]] = []
-        # A sampler with replacement: each batch's repeats, counted as it is drawn.
-        self._seen: dict[int, int] | None = {} if may_repeat else None
+        # A sampler with replacement of keys in range(keys): each batch's repeats, counted as
+        # it is drawn (4 bytes a key).
+        self._seen = np.zeros(keys, dtype=np.int32) if keys is not None else None
         self._repeats: list[Repeats] = []
         self._length = length
         self.seed = seed
@@ -310,7 +327,7 @@ class DrawnPlan:
                     )
                 drawn.append(list(batch))
                 if self._seen is not None:
-                    self._repeats.append(_count_batch(drawn[-1], self._seen))
+                    self._repeats.append(_count_drawn(drawn[-1], self._seen))
             return drawn[batch_id]
 
     def repeats_of(self, batch_id: int) -> Repeats:
