@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from control.test_policies import state
 
+import drapps
 from drapps.control import Action
 from drapps.telemetry import TRACE_VERSION, TraceRow, TraceWriter, bottleneck_report, read_trace
 from drapps.telemetry._sections import format_duration
@@ -96,7 +97,7 @@ def test_report_gives_the_memory_held_with_shared_pages_once() -> None:
 
 def test_report_without_rows_says_how_to_get_them() -> None:
     text = bottleneck_report([])
-    assert "No telemetry recorded yet: iterate the loader for a few seconds" in text
+    assert text.startswith("No batch delivered yet: the report needs a few seconds of telemetry")
     assert "workers='auto'" not in text  # every loader records telemetry: nothing to switch on
 
 
@@ -290,10 +291,42 @@ def test_short_epochs_without_persistent_workers_get_that_advice() -> None:
     )
 
 
-def test_a_run_too_short_to_judge_says_so() -> None:
-    text = bottleneck_report(rows_of_a_run()[:2])
-    assert text.startswith("Only 2 tick(s) of telemetry (1.0 s of loading): too short")
+def test_a_run_too_short_for_the_telemetry_says_what_the_loader_counted() -> None:
+    stats = {
+        "batches": 10, "samples": 320, "loading_s": 0.8, "wait_s": 0.4, "workers": 2,
+        "executor": "processes", "first_batch_s": 0.05, "fetch_s": 1.5, "transform_s": 0.3,
+        "collate_s": 0.2,
+    }  # fmt: skip
+    text = bottleneck_report(rows_of_a_run()[:2], stats, workers=2)
+    assert text.splitlines() == [
+        "A short run: 10 batches (320 samples) in 0.80 s of loading, 400 samples/s. The "
+        "training loop waited 50% of the time for data: the input pipeline is the bottleneck.",
+        "The batches were made by 2 worker processes (num_workers=2, as set); the first batch "
+        "came 50 ms after iter().",
+        "Of the time spent making samples: fetch 75%, transform 15%, collate 10%.",
+        "Where the time went (CPU, memory, the workers, what to change) needs a few seconds "
+        "of telemetry: iterate for longer (it is sampled every control_interval, 0.5 s by "
+        "default), then ask again.",
+    ]
+    made_here = {**stats, "workers": 0, "executor": None, "wait_s": 0.0}
+    made_here.update(fetch_s=0.0, transform_s=0.0, collate_s=0.0)  # not timed in the loop
+    text = bottleneck_report([], made_here, workers=0)
+    assert "The batches were made in the training process (num_workers=0, as set)" in text
+    assert "the training step sets the pace" in text and "Of the time" not in text
+    assert bottleneck_report([], {**stats, "batches": 0}).startswith("No batch delivered yet")
     assert "Throughput" not in text
+    external = bottleneck_report(rows_of_a_run()[:2], external="tf.data")
+    assert external.startswith("Only 2 tick(s) of telemetry so far: the report needs")
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_loader_that_ran_a_moment_reports_what_it_counted(workers: int) -> None:
+    """A first try of a loader with the user's own count: a second of loading, a report."""
+    with drapps.Loader(list(range(64)), batch_size=8, num_workers=workers) as loader:
+        assert len(list(loader)) == 8
+        text = loader.report()
+    assert text.startswith("A short run: 8 batches (64 samples) in ")
+    assert f"(num_workers={workers}, as set)" in text
 
 
 def test_report_counts_stragglers_and_says_what_the_dispatcher_did() -> None:

@@ -89,6 +89,7 @@ class Parts:
             samples_skipped=d.samples_skipped,
             skipped=tuple(d.skipped),
             first_batch_s=d.first_batch_s,
+            loading_s=d.loading_s,
         )
 
     def report(self, length: Callable[[], int], persistent_workers: bool, workers: Any) -> str:

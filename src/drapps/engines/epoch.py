@@ -46,14 +46,22 @@ class Delivered:
     """Seconds from the latest epoch's start to its first batch."""
     began: float | None = None
     """When the latest epoch started, until its first batch came."""
+    loading_s: float = 0.0
+    """Seconds from each ``iter(loader)`` to the last batch it delivered, summed."""
+    since: float | None = None
+    """When the latest epoch started, or its latest batch came."""
 
     def begin(self) -> None:
         """An epoch starts now (``iter(loader)``)."""
-        self.began = time.monotonic()
+        self.began = self.since = time.monotonic()
 
     def record(self, samples: int, skipped: Skipped, delivered: bool) -> None:
+        now = time.monotonic()
+        if self.since is not None:
+            self.loading_s += now - self.since
+        self.since = now
         if self.began is not None:
-            self.first_batch_s, self.began = time.monotonic() - self.began, None
+            self.first_batch_s, self.began = now - self.began, None
         self.batches += delivered
         self.samples += samples
         if skipped:

@@ -251,7 +251,7 @@ class Producer:
             if repeats is not None and (
                 not isinstance(repeats, list)
                 or len(repeats) != len(indices)
-                or not all(isinstance(r, int) and r >= 0 for r in repeats)
+                or not all(type(r) is int and r >= 0 for r in repeats)
             ):
                 raise ValueError(f"repeats must be {len(indices)} counts, got {repeats!r}")
         except (KeyError, ValueError, TypeError) as exc:

@@ -186,6 +186,10 @@ class LoaderStats:
     """Batches past the next one whose work may start early."""
     first_batch_s: float | None = None
     """Seconds from the latest ``iter(loader)`` to its first batch (None before one)."""
+    loading_s: float = 0.0
+    """Seconds from each ``iter(loader)`` to the last batch it delivered, summed over the
+    epochs: the time the loop iterated (its steps included), against which ``wait_s``
+    and ``samples`` are read."""
     worker_starts_s: tuple[float, ...] = ()
     """Seconds each recent worker took from being asked for (at an epoch's start, or added
     mid-epoch) to being ready for its first task, oldest first (process workers)."""
@@ -227,6 +231,7 @@ class LoaderStats:
         samples_skipped: int,
         skipped: tuple[tuple[int, str], ...],
         first_batch_s: float | None = None,
+        loading_s: float = 0.0,
     ) -> LoaderStats:
         """The public counters from a pipeline snapshot and what the loader counted."""
         stages = snapshot.stage_s
@@ -264,6 +269,7 @@ class LoaderStats:
             lookahead=snapshot.lookahead,
             sample_costs=snapshot.sample_costs,
             first_batch_s=first_batch_s,
+            loading_s=loading_s,
             worker_starts_s=snapshot.worker_starts_s,
             executor=snapshot.executor,
             executor_why=snapshot.executor_why,

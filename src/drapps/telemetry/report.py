@@ -24,6 +24,56 @@ __all__ = ["MIN_TICKS", "bottleneck_report"]
 _STAGES = ("fetch_s", "transform_s", "collate_s", "transport_s")
 
 
+_LONGER = (
+    "needs a few seconds of telemetry: iterate for longer (it is sampled every "
+    "control_interval, 0.5 s by default), then ask again."
+)
+
+
+def _short_run(stats: dict[str, Any], workers: int | str | None) -> str:
+    """What a run too short for the telemetry says, from the loader's own counters: what the
+    loop received, how fast, how much of the time it waited, and what made the batches."""
+    batches, samples = stats.get("batches", 0), stats.get("samples", 0)
+    loading = stats.get("loading_s") or 0.0
+    if not batches or loading <= 0:
+        return f"No batch delivered yet: the report {_LONGER}"
+    wait = min(1.0, stats.get("wait_s", 0.0) / loading)
+    if wait > WAITS:
+        verdict = "the input pipeline is the bottleneck"
+    elif wait < FED:
+        verdict = "the input pipeline kept up; the training step sets the pace"
+    else:
+        verdict = "the input pipeline is close to the limit"
+    lines = [
+        f"A short run: {batches} batches ({samples} samples) in {loading:.2f} s of loading, "
+        f"{samples / loading:.0f} samples/s. The training loop waited {wait:.0%} of the "
+        f"time for data: {verdict}."
+    ]
+    count, executor = stats.get("workers", 0), stats.get("executor")
+    if not count or executor is None:
+        made = "The batches were made in the training process"
+    else:
+        kind = {"processes": "worker processes", "threads": "worker threads"}.get(
+            executor, executor
+        )
+        made = f"The batches were made by {count} {kind}"
+    if isinstance(workers, int) and not isinstance(workers, bool):
+        made += f" (num_workers={workers}, as set)"
+    elif workers == "auto":
+        made += ' (workers="auto" chose them)'
+    first = stats.get("first_batch_s")
+    if first is not None:
+        made += f"; the first batch came {format_duration(first)} after iter()"
+    lines.append(made + ".")
+    stages = {k[:-2]: float(stats.get(k) or 0.0) for k in _STAGES[:3]}
+    total = sum(stages.values())
+    if total > 0:
+        shares = ", ".join(f"{k} {v / total:.0%}" for k, v in stages.items())
+        lines.append(f"Of the time spent making samples: {shares}.")
+    lines.append(f"Where the time went (CPU, memory, the workers, what to change) {_LONGER}")
+    return "\n".join(lines)
+
+
 def bottleneck_report(
     rows: Sequence[TraceRow],
     stats: dict[str, Any] | None = None,
@@ -43,22 +93,15 @@ def bottleneck_report(
     controller's count), an int (a count the user fixed: the report says so, and never that
     drapps moved it) or None (not known, as for a trace read back).
     """
-    if not rows:
-        return (
-            "No telemetry recorded yet: iterate the loader for a few seconds (the telemetry "
-            "is sampled every control_interval, 0.5 s by default), then ask again."
-        )
+    if len(rows) < MIN_TICKS:
+        if external is None:
+            return _short_run(stats or {}, workers)
+        return f"Only {len(rows)} tick(s) of telemetry so far: the report {_LONGER}"
     rows = while_loading(rows) or rows  # a loop that never ran: report what there is
     states = [r.state for r in rows]
     # Each tick describes the time since the one before; the first, the time since the start.
     first = rows[1].t - rows[0].t if len(rows) > 1 else rows[0].t
     span = max(rows[-1].t - rows[0].t + first, 1e-9)
-    if len(rows) < MIN_TICKS:
-        return (
-            f"Only {len(rows)} tick(s) of telemetry ({span:.1f} s of loading): too short to say "
-            "where the time went. Iterate for a few seconds or more (a tick is "
-            "control_interval, 0.5 s by default), then ask again."
-        )
     wait = statistics.fmean(s.wait_fraction for s in states)
     if wait > WAITS:
         verdict = "the input pipeline is the bottleneck"
