@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import copy
 import multiprocessing
 import pickle
 import random
@@ -618,6 +619,51 @@ def test_a_loader_type_takes_a_parameter_as_dataloaders_does() -> None:
     assert drapps.Loader[torch.Tensor].__origin__ is drapps.Loader
     with drapps.Loader(Indexed(4), batch_size=2, num_workers=0) as loader:
         assert first(loader).tolist() == [0, 1]
+
+
+class Drawing(Indexed):
+    """``(i, torch.rand(2))``."""
+
+    def __getitem__(self, i: Any) -> tuple[int, torch.Tensor]:
+        return int(i), torch.rand(2)
+
+
+@pytest.mark.parametrize("copied", ["pickle", "deepcopy"])
+@pytest.mark.parametrize("workers", [0, 2, "auto"])
+def test_a_copied_loader_stands_where_the_original_stood_with_workers_of_its_own(
+    copied: str, workers: Any
+) -> None:
+    """DataLoader pickles and deep-copies (``torch.multiprocessing.spawn`` pickles its
+    arguments); a Loader's copy is a new loader made with the same arguments, resuming where
+    the original stood. It raised "cannot pickle '_thread.RLock' object"."""
+    copy_of = {"pickle": lambda x: pickle.loads(pickle.dumps(x)), "deepcopy": copy.deepcopy}
+    with drapps.Loader(Drawing(12), batch_size=2, shuffle=True, seed=3, workers=workers) as a:
+        whole = list(a)
+        iterator = iter(a)
+        head = [next(iterator) for _ in range(2)]
+        with copy_of[copied](a) as b:
+            assert b is not a and b._parts is not a._parts
+            tail = list(b)  # the rest of the original's second epoch
+            after = list(b)  # and the epoch after it
+        rest = list(iterator)  # the original goes on, untouched
+        assert_batches_equal(rest, tail)
+        assert_batches_equal(list(a), after)
+    assert len(head + tail) == len(whole) == 6
+    closed = copy_of[copied](a)
+    with pytest.raises(RuntimeError, match="closed"):
+        iter(closed)
+
+
+def test_a_copy_of_dataloader_arguments_is_dataloaders_copy() -> None:
+    """What the copy copies is DataLoader's: its dataset, sampler and generator (drawing
+    on from the same state)."""
+    generator = torch.Generator().manual_seed(5)
+    torch_loader = DataLoader(Indexed(10), batch_size=2, shuffle=True, generator=generator)
+    with drapps.Loader(Indexed(10), batch_size=2, shuffle=True, generator=generator) as loader:
+        torch_copy, copied = copy.deepcopy(torch_loader), copy.deepcopy(loader)
+        assert copied.generator is not loader.generator and copied.dataset is not loader.dataset
+        with copied:
+            assert [b.tolist() for b in copied] == [b.tolist() for b in torch_copy]
 
 
 @pytest.mark.parametrize(

@@ -254,6 +254,7 @@ class Loader(_DataLoaderAttributes):
         self._cursor = EpochCursor.of(
             self.config, dataset, index_sampler, user_sampler, generator, batched
         )
+        self._arguments = named
         # Runs on close(), garbage collection or interpreter exit, whichever comes first; it
         # holds the parts, never the loader, so the loader stays collectable.
         self._finalizer = weakref.finalize(self, self._parts.shutdown)
@@ -380,8 +381,24 @@ class Loader(_DataLoaderAttributes):
     def __enter__(self) -> Loader:
         return self
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """A copy (``copy.deepcopy``; pickle, as ``torch.multiprocessing.spawn`` sends its
+        arguments) is a new loader made with the same arguments (copied, as DataLoader's
+        are) and standing where this one stands (its :meth:`state_dict`), with workers of
+        its own; a copy of a closed loader is closed."""
+        return (_rebuilt, (type(self), self._arguments, self.state_dict(), self._closed))
+
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _rebuilt(cls: type[Loader], arguments: dict[str, Any], state: Any, closed: bool) -> Loader:
+    """A copied loader (see :meth:`Loader.__reduce__`)."""
+    loader = cls(**arguments)
+    loader.load_state_dict(state)
+    if closed:
+        loader.close()
+    return loader
 
 
 def _raising(error: Exception) -> Iterator[Any]:
