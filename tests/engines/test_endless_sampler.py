@@ -165,6 +165,22 @@ def test_a_key_drawn_again_draws_anew_the_same_for_any_workers() -> None:
     )
 
 
+def test_past_its_first_pass_a_small_datasets_endless_sampler_is_planned_whole_windows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Windows ended before a key came again: over 10 keys, a batch or two each, and each
+    drained the pool. A key's repeats within a window are seeded apart instead."""
+    monkeypatch.setattr(drapps.runtime.plan, "WINDOW", 8)
+    with drapps.Loader(Draws(10), batch_size=4, sampler=Endless(10), seed=0, workers=0) as a:
+        iterator = iter(a)
+        first_pass = len(a.state_dict()["batches"])  # until a key came again
+        batches = take_from(iterator, first_pass + 1)
+        assert len(a.state_dict()["batches"]) == 8 - 1  # the rest of a window of 8
+        batches += take_from(iterator, 7)
+    draws = [tuple(draw.tolist()) for _, batch in batches for draw in batch]
+    assert len(set(draws)) == len(draws) == 4 * (first_pass + 8)  # no key drew twice alike
+
+
 def test_a_checkpoint_of_an_endless_epoch_is_checked_as_it_loads() -> None:
     with drapps.Loader(Draws(10), batch_size=4, sampler=Endless(10), seed=3, workers=0) as loader:
         iterator = iter(loader)

@@ -212,9 +212,8 @@ def draw_up_to(
 ) -> tuple[list[list[Any]], list[Any] | None]:
     """Up to ``limit`` of ``batches``, and the one after them (None: they ended first).
 
-    ``distinct``: end also before a batch that holds a key already drawn. Within a window a
-    sample's draws are seeded from its key alone, so a window of an endless sampler holds
-    each key once (a key repeated within one batch keeps its repeats).
+    ``distinct``: end also before a batch that holds a key already drawn (an endless
+    sampler's first pass, where it has no ``len()``).
     """
     drawn: list[list[Any]] = []
     seen: set[int] = set()
@@ -235,8 +234,8 @@ class SamplerRest:
     is one, and its iterator. :meth:`window` plans the next window of them.
 
     Each window's samples are seeded with a seed of their own, derived from the epoch's and
-    the window's first batch id, so a key that an endless sampler draws again in a later
-    window draws its augmentation anew.
+    the window's first batch id, and by their repeats within it, so each time an endless
+    sampler gives a key it draws its augmentation anew.
     """
 
     def __init__(
@@ -251,9 +250,9 @@ class SamplerRest:
 
     def window(self, epoch: int) -> SampledPlan:
         """The next window's plan (at least one batch), its ids from :attr:`first` on: up
-        to :data:`WINDOW` batches, ending before a key comes again."""
+        to :data:`WINDOW` batches."""
         batches = itertools.chain([self._head], self._batches)
-        drawn, after = draw_up_to(batches, WINDOW, distinct=True)
+        drawn, after = draw_up_to(batches, WINDOW)
         rest = None
         if after is not None:
             rest = SamplerRest(self._batches, after, self.base_seed, self.first + len(drawn))
