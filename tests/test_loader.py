@@ -366,6 +366,25 @@ def test_a_new_iteration_supersedes_the_old_one() -> None:
         assert len(list(new)) == 4
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("seen_the_end", [True, False])
+def test_an_exhausted_iterator_stays_exhausted_after_a_new_one(
+    workers: int, seen_the_end: bool
+) -> None:
+    """As DataLoader's: an iterator with no batch left raises StopIteration, also once a
+    newer iterator started (it raised the superseded error, which is for an iterator that
+    still had batches to give)."""
+    with drapps.Loader(SlowDataset(8), batch_size=4, workers=workers) as loader:
+        old = iter(loader)
+        taken = [next(old) for _ in range(2)]  # every batch, the end not seen yet
+        if seen_the_end:
+            assert next(old, None) is None
+        new = iter(loader)
+        with pytest.raises(StopIteration):
+            next(old)
+        assert flatten_indices(taken) == flatten_indices(list(new)) == list(range(8))
+
+
 def test_resize_before_the_first_epoch_sets_the_starting_pool() -> None:
     options = {"batch_size": 4, "workers": 1, "max_workers": 3, "persistent_workers": True}
     with drapps.Loader(SlowDataset(16), **options) as loader:

@@ -184,6 +184,8 @@ class Epoch:
 
     def _next(self) -> Any:
         if not self._is_current(self):
+            if self._ended or self.finished:  # it had ended: an exhausted iterator stays so
+                raise StopIteration
             raise RuntimeError(
                 "this epoch's iterator was superseded by a newer iter(loader), set_epoch() or "
                 "load_state_dict()"
