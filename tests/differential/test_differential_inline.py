@@ -8,7 +8,7 @@ base seed is drawn once, the same loader with its workers and no events). A Hypo
 machine drives a loader with workers through random events (take a batch, resize, SIGKILL a
 worker, make the batches in the training process and bring the workers back, checkpoint
 through JSON and resume in a new loader after another ``torch.manual_seed`` (the old one
-closed or dropped unclosed), start the next epoch early, also while another thread is inside
+closed or dropped unclosed), or go on in a deep copy or a pickled copy of the loader, start the next epoch early, also while another thread is inside
 the old iterator's ``next()``) and checks after every
 step that what the loop received is the reference's epoch so far, and at every epoch's end
 that it held each planned sample exactly once. Batches filled from made samples
@@ -19,9 +19,11 @@ many batches, and replays bit for bit, without workers, from the keys it deliver
 from __future__ import annotations
 
 import contextlib
+import copy
 import gc
 import json
 import os
+import pickle
 import random
 import signal
 import threading
@@ -271,25 +273,47 @@ class LoaderMachine(RuleBasedStateMachine):
             self.take_a_batch()
 
     @precondition(lambda self: self.epoch < EPOCHS)
-    @rule(torch_seed=st.integers(1, 3), drop=st.booleans(), let_go=st.booleans())
+    @rule(
+        torch_seed=st.integers(1, 3),
+        drop=st.booleans(),
+        let_go=st.booleans(),
+        how=st.sampled_from(("state_dict", "state_dict", "deepcopy", "pickle")),
+    )
     def checkpoint_and_resume_in_a_new_loader(
-        self, torch_seed: int, drop: bool, let_go: bool = False
+        self, torch_seed: int, drop: bool, let_go: bool = False, how: str = "state_dict"
     ) -> None:
         """Resume in a new loader; the old one closed, or dropped mid-epoch unclosed (its
         workers and memory must go with it). ``let_go``: the loop let go of its iterator
-        before the checkpoint (it broke out of the epoch), which still holds the epoch."""
+        before the checkpoint (it broke out of the epoch), which still holds the epoch.
+        ``how``: through ``state_dict()`` as JSON, or a copy of the loader (which stands
+        where the loader stood)."""
         if let_go:
             self.iterator = None
             gc.collect()
         state = json.loads(json.dumps(self.loader.state_dict()))
+        copied = None
+        if how == "deepcopy":
+            copied = copy.deepcopy(self.loader)
+        elif how == "pickle":
+            try:
+                pickle.loads(pickle.dumps(self.dataset))
+            except Exception as exc:  # torch's own pickling (uint16): DataLoader's fails alike
+                with pytest.raises(type(exc)):
+                    pickle.loads(pickle.dumps(self.loader))
+            else:
+                copied = pickle.loads(pickle.dumps(self.loader))
         if drop:
             del self.loader, self.iterator
             gc.collect()
         else:
             self.loader.close()
         _seed_everything(torch_seed)  # another process, another torch RNG
-        self.loader = drapps.Loader(self.dataset, **self.case.kwargs(self.dataset))
-        self.loader.load_state_dict(state)
+        if copied is not None:
+            assert copied.state_dict() == state
+            self.loader = copied
+        else:
+            self.loader = drapps.Loader(self.dataset, **self.case.kwargs(self.dataset))
+            self.loader.load_state_dict(state)
         self.iterator = iter(self.loader)
         self.resumed_epoch = self.epoch
         self.resized = False
