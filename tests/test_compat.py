@@ -654,6 +654,17 @@ def test_a_copied_loader_stands_where_the_original_stood_with_workers_of_its_own
         iter(closed)
 
 
+def test_a_copy_leaves_the_originals_trace_alone(tmp_path: Any) -> None:
+    trace = tmp_path / "trace.jsonl"
+    with drapps.Loader(Indexed(64), batch_size=2, trace=trace, control_interval=0.05) as a:
+        next(iter(a))
+        assert wait_until(lambda: trace.exists() and trace.stat().st_size > 0, timeout=30)
+        written = trace.read_bytes()
+        with copy.deepcopy(a) as b:
+            assert b.config.trace is None and len(list(b)) == 31
+        assert trace.read_bytes().startswith(written)  # it goes on, not over
+
+
 def test_a_copy_of_dataloader_arguments_is_dataloaders_copy() -> None:
     """What the copy copies is DataLoader's: its dataset, sampler and generator (drawing
     on from the same state)."""

@@ -385,8 +385,10 @@ class Loader(_DataLoaderAttributes):
         """A copy (``copy.deepcopy``; pickle, as ``torch.multiprocessing.spawn`` sends its
         arguments) is a new loader made with the same arguments (copied, as DataLoader's
         are) and standing where this one stands (its :meth:`state_dict`), with workers of
-        its own; a copy of a closed loader is closed."""
-        return (_rebuilt, (type(self), self._arguments, self.state_dict(), self._closed))
+        its own; a copy of a closed loader is closed. It writes no ``trace``: opened again,
+        this loader's file would start over."""
+        arguments = {**self._arguments, "trace": None}
+        return (_rebuilt, (type(self), arguments, self.state_dict(), self._closed))
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
