@@ -8,9 +8,10 @@ base seed is drawn once, the same loader with its workers and no events). A Hypo
 machine drives a loader with workers through random events (take a batch, resize, SIGKILL a
 worker, make the batches in the training process and bring the workers back, checkpoint
 through JSON and resume in a new loader after another ``torch.manual_seed`` (the old one
-closed or dropped unclosed), or go on in a deep copy or a pickled copy of the loader, start the next epoch early, also while another thread is inside
-the old iterator's ``next()``) and checks after every
-step that what the loop received is the reference's epoch so far, and at every epoch's end
+closed or dropped unclosed), or go on in a deep copy or a pickled copy of the loader, start
+the next epoch early, also while another thread is inside the old iterator's ``next()``)
+and checks after every step that what the loop received is the reference's epoch so far,
+and at every epoch's end
 that it held each planned sample exactly once. Batches filled from made samples
 (``defer_after``) are not the planned ones: each epoch holds every planned sample once, in as
 many batches, and replays bit for bit, without workers, from the keys it delivered.
