@@ -30,6 +30,15 @@ _LONGER = (
 )
 
 
+def _verdict(wait: float) -> str:
+    """What a loop that waited ``wait`` of its time for data makes the input pipeline."""
+    if wait > WAITS:
+        return "the input pipeline is the bottleneck"
+    if wait < FED:
+        return "the input pipeline kept up; the training step sets the pace"
+    return "the input pipeline is close to the limit"
+
+
 def _short_run(stats: dict[str, Any], workers: int | str | None) -> str:
     """What a run too short for the telemetry says, from the loader's own counters: what the
     loop received, how fast, how much of the time it waited, and what made the batches."""
@@ -38,12 +47,7 @@ def _short_run(stats: dict[str, Any], workers: int | str | None) -> str:
     if not batches or loading <= 0:
         return f"No batch delivered yet: the report {_LONGER}"
     wait = min(1.0, stats.get("wait_s", 0.0) / loading)
-    if wait > WAITS:
-        verdict = "the input pipeline is the bottleneck"
-    elif wait < FED:
-        verdict = "the input pipeline kept up; the training step sets the pace"
-    else:
-        verdict = "the input pipeline is close to the limit"
+    verdict = _verdict(wait)
     lines = [
         f"A short run: {batches} batches ({samples} samples) in {loading:.2f} s of loading, "
         f"{samples / loading:.0f} samples/s. The training loop waited {wait:.0%} of the "
@@ -103,12 +107,7 @@ def bottleneck_report(
     first = rows[1].t - rows[0].t if len(rows) > 1 else rows[0].t
     span = max(rows[-1].t - rows[0].t + first, 1e-9)
     wait = statistics.fmean(s.wait_fraction for s in states)
-    if wait > WAITS:
-        verdict = "the input pipeline is the bottleneck"
-    elif wait < FED:
-        verdict = "the input pipeline kept up; the training step sets the pace"
-    else:
-        verdict = "the input pipeline is close to the limit"
+    verdict = _verdict(wait)
     timed = [s for s in states if s.latency_p50_s > 0]
     latency = "."
     if external is None and timed:
