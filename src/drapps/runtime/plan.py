@@ -121,8 +121,7 @@ class SampledPlan:
 
     def repeats_of(self, batch_id: int) -> Repeats:
         """How many times the epoch drew each key of batch ``batch_id`` before (None: none)."""
-        if not self.first <= batch_id < len(self):
-            raise IndexError(f"batch_id must be in [{self.first}, {len(self)}), got {batch_id!r}")
+        self.batch(batch_id)  # an id out of range raises there
         repeats = self._repeats
         return None if repeats is None else repeats[batch_id - self.first]
 
@@ -144,19 +143,25 @@ def repeats_in(batches: Sequence[list[Any]]) -> tuple[Repeats, ...] | None:
         )
     except (TypeError, OverflowError):  # keys that are not int64: count them one by one
         return _counted(batches)
-    if total < 2:
+    repeat = _earlier(keys)
+    if not repeat.any():
         return None
-    order = np.argsort(keys, kind="stable")
-    ranked = keys[order]
-    first = np.empty(total, dtype=bool)
-    first[0], first[1:] = True, ranked[1:] != ranked[:-1]
-    if first.all():
-        return None
-    places = np.arange(total)
-    repeat = np.empty(total, dtype=np.int64)
-    repeat[order] = places - np.maximum.accumulate(np.where(first, places, 0))
     cuts = np.cumsum(sizes)[:-1]
     return tuple(tuple(r.tolist()) if r.any() else None for r in np.split(repeat, cuts))
+
+
+def _earlier(keys: np.ndarray) -> np.ndarray:
+    """For each place in ``keys``, how many places before it hold the same key."""
+    earlier = np.zeros(len(keys), dtype=np.int64)
+    if len(keys) < 2:
+        return earlier
+    order = np.argsort(keys, kind="stable")
+    ranked = keys[order]
+    first = np.ones(len(keys), dtype=bool)
+    first[1:] = ranked[1:] != ranked[:-1]
+    places = np.arange(len(keys))
+    earlier[order] = places - np.maximum.accumulate(np.where(first, places, 0))
+    return earlier
 
 
 def _counted(batches: Sequence[list[Any]]) -> tuple[Repeats, ...] | None:
@@ -170,14 +175,7 @@ def _count_drawn(batch: list[Any], seen: np.ndarray) -> Repeats:
     """``batch``'s repeats, given the count ``seen`` of each key in ``range(len(seen))``
     drawn before (updated)."""
     keys = np.asarray(batch, dtype=np.int64)
-    repeats = seen[keys]
-    if len(keys) > 1:  # a key twice in the batch: its later places count the earlier ones
-        order = np.argsort(keys, kind="stable")
-        ranked = keys[order]
-        first = np.ones(len(keys), dtype=bool)
-        first[1:] = ranked[1:] != ranked[:-1]
-        places = np.arange(len(keys))
-        repeats[order] += places - np.maximum.accumulate(np.where(first, places, 0))
+    repeats = seen[keys] + _earlier(keys)  # a key twice in the batch counts its earlier place
     np.add.at(seen, keys, 1)
     return tuple(repeats.tolist()) if repeats.any() else None
 
