@@ -356,14 +356,21 @@ def test_len_and_stats_counters() -> None:
     assert stats.prefetch_depth == 4 and stats.in_flight == 0
 
 
-def test_a_new_iteration_supersedes_the_old_one() -> None:
+@pytest.mark.parametrize("supersede", ["set_epoch", "load_state_dict"])
+def test_set_epoch_or_a_load_supersedes_the_iterator_under_way(supersede: str) -> None:
+    """A newer ``iter(loader)`` runs beside the older one (tests/engines/test_side_by_side.py);
+    moving the loader to another epoch, or loading a checkpoint, ends the older one."""
     with drapps.Loader(SlowDataset(16), batch_size=4, workers=2) as loader:
         old = iter(loader)
         next(old)
+        if supersede == "set_epoch":
+            loader.set_epoch(3)
+        else:
+            loader.load_state_dict(loader.state_dict())
         new = iter(loader)
         with pytest.raises(RuntimeError, match="superseded"):
             next(old)
-        assert len(list(new)) == 4
+        assert len(list(new)) == (4 if supersede == "set_epoch" else 3)
 
 
 @pytest.mark.parametrize("workers", [0, 2])

@@ -491,6 +491,7 @@ class Case:
     pipe: bool = False  # an iterable dataset is a datapipe that shuffles, then shards
     held: bool = False  # a map-style dataset returns samples it keeps (no draws then)
     goes_on: bool = False  # a stream that fails at fail_at goes on (an iterator, no generator)
+    peek: int | None = None  # after this many batches, a second iterator gives one batch
 
     def dataset(self, *, marks: bool = False) -> Any:
         """The case's dataset; ``marks``: its failing sample is ``SKIPPED`` instead."""
@@ -613,4 +614,5 @@ def cases(
         pipe=st.sampled_from((False, False, False, True)),
         held=st.booleans(),
         goes_on=st.booleans(),
+        peek=st.sampled_from((None, None, None, 0, 1, 3)),
     )

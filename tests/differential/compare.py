@@ -95,11 +95,12 @@ class Outcome:
         return kinds + ([type(self.error)] if self.error is not None else [])
 
 
-def run(make: Callable[[], Any], epochs: int = 2) -> Outcome:
+def run(make: Callable[[], Any], epochs: int = 2, peek: int | None = None) -> Outcome:
     """Make a loader, iterate ``epochs`` epochs and close it (a drapps loader). An error from
     ``next()`` is kept in its place and the loop goes on, up to :data:`RAISED_PER_EPOCH` in
     an epoch; one from construction, ``iter()`` or past that ends the outcome, where it
-    happened."""
+    happened. ``peek``: after that many batches of the first epoch, a second iterator gives
+    one batch (``next(iter(loader))`` in the loop), kept in the epoch in its place."""
     outcome = Outcome()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # pin_memory without an accelerator, and the like
@@ -120,6 +121,8 @@ def run(make: Callable[[], Any], epochs: int = 2) -> Outcome:
                 iterator = iter(loader)
                 raised = 0
                 while True:
+                    if len(outcome.epochs) == 1 and len(outcome.epochs[0]) == peek:
+                        _peek(loader, outcome.epochs[0])
                     try:
                         batch = next(iterator)
                     except StopIteration:
@@ -154,6 +157,18 @@ def run(make: Callable[[], Any], epochs: int = 2) -> Outcome:
             del loader, iterator
     _settle(outcome.error)
     return outcome
+
+
+def _peek(loader: Any, epoch: list[Any]) -> None:
+    """One batch from a second iterator of ``loader``, or the error it raised, into ``epoch``
+    (nothing where it has none)."""
+    try:
+        epoch.append(next(iter(loader)))
+    except StopIteration:
+        epoch.append(None)  # a place held, so the peek comes once
+    except Exception as exc:
+        epoch.append(Raised.of(exc))
+        traceback.clear_frames(exc.__traceback__)
 
 
 def _settle(error: BaseException | None) -> None:

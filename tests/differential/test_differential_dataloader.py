@@ -4,7 +4,8 @@ Where DataLoader defines the answer (a loader with a fixed worker count and no `
 batches, what samples draw from ``random``, NumPy and torch and what ``get_worker_info()``
 says, the streams of iterable datasets and datapipes, collate, errors, ``len()``, where each
 epoch leaves torch's generator), drapps must give the same, for every worker count,
-sampler, generator, worker_init_fn, collate, order and start method: the same values, types,
+sampler, generator, worker_init_fn, collate, order and start method, also where a second
+iterator takes a batch mid-epoch (``next(iter(loader))`` in the loop): the same values, types,
 dtypes, shapes and strides, or an error of the same kind at the same place, and leave no
 process, thread, slab or descriptor behind. Out of order (``in_order=False``), DataLoader
 gives a batch to whichever worker has room, so which worker's RNG a sample draws from is the
@@ -79,6 +80,7 @@ def _dataloaders(case: Case, reference: Settings, epochs: int) -> Outcome:
     outcome = run(
         lambda: DataLoader(dataset, **reference.dataloader_kwargs(dataset, skipping=skipping)),
         epochs,
+        case.peek,
     )
     if skipping:
         outcome.epochs = [[b for b in epoch if not is_skipped(b)] for epoch in outcome.epochs]
@@ -91,11 +93,19 @@ def check_against_dataloader(case: Case) -> None:
         case = dataclasses.replace(case, settings=dataclasses.replace(case.settings, shuffle=False))
     s = reference = case.settings
     epochs = 2
+    if s.persistent_workers or (case.iterable and s.workers) or s.skip:
+        # A second iterator: DataLoader's persistent workers have one iterator, which a new
+        # iter() starts over; workers hold a stream's position, so drapps' older iterator
+        # is superseded; a peeked batch of nothing but a skipped sample is not DataLoader's.
+        case = dataclasses.replace(case, peek=None)
     auto = s.workers == "auto"
-    if (s.workers and not s.in_order) or auto or s.cache or s.cut or case.held:
+    beside = case.peek is not None and bool(s.workers)
+    if (s.workers and not s.in_order) or auto or s.cache or s.cut or case.held or beside:
         # Per-sample seeds ("auto", batches cut into parts), or dataset[i] made once and kept
         # (the cache, or a dataset that keeps its samples): the draws are drapps' own, held by
-        # test_differential_inline.py.
+        # test_differential_inline.py. So are a fixed count's past a second iterator: the
+        # loop's batches are made in the training process beside it, and then by the
+        # workers it had, where DataLoader's come from workers of their own.
         case = dataclasses.replace(case, payload=without_draws(case.payload))
     if auto:
         # drapps' default against DataLoader's (no workers): a stream that does not shard
@@ -115,7 +125,7 @@ def check_against_dataloader(case: Case) -> None:
     expected = _dataloaders(case, reference, epochs)
     with nothing_left():
         _seed_everything()
-        got = run(lambda: drapps.Loader(dataset, **s.drapps_kwargs(dataset)), epochs)
+        got = run(lambda: drapps.Loader(dataset, **s.drapps_kwargs(dataset)), epochs, case.peek)
     if s.workers:  # with workers, as from DataLoader's, batches are the loop's own memory
         assert_owned(got, dataset)
     if got.failed and expected.failed and reference.workers and not same_kinds(got, expected):

@@ -9,7 +9,8 @@ machine drives a loader with workers through random events (take a batch, resize
 worker, make the batches in the training process and bring the workers back, checkpoint
 through JSON and resume in a new loader after another ``torch.manual_seed`` (the old one
 closed or dropped unclosed), or go on in a deep copy or a pickled copy of the loader, start
-the next epoch early, also while another thread is inside the old iterator's ``next()``)
+the next epoch early, also while another thread is inside the old iterator's ``next()``,
+take batches from a second iterator beside the loop's)
 and checks after every step that what the loop received is the reference's epoch so far,
 and at every epoch's end
 that it held each planned sample exactly once. Batches filled from made samples
@@ -22,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import gc
+import itertools
 import json
 import os
 import pickle
@@ -213,6 +215,7 @@ class LoaderMachine(RuleBasedStateMachine):
         _seed_everything()
         self.loader = drapps.Loader(self.dataset, **case.kwargs(self.dataset))
         self.epoch, self.got = 0, []
+        self.beside = 0  # epochs second iterators ran while the loop's was under way
         self.iterator: Any = iter(self.loader)
         self.exact = not case.filled  # False once batches are not the reference's
         self.resumed_epoch: int | None = None
@@ -333,8 +336,9 @@ class LoaderMachine(RuleBasedStateMachine):
     @rule()
     def start_the_next_epoch_while_another_thread_takes(self) -> None:
         """A new ``iter(loader)`` while another thread may be inside the old iterator's
-        ``next()``: that thread gets the old epoch's next batch or the superseded error,
-        never a batch of the new epoch, and the new epoch loses none."""
+        ``next()``: that thread gets the old epoch's next batch (or, where workers hold its
+        stream, the superseded error), never a batch of the new epoch, and the new epoch
+        loses none."""
         old, epoch, position, exact = self.iterator, self.epoch, len(self.got), self.exact
         outcome: dict[str, Any] = {}
 
@@ -355,6 +359,27 @@ class LoaderMachine(RuleBasedStateMachine):
             assert_equal(expected[position], outcome["batch"], f"epoch {epoch} batch {position}")
         elif "error" in outcome and isinstance(outcome["error"], RuntimeError):
             assert "superseded" in str(outcome["error"]), outcome["error"]
+
+    @precondition(
+        lambda self: (
+            self.epoch + 1 + self.beside < EPOCHS
+            and not self.case.iterable
+            and not self.case.filled
+        )
+    )
+    @rule(take=st.integers(1, 3))
+    def take_from_a_second_iterator(self, take: int) -> None:
+        """``next(iter(loader))`` inside the loop: the second iterator runs the next epoch,
+        as the reference's, beside the loop's, which goes on as it would have (checked by
+        the invariant); once the loop's ends, the loader goes on past both."""
+        epoch = self.epoch + 1 + self.beside
+        self.beside += 1
+        second = iter(self.loader)
+        expected = self.reference.epochs[epoch]
+        for b, batch in enumerate(itertools.islice(second, take)):
+            if self.exact and not self._drawn_anew():
+                assert_equal(expected[b], batch, f"epoch {epoch} batch {b} (a second iterator)")
+        del second
 
     # ------------------------------------------------------------------------- the checks
 
@@ -378,14 +403,19 @@ class LoaderMachine(RuleBasedStateMachine):
                 assert delivered == planned, f"epoch {self.epoch}: {delivered} != {planned}"
             if self.case.filled and self.resumed_epoch != self.epoch:
                 self._replay_filled_epoch()
-        # A resumed loader without a seed, or with a sampler that draws from torch's RNG,
-        # draws its next epochs from the new process's torch RNG (as a new DataLoader would).
-        if (self.case.seed is None or self.case.sampler) and self.resumed_epoch is not None:
+        if self._drawn_anew():
             self.exact = False
-        self.epoch += 1
-        self.got = []
+        self.epoch += 1 + self.beside
+        self.got, self.beside = [], 0
         if self.epoch < EPOCHS:
             self.iterator = iter(self.loader)
+
+    def _drawn_anew(self) -> bool:
+        """Whether the epochs after a resumed one are drawn anew: a resumed loader without a
+        seed, or with a sampler that draws from torch's RNG, draws them from the new
+        process's torch RNG (as a new DataLoader would)."""
+        drawn = self.case.seed is None or bool(self.case.sampler)
+        return drawn and self.resumed_epoch is not None
 
     def _replay_filled_epoch(self) -> None:
         """Batches filled from made samples replay bit for bit as a ``batch_sampler`` of the

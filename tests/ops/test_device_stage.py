@@ -356,6 +356,23 @@ def test_resume_with_a_batch_staged_ahead_gives_the_rest_exactly_once() -> None:
     assert same(first + rest, reference)
 
 
+def test_a_peek_with_a_batch_staged_ahead_gives_the_epoch_exactly_once() -> None:
+    """A second iterator while the loop's holds a batch staged ahead: the loop's takes that
+    batch, then the workers make the rest from past it (they made it again, and the loop
+    got it twice, once in the next one's place)."""
+    reference = batches(2, 2)
+    with drapps.Loader(Photos(), batch_size=5, shuffle=True, seed=11, workers=2,
+                       transform=image_pipeline(), split=2) as loader:  # fmt: skip
+        it = iter(loader)
+        got = [list(next(it))]
+        time.sleep(0.5)  # batch 2 arrives meanwhile: handing out batch 1 stages it ahead
+        got.append(list(next(it)))
+        assert it._ahead is not None and it._ahead.batch_id == 2  # type: ignore[attr-defined]
+        next(iter(loader))
+        got.extend(list(batch) for batch in it)
+    assert same(got, reference)
+
+
 def test_garbage_collection_with_a_batch_staged_ahead_stops_the_stage_thread() -> None:
     import gc
 

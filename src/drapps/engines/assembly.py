@@ -56,6 +56,7 @@ class Parts:
         self.delivered = Delivered()
         self.tuner: AutoTuner | None = None
         self.owner = os.getpid()
+        self.closed = False
         self.turn = threading.RLock()
         """Held while an epoch starts or takes a batch from the engine: an ``iter(loader)``
         in one thread waits for a ``next()`` under way in another, so a batch of the new
@@ -134,6 +135,9 @@ class Parts:
             self.claim.claim(self.engine)
         split = self.split
         with self.turn:
+            live = cursor.under_way()
+            if isinstance(live, Epoch) and live.step_aside():
+                cursor.step_aside(live)  # else superseded: its next() says so
             job = cursor.next_job(self.engine.workers)
             epoch = Epoch(
                 job,
@@ -148,6 +152,8 @@ class Parts:
                 batched=cursor.batched,
                 batch_size=cursor.batch_size or 1,
                 turn=self.turn,
+                ended=cursor.ended,
+                closed=lambda: self.closed,
             )
             self.delivered.epoch = job.epoch
             epoch.on_let_go = cursor.follow(epoch)
@@ -185,6 +191,7 @@ class Parts:
         # (and may collect its copy of the loader), and must not stop its parent's workers.
         if os.getpid() != self.owner:
             return
+        self.closed = True
         if threading.current_thread().name.startswith(THREAD_PREFIX):
             # Not a daemon: an interpreter that exits now waits for the workers to stop.
             threading.Thread(target=self._stop, name="drapps-closer").start()

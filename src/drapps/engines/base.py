@@ -112,6 +112,13 @@ class Engine(ABC):
         """``job`` was iterated to its end: its workers exit unless ``job.persistent``."""
         return None
 
+    def beside(self, job: EpochJob, start: int) -> Engine | None:
+        """An engine that makes ``job``'s batches from ``start`` on in the calling process,
+        beside this one, which moves on to a newer epoch (a second ``iter(loader)`` while
+        the first still has batches, as DataLoader runs two iterators side by side); None
+        where this engine cannot hand its epoch over (a stream its workers hold)."""
+        return None
+
     def keep_workers(self) -> None:
         """The user set the worker count (:meth:`drapps.Loader.resize`): batches are made
         by workers from now on, where the engine could have moved them into the training

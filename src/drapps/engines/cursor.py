@@ -70,6 +70,11 @@ class Positioned(Protocol):
         """The loop has seen the epoch's end."""
         ...
 
+    finished: bool
+    """Every batch is delivered (the loop may not have seen the end yet)."""
+    on_let_go: Callable[[Any], None] | None
+    """Called with the epoch when it is let go of before its end."""
+
     def undelivered(self) -> list[int] | None: ...
 
     def owed(self) -> tuple[list[list[Any]], list[Repeats]] | None: ...
@@ -152,6 +157,8 @@ class EpochCursor:
         self._lock = threading.Lock()
         self._next_epoch = 0
         self._next_batch = 0
+        # The epoch after a resumed one, where an iterator beside it had run the next number.
+        self._then: int | None = None
         self._pending: SampledPlan | None = None
         # A resumed endless epoch: the batches its sampler had given, and the epoch's seed.
         self._pending_rest: tuple[int, int] | None = None
@@ -169,6 +176,9 @@ class EpochCursor:
         self._active: Callable[[], Positioned | None] = lambda: None
         self._serial = 0  # the epoch under way's; a later one's start, or a load, moves it
         self._left: Standing | None = None
+        # Epochs a newer iterator took the engine from while they had batches left (weakly,
+        # oldest first): the latest still held is the one under way again once the newer ends.
+        self._aside: list[weakref.ref[Any]] = []
 
     @classmethod
     def of(
@@ -223,9 +233,10 @@ class EpochCursor:
             first = self.epochs_started == 0
             fresh = not self._persistent and not first
             self.epochs_started += 1
+            then, self._then = self._then, None
             if self._iterable:
                 epoch, start = self._next_epoch, self._next_batch
-                self._next_epoch, self._next_batch = epoch + 1, 0
+                self._next_epoch, self._next_batch = then or epoch + 1, 0
                 if self._pending_stream is not None:  # replayed as it was made
                     (seed, streams, rngs, pipe), self._pending_stream = self._pending_stream, None
                     if pipe is None:  # saved without one: derived from the seed, or none
@@ -248,7 +259,7 @@ class EpochCursor:
                 except Exception as exc:
                     exc.drapps_sampler = True  # type: ignore[attr-defined]
                     raise
-            self._next_epoch, self._next_batch = plan.epoch + 1, 0
+            self._next_epoch, self._next_batch = then or plan.epoch + 1, 0
             return EpochJob(plan.epoch, plan.seed, plan, start, fresh, self._persistent)
 
     def follow(self, epoch: Positioned) -> Callable[[Positioned], None]:
@@ -259,11 +270,31 @@ class EpochCursor:
         self._left = None
         return functools.partial(self._let_go, self._serial)
 
+    def step_aside(self, epoch: Positioned) -> None:
+        """``epoch``, the one under way, goes on beside the newer epoch about to start: once
+        that one ends or is let go of, ``epoch`` is the one under way again, if still held."""
+        self._aside.append(weakref.ref(epoch))
+
     def _let_go(self, serial: int, epoch: Positioned) -> None:
         """``epoch``, the one under way as of ``serial``, is let go of (from its ``__del__``,
         in whichever thread dropped it, maybe holding this cursor's lock: so no lock)."""
         if serial == self._serial:
             self._left = Standing.of(epoch)
+            self._back_from_aside()
+
+    def ended(self, epoch: Positioned) -> None:
+        """``epoch``'s loop saw its end."""
+        if self._active() is epoch:
+            self._back_from_aside()
+
+    def _back_from_aside(self) -> None:
+        """The epoch under way ended or was let go of: the latest one that stepped aside for
+        it and still has batches is the one under way again (no lock, as :meth:`_let_go`)."""
+        while self._aside:
+            epoch = self._aside.pop()()
+            if epoch is not None and not epoch.ended and not epoch.finished:
+                epoch.on_let_go = self.follow(epoch)
+                return
 
     def _forget(self) -> None:
         """No epoch is under way (a ``set_epoch`` or a load decided the next); with the
@@ -271,9 +302,15 @@ class EpochCursor:
         self._active = lambda: None
         self._serial += 1
         self._left = None
+        self._aside = []
 
     def is_current(self, epoch: Positioned) -> bool:
         return self._active() is epoch
+
+    def under_way(self) -> Positioned | None:
+        """The epoch under way, if its iterator is still held and has batches to give."""
+        active = self._active()
+        return None if active is None or active.ended or active.finished else active
 
     def set_epoch(self, epoch: int, samplers: Iterable[Any] = ()) -> None:
         """Make the next ``iter(loader)`` run ``epoch`` from its first batch, and pass it on to
@@ -283,7 +320,7 @@ class EpochCursor:
             if callable(getattr(sampler, "set_epoch", None)):
                 sampler.set_epoch(epoch)
         with self._lock:
-            self._next_epoch, self._next_batch = epoch, 0
+            self._next_epoch, self._next_batch, self._then = epoch, 0, None
             self._pending, self._pending_stream, self._pending_rest = None, None, None
             self._forget()
 
@@ -378,11 +415,14 @@ class EpochCursor:
             owed: tuple[list[list[Any]], list[Repeats]] | None = None
             pending_rest: tuple[int, int] | None = None
             stream = self._pending_stream
+            then = self._then
             if standing is not None:
                 epoch, next_batch, plan = standing.epoch, standing.next_batch, standing.plan
                 remaining, owed = standing.remaining, standing.owed
                 if standing.stream is not None:
                     stream = standing.stream
+                # An iterator beside this epoch ran the next number: the one after is later.
+                then = self._next_epoch if self._next_epoch != epoch + 1 else None
             elif self._pending is not None:
                 plan, pending_rest = self._pending, self._pending_rest
                 epoch, next_batch = plan.epoch, plan.first
@@ -399,6 +439,8 @@ class EpochCursor:
             "shuffle": shuffle,
             "drop_last": drop_last,
         }
+        if then is not None:
+            state["next_epoch"] = then
         if stream is not None:
             # A stream is replayed up to its position: with the seed it was drawn with (each
             # worker's RNGs start from it), over the same workers (each streams its shard),
@@ -454,6 +496,11 @@ class EpochCursor:
             )
         epoch = checked_index("state epoch", state.get("epoch"))
         next_batch = checked_index("state next_batch", state.get("next_batch"))
+        then = state.get("next_epoch")
+        if then is not None:
+            then = checked_index("state next_epoch", then)
+            if then <= epoch:
+                raise ValueError(f"state next_epoch must be past epoch {epoch}, got {then!r}")
         current = self.state_dict()
         batches = state.get("batches")
         streams = state.get("workers")
@@ -520,7 +567,7 @@ class EpochCursor:
                     f"state next_batch must be in [0, {len(plan)}], got {next_batch!r}"
                 )
         with self._lock:
-            self._next_epoch, self._next_batch = epoch, next_batch
+            self._next_epoch, self._next_batch, self._then = epoch, next_batch, then
             self._pending, self._pending_stream = pending, pending_stream
             self._pending_rest = pending_rest
             self._forget()

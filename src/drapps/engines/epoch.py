@@ -2,8 +2,10 @@
 
 It takes the engine's batches in order, runs a device stage on them (staging batch ``b + 1``
 in the stage's thread while the loop steps on ``b`` when the engine has it already), and
-counts what it delivers. It is superseded by the loader's next ``iter()``, ``set_epoch()`` or
-``load_state_dict()``.
+counts what it delivers. A newer ``iter(loader)`` while it still has batches takes the engine
+(DataLoader runs two iterators side by side): this epoch then makes the rest of its batches in
+the training process, and takes the engine back once the newer one has ended or been let go
+of. ``set_epoch()`` and ``load_state_dict()`` supersede it.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 import torch
 
 from drapps.engines.base import Engine, EngineBatch, EpochJob, Skipped
+from drapps.engines.inline import InlineEngine
 from drapps.ops.device_stage import DeviceStage, Staged
 from drapps.runtime.errors import SampleError, failure, warn_user
 from drapps.runtime.plan import Repeats, rest_of
@@ -95,6 +98,8 @@ class Epoch:
             next epoch's start takes too).
         reported: the length ``len(loader)`` reported for a stream (None: not asked).
         dataset: the dataset (named in the warning for a stream longer than reported).
+        ended: called with this epoch when its loop sees its end (the cursor's ``ended``).
+        closed: whether the loader is closed.
     """
 
     def __init__(
@@ -112,6 +117,8 @@ class Epoch:
         turn: threading.RLock | None = None,
         reported: Callable[[], int | None] = lambda: None,
         dataset: Any = None,
+        ended: Callable[[Epoch], None] = lambda epoch: None,
+        closed: Callable[[], bool] = lambda: False,
     ) -> None:
         self._turn = turn if turn is not None else contextlib.nullcontext()
         self.epoch = job.epoch
@@ -124,6 +131,8 @@ class Epoch:
             job.plan is not None and job.start >= len(job.plan) and rest_of(job.plan) is None
         )
         self._engine, self._stage, self._delivered = engine, stage, delivered
+        self._main = engine  # the loader's engine; _engine is another while beside a newer epoch
+        self._on_end, self._closed = ended, closed
         self._is_current, self._split, self._length = is_current, split, length
         self._reported, self._dataset = reported, dataset
         self._batched, self._batch_size = batched, batch_size
@@ -183,13 +192,20 @@ class Epoch:
             return self._next()
 
     def _next(self) -> Any:
-        if not self._is_current(self):
+        current = self._is_current(self)
+        if not current:
             if self._ended or self.finished:  # it had ended: an exhausted iterator stays so
                 raise StopIteration
-            raise RuntimeError(
-                "this epoch's iterator was superseded by a newer iter(loader), set_epoch() or "
-                "load_state_dict()"
-            )
+            if self._engine is self._main:
+                raise RuntimeError(
+                    "this epoch's iterator was superseded by a newer iter(loader), "
+                    "set_epoch() or load_state_dict()"
+                )
+        if self._engine is not self._main:
+            if self._closed():
+                raise RuntimeError("this drapps.Loader is closed")
+            if current:
+                self._rejoin()
         if self.plan is None:
             return self._next_streamed()
         while not self.finished:
@@ -206,11 +222,38 @@ class Epoch:
         self._end()
         raise StopIteration
 
+    def step_aside(self) -> bool:
+        """A newer ``iter(loader)`` takes the engine: make this epoch's remaining batches in the
+        training process from now on (:meth:`Engine.beside`); False where they cannot be (a
+        stream the workers hold, batches filled from made samples): this iterator is then
+        superseded."""
+        if self._engine is not self._main or self._ended or self.finished:
+            return True
+        if self._places is not None:
+            return False
+        side = self._main.beside(self._job, self.position)
+        if side is None:
+            return False
+        self._engine = side
+        return True
+
+    def _rejoin(self) -> None:
+        """The loader's epoch under way again (the newer one ended or was let go of): the
+        engine makes its batches from its position on."""
+        self._delivered.epoch = self.epoch
+        if self.plan is None or self._out_of_order or self._ahead is not None:
+            # A stream stays where it is made; so do batches delivered out of order, and
+            # the engine waits for the batch staged before this epoch stepped aside.
+            return
+        self._main.start_epoch(replace(self._job, start=self.position, fresh=False))
+        self._engine = self._main
+
     def _end(self) -> None:
         """The epoch was iterated to its end: the engine lets go of its workers (once)."""
         if not self._ended:
             self._ended = True
             self._engine.end_epoch(self._job)
+            self._on_end(self)
 
     def _next_streamed(self) -> Any:
         if self.finished:
@@ -269,7 +312,11 @@ class Epoch:
         if ahead is not None:
             made: EngineBatch | None = ahead.made
         else:
-            made = self._engine.next()
+            side = self._engine
+            if isinstance(side, InlineEngine) and side is not self._main:
+                while side.position < self.position or side.position in self._out_of_order:
+                    side.skip()  # delivered before this epoch stepped aside (out of order)
+            made = side.next()
         if made is None:
             self.finished = True
             return None

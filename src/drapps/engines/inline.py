@@ -111,6 +111,17 @@ class InlineEngine(Engine):
             else None
         )
 
+    def beside(self, job: EpochJob, start: int) -> InlineEngine:
+        """This engine's epoch under way, handed over: the new engine goes on with it (an
+        iterable dataset's stream too) while this one starts the newer epoch."""
+        side = InlineEngine(
+            self._recipe, *self._batching, self._limits, self._finish, self._split,
+            self._seeded, self._owned,
+        )  # fmt: skip
+        side._made, side._plan, side._position = self._made, self._plan, self._position
+        self._made = iter(())
+        return side
+
     def start_epoch(self, job: EpochJob) -> None:
         self._plan, self._position = job.plan, job.start
         self._made = self._stream(job.seed, job.pipe_seed) if job.plan is None else iter(())

@@ -102,6 +102,15 @@ class PoolEngine(Engine):
         elif job.start < len(job.plan):
             self._generation = self.dispatcher.start_epoch(job.plan, job.start, fresh_workers=fresh)
 
+    def beside(self, job: EpochJob, start: int) -> InlineEngine:
+        """``job``'s batches from ``start`` on, made in the training process (copied, as the
+        workers' would be) while the workers move on to the newer epoch."""
+        recipe = dataclasses.replace(self._recipe, watch_draws=False)
+        limits, finish = self._limits, self._finish
+        side = InlineEngine(recipe, None, False, limits, finish, self._split, owned=True)
+        side.start_epoch(dataclasses.replace(job, start=start))
+        return side
+
     def end_epoch(self, job: EpochJob) -> None:
         if not job.persistent and self._inline is None:
             self.dispatcher.stop_workers(self._generation)

@@ -1,0 +1,216 @@
+"""Two iterators over one loader at once, as DataLoader runs them: ``zip(loader, loader)``, a
+``next(iter(loader))`` inside ``for batch in loader``, an iterator put down and taken up again.
+
+The newer iterator gets the workers; the older one makes the rest of its batches in the
+training process meanwhile (the same batches and draws it would have had) and gets the
+workers back once the newer one has ended or been let go of. A checkpoint follows the
+iterator under way: the newer one while it lives, then the older one again."""
+
+from __future__ import annotations
+
+import gc
+import json
+import threading
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
+
+import drapps
+
+SETTINGS = [
+    pytest.param({"num_workers": 0}, id="inline"),
+    pytest.param({"num_workers": 2}, id="processes"),
+    pytest.param({"num_workers": 2, "persistent_workers": True}, id="persistent"),
+    pytest.param({"num_workers": 2, "backend": "thread"}, id="threads"),
+    pytest.param({"workers": "auto"}, id="auto"),
+]
+
+
+class Keys(Dataset[torch.Tensor]):
+    """Each sample: its key, a draw (from ``drapps.sample_rng()``, which threads may run), and
+    the worker that made it (-1: the training process)."""
+
+    def __init__(self, n: int = 20) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        info = get_worker_info()
+        try:
+            draw = float(drapps.sample_rng().random())
+        except RuntimeError:  # DataLoader's: no drapps sample
+            draw = torch.rand(()).item()
+        return torch.tensor([float(i), draw, -1.0 if info is None else info.id])
+
+
+def keys(batch: torch.Tensor) -> list[int]:
+    return (batch[:, 0] if batch.dim() == 2 else batch).long().tolist()
+
+
+def patterns(loader: Any) -> dict[str, Any]:
+    """What three ways of holding two iterators at once give, as keys."""
+    zipped = [(keys(a), keys(b)) for a, b in zip(loader, loader, strict=True)]
+    peeked = [(keys(a), keys(next(iter(loader)))) for a in loader]
+    first = iter(loader)
+    head = keys(next(first))
+    second = [keys(b) for b in iter(loader)]
+    rest = [keys(b) for b in first]
+    return {"zip": zipped, "peek": peeked, "put down": (head, second, rest)}
+
+
+@pytest.mark.parametrize("options", SETTINGS)
+def test_two_iterators_at_once_give_dataloaders_batches(options: dict[str, Any]) -> None:
+    """Each iterator runs a whole epoch of its own, as DataLoader's do (the older one raised
+    "superseded" at its next batch)."""
+    expected = patterns(DataLoader(Keys(), batch_size=4))
+    with drapps.Loader(Keys(), batch_size=4, **options) as loader:
+        assert patterns(loader) == expected
+
+
+def test_out_of_order_batches_go_on_beside_a_newer_iterator() -> None:
+    """``in_order=False``: the older iterator makes only the batches it has not delivered."""
+    with drapps.Loader(Keys(40), batch_size=4, num_workers=2, in_order=False) as loader:
+        first = iter(loader)
+        head = [keys(next(first)) for _ in range(3)]
+        second = [keys(b) for b in iter(loader)]
+        rest = [keys(b) for b in first]
+    for epoch in (head + rest, second):
+        assert sorted(k for batch in epoch for k in batch) == list(range(40))
+
+
+@pytest.mark.parametrize("options", SETTINGS)
+def test_the_older_iterator_keeps_its_batches_and_draws(options: dict[str, Any]) -> None:
+    """With a seed, an epoch's batches and draws are its own whatever iterators ran beside it:
+    the loop's epoch is the one it would have had without the peeks."""
+    kwargs = {"batch_size": 4, "shuffle": True, "seed": 5}
+    with drapps.Loader(Keys(), num_workers=0, **kwargs) as reference:
+        expected = [b[:, :2] for b in reference]
+    with drapps.Loader(Keys(), **kwargs, **options) as loader:
+        got = []
+        for k, batch in enumerate(loader):
+            got.append(batch[:, :2])
+            if k % 2 == 0:
+                assert next(iter(loader)).shape == (4, 3)  # another epoch's first batch
+    assert len(got) == len(expected)
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_the_workers_come_back_once_the_newer_iterator_is_let_go(persistent: bool) -> None:
+    """Past a peek, the loop's batches are the workers' again, not the training process's."""
+    options = {"batch_size": 2, "num_workers": 2, "persistent_workers": persistent}
+    with drapps.Loader(Keys(40), **options) as loader:
+        made_by = []
+        for k, batch in enumerate(loader):
+            made_by.append(int(batch[0, 2]))
+            if k == 3:
+                next(iter(loader))
+    assert -1 not in made_by, made_by
+
+
+@pytest.mark.parametrize("options", SETTINGS)
+def test_a_checkpoint_follows_the_iterator_under_way(options: dict[str, Any]) -> None:
+    """While the newer iterator lives, a checkpoint is its; once it is let go of, the older
+    one's again, so that a checkpoint the loop takes past a peek resumes the loop's epoch,
+    and then the epoch the loop would have had next."""
+    kwargs = {"batch_size": 4, "shuffle": True, "seed": 3}
+
+    def epochs(loader: drapps.Loader, count: int) -> list[list[list[int]]]:
+        return [[keys(b) for b in loader] for _ in range(count)]
+
+    with drapps.Loader(Keys(), **kwargs, **options) as loader:
+        it = iter(loader)
+        first = [keys(next(it)) for _ in range(2)]
+        peek = iter(loader)
+        next(peek)
+        assert loader.state_dict()["epoch"] == 1  # the newer one's
+        del peek
+        state = json.loads(json.dumps(loader.state_dict()))
+        assert (state["epoch"], state["next_batch"], state["next_epoch"]) == (0, 2, 2)
+        rest = [keys(b) for b in it]
+        later = epochs(loader, 2)
+    with drapps.Loader(Keys(), **kwargs, num_workers=0) as resumed:
+        resumed.load_state_dict(state)
+        assert resumed.state_dict() == state  # as a copy of the loader stands
+        assert [keys(b) for b in resumed] == rest
+        assert epochs(resumed, 2) == later
+    with drapps.Loader(Keys(), **kwargs, num_workers=0) as reference:
+        whole = epochs(reference, 3)
+    assert first + rest == whole[0] and later == whole[2:] + epochs_past(kwargs, 3)
+
+
+def epochs_past(kwargs: dict[str, Any], epoch: int) -> list[list[list[int]]]:
+    """The seeded loader's epoch ``epoch``, as a list of one."""
+    with drapps.Loader(Keys(), **kwargs, num_workers=0) as loader:
+        loader.set_epoch(epoch)
+        return [[keys(b) for b in loader]]
+
+
+def test_a_checkpoint_with_a_malformed_next_epoch_is_refused() -> None:
+    with drapps.Loader(Keys(), batch_size=4, seed=0) as loader:
+        state = loader.state_dict()
+        for bad in (0, -1, "2", True):
+            with pytest.raises(ValueError, match="next_epoch"):
+                loader.load_state_dict({**state, "next_epoch": bad})
+
+
+def test_iterators_in_two_threads_each_get_their_epoch() -> None:
+    """Two threads, each with its own ``for batch in loader``, at once."""
+    with drapps.Loader(Keys(60), batch_size=3, num_workers=2) as loader:
+        got: dict[int, list[int]] = {}
+
+        def run(name: int) -> None:
+            got[name] = [k for b in loader for k in keys(b)]
+
+        threads = [threading.Thread(target=run, args=(n,)) for n in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+    assert got == {0: list(range(60)), 1: list(range(60))}
+
+
+def test_an_iterator_beside_a_newer_one_is_closed_with_the_loader() -> None:
+    loader = drapps.Loader(Keys(), batch_size=4, num_workers=2)
+    older = iter(loader)
+    next(older)
+    newer = iter(loader)
+    next(newer)
+    loader.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        next(older)
+    del newer
+
+
+class Stream(IterableDataset[int]):
+    def __iter__(self) -> Any:
+        info = get_worker_info()
+        start, step = (0, 1) if info is None else (info.id, info.num_workers)
+        return iter(range(start, 12, step))
+
+
+def test_an_iterable_datasets_iterators_run_side_by_side_without_workers() -> None:
+    expected = patterns(DataLoader(Stream(), batch_size=4))
+    with drapps.Loader(Stream(), batch_size=4, num_workers=0) as loader:
+        got = patterns(loader)
+    for name in ("zip", "put down"):  # a stream's loader has a len(); a peek needs none
+        assert got[name] == expected[name]
+
+
+def test_an_iterable_datasets_older_iterator_is_superseded_where_workers_stream_it() -> None:
+    """Workers hold a stream's position: the older iterator cannot go on without them, and
+    says so rather than give another stream's batches."""
+    with drapps.Loader(Stream(), batch_size=2, num_workers=2) as loader:
+        older = iter(loader)
+        next(older)
+        newer = iter(loader)
+        with pytest.raises(RuntimeError, match="superseded"):
+            next(older)
+        assert sorted(k for b in newer for k in b.tolist()) == list(range(12))
+        del older
+        gc.collect()
