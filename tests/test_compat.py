@@ -337,6 +337,25 @@ def test_drop_last_and_len(workers: int) -> None:
             assert len(loader) == len(DataLoader(Indexed(10), batch_size=4, drop_last=drop_last))
 
 
+@pytest.mark.parametrize("workers", [0, 2, "auto"])
+def test_an_iterators_len_is_its_whole_epochs_as_in_dataloader(workers: int | str) -> None:
+    """However far the iterator has gone, and for a resumed epoch too (it said what was left:
+    DataLoader's, and torchdata's stateful loader's, say the epoch's length)."""
+    kwargs: dict[str, Any] = {"batch_size": 4, "shuffle": True}
+    reference = iter(DataLoader(Indexed(10), **kwargs))
+    with drapps.Loader(Indexed(10), **kwargs, seed=1, num_workers=workers) as loader:
+        it = iter(loader)
+        for _ in range(2):
+            next(it)
+            next(reference)
+            assert len(it) == len(reference) == 3
+        state = loader.state_dict()
+    with drapps.Loader(Indexed(10), **kwargs, seed=1, num_workers=workers) as resumed:
+        resumed.load_state_dict(state)
+        it = iter(resumed)
+        assert len(it) == 3 and len(list(it)) == 1
+
+
 def test_the_rest_of_dataloaders_arguments_are_accepted() -> None:
     context = multiprocessing.get_context("spawn")
     kwargs: dict[str, Any] = {

@@ -182,10 +182,9 @@ class Epoch:
         return self._ended
 
     def __len__(self) -> int:
-        if self.plan is not None and rest_of(self.plan) is None:
-            return len(self.plan) - self.position - len(self._out_of_order)
-        # A stream's, or an endless sampler's: as long as the loader's len() says, if it can.
-        return max(0, self._length() - self.position)
+        """The epoch's batches, however far it has gone (a resumed one's too), as DataLoader's
+        iterator says: the loader's ``len()`` (TypeError where it has none)."""
+        return self._length()
 
     def __next__(self) -> Any:
         with self._turn:  # the check and the take are one step: no newer epoch starts between
