@@ -214,3 +214,37 @@ def test_an_iterable_datasets_older_iterator_is_superseded_where_workers_stream_
         assert sorted(k for b in newer for k in b.tolist()) == list(range(12))
         del older
         gc.collect()
+
+
+class Draws(Dataset[torch.Tensor]):
+    def __len__(self) -> int:
+        return 24
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.rand(2)
+
+
+def test_a_fixed_counts_older_iterator_draws_from_rngs_of_its_own() -> None:
+    """Without a seed, samples draw from their worker's RNGs, as DataLoader's. Beside a newer
+    iterator, the older one's samples draw from RNGs of its own, as DataLoader's older
+    iterator's draw in its workers: the training loop's generator is where DataLoader
+    leaves it (they drew from it)."""
+
+    def loop(make: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        torch.manual_seed(0)
+        loader = make()
+        it = iter(loader)
+        batches = [next(it)]
+        second = iter(loader)  # held while the loop's epoch goes on beside it
+        next(second)
+        batches.extend(it)
+        del second
+        after = torch.rand(3)
+        if hasattr(loader, "close"):
+            loader.close()
+        return after, torch.cat(batches)
+
+    expected, _ = loop(lambda: DataLoader(Draws(), batch_size=4, num_workers=2))
+    after, draws = loop(lambda: drapps.Loader(Draws(), batch_size=4, num_workers=2))
+    torch.testing.assert_close(after, expected)
+    assert len(set(draws[:, 0].tolist())) == 24  # each sample drew anew

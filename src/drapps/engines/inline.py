@@ -46,6 +46,10 @@ class InlineEngine(Engine):
             own objects is copied, as it would cross from a worker process
             (:func:`~drapps.runtime.transport.owned`). False (``workers=0``): handed over
             as made, as DataLoader's are with no workers.
+        rngs: where samples not seeded each on their own draw (a fixed count's): the global
+            RNG states of a worker of this engine's own, swapped in while a batch is made,
+            so the training loop's draws are not theirs; None: the training process's, as
+            DataLoader's with no workers.
     """
 
     kind = "inline"
@@ -60,10 +64,12 @@ class InlineEngine(Engine):
         split: Any = None,
         seeded: bool = False,
         owned: bool = False,
+        rngs: WorkerRngs | None = None,
     ) -> None:
         self._recipe = recipe
         self._seeded = seeded
         self._owned = owned
+        self._rngs = rngs
         self._batching = (batch_size, drop_last)
         self._limits = limits
         self._finish = finish
@@ -116,7 +122,7 @@ class InlineEngine(Engine):
         iterable dataset's stream too) while this one starts the newer epoch."""
         side = InlineEngine(
             self._recipe, *self._batching, self._limits, self._finish, self._split,
-            self._seeded, self._owned,
+            self._seeded, self._owned, self._rngs,
         )  # fmt: skip
         side._made, side._plan, side._position = self._made, self._plan, self._position
         self._made = iter(())
@@ -151,7 +157,7 @@ class InlineEngine(Engine):
                 made = self._checked(plan, indices, split, repeats)
             else:
                 reseeded = self._recipe.reseed
-                with preserved_global_rngs() if reseeded else contextlib.nullcontext():
+                with preserved_global_rngs() if reseeded else self._drawing():
                     made = make_batch(
                         self._recipe, plan.seed, plan.epoch, indices, split, timed=False,
                         repeats=repeats,
@@ -162,6 +168,10 @@ class InlineEngine(Engine):
         if self._owned and batch is not None and not fresh_batches(self._recipe, split):
             batch = owned(batch)
         return EngineBatch(self._finished(batch), made.skipped, split)
+
+    def _drawing(self) -> contextlib.AbstractContextManager[None]:
+        """Where samples not seeded each on their own draw while a batch is made."""
+        return self._rngs.active() if self._rngs is not None else contextlib.nullcontext()
 
     def _checked(self, plan: EpochPlan, indices: list[Any], split: Any, repeats: Repeats) -> Made:
         """``indices``' batch made unseeded, or again seeded where that moved a generator

@@ -23,6 +23,7 @@ from drapps.runtime.errors import SampleError, warn_user
 from drapps.runtime.executor_pool import EVIDENCE, KINDS, ExecutorPool
 from drapps.runtime.pool import WorkerPool
 from drapps.runtime.reorder import Entry
+from drapps.runtime.seeding import WorkerRngs
 from drapps.runtime.stats import STAGES, PipelineSnapshot
 from drapps.runtime.worker import BatchRecipe
 
@@ -104,10 +105,14 @@ class PoolEngine(Engine):
 
     def beside(self, job: EpochJob, start: int) -> InlineEngine:
         """``job``'s batches from ``start`` on, made in the training process (copied, as the
-        workers' would be) while the workers move on to the newer epoch."""
+        workers' would be) while the workers move on to the newer epoch. A fixed count's
+        samples draw there from RNGs of their own, seeded as a worker past the pool's (its
+        id ``max_workers``), as DataLoader's older iterator's draw from its workers'; the
+        training loop's are not moved."""
         recipe = dataclasses.replace(self._recipe, watch_draws=False)
+        rngs = None if recipe.reseed else WorkerRngs(job.seed + self._limits.max_workers)
         limits, finish = self._limits, self._finish
-        side = InlineEngine(recipe, None, False, limits, finish, self._split, owned=True)
+        side = InlineEngine(recipe, None, False, limits, finish, self._split, owned=True, rngs=rngs)
         side.start_epoch(dataclasses.replace(job, start=start))
         return side
 
