@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import gc
-import itertools
 import json
 import os
 import pickle
@@ -367,18 +366,35 @@ class LoaderMachine(RuleBasedStateMachine):
             and not self.case.filled
         )
     )
-    @rule(take=st.integers(1, 3))
-    def take_from_a_second_iterator(self, take: int) -> None:
-        """``next(iter(loader))`` inside the loop: the second iterator runs the next epoch,
-        as the reference's, beside the loop's, which goes on as it would have (checked by
-        the invariant); once the loop's ends, the loader goes on past both."""
+    @rule(
+        steps=st.lists(
+            st.sampled_from(("second", "second", "loop", "kill", "resize")), min_size=1, max_size=8
+        )
+    )
+    def take_from_a_second_iterator(self, steps: list[str]) -> None:
+        """A second ``iter(loader)`` while the loop's is under way (``next(iter(loader))``
+        inside the loop, ``zip(loader, loader)``), held through ``steps``: take a batch from
+        it ("second": the next epoch's, as the reference's) or from the loop's ("loop": it
+        goes on as it would have, into its next epoch past its end), SIGKILL a worker or
+        resize. Then the second is let go of, and the loop's goes on."""
         epoch = self.epoch + 1 + self.beside
         self.beside += 1
         second = iter(self.loader)
-        expected = self.reference.epochs[epoch]
-        for b, batch in enumerate(itertools.islice(second, take)):
-            if self.exact and not self._drawn_anew():
-                assert_equal(expected[b], batch, f"epoch {epoch} batch {b} (a second iterator)")
+        expected, taken = self.reference.epochs[epoch], 0
+        for step in steps:
+            if step == "second":
+                batch = next(second, None)
+                if batch is not None and self.exact and not self._drawn_anew():
+                    where = f"epoch {epoch} batch {taken} (a second iterator)"
+                    assert_equal(expected[taken], batch, where)
+                taken += batch is not None
+            elif step == "loop":
+                self.take_a_batch()
+                self.the_epoch_so_far_is_the_references()
+            elif step == "kill":
+                self.kill_a_worker(0)
+            else:
+                self.resize(2)
         del second
 
     # ------------------------------------------------------------------------- the checks
