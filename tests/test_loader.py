@@ -368,7 +368,7 @@ def test_set_epoch_or_a_load_supersedes_the_iterator_under_way(supersede: str) -
         else:
             loader.load_state_dict(loader.state_dict())
         new = iter(loader)
-        with pytest.raises(RuntimeError, match="superseded"):
+        with pytest.raises(RuntimeError, match=r"superseded by set_epoch\(\) or load_state_dict"):
             next(old)
         assert len(list(new)) == (4 if supersede == "set_epoch" else 3)
 

@@ -202,7 +202,7 @@ def test_an_iterable_datasets_older_iterator_is_superseded_where_workers_stream_
         older = iter(loader)
         next(older)
         newer = iter(loader)
-        with pytest.raises(RuntimeError, match="superseded"):
+        with pytest.raises(RuntimeError, match=r"superseded by a newer iter.*stream engine"):
             next(older)
         assert sorted(k for b in newer for k in b.tolist()) == list(range(12))
         del older
@@ -241,3 +241,15 @@ def test_a_fixed_counts_older_iterator_draws_from_rngs_of_its_own() -> None:
     after, draws = loop(lambda: drapps.Loader(Draws(), batch_size=4, num_workers=2))
     torch.testing.assert_close(after, expected)
     assert len(set(draws[:, 0].tolist())) == 24  # each sample drew anew
+
+
+def test_filled_batches_older_iterator_is_superseded_saying_why() -> None:
+    """Batches filled from made samples (``defer_after``): the workers hold the samples the
+    older epoch still owes, so it cannot go on beside a newer one, and says so."""
+    with drapps.Loader(Keys(40), batch_size=4, num_workers=2, defer_after=0.0) as loader:
+        older = iter(loader)
+        next(older)
+        newer = iter(loader)
+        with pytest.raises(RuntimeError, match=r"superseded by a newer iter.*defer_after"):
+            next(older)
+        assert sorted(k for b in newer for k in keys(b)) == list(range(40))

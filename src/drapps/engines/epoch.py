@@ -133,6 +133,7 @@ class Epoch:
         self._engine, self._stage, self._delivered = engine, stage, delivered
         self._main = engine  # the loader's engine; _engine is another while beside a newer epoch
         self._on_end, self._closed = ended, closed
+        self._superseded = "set_epoch() or load_state_dict()"  # what a newer iterator is not
         self._is_current, self._split, self._length = is_current, split, length
         self._reported, self._dataset = reported, dataset
         self._batched, self._batch_size = batched, batch_size
@@ -196,10 +197,7 @@ class Epoch:
             if self._ended or self.finished:  # it had ended: an exhausted iterator stays so
                 raise StopIteration
             if self._engine is self._main:
-                raise RuntimeError(
-                    "this epoch's iterator was superseded by a newer iter(loader), "
-                    "set_epoch() or load_state_dict()"
-                )
+                raise RuntimeError(f"this epoch's iterator was superseded by {self._superseded}")
         if self._engine is not self._main:
             if self._closed():
                 raise RuntimeError("this drapps.Loader is closed")
@@ -229,9 +227,18 @@ class Epoch:
         if self._engine is not self._main or self._ended or self.finished:
             return True
         if self._places is not None:
+            self._superseded = (
+                "a newer iter(loader): its batches are filled from the samples the workers "
+                "made (defer_after), which go on with the newer one"
+            )
             return False
         side = self._main.beside(self._job, self.position)
         if side is None:
+            self._superseded = (
+                f"a newer iter(loader): where this one stands is held by the {self._main.kind} "
+                "engine (an iterable dataset's streams in its workers, a queue's reader), "
+                "which goes on with the newer one"
+            )
             return False
         self._engine = side
         return True
