@@ -93,10 +93,11 @@ def check_against_dataloader(case: Case) -> None:
         case = dataclasses.replace(case, settings=dataclasses.replace(case.settings, shuffle=False))
     s = reference = case.settings
     epochs = 2
-    if s.persistent_workers or (case.iterable and s.workers) or s.skip:
+    if s.persistent_workers or (case.iterable and s.workers) or s.skip or not s.in_order:
         # A second iterator: DataLoader's persistent workers have one iterator, which a new
         # iter() starts over; workers hold a stream's position, so drapps' older iterator
-        # is superseded; a peeked batch of nothing but a skipped sample is not DataLoader's.
+        # is superseded; a peeked batch of nothing but a skipped sample is not DataLoader's;
+        # out of order, which batch a peek gets is the machine's (found by a campaign).
         case = dataclasses.replace(case, peek=None)
     auto = s.workers == "auto"
     beside = case.peek is not None and bool(s.workers)
