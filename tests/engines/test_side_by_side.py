@@ -253,3 +253,32 @@ def test_filled_batches_older_iterator_is_superseded_saying_why() -> None:
         with pytest.raises(RuntimeError, match=r"superseded by a newer iter.*defer_after"):
             next(older)
         assert sorted(k for b in newer for k in keys(b)) == list(range(40))
+
+
+@pytest.mark.parametrize("options", SETTINGS)
+def test_a_checkpoint_holds_the_loops_epoch_until_the_loop_sees_its_end(
+    options: dict[str, Any],
+) -> None:
+    """The loop holds every batch of its epoch but has not seen its end, and a second iterator
+    ran a whole epoch meanwhile: the checkpoint is the loop's epoch (resumed, it ends, then
+    the epoch past both runs), as without the second iterator. It pointed past the loop's
+    epoch, so that the resumed loop got a batch of a later epoch in its place (found by a
+    campaign)."""
+    kwargs = {"batch_size": 10, "shuffle": True, "seed": 3}
+    with drapps.Loader(Keys(), **kwargs, **options) as loader:
+        it = iter(loader)
+        [next(it) for _ in range(2)]  # every batch, the end not seen
+        assert len(list(iter(loader))) == 2  # the second iterator's epoch, to its end
+        state = loader.state_dict()
+        assert (state["epoch"], state["next_batch"], state["next_epoch"]) == (0, 2, 2)
+        assert next(it, None) is None
+    with drapps.Loader(Keys(), **kwargs, num_workers=0) as resumed:
+        resumed.load_state_dict(state)
+        assert list(resumed) == []
+        assert [keys(b) for b in resumed] == epochs_of(3)[2]
+
+
+def epochs_of(count: int) -> list[list[list[int]]]:
+    """The first ``count`` epochs of the seeded loader above, without workers."""
+    with drapps.Loader(Keys(), batch_size=10, shuffle=True, seed=3, num_workers=0) as loader:
+        return [[keys(b) for b in loader] for _ in range(count)]

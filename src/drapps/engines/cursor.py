@@ -70,8 +70,6 @@ class Positioned(Protocol):
         """The loop has seen the epoch's end."""
         ...
 
-    finished: bool
-    """Every batch is delivered (the loop may not have seen the end yet)."""
     on_let_go: Callable[[Any], None] | None
     """Called with the epoch when it is let go of before its end."""
 
@@ -289,10 +287,11 @@ class EpochCursor:
 
     def _back_from_aside(self) -> None:
         """The epoch under way ended or was let go of: the latest one that stepped aside for
-        it and still has batches is the one under way again (no lock, as :meth:`_let_go`)."""
+        it and has not seen its end is the one under way again (no lock, as
+        :meth:`_let_go`); one with every batch delivered too, as a checkpoint holds it."""
         while self._aside:
             epoch = self._aside.pop()()
-            if epoch is not None and not epoch.ended and not epoch.finished:
+            if epoch is not None and not epoch.ended:
                 epoch.on_let_go = self.follow(epoch)
                 return
 
@@ -308,9 +307,9 @@ class EpochCursor:
         return self._active() is epoch
 
     def under_way(self) -> Positioned | None:
-        """The epoch under way, if its iterator is still held and has batches to give."""
+        """The epoch under way, if its iterator is still held and has not seen its end."""
         active = self._active()
-        return None if active is None or active.ended or active.finished else active
+        return None if active is None or active.ended else active
 
     def set_epoch(self, epoch: int, samplers: Iterable[Any] = ()) -> None:
         """Make the next ``iter(loader)`` run ``epoch`` from its first batch, and pass it on to
