@@ -338,15 +338,21 @@ def test_a_failing_batch_op_names_the_batch_and_the_op(workers: int) -> None:
     )
 
 
+def _two_batches_and_one_staged_ahead(loader: drapps.Loader) -> tuple[Any, list[Any]]:
+    """An epoch's iterator with two batches taken and the third staged ahead, and those two."""
+    it = iter(loader)
+    got = [list(next(it))]
+    time.sleep(0.5)  # batch 2 arrives meanwhile: handing out batch 1 stages it ahead
+    got.append(list(next(it)))
+    assert it._ahead is not None and it._ahead.batch_id == 2  # type: ignore[attr-defined]
+    return it, got
+
+
 def test_resume_with_a_batch_staged_ahead_gives_the_rest_exactly_once() -> None:
     reference = batches(2, 2)
     with drapps.Loader(Photos(), batch_size=5, shuffle=True, seed=11, workers=2,
                        transform=image_pipeline(), split=2) as loader:  # fmt: skip
-        it = iter(loader)
-        first = [list(next(it))]
-        time.sleep(0.5)  # batch 2 arrives meanwhile: handing out batch 1 stages it ahead
-        first.append(list(next(it)))
-        assert it._ahead is not None and it._ahead.batch_id == 2  # type: ignore[attr-defined]
+        _it, first = _two_batches_and_one_staged_ahead(loader)  # held at the checkpoint
         state = loader.state_dict()
     assert state["next_batch"] == 2
     with drapps.Loader(Photos(), batch_size=5, shuffle=True, seed=11, workers=2,
@@ -363,11 +369,7 @@ def test_a_peek_with_a_batch_staged_ahead_gives_the_epoch_exactly_once() -> None
     reference = batches(2, 2)
     with drapps.Loader(Photos(), batch_size=5, shuffle=True, seed=11, workers=2,
                        transform=image_pipeline(), split=2) as loader:  # fmt: skip
-        it = iter(loader)
-        got = [list(next(it))]
-        time.sleep(0.5)  # batch 2 arrives meanwhile: handing out batch 1 stages it ahead
-        got.append(list(next(it)))
-        assert it._ahead is not None and it._ahead.batch_id == 2  # type: ignore[attr-defined]
+        it, got = _two_batches_and_one_staged_ahead(loader)
         next(iter(loader))
         got.extend(list(batch) for batch in it)
     assert same(got, reference)
