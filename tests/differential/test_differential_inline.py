@@ -187,10 +187,12 @@ class LoaderMachine(RuleBasedStateMachine):
 
     @initialize(case=runs())
     def start(self, case: Run) -> None:
-        if case.cache or case.held or not case.per_sample:  # dataset[i] kept: no draws then
-            case = Run(**{**case.__dict__, "payload": without_draws(case.payload)})
         if case.keep and case.defer:  # batches filled from made samples are default_collate's
             case = Run(**{**case.__dict__, "defer": False})
+        # After the line above: without defer, a fixed count draws from its workers' RNGs
+        # (found by a campaign: the draws were kept for filled batches, then defer was off).
+        if case.cache or case.held or not case.per_sample:  # dataset[i] kept: no draws then
+            case = Run(**{**case.__dict__, "payload": without_draws(case.payload)})
         note(f"case = {case!r}")
         self.case = case
         self.dataset = case.dataset()
