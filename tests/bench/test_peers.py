@@ -48,6 +48,8 @@ def test_each_peer_delivers_augmented_uint8_chw_batches(
         batches = [next(iter(source)) for _ in range(8)]  # past one epoch of 48 images
     finally:
         source.close()
+        if throttle is not None:
+            throttle.close()
     for x, y in batches:
         assert x.shape == (8, 3, 224, 224) and x.dtype == torch.uint8
         assert y.shape == (8,) and y.dtype == torch.int64 and set(y.tolist()) <= labels

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import gc
 import multiprocessing as mp
 import pickle
 import time
@@ -57,3 +58,25 @@ def test_bad_rates_are_named() -> None:
         IoThrottle(0)
     with pytest.raises(ValueError, match="latency_ms must be >= 0, got -1"):
         IoThrottle(1, latency_ms=-1)
+
+
+_HELD: list[IoThrottle] = []
+
+
+def _drop_the_held_one() -> None:
+    _HELD.clear()  # the child's copy, collected in the child
+    gc.collect()
+
+
+def test_an_unclosed_throttle_removes_its_bucket_once_collected() -> None:
+    """A bench stopped halfway leaves no bucket file behind; a forked reader's copy, collected
+    in the reader, leaves the creator's in place."""
+    _HELD.append(IoThrottle(mb_per_s=10.0))
+    path = Path(_HELD[0].path)
+    reader = mp.get_context("fork").Process(target=_drop_the_held_one)
+    reader.start()
+    reader.join(30)
+    assert reader.exitcode == 0 and path.exists()
+    _HELD.clear()
+    gc.collect()
+    assert not path.exists()

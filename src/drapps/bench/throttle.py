@@ -16,8 +16,16 @@ import random
 import struct
 import tempfile
 import time
+import weakref
+from typing import Any
 
 _SLOT = struct.Struct("d")
+
+
+def _remove(path: str, owner: int) -> None:
+    if os.getpid() == owner:  # not a forked child's copy, collected in the child
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
 
 
 class IoThrottle:
@@ -40,10 +48,14 @@ class IoThrottle:
         self.mb_per_s = float(mb_per_s)
         self.latency_ms = float(latency_ms)
         self._owner = path is None
+        self._removal: weakref.finalize[Any, Any] | None = None
         if path is None:
             fd, path = tempfile.mkstemp(prefix="drapps-bench-io-", suffix=".bucket")
             os.write(fd, _SLOT.pack(0.0))
             os.close(fd)
+            # Removed by close(), or else once the creator's throttle is collected or the
+            # interpreter exits: a bench stopped halfway leaves no bucket behind.
+            self._removal = weakref.finalize(self, _remove, path, os.getpid())
         self.path = path
 
     def __getstate__(self) -> dict[str, object]:
@@ -51,7 +63,7 @@ class IoThrottle:
 
     def __setstate__(self, state: dict[str, object]) -> None:
         self.__dict__.update(state)
-        self._owner = False
+        self._owner, self._removal = False, None
 
     def wait_for(self, size: int) -> None:
         """Block as a disk would before ``size`` bytes arrive."""
@@ -80,9 +92,8 @@ class IoThrottle:
         return data
 
     def close(self) -> None:
-        if self._owner:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path)
+        if self._owner and self._removal is not None:
+            self._removal()
             self._owner = False
 
     def __repr__(self) -> str:
