@@ -111,12 +111,14 @@ class CIFAR10:
 
     Example:
         >>> import tempfile, numpy as np
+        >>> scratch = tempfile.TemporaryDirectory()
         >>> images = np.zeros((5, 3, 32, 32), np.uint8)  # five training batches of one
-        >>> root = write_cifar10(tempfile.mkdtemp(), (images, range(5)), (images[:2], [3, 4]))
+        >>> root = write_cifar10(scratch.name, (images, range(5)), (images[:2], [3, 4]))
         >>> ds = CIFAR10(root, train=False)  # or the folder of the published files
         >>> image, label = ds[1]
         >>> image.shape, label
         ((32, 32, 3), 4)
+        >>> scratch.cleanup()
     """
 
     def __init__(

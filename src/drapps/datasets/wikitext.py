@@ -41,11 +41,13 @@ class WikiText:
 
     Example:
         >>> import tempfile
-        >>> root = write_wikitext(tempfile.mkdtemp(), {"valid": " = Intro = \\n" * 200})
+        >>> scratch = tempfile.TemporaryDirectory()
+        >>> root = write_wikitext(scratch.name, {"valid": " = Intro = \\n" * 200})
         >>> ds = WikiText(root, "valid", seq_len=16)  # or the folder of the published files
         >>> x, y = ds[0]
         >>> x.shape, bool((x[1:] == y[:-1]).all())
         (torch.Size([16]), True)
+        >>> scratch.cleanup()
     """
 
     def __init__(self, root: str | os.PathLike[str], split: str = "train", seq_len: int = 1024):
