@@ -93,20 +93,21 @@ def check_against_dataloader(case: Case) -> None:
         case = dataclasses.replace(case, settings=dataclasses.replace(case.settings, shuffle=False))
     s = reference = case.settings
     epochs = 2
-    if s.persistent_workers or (case.iterable and s.workers) or s.skip or not s.in_order:
+    if s.persistent_workers or s.skip or not s.in_order:
         # A second iterator: DataLoader's persistent workers have one iterator, which a new
-        # iter() starts over; workers hold a stream's position, so drapps' older iterator
-        # is superseded; a peeked batch of nothing but a skipped sample is not DataLoader's;
-        # out of order, which batch a peek gets is the machine's (found by a campaign).
+        # iter() starts over (and drapps' persistent stream workers supersede the older
+        # one); a peeked batch of nothing but a skipped sample is not DataLoader's; out of
+        # order, which batch a peek gets is the machine's (found by a campaign).
         case = dataclasses.replace(case, peek=None)
     auto = s.workers == "auto"
-    beside = case.peek is not None and bool(s.workers)
+    beside = case.peek is not None and bool(s.workers) and not case.iterable
     if (s.workers and not s.in_order) or auto or s.cache or s.cut or case.held or beside:
         # Per-sample seeds ("auto", batches cut into parts), or dataset[i] made once and kept
         # (the cache, or a dataset that keeps its samples): the draws are drapps' own, held by
         # test_differential_inline.py. So are a fixed count's past a second iterator: the
         # loop's batches are made in the training process beside it, and then by the
-        # workers it had, where DataLoader's come from workers of their own.
+        # workers it had, where DataLoader's come from workers of their own (a stream's
+        # iterators have workers of their own in both).
         case = dataclasses.replace(case, payload=without_draws(case.payload))
     if auto:
         # drapps' default against DataLoader's (no workers): a stream that does not shard

@@ -364,7 +364,7 @@ class LoaderMachine(RuleBasedStateMachine):
     @precondition(
         lambda self: (
             self.epoch + 1 + self.beside < EPOCHS
-            and not self.case.iterable
+            and not (self.case.iterable and self.case.persistent)
             and not self.case.filled
         )
     )
@@ -378,7 +378,9 @@ class LoaderMachine(RuleBasedStateMachine):
         inside the loop, ``zip(loader, loader)``), held through ``steps``: take a batch from
         it ("second": the next epoch's, as the reference's) or from the loop's ("loop": it
         goes on as it would have, into its next epoch past its end), SIGKILL a worker or
-        resize. Then the second is let go of, and the loop's goes on."""
+        resize. Then the second is let go of, and the loop's goes on. A stream's iterators
+        each have workers of their own (persistent stream workers supersede the older one),
+        and its workers are neither killed nor resized (a stream's position is its workers')."""
         epoch = self.epoch + 1 + self.beside
         self.beside += 1
         second = iter(self.loader)
@@ -393,6 +395,8 @@ class LoaderMachine(RuleBasedStateMachine):
             elif step == "loop":
                 self.take_a_batch()
                 self.the_epoch_so_far_is_the_references()
+            elif self.case.iterable:
+                continue
             elif step == "kill":
                 self.kill_a_worker(0)
             else:

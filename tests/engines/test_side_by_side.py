@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import json
+import multiprocessing
 import threading
 from typing import Any
 
@@ -195,14 +196,78 @@ def test_an_iterable_datasets_iterators_run_side_by_side_without_workers() -> No
         assert got[name] == expected[name]
 
 
-def test_an_iterable_datasets_older_iterator_is_superseded_where_workers_stream_it() -> None:
-    """Workers hold a stream's position: the older iterator cannot go on without them, and
-    says so rather than give another stream's batches."""
-    with drapps.Loader(Stream(), batch_size=2, num_workers=2) as loader:
+STREAMED = [
+    pytest.param({"num_workers": 2}, id="2"),
+    pytest.param({"num_workers": 3}, id="3"),
+]
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+@pytest.mark.parametrize("options", STREAMED)
+def test_an_iterable_datasets_iterators_run_side_by_side_in_workers_of_their_own(
+    options: dict[str, Any],
+) -> None:
+    """Workers hold a stream's position: the older iterator keeps its workers, which stream
+    on, and the newer one gets workers of its own, as each of DataLoader's iterators has."""
+    expected = patterns(DataLoader(Stream(), batch_size=2, **options))
+    before = children()
+    with drapps.Loader(Stream(), batch_size=2, **options) as loader:
+        got = patterns(loader)
+    assert got == expected
+    gc.collect()
+    assert children() - before == set()
+
+
+def children() -> set[int]:
+    return {p.pid for p in multiprocessing.active_children() if p.pid is not None}
+
+
+def test_an_iterable_datasets_older_workers_exit_when_let_go_of_or_closed() -> None:
+    before = children()
+    loader = drapps.Loader(Stream(), batch_size=2, num_workers=2)
+    older = iter(loader)
+    next(older)
+    first = children() - before
+    newer = iter(loader)
+    next(newer)
+    assert len(children() - before - first) == 2  # the newer iterator's own two
+    del older
+    gc.collect()
+    assert children() & first == set()  # the older one's exited
+    older = iter(loader)  # now the newer one is the older
+    next(older)
+    loader.close()
+    assert children() - before == set()
+    with pytest.raises(RuntimeError, match="closed"):
+        next(newer)
+
+
+def test_a_checkpoint_beside_a_streams_peek_resumes_the_loops_epoch() -> None:
+    def loader() -> drapps.Loader:
+        return drapps.Loader(Stream(), batch_size=2, num_workers=2, seed=3)
+
+    with loader() as whole:
+        expected = [keys(b) for b in whole]
+    with loader() as first:
+        loop = iter(first)
+        head = [keys(next(loop)), keys(next(loop))]
+        assert keys(next(iter(first))) == expected[0]  # a peek: the next epoch's first batch
+        gc.collect()
+        state = json.loads(json.dumps(first.state_dict()))
+        assert head + [keys(b) for b in loop] == expected
+    with loader() as resumed:
+        resumed.load_state_dict(state)
+        assert head + [keys(b) for b in resumed] == expected
+
+
+def test_persistent_stream_workers_supersede_the_older_iterator_saying_why() -> None:
+    """Persistent stream workers draw on from one epoch to the next: workers of its own for
+    the newer iterator would give later epochs other draws, so the older one is superseded."""
+    with drapps.Loader(Stream(), batch_size=2, num_workers=2, persistent_workers=True) as loader:
         older = iter(loader)
         next(older)
         newer = iter(loader)
-        with pytest.raises(RuntimeError, match=r"superseded by a newer iter.*stream engine"):
+        with pytest.raises(RuntimeError, match=r"superseded by a newer iter.*persistent workers"):
             next(older)
         assert sorted(k for b in newer for k in b.tolist()) == list(range(12))
         del older

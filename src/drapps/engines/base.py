@@ -82,6 +82,8 @@ class Engine(ABC):
 
     kind: str = ""
     """The engine's name in errors and reports."""
+    holds: str = "its workers hold where the epoch stands"
+    """Why an epoch under way cannot be handed over (:meth:`beside`), in an error's words."""
     tunable: bool = False
     """A controller can move its workers and prefetch while it runs."""
 
@@ -115,8 +117,9 @@ class Engine(ABC):
     def beside(self, job: EpochJob, start: int) -> Engine | None:
         """An engine that makes ``job``'s batches from ``start`` on in the calling process,
         beside this one, which moves on to a newer epoch (a second ``iter(loader)`` while
-        the first still has batches, as DataLoader runs two iterators side by side); None
-        where this engine cannot hand its epoch over (a stream its workers hold)."""
+        the first still has batches, as DataLoader runs two iterators side by side), or in
+        workers of its own; None where this engine cannot hand its epoch over (:attr:`holds`
+        says why)."""
         return None
 
     def keep_workers(self) -> None:

@@ -221,9 +221,9 @@ class Epoch:
 
     def step_aside(self) -> bool:
         """A newer ``iter(loader)`` takes the engine: make this epoch's remaining batches in the
-        training process from now on (:meth:`Engine.beside`); False where they cannot be (a
-        stream the workers hold, batches filled from made samples): this iterator is then
-        superseded."""
+        training process, or in workers of its own, from now on (:meth:`Engine.beside`); False
+        where they cannot be (persistent stream workers, a queue's reader, batches filled from
+        made samples): this iterator is then superseded."""
         if self._engine is not self._main or self._ended or self.finished:
             return True
         if self._places is not None:
@@ -235,9 +235,8 @@ class Epoch:
         side = self._main.beside(self._job, self.position)
         if side is None:
             self._superseded = (
-                f"a newer iter(loader): where this one stands is held by the {self._main.kind} "
-                "engine (an iterable dataset's streams in its workers, a queue's reader), "
-                "which goes on with the newer one"
+                f"a newer iter(loader): the {self._main.kind} engine cannot hand this epoch "
+                f"over ({self._main.holds})"
             )
             return False
         self._engine = side

@@ -2,11 +2,15 @@
 
 Each worker iterates its own copy of the dataset (sharding through ``get_worker_info()``), as
 DataLoader's workers do; the worker count is fixed within an epoch, so a resize applies from
-the next one.
+the next one. Beside a newer ``iter(loader)``, the epoch under way keeps its workers and the
+newer one gets its own, as each of DataLoader's iterators has.
 """
 
 from __future__ import annotations
 
+import copy
+import functools
+import weakref
 from collections.abc import Callable, Iterator
 from multiprocessing.context import BaseContext
 from typing import Any
@@ -21,6 +25,10 @@ class StreamEngine(Engine):
     """Batches of an iterable dataset made by ``workers`` processes."""
 
     kind = "stream"
+    holds = (
+        "its persistent workers stream an iterable dataset, and their RNGs draw on from one "
+        "epoch to the next"
+    )
 
     def __init__(
         self,
@@ -39,7 +47,8 @@ class StreamEngine(Engine):
         self._limits = limits
         self._solo_unless_sharded = solo_unless_sharded
         self._workers = workers
-        self.pool = StreamPool(
+        self._new_pool = functools.partial(
+            StreamPool,
             recipe,
             batch_size,
             drop_last,
@@ -48,7 +57,10 @@ class StreamEngine(Engine):
             timeout=timeout,
             finish=finish,
         )
+        self.pool = self._new_pool()
         self._batches: Iterator[tuple[Any, Skipped, BaseException | None]] = iter(())
+        self._owned: weakref.finalize[Any, Any] | None = None  # set on an epoch's own engine
+        self._sides: list[weakref.finalize[Any, Any]] = []  # their workers, stopped with ours
 
     @property
     def workers(self) -> int:
@@ -68,8 +80,26 @@ class StreamEngine(Engine):
         self._batches = self.pool.batches(generation)
 
     def end_epoch(self, job: EpochJob) -> None:
-        if not job.persistent:
+        if self._owned is not None:
+            self._owned()  # its workers were its own
+        elif not job.persistent:
             self.pool.shutdown(grace_s=0.5)  # the next epoch starts new ones
+
+    def beside(self, job: EpochJob, start: int) -> StreamEngine | None:
+        """The epoch under way, handed over with its workers, which stream on (each of
+        DataLoader's iterators has workers of its own); this engine starts new ones for the
+        newer epoch. The handed-over workers exit at the epoch's end, when its iterator is
+        let go of, or with the loader. Not for persistent workers: their RNGs draw on from
+        one epoch to the next, so new ones would give the later epochs other draws."""
+        if job.persistent:
+            return None
+        side = copy.copy(self)
+        side._sides = []
+        side._owned = weakref.finalize(side, self.pool.shutdown, 0.5)
+        self._sides = [f for f in self._sides if f.alive]
+        self._sides.append(side._owned)
+        self.pool, self._batches = self._new_pool(), iter(())
+        return side
 
     def next(self) -> EngineBatch | None:
         item = next(self._batches, None)
@@ -90,4 +120,9 @@ class StreamEngine(Engine):
         )
 
     def shutdown(self) -> None:
-        self.pool.shutdown()
+        for side in self._sides:
+            side()
+        if self._owned is not None:
+            self._owned()
+        else:
+            self.pool.shutdown()

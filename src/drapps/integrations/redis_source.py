@@ -61,6 +61,7 @@ class RedisSource(Engine):
     """
 
     kind = "redis"
+    holds = "a queue has one reader, which goes on with the newer iterator"
 
     def __init__(
         self,
