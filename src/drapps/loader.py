@@ -283,7 +283,7 @@ class Loader(_DataLoaderAttributes):
             # A sampler that fails as the epoch is planned: DataLoader's in-process iterator
             # (its default, and what workers="auto" stands in for) raises that from next().
             if getattr(exc, "drapps_sampler", False) and self.config.workers in (0, "auto"):
-                return _raising(exc)
+                return _Raising(exc, self.__len__)
             raise
 
     def set_epoch(self, epoch: int) -> None:
@@ -403,7 +403,22 @@ def _rebuilt(cls: type[Loader], arguments: dict[str, Any], state: Any, closed: b
     return loader
 
 
-def _raising(error: Exception) -> Iterator[Any]:
-    """An epoch whose sampler failed as it began: ``next()`` raises that, then it is over."""
-    yield from ()
-    raise error
+class _Raising:
+    """An epoch whose sampler failed as it began: ``next()`` raises that, then it is over. Its
+    ``len()`` is the loader's, as DataLoader's iterator's is."""
+
+    def __init__(self, error: Exception, length: Callable[[], int]) -> None:
+        self._error: Exception | None = error
+        self._length = length
+
+    def __iter__(self) -> _Raising:
+        return self
+
+    def __next__(self) -> Any:
+        error, self._error = self._error, None
+        if error is None:
+            raise StopIteration
+        raise error
+
+    def __len__(self) -> int:
+        return self._length()

@@ -64,6 +64,9 @@ class Outcome:
     after: list[int] = field(default_factory=list)
     """A draw from torch's default generator after each epoch that ran out: where the loader
     left the training loop's generator."""
+    iter_lengths: list[tuple[int | str, int | str]] = field(default_factory=list)
+    """``len(iterator)`` of each epoch that ran out, as it began and once it had ended (or
+    the name of the error it raised; :data:`NO_LENGTH` for DataLoader's stream iterator)."""
 
     def indices(self, epoch: int) -> list[int]:
         """The sample indices epoch ``epoch`` delivered, in order."""
@@ -87,6 +90,7 @@ class Outcome:
             self.where if ended else "",
             self.length,
             self.after[:epochs],
+            self.iter_lengths[:epochs],
         )
 
     def error_kinds(self) -> list[type[BaseException]]:
@@ -119,6 +123,7 @@ def run(make: Callable[[], Any], epochs: int = 2, peek: int | None = None) -> Ou
             for _ in range(epochs):
                 outcome.epochs.append([])
                 iterator = iter(loader)
+                began = _iter_length(iterator)
                 raised = 0
                 while True:
                     if len(outcome.epochs) == 1 and len(outcome.epochs[0]) == peek:
@@ -137,6 +142,7 @@ def run(make: Callable[[], Any], epochs: int = 2, peek: int | None = None) -> Ou
                         traceback.clear_frames(exc.__traceback__)
                         continue
                     outcome.epochs[-1].append(batch)
+                outcome.iter_lengths.append((began, _iter_length(iterator)))
                 with torch.random.fork_rng(devices=[]):  # read, and left where it was
                     outcome.after.append(int(torch.randint(1 << 62, ()).item()))
         except Exception as exc:
@@ -157,6 +163,20 @@ def run(make: Callable[[], Any], epochs: int = 2, peek: int | None = None) -> Ou
             del loader, iterator
     _settle(outcome.error)
     return outcome
+
+
+NO_LENGTH = "no length"
+"""DataLoader's iterator over an iterable dataset has none, even where the dataset and the
+loader have one (its sampler is endless); drapps' says the loader's ``len()``."""
+
+
+def _iter_length(iterator: Any) -> int | str:
+    try:
+        return len(iterator)
+    except TypeError as exc:
+        return NO_LENGTH if "_InfiniteConstantSampler" in str(exc) else type(exc).__name__
+    except Exception as exc:
+        return type(exc).__name__
 
 
 def _peek(loader: Any, epoch: list[Any]) -> None:
@@ -230,6 +250,10 @@ def assert_same(
             return  # so is how far it got before
     assert got.length == reference.length, f"len() {got.length!r}, reference {reference.length!r}"
     assert len(got.epochs) == len(reference.epochs), (len(got.epochs), len(reference.epochs))
+    lengths = zip(reference.iter_lengths, got.iter_lengths, strict=True)  # epochs that ran out
+    for e, (left, right) in enumerate(lengths):
+        if NO_LENGTH not in left:  # else drapps' says len(loader), which is checked above
+            assert right == left, f"epoch {e}: len(iter(loader)) {right}, reference {left}"
     for e, (left, right) in enumerate(zip(reference.epochs, got.epochs, strict=True)):
         if any_order:
             left, right = _by_indices(left), _by_indices(right)
