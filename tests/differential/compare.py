@@ -15,6 +15,7 @@ import contextlib
 import functools
 import gc
 import os
+import random
 import threading
 import time
 import traceback
@@ -61,9 +62,9 @@ class Outcome:
     where: str = ""
     length: int | str = ""
     """``len(loader)``, or the name of the error it raised."""
-    after: list[int] = field(default_factory=list)
-    """A draw from torch's default generator after each epoch that ran out: where the loader
-    left the training loop's generator."""
+    after: list[tuple[int, float, float]] = field(default_factory=list)
+    """A draw from torch's default generator, Python's and NumPy's global ones after each
+    epoch that ran out: where the loader left the training loop's generators."""
     iter_lengths: list[tuple[int | str, int | str]] = field(default_factory=list)
     """``len(iterator)`` of each epoch that ran out, as it began and once it had ended (or
     the name of the error it raised; :data:`NO_LENGTH` for DataLoader's stream iterator)."""
@@ -143,8 +144,7 @@ def run(make: Callable[[], Any], epochs: int = 2, peek: int | None = None) -> Ou
                         continue
                     outcome.epochs[-1].append(batch)
                 outcome.iter_lengths.append((began, _iter_length(iterator)))
-                with torch.random.fork_rng(devices=[]):  # read, and left where it was
-                    outcome.after.append(int(torch.randint(1 << 62, ()).item()))
+                outcome.after.append(_generators_now())
         except Exception as exc:
             outcome.error, outcome.where = exc, f"epoch {len(outcome.epochs) - 1}"
         finally:
@@ -163,6 +163,16 @@ def run(make: Callable[[], Any], epochs: int = 2, peek: int | None = None) -> Ou
             del loader, iterator
     _settle(outcome.error)
     return outcome
+
+
+def _generators_now() -> tuple[int, float, float]:
+    """A draw from torch's, Python's and NumPy's global generators, each left where it was."""
+    python, numpy = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=[]):
+        draws = (int(torch.randint(1 << 62, ()).item()), random.random(), np.random.random())
+    random.setstate(python)
+    np.random.set_state(numpy)
+    return draws
 
 
 NO_LENGTH = "no length"
@@ -234,8 +244,8 @@ def assert_same(
 ) -> None:
     """``got`` is ``reference``: the same batches, and errors of the same kinds in the same
     places (out of order, ``any_order``: as multisets per epoch, as many errors), ending with
-    an error of the same kind at the same place, and (with ``generator``) torch's default
-    generator left where the reference left it after each epoch."""
+    an error of the same kind at the same place, and (with ``generator``) torch's, Python's
+    and NumPy's global generators left where the reference left them after each epoch."""
     if reference.error is not None or got.error is not None:
         assert got.error is not None, f"no error where the reference raised {reference.error!r}"
         assert reference.error is not None, f"raised {got.error!r} where the reference did not"
@@ -273,7 +283,8 @@ def assert_same(
             assert_equal(x, y, f"epoch {e} batch {b}")
     if generator:
         assert got.after == reference.after, (
-            f"torch's generator after each epoch: {got.after}, reference {reference.after}"
+            f"torch's, Python's and NumPy's generators after each epoch: {got.after}, "
+            f"reference {reference.after}"
         )
 
 

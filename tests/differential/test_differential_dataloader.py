@@ -1,15 +1,15 @@
 """drapps against torch's DataLoader on generated datasets and settings.
 
 Where DataLoader defines the answer (a loader with a fixed worker count and no ``seed``: its
-batches, what samples draw from ``random``, NumPy and torch and what ``get_worker_info()``
-says, the streams of iterable datasets and datapipes, collate, errors, ``len()``, where each
-epoch leaves torch's generator), drapps must give the same, for every worker count,
-sampler, generator, worker_init_fn, collate, order and start method, also where a second
-iterator takes a batch mid-epoch (``next(iter(loader))`` in the loop): the same values, types,
-dtypes, shapes and strides, or an error of the same kind at the same place, and leave no
-process, thread, slab or descriptor behind. Out of order (``in_order=False``), DataLoader
-gives a batch to whichever worker has room, so which worker's RNG a sample draws from is the
-machine's: there samples do not draw.
+batches, what samples draw from ``random``, NumPy and torch and what ``get_worker_info()`` says,
+the streams of iterable datasets and datapipes, collate, errors, ``len()`` and
+``len(iter(loader))``, where each epoch leaves torch's, Python's and NumPy's generators), drapps
+must give the same, for every worker count, sampler, generator, worker_init_fn, collate, order
+and start method, also where a second iterator takes a batch mid-epoch (``next(iter(loader))``
+in the loop): the same values, types, dtypes, shapes and strides, or an error of the same kind
+at the same place, and leave no process, thread, slab or descriptor behind. Out of order
+(``in_order=False``), DataLoader gives a batch to whichever worker has room, so which worker's
+RNG a sample draws from is the machine's: there samples do not draw.
 
 Where DataLoader's workers are wrong, the reference is DataLoader without workers: its
 workers drop a tensor's conjugate and negative bits (torch's shared-memory reductions ignore
