@@ -356,6 +356,27 @@ def test_an_iterators_len_is_its_whole_epochs_as_in_dataloader(workers: int | st
         assert len(it) == 3 and len(list(it)) == 1
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="known divergence: drapps draws a shuffled order at iter(), as DataLoader with "
+    "workers does; DataLoader without workers draws it at the iterator's first next()",
+)
+def test_without_workers_the_order_is_drawn_at_the_first_batch_as_in_dataloader() -> None:
+    """A draw from torch's generator between ``iter(loader)`` and the first ``next()`` (a
+    model made in between, or a second iterator that takes its batch first) comes before
+    the order under DataLoader without workers (found by the DataLoader harness)."""
+
+    def epoch(loader: Any) -> list[int]:
+        torch.manual_seed(0)
+        it = iter(loader)
+        torch.rand(1)
+        return [int(b) for b in it]
+
+    expected = epoch(DataLoader(Indexed(16), batch_size=None, shuffle=True))
+    with drapps.Loader(Indexed(16), batch_size=None, shuffle=True, num_workers=0) as loader:
+        assert epoch(loader) == expected
+
+
 def test_the_rest_of_dataloaders_arguments_are_accepted() -> None:
     context = multiprocessing.get_context("spawn")
     kwargs: dict[str, Any] = {
