@@ -12,6 +12,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -503,6 +504,71 @@ def test_a_workers_exception_keeps_its_type(workers: int) -> None:
             list(loader)
     assert isinstance(caught.value, drapps.SampleError)
     assert caught.value.index == 5 and caught.value.original_type is KeyError
+
+
+class CodedError(Exception):
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+class FailsWith(Dataset[int]):
+    def __init__(self, error: Callable[[], Exception]) -> None:
+        self.error = error
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> int:
+        if i == 1:
+            raise self.error()
+        return i
+
+
+def _missing_file() -> Exception:
+    return FileNotFoundError(2, "No such file or directory", "/data/img1.jpg")
+
+
+def test_an_error_in_the_training_process_keeps_the_originals_fields() -> None:
+    """DataLoader without workers raises the dataset's own exception: its fields (an
+    OSError's ``errno`` and ``filename``, a custom exception's) are there on drapps' too
+    (found by running PyTorch's test_dataloader.py against drapps)."""
+    with drapps.Loader(FailsWith(_missing_file), num_workers=0) as loader:
+        with pytest.raises(FileNotFoundError) as caught:
+            list(loader)
+    assert (caught.value.errno, caught.value.filename) == (2, "/data/img1.jpg")
+    assert caught.value.index == 1  # type: ignore[attr-defined]
+    with drapps.Loader(FailsWith(lambda: CodedError(42)), num_workers=0) as loader:
+        with pytest.raises(CodedError) as coded:
+            list(loader)
+    assert coded.value.code == 42
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_errors_class_pickles_as_dataloaders_does(workers: int) -> None:
+    """``torch._utils.ExceptionWrapper`` pickles the exception's class (a process reporting
+    a failure to its parent does): the combined class pickles by name, and a new process
+    that has not raised one makes it as it unpickles it."""
+    from torch._utils import ExceptionWrapper
+
+    for error in (lambda: RuntimeError("worker error"), lambda: CodedError(7)):
+        with drapps.Loader(FailsWith(error), num_workers=workers) as loader:
+            try:
+                list(loader)
+            except Exception:
+                wrapper = ExceptionWrapper(sys.exc_info())
+        kind = pickle.loads(pickle.dumps(wrapper)).exc_type
+        assert kind is wrapper.exc_type and issubclass(kind, drapps.SampleError)
+        fresh = subprocess.run(
+            [sys.executable, "-c", "import pickle, sys; print(pickle.load(sys.stdin.buffer))"],
+            input=pickle.dumps(kind),
+            capture_output=True,
+            check=True,
+            cwd=str(Path(__file__).parent),
+        )
+        assert (
+            fresh.stdout.decode().strip() == f"<class 'drapps.runtime.errors.{kind.__qualname__}'>"
+        )
 
 
 def test_pin_memory_without_an_accelerator_warns_like_dataloader() -> None:

@@ -3,8 +3,11 @@ named."""
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import os
 import pickle
+import re
 import sys
 import traceback
 import warnings
@@ -98,25 +101,7 @@ def sample_error(
     ``StopIteration``, which would otherwise end the training loop's ``for`` silently.
     """
     base = base or SampleError
-    cls: type[SampleError] = base
-    if (
-        original is not None
-        and issubclass(original, Exception)
-        and not issubclass(original, (base, StopIteration, StopAsyncIteration))
-    ):
-        key = (base, original)
-        combined = _COMBINED.get(key)
-        if combined is None:
-            try:
-                combined = type(
-                    f"{base.__name__}[{original.__name__}]",
-                    (base, original),
-                    {"__module__": __name__, "__reduce__": base.__reduce__},
-                )
-            except TypeError:
-                combined = base
-            _COMBINED[key] = combined
-        cls = combined
+    cls = _combined(base, original) if original is not None else base
     try:
         error = cls(message, **kwargs)
     except Exception:  # the original type's __new__ wants other arguments
@@ -125,16 +110,83 @@ def sample_error(
     return error
 
 
+def _combined(base: type[SampleError], original: type[BaseException]) -> type[SampleError]:
+    """The class that is both ``base`` and ``original`` (``base`` where they cannot combine).
+
+    Named ``SampleError[KeyError]`` (``SampleError[package/module:Class]`` for a class outside
+    the builtins), and found under that name in this module, so the class pickles as a
+    class (``torch._utils.ExceptionWrapper`` sends the exception's type) and a process that
+    has not made it yet makes it as it unpickles it (:func:`__getattr__`)."""
+    if not issubclass(original, Exception) or issubclass(
+        original, (base, StopIteration, StopAsyncIteration)
+    ):
+        return base
+    key = (base, original)
+    combined = _COMBINED.get(key)
+    if combined is None:
+        try:
+            combined = type(
+                f"{base.__name__}[{original.__name__}]",
+                (base, original),
+                {"__module__": __name__, "__reduce__": base.__reduce__},
+            )
+        except TypeError:
+            combined = base
+        else:
+            where = "" if original.__module__ == "builtins" else f"{original.__module__}:"
+            combined.__qualname__ = f"{base.__name__}[{where}{original.__qualname__}]".replace(
+                ".", "/"
+            )
+        _COMBINED[key] = combined
+    return combined
+
+
+_NAMED = re.compile(r"(SampleError|WorkerTimeoutError)\[(?:([^:\]]+):)?([^:\]]+)\]")
+
+
+def __getattr__(name: str) -> Any:
+    """A combined class by its name (:func:`_combined`), made here if need be: how pickle finds
+    it in a process that has not raised one yet."""
+    named = _NAMED.fullmatch(name)
+    if named is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    base = WorkerTimeoutError if named[1] == "WorkerTimeoutError" else SampleError
+    found: Any = importlib.import_module((named[2] or "builtins").replace("/", "."))
+    for part in named[3].split("/"):
+        found = getattr(found, part)
+    combined = _combined(base, found)
+    if combined is base:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return combined
+
+
 def failure(exc: BaseException, what: str, **kwargs: Any) -> SampleError:
     """The :func:`sample_error` for user code that raised ``exc``: "``what``: Type: message",
     an instance of ``exc``'s type, with its traceback as the detail (``kwargs``: ``stage``,
     ``index``, ``indices``)."""
-    return sample_error(
+    error = sample_error(
         f"{what}: {type(exc).__name__}: {exc}",
         type(exc),
         detail="".join(traceback.format_exception(exc)),
         **kwargs,
     )
+    carry_fields(exc, error)
+    return error
+
+
+def carry_fields(exc: BaseException, error: SampleError) -> None:
+    """What ``exc`` carries, on ``error`` too (a custom exception's fields, an OSError's
+    ``errno`` and ``filename``), as DataLoader's in-process iterator raises ``exc`` itself;
+    never over the fields that name the sample. A worker's error crosses to the training
+    process without them, as DataLoader's does."""
+    for name, value in vars(exc).items():
+        if name not in vars(error):
+            with contextlib.suppress(Exception):
+                setattr(error, name, value)
+    if isinstance(exc, OSError) and isinstance(error, OSError):
+        for name in ("errno", "strerror", "filename", "filename2"):
+            with contextlib.suppress(Exception):
+                setattr(error, name, getattr(exc, name))
 
 
 def _picklable_type(cls: type[BaseException] | None) -> bool:

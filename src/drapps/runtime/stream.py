@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from drapps.runtime.errors import SampleError, failure, sample_error, warn_once
+from drapps.runtime.errors import SampleError, carry_fields, failure, sample_error, warn_once
 from drapps.runtime.inbox import PARENT_GONE, Parent, next_task
 from drapps.runtime.messages import (
     StreamBatch,
@@ -163,13 +163,15 @@ class StreamBatcher:
                     if r.on_error == "skip":
                         self.skipped.append((position, message))
                         continue
-                    raise sample_error(
+                    error = sample_error(
                         message,
                         type(exc),
                         index=position,
                         stage="transform",
                         detail="".join(traceback.format_exception(exc)),
-                    ) from exc
+                    )
+                    carry_fields(exc, error)
+                    raise error from exc
             samples.append(item)
         if not samples or (self.drop_last and len(samples) < size):
             raise StopIteration

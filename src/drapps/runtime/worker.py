@@ -23,7 +23,14 @@ from torch.utils.data import default_collate
 from torch.utils.data._utils.collate import collate as collate_with
 from torch.utils.data._utils.collate import collate_tensor_fn, default_collate_fn_map
 
-from drapps.runtime.errors import SampleError, describe_failure, failure, sample_error, sample_path
+from drapps.runtime.errors import (
+    SampleError,
+    carry_fields,
+    describe_failure,
+    failure,
+    sample_error,
+    sample_path,
+)
 from drapps.runtime.gil import GilMeter
 from drapps.runtime.handles import shared_handle
 from drapps.runtime.inbox import PARENT_GONE, Inbox, Parent
@@ -602,7 +609,7 @@ class _SampleMaker:
         message = describe_failure(index, stage, path, exc)
         if recipe.on_error != "skip":
             detail = "".join(traceback.format_exception(exc))
-            raise sample_error(
+            error = sample_error(
                 message,
                 type(exc),
                 index=index,
@@ -610,7 +617,9 @@ class _SampleMaker:
                 path=path,
                 indices=self.indices,
                 detail=detail,
-            ) from exc
+            )
+            carry_fields(exc, error)
+            raise error from exc
         made.skipped = (index, message)
 
 
