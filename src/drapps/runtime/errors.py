@@ -165,16 +165,16 @@ def failure(exc: BaseException, what: str, **kwargs: Any) -> SampleError:
     an instance of ``exc``'s type, with its traceback as the detail (``kwargs``: ``stage``,
     ``index``, ``indices``)."""
     error = sample_error(
-        f"{what}: {type(exc).__name__}: {exc}",
+        describe_failure(what, exc),
         type(exc),
         detail="".join(traceback.format_exception(exc)),
         **kwargs,
     )
-    carry_fields(exc, error)
+    _carry_fields(exc, error)
     return error
 
 
-def carry_fields(exc: BaseException, error: SampleError) -> None:
+def _carry_fields(exc: BaseException, error: SampleError) -> None:
     """What ``exc`` carries, on ``error`` too (a custom exception's fields, an OSError's
     ``errno`` and ``filename``), as DataLoader's in-process iterator raises ``exc`` itself;
     never over the fields that name the sample. A worker's error crosses to the training
@@ -234,9 +234,9 @@ def sample_path(dataset: Any, index: int) -> str | None:
     return None
 
 
-def describe_failure(index: int, stage: str, path: str | None, exc: BaseException) -> str:
-    where = f"sample {index}" + (f" ({path})" if path else "")
-    return f"{where} failed in {stage}: {type(exc).__name__}: {exc}"
+def describe_failure(what: str, exc: BaseException) -> str:
+    """``what`` failed with ``exc``, in the words of :func:`failure`'s message."""
+    return f"{what}: {type(exc).__name__}: {exc}"
 
 
 def fd_limit_error() -> RuntimeError:

@@ -19,7 +19,6 @@ import itertools
 import logging
 import multiprocessing
 import time
-import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
@@ -29,7 +28,13 @@ from typing import Any
 
 import torch
 
-from drapps.runtime.errors import SampleError, carry_fields, failure, sample_error, warn_once
+from drapps.runtime.errors import (
+    SampleError,
+    describe_failure,
+    failure,
+    sample_error,
+    warn_once,
+)
 from drapps.runtime.inbox import PARENT_GONE, Parent, next_task
 from drapps.runtime.messages import (
     StreamBatch,
@@ -156,22 +161,11 @@ class StreamBatcher:
                 try:
                     item = r.transform(item)
                 except Exception as exc:
-                    message = (
-                        f"item {position} of the stream failed in transform: "
-                        f"{type(exc).__name__}: {exc}"
-                    )
+                    what = f"item {position} of the stream failed in transform"
                     if r.on_error == "skip":
-                        self.skipped.append((position, message))
+                        self.skipped.append((position, describe_failure(what, exc)))
                         continue
-                    error = sample_error(
-                        message,
-                        type(exc),
-                        index=position,
-                        stage="transform",
-                        detail="".join(traceback.format_exception(exc)),
-                    )
-                    carry_fields(exc, error)
-                    raise error from exc
+                    raise failure(exc, what, index=position, stage="transform") from exc
             samples.append(item)
         if not samples or (self.drop_last and len(samples) < size):
             raise StopIteration

@@ -25,7 +25,6 @@ from torch.utils.data._utils.collate import collate_tensor_fn, default_collate_f
 
 from drapps.runtime.errors import (
     SampleError,
-    carry_fields,
     describe_failure,
     failure,
     sample_error,
@@ -606,21 +605,12 @@ class _SampleMaker:
         """
         recipe = self.recipe
         path = sample_path(recipe.dataset, index)
-        message = describe_failure(index, stage, path, exc)
+        what = f"sample {index}" + (f" ({path})" if path else "") + f" failed in {stage}"
         if recipe.on_error != "skip":
-            detail = "".join(traceback.format_exception(exc))
-            error = sample_error(
-                message,
-                type(exc),
-                index=index,
-                stage=stage,
-                path=path,
-                indices=self.indices,
-                detail=detail,
-            )
-            carry_fields(exc, error)
-            raise error from exc
-        made.skipped = (index, message)
+            raise failure(
+                exc, what, index=index, stage=stage, path=path, indices=self.indices
+            ) from exc
+        made.skipped = (index, describe_failure(what, exc))
 
 
 class SampleThreads:
