@@ -29,6 +29,7 @@ import pickle
 import random
 import signal
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -485,26 +486,40 @@ def test_moves_between_the_loop_and_the_workers_are_held_to_the_reference(
         persistent=False,
         iterable=False,
     )
-    monkeypatch.setitem(globals(), "note", print)  # outside Hypothesis' run
+    take, move = LoaderMachine.take_a_batch, LoaderMachine.move_between_the_loop_and_the_workers
+    machine = walk(
+        case,
+        [
+            take,
+            lambda m: move(m, [True, True, False, True]),
+            lambda m: move(m, [False, True]),
+            take,
+            lambda m: m.checkpoint_and_resume_in_a_new_loader(2, drop=False),
+            lambda m: move(m, [True, False, False]),
+            *[take] * 10,  # past the epoch's end
+            lambda m: move(m, [True, False, True]),
+            *[take] * 14,
+        ],
+        monkeypatch,
+    )
+    assert machine.epoch >= 1
+
+
+def walk(
+    case: Run, steps: list[Callable[[LoaderMachine], Any]], monkeypatch: pytest.MonkeyPatch
+) -> LoaderMachine:
+    """A walk written out, outside Hypothesis' run: ``case`` started, each step taken and the
+    epoch so far held to the reference after it, then torn down (nothing left behind)."""
+    monkeypatch.setitem(globals(), "note", print)
     machine = LoaderMachine()
     machine.start(case)
     try:
-        for step in (
-            lambda: machine.take_a_batch(),
-            lambda: machine.move_between_the_loop_and_the_workers([True, True, False, True]),
-            lambda: machine.move_between_the_loop_and_the_workers([False, True]),
-            lambda: machine.take_a_batch(),
-            lambda: machine.checkpoint_and_resume_in_a_new_loader(2, drop=False),
-            lambda: machine.move_between_the_loop_and_the_workers([True, False, False]),
-            *[lambda: machine.take_a_batch()] * 10,  # past the epoch's end
-            lambda: machine.move_between_the_loop_and_the_workers([True, False, True]),
-            *[lambda: machine.take_a_batch()] * 14,
-        ):
-            step()
+        for step in steps:
+            step(machine)
             machine.the_epoch_so_far_is_the_references()
-        assert machine.epoch >= 1
     finally:
         machine.teardown()
+    return machine
 
 
 @pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
@@ -530,18 +545,17 @@ def test_a_copy_fails_as_dataloaders_where_the_dataset_cannot_be_copied(
         held=True,
         keep=True,
     )
-    monkeypatch.setitem(globals(), "note", print)  # outside Hypothesis' run
-    machine = LoaderMachine()
-    machine.start(case)
-    try:
-        machine.take_a_batch()
-        machine.checkpoint_and_resume_in_a_new_loader(1, drop=False, how="deepcopy")
-        for _ in range(4):
-            machine.take_a_batch()
-            machine.the_epoch_so_far_is_the_references()
-        assert machine.epoch == 1
-    finally:
-        machine.teardown()
+    take = LoaderMachine.take_a_batch
+    copied = walk(
+        case,
+        [
+            take,
+            lambda m: m.checkpoint_and_resume_in_a_new_loader(1, drop=False, how="deepcopy"),
+            *[take] * 4,
+        ],
+        monkeypatch,
+    )
+    assert copied.epoch == 1
 
 
 @pytest.mark.timeout(600)
