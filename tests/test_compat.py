@@ -357,25 +357,67 @@ def test_an_iterators_len_is_its_whole_epochs_as_in_dataloader(workers: int | st
         assert len(it) == 3 and len(list(it)) == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known divergence: drapps draws a shuffled order at iter(), as DataLoader with "
-    "workers does; DataLoader without workers draws it at the iterator's first next()",
-)
-def test_without_workers_the_order_is_drawn_at_the_first_batch_as_in_dataloader() -> None:
+@pytest.mark.parametrize("workers", [0, "auto"])
+@pytest.mark.parametrize("batch_size", [None, 4])
+def test_without_workers_the_order_is_drawn_at_the_first_batch_as_in_dataloader(
+    workers: int | str, batch_size: int | None
+) -> None:
     """A draw from torch's generator between ``iter(loader)`` and the first ``next()`` (a
-    model made in between, or a second iterator that takes its batch first) comes before
-    the order under DataLoader without workers (found by the DataLoader harness)."""
+    model made in between), or a second iterator that takes its batch first, comes before
+    the order, as under DataLoader without workers (found by the DataLoader harness)."""
 
-    def epoch(loader: Any) -> list[int]:
+    def epochs(loader: Any) -> tuple[list[Any], float]:
         torch.manual_seed(0)
         it = iter(loader)
         torch.rand(1)
-        return [int(b) for b in it]
+        first = [torch.as_tensor(b).tolist() for b in it]
+        it = iter(loader)
+        peek = torch.as_tensor(next(iter(loader))).tolist()  # a second iterator goes first
+        return [first, peek, [torch.as_tensor(b).tolist() for b in it]], torch.rand(1).item()
 
-    expected = epoch(DataLoader(Indexed(16), batch_size=None, shuffle=True))
-    with drapps.Loader(Indexed(16), batch_size=None, shuffle=True, num_workers=0) as loader:
-        assert epoch(loader) == expected
+    kwargs: dict[str, Any] = {"batch_size": batch_size, "shuffle": True}
+    expected = epochs(DataLoader(Indexed(16), **kwargs))
+    with drapps.Loader(Indexed(16), **kwargs, num_workers=workers) as loader:
+        assert epochs(loader) == expected
+
+
+class _PermutedInIter(torch.utils.data.Sampler[int]):
+    """A sampler that draws its order as ``iter()`` is called (not as a generator)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(torch.randperm(self.n).tolist())
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.parametrize("workers", [0, 2, "auto"])
+def test_a_sampler_that_draws_in_iter_draws_as_in_dataloader(
+    workers: int | str, persistent: bool
+) -> None:
+    """DataLoader's iterator calls ``iter()`` on the sampler before it draws its base seed,
+    and with workers once more as they start (the first pass dropped): the order, and
+    torch's generator after the epochs, are DataLoader's (``batch_size=None``, where the
+    sampler is not wrapped in a BatchSampler)."""
+    if persistent and workers in (0, "auto"):
+        pytest.skip("the reference, DataLoader without workers, refuses persistent_workers")
+
+    def epochs(loader: Any) -> tuple[list[list[int]], float]:
+        torch.manual_seed(0)
+        orders = [[int(b) for b in loader] for _ in range(3)]
+        return orders, torch.rand(1).item()
+
+    kwargs: dict[str, Any] = {"batch_size": None, "persistent_workers": persistent}
+    count = 0 if workers == "auto" else workers
+    reference = DataLoader(Indexed(12), sampler=_PermutedInIter(12), num_workers=count, **kwargs)
+    expected = epochs(reference)
+    sampler = _PermutedInIter(12)
+    with drapps.Loader(Indexed(12), sampler=sampler, num_workers=workers, **kwargs) as loader:
+        assert epochs(loader) == expected
 
 
 def test_the_rest_of_dataloaders_arguments_are_accepted() -> None:

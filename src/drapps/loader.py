@@ -277,14 +277,7 @@ class Loader(_DataLoaderAttributes):
     def __iter__(self) -> Iterator[Any]:
         if self._closed:
             raise RuntimeError("this drapps.Loader is closed")
-        try:
-            return self._parts.start_epoch(self._cursor, self.__len__)
-        except Exception as exc:
-            # A sampler that fails as the epoch is planned: DataLoader's in-process iterator
-            # (its default, and what workers="auto" stands in for) raises that from next().
-            if getattr(exc, "drapps_sampler", False) and self.config.workers in (0, "auto"):
-                return _Raising(exc, self.__len__)
-            raise
+        return self._parts.start_epoch(self._cursor, self.__len__)
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next ``iter(loader)`` run ``epoch`` from its first batch; passed on to the
@@ -401,24 +394,3 @@ def _rebuilt(cls: type[Loader], arguments: dict[str, Any], state: Any, closed: b
     if closed:
         loader.close()
     return loader
-
-
-class _Raising:
-    """An epoch whose sampler failed as it began: ``next()`` raises that, then it is over. Its
-    ``len()`` is the loader's, as DataLoader's iterator's is."""
-
-    def __init__(self, error: Exception, length: Callable[[], int]) -> None:
-        self._error: Exception | None = error
-        self._length = length
-
-    def __iter__(self) -> _Raising:
-        return self
-
-    def __next__(self) -> Any:
-        error, self._error = self._error, None
-        if error is None:
-            raise StopIteration
-        raise error
-
-    def __len__(self) -> int:
-        return self._length()

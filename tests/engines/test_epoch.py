@@ -77,3 +77,52 @@ def test_a_checkpoint_after_the_last_batch_resumes_at_the_end_of_its_epoch(
         again.load_state_dict(state)
         assert list(again) == []  # the rest of epoch 0
         assert [x for batch in again for x in batch.tolist()] == expected_epoch1
+
+
+class _Drawing(torch.utils.data.Sampler[int]):
+    """Draws its order from torch's generator as its first key is asked for (as torch's
+    RandomSampler does), or fails then."""
+
+    def __init__(self, n: int, fail: bool = False) -> None:
+        self.n, self.fail = n, fail
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        if self.fail:
+            raise LookupError("the sampler has nothing to draw from")
+        yield from torch.randperm(self.n).tolist()
+
+
+@pytest.mark.parametrize("workers", [0, "auto"])
+def test_a_checkpoint_before_the_first_batch_holds_the_order_then_drawn(
+    workers: int | str,
+) -> None:
+    """Without workers the order is drawn at the first next(); a checkpoint taken before it
+    draws it, so the resumed run's epoch is the one the loop then gets, whatever torch's
+    generator does in between."""
+    kwargs = {"batch_size": 4, "sampler": _Drawing(12), "num_workers": workers}
+    with drapps.Loader(list(range(12)), **kwargs) as loader:
+        torch.manual_seed(0)
+        it = iter(loader)
+        state = loader.state_dict()
+        torch.rand(5)  # after the checkpoint: the order is drawn already
+        expected = [b.tolist() for b in it]
+    assert sorted(key for batch in expected for key in batch) == list(range(12))
+    with drapps.Loader(list(range(12)), **kwargs) as resumed:
+        resumed.load_state_dict(state)
+        torch.manual_seed(1)
+        assert [b.tolist() for b in resumed] == expected
+
+
+def test_a_failing_sampler_raises_from_next_not_from_a_checkpoint_before_it() -> None:
+    """A checkpoint that draws a failing sampler's order saves the epoch at its start; the
+    loop's next() raises the sampler's error, then the epoch is over."""
+    with drapps.Loader(list(range(3)), sampler=_Drawing(3, fail=True), workers=0) as loader:
+        it = iter(loader)
+        state = loader.state_dict()
+        assert (state["epoch"], state["next_batch"]) == (0, 0) and "batches" not in state
+        with pytest.raises(LookupError, match="nothing to draw from"):
+            next(it)
+        assert list(it) == []

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +46,11 @@ class EpochJob:
     pipe_seed: int = 0
     """An ``IterDataPipe``'s shared seed this epoch: its shuffles draw from it, alike in every
     worker (DataLoader's shared seed). Unused by any other dataset."""
+    draw: Callable[[], EpochPlan] | None = None
+    """Draws the plan, where the sampler's order is drawn at the iterator's first ``next()``
+    (``plan`` is None until then): DataLoader without workers calls ``iter()`` on its sampler
+    as its iterator is made, and draws the first batch at the first ``next()``, so a draw from
+    torch's generator in between (a model made, a second iterator's batch) comes first."""
 
 
 @dataclass

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import threading
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -75,6 +75,8 @@ class Positioned(Protocol):
 
     def undelivered(self) -> list[int] | None: ...
 
+    def draw_order(self) -> None: ...
+
     def owed(self) -> tuple[list[list[Any]], list[Repeats]] | None: ...
 
 
@@ -100,6 +102,15 @@ class Standing:
         return cls(epoch.epoch, epoch.position, plan, epoch.undelivered(), epoch.owed(), stream)
 
 
+@dataclass(frozen=True)
+class _Undrawn:
+    """An epoch whose sampler draws its order at the iterator's first ``next()``."""
+
+    epoch: int
+    seed: int
+    draw: Callable[[], EpochPlan]
+
+
 class EpochCursor:
     """The epoch and batch the next ``iter(loader)`` starts from.
 
@@ -117,6 +128,9 @@ class EpochCursor:
         persistent: one base seed for all epochs (DataLoader draws it once per iterator).
         shard_by_rank: under torch.distributed with no distributed sampler, read this rank's
             share (:class:`~drapps.engines.sharding.RankShard`).
+        in_process: the loader stands in for DataLoader without workers (``workers`` 0 or
+            "auto"): a sampler's order is drawn at the iterator's first ``next()``, where
+            DataLoader with workers draws it as the iterator is made.
     """
 
     def __init__(
@@ -134,6 +148,7 @@ class EpochCursor:
         iterable: bool,
         persistent: bool,
         shard_by_rank: bool = True,
+        in_process: bool = False,
     ) -> None:
         self._dataset, self._index_sampler, self._user_sampler = (
             dataset,
@@ -143,6 +158,7 @@ class EpochCursor:
         self._seed, self._generator = seed, generator
         self._batching = (batch_size, shuffle, drop_last)
         self._batched, self._iterable, self._persistent = batched, iterable, persistent
+        self._in_process = in_process
         self._shard = RankShard(
             dataset,
             user_sampler,
@@ -203,6 +219,7 @@ class EpochCursor:
             iterable=is_iterable_dataset(dataset),
             persistent=config.persistent_workers,
             shard_by_rank=config.shard_by_rank,
+            in_process=config.workers in (0, "auto"),
         )
 
     @property
@@ -245,18 +262,21 @@ class EpochCursor:
                 seed, pipe = self._stream_seeds(epoch, workers, first)
                 return EpochJob(epoch, seed, None, start, fresh, self._persistent, pipe_seed=pipe)
             plan: EpochPlan
-            if self._pending is not None:
+            if self._pending is None:
+                made, start = self._make_plan(self._next_epoch, first), self._next_batch
+                if isinstance(made, _Undrawn):
+                    self._next_epoch, self._next_batch = then or made.epoch + 1, 0
+                    return EpochJob(
+                        made.epoch, made.seed, None, start, fresh, self._persistent,
+                        draw=made.draw,
+                    )  # fmt: skip
+                plan = made
+            else:
                 plan, self._pending = self._pending, None
                 start = plan.first
                 if self._pending_rest is not None:
                     (drawn, base_seed), self._pending_rest = self._pending_rest, None
                     plan = replace(plan, rest=self._passed_over(drawn, base_seed))
-            else:
-                try:
-                    plan, start = self._make_plan(self._next_epoch), self._next_batch
-                except Exception as exc:
-                    exc.drapps_sampler = True  # type: ignore[attr-defined]
-                    raise
             self._next_epoch, self._next_batch = then or plan.epoch + 1, 0
             return EpochJob(plan.epoch, plan.seed, plan, start, fresh, self._persistent)
 
@@ -328,27 +348,40 @@ class EpochCursor:
         shard = self._shard.keys(0, warn=False)
         return len(shard if shard is not None else self._index_sampler)  # type: ignore[arg-type]
 
-    def _make_plan(self, epoch: int) -> EpochPlan:
+    def _make_plan(self, epoch: int, first: bool) -> EpochPlan | _Undrawn:
+        """``epoch``'s plan, or, where the sampler draws it at the first ``next()``, what
+        draws it then. A sampler's ``iter()`` and the base seed come in DataLoader's order:
+        its iterator calls ``iter()`` on the sampler, then draws the base seed; with workers
+        it calls ``iter()`` again as they start (once per epoch with persistent workers), and
+        the first pass is dropped. So a sampler whose ``iter()`` draws (a ``randperm`` there)
+        draws as DataLoader's does."""
         batch_size, shuffle, drop_last = self._batching
-        seed = self._epoch_seed()
-        shard = self._shard.keys(epoch, warn=True)
+        shard = self._shard.keys(epoch, warn=True)  # DistributedSampler's: no global draw
         if shard is not None:
-            return SampledPlan(draw_batches(shard, self._batched), seed, epoch)
+            return SampledPlan(draw_batches(shard, self._batched), self._epoch_seed(), epoch)
         if self._user_sampler is None and (self._seed is not None or not shuffle):
             size = batch_size or 1
-            return Plan(len(self._dataset), size, shuffle, drop_last, seed, epoch)
-        assert self._index_sampler is not None
-        if drawn_as_needed(self._index_sampler, self._batched):
-            sampler: Any = self._index_sampler
-            drawn = sampler.sampler  # keys in range(len(its data_source)), maybe again
-            keys = len(drawn.data_source) if getattr(drawn, "replacement", False) else None
-            return DrawnPlan(iter(sampler), len(sampler), seed, epoch, keys=keys)
-        # The sampler's batches, all of them where they end within its len() (or its first
-        # pass where it has none); past that it is endless, and planned a window at a time.
-        batches = batch_lists(self._index_sampler, self._batched)
-        drawn, after = first_window(batches, planned_length(self._index_sampler))
-        rest = None if after is None else SamplerRest(batches, after, seed, len(drawn))
-        return SampledPlan(tuple(drawn), seed, epoch, rest=rest)
+            return Plan(len(self._dataset), size, shuffle, drop_last, self._epoch_seed(), epoch)
+        sampler: Any = self._index_sampler
+        assert sampler is not None
+        if not self._in_process and (first or not self._persistent):
+            iter(sampler)  # DataLoader's iterator's own pass, dropped as its workers start
+            seed = self._epoch_seed()
+            batches = _batches(sampler, self._batched)
+        else:
+            batches = _batches(sampler, self._batched)
+            seed = self._epoch_seed()
+
+        def draw() -> EpochPlan:
+            if isinstance(batches, _DrawnAsNeeded):
+                return DrawnPlan(batches.batches, len(sampler), seed, epoch, keys=batches.keys)
+            # The sampler's batches, all of them where they end within its len() (or its first
+            # pass where it has none); past that it is endless, and planned a window at a time.
+            drawn, after = first_window(batches, planned_length(sampler))
+            rest = None if after is None else SamplerRest(batches, after, seed, len(drawn))
+            return SampledPlan(tuple(drawn), seed, epoch, rest=rest)
+
+        return _Undrawn(epoch, seed, draw) if self._in_process else draw()
 
     def _passed_over(self, drawn: int, base_seed: int) -> SamplerRest | None:
         """A resumed endless epoch's sampler: a new pass, its first ``drawn`` batches (those
@@ -402,6 +435,9 @@ class EpochCursor:
         own ``seed`` determines is stored as (epoch, next batch); an epoch a sampler drew is
         stored with its remaining batches, since a sampler cannot in general redraw them.
         """
+        active = self._active()
+        if active is not None:
+            active.draw_order()  # an epoch not yet drawn is held with its order
         with self._lock:
             # The epoch under way, or the one let go of before its end (None: neither).
             active = self._active()
@@ -570,6 +606,25 @@ class EpochCursor:
             self._pending, self._pending_stream = pending, pending_stream
             self._pending_rest = pending_rest
             self._forget()
+
+
+@dataclass(frozen=True)
+class _DrawnAsNeeded:
+    """The batches of one of torch's samplers, drawn as they are needed (a DrawnPlan's)."""
+
+    batches: Iterator[list[Any]]
+    keys: int | None
+    """A sampler with replacement draws keys in range(keys); None: without."""
+
+
+def _batches(sampler: Any, batched: bool) -> Iterator[list[Any]] | _DrawnAsNeeded:
+    """One pass over ``sampler``'s batches (its ``iter()`` called now, as DataLoader's
+    iterator calls it), as a DrawnPlan draws them where it can."""
+    if drawn_as_needed(sampler, batched):
+        drawn = sampler.sampler  # keys in range(len(its data_source)), maybe again
+        keys = len(drawn.data_source) if getattr(drawn, "replacement", False) else None
+        return _DrawnAsNeeded(iter(sampler), keys)
+    return batch_lists(sampler, batched)
 
 
 def _saved_repeats(saved: Any, batches: list[list[Any]]) -> tuple[Repeats, ...] | None:

@@ -130,6 +130,12 @@ class Epoch:
         self.finished = (
             job.plan is not None and job.start >= len(job.plan) and rest_of(job.plan) is None
         )
+        # The order is drawn at the first next() (:attr:`EpochJob.draw`), or by a checkpoint
+        # taken before it; the engine starts at the first next().
+        self._draw = job.draw
+        self._draw_error: BaseException | None = None  # the sampler's, raised by next()
+        self._started = job.draw is None
+        self._stepped_aside = False  # a newer iter(loader) took the engine before it started
         self._engine, self._stage, self._delivered = engine, stage, delivered
         self._main = engine  # the loader's engine; _engine is another while beside a newer epoch
         self._on_end, self._closed = ended, closed
@@ -148,16 +154,16 @@ class Epoch:
         """The dataset keys of each batch this epoch delivered, in order, where batches are
         filled from made samples (``defer_after``): passed as a ``batch_sampler`` (with the
         same ``seed``, and ``set_epoch``), they replay this epoch bit for bit."""
-        if not self.finished:
+        if not self.finished and self._draw is None:
             engine.start_epoch(job)
         self.streams: int | None = None
         """An iterable dataset's epoch: the workers streaming it (0: the training process)."""
         self.rngs: list[dict[str, Any]] | None = None
         """Persistent stream workers: each one's RNG states at the start of the epoch."""
-        if job.plan is None:
+        if job.plan is None and self._draw is None:
             self.streams = engine.workers if job.workers is None else job.workers
             self.rngs = engine.stream_rngs()
-        if job.plan is None:  # a resumed stream replays its first batches and drops them
+        if self.streams is not None:  # a resumed stream replays its first batches, dropped
             for _ in range(job.start):
                 if engine.next() is None:
                     self.finished = True
@@ -192,6 +198,8 @@ class Epoch:
             return self._next()
 
     def _next(self) -> Any:
+        if not self._started:
+            self._start()
         current = self._is_current(self)
         if not current:
             if self._ended or self.finished:  # it had ended: an exhausted iterator stays so
@@ -226,6 +234,14 @@ class Epoch:
         made samples): this iterator is then superseded."""
         if self._engine is not self._main or self._ended or self.finished:
             return True
+        if not self._started:  # it starts beside the newer epoch, at its first next()
+            self._stepped_aside = True
+            return True
+        return self._go_beside()
+
+    def _go_beside(self) -> bool:
+        """Make this epoch's batches beside the loader's engine from now on; False where
+        they cannot be (what its ``next()`` then says is kept)."""
         if self._places is not None:
             self._superseded = (
                 "a newer iter(loader): its batches are filled from the samples the workers "
@@ -241,6 +257,48 @@ class Epoch:
             return False
         self._engine = side
         return True
+
+    def draw_order(self) -> None:
+        """Draw the epoch's order now if it is still to be drawn (a checkpoint taken before
+        the first ``next()`` holds it, so the resumed epoch is this one). A sampler's failure
+        is kept for ``next()`` to raise; the epoch is then over."""
+        if self._draw is None:  # drawn: no wait for a next() under way in another thread
+            return
+        with self._turn:
+            draw, self._draw = self._draw, None
+            if draw is None:
+                return
+            try:
+                plan = draw()
+            except BaseException as exc:
+                self.finished = True
+                if not isinstance(exc, Exception):
+                    raise
+                self._draw_error = exc
+                return
+            self.plan, self._job = plan, replace(self._job, plan=plan, draw=None)
+            self.finished = self.position >= len(plan) and rest_of(plan) is None
+
+    def _start(self) -> None:
+        """Start making the epoch's batches at its first ``next()``, its order drawn first (as
+        DataLoader without workers draws it then): with the loader's engine where this is
+        still the loader's epoch, beside it where a newer ``iter(loader)`` took it."""
+        current = self._is_current(self)
+        if not current and not self._stepped_aside:
+            return  # superseded by set_epoch() or load_state_dict(): nothing is drawn
+        if self._closed():
+            raise RuntimeError("this drapps.Loader is closed")
+        self._started = True
+        self.draw_order()
+        error, self._draw_error = self._draw_error, None
+        if error is not None:
+            raise error
+        if self.finished:
+            return
+        if current:
+            self._main.start_epoch(self._job)
+        else:
+            self._go_beside()  # False: its next() says why it is superseded
 
     def _rejoin(self) -> None:
         """The loader's epoch under way again (the newer one ended or was let go of): the
