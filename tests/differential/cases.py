@@ -13,6 +13,7 @@ from __future__ import annotations
 import random
 import time
 from collections import namedtuple
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -336,6 +337,21 @@ class WithEmpty:
         return len(self.batches) + 1
 
 
+class PermutedInIter(torch.utils.data.Sampler[int]):
+    """A sampler that draws its whole order as ``iter()`` is called, not as a generator
+    (as a user's sampler often does): which draws come before the base seed is the
+    loader's order of calls."""
+
+    def __init__(self, n: int, generator: torch.Generator | None) -> None:
+        self.n, self.generator = n, generator
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(torch.randperm(self.n, generator=self.generator).tolist())
+
+
 SKIPPED = "skipped"
 """What the reference's dataset gives for the sample that fails, where drapps skips it."""
 
@@ -378,7 +394,8 @@ class Settings:
     batch_size: int | None = 2
     drop_last: bool = False
     shuffle: bool = False
-    sampler: str | None = None  # None, "sequential", "random", "random_replacement", "subset"
+    # None, "sequential", "random", "random_replacement", "subset", "in_iter"
+    sampler: str | None = None
     batch_sampler: bool = False
     empty_batch: bool = False  # the batch_sampler yields an empty batch first
     collate: str = "default"  # "default", "identity" or "nothing" (batches of None)
@@ -464,6 +481,8 @@ class Settings:
             return torch.utils.data.RandomSampler(
                 dataset, replacement=True, num_samples=7, generator=self._generator()
             )
+        if self.sampler == "in_iter":
+            return PermutedInIter(len(dataset), self._generator())
         return torch.utils.data.SubsetRandomSampler(
             list(range(0, len(dataset), 2)), generator=self._generator()
         )
@@ -577,7 +596,7 @@ def settings(*, contexts: tuple[str | None, ...] = (None,)) -> st.SearchStrategy
         drop_last=st.booleans(),
         shuffle=st.booleans(),
         sampler=st.sampled_from(
-            (None, None, "sequential", "random", "random_replacement", "subset")
+            (None, None, "sequential", "random", "random_replacement", "subset", "in_iter")
         ),
         batch_sampler=st.booleans(),
         empty_batch=st.sampled_from((False, False, False, True)),

@@ -123,12 +123,6 @@ def check_against_dataloader(case: Case) -> None:
         # DataLoader without workers draws from the training process's generators, drapps'
         # workers from their own: the draws are held by test_differential_inline.py.
         case = dataclasses.replace(case, payload=without_draws(case.payload))
-    drawn = s.shuffle or s.sampler not in (None, "sequential")
-    if case.peek == 0 and not reference.workers and drawn and not case.iterable:
-        # Known divergence (found by a campaign): DataLoader without workers draws a random
-        # order at its iterator's first next(), drapps at iter() as DataLoader with workers
-        # does, so a second iterator that takes its batch first gets the other order.
-        case = dataclasses.replace(case, peek=None)
     dataset = case.dataset()
     expected = _dataloaders(case, reference, epochs)
     with nothing_left():
