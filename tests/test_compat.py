@@ -653,6 +653,31 @@ def test_iterable_randomness_is_seeded_per_worker_as_in_dataloader(workers: int)
     assert_batches_equal(got, expected)
 
 
+class _PermutedStream(IterableDataset):  # type: ignore[type-arg]
+    """A stream whose ``__iter__`` draws its order as it is called (not a generator)."""
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(torch.randperm(8).tolist())
+
+
+def test_without_workers_a_stream_is_started_as_its_iterator_is_made_as_in_dataloader() -> None:
+    """DataLoader's iterator calls ``iter(dataset)`` as it is made: a draw from torch's RNG
+    before its first ``next()`` comes after the stream's, and the base seed before it."""
+
+    def epochs(loader: Any) -> tuple[list[list[int]], float]:
+        torch.manual_seed(0)
+        orders = []
+        for _ in range(2):
+            it = iter(loader)
+            torch.rand(1)
+            orders.append([int(x) for x in it])
+        return orders, torch.rand(1).item()
+
+    expected = epochs(DataLoader(_PermutedStream(), batch_size=None))
+    with drapps.Loader(_PermutedStream(), batch_size=None, num_workers=0) as loader:
+        assert epochs(loader) == expected
+
+
 def test_iterable_len_drop_last_batch_none_and_stream_only_classes() -> None:
     for kwargs in ({"batch_size": 4}, {"batch_size": 4, "drop_last": True}, {"batch_size": None}):
         expected, got = both(Shards(10), num_workers=2, **kwargs)  # type: ignore[arg-type]

@@ -99,6 +99,12 @@ def check_against_dataloader(case: Case) -> None:
         # one); a peeked batch of nothing but a skipped sample is not DataLoader's; out of
         # order, which batch a peek gets is the machine's (found by a campaign).
         case = dataclasses.replace(case, peek=None)
+    if case.iterable and case.pipe and not s.workers:
+        # DataLoader wraps an IterDataPipe in one whose iter() claims the pipe as it is
+        # called, so a second iterator's invalidates the first's; drapps' in-process stream
+        # iterates the pipe itself, which claims it at its first item: the later first item
+        # wins, and the other iterator raises that (found by a campaign).
+        case = dataclasses.replace(case, peek=None)
     auto = s.workers == "auto"
     beside = case.peek is not None and bool(s.workers) and not case.iterable
     if (s.workers and not s.in_order) or auto or s.cache or s.cut or case.held or beside:

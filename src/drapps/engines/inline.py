@@ -200,6 +200,9 @@ class InlineEngine(Engine):
             )  # fmt: skip
 
     def _stream(self, seed: int, shared_seed: int) -> Iterator[EngineBatch]:
+        """The epoch's batches from the dataset's iterator, which is made now (as the epoch
+        starts: DataLoader's iterator calls ``iter(dataset)`` as it is made, so a second
+        ``iter()`` over an ``IterDataPipe`` invalidates the first in both)."""
         # With a seed, the stream is seeded as a lone worker's is: the same seed gives the same
         # stream on every run (and a resumed epoch replays it), and the training loop's own
         # draws neither change it nor are changed by it.
@@ -207,6 +210,9 @@ class InlineEngine(Engine):
         rngs = WorkerRngs(seed) if self._seeded else None
         with rngs.active() if rngs is not None else contextlib.nullcontext():
             batcher = StreamBatcher(self._recipe, *self._batching)
+        return self._streamed(batcher, rngs)
+
+    def _streamed(self, batcher: StreamBatcher, rngs: WorkerRngs | None) -> Iterator[EngineBatch]:
         while True:
             try:
                 with rngs.active() if rngs is not None else contextlib.nullcontext():
