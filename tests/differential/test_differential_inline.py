@@ -389,6 +389,11 @@ class LoaderMachine(RuleBasedStateMachine):
         and its workers are neither killed nor resized (a stream's position is its workers')."""
         epoch = self.epoch + 1 + self.beside
         self.beside += 1
+        if not self.got and self._drawn_at_first_batch():
+            # The loop's iterator has drawn no order yet, and the second draws its own first,
+            # as under DataLoader without workers: both orders are not the reference's, whose
+            # epochs drew in turn (found by a campaign).
+            self.exact = False
         second = iter(self.loader)
         expected, taken = self.reference.epochs[epoch], 0
         for step in steps:
@@ -437,6 +442,12 @@ class LoaderMachine(RuleBasedStateMachine):
         self.got, self.beside = [], 0
         if self.epoch < EPOCHS:
             self.iterator = iter(self.loader)
+
+    def _drawn_at_first_batch(self) -> bool:
+        """Whether each epoch's order is drawn at its iterator's first ``next()``, from torch's
+        RNG: a sampler's, or a shuffle without a seed, without workers or under "auto"."""
+        drawn = bool(self.case.sampler) or (self.case.seed is None and self.case.shuffle)
+        return drawn and self.case.workers in (0, "auto") and not self.case.iterable
 
     def _drawn_anew(self) -> bool:
         """Whether the epochs after a resumed one are drawn anew: a resumed loader without a
