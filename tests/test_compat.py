@@ -444,9 +444,8 @@ def test_attributes_frameworks_read_match_dataloaders() -> None:
     gen = torch.Generator()
     reference = DataLoader(data, batch_size=3, shuffle=True, num_workers=2, generator=gen)
     with drapps.Loader(data, batch_size=3, shuffle=True, num_workers=2, generator=gen) as loader:
-        # timeout differs on purpose: drapps' default (60 s) replaces a hung worker.
         for name in ("dataset", "batch_size", "drop_last", "num_workers", "pin_memory",
-                     "worker_init_fn", "generator", "prefetch_factor",
+                     "timeout", "worker_init_fn", "generator", "prefetch_factor",
                      "persistent_workers", "in_order", "collate_fn"):  # fmt: skip
             assert getattr(loader, name) == getattr(reference, name), name
         assert type(loader.sampler) is type(reference.sampler)

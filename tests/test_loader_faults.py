@@ -22,6 +22,7 @@ from helpers import (
 )
 
 import drapps
+from drapps.runtime.retries import HangLimit
 
 
 def reference_order(n: int, batch_size: int, seed: int) -> list[int]:
@@ -362,3 +363,66 @@ def test_a_sampler_that_fails_as_it_draws_raises_where_dataloaders_does(
     )
     with drapps.Loader(list(range(3)), sampler=_FailingSampler(), workers=workers) as loader:
         assert _where_it_raises(loader) == _where_it_raises(reference)
+
+
+class _StallsOnce:
+    """Each sample takes ``delay`` s; sample ``index`` stalls ``stall_s`` once (a marker file
+    says it did), as a worker stuck on a lost network mount does."""
+
+    def __init__(self, n: int, delay: float, index: int, stall_s: float, marker: str) -> None:
+        self.n, self.delay, self.index, self.stall_s, self.marker = n, delay, index, stall_s, marker
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        time.sleep(self.delay)
+        if i == self.index and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            time.sleep(self.stall_s)
+        return torch.tensor(i)
+
+
+class _StreamStallsOnce(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+    def __init__(self, samples: _StallsOnce) -> None:
+        self.samples = samples
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return (self.samples[i] for i in range(len(self.samples)))
+
+
+@pytest.fixture
+def scaled_hang_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default limit scaled down: at least 0.3 s, and 120 s before the first batch (so
+    one taken before any batch came back would be waited for)."""
+    scaled = {"factor": 10.0, "floor_s": 0.3, "first_s": 120.0}
+    monkeypatch.setattr(HangLimit.__init__, "__kwdefaults__", scaled)
+
+
+@pytest.mark.usefixtures("scaled_hang_limit")
+def test_by_default_slow_batches_are_waited_for_and_a_stall_far_past_them_is_replaced(
+    tmp_path: Path,
+) -> None:
+    """timeout=0, the default: batches of 0.6 s each, twice the (scaled) floor, all come; a
+    batch that stalls for 30 s, far past ten times the slowest before it, is a hung worker,
+    replaced and its batch made again."""
+    slow = _StallsOnce(16, 0.15, index=-1, stall_s=0, marker=str(tmp_path / "never"))
+    with drapps.Loader(slow, batch_size=4, workers=2) as loader:
+        assert flatten_indices(list(loader)) == list(range(16))
+        assert loader.stats().timeouts == 0
+    stalls = _StallsOnce(48, 0.0, index=21, stall_s=30.0, marker=str(tmp_path / "stalled"))
+    with drapps.Loader(stalls, batch_size=4, workers=2) as loader:
+        assert flatten_indices(list(loader)) == list(range(48))
+        assert loader.stats().timeouts >= 1
+
+
+@pytest.mark.usefixtures("scaled_hang_limit")
+def test_by_default_a_stream_stalled_far_past_its_batches_raises_naming_the_limit(
+    tmp_path: Path,
+) -> None:
+    """An iterable dataset's worker cannot be replaced (its stream is where it stands): a
+    stall far past its batches' times ends the epoch with an error that says so."""
+    stalls = _StallsOnce(48, 0.0, index=21, stall_s=30.0, marker=str(tmp_path / "stalled"))
+    with drapps.Loader(_StreamStallsOnce(stalls), batch_size=4, workers=1) as loader:
+        with pytest.raises(RuntimeError, match=r"gave no batch in timeout=\d"):
+            list(loader)

@@ -96,7 +96,9 @@ class Loader(_DataLoaderAttributes):
             prefetch_factor, persistent_workers, pin_memory_device, in_order: DataLoader's,
             with its meaning. Where drapps differs: ``num_workers`` is ``workers``' other name
             and also takes "auto" (the default); a worker over ``timeout`` on one batch is
-            replaced and the batch retried (0 or None: no limit).
+            replaced and the batch retried. 0 (the default, as DataLoader's) sets no fixed
+            limit: a worker counts as hung once one batch takes ten times the slowest before
+            it, and at least 60 s (10 minutes before its first); None: never.
         seed, transform, split, offload, device, workers, max_workers, prefetch, memory_budget,
             on_error, max_attempts, policy, min_workers, control_interval, trace, progress,
             telemetry, dispatch, lookahead, defer_after, shard_by_rank: drapps' own settings, each
@@ -158,7 +160,7 @@ class Loader(_DataLoaderAttributes):
         collate_fn: Callable[[Any], Any] | None = None,
         pin_memory: bool = False,
         drop_last: bool = False,
-        timeout: float | None = 60.0,
+        timeout: float | None = 0,
         worker_init_fn: Callable[[int], None] | None = None,
         multiprocessing_context: Any = None,
         generator: torch.Generator | None = None,

@@ -40,3 +40,22 @@ def test_only_a_worker_past_the_timeout_is_overdue_and_the_wait_ends_by_then() -
     assert 1.0 < retries.wait_s([busy, idle], tick=5.0) <= 2.0  # busy's deadline comes first
     assert Retries(2, timeout=None).wait_s([stuck], tick=0.5) == 0.5
     assert list(Retries(2, timeout=None).overdue([stuck])) == []
+
+
+def test_by_default_the_limit_follows_the_slowest_batch_made() -> None:
+    """timeout=0 (DataLoader's default): 10 minutes before any batch came back, then ten
+    times the slowest, and at least 60 s; a number is that many seconds; None, no limit."""
+    retries = Retries(max_attempts=2, timeout=0)
+    now = time.monotonic()
+    starting = Worker(0)
+    starting.assigned.append(Task(1, 0, 0, [0], now - 300.0))
+    starting.last_progress = now - 300.0
+    assert retries.timeout == 600.0 and list(retries.overdue([starting])) == []
+    retries.limit.note(2.0)  # batches take 2 s: one at 300 s is a hung worker
+    assert retries.timeout == 60.0 and list(retries.overdue([starting])) == [starting]
+    assert retries.timeout_words()[0] == "exceeded timeout=60s"
+    retries.limit.note(45.0)  # one took 45 s: 300 s is within ten times that
+    assert retries.timeout == 450.0 and list(retries.overdue([starting])) == []
+    retries.limit.note(1.0)  # the slowest stays the mark
+    assert retries.timeout == 450.0
+    assert Retries(2, timeout=30).timeout == 30.0 and Retries(2, timeout=None).timeout is None

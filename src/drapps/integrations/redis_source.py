@@ -53,7 +53,8 @@ class RedisSource(Engine):
             refused with a message that says so.
         batch_size: samples per batch (an int >= 1: the producers batch by index).
         prefetch: tasks posted ahead of the batch being read ("auto": 8).
-        timeout: seconds without any batch before giving up (TimeoutError).
+        timeout: seconds without any batch before giving up (TimeoutError); 0 (the
+            loader's default): 60; None: an hour.
         finish: applied to each batch as it is read (pinning).
 
     Raises:
@@ -91,7 +92,7 @@ class RedisSource(Engine):
         self._reader = QueueReader(
             self.address,
             max_batch_bytes=parse_bytes(source.max_batch_bytes, "max_batch_bytes"),
-            timeout=float(timeout) if timeout else 3600.0,
+            timeout=float(timeout) if timeout else 60.0 if timeout == 0 else 3600.0,
             username=source.username,
             password=source.password,
         )

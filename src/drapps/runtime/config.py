@@ -88,7 +88,8 @@ class PoolSettings:
     """Batches made ahead in total; None: ``prefetch_per_worker`` per worker."""
     prefetch_per_worker: int = 2
     timeout: float | None = None
-    """Seconds a worker may spend on one task before it is replaced (None: no limit)."""
+    """Seconds a worker may spend on one task before it is replaced (None: no limit; 0: a
+    limit that follows the batches' times, :class:`~drapps.runtime.retries.HangLimit`)."""
     max_attempts: int = 3
     """Attempts at a batch whose worker keeps dying or hanging."""
     context: BaseContext | None = None
@@ -159,10 +160,13 @@ class LoaderConfig:
     always allowed, so a batch larger than the budget still flows."""
     on_error: Literal["raise", "skip"] = "raise"
     """A failing sample raises in the training loop ("raise") or is skipped and counted."""
-    timeout: float | None = 60.0
-    """Seconds a worker may spend on one batch before it is deemed hung, killed and the batch
-    retried elsewhere (None or 0: never, as DataLoader's 0). Worker processes only; ``workers=0``
-    cannot be replaced."""
+    timeout: float | None = 0
+    """Seconds a worker may spend on one batch before it is deemed hung, replaced and the
+    batch retried. 0 (the default, as DataLoader's): no fixed limit; a worker counts as hung
+    only once one batch has taken ten times as long as the slowest it made before, and at
+    least 60 s (10 minutes before its first), so a slow batch is waited for, as DataLoader
+    waits, and a hung worker is not. None: never. Workers only; ``workers=0`` cannot be
+    replaced."""
     max_attempts: int = 3
     """Attempts at a batch whose worker dies or hangs before the batch is given up on."""
     multiprocessing_context: str | BaseContext | None = None
@@ -281,8 +285,8 @@ class LoaderConfig:
             raise ValueError(f"on_error must be 'raise' or 'skip', got {self.on_error!r}")
         if self.timeout is not None and not (self.timeout == 0 or _is_seconds(self.timeout)):
             raise ValueError(
-                f"timeout option should be non-negative: a number of seconds (0 or None: no "
-                f"limit), got {self.timeout!r}"
+                f"timeout option should be non-negative: a number of seconds (0: following "
+                f"the batches' times; None: no limit), got {self.timeout!r}"
             )
         for name in ("persistent_workers", "pin_memory", "shard_by_rank", "in_order"):
             if not isinstance(getattr(self, name), bool):
@@ -454,8 +458,9 @@ class LoaderConfig:
 
     @property
     def resolved_timeout(self) -> float | None:
-        """Seconds per batch before a worker counts as hung; None for no limit."""
-        return None if not self.timeout else float(self.timeout)
+        """Seconds per batch before a worker counts as hung: None for no limit, 0.0 for the
+        limit that follows the batches (:class:`~drapps.runtime.retries.HangLimit`)."""
+        return None if self.timeout is None else float(self.timeout)
 
     @property
     def context(self) -> BaseContext | None:

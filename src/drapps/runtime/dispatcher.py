@@ -436,6 +436,7 @@ class Dispatcher:
             if made is not None and worker.assigned[0] is task:
                 wall_s = now - max(task.assigned_at, worker.last_progress)
                 self.hedging.note_stretch(wall_s, made.costs)
+                self.retries.limit.note(wall_s)
             worker.assigned.remove(task)
         worker.last_progress = now
         current = generation == self._generation_now

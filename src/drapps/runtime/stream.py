@@ -46,6 +46,7 @@ from drapps.runtime.messages import (
     StreamStarted,
 )
 from drapps.runtime.process_pool import release_process, start_worker_process
+from drapps.runtime.retries import HangLimit
 from drapps.runtime.seeding import (
     mix_seed,
     rng_state,
@@ -299,7 +300,7 @@ class StreamPool:
         self._batching = (batch_size, drop_last)
         self._context = context or multiprocessing.get_context()
         self._per_worker = prefetch_per_worker
-        self._timeout = timeout
+        self._limit = HangLimit(timeout)
         self._finish = finish
         self.workers: list[_StreamWorker] = []
         self._generation = 0
@@ -445,11 +446,12 @@ class StreamPool:
         start = time.perf_counter()
         try:
             while True:
-                ready = wait([worker.results, worker.process.sentinel], timeout=self._timeout)
+                timeout = self._limit.seconds()
+                ready = wait([worker.results, worker.process.sentinel], timeout=timeout)
                 if not ready:
                     raise RuntimeError(
                         f"drapps stream worker {worker.slot} (pid {worker.process.pid}) gave no "
-                        f"batch in timeout={self._timeout}s"
+                        f"batch in timeout={timeout:g}s"
                     )
                 if worker.results in ready or worker.results.poll():
                     try:
@@ -458,6 +460,7 @@ class StreamPool:
                         reply = None  # its end of the pipe is gone: so is the worker
                     if reply is not None:
                         if reply.generation == generation:
+                            self._limit.note(time.perf_counter() - start)
                             return reply
                         if isinstance(reply, StreamBatch):
                             discard(reply.packed)  # an earlier pass's batch
