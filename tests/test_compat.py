@@ -783,6 +783,34 @@ def test_more_workers_than_cores_warn_as_in_dataloader_and_run() -> None:
     assert {warning.filename for warning in w} == {__file__}
 
 
+@pytest.mark.parametrize("persistent", [False, True])
+def test_the_excessive_workers_warning_comes_with_each_iterator_as_in_dataloader(
+    persistent: bool,
+) -> None:
+    """At construction and as each iterator starts its workers (the first only, with
+    persistent workers): counted under ``simplefilter("always")``."""
+    many = usable_cores() + 1
+
+    def warned(make: Callable[[], Any]) -> int:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            loader = make()
+            for _ in range(3):
+                list(loader)
+        if isinstance(loader, drapps.Loader):
+            loader.close()
+        return sum("excessive worker creation" in str(w.message) for w in caught)
+
+    kwargs: dict[str, Any] = {
+        "batch_size": 4,
+        "num_workers": many,
+        "persistent_workers": persistent,
+    }
+    expected = warned(lambda: DataLoader(Indexed(8), **kwargs))
+    assert expected == (2 if persistent else 4)
+    assert warned(lambda: drapps.Loader(Indexed(8), **kwargs)) == expected
+
+
 def test_a_loader_type_takes_a_parameter_as_dataloaders_does() -> None:
     def first(loader: drapps.Loader[torch.Tensor]) -> torch.Tensor:
         return next(iter(loader))

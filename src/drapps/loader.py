@@ -236,7 +236,10 @@ class Loader(_DataLoaderAttributes):
         self.prefetch_factor = prefetch_factor if prefetch_factor or config.workers == 0 else 2
         self.persistent_workers, self.in_order = persistent_workers, in_order
         backend = resolve_backend(backend)
-        if backend.name != "thread":  # DataLoader's warning is about processes
+        # DataLoader's warning is about processes; it gives it here and as each iterator
+        # starts its workers (only the first, with persistent workers).
+        self._warn_workers = backend.name != "thread"
+        if self._warn_workers:
             warn_excessive_workers(config.workers)
         self._iterable = is_iterable_dataset(dataset)
         self._parts, self.config = assemble(
@@ -279,6 +282,8 @@ class Loader(_DataLoaderAttributes):
     def __iter__(self) -> Iterator[Any]:
         if self._closed:
             raise RuntimeError("this drapps.Loader is closed")
+        if self._warn_workers and not (self.persistent_workers and self._cursor.epochs_started):
+            warn_excessive_workers(self.config.workers)
         return self._parts.start_epoch(self._cursor, self.__len__)
 
     def set_epoch(self, epoch: int) -> None:
