@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -72,6 +76,16 @@ def test_a_tiny_training_run_beats_an_action_chosen_blind() -> None:
     assert trained > blind + 0.5, (trained, blind)
 
 
+@pytest.fixture
+def temporary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """The temporary directory, where a training run leaves no log folder (the default
+    logger of stable-baselines3 makes one at every run)."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    yield tmp_path
+    assert list(tmp_path.glob("SB3-*")) == []
+
+
+@pytest.mark.usefixtures("temporary")
 def test_ppo_exports_the_actor_it_trained() -> None:
     # PPO needs far more steps than a unit test has to beat random (docs/sim.md); here the
     # exported NumPy policy must act exactly as stable-baselines3's deterministic actor.
@@ -84,6 +98,7 @@ def test_ppo_exports_the_actor_it_trained() -> None:
     assert np.array_equal(np.argmax(policy.scores(obs), axis=1), expected)
 
 
+@pytest.mark.usefixtures("temporary")
 def test_sac_exports_the_actor_it_trained_and_moves_every_knob() -> None:
     """SAC's continuous outputs: the exported NumPy policy gives stable-baselines3's
     deterministic action, and each output steers its knob (a threshold for a step knob, the

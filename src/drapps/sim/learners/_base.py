@@ -58,6 +58,16 @@ def tanh_mlp(sizes: Sequence[int]) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
+def learn_quietly(model: Any, steps: int) -> None:
+    """``model.learn(steps)`` for a stable-baselines3 model, with a logger that writes
+    nowhere: its default one makes a folder in the temporary directory at every run, empty
+    when nothing is printed, and leaves it there."""
+    from stable_baselines3.common.logger import Logger
+
+    model.set_logger(Logger(folder=None, output_formats=[]))
+    model.learn(total_timesteps=steps)
+
+
 def export_mlp(
     linears: Sequence[nn.Linear],
     meta: dict[str, Any],

@@ -14,7 +14,7 @@ from torch import nn
 from drapps._optional import require
 from drapps.control.rl import MlpPolicy
 from drapps.sim.env import PipelineEnv
-from drapps.sim.learners._base import Learner, export_mlp, register_learner
+from drapps.sim.learners._base import Learner, export_mlp, learn_quietly, register_learner
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ class Ppo(Learner):
             device="cpu",
             verbose=0,
         )
-        model.learn(total_timesteps=steps)
+        learn_quietly(model, steps)
         self.model = model
         actor = [m for m in model.policy.mlp_extractor.policy_net if isinstance(m, nn.Linear)]
         return export_mlp(

@@ -17,7 +17,7 @@ from torch import nn
 from drapps._optional import require
 from drapps.control.rl import MlpPolicy
 from drapps.sim.env import PipelineEnv
-from drapps.sim.learners._base import Learner, export_mlp, register_learner
+from drapps.sim.learners._base import Learner, export_mlp, learn_quietly, register_learner
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ class Sac(Learner):
             device="cpu",
             verbose=0,
         )
-        model.learn(total_timesteps=steps)
+        learn_quietly(model, steps)
         self.model = model
         actor = [m for m in model.actor.latent_pi if isinstance(m, nn.Linear)]
         return export_mlp(
