@@ -570,19 +570,23 @@ def _missing_file() -> Exception:
     return FileNotFoundError(2, "No such file or directory", "/data/img1.jpg")
 
 
-def test_an_error_in_the_training_process_keeps_the_originals_fields() -> None:
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_error_keeps_the_originals_fields(workers: int) -> None:
     """DataLoader without workers raises the dataset's own exception: its fields (an
     OSError's ``errno`` and ``filename``, a custom exception's) are there on drapps' too
-    (found by running PyTorch's test_dataloader.py against drapps)."""
-    with drapps.Loader(FailsWith(_missing_file), num_workers=0) as loader:
+    (found by running PyTorch's test_dataloader.py against drapps), and come from a worker
+    with its error, where they pickle (DataLoader's worker error has none of them)."""
+    with drapps.Loader(FailsWith(_missing_file), num_workers=workers) as loader:
         with pytest.raises(FileNotFoundError) as caught:
             list(loader)
     assert (caught.value.errno, caught.value.filename) == (2, "/data/img1.jpg")
+    assert caught.value.strerror == "No such file or directory"
     assert caught.value.index == 1  # type: ignore[attr-defined]
-    with drapps.Loader(FailsWith(lambda: CodedError(42)), num_workers=0) as loader:
+    with drapps.Loader(FailsWith(lambda: CodedError(42)), num_workers=workers) as loader:
         with pytest.raises(CodedError) as coded:
             list(loader)
     assert coded.value.code == 42
+    assert coded.value.stage == "__getitem__"  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("workers", [0, 2])

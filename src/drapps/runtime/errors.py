@@ -63,10 +63,24 @@ class SampleError(RuntimeError):
             "detail": self.detail,
         }
         original = self.original_type if _picklable_type(self.original_type) else None
+        cause, kind = _picklable(self.__cause__), type(self).__name__
         return (
             _rebuild_sample_error,
-            (self.args[0], kwargs, _picklable(self.__cause__), original, type(self).__name__),
+            (self.args[0], kwargs, cause, original, kind, _carried(self)),
         )
+
+
+_NAMING = frozenset(("index", "stage", "path", "indices", "detail", "original_type"))
+"""A SampleError's own fields, which name the sample and are never carried over."""
+
+
+def _carried(error: SampleError) -> dict[str, Any]:
+    """The fields ``error`` carries of its original (see :func:`_carry_fields`) that pickle,
+    so they cross to the training process with it."""
+    fields = {name: value for name, value in vars(error).items() if name not in _NAMING}
+    if isinstance(error, OSError):
+        fields.update((name, getattr(error, name)) for name in _OS_FIELDS)
+    return {name: value for name, value in fields.items() if _pickles(value)}
 
 
 def _rebuild_sample_error(
@@ -75,10 +89,14 @@ def _rebuild_sample_error(
     cause: BaseException | None,
     original: type[BaseException] | None = None,
     kind: str = "SampleError",
+    fields: dict[str, Any] | None = None,
 ) -> SampleError:
     base = WorkerTimeoutError if kind == WorkerTimeoutError.__name__ else SampleError
     error = sample_error(message, original, base=base, **kwargs)
     error.__cause__ = cause
+    for name, value in (fields or {}).items():
+        with contextlib.suppress(Exception):
+            setattr(error, name, value)
     return error
 
 
@@ -174,17 +192,20 @@ def failure(exc: BaseException, what: str, **kwargs: Any) -> SampleError:
     return error
 
 
+_OS_FIELDS = ("errno", "strerror", "filename", "filename2")
+
+
 def _carry_fields(exc: BaseException, error: SampleError) -> None:
     """What ``exc`` carries, on ``error`` too (a custom exception's fields, an OSError's
     ``errno`` and ``filename``), as DataLoader's in-process iterator raises ``exc`` itself;
-    never over the fields that name the sample. A worker's error crosses to the training
-    process without them, as DataLoader's does."""
+    never over the fields that name the sample. A worker's error brings those that pickle
+    to the training process (DataLoader's rebuilds the exception from its message alone)."""
     for name, value in vars(exc).items():
         if name not in vars(error):
             with contextlib.suppress(Exception):
                 setattr(error, name, value)
     if isinstance(exc, OSError) and isinstance(error, OSError):
-        for name in ("errno", "strerror", "filename", "filename2"):
+        for name in _OS_FIELDS:
             with contextlib.suppress(Exception):
                 setattr(error, name, getattr(exc, name))
 
@@ -196,6 +217,14 @@ def _picklable_type(cls: type[BaseException] | None) -> bool:
         return pickle.loads(pickle.dumps(cls)) is cls
     except Exception:
         return False
+
+
+def _pickles(value: Any) -> bool:
+    try:
+        pickle.dumps(value)
+    except Exception:
+        return False
+    return True
 
 
 def _picklable(exc: BaseException | None) -> BaseException | None:
