@@ -18,9 +18,12 @@ pytestmark = pytest.mark.integration  # starts real engines or interpreters
 SCRIPTS = Path(__file__).parent / "distributed"
 
 
-def loopback_env() -> dict[str, str]:
+def loopback_env(tmp: Path) -> dict[str, str]:
+    """The ranks' environment: loopback only, and ``tmp`` as their temporary directory (torch
+    elastic's run folders and error files, which it leaves, and the ranks' core claims)."""
     env = dict(os.environ)
     env.update(GLOO_SOCKET_IFNAME="lo", MASTER_ADDR="127.0.0.1", OMP_NUM_THREADS="1")
+    env["TMPDIR"] = str(tmp)
     env["PYTHONPATH"] = os.pathsep.join([str(SCRIPTS), env.get("PYTHONPATH", "")])
     return env
 
@@ -35,7 +38,7 @@ def torchrun(ranks: int, mode: str, out: Path) -> list[dict[str, Any]]:
     # would hold the host's core claims and stall every later test).
     process = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env=loopback_env(), start_new_session=True,
+        env=loopback_env(out), start_new_session=True,
     )  # fmt: skip
     try:
         stdout, stderr = process.communicate(timeout=240)
@@ -90,7 +93,7 @@ def test_ranks_of_one_host_share_its_cores(ranks: int, tmp_path: Path) -> None:
 @pytest.mark.timeout(300)
 def test_lightning_ddp_gives_each_rank_its_own_shard(tmp_path: Path) -> None:
     pytest.importorskip("pytorch_lightning")
-    env = loopback_env()
+    env = loopback_env(tmp_path)
     env["MASTER_PORT"] = str(free_port())
     done = subprocess.run(
         [sys.executable, str(SCRIPTS / "lightning_ddp.py"), str(tmp_path)],
@@ -111,7 +114,9 @@ def test_accelerate_prepare_keeps_each_process_on_its_shard(tmp_path: Path) -> N
         "--master_addr=127.0.0.1", f"--master_port={free_port()}",
         str(SCRIPTS / "accelerate_ddp.py"), str(tmp_path),
     ]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, timeout=240, env=loopback_env())
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=240, env=loopback_env(tmp_path)
+    )
     assert done.returncode == 0, done.stderr[-5000:]
     records = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert all(r["world"] == 2 for r in records)
