@@ -433,6 +433,14 @@ class Settings:
             kwargs["cache"] = drapps.Cache(memory="16MB", codec="none")
         return kwargs
 
+    @property
+    def draws_past_first_batch(self) -> bool:
+        """Whether the batch sampler's pass draws from torch's generator after its first batch
+        (an empty batch, then a sampler without a generator of its own, which draws as it
+        starts): without workers DataLoader draws that at its second ``next()``."""
+        random = self.sampler in ("random", "random_replacement", "subset")
+        return self.batch_sampler and self.empty_batch and random and self.generator is None
+
     def dataloader_kwargs(self, dataset: Any, *, skipping: bool = False) -> dict[str, Any]:
         """DataLoader's arguments for this case (samplers and generators made fresh);
         ``skipping``: its collate_fn drops the ``SKIPPED`` samples."""
