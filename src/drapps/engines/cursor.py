@@ -364,17 +364,24 @@ class EpochCursor:
             return Plan(len(self._dataset), size, shuffle, drop_last, self._epoch_seed(), epoch)
         sampler: Any = self._index_sampler
         assert sampler is not None
+        as_needed = drawn_as_needed(sampler, self._batched)
+
+        def one_pass() -> Iterator[Any]:  # the sampler's iter(), called now
+            return iter(sampler) if as_needed else batch_lists(sampler, self._batched)
+
         if not self._in_process and (first or not self._persistent):
             iter(sampler)  # DataLoader's iterator's own pass, dropped as its workers start
             seed = self._epoch_seed()
-            batches = _batches(sampler, self._batched)
+            batches = one_pass()
         else:
-            batches = _batches(sampler, self._batched)
+            batches = one_pass()
             seed = self._epoch_seed()
 
         def draw() -> EpochPlan:
-            if isinstance(batches, _DrawnAsNeeded):
-                return DrawnPlan(batches.batches, len(sampler), seed, epoch, keys=batches.keys)
+            if as_needed:
+                keyed = sampler.sampler  # keys in range(len(its data_source)), maybe again
+                keys = len(keyed.data_source) if getattr(keyed, "replacement", False) else None
+                return DrawnPlan(batches, len(sampler), seed, epoch, keys=keys)
             # The sampler's batches, all of them where they end within its len() (or its first
             # pass where it has none); past that it is endless, and planned a window at a time.
             drawn, after = first_window(batches, planned_length(sampler))
@@ -606,25 +613,6 @@ class EpochCursor:
             self._pending, self._pending_stream = pending, pending_stream
             self._pending_rest = pending_rest
             self._forget()
-
-
-@dataclass(frozen=True)
-class _DrawnAsNeeded:
-    """The batches of one of torch's samplers, drawn as they are needed (a DrawnPlan's)."""
-
-    batches: Iterator[list[Any]]
-    keys: int | None
-    """A sampler with replacement draws keys in range(keys); None: without."""
-
-
-def _batches(sampler: Any, batched: bool) -> Iterator[list[Any]] | _DrawnAsNeeded:
-    """One pass over ``sampler``'s batches (its ``iter()`` called now, as DataLoader's
-    iterator calls it), as a DrawnPlan draws them where it can."""
-    if drawn_as_needed(sampler, batched):
-        drawn = sampler.sampler  # keys in range(len(its data_source)), maybe again
-        keys = len(drawn.data_source) if getattr(drawn, "replacement", False) else None
-        return _DrawnAsNeeded(iter(sampler), keys)
-    return batch_lists(sampler, batched)
 
 
 def _saved_repeats(saved: Any, batches: list[list[Any]]) -> tuple[Repeats, ...] | None:
