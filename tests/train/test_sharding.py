@@ -51,9 +51,10 @@ def test_bad_stage_and_missing_process_group_are_named() -> None:
 
 
 def test_spawn_retries_when_its_port_is_taken_before_rank_0_binds_it(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     import socket
+    import tempfile
 
     from helpers import barrier_rank
 
@@ -69,11 +70,13 @@ def test_spawn_retries_when_its_port_is_taken_before_rank_0_binds_it(
         return taken if len(calls) == 1 else real()
 
     monkeypatch.setattr(sharding, "_free_port", free_port)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where torch's error files go
     try:
         spawn(barrier_rank, 2)
     finally:
         holder.close()
     assert len(calls) == 2  # the taken port failed, the next one worked
+    assert not list(tmp_path.iterdir())  # the failed ranks' error files are removed
 
 
 @pytest.mark.timeout(240)

@@ -131,6 +131,18 @@ def process_group(backend: str, rank: int, world: int) -> Iterator[None]:
         dist.destroy_process_group()
 
 
+def _join(context: mp.ProcessContext) -> None:
+    """Wait for ``context``'s ranks, raising a failed one's error, and remove the files the
+    ranks wrote their errors to (torch leaves them in the temporary directory)."""
+    try:
+        while not context.join():
+            pass
+    finally:
+        for name in context.error_files:
+            with contextlib.suppress(OSError):
+                os.unlink(name)
+
+
 def spawn(fn: Callable[..., Any], nprocs: int, *args: Any) -> None:
     """Run ``fn(rank, world_size, *args)`` in ``nprocs`` local processes joined in a process group.
 
@@ -142,7 +154,8 @@ def spawn(fn: Callable[..., Any], nprocs: int, *args: Any) -> None:
         raise ValueError(f"nprocs must be >= 1, got {nprocs!r}")
     for attempt in range(_PORT_ATTEMPTS):
         try:
-            mp.spawn(_worker, args=(fn, nprocs, _free_port(), args), nprocs=nprocs, join=True)
+            args_ = (fn, nprocs, _free_port(), args)
+            _join(mp.spawn(_worker, args=args_, nprocs=nprocs, join=False))
             return
         except mp.ProcessRaisedException as exc:
             # The free port can be taken by another process between our probe and rank 0's
