@@ -116,6 +116,32 @@ def test_a_checkpoint_before_the_first_batch_holds_the_order_then_drawn(
         assert [b.tolist() for b in resumed] == expected
 
 
+@pytest.mark.parametrize("workers", [0, "auto"])
+def test_an_iterator_let_go_of_before_its_first_batch_is_checkpointed_with_its_order(
+    workers: int | str,
+) -> None:
+    """A loop that breaks out before its first batch, then saves: the checkpoint draws the
+    epoch's order then, as it would with the iterator held, so the run resumed in another
+    process (another torch RNG) has that epoch, not one it draws anew."""
+    import gc
+
+    kwargs = {"batch_size": 4, "sampler": _Drawing(12), "num_workers": workers}
+    with drapps.Loader(list(range(12)), **kwargs) as loader:
+        torch.manual_seed(0)
+        expected = [b.tolist() for b in loader]
+        torch.manual_seed(0)
+        it = iter(loader)
+        del it
+        gc.collect()
+        state = loader.state_dict()
+        assert loader.state_dict() == state  # drawn once
+    assert state["batches"] == expected
+    with drapps.Loader(list(range(12)), **kwargs) as resumed:
+        resumed.load_state_dict(state)
+        torch.manual_seed(1)
+        assert [b.tolist() for b in resumed] == expected
+
+
 def test_a_failing_sampler_raises_from_next_not_from_a_checkpoint_before_it() -> None:
     """A checkpoint that draws a failing sampler's order saves the epoch at its start; the
     loop's next() raises the sampler's error, then the epoch is over."""

@@ -77,6 +77,11 @@ class Positioned(Protocol):
 
     def draw_order(self) -> None: ...
 
+    @property
+    def undrawn(self) -> Callable[[], EpochPlan] | None:
+        """What draws the epoch's order at its first ``next()`` (None: drawn)."""
+        ...
+
     def owed(self) -> tuple[list[list[Any]], list[Repeats]] | None: ...
 
 
@@ -92,14 +97,29 @@ class Standing:
     remaining: list[int] | None
     owed: tuple[list[list[Any]], list[Repeats]] | None
     stream: _Stream | None
+    undrawn: Callable[[], EpochPlan] | None = None
+    """What draws the epoch's order, where it was let go of before its first ``next()``."""
 
     @classmethod
     def of(cls, epoch: Positioned) -> Standing:
         stream = None
         if epoch.streams is not None:
             stream = (epoch.seed, epoch.streams, epoch.rngs, epoch.pipe_seed)
-        plan = epoch.plan
-        return cls(epoch.epoch, epoch.position, plan, epoch.undelivered(), epoch.owed(), stream)
+        return cls(
+            epoch.epoch, epoch.position, epoch.plan, epoch.undelivered(), epoch.owed(), stream,
+            epoch.undrawn,
+        )  # fmt: skip
+
+    def drawn(self) -> Standing:
+        """This standing with its order drawn, as a checkpoint draws an epoch not yet drawn
+        (a sampler that fails leaves it at its start, to be drawn again when resumed)."""
+        if self.undrawn is None:
+            return self
+        try:
+            plan: EpochPlan | None = self.undrawn()
+        except Exception:
+            plan = None
+        return replace(self, plan=plan, undrawn=None)
 
 
 @dataclass(frozen=True)
@@ -449,6 +469,8 @@ class EpochCursor:
             # The epoch under way, or the one let go of before its end (None: neither).
             active = self._active()
             if active is None:
+                if self._left is not None:  # let go of before its first next(): drawn now
+                    self._left = self._left.drawn()
                 standing = self._left
             else:
                 standing = None if active.ended else Standing.of(active)

@@ -25,7 +25,7 @@ from drapps.engines.base import Engine, EngineBatch, EpochJob, Skipped
 from drapps.engines.inline import InlineEngine
 from drapps.ops.device_stage import DeviceStage, Staged
 from drapps.runtime.errors import SampleError, failure, warn_user
-from drapps.runtime.plan import Repeats, rest_of
+from drapps.runtime.plan import EpochPlan, Repeats, rest_of
 from drapps.runtime.sampling import key_of
 from drapps.runtime.seeding import epoch_seeds, repeat_seed
 
@@ -180,6 +180,11 @@ class Epoch:
         if let_go is not None and not self.__dict__.get("_ended", True):
             with contextlib.suppress(Exception):  # late in the interpreter's shutdown
                 let_go(self)
+
+    @property
+    def undrawn(self) -> Callable[[], EpochPlan] | None:
+        """What draws the epoch's order at its first ``next()`` (None: drawn)."""
+        return self._draw
 
     @property
     def ended(self) -> bool:
