@@ -142,13 +142,18 @@ def test_an_iterator_let_go_of_before_its_first_batch_is_checkpointed_with_its_o
         assert [b.tolist() for b in resumed] == expected
 
 
-def test_a_failing_sampler_raises_from_next_not_from_a_checkpoint_before_it() -> None:
-    """A checkpoint that draws a failing sampler's order saves the epoch at its start; the
-    loop's next() raises the sampler's error, then the epoch is over."""
-    with drapps.Loader(list(range(3)), sampler=_Drawing(3, fail=True), workers=0) as loader:
+@pytest.mark.parametrize("workers", [0, "auto"])
+def test_a_failing_sampler_raises_from_next_not_from_a_checkpoint_before_it(
+    workers: int | str,
+) -> None:
+    """A checkpoint that draws a failing sampler's order saves the epoch at its start (with
+    ``workers=0``, with the batches the sampler gave before it failed: none); the loop's
+    next() raises the sampler's error, then the epoch is over."""
+    with drapps.Loader(list(range(3)), sampler=_Drawing(3, fail=True), workers=workers) as loader:
         it = iter(loader)
         state = loader.state_dict()
-        assert (state["epoch"], state["next_batch"]) == (0, 0) and "batches" not in state
+        assert (state["epoch"], state["next_batch"]) == (0, 0)
+        assert state.get("batches", []) == []
         with pytest.raises(LookupError, match="nothing to draw from"):
             next(it)
         assert list(it) == []

@@ -23,6 +23,7 @@ from drapps.runtime.config import LoaderConfig, checked_index
 from drapps.runtime.plan import (
     DrawnPlan,
     EpochPlan,
+    PassPlan,
     Plan,
     Repeats,
     SampledPlan,
@@ -151,6 +152,9 @@ class EpochCursor:
         in_process: the loader stands in for DataLoader without workers (``workers`` 0 or
             "auto"): a sampler's order is drawn at the iterator's first ``next()``, where
             DataLoader with workers draws it as the iterator is made.
+        as_asked: the training process makes each batch as the loop asks for it
+            (``workers=0``): a user's sampler with a ``len()`` gives each batch then
+            (:class:`~drapps.runtime.plan.PassPlan`), as under DataLoader without workers.
     """
 
     def __init__(
@@ -169,6 +173,7 @@ class EpochCursor:
         persistent: bool,
         shard_by_rank: bool = True,
         in_process: bool = False,
+        as_asked: bool = False,
     ) -> None:
         self._dataset, self._index_sampler, self._user_sampler = (
             dataset,
@@ -178,7 +183,7 @@ class EpochCursor:
         self._seed, self._generator = seed, generator
         self._batching = (batch_size, shuffle, drop_last)
         self._batched, self._iterable, self._persistent = batched, iterable, persistent
-        self._in_process = in_process
+        self._in_process, self._as_asked = in_process, as_asked
         self._shard = RankShard(
             dataset,
             user_sampler,
@@ -240,6 +245,7 @@ class EpochCursor:
             persistent=config.persistent_workers,
             shard_by_rank=config.shard_by_rank,
             in_process=config.workers in (0, "auto"),
+            as_asked=config.workers == 0,
         )
 
     @property
@@ -402,9 +408,12 @@ class EpochCursor:
                 keyed = sampler.sampler  # keys in range(len(its data_source)), maybe again
                 keys = len(keyed.data_source) if getattr(keyed, "replacement", False) else None
                 return DrawnPlan(batches, len(sampler), seed, epoch, keys=keys)
+            length = planned_length(sampler)
+            if self._as_asked and length is not None:
+                return PassPlan(batches, length, seed, epoch)
             # The sampler's batches, all of them where they end within its len() (or its first
             # pass where it has none); past that it is endless, and planned a window at a time.
-            drawn, after = first_window(batches, planned_length(sampler))
+            drawn, after = first_window(batches, length)
             rest = None if after is None else SamplerRest(batches, after, seed, len(drawn))
             return SampledPlan(tuple(drawn), seed, epoch, rest=rest)
 
@@ -514,6 +523,8 @@ class EpochCursor:
                 state["stream_rngs"] = stream[2]
             if self._datapipe and stream[3] is not None:
                 state["pipe_seed"] = stream[3]
+        # The sampler gives the rest of its pass now, where it gives each batch as asked.
+        rest = plan.draw_all() if isinstance(plan, PassPlan) else rest_of(plan)
         repeats: list[Repeats] = []
         if owed is not None and plan is not None:
             # Batches filled from made samples: the samples still owed, in plan order.
@@ -521,7 +532,9 @@ class EpochCursor:
             state["batches"] = [[plain_key(key) for key in batch] for batch in owed[0]]
             repeats = owed[1]
         elif plan is not None and (
-            isinstance(plan, SampledPlan | DrawnPlan) or self._seed is None or remaining is not None
+            isinstance(plan, SampledPlan | DrawnPlan | PassPlan)
+            or self._seed is None
+            or remaining is not None
         ):
             # The batches still owed, in plan order (some past next_batch may be delivered).
             ids = remaining if remaining is not None else range(next_batch, len(plan))
@@ -532,7 +545,6 @@ class EpochCursor:
             # How many times the epoch drew each of those keys before (a sampler with
             # replacement): a resumed repeat draws as it would have.
             state["repeats"] = [None if r is None else list(r) for r in repeats]
-        rest = rest_of(plan)
         if rest is not None:
             pending_rest = (rest.first, rest.base_seed)
         if pending_rest is not None:

@@ -16,7 +16,7 @@ import torch
 
 from drapps.engines.base import Engine, EngineBatch, EpochJob, Limits
 from drapps.runtime.errors import SampleError
-from drapps.runtime.plan import EpochPlan, Repeats
+from drapps.runtime.plan import EpochPlan, PassPlan, Repeats
 from drapps.runtime.seeding import (
     WorkerRngs,
     preserved_global_rngs,
@@ -144,14 +144,14 @@ class InlineEngine(Engine):
     def _make_planned(self, plan: EpochPlan) -> EngineBatch | None:
         """The next planned batch, or the error of one that failed."""
         batch_id = self._position
-        if batch_id >= len(plan):
-            return None
+        if batch_id >= len(plan) or (isinstance(plan, PassPlan) and not plan.reaches(batch_id)):
+            return None  # a user's sampler gives the batch now, or its error (as DataLoader's)
         self._position += 1
         split = self._split
         # Reseeded per sample, the caller's RNG streams are put back after the batch; else
         # the samples draw from them, as DataLoader's do without workers.
         try:
-            indices = plan.batch(batch_id)  # drawn ahead: the sampler draws nothing here
+            indices = plan.batch(batch_id)  # drawn: the sampler draws nothing here
             repeats = plan.repeats_of(batch_id)
             if self._unseeded is not None and len(indices) > 2:
                 made = self._checked(plan, indices, split, repeats)

@@ -2,9 +2,10 @@
 
 A :class:`Plan` depends only on (dataset length, batch size, shuffle, drop_last, seed, epoch);
 a :class:`SampledPlan` holds the batches a sampler drew when the epoch began (an endless
-sampler's, a window of them at a time: :class:`SamplerRest`), and a :class:`DrawnPlan` draws
-them from one of torch's own samplers as they are needed. None depends on the worker count, so
-batch ``b`` is the same list of indices however the pool is sized.
+sampler's, a window of them at a time: :class:`SamplerRest`), a :class:`DrawnPlan` draws
+them from one of torch's own samplers as they are needed, and a :class:`PassPlan` from a
+user's sampler as the training loop asks for each (``workers=0``). None depends on the worker
+count, so batch ``b`` is the same list of indices however the pool is sized.
 """
 
 from __future__ import annotations
@@ -260,7 +261,7 @@ class SamplerRest:
 
 def rest_of(plan: EpochPlan | None) -> SamplerRest | None:
     """What an endless sampler has still to give past ``plan`` (None: ``plan`` is all)."""
-    return plan.rest if isinstance(plan, SampledPlan) else None
+    return plan.rest if isinstance(plan, SampledPlan | PassPlan) else None
 
 
 def window_seed(base_seed: int, first: int) -> int:
@@ -333,5 +334,113 @@ class DrawnPlan:
         return self._repeats[batch_id] if self._seen is not None else None
 
 
-EpochPlan = Plan | SampledPlan | DrawnPlan
+class PassPlan:
+    """An epoch whose batches a sampler of the user's gives as the training loop asks for them
+    (``workers=0``), as DataLoader without workers draws them: each batch at the ``next()``
+    that makes it, so a sampler that draws from torch's global generator with each batch
+    draws between the training steps, as under DataLoader.
+
+    Its length is the sampler's ``len()`` until the sampler ends sooner; :meth:`reaches` tells
+    whether there is a batch ``b``, drawing up to it. A sampler that fails ends the pass: its
+    error is raised once, where the batch it failed to give was asked for. Past its ``len()``
+    the sampler goes on as an endless one (:attr:`rest`), as a :class:`SampledPlan` would.
+    """
+
+    def __init__(self, batches: Iterator[list[Any]], length: int, seed: int, epoch: int) -> None:
+        self._source = batches
+        self._drawn: list[list[Any]] = []
+        self._seen: dict[int, int] = {}
+        self._repeats: list[Repeats] = []
+        self._length = length
+        self._error: Exception | None = None
+        self._rest: SamplerRest | None = None
+        self._over = False  # the sampler ended, failed, or was drawn past its len()
+        self._lock = threading.Lock()
+        self.seed = seed
+        """Seeds each sample's augmentation with (seed, epoch, index)."""
+        self.epoch = epoch
+        """Epoch number."""
+        self.first = 0
+
+    def __len__(self) -> int:
+        return self._length
+
+    def reaches(self, batch_id: int) -> bool:
+        """Whether the pass has a batch ``batch_id``, drawing up to it now.
+
+        Raises:
+            Exception: the sampler's, where it failed to give that batch (once).
+        """
+        with self._lock:
+            self._draw_to(batch_id)
+            if batch_id < len(self._drawn):
+                return True
+            error, self._error = self._error, None
+        if error is not None:
+            raise error
+        return False
+
+    def draw_all(self) -> SamplerRest | None:
+        """Draw the rest of the pass, and whether the sampler goes on past its ``len()`` (a
+        checkpoint holds them): :attr:`rest`. A sampler's failure is not raised here; it
+        waits for the ``next()`` that asks for the batch it failed to give."""
+        with self._lock:
+            self._draw_rest()
+            return self._rest
+
+    @property
+    def rest(self) -> SamplerRest | None:
+        """The sampler's batches past its ``len()`` (None: the pass ends there), drawn to learn
+        whether there is one once the pass has given its batches. The sampler's error, where
+        it failed, is raised (once) instead, as DataLoader's ``next()`` raises it."""
+        with self._lock:
+            self._draw_rest()
+            error, self._error = self._error, None
+        if error is not None:
+            raise error
+        return self._rest
+
+    def batch(self, batch_id: int) -> list[Any]:
+        """The keys of batch ``batch_id``, in delivery order (drawn up to it now if need be)."""
+        if not self.reaches(batch_id):
+            raise IndexError(f"batch_id must be in [0, {len(self._drawn)}), got {batch_id!r}")
+        return self._drawn[batch_id]
+
+    def repeats_of(self, batch_id: int) -> Repeats:
+        """How many times the epoch drew each key of batch ``batch_id`` before (None: none)."""
+        self.batch(batch_id)
+        return self._repeats[batch_id]
+
+    def _draw_to(self, batch_id: int) -> None:
+        while not self._over and len(self._drawn) <= min(batch_id, self._length - 1):
+            try:
+                batch = next(self._source)
+            except StopIteration:
+                self._end()
+            except Exception as exc:  # DataLoader's next() raises it, and its pass is over
+                self._end()
+                self._error = exc
+            else:
+                self._drawn.append(list(batch))
+                self._repeats.append(_count_batch(self._drawn[-1], self._seen))
+
+    def _draw_rest(self) -> None:
+        self._draw_to(self._length - 1)
+        if self._over:
+            return
+        self._over = True
+        try:
+            after = next(self._source)
+        except StopIteration:
+            return
+        except Exception as exc:
+            self._error = exc
+            return
+        self._rest = SamplerRest(self._source, after, self.seed, len(self._drawn))
+
+    def _end(self) -> None:
+        self._over, self._length = True, len(self._drawn)
+
+
+EpochPlan = Plan | SampledPlan | DrawnPlan | PassPlan
 """What a loader iterates: its own seeded order, or a sampler's."""
