@@ -2,7 +2,7 @@ import pytest
 import torch
 from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler, SubsetRandomSampler
 
-from drapps.runtime.plan import DrawnPlan, Plan
+from drapps.runtime.plan import DrawnPlan, KeyCounts, PassPlan, Plan, repeats_in
 from drapps.runtime.sampling import drawn_as_needed
 
 
@@ -84,3 +84,36 @@ def test_only_torchs_own_samplers_without_a_generator_are_drawn_as_needed() -> N
         pass
 
     assert not drawn_as_needed(Mine(RandomSampler(data), 4, False), True)
+
+
+def test_key_counts_give_a_pass_the_repeats_a_sampled_plan_counts() -> None:
+    """Counted as each batch is drawn, small integer keys in an array, others (a huge or
+    negative key, a string) in a dict from there on: the repeats of every batch are the ones
+    counted over the whole epoch."""
+    batches = [[3, 1, 3], [], [0, 5], [1, 2**40], [5, -1, 3], ["a", 5], ["a", 2**40]]
+    whole = repeats_in(batches)
+    assert whole is not None
+    counts = KeyCounts()
+    assert [counts.count(batch) for batch in batches] == list(whole)
+    plan = PassPlan(iter(batches), len(batches), 0, 0)
+    assert [plan.repeats_of(b) for b in range(len(batches))] == list(whole)
+    assert plan.rest is None and len(plan) == len(batches)
+
+
+def test_a_pass_plan_draws_each_batch_as_it_is_asked_for() -> None:
+    """Nothing at first, then up to the batch asked for; a sampler that ends before its
+    len() shortens the pass, and one past it goes on as an endless one."""
+    given: list[int] = []
+
+    def batches(n: int):  # type: ignore[no-untyped-def]
+        for b in range(n):
+            given.append(b)
+            yield [b]
+
+    plan = PassPlan(batches(3), 5, 0, 0)
+    assert given == [] and plan.reaches(1) and given == [0, 1]
+    assert not plan.reaches(3) and len(plan) == 3 and plan.rest is None
+    longer = PassPlan(batches(4), 2, 0, 0)
+    assert longer.batch(1) == [1] and longer.draw_all() is not None
+    rest = longer.rest
+    assert rest is not None and rest.first == 2 and rest.window(0).batches == ([2], [3])

@@ -172,13 +172,54 @@ def _counted(batches: Sequence[list[Any]]) -> tuple[Repeats, ...] | None:
     return tuple(found) if any(r is not None for r in found) else None
 
 
-def _count_drawn(batch: list[Any], seen: np.ndarray) -> Repeats:
+def _count_drawn(batch: list[Any] | np.ndarray, seen: np.ndarray) -> Repeats:
     """``batch``'s repeats, given the count ``seen`` of each key in ``range(len(seen))``
     drawn before (updated)."""
     keys = np.asarray(batch, dtype=np.int64)
     repeats = seen[keys] + _earlier(keys)  # a key twice in the batch counts its earlier place
     np.add.at(seen, keys, 1)
     return tuple(repeats.tolist()) if repeats.any() else None
+
+
+class KeyCounts:
+    """How many times each key was drawn so far, to count a batch's repeats as it is drawn: a
+    NumPy count per key where keys are small non-negative integers (4 bytes a key up to the
+    largest, grown by doubling: 10 MB at most for ImageNet's 1.28M keys, where a dict of them
+    holds 40 MB), a dict of them otherwise."""
+
+    DENSE_LIMIT = 1 << 24
+    """Keys from here on are counted in the dict (a count per key up to them would not pay)."""
+
+    def __init__(self) -> None:
+        self._dense = np.zeros(0, dtype=np.int32)
+        self._sparse: dict[int, int] | None = None
+
+    def count(self, batch: list[Any]) -> Repeats:
+        """``batch``'s repeats given the batches counted before (it is counted too)."""
+        if self._sparse is None:
+            keys = _small_keys(batch)
+            if keys is not None:
+                top = int(keys.max()) + 1 if len(keys) else 0
+                if top > len(self._dense):
+                    grown = np.zeros(max(top, 2 * len(self._dense)), dtype=np.int32)
+                    grown[: len(self._dense)] = self._dense
+                    self._dense = grown
+                return _count_drawn(keys, self._dense)
+            drawn = np.flatnonzero(self._dense)
+            self._sparse = dict(zip(drawn.tolist(), self._dense[drawn].tolist(), strict=True))
+            self._dense = np.zeros(0, dtype=np.int32)
+        return _count_batch(batch, self._sparse)
+
+
+def _small_keys(batch: list[Any]) -> np.ndarray | None:
+    """``batch``'s keys as int64, where all are integers in ``[0, KeyCounts.DENSE_LIMIT)``."""
+    try:
+        keys = np.fromiter(map(operator.index, batch), np.int64, len(batch))
+    except (TypeError, OverflowError):
+        return None
+    if len(keys) and (keys.min() < 0 or keys.max() >= KeyCounts.DENSE_LIMIT):
+        return None
+    return keys
 
 
 def _count_batch(batch: list[Any], seen: dict[int, int]) -> Repeats:
@@ -349,7 +390,7 @@ class PassPlan:
     def __init__(self, batches: Iterator[list[Any]], length: int, seed: int, epoch: int) -> None:
         self._source = batches
         self._drawn: list[list[Any]] = []
-        self._seen: dict[int, int] = {}
+        self._seen = KeyCounts()
         self._repeats: list[Repeats] = []
         self._length = length
         self._error: Exception | None = None
@@ -422,7 +463,7 @@ class PassPlan:
                 self._error = exc
             else:
                 self._drawn.append(list(batch))
-                self._repeats.append(_count_batch(self._drawn[-1], self._seen))
+                self._repeats.append(self._seen.count(self._drawn[-1]))
 
     def _draw_rest(self) -> None:
         self._draw_to(self._length - 1)
