@@ -440,6 +440,23 @@ class _DrawsEachBatch:
             yield torch.randint(self.n, (self.size,)).tolist()
 
 
+def _steps(loader: Any, epochs: int = 2) -> list[Any]:
+    """What a loop that draws from torch's generator at every step meets: batches, errors."""
+    torch.manual_seed(0)
+    met: list[Any] = []
+    for _ in range(epochs):
+        it = iter(loader)
+        while True:
+            try:
+                met.append(next(it).tolist())
+            except StopIteration:
+                break
+            except LookupError as exc:
+                met.append(str(exc))
+            torch.rand(1)  # the training step's draw
+    return met
+
+
 _WHOLE_PASS = pytest.mark.xfail(
     strict=True,
     reason='known difference (docs/runtime.md): with workers, and under "auto", drapps '
@@ -456,35 +473,10 @@ def test_a_sampler_that_draws_each_batch_between_the_loops_draws(workers: int | 
     between batches (a model's dropout): DataLoader interleaves the two, without workers
     batch by batch (drapps too), with workers ``prefetch_factor`` batches each ahead."""
 
-    def epoch(loader: Any) -> list[list[int]]:
-        torch.manual_seed(0)
-        order = []
-        for batch in loader:
-            order.append(batch.tolist())
-            torch.rand(1)  # the training step's draw
-        return order
-
     kwargs: dict[str, Any] = {"batch_sampler": _DrawsEachBatch(16, 4, 8)}
-    expected = epoch(DataLoader(Indexed(16), **kwargs))
+    expected = _steps(DataLoader(Indexed(16), **kwargs), epochs=1)
     with drapps.Loader(Indexed(16), **kwargs, num_workers=workers) as loader:
-        assert epoch(loader) == expected
-
-
-def _steps(loader: Any, epochs: int = 2) -> list[Any]:
-    """What a loop that draws from torch's generator at every step meets: batches, errors."""
-    torch.manual_seed(0)
-    met: list[Any] = []
-    for _ in range(epochs):
-        it = iter(loader)
-        while True:
-            try:
-                met.append(next(it).tolist())
-            except StopIteration:
-                break
-            except LookupError as exc:
-                met.append(str(exc))
-            torch.rand(1)  # the training step's draw
-    return met
+        assert _steps(loader, epochs=1) == expected
 
 
 @pytest.mark.parametrize(
