@@ -396,16 +396,19 @@ class LoaderMachine(RuleBasedStateMachine):
             # epochs drew in turn (found by a campaign).
             self.exact = False
         second = iter(self.loader)
-        expected, taken = self.reference.epochs[epoch], 0
+        expected, taken, loops_epoch = self.reference.epochs[epoch], 0, self.epoch
+        asked = False  # the second's order drawn (at its first next())
         for step in steps:
             if step == "second":
-                batch = next(second, None)
+                batch, asked = next(second, None), True
                 if batch is not None and self.exact and not self._drawn_anew():
                     where = f"epoch {epoch} batch {taken} (a second iterator)"
                     assert_equal(expected[taken], batch, where)
                 taken += batch is not None
             elif step == "loop":
                 self.take_a_batch()
+                if not asked and self._drew_before_the_second(loops_epoch):
+                    self.exact = False
                 self.the_epoch_so_far_is_the_references()
             elif self.case.iterable:
                 continue
@@ -417,8 +420,18 @@ class LoaderMachine(RuleBasedStateMachine):
         if "second" not in steps and self._drawn_at_first_batch():
             # Let go of before its first next(), the second iterator drew no order, as under
             # DataLoader without workers: the later epochs draw theirs where the reference's
-            # drew one more first (found by a campaign).
-            self.skipped_draw = True
+            # drew one more first (found by a campaign), the loop's next one too where it
+            # started while the second was held.
+            if self.epoch == loops_epoch:
+                self.skipped_draw = True
+            else:
+                self.exact = False
+
+    def _drew_before_the_second(self, loops_epoch: int) -> bool:
+        """Whether the loop's next epoch, started while a second iterator is held, drew its
+        order before the second's: the reference's next epoch drew after it."""
+        moved_on = self.epoch != loops_epoch and bool(self.got)
+        return moved_on and self._drawn_at_first_batch()
 
     # ------------------------------------------------------------------------- the checks
 
@@ -585,3 +598,40 @@ def test_a_loader_through_events_is_held_to_its_inline_reference() -> None:
 @pytest.mark.timeout(7200)
 def test_campaign_of_events() -> None:
     run_state_machine_as_test(LoaderMachine, settings=campaign(75, stateful_step_count=30))
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_second_iterator_let_go_of_after_the_loops_epoch_ended_is_held_to_the_reference(
+    persistent: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by a campaign: the loop's epoch ends while a second iterator that never took a
+    batch is held, and the loop's next epoch draws its order after it, from torch's RNG,
+    where the reference's next epoch drew after the second's. Under DataLoader without
+    workers the second draws nothing: the loop's next epoch is not the reference's, and
+    each epoch still holds every sample once."""
+    case = Run(
+        n=9,
+        payload=Payload(leaf=Leaf(kind="tensor", dtype="bool", shape=(2, 3))),
+        workers="auto",
+        seed=None,
+        batch_size=3,
+        shuffle=True,
+        sampler=None,
+        dispatch="batches",
+        cache=False,
+        persistent=persistent,
+        iterable=False,
+    )
+    take = LoaderMachine.take_a_batch
+    machine = walk(
+        case,
+        [
+            take,
+            lambda m: m.move_between_the_loop_and_the_workers([False]),
+            lambda m: m.take_from_a_second_iterator(["loop", "loop", "loop"]),
+            *[take] * 4,
+        ],
+        monkeypatch,
+    )
+    assert machine.epoch == 3

@@ -101,6 +101,40 @@ def test_the_older_iterator_keeps_its_batches_and_draws(options: dict[str, Any])
         torch.testing.assert_close(a, b)
 
 
+def held_across_the_loops_end(loader: Any) -> list[Any]:
+    """A second iterator made mid-epoch and let go of untaken, after the loop ended its epoch
+    and took the next one's first batch: the orders each epoch drew from torch's RNG."""
+    torch.manual_seed(0)
+    loop = iter(loader)
+    taken: list[Any] = [keys(next(loop))]
+    second = iter(loader)
+    taken += [keys(b) for b in loop]
+    loop = iter(loader)
+    taken.append(keys(next(loop)))
+    del second
+    return [*taken, *(keys(b) for b in loop), *(keys(b) for b in loader)]
+
+
+@pytest.mark.parametrize(
+    ("options", "dataloaders"),
+    [
+        pytest.param({"num_workers": 0}, 0, id="inline"),
+        pytest.param({"num_workers": 2}, 2, id="processes"),
+        pytest.param({"workers": "auto"}, 0, id="auto"),
+    ],
+)
+def test_a_second_iterator_never_taken_from_draws_as_dataloaders(
+    options: dict[str, Any], dataloaders: int
+) -> None:
+    """Without workers (and under "auto", which draws as they do) an iterator draws its order
+    at its first ``next()``: one let go of untaken draws none, and the loop's epochs after it
+    draw theirs where DataLoader's do; with workers each draws as it starts them."""
+    kwargs = {"batch_size": 4, "shuffle": True}
+    expected = held_across_the_loops_end(DataLoader(range(12), num_workers=dataloaders, **kwargs))
+    with drapps.Loader(range(12), **kwargs, **options) as loader:
+        assert held_across_the_loops_end(loader) == expected
+
+
 @pytest.mark.parametrize("persistent", [False, True])
 def test_the_workers_come_back_once_the_newer_iterator_is_let_go(persistent: bool) -> None:
     """Past a peek, the loop's batches are the workers' again, not the training process's."""
