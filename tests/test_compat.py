@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import json
 import multiprocessing
 import pickle
 import random
@@ -834,6 +835,62 @@ def test_resume_mid_epoch_with_a_drawing_sampler(workers: int) -> None:
     with drapps.Loader(Indexed(30), batch_size=4, sampler=weighted, workers=workers) as resumed:
         resumed.load_state_dict(state)
         assert_batches_equal(list(resumed), rest)
+
+
+class KeyTypes(Dataset[str]):
+    """Each sample: the type of the key ``__getitem__`` was given."""
+
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, key: Any) -> str:
+        return f"{type(key).__name__}:{getattr(key, 'dtype', '')}:{int(key)}"
+
+
+@pytest.mark.parametrize("workers", [0, 2, "auto"])
+@pytest.mark.parametrize(
+    "sampler",
+    [
+        pytest.param(lambda: torch.randperm(12, dtype=torch.int32), id="tensor"),
+        pytest.param(lambda: SubsetRandomSampler(torch.arange(12)), id="subset-of-a-tensor"),
+        pytest.param(lambda: np.random.permutation(12), id="numpy"),
+    ],
+)
+def test_a_resumed_epoch_gives_the_dataset_keys_of_the_samplers_type(
+    workers: int | str, sampler: Callable[[], Any]
+) -> None:
+    """A sampler of tensor (or NumPy) keys: the resumed epoch's ``__getitem__`` gets them as
+    the sampler gave them, as in the uninterrupted run (DataLoader hands them over as they
+    are), not as the ints a checkpoint stores."""
+    keys = sampler()
+    kwargs = {"batch_size": 4, "sampler": keys, "collate_fn": list, "num_workers": workers}
+    with drapps.Loader(KeyTypes(), **kwargs) as loader:
+        iterator = iter(loader)
+        head = next(iterator)
+        state = json.loads(json.dumps(loader.state_dict()))
+        rest = list(iterator)
+    given = next(iter(DataLoader(KeyTypes(), **{**kwargs, "num_workers": 0})))
+    assert [k.rsplit(":", 1)[0] for k in head] == [k.rsplit(":", 1)[0] for k in given]
+    with drapps.Loader(KeyTypes(), **kwargs) as resumed:
+        resumed.load_state_dict(state)
+        assert list(resumed) == rest
+        assert next(iter(resumed))[0].split(":")[:2] == head[0].split(":")[:2]  # the next epoch
+
+
+def test_a_checkpoints_key_type_must_name_an_integer_dtype() -> None:
+    kwargs = {"batch_size": 4, "sampler": torch.arange(12), "collate_fn": list, "num_workers": 0}
+    with drapps.Loader(KeyTypes(), **kwargs) as loader:
+        next(iter(loader))
+        state = loader.state_dict()
+    assert state["key_type"] == "torch.int64"
+    with drapps.Loader(KeyTypes(), **kwargs) as other:
+        for wrong in ("torch.float32", "torch.bool", "numpy.float64", "int", "numpy.nonsense", 3):
+            with pytest.raises(ValueError, match=f"key_type must name .*got {wrong!r}"):
+                other.load_state_dict({**state, "key_type": wrong})
+        with pytest.raises(ValueError, match=r"integer keys of torch\.uint8"):
+            other.load_state_dict({**state, "key_type": "torch.uint8", "batches": [[300]]})
+        other.load_state_dict(state)  # the loader is unchanged by the refused ones
+        assert [k.split(":")[0] for b in other for k in b] == ["Tensor"] * 8
 
 
 class Unsharded(IterableDataset):  # type: ignore[type-arg]

@@ -39,8 +39,10 @@ from drapps.runtime.sampling import (
     drawn_as_needed,
     is_datapipe,
     is_iterable_dataset,
+    key_type,
     plain_key,
     planned_length,
+    restore_keys,
 )
 from drapps.runtime.stream import pipe_seed
 
@@ -526,11 +528,11 @@ class EpochCursor:
         # The sampler gives the rest of its pass now, where it gives each batch as asked.
         rest = plan.draw_all() if isinstance(plan, PassPlan) else rest_of(plan)
         repeats: list[Repeats] = []
+        held: list[list[Any]] | None = None
         if owed is not None and plan is not None:
             # Batches filled from made samples: the samples still owed, in plan order.
             state["seed"] = plan.seed
-            state["batches"] = [[plain_key(key) for key in batch] for batch in owed[0]]
-            repeats = owed[1]
+            held, repeats = owed[0], owed[1]
         elif plan is not None and (
             isinstance(plan, SampledPlan | DrawnPlan | PassPlan)
             or self._seed is None
@@ -539,8 +541,13 @@ class EpochCursor:
             # The batches still owed, in plan order (some past next_batch may be delivered).
             ids = remaining if remaining is not None else range(next_batch, len(plan))
             state["seed"] = plan.seed
-            state["batches"] = [[plain_key(key) for key in plan.batch(b)] for b in ids]
+            held = [plan.batch(b) for b in ids]
             repeats = [plan.repeats_of(b) for b in ids]
+        if held is not None:
+            state["batches"] = [[plain_key(key) for key in batch] for batch in held]
+            kind = key_type(held)
+            if kind is not None:  # tensor or NumPy keys, restored as such
+                state["key_type"] = kind
         if any(r is not None for r in repeats):
             # How many times the epoch drew each of those keys before (a sampler with
             # replacement): a resumed repeat draws as it would have.
@@ -623,6 +630,8 @@ class EpochCursor:
                 raise ValueError("state batches must be a list of lists of dataset keys")
             seed = checked_index("state seed", state.get("seed"))
             repeats = _saved_repeats(state.get("repeats"), batches)
+            if state.get("key_type") is not None:
+                batches = restore_keys(batches, state["key_type"])
             pending = SampledPlan(
                 tuple(batches), seed, epoch, first=next_batch, saved_repeats=repeats
             )

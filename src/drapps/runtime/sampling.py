@@ -18,6 +18,7 @@ import operator
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import (
     BatchSampler,
@@ -138,6 +139,63 @@ def plain_key(index: Any) -> Any:
         return operator.index(index)
     except TypeError:
         return index
+
+
+def key_type(batches: Iterable[list[Any]]) -> str | None:
+    """The type a checkpoint restores its keys to, where every key of ``batches`` is a 0-d
+    integer tensor or a NumPy integer, all of one dtype (``"torch.int32"``, ``"numpy.int64"``;
+    None: any other keys, which stay as :func:`plain_key` stores them). A sampler over a
+    tensor of indices (``SubsetRandomSampler(torch.where(mask)[0])``) gives tensors, and the
+    resumed epoch's ``__getitem__`` gets them as the uninterrupted run's did."""
+    found = None
+    for batch in batches:
+        for key in batch:
+            if isinstance(key, torch.Tensor) and key.dim() == 0 and _integer(key.dtype):
+                name = str(key.dtype)
+            elif isinstance(key, np.integer):
+                name = f"numpy.{key.dtype.name}"
+            else:
+                return None
+            if found not in (None, name):
+                return None
+            found = name
+    return found
+
+
+def restore_keys(batches: list[list[Any]], name: Any) -> list[list[Any]]:
+    """A checkpoint's integer keys as the type :func:`key_type` named.
+
+    Raises:
+        ValueError: ``name`` is not a torch or NumPy integer dtype, or a key is not an
+            integer of its range.
+    """
+    kind = _key_kind(name)
+    try:
+        return [[kind(operator.index(key)) for key in batch] for batch in batches]
+    except (TypeError, OverflowError, RuntimeError) as exc:
+        raise ValueError(f"state batches must hold integer keys of {name}: {exc}") from exc
+
+
+def _key_kind(name: Any) -> Any:
+    if isinstance(name, str) and name.startswith("torch."):
+        dtype = getattr(torch, name.removeprefix("torch."), None)
+        if isinstance(dtype, torch.dtype) and _integer(dtype):
+            return lambda key: torch.tensor(key, dtype=dtype)
+    if isinstance(name, str) and name.startswith("numpy."):
+        try:
+            dtype = np.dtype(name.removeprefix("numpy."))
+        except TypeError:
+            dtype = None
+        if dtype is not None and dtype.kind in "iu":
+            return dtype.type
+    raise ValueError(
+        f"state key_type must name a torch or NumPy integer dtype (such as 'torch.int64' or "
+        f"'numpy.int64'), got {name!r}"
+    )
+
+
+def _integer(dtype: torch.dtype) -> bool:
+    return not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
 
 
 def drawn_as_needed(index_sampler: Any, auto_collation: bool) -> bool:
