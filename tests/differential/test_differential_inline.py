@@ -401,7 +401,8 @@ class LoaderMachine(RuleBasedStateMachine):
         for step in steps:
             if step == "second":
                 batch, asked = next(second, None), True
-                if batch is not None and self.exact and not self._drawn_anew():
+                held_to_it = self.exact and not (self.skipped_draw or self._drawn_anew())
+                if batch is not None and held_to_it:
                     where = f"epoch {epoch} batch {taken} (a second iterator)"
                     assert_equal(expected[taken], batch, where)
                 taken += batch is not None
@@ -631,6 +632,40 @@ def test_a_second_iterator_let_go_of_after_the_loops_epoch_ended_is_held_to_the_
             lambda m: m.move_between_the_loop_and_the_workers([False]),
             lambda m: m.take_from_a_second_iterator(["loop", "loop", "loop"]),
             *[take] * 4,
+        ],
+        monkeypatch,
+    )
+    assert machine.epoch == 3
+
+
+@pytest.mark.timeout(600)
+def test_a_second_iterator_after_one_let_go_of_untaken_is_held_to_the_reference(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found by a campaign: a second iterator let go of before its first batch drew no order,
+    so the next one draws the order the reference's epoch before it drew: neither is held
+    to the reference's epoch of its number, and each epoch still holds every sample once."""
+    case = Run(
+        n=24,
+        payload=Payload(leaf=Leaf(kind="tensor", dtype="bool", shape=(2, 3))),
+        workers="auto",
+        seed=None,
+        batch_size=1,
+        shuffle=True,
+        sampler=None,
+        dispatch="batches",
+        cache=False,
+        persistent=True,
+        iterable=False,
+    )
+    take = LoaderMachine.take_a_batch
+    machine = walk(
+        case,
+        [
+            take,
+            lambda m: m.take_from_a_second_iterator(["loop"]),
+            lambda m: m.take_from_a_second_iterator(["second", "second"]),
+            *[take] * 23,  # to the end of the loop's epoch
         ],
         monkeypatch,
     )

@@ -115,6 +115,19 @@ def held_across_the_loops_end(loader: Any) -> list[Any]:
     return [*taken, *(keys(b) for b in loop), *(keys(b) for b in loader)]
 
 
+def one_let_go_then_another(loader: Any) -> list[Any]:
+    """A second iterator let go of untaken, then a third that takes two batches, mid-epoch."""
+    torch.manual_seed(0)
+    loop = iter(loader)
+    taken: list[Any] = [keys(next(loop))]
+    second = iter(loader)
+    del second
+    third = iter(loader)
+    taken += [keys(next(third)), keys(next(third))]
+    del third
+    return [*taken, *(keys(b) for b in loop), *(keys(b) for b in loader)]
+
+
 @pytest.mark.parametrize(
     ("options", "dataloaders"),
     [
@@ -130,9 +143,10 @@ def test_a_second_iterator_never_taken_from_draws_as_dataloaders(
     at its first ``next()``: one let go of untaken draws none, and the loop's epochs after it
     draw theirs where DataLoader's do; with workers each draws as it starts them."""
     kwargs = {"batch_size": 4, "shuffle": True}
-    expected = held_across_the_loops_end(DataLoader(range(12), num_workers=dataloaders, **kwargs))
-    with drapps.Loader(range(12), **kwargs, **options) as loader:
-        assert held_across_the_loops_end(loader) == expected
+    for pattern in (held_across_the_loops_end, one_let_go_then_another):
+        expected = pattern(DataLoader(range(12), num_workers=dataloaders, **kwargs))
+        with drapps.Loader(range(12), **kwargs, **options) as loader:
+            assert pattern(loader) == expected, pattern.__name__
 
 
 @pytest.mark.parametrize("persistent", [False, True])
