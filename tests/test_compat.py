@@ -884,7 +884,8 @@ def test_a_checkpoints_key_type_must_name_an_integer_dtype() -> None:
         state = loader.state_dict()
     assert state["key_type"] == "torch.int64"
     with drapps.Loader(KeyTypes(), **kwargs) as other:
-        for wrong in ("torch.float32", "torch.bool", "numpy.float64", "int", "numpy.nonsense", 3):
+        wrong_ones = ("torch.float32", "torch.bool", "torch.qint8", "numpy.float64", "int", 3)
+        for wrong in (*wrong_ones, "numpy.nonsense"):
             with pytest.raises(ValueError, match=f"key_type must name .*got {wrong!r}"):
                 other.load_state_dict({**state, "key_type": wrong})
         with pytest.raises(ValueError, match=r"integer keys of torch\.uint8"):

@@ -194,8 +194,15 @@ def _key_kind(name: Any) -> Any:
     )
 
 
+_INTEGER_DTYPES = frozenset(
+    {torch.uint8, torch.uint16, torch.uint32, torch.uint64}
+    | {torch.int8, torch.int16, torch.int32, torch.int64}
+)
+
+
 def _integer(dtype: torch.dtype) -> bool:
-    return not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
+    """Whether ``dtype`` is a plain integer one (not bool, floating, complex or quantized)."""
+    return dtype in _INTEGER_DTYPES
 
 
 def drawn_as_needed(index_sampler: Any, auto_collation: bool) -> bool:
