@@ -566,6 +566,8 @@ def test_attributes_frameworks_read_match_dataloaders() -> None:
             "multiprocessing_context can only be used with multi-process loading",
         ),
         ({"num_workers": 0, "prefetch_factor": 2}, "prefetch_factor needs worker processes"),
+        ({"num_workers": 0, "timeout": 5}, "timeout needs num_workers > 0"),
+        ({"workers": 0, "timeout": 0.5}, "timeout needs num_workers > 0"),
         ({"num_workers": 2, "workers": 3}, "num_workers and workers name the same setting"),
         ({"timeout": -1}, "timeout option should be non-negative"),
         (
@@ -582,6 +584,16 @@ def test_invalid_combinations_are_refused_as_in_dataloader(
 ) -> None:
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):
         drapps.Loader(Indexed(4), **kwargs)
+
+
+def test_a_timeout_is_taken_wherever_workers_may_run() -> None:
+    """Only a count of 0 refuses one: the default count may start workers, and None (no
+    limit) and 0 (DataLoader's default) ask for no limit anywhere."""
+    for kwargs in ({"timeout": 5}, {"workers": 0, "timeout": None}, {"workers": 0, "timeout": 0.0}):
+        with drapps.Loader(Indexed(4), batch_size=2, **kwargs) as loader:
+            assert [b.tolist() for b in loader] == [[0, 1], [2, 3]]
+    with pytest.raises(AssertionError, match="requires timeout == 0"):
+        next(iter(DataLoader(Indexed(4), num_workers=0, timeout=5)))  # refused there too
 
 
 def test_iterable_dataset_arguments_are_refused_in_dataloaders_words() -> None:

@@ -216,6 +216,12 @@ class Loader(_DataLoaderAttributes):
             workers=0 if source is not None else resolve_workers(num_workers, workers),
             trace=None if trace is None else os.fspath(trace),
         )
+        if source is None and config.workers == 0 and timeout not in (0, None):
+            raise ValueError(
+                "timeout needs num_workers > 0: with num_workers=0 each batch is made inside "
+                "the training loop's own next(), which no timeout can interrupt (DataLoader "
+                f"refuses it too); got timeout={timeout!r}"
+            )
         # DataLoader's attributes, which frameworks read.
         self.dataset = dataset
         self.batch_size = config.batch_size
