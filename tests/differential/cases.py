@@ -208,10 +208,12 @@ def _python(kind: str, i: int) -> Any:
 
 
 class Samples:
-    """A map-style dataset of ``n`` samples ``(i, payload.make(i))``; index ``fail_at``
-    raises KeyError (as a dataset missing a file does), or is ``SKIPPED`` when ``marks``.
-    ``held``: each sample is made once and kept (in :attr:`kept`), and the kept object itself
-    is returned every time, as a dataset that holds its data in memory returns it."""
+    """A map-style dataset of ``n`` samples ``(key, payload.make(i))``, ``key`` as the sampler
+    gave it (an int, a 0-d tensor, a NumPy integer: its type shows in the batch) and ``i`` its
+    value; index ``fail_at`` raises KeyError (as a dataset missing a file does), or is
+    ``SKIPPED`` when ``marks``. ``held``: each sample is made once and kept (in :attr:`kept`),
+    and the kept object itself is returned every time, as a dataset that holds its data in
+    memory returns it."""
 
     def __init__(
         self,
@@ -229,7 +231,8 @@ class Samples:
     def __len__(self) -> int:
         return self.n
 
-    def __getitem__(self, i: int) -> Any:
+    def __getitem__(self, key: Any) -> Any:
+        i = int(key)
         if self.wait_s:
             time.sleep(self.wait_s)  # a read: the GIL released, no CPU
         if i == self.fail_at:
@@ -237,9 +240,9 @@ class Samples:
                 return SKIPPED
             raise KeyError(f"sample {i} is missing")
         if self.kept is None:
-            return (i, self.payload.make(i))
+            return (key, self.payload.make(i))
         if i not in self.kept:
-            self.kept[i] = [i, self.payload.make(i)]  # a list: a container a loop may change
+            self.kept[i] = [key, self.payload.make(i)]  # a list: a container a loop may change
         return self.kept[i]
 
 
@@ -356,6 +359,14 @@ SKIPPED = "skipped"
 """What the reference's dataset gives for the sample that fails, where drapps skips it."""
 
 
+def typed_keys(kind: str, n: int, seed: int) -> Any:
+    """A permutation of ``range(n)`` to use as a sampler, whose keys are not ints: a tensor
+    (0-d int32 keys, as ``sampler=torch.randperm(n)`` gives) for ``"tensor_keys"``, a NumPy
+    array (int16 keys) for ``"numpy_keys"``. Drawn from a generator of its own."""
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed), dtype=torch.int32)
+    return order if kind == "tensor_keys" else order.numpy().astype(np.int16)
+
+
 def reseed_in_worker(worker_id: int) -> None:
     """A worker_init_fn: reseeds the worker's global RNGs (after the loader seeded them)."""
     random.seed(1000 + worker_id)
@@ -394,7 +405,8 @@ class Settings:
     batch_size: int | None = 2
     drop_last: bool = False
     shuffle: bool = False
-    # None, "sequential", "random", "random_replacement", "subset", "in_iter"
+    # None, "sequential", "random", "random_replacement", "subset", "in_iter", or a
+    # permutation whose keys are tensors or NumPy integers: "tensor_keys", "numpy_keys"
     sampler: str | None = None
     batch_sampler: bool = False
     empty_batch: bool = False  # the batch_sampler yields an empty batch first
@@ -437,8 +449,9 @@ class Settings:
     def draws_past_first_batch(self) -> bool:
         """Whether the batch sampler's pass draws from torch's generator after its first batch
         (an empty batch, then a sampler without a generator of its own, which draws as it
-        starts): without workers DataLoader draws that at its second ``next()``."""
-        random = self.sampler in ("random", "random_replacement", "subset")
+        starts, or as its ``iter()`` is called): without workers DataLoader draws that at its
+        second ``next()``."""
+        random = self.sampler in ("random", "random_replacement", "subset", "in_iter")
         return self.batch_sampler and self.empty_batch and random and self.generator is None
 
     def dataloader_kwargs(self, dataset: Any, *, skipping: bool = False) -> dict[str, Any]:
@@ -491,6 +504,8 @@ class Settings:
             )
         if self.sampler == "in_iter":
             return PermutedInIter(len(dataset), self._generator())
+        if self.sampler in ("tensor_keys", "numpy_keys"):
+            return typed_keys(self.sampler, len(dataset), self.generator or 0)
         return torch.utils.data.SubsetRandomSampler(
             list(range(0, len(dataset), 2)), generator=self._generator()
         )
@@ -596,6 +611,18 @@ def payloads(*, draws: tuple[str, ...] = (), alternate: bool = True) -> st.Searc
     )
 
 
+SAMPLERS = (
+    "sequential",
+    "random",
+    "random_replacement",
+    "subset",
+    "in_iter",
+    "tensor_keys",
+    "numpy_keys",
+)
+"""The samplers a case may name (None, the loader's own, is drawn beside them)."""
+
+
 def settings(*, contexts: tuple[str | None, ...] = (None,)) -> st.SearchStrategy[Settings]:
     return st.builds(
         Settings,
@@ -603,9 +630,7 @@ def settings(*, contexts: tuple[str | None, ...] = (None,)) -> st.SearchStrategy
         batch_size=st.one_of(st.none(), st.integers(1, 5)),
         drop_last=st.booleans(),
         shuffle=st.booleans(),
-        sampler=st.sampled_from(
-            (None, None, "sequential", "random", "random_replacement", "subset", "in_iter")
-        ),
+        sampler=st.sampled_from((None, None, *SAMPLERS)),
         batch_sampler=st.booleans(),
         empty_batch=st.sampled_from((False, False, False, True)),
         collate=st.sampled_from(("default", "default", "identity", "identity", "nothing")),

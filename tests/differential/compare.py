@@ -232,8 +232,8 @@ def batch_indices(batch: Any) -> list[int]:
     if batch is None or isinstance(batch, Raised) or len(batch) == 0:
         return []
     first = batch[0]
-    if isinstance(first, int):
-        return [first]  # one sample (batch_size=None)
+    if isinstance(first, int | np.integer):
+        return [int(first)]  # one sample (batch_size=None)
     if isinstance(first, torch.Tensor):
         return [int(i) for i in first.reshape(-1)]
     return [int(sample[0]) for sample in batch]
@@ -400,8 +400,10 @@ def _assert_arrays(x: np.ndarray, y: np.ndarray, where: str) -> None:
 @functools.cache
 def _warm_up() -> None:
     """Open what a process opens once and keeps: this thread's schedstat, multiprocessing's
-    shared heap (the progress clocks' arrays live there), and the pipes to its resource
-    tracker and forkserver (started by the first spawned or forkserver worker)."""
+    shared heap (the progress clocks' arrays live there), the pipes to its resource
+    tracker and forkserver (started by the first spawned or forkserver worker), and the
+    socket its resource sharer listens on (opened as a tensor's memory is first sent to a
+    worker: a sampler's tensor keys)."""
     from multiprocessing import forkserver, resource_tracker
 
     runqueue_wait()
@@ -410,6 +412,8 @@ def _warm_up() -> None:
     for data in ([torch.tensor(i) for i in range(4)], _Stream()):
         with drapps.Loader(data, batch_size=2, num_workers=2) as loader:
             list(loader)
+    with drapps.Loader(range(4), batch_size=2, num_workers=2, sampler=torch.arange(4)) as loader:
+        list(loader)
 
 
 class _Stream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]

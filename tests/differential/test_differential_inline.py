@@ -76,7 +76,9 @@ class Run:
     seed: int | None
     batch_size: int
     shuffle: bool
-    sampler: str | None  # None, "random", or one that gives keys again: "replacement", "weighted"
+    # None, "random", one that gives keys again: "replacement", "weighted", or a permutation
+    # whose keys are 0-d tensors or NumPy integers: "tensor_keys", "numpy_keys"
+    sampler: str | None
     dispatch: str
     cache: bool
     persistent: bool
@@ -153,7 +155,9 @@ def runs() -> st.SearchStrategy[Run]:
         seed=st.sampled_from((None, 0, 7)),
         batch_size=st.integers(1, 5),
         shuffle=st.booleans(),
-        sampler=st.sampled_from((None, None, "random", "replacement", "weighted")),
+        sampler=st.sampled_from(
+            (None, None, "random", "replacement", "weighted", "tensor_keys", "numpy_keys")
+        ),
         dispatch=st.sampled_from(("batches", "samples")),
         cache=st.booleans(),
         persistent=st.booleans(),
@@ -167,11 +171,30 @@ def runs() -> st.SearchStrategy[Run]:
     )
 
 
+class TypedKeys(torch.utils.data.Sampler[Any]):
+    """A permutation drawn from torch's RNG at ``iter()``, whose keys are 0-d int32 tensors
+    (``"tensor_keys"``) or NumPy int16s (``"numpy_keys"``): a checkpoint must give them back
+    as such, as ``__getitem__`` got them before it."""
+
+    def __init__(self, kind: str, n: int) -> None:
+        self.kind, self.n = kind, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        order = torch.randperm(self.n, dtype=torch.int32)
+        return iter(order if self.kind == "tensor_keys" else order.numpy().astype(np.int16))
+
+
 def _sampler(kind: str, n: int) -> Any:
-    """A sampler drawing from torch's RNG: a permutation, or keys drawn with replacement (as
-    often as the dataset is long), the last key 20 times as likely as the others."""
+    """A sampler drawing from torch's RNG: a permutation (of int keys, or typed ones:
+    :class:`TypedKeys`), or keys drawn with replacement (as often as the dataset is long),
+    the last key 20 times as likely as the others."""
     if kind == "random":
         return torch.utils.data.RandomSampler(range(n))
+    if kind in ("tensor_keys", "numpy_keys"):
+        return TypedKeys(kind, n)
     if kind == "replacement":
         return torch.utils.data.RandomSampler(range(n), replacement=True)
     return torch.utils.data.WeightedRandomSampler([1.0] * (n - 1) + [20.0], n)
@@ -534,6 +557,33 @@ def test_moves_between_the_loop_and_the_workers_are_held_to_the_reference(
         monkeypatch,
     )
     assert machine.epoch >= 1
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize(("sampler", "workers"), [("tensor_keys", 2), ("numpy_keys", "auto")])
+def test_a_resumed_epoch_gives_the_samplers_keys_as_it_gave_them(
+    sampler: str, workers: int | str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sampler whose keys are 0-d tensors or NumPy integers, resumed mid-epoch in a new
+    loader: the resumed batches reach ``__getitem__`` with the sampler's keys, as the
+    reference's do (the samples hold the key, so its type shows in the batch)."""
+    case = Run(
+        n=9,
+        payload=Payload(leaf=Leaf(kind="python", dtype="int")),
+        workers=workers,
+        seed=None,
+        batch_size=2,
+        shuffle=False,
+        sampler=sampler,
+        dispatch="batches",
+        cache=False,
+        persistent=False,
+        iterable=False,
+        keep=True,
+    )
+    take = LoaderMachine.take_a_batch
+    resume = LoaderMachine.checkpoint_and_resume_in_a_new_loader
+    walk(case, [take, take, lambda m: resume(m, 3, drop=False), *[take] * 8], monkeypatch)
 
 
 def walk(
