@@ -889,6 +889,19 @@ def test_a_resumed_epoch_gives_the_dataset_keys_of_the_samplers_type(
         assert next(iter(resumed))[0].split(":")[:2] == head[0].split(":")[:2]  # the next epoch
 
 
+def test_tensor_keys_reach_the_workers_by_value() -> None:
+    """A worker gets the sampler's keys as DataLoader's does (0-d tensors of their dtype, and
+    whatever else a batch sampler mixes in), while the sampler's tensor stays as the user
+    gave it: not moved into shared memory and handed over by descriptor at every batch."""
+    keys = torch.randperm(12, dtype=torch.int16)
+    mixed = [[torch.tensor(1), 2, np.int64(3)], [torch.tensor(4.0, dtype=torch.bfloat16)]]
+    for kwargs in ({"batch_size": 4, "sampler": keys}, {"batch_sampler": mixed}):
+        given = list(DataLoader(KeyTypes(), collate_fn=list, num_workers=0, **kwargs))
+        with drapps.Loader(KeyTypes(), collate_fn=list, num_workers=2, **kwargs) as loader:
+            assert list(loader) == given
+    assert not keys.is_shared()
+
+
 def test_a_checkpoints_key_type_must_name_an_integer_dtype() -> None:
     kwargs = {"batch_size": 4, "sampler": torch.arange(12), "collate_fn": list, "num_workers": 0}
     with drapps.Loader(KeyTypes(), **kwargs) as loader:

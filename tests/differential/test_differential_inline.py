@@ -586,6 +586,31 @@ def test_a_resumed_epoch_gives_the_samplers_keys_as_it_gave_them(
     walk(case, [take, take, lambda m: resume(m, 3, drop=False), *[take] * 8], monkeypatch)
 
 
+@pytest.mark.timeout(600)
+def test_a_worker_killed_with_tensor_keys_leaves_no_descriptor_open(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found by a campaign: a sampler's tensor keys reached the workers by descriptor,
+    through multiprocessing's resource sharer, which kept its duplicate open in the
+    training process where the worker was killed before it took it (most walks)."""
+    case = Run(
+        n=4,
+        payload=Payload(leaf=Leaf(kind="tensor", dtype="bool", shape=(2, 3))),
+        workers=1,
+        seed=None,
+        batch_size=1,
+        shuffle=False,
+        sampler="tensor_keys",
+        dispatch="batches",
+        cache=False,
+        persistent=False,
+        iterable=False,
+    )
+    kill, take = (lambda m: m.kill_a_worker(0)), LoaderMachine.take_a_batch
+    for _ in range(3):
+        walk(case, [kill, take, LoaderMachine.start_the_next_epoch_midway], monkeypatch)
+
+
 def walk(
     case: Run, steps: list[Callable[[LoaderMachine], Any]], monkeypatch: pytest.MonkeyPatch
 ) -> LoaderMachine:

@@ -33,6 +33,7 @@ from drapps.runtime.messages import (
     SlabsFreed,
     WorkerFatal,
     WorkerReply,
+    task_keys,
 )
 from drapps.runtime.plan import EpochPlan
 from drapps.runtime.pool import Reply, Task, Worker, WorkerPool
@@ -377,7 +378,7 @@ class Dispatcher:
         if repeats is not None and task.work is not None and part is not None:
             repeats = tuple(repeats[p] for p in task.work.positions)
         return BatchTask(
-            task.generation, self._plan.seed, task.epoch, task.batch_id, task.indices,
+            task.generation, self._plan.seed, task.epoch, task.batch_id, task_keys(task.indices),
             self._target, task.split, part, self.schedule.samples_at_once, repeats,
         )  # fmt: skip
 

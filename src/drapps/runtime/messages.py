@@ -12,7 +12,11 @@ read by field name everywhere.
 
 from __future__ import annotations
 
+import pickle
 from typing import Any, NamedTuple
+
+import numpy as np
+import torch
 
 from drapps.runtime.errors import SampleError
 from drapps.runtime.plan import Repeats
@@ -41,6 +45,47 @@ class BatchTask(NamedTuple):
     (1: one after another; see :func:`drapps.runtime.worker.make_batch`)."""
     repeats: Repeats = None
     """How many times the epoch drew each of ``indices`` before (None: none)."""
+
+
+def task_keys(indices: list[Any]) -> list[Any]:
+    """``indices`` as a task carries them: as they are, or, where a key is a tensor (a
+    sampler over a tensor of indices), as :class:`TensorKeys`."""
+    if any(isinstance(key, torch.Tensor) for key in indices):
+        return TensorKeys(indices)
+    return indices
+
+
+class TensorKeys(list[Any]):
+    """A task's keys, some of them tensors, pickled by value. torch's reductions would move
+    the sampler's whole tensor into shared memory and hand each task's worker a descriptor
+    of it through multiprocessing's resource sharer (a socket connection per task), whose
+    duplicate of it stays open in the training process where the worker dies before it
+    takes it. The worker gets a list of the same keys: 0-d tensors of one dtype as views
+    of one tensor, as DataLoader's worker gets them."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        first = self[0]
+        if all(_plain_scalar(key, first) for key in self):
+            try:
+                return (_unstacked, (torch.stack(list(self)).numpy(),))
+            except (TypeError, RuntimeError):  # a dtype NumPy has not (bfloat16)
+                pass
+        keys = [key.clone() if isinstance(key, torch.Tensor) else key for key in self]
+        return (pickle.loads, (pickle.dumps(keys, protocol=pickle.HIGHEST_PROTOCOL),))
+
+
+def _plain_scalar(key: Any, first: Any) -> bool:
+    return (
+        isinstance(key, torch.Tensor)
+        and key.dim() == 0
+        and key.dtype == first.dtype
+        and key.device.type == "cpu"
+        and not key.requires_grad
+    )
+
+
+def _unstacked(values: np.ndarray) -> list[torch.Tensor]:
+    return list(torch.from_numpy(values).unbind())
 
 
 class BatchMade(NamedTuple):
