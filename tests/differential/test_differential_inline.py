@@ -207,7 +207,9 @@ def _seed_everything(value: int = 0) -> None:
 
 
 def _pickled(obj: Any) -> Any:
-    return pickle.loads(pickle.dumps(obj))
+    """``obj`` through pickle, with protocol 5: under the older ones NumPy pickles a
+    big-endian array as native (the copy's dataset would not be the one it copied)."""
+    return pickle.loads(pickle.dumps(obj, protocol=5))
 
 
 class LoaderMachine(RuleBasedStateMachine):
@@ -609,6 +611,34 @@ def test_a_worker_killed_with_tensor_keys_leaves_no_descriptor_open(
     kill, take = (lambda m: m.kill_a_worker(0)), LoaderMachine.take_a_batch
     for _ in range(3):
         walk(case, [kill, take, LoaderMachine.start_the_next_epoch_midway], monkeypatch)
+
+
+def test_a_pickled_copy_of_a_dataset_that_holds_big_endian_arrays(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found by a campaign: the copy went on with native arrays where the reference has
+    big-endian ones. NumPy pickles a big-endian array as native under pickle's default
+    protocol (4; 5 keeps its byte order), so a dataset that holds them changes in any
+    pickled copy, DataLoader's too: the harness copies with protocol 5."""
+    big_endian = Payload(leaf=Leaf(kind="array", dtype=">i4", layout="contiguous", shape=(3,)))
+    case = Run(
+        n=5,
+        payload=big_endian,
+        workers=2,
+        seed=None,
+        batch_size=1,
+        shuffle=False,
+        sampler=None,
+        dispatch="batches",
+        cache=False,
+        persistent=False,
+        iterable=False,
+        held=True,
+        keep=True,
+    )
+    take = LoaderMachine.take_a_batch
+    resume = LoaderMachine.checkpoint_and_resume_in_a_new_loader
+    walk(case, [take, lambda m: resume(m, 1, drop=False, how="pickle"), take, take], monkeypatch)
 
 
 def walk(
