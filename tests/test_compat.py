@@ -919,6 +919,95 @@ def test_a_checkpoints_key_type_must_name_an_integer_dtype() -> None:
         assert [k.split(":")[0] for b in other for k in b] == ["Tensor"] * 8
 
 
+def _seeded_loader(where: str, **kwargs: Any) -> drapps.Loader:
+    """A shuffling loader whose order comes from a generator seeded 5: the loader's
+    ``generator`` (``"loader"``), or a ``RandomSampler``'s own (``"sampler"``)."""
+    generator = torch.Generator().manual_seed(5)
+    if where == "loader":
+        return drapps.Loader(Indexed(7), batch_size=2, shuffle=True, generator=generator, **kwargs)
+    sampler = RandomSampler(range(7), generator=generator)
+    return drapps.Loader(Indexed(7), batch_size=2, sampler=sampler, **kwargs)
+
+
+@pytest.mark.parametrize("where", ["loader", "sampler"])
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"workers": 0}, {"workers": 2}, {"workers": 2, "persistent_workers": True}, {}],
+    ids=["0", "2", "2-persistent", "auto"],
+)
+@pytest.mark.parametrize(("epoch", "taken"), [(0, 1), (1, 0), (1, 3)])
+def test_a_resumed_run_draws_the_later_epochs_from_the_generator_as_the_uninterrupted_one(
+    where: str, kwargs: dict[str, Any], epoch: int, taken: int
+) -> None:
+    """A checkpoint holds the generator's state, and loading it restores it: the epochs after
+    the resumed one are the uninterrupted run's, where a generator seeded afresh would
+    repeat the first epoch's order (a new process seeds it as the first did)."""
+    with _seeded_loader(where, **kwargs) as loader:
+        whole = [[b.tolist() for b in loader] for _ in range(4)]
+    assert whole[0] != whole[1]
+    with _seeded_loader(where, **kwargs) as loader:
+        for _ in range(epoch):
+            list(loader)
+        iterator = iter(loader)
+        head = [next(iterator).tolist() for _ in range(taken)]
+        state = json.loads(json.dumps(loader.state_dict()))
+    torch.manual_seed(99)  # another process: torch's generator is not the one drawn from
+    with _seeded_loader(where, **kwargs) as resumed:
+        resumed.load_state_dict(state)
+        after = [[b.tolist() for b in resumed] for _ in range(4 - epoch)]
+    assert [head + after[0], *after[1:]] == whole[epoch:]
+
+
+class WorkerShuffled(IterableDataset):  # type: ignore[type-arg]
+    """Each worker's share of 8 items, in an order drawn from its torch generator (which
+    DataLoader seeds from the epoch's base seed)."""
+
+    def __iter__(self) -> Iterator[int]:
+        info = get_worker_info()
+        share = torch.arange(8)[info.id :: info.num_workers] if info else torch.arange(8)
+        return iter(share[torch.randperm(len(share))].tolist())
+
+
+def test_a_resumed_stream_draws_its_later_epochs_from_the_generator() -> None:
+    """The same for an iterable dataset, whose epochs' base seeds the generator draws."""
+
+    def loader() -> drapps.Loader:
+        generator = torch.Generator().manual_seed(5)
+        return drapps.Loader(WorkerShuffled(), batch_size=2, workers=2, generator=generator)
+
+    with loader() as whole_run:
+        whole = [[b.tolist() for b in whole_run] for _ in range(3)]
+    assert whole[0] != whole[1]
+    with loader() as interrupted:
+        list(interrupted)
+        iterator = iter(interrupted)
+        head = [next(iterator).tolist()]
+        state = json.loads(json.dumps(interrupted.state_dict()))
+    with loader() as resumed:
+        resumed.load_state_dict(state)
+        after = [[b.tolist() for b in resumed] for _ in range(2)]
+    assert [head + after[0], after[1]] == whole[1:]
+
+
+def test_a_checkpoints_generators_must_be_this_loaders() -> None:
+    with _seeded_loader("loader", workers=0) as loader:
+        next(iter(loader))
+        state = loader.state_dict()
+    assert set(state["generators"]) == {"loader"}
+    generator = torch.Generator().manual_seed(3)
+    sampler = RandomSampler(range(7), generator=generator)
+    with drapps.Loader(Indexed(7), batch_size=2, sampler=sampler, workers=0) as other:
+        with pytest.raises(ValueError, match=r"saved with generators \['loader'\] but this"):
+            other.load_state_dict(state)
+        with pytest.raises(ValueError, match=r"generators\['sampler'\] must be a generator"):
+            other.load_state_dict({**state, "generators": {"sampler": "bm90IGEgc3RhdGU="}})
+        assert torch.equal(generator.get_state(), torch.Generator().manual_seed(3).get_state())
+    with drapps.Loader(Indexed(7), batch_size=2, shuffle=True, workers=0) as without:
+        with pytest.raises(ValueError, match=r"but this loader has \[\]"):
+            without.load_state_dict(state)
+        without.load_state_dict({k: v for k, v in state.items() if k != "generators"})
+
+
 class Unsharded(IterableDataset):  # type: ignore[type-arg]
     """Yields all of its items in every worker: it never reads get_worker_info()."""
 

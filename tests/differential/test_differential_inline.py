@@ -89,6 +89,7 @@ class Run:
     codec: str = "none"  # the sample cache's ("auto": lossless ones, profiled on first samples)
     held: bool = False  # map-style samples kept and returned as they are (no draws then)
     keep: bool = False  # a collate_fn that keeps the samples as they are (not with defer)
+    generator: bool = False  # orders and base seeds drawn from a generator of the loader's
 
     def dataset(self) -> Any:
         if self.iterable:
@@ -122,6 +123,8 @@ class Run:
             "num_workers": self.workers if workers is None else workers,
             "seed": self.seed,
         }
+        if self.generator:
+            kwargs["generator"] = torch.Generator().manual_seed(5)
         if self.keep:
             kwargs["collate_fn"] = identity
         if not self.iterable:
@@ -168,6 +171,7 @@ def runs() -> st.SearchStrategy[Run]:
         codec=st.sampled_from(("none", "auto")),
         held=st.booleans(),
         keep=st.sampled_from((False, False, True)),
+        generator=st.booleans(),
     )
 
 
@@ -496,9 +500,10 @@ class LoaderMachine(RuleBasedStateMachine):
 
     def _drawn_anew(self) -> bool:
         """Whether the epochs after a resumed one are drawn anew: a resumed loader without a
-        seed, or with a sampler that draws from torch's RNG, draws them from the new
-        process's torch RNG (as a new DataLoader would)."""
-        drawn = self.case.seed is None or bool(self.case.sampler)
+        seed or a generator, or with a sampler that draws from torch's RNG, draws them from
+        the new process's torch RNG (as a new DataLoader would). A generator's state is in
+        the checkpoint: the later epochs go on drawing from it as the reference's did."""
+        drawn = (self.case.seed is None and not self.case.generator) or bool(self.case.sampler)
         return drawn and self.resumed_epoch is not None
 
     def _replay_filled_epoch(self) -> None:

@@ -34,9 +34,11 @@ from drapps.runtime.plan import (
 )
 from drapps.runtime.sampling import (
     batch_lists,
+    checked_generator_state,
     draw_base_seed,
     draw_batches,
     drawn_as_needed,
+    generator_state,
     is_datapipe,
     is_iterable_dataset,
     key_type,
@@ -552,6 +554,14 @@ class EpochCursor:
             # How many times the epoch drew each of those keys before (a sampler with
             # replacement): a resumed repeat draws as it would have.
             state["repeats"] = [None if r is None else list(r) for r in repeats]
+        generators = self._generators()
+        if generators:
+            # Where the epochs after this one draw from: the resumed run goes on drawing as
+            # the uninterrupted one, not from a generator seeded afresh (which would repeat
+            # the first epochs' orders), and with persistent workers from the same base seed.
+            state["generators"] = {role: generator_state(g) for role, g in generators.items()}
+            if "loader" in generators and self._persistent and self._base_seed is not None:
+                state["base_seed"] = self._base_seed
         if rest is not None:
             pending_rest = (rest.first, rest.base_seed)
         if pending_rest is not None:
@@ -624,6 +634,10 @@ class EpochCursor:
                 rngs,
                 None if pipe is None else checked_index("state pipe_seed", pipe),
             )
+        restored = self._saved_generators(state.get("generators"))
+        base_seed = state.get("base_seed")
+        if base_seed is not None:
+            base_seed = checked_index("state base_seed", base_seed)
         pending_rest = None
         if batches is not None:
             if not isinstance(batches, list) or not all(isinstance(b, list) for b in batches):
@@ -655,7 +669,47 @@ class EpochCursor:
             self._next_epoch, self._next_batch, self._then = epoch, next_batch, then
             self._pending, self._pending_stream = pending, pending_stream
             self._pending_rest = pending_rest
+            for generator, saved in restored:
+                generator.set_state(saved)
+            if base_seed is not None:
+                self._base_seed = base_seed
             self._forget()
+
+    def _generators(self) -> dict[str, torch.Generator]:
+        """The generators later epochs draw from, by role: the loader's ``generator``
+        (``"loader"``) and a sampler's own (``"sampler"``: a ``RandomSampler(...,
+        generator=g)``, also inside a ``BatchSampler``), each once."""
+        found: dict[str, torch.Generator] = {}
+        if self._generator is not None:
+            found["loader"] = self._generator
+        sampler = self._user_sampler
+        for candidate in (sampler, getattr(sampler, "sampler", None)):  # a BatchSampler's
+            generator = getattr(candidate, "generator", None)
+            if isinstance(generator, torch.Generator) and generator is not self._generator:
+                found["sampler"] = generator
+                break
+        return found
+
+    def _saved_generators(self, saved: Any) -> list[tuple[torch.Generator, torch.Tensor]]:
+        """A checkpoint's generator states, each with the generator of this loader it is
+        restored to (none where the checkpoint holds none).
+
+        Raises:
+            ValueError: they are not states of the generators this loader has.
+        """
+        if saved is None:
+            return []
+        generators = self._generators()
+        if not isinstance(saved, dict) or set(saved) != set(generators):
+            names = sorted(saved) if isinstance(saved, dict) else saved
+            raise ValueError(
+                f"state was saved with generators {names!r} but this loader has "
+                f"{sorted(generators)} (the loader's generator=, a sampler's own)"
+            )
+        return [
+            (g, checked_generator_state(saved[role], g, f"state generators[{role!r}]"))
+            for role, g in generators.items()
+        ]
 
 
 def _saved_repeats(saved: Any, batches: list[list[Any]]) -> tuple[Repeats, ...] | None:

@@ -12,6 +12,7 @@ are drawn as they are needed (:class:`~drapps.runtime.plan.DrawnPlan`).
 
 from __future__ import annotations
 
+import base64
 import logging
 import math
 import operator
@@ -121,6 +122,28 @@ def default_sampler(dataset: Any, shuffle: bool, generator: torch.Generator | No
 def draw_base_seed(generator: torch.Generator | None) -> int:
     """An epoch's base seed, drawn exactly as DataLoader's iterator draws it."""
     return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
+
+
+def generator_state(generator: torch.Generator) -> str:
+    """``generator``'s state as plain data for a checkpoint (base64 of its bytes)."""
+    return base64.b64encode(generator.get_state().numpy().tobytes()).decode()
+
+
+def checked_generator_state(text: Any, generator: torch.Generator, name: str) -> torch.Tensor:
+    """A state :func:`generator_state` gave, for ``generator`` (tried on a generator of its
+    device first, so a refused one leaves ``generator`` as it was).
+
+    Raises:
+        ValueError: ``text`` is not such a state (``name`` names it).
+    """
+    try:
+        state = torch.frombuffer(
+            bytearray(base64.b64decode(text, validate=True)), dtype=torch.uint8
+        )
+        torch.Generator(device=generator.device).set_state(state)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise ValueError(f"{name} must be a generator state from state_dict(): {exc}") from None
+    return state
 
 
 def key_of(index: Any) -> int:
