@@ -26,7 +26,7 @@ from torch.utils.data import BatchSampler, default_collate, default_convert
 from drapps.cache.settings import Cache
 from drapps.control.policy import Policy
 from drapps.engines.assembly import assemble, open_source
-from drapps.engines.backends import Backend, resolve_backend
+from drapps.engines.backends import Backend, ThreadBackend, resolve_backend
 from drapps.engines.cursor import EpochCursor
 from drapps.engines.source import Source
 from drapps.runtime.config import (
@@ -41,6 +41,7 @@ from drapps.runtime.sampling import (
     check_sampling,
     default_sampler,
     is_iterable_dataset,
+    readable_keys,
     set_pipe_shuffles,
     stream_length,
 )
@@ -242,6 +243,8 @@ class Loader(_DataLoaderAttributes):
         self.prefetch_factor = prefetch_factor if prefetch_factor or config.workers == 0 else 2
         self.persistent_workers, self.in_order = persistent_workers, in_order
         backend = resolve_backend(backend)
+        if isinstance(backend, ThreadBackend):  # probed with the sampler's keys where it can
+            backend.keys = readable_keys(batch_sampler if batched else self.sampler)
         # DataLoader's warning is about processes; it gives it here and as each iterator
         # starts its workers (only the first, with persistent workers).
         self._warn_workers = backend.name != "thread"

@@ -401,6 +401,21 @@ _TENSOR_KEYS = Case(
 _NUMPY_KEYS_AUTO = dataclasses.replace(
     _TENSOR_KEYS, settings=Settings(workers="auto", batch_size=2, sampler="numpy_keys")
 )
+# Found by a campaign: thread workers looked for global draws in samples of int keys made
+# before they started, so a dataset that keeps its samples (with their key) kept an int where
+# the sampler gives tensors.
+_TENSOR_KEYS_HELD_ON_THREADS = Case(
+    n=1,
+    payload=Payload(leaf=Leaf(kind="python", dtype="int")),
+    settings=Settings(
+        workers="auto", batch_size=None, sampler="tensor_keys", in_order=False, threads=True
+    ),
+    held=True,
+)
+_TENSOR_KEY_BATCHES_HELD_ON_THREADS = dataclasses.replace(
+    _TENSOR_KEYS_HELD_ON_THREADS,
+    settings=dataclasses.replace(_TENSOR_KEYS_HELD_ON_THREADS.settings, batch_sampler=True),
+)
 
 
 @FAST
@@ -411,6 +426,8 @@ _NUMPY_KEYS_AUTO = dataclasses.replace(
 @example(_PEEK_SAMPLER_IN_ITER)
 @example(_TENSOR_KEYS)
 @example(_NUMPY_KEYS_AUTO)
+@example(_TENSOR_KEYS_HELD_ON_THREADS)
+@example(_TENSOR_KEY_BATCHES_HELD_ON_THREADS)
 @example(_MIXED_BATCH_PERSISTENT)
 @example(_STREAM_GOES_ON)
 @example(_STREAM_GOES_ON_IN_PROCESS)

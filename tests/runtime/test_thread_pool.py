@@ -157,6 +157,48 @@ def test_a_dataset_whose_odd_samples_draw_is_seen_too() -> None:
         ).close()
 
 
+class Asked(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """Samples named by string keys (a dict, as a dataset of files by name is); records every
+    key it is asked for, as it was given."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.samples = {name: i for i, name in enumerate(names)}
+        self.asked: list[Any] = []
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, key: Any) -> int:
+        self.asked.append(key)
+        return self.samples[key if isinstance(key, str) else f"f{int(key)}"]
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        pytest.param({"sampler": ["f3", "f1", "f0", "f2"], "batch_size": 2}, id="names"),
+        pytest.param({"batch_sampler": [["f2", "f0"], ["f3", "f1"]]}, id="batches-of-names"),
+        pytest.param({"sampler": torch.tensor([3, 1, 0, 2], dtype=torch.int32)}, id="tensor"),
+        pytest.param({"sampler": np.array([3, 1, 0, 2], dtype=np.int16)}, id="array"),
+    ],
+)
+def test_the_dataset_is_asked_only_for_keys_its_sampler_gives(kwargs: dict[str, Any]) -> None:
+    """Looking for draws before the threads start makes samples of the sampler's own keys,
+    where it holds them, not of ints the dataset may not take (DataLoader asks for no other)."""
+    dataset = Asked([f"f{i}" for i in range(4)])
+    given = kwargs.get("sampler", kwargs.get("batch_sampler"))
+    keys = [k for b in given for k in b] if "batch_sampler" in kwargs else list(given)
+    with drapps.Loader(dataset, num_workers=2, backend="thread", **kwargs) as loader:
+        assert loader.stats().executor == "threads"
+        assert sorted(int(x) for b in loader for x in b) == [0, 1, 2, 3]
+    assert {(type(k), getattr(k, "dtype", None)) for k in dataset.asked} == {
+        (type(k), getattr(k, "dtype", None)) for k in keys
+    }
+    assert {k if isinstance(k, str) else int(k) for k in dataset.asked} <= {
+        k if isinstance(k, str) else int(k) for k in keys
+    }
+
+
 def test_looking_for_draws_leaves_the_callers_generators_as_they_were() -> None:
     torch.manual_seed(3)
     random.seed(3)

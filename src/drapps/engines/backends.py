@@ -93,6 +93,8 @@ class ThreadBackend(Backend):
 
     def __init__(self) -> None:
         self.hazard: str | None = None
+        self.keys: list[Any] | None = None
+        """The sampler's keys to probe the dataset with (None: ints of its range)."""
 
     def check(self, workers: Any, dataset: Any, cache: Any) -> None:
         """Refuse an iterable dataset, whose stream is one per worker process, and a sample
@@ -115,7 +117,7 @@ class ThreadBackend(Backend):
     def sendable(self, c: Any, recipe: BatchRecipe) -> bool:
         from drapps.runtime.thread_pool import thread_hazard
 
-        self.hazard = thread_hazard(recipe)
+        self.hazard = thread_hazard(recipe, self.keys)
         if self.hazard is None:
             return True  # nothing crosses a process boundary
         warn_user(f"drapps: backend='thread': {self.hazard}; its workers run as processes")

@@ -28,6 +28,7 @@ from torch.utils.data import (
     RandomSampler,
     Sampler,
     SequentialSampler,
+    SubsetRandomSampler,
 )
 
 from drapps.runtime.errors import warn_user
@@ -144,6 +145,28 @@ def checked_generator_state(text: Any, generator: torch.Generator, name: str) ->
     except (TypeError, ValueError, RuntimeError) as exc:
         raise ValueError(f"{name} must be a generator state from state_dict(): {exc}") from None
     return state
+
+
+def readable_keys(index_sampler: Any) -> list[Any] | None:
+    """A few keys ``index_sampler`` gives (its first two and its last), read without drawing
+    from it, where it holds them in a sequence: a tensor, an array or a list used as the
+    sampler, a ``SubsetRandomSampler``'s indices, a ``BatchSampler``'s sampler's, or a list
+    of batches. None where they cannot be read so (torch's other samplers give ints of
+    ``range(len(dataset))``)."""
+    if isinstance(index_sampler, BatchSampler):
+        return readable_keys(index_sampler.sampler)
+    if isinstance(index_sampler, SubsetRandomSampler):
+        index_sampler = index_sampler.indices
+    if isinstance(index_sampler, torch.Tensor | np.ndarray) and index_sampler.ndim != 1:
+        return None
+    if not isinstance(index_sampler, torch.Tensor | np.ndarray | list | tuple | range):
+        return None
+    size = len(index_sampler)
+    keys: list[Any] = [index_sampler[p] for p in sorted({0, 1, size - 1}) if 0 <= p < size]
+    if keys and all(isinstance(k, list | tuple) for k in keys):  # a list of batches
+        batches = [b for b in (keys[0], keys[-1]) if len(b)]
+        return [b[p] for b in batches for p in sorted({0, len(b) - 1})]
+    return keys
 
 
 def key_of(index: Any) -> int:

@@ -55,15 +55,17 @@ samples differ is seen) to see whether the dataset draws from the global generat
 dataset that draws from one only for samples it did not make is not seen."""
 
 
-def thread_hazard(recipe: BatchRecipe) -> str | None:
+def thread_hazard(recipe: BatchRecipe, keys: list[Any] | None = None) -> str | None:
     """Why ``recipe``'s batches cannot be made by threads of this process, in words; None
     when they can.
 
     A ``worker_init_fn`` is written for a worker process (it seeds the process's generators,
     sets its thread count, opens its own handles): it keeps processes. Otherwise up to
-    three samples are made here (:data:`PROBES`), with the global generators set to known
-    states: one that moved (even in a sample that then failed) means the dataset draws from a
-    generator every thread shares, and its samples would depend on which thread drew first.
+    three samples are made here (:data:`PROBES`, or ``keys``: the sampler's own, where it
+    holds them, so the dataset is asked only for keys it gives), with the global generators
+    set to known states: one that moved (even in a sample that then failed) means the
+    dataset draws from a generator every thread shares, and its samples would depend on
+    which thread drew first.
     The caller's generator states are back afterwards, and a sample that fails here is left
     to fail, named, where the loader makes it. A dataset that then holds an open handle
     (opened in ``__init__`` or by a sample) keeps processes too: threads would share its
@@ -76,7 +78,9 @@ def thread_hazard(recipe: BatchRecipe) -> str | None:
     except TypeError:
         return None
     probe = dataclasses.replace(recipe, reseed=False, cache=None, on_error="raise")
-    for index in sorted({p % size for p in PROBES} if size else set()):
+    if keys is None:  # a sampler of range(len(dataset))
+        keys = sorted({p % size for p in PROBES} if size else set())
+    for index in keys:
         with preserved_global_rngs():
             seed_worker(0, 0, devices=False)
             before = global_states()
