@@ -999,6 +999,8 @@ def test_a_checkpoints_generators_must_be_this_loaders() -> None:
     with drapps.Loader(Indexed(7), batch_size=2, sampler=sampler, workers=0) as other:
         with pytest.raises(ValueError, match=r"saved with generators \['loader'\] but this"):
             other.load_state_dict(state)
+        with pytest.raises(ValueError, match=r"saved with generators \['1', 'loader'\]"):
+            other.load_state_dict({**state, "generators": {1: "", "loader": ""}})
         with pytest.raises(ValueError, match=r"generators\['sampler'\] must be a generator"):
             other.load_state_dict({**state, "generators": {"sampler": "bm90IGEgc3RhdGU="}})
         assert torch.equal(generator.get_state(), torch.Generator().manual_seed(3).get_state())

@@ -701,7 +701,7 @@ class EpochCursor:
             return []
         generators = self._generators()
         if not isinstance(saved, dict) or set(saved) != set(generators):
-            names = sorted(saved) if isinstance(saved, dict) else saved
+            names = sorted(map(str, saved)) if isinstance(saved, dict) else saved
             raise ValueError(
                 f"state was saved with generators {names!r} but this loader has "
                 f"{sorted(generators)} (the loader's generator=, a sampler's own)"
