@@ -244,7 +244,9 @@ class Loader(_DataLoaderAttributes):
         self.persistent_workers, self.in_order = persistent_workers, in_order
         backend = resolve_backend(backend)
         if isinstance(backend, ThreadBackend):  # probed with the sampler's keys where it can
-            backend.keys = readable_keys(batch_sampler if batched else self.sampler)
+            backend.keys = readable_keys(
+                batch_sampler if batched else self.sampler, batches=batched
+            )
         # DataLoader's warning is about processes; it gives it here and as each iterator
         # starts its workers (only the first, with persistent workers).
         self._warn_workers = backend.name != "thread"

@@ -147,14 +147,14 @@ def checked_generator_state(text: Any, generator: torch.Generator, name: str) ->
     return state
 
 
-def readable_keys(index_sampler: Any) -> list[Any] | None:
+def readable_keys(index_sampler: Any, batches: bool) -> list[Any] | None:
     """A few keys ``index_sampler`` gives (its first two and its last), read without drawing
     from it, where it holds them in a sequence: a tensor, an array or a list used as the
-    sampler, a ``SubsetRandomSampler``'s indices, a ``BatchSampler``'s sampler's, or a list
-    of batches. None where they cannot be read so (torch's other samplers give ints of
-    ``range(len(dataset))``)."""
+    sampler, a ``SubsetRandomSampler``'s indices, a ``BatchSampler``'s sampler's, or, for a
+    batch sampler (``batches``), a list of batches. None where they cannot be read so
+    (torch's other samplers give ints of ``range(len(dataset))``)."""
     if isinstance(index_sampler, BatchSampler):
-        return readable_keys(index_sampler.sampler)
+        return readable_keys(index_sampler.sampler, batches=False)
     if isinstance(index_sampler, SubsetRandomSampler):
         index_sampler = index_sampler.indices
     if isinstance(index_sampler, torch.Tensor | np.ndarray) and index_sampler.ndim != 1:
@@ -163,10 +163,12 @@ def readable_keys(index_sampler: Any) -> list[Any] | None:
         return None
     size = len(index_sampler)
     keys: list[Any] = [index_sampler[p] for p in sorted({0, 1, size - 1}) if 0 <= p < size]
-    if keys and all(isinstance(k, list | tuple) for k in keys):  # a list of batches
-        batches = [b for b in (keys[0], keys[-1]) if len(b)]
-        return [b[p] for b in batches for p in sorted({0, len(b) - 1})]
-    return keys
+    if not batches:
+        return keys
+    if not all(isinstance(batch, list | tuple) for batch in keys):
+        return None
+    ends = [batch for batch in (keys[:1] + keys[-1:]) if len(batch)]
+    return [batch[p] for batch in ends for p in sorted({0, len(batch) - 1})]
 
 
 def key_of(index: Any) -> int:
