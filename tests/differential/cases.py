@@ -447,12 +447,12 @@ class Settings:
 
     @property
     def draws_past_first_batch(self) -> bool:
-        """Whether the batch sampler's pass draws from torch's generator after its first batch
-        (an empty batch, then a sampler without a generator of its own, which draws as it
-        starts, or as its ``iter()`` is called): without workers DataLoader draws that at its
-        second ``next()``."""
+        """Whether the batch sampler's pass draws after its first batch (an empty batch, then
+        a random sampler, which draws as it starts, or as its ``iter()`` is called): without
+        workers DataLoader draws that at its second ``next()``, from torch's generator or
+        from the sampler's own, which a second iterator's pass draws from too."""
         random = self.sampler in ("random", "random_replacement", "subset", "in_iter")
-        return self.batch_sampler and self.empty_batch and random and self.generator is None
+        return self.batch_sampler and self.empty_batch and random
 
     def dataloader_kwargs(self, dataset: Any, *, skipping: bool = False) -> dict[str, Any]:
         """DataLoader's arguments for this case (samplers and generators made fresh);

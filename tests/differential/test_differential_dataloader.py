@@ -390,6 +390,22 @@ _PEEK_SAMPLER_IN_ITER = Case(
     fail_at=0,
     peek=0,
 )
+# Found by a campaign then: the same where the sampler draws from a generator of its own,
+# which the second iterator's pass draws from too.
+_PEEK_SAMPLER_OWN_GENERATOR = Case(
+    n=2,
+    payload=Payload(leaf=Leaf(kind="python", dtype="int")),
+    settings=Settings(
+        workers="auto",
+        batch_size=None,
+        sampler="random",
+        batch_sampler=True,
+        empty_batch=True,
+        collate="identity",
+        generator=5,
+    ),
+    peek=0,
+)
 
 # Keys that are not ints: a tensor (0-d int32 keys) or a NumPy array (int16 keys) as the
 # sampler. __getitem__ gets each key as the sampler gave it, and the samples hold it.
@@ -424,6 +440,7 @@ _TENSOR_KEY_BATCHES_HELD_ON_THREADS = dataclasses.replace(
 @example(_MIXED_STREAM_SHUFFLED)
 @example(_PEEK)
 @example(_PEEK_SAMPLER_IN_ITER)
+@example(_PEEK_SAMPLER_OWN_GENERATOR)
 @example(_TENSOR_KEYS)
 @example(_NUMPY_KEYS_AUTO)
 @example(_TENSOR_KEYS_HELD_ON_THREADS)
