@@ -407,6 +407,47 @@ _PEEK_SAMPLER_OWN_GENERATOR = Case(
     peek=0,
 )
 
+# Found by a campaign: out of order, batches that fail in four ways, one of them to collate
+# (AttributeError in DataLoader's workers, TypeError in drapps' as without workers). The kinds
+# were matched first fit, and drapps' SampleError[KeyError], a RuntimeError too, took one of
+# the reference's RuntimeErrors.
+_FOUR_KINDS_OUT_OF_ORDER = Case(
+    n=13,
+    payload=Payload(
+        leaf=Leaf(kind="tensor", dtype="uint16", layout="zero_size", shape=(3,)),
+        alternate=Payload(
+            container="tuple",
+            items=(
+                Payload(leaf=Leaf(kind="tensor", dtype="complex64", layout="scalar", shape=(4, 1))),
+                Payload(leaf=Leaf(kind="array", dtype="structured", shape=(4, 1))),
+                Payload(container="dict", items=(Payload(leaf=Leaf(kind="python", dtype="int")),)),
+            ),
+            draw="numpy",
+        ),
+    ),
+    settings=Settings(
+        workers=3,
+        batch_size=3,
+        drop_last=True,
+        shuffle=True,
+        sampler="sequential",
+        batch_sampler=True,
+        empty_batch=True,
+        in_order=False,
+        prefetch_factor=3,
+        threads=True,
+        generator=5,
+        init=True,
+    ),
+    shuffle_stream="random",
+    fail_at=8,
+    getitems=True,
+    pipe=True,
+    held=True,
+    goes_on=True,
+    peek=3,
+)
+
 # Keys that are not ints: a tensor (0-d int32 keys) or a NumPy array (int16 keys) as the
 # sampler. __getitem__ gets each key as the sampler gave it, and the samples hold it.
 _TENSOR_KEYS = Case(
@@ -441,6 +482,7 @@ _TENSOR_KEY_BATCHES_HELD_ON_THREADS = dataclasses.replace(
 @example(_PEEK)
 @example(_PEEK_SAMPLER_IN_ITER)
 @example(_PEEK_SAMPLER_OWN_GENERATOR)
+@example(_FOUR_KINDS_OUT_OF_ORDER)
 @example(_TENSOR_KEYS)
 @example(_NUMPY_KEYS_AUTO)
 @example(_TENSOR_KEYS_HELD_ON_THREADS)
@@ -494,6 +536,21 @@ def test_drapps_gives_dataloaders_batches_under_spawn_and_forkserver(case: Case)
 def test_campaign_against_dataloader(case: Case) -> None:
     note(f"case = {case!r}")
     check_against_dataloader(case)
+
+
+def test_error_kinds_are_matched_as_a_whole() -> None:
+    """drapps' errors are subclasses of the originals and of RuntimeError: the harness pairs
+    them with the reference's as a whole, not each with the first that fits."""
+    from drapps.runtime.errors import failure
+
+    def sample_error(exc: BaseException) -> type[BaseException]:
+        return type(failure(exc, "a sample"))
+
+    got = Outcome(
+        epochs=[[Raised(sample_error(KeyError()), ""), Raised(sample_error(RuntimeError()), "")]]
+    )
+    assert same_kinds(got, Outcome(epochs=[[Raised(RuntimeError, ""), Raised(KeyError, "")]]))
+    assert not same_kinds(got, Outcome(epochs=[[Raised(RuntimeError, ""), Raised(TypeError, "")]]))
 
 
 def test_a_dataloader_that_fails_as_it_starts_is_gone_before_the_next_loader() -> None:
