@@ -70,19 +70,20 @@ EPOCHS = 3
 class Run:
     """A loader with workers and the reference it is held to."""
 
+    # The defaults are the plainest run, which the walks written out below vary.
     n: int
     payload: Payload
     workers: int | str
-    seed: int | None
-    batch_size: int
-    shuffle: bool
+    seed: int | None = None
+    batch_size: int = 1
+    shuffle: bool = False
     # None, "random", one that gives keys again: "replacement", "weighted", or a permutation
     # whose keys are 0-d tensors or NumPy integers: "tensor_keys", "numpy_keys"
-    sampler: str | None
-    dispatch: str
-    cache: bool
-    persistent: bool
-    iterable: bool
+    sampler: str | None = None
+    dispatch: str = "batches"
+    cache: bool = False
+    persistent: bool = False
+    iterable: bool = False
     threads: bool = False
     waits: bool = False  # samples that wait, under workers="auto": made several at a time
     defer: bool = False  # batches filled from made samples (defer_after=0), map-style only
@@ -538,14 +539,9 @@ def test_moves_between_the_loop_and_the_workers_are_held_to_the_reference(
         n=23,
         payload=Payload(leaf=Leaf(kind="tensor"), draw="torch"),
         workers="auto",
-        seed=None,
         batch_size=2,
         shuffle=True,
-        sampler=None,
         dispatch=dispatch,
-        cache=False,
-        persistent=False,
-        iterable=False,
     )
     take, move = LoaderMachine.take_a_batch, LoaderMachine.move_between_the_loop_and_the_workers
     machine = walk(
@@ -578,14 +574,8 @@ def test_a_resumed_epoch_gives_the_samplers_keys_as_it_gave_them(
         n=9,
         payload=Payload(leaf=Leaf(kind="python", dtype="int")),
         workers=workers,
-        seed=None,
         batch_size=2,
-        shuffle=False,
         sampler=sampler,
-        dispatch="batches",
-        cache=False,
-        persistent=False,
-        iterable=False,
         keep=True,
     )
     take = LoaderMachine.take_a_batch
@@ -604,14 +594,7 @@ def test_a_worker_killed_with_tensor_keys_leaves_no_descriptor_open(
         n=4,
         payload=Payload(leaf=Leaf(kind="tensor", dtype="bool", shape=(2, 3))),
         workers=1,
-        seed=None,
-        batch_size=1,
-        shuffle=False,
         sampler="tensor_keys",
-        dispatch="batches",
-        cache=False,
-        persistent=False,
-        iterable=False,
     )
     kill, take = (lambda m: m.kill_a_worker(0)), LoaderMachine.take_a_batch
     for _ in range(3):
@@ -630,14 +613,6 @@ def test_a_pickled_copy_of_a_dataset_that_holds_big_endian_arrays(
         n=5,
         payload=big_endian,
         workers=2,
-        seed=None,
-        batch_size=1,
-        shuffle=False,
-        sampler=None,
-        dispatch="batches",
-        cache=False,
-        persistent=False,
-        iterable=False,
         held=True,
         keep=True,
     )
@@ -675,14 +650,6 @@ def test_a_copy_fails_as_dataloaders_where_the_dataset_cannot_be_copied(
         n=4,
         payload=csr,
         workers=1,
-        seed=None,
-        batch_size=1,
-        shuffle=False,
-        sampler=None,
-        dispatch="batches",
-        cache=False,
-        persistent=False,
-        iterable=False,
         held=True,
         keep=True,
     )
@@ -725,14 +692,9 @@ def test_a_second_iterator_let_go_of_after_the_loops_epoch_ended_is_held_to_the_
         n=9,
         payload=Payload(leaf=Leaf(kind="tensor", dtype="bool", shape=(2, 3))),
         workers="auto",
-        seed=None,
         batch_size=3,
         shuffle=True,
-        sampler=None,
-        dispatch="batches",
-        cache=False,
         persistent=persistent,
-        iterable=False,
     )
     take = LoaderMachine.take_a_batch
     machine = walk(
@@ -759,14 +721,8 @@ def test_a_second_iterator_after_one_let_go_of_untaken_is_held_to_the_reference(
         n=24,
         payload=Payload(leaf=Leaf(kind="tensor", dtype="bool", shape=(2, 3))),
         workers="auto",
-        seed=None,
-        batch_size=1,
         shuffle=True,
-        sampler=None,
-        dispatch="batches",
-        cache=False,
         persistent=True,
-        iterable=False,
     )
     take = LoaderMachine.take_a_batch
     machine = walk(
