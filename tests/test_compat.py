@@ -6,6 +6,7 @@ import collections
 import copy
 import json
 import multiprocessing
+import os
 import pickle
 import random
 import subprocess
@@ -629,6 +630,42 @@ def test_worker_info_and_worker_init_fn(workers: int, tmp_path: Any) -> None:
     assert started == list(range(workers))
     with drapps.Loader(WorkerProbe(), batch_size=2, workers=0) as inline:
         assert {int(i) for b in inline for i in b["id"]} == {-1}  # no worker: None
+
+
+class DiesOnce(Dataset[tuple[int, int, int]]):
+    """Sample ``i`` is ``(i, get_worker_info().id, its num_workers)``; the first worker asked
+    for sample 5 exits instead (once: ``flag`` marks that it has)."""
+
+    def __init__(self, flag: Path) -> None:
+        self.flag = flag
+
+    def __len__(self) -> int:
+        return 24
+
+    def __getitem__(self, i: int) -> tuple[int, int, int]:
+        info = get_worker_info()
+        if i == 5 and not self.flag.exists():
+            self.flag.touch()
+            os._exit(1)
+        return i, info.id, info.num_workers
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_replacement_worker_takes_the_id_of_the_one_that_died(
+    persistent: bool, tmp_path: Path
+) -> None:
+    """DataLoader's ids are below ``num_workers``, and a dataset that keys a resource by id
+    (a file handle, a connection) relies on it. drapps makes a dead worker's batch again in
+    a worker started in its place, which gets its id, in that epoch and, kept, in the next."""
+    flag = tmp_path / "died"
+    with drapps.Loader(
+        DiesOnce(flag), batch_size=None, workers=2, persistent_workers=persistent
+    ) as loader:
+        epochs = [list(loader) for _ in range(2)]
+    assert flag.exists()
+    for samples in epochs:
+        assert sorted(i for i, _, _ in samples) == list(range(24))
+        assert {(w, n) for _, w, n in samples} <= {(0, 2), (1, 2)}
 
 
 class _mark_worker:

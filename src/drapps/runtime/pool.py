@@ -250,10 +250,12 @@ class WorkerPool(ABC):
 
     def next_ids(self) -> tuple[int, int]:
         """(wid, slot) for a new worker: a fresh wid, and the lowest ``get_worker_info().id``
-        not taken by a worker that stays."""
+        not taken by a worker that stays. A broken worker (its pipe gone, the process being
+        killed) does not stay: its replacement takes its id, so ids stay below the pool's
+        size, as DataLoader's do."""
         wid = self._next_wid
         self._next_wid += 1
-        taken = {w.slot for w in self.workers if not w.retiring}
+        taken = {w.slot for w in self.workers if not w.retiring and not w.broken}
         slot = next(i for i in range(len(taken) + 1) if i not in taken)
         return wid, slot
 
@@ -275,20 +277,27 @@ class WorkerPool(ABC):
 
     def keep_size(self, target: int, seed: int) -> None:
         """Hold ``target`` live workers (within :meth:`capacity`): take parked ones back
-        first, then start new ones; park the least loaded of a surplus, and retire those
-        parked for longer than ``PARK_S`` with nothing left to make."""
+        first, then start new ones; park the surplus, and retire those parked for longer than
+        ``PARK_S`` with nothing left to make.
+
+        The live workers' ``get_worker_info().id`` stay below their number, as DataLoader's
+        ids stay below ``num_workers``: a grow takes back the lowest parked ids first and
+        starts the lowest free ones (:meth:`next_ids`), a shrink parks the highest. A parked
+        worker whose id is past the new size stays parked (and retires): after a worker died,
+        its replacement takes the dead one's id instead."""
         live = self.live()
         now = time.monotonic()
         capacity = self.capacity()
         room = target if capacity is None else min(target, capacity)
         missing = room - len(live)
-        for worker in self.parked()[: max(0, missing)]:
+        back = sorted((w for w in self.parked() if w.slot < room), key=lambda w: w.slot)
+        for worker in back[: max(0, missing)]:
             worker.parked_at = None
             missing -= 1
         for _ in range(missing):
             self.spawn(target, seed)
         surplus = len(live) - target
-        for worker in sorted(live, key=lambda w: len(w.assigned))[: max(0, surplus)]:
+        for worker in sorted(live, key=lambda w: -w.slot)[: max(0, surplus)]:
             worker.parked_at = now
         for worker in self.parked():
             if now - (worker.parked_at or now) > PARK_S and not worker.assigned:
