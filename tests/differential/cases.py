@@ -504,7 +504,7 @@ class Settings:
             )
         if self.sampler == "in_iter":
             return PermutedInIter(len(dataset), self._generator())
-        if self.sampler in ("tensor_keys", "numpy_keys"):
+        if self.sampler in TYPED:
             return typed_keys(self.sampler, len(dataset), self.generator or 0)
         return torch.utils.data.SubsetRandomSampler(
             list(range(0, len(dataset), 2)), generator=self._generator()
@@ -621,6 +621,9 @@ SAMPLERS = (
     "numpy_keys",
 )
 """The samplers a case may name (None, the loader's own, is drawn beside them)."""
+
+TYPED = ("tensor_keys", "numpy_keys")
+"""The samplers whose keys are not ints: 0-d tensors, NumPy integers."""
 
 
 def settings(*, contexts: tuple[str | None, ...] = (None,)) -> st.SearchStrategy[Settings]:

@@ -30,7 +30,17 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 import torch
-from cases import DRAWS, Case, Leaf, Payload, Settings, cases, is_skipped, without_draws
+from cases import (
+    DRAWS,
+    TYPED,
+    Case,
+    Leaf,
+    Payload,
+    Settings,
+    cases,
+    is_skipped,
+    without_draws,
+)
 from compare import Outcome, Raised, assert_owned, assert_same, nothing_left, run, same_kinds
 from harness import FAST, campaign
 from hypothesis import assume, example, given, note, settings
@@ -93,6 +103,13 @@ def check_against_dataloader(case: Case) -> None:
         case = dataclasses.replace(case, settings=dataclasses.replace(case.settings, shuffle=False))
     s = reference = case.settings
     epochs = 2
+    if s.threads and case.held and s.batch_sampler and s.empty_batch and s.sampler in TYPED:
+        # Known difference (docs/executors.md; found by a campaign): thread workers look for
+        # global draws in samples made as the loader is built, of the sampler's keys where
+        # it holds them, else of ints of range(len). A batch sampler of the user's that
+        # yields its batches as it goes (an empty one first, here) is not read, so a dataset
+        # that keeps what it made keeps an int key where the sampler gives tensors.
+        case = dataclasses.replace(case, held=False)
     if s.persistent_workers or s.skip or not s.in_order:
         # A second iterator: DataLoader's persistent workers have one iterator, which a new
         # iter() starts over (and drapps' persistent stream workers supersede the older
@@ -482,6 +499,23 @@ _TENSOR_KEY_BATCHES_HELD_ON_THREADS = dataclasses.replace(
     settings=dataclasses.replace(_TENSOR_KEYS_HELD_ON_THREADS.settings, batch_sampler=True),
 )
 
+# Found by a campaign: behind a batch sampler that is not read (an empty batch first), the
+# keys the threads were probed with are ints: a known difference, not held to DataLoader.
+_TENSOR_KEYS_HELD_ON_THREADS_UNREAD = Case(
+    n=1,
+    payload=Payload(leaf=Leaf(kind="tensor", dtype="bool", shape=(2, 3))),
+    settings=Settings(
+        workers="auto",
+        batch_size=None,
+        sampler="tensor_keys",
+        batch_sampler=True,
+        empty_batch=True,
+        in_order=False,
+        threads=True,
+    ),
+    held=True,
+)
+
 
 @FAST
 @given(cases(draws=DRAWS))
@@ -495,6 +529,7 @@ _TENSOR_KEY_BATCHES_HELD_ON_THREADS = dataclasses.replace(
 @example(_NUMPY_KEYS_AUTO)
 @example(_TENSOR_KEYS_HELD_ON_THREADS)
 @example(_TENSOR_KEY_BATCHES_HELD_ON_THREADS)
+@example(_TENSOR_KEYS_HELD_ON_THREADS_UNREAD)
 @example(_MIXED_BATCH_PERSISTENT)
 @example(_STREAM_GOES_ON)
 @example(_STREAM_GOES_ON_IN_PROCESS)
