@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 from control.test_policies import state
+from helpers import wait_until
 
 import drapps
 from drapps.control import Action
@@ -308,6 +309,14 @@ def test_a_run_too_short_for_the_telemetry_says_what_the_loader_counted() -> Non
         "of telemetry: iterate for longer (it is sampled every control_interval, 0.5 s by "
         "default), then ask again.",
     ]
+    stopped = {**stats, "workers": 0, "target_workers": 2, "executor": "threads"}
+    assert "The batches were made by 2 worker threads (num_workers=2, as set)" in (
+        bottleneck_report([], stopped, workers=2)  # the epoch ended, and its workers with it
+    )
+    in_loop = {**stats, "workers": 0, "target_workers": 0, "executor": "the training process"}
+    assert 'made in the training process (workers="auto" chose them)' in (
+        bottleneck_report([], in_loop, workers="auto")
+    )
     made_here = {**stats, "workers": 0, "executor": None, "wait_s": 0.0}
     made_here.update(fetch_s=0.0, transform_s=0.0, collate_s=0.0)  # not timed in the loop
     text = bottleneck_report([], made_here, workers=0)
@@ -324,9 +333,12 @@ def test_a_loader_that_ran_a_moment_reports_what_it_counted(workers: int) -> Non
     """A first try of a loader with the user's own count: a second of loading, a report."""
     with drapps.Loader(list(range(64)), batch_size=8, num_workers=workers) as loader:
         assert len(list(loader)) == 8
+        if workers:  # asked once its workers are gone, as the epoch's end lets them go
+            assert wait_until(lambda: loader.stats().workers == 0, timeout=60)
         text = loader.report()
     assert text.startswith("A short run: 8 batches (64 samples) in ")
-    assert f"(num_workers={workers}, as set)" in text
+    made = f"by {workers} worker processes" if workers else "in the training process"
+    assert f"The batches were made {made} (num_workers={workers}, as set)" in text
 
 
 def test_report_counts_stragglers_and_says_what_the_dispatcher_did() -> None:

@@ -54,6 +54,9 @@ def _short_run(stats: dict[str, Any], workers: int | str | None) -> str:
         f"time for data: {verdict}."
     ]
     count, executor = stats.get("workers", 0), stats.get("executor")
+    if not count and executor is not None:
+        # Workers stop as an epoch without persistent workers ends: the count they ran at.
+        count = stats.get("target_workers", 0)
     if not count or executor is None:
         made = "The batches were made in the training process"
     else:
