@@ -207,6 +207,16 @@ def _python(kind: str, i: int) -> Any:
 # ------------------------------------------------------------------------------ datasets
 
 
+def ids_below_the_count() -> Any:
+    """``get_worker_info()``, held to DataLoader's rule as each sample is made: a worker's id
+    is below its ``num_workers`` (a dataset that keys a handle or a shard by id relies on
+    it). Broken, the sample fails, which its batch shows against the reference."""
+    info = get_worker_info()
+    if info is not None and not 0 <= info.id < info.num_workers:
+        raise AssertionError(f"get_worker_info(): id {info.id}, num_workers {info.num_workers}")
+    return info
+
+
 class Samples:
     """A map-style dataset of ``n`` samples ``(key, payload.make(i))``, ``key`` as the sampler
     gave it (an int, a 0-d tensor, a NumPy integer: its type shows in the batch) and ``i`` its
@@ -233,6 +243,7 @@ class Samples:
 
     def __getitem__(self, key: Any) -> Any:
         i = int(key)
+        ids_below_the_count()
         if self.wait_s:
             time.sleep(self.wait_s)  # a read: the GIL released, no CPU
         if i == self.fail_at:
@@ -274,7 +285,8 @@ class Stream(IterableDataset):  # type: ignore[type-arg]
         self.fail_at, self.goes_on = fail_at, goes_on
 
     def __iter__(self):  # type: ignore[no-untyped-def]
-        info = get_worker_info()
+        # Only a sharded stream reads the id: drapps streams one that does not with one worker.
+        info = ids_below_the_count() if self.sharded else get_worker_info()
         ids = list(range(self.n))
         if info is not None and self.sharded:
             ids = ids[info.id :: info.num_workers]

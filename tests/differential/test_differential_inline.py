@@ -601,6 +601,26 @@ def test_a_worker_killed_with_tensor_keys_leaves_no_descriptor_open(
         walk(case, [kill, take, LoaderMachine.start_the_next_epoch_midway], monkeypatch)
 
 
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_worker_started_in_a_killed_ones_place_takes_its_id(
+    persistent: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by a probe: the worker started in place of a killed one whose pipe had broken
+    but which was not yet reaped took a new id, 2 of ``num_workers`` 2, in that epoch and
+    (kept) the next. Every sample the harness makes checks its id against the count
+    (``ids_below_the_count``), so a campaign finds it too."""
+    case = Run(
+        n=8,
+        payload=Payload(leaf=Leaf(kind="python", dtype="int")),
+        workers=2,
+        persistent=persistent,
+    )
+    kill, take = (lambda m: m.kill_a_worker(1)), LoaderMachine.take_a_batch
+    for _ in range(3):
+        walk(case, [take, kill, *[take] * 12], monkeypatch)
+
+
 def test_a_pickled_copy_of_a_dataset_that_holds_big_endian_arrays(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
