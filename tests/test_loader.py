@@ -122,6 +122,35 @@ def test_a_grow_reuses_workers_parked_by_a_shrink() -> None:
     assert set(stats.worker_pids) == before and stats.workers == 3
 
 
+class _WorkerIds(torch.utils.data.Dataset[torch.Tensor]):
+    """Sample ``i`` is ``[i, get_worker_info().id, its num_workers]``."""
+
+    def __len__(self) -> int:
+        return 96
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        info = torch.utils.data.get_worker_info()
+        return torch.tensor([i, info.id, info.num_workers])
+
+
+@pytest.mark.parametrize("backend", ["process", "thread"])
+def test_across_resizes_the_ids_stay_below_the_count(backend: str) -> None:
+    """DataLoader's ``get_worker_info().id`` is below ``num_workers``, and a dataset that
+    keys a handle by id relies on it: a shrink parks the highest ids, a grow takes back the
+    lowest (it parked the least loaded, so 3 of 4 workers could be ids 1 to 3 of 3)."""
+    sizes = iter([1, 4, 2, 3, 1, 2, 4, 3] * 3)
+    options = {"batch_size": 4, "workers": 3, "persistent_workers": True, "backend": backend}
+    with drapps.Loader(_WorkerIds(), **options) as loader:
+        samples = []
+        for _ in range(2):
+            for k, batch in enumerate(loader):
+                samples += batch.tolist()
+                if k % 3 == 0:
+                    loader.resize(next(sizes))
+    assert sorted(i for i, _, _ in samples) == sorted(list(range(96)) * 2)
+    assert all(0 <= wid < n for _, wid, n in samples), sorted({(w, n) for _, w, n in samples})
+
+
 def _slab_files(pid: int) -> set[int]:
     """Inodes of the slab files ``pid`` holds open."""
     found = set()
