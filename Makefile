@@ -110,10 +110,13 @@ test: lint
 test-integration: $(STAMP) core services
 	$(VENV)/bin/pytest -q -m "(integration or extras) and not slow"
 
-# Tests whose duration is the machine's speed (training runs, bench runs, the soak).
+# Tests whose duration is the machine's speed (training runs, bench runs, the soak, the
+# differential campaigns: the one against DataLoader has DIFF_BUDGET_S seconds, 0: no limit).
 SOAK_S ?= 240
+DIFF_BUDGET_S ?= 300
 test-slow: $(STAMP) services
-	DRAPPS_SOAK_S=$(SOAK_S) $(VENV)/bin/pytest -q -m slow --durations=12
+	DRAPPS_SOAK_S=$(SOAK_S) DRAPPS_DIFF_BUDGET_S=$(DIFF_BUDGET_S) \
+	  $(VENV)/bin/pytest -q -m slow --durations=12
 
 # Every tier, as CI runs it.
 test-all: test test-integration test-slow

@@ -42,7 +42,7 @@ from cases import (
     without_draws,
 )
 from compare import Outcome, Raised, assert_owned, assert_same, nothing_left, run, same_kinds
-from harness import FAST, campaign
+from harness import FAST, Budget, campaign
 from hypothesis import assume, example, given, note, settings
 from torch.utils.data import DataLoader
 
@@ -577,8 +577,14 @@ def test_drapps_gives_dataloaders_batches_under_spawn_and_forkserver(case: Case)
 # several times the cost of a fork, and the fast tier runs both methods on every commit.
 @given(cases(contexts=(None,) * 8 + ("spawn", "forkserver"), draws=DRAWS))
 def test_campaign_against_dataloader(case: Case) -> None:
+    if not _CAMPAIGN.admits():
+        return
     note(f"case = {case!r}")
-    check_against_dataloader(case)
+    with _CAMPAIGN.example():
+        check_against_dataloader(case)
+
+
+_CAMPAIGN = Budget("DataLoader campaign")
 
 
 def test_error_kinds_are_matched_as_a_whole() -> None:
