@@ -9,6 +9,7 @@ import multiprocessing
 import os
 import pickle
 import random
+import re
 import subprocess
 import sys
 import time
@@ -614,6 +615,36 @@ def test_shuffle_is_taken_for_its_truth_as_in_dataloader() -> None:
     torch.manual_seed(0)
     with drapps.Loader(Indexed(8), batch_size=4, shuffle=1, num_workers=0) as loader:
         assert [b.tolist() for b in loader] == expected
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"num_workers": np.int64(2)},
+        {"num_workers": 1, "prefetch_factor": np.int32(3)},
+        {"num_workers": 1, "timeout": np.int64(60)},
+        {"num_workers": 1, "timeout": np.float32(60)},
+        {"num_workers": 1, "persistent_workers": 1},
+        {"num_workers": 0, "pin_memory": np.True_},
+        {"num_workers": 2, "in_order": np.False_},
+    ],
+    ids=repr,
+)
+def test_flags_and_counts_are_read_as_dataloader_reads_them(kwargs: dict[str, Any]) -> None:
+    """DataLoader reads its flags for their truth and its counts and seconds as numbers of
+    any kind, as a config file or an array gives them (drapps refused these)."""
+    expected = sorted(b.tolist() for b in DataLoader(Indexed(8), batch_size=2, **kwargs))
+    with drapps.Loader(Indexed(8), batch_size=2, **kwargs) as loader:
+        assert sorted(b.tolist() for b in loader) == expected
+        for name, value in kwargs.items():
+            assert getattr(loader, name) == value, name
+
+
+def test_a_count_that_is_no_integer_is_named() -> None:
+    for value in (True, 1.5, "2"):
+        with pytest.raises(ValueError, match=f"num_workers must be an int >= 0 or 'auto', got "
+                           f"{re.escape(repr(value))}"):  # fmt: skip
+            drapps.Loader(Indexed(4), num_workers=value)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("workers", [2, 3])

@@ -31,6 +31,7 @@ from drapps.engines.cursor import EpochCursor
 from drapps.engines.source import Source
 from drapps.runtime.config import (
     LoaderConfig,
+    as_dataloaders_number,
     changed_arguments,
     checked_index,
     resolve_workers,
@@ -195,7 +196,14 @@ class Loader(_DataLoaderAttributes):
         shard_by_rank: bool = True,
         source: str | Source | None = None,
     ) -> None:
-        named = {k: v for k, v in locals().items() if k != "self"}  # the arguments as given
+        # DataLoader reads its flags for their truth, and its counts and seconds as numbers of
+        # any kind (a NumPy integer, say); batch_size is torch's samplers', an int.
+        pin_memory, persistent_workers = bool(pin_memory), bool(persistent_workers)
+        in_order = bool(in_order)
+        num_workers, prefetch_factor, timeout = map(
+            as_dataloaders_number, (num_workers, prefetch_factor, timeout)
+        )
+        named = {k: v for k, v in locals().items() if k != "self"}  # the arguments, so read
         if source is not None:  # the producers hold the dataset: learn its length from them
             given = changed_arguments(Loader.__init__, named)
             remote, dataset = open_source(source, given, batch_size, prefetch, timeout, pin_memory)

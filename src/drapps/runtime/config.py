@@ -70,6 +70,20 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def as_dataloaders_number(value: Any) -> Any:
+    """A count or a number of seconds as DataLoader takes it: a NumPy integer (or anything
+    with ``__index__``) as an int, a NumPy float as a float; bools, and what is no number,
+    as given, for the checks to name."""
+    if isinstance(value, bool | np.bool_ | int | float) or value is None:
+        return value
+    if isinstance(value, np.floating):
+        return float(value)
+    try:
+        return operator.index(value)
+    except TypeError:
+        return value
+
+
 def _is_seconds(value: Any) -> bool:
     """A number of seconds > 0 (bools are not numbers here)."""
     return not isinstance(value, bool) and isinstance(value, int | float) and value > 0
@@ -488,7 +502,9 @@ def resolve_workers(num_workers: Any, workers: Any) -> Any:
             f"and workers={workers!r}"
         )
     typed = workers is None and num_workers is not None and num_workers != "auto"
-    if typed and (not _is_int(num_workers) or num_workers < 0):
+    if typed and not _is_int(num_workers):
+        raise ValueError(f"num_workers must be an int >= 0 or 'auto', got {num_workers!r}")
+    if typed and num_workers < 0:
         # DataLoader's words, naming the argument the user typed.
         raise ValueError(
             "num_workers option should be non-negative; use num_workers=0 to disable "
