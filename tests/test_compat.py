@@ -640,6 +640,28 @@ def test_flags_and_counts_are_read_as_dataloader_reads_them(kwargs: dict[str, An
             assert getattr(loader, name) == value, name
 
 
+def test_drapps_own_counts_take_numpy_numbers_too() -> None:
+    kwargs: dict[str, Any] = {
+        "workers": np.int64(1),
+        "max_workers": np.int32(3),
+        "seed": np.uint64(7),
+        "prefetch": np.int64(2),
+        "memory_budget": np.int64(10**8),
+        "control_interval": np.float32(0.25),
+    }
+    with drapps.Loader(Indexed(8), batch_size=2, **kwargs) as loader:
+        it = iter(loader)
+        got = [next(it).tolist()]
+        loader.resize(np.int64(2))
+        got += [b.tolist() for b in it]
+        assert loader.num_workers == 2
+        config = loader.config
+        assert (config.workers, config.seed, config.prefetch) == (1, 7, 2)
+        assert type(config.seed) is int and type(config.control_interval) is float
+    with drapps.Loader(Indexed(8), batch_size=2, seed=7, workers=0) as expected:
+        assert got == [b.tolist() for b in expected]
+
+
 def test_a_count_that_is_no_integer_is_named() -> None:
     for value in (True, 1.5, "2"):
         with pytest.raises(ValueError, match=f"num_workers must be an int >= 0 or 'auto', got "

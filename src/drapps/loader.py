@@ -31,9 +31,9 @@ from drapps.engines.cursor import EpochCursor
 from drapps.engines.source import Source
 from drapps.runtime.config import (
     LoaderConfig,
-    as_dataloaders_number,
     changed_arguments,
     checked_index,
+    python_number,
     resolve_workers,
     warn_excessive_workers,
 )
@@ -196,13 +196,10 @@ class Loader(_DataLoaderAttributes):
         shard_by_rank: bool = True,
         source: str | Source | None = None,
     ) -> None:
-        # DataLoader reads its flags for their truth, and its counts and seconds as numbers of
-        # any kind (a NumPy integer, say); batch_size is torch's samplers', an int.
+        # DataLoader reads its flags for their truth (and counts as numbers of any kind, as
+        # LoaderConfig does; batch_size is torch's samplers', an int).
         pin_memory, persistent_workers = bool(pin_memory), bool(persistent_workers)
         in_order = bool(in_order)
-        num_workers, prefetch_factor, timeout = map(
-            as_dataloaders_number, (num_workers, prefetch_factor, timeout)
-        )
         named = {k: v for k, v in locals().items() if k != "self"}  # the arguments, so read
         if source is not None:  # the producers hold the dataset: learn its length from them
             given = changed_arguments(Loader.__init__, named)
@@ -336,7 +333,7 @@ class Loader(_DataLoaderAttributes):
             ValueError: ``workers`` is not in [1, max_workers], or this loader has no pool
                 (it was made with ``workers=0``).
         """
-        limit = self.config.resolved_max_workers
+        limit, workers = self.config.resolved_max_workers, python_number(workers)
         if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= limit:
             raise ValueError(f"workers must be an int in [1, {limit}], got {workers!r}")
         self._parts.engine.keep_workers()

@@ -31,6 +31,7 @@ def usable_cores() -> int:
 
 def parse_bytes(value: int | str, name: str = "memory_budget") -> int:
     """``4096``, ``"512MB"``, ``"2GiB"``, ``"1.5G"`` -> bytes."""
+    value = python_number(value)
     if isinstance(value, bool) or not isinstance(value, int | str):
         raise ValueError(
             f"{name} must be 'auto', a byte count or a size like '2GiB', got {value!r}"
@@ -70,11 +71,11 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def as_dataloaders_number(value: Any) -> Any:
-    """A count or a number of seconds as DataLoader takes it: a NumPy integer (or anything
-    with ``__index__``) as an int, a NumPy float as a float; bools, and what is no number,
-    as given, for the checks to name."""
-    if isinstance(value, bool | np.bool_ | int | float) or value is None:
+def python_number(value: Any) -> Any:
+    """A NumPy number (or anything else with ``__index__``) as a Python int or float, as
+    DataLoader takes counts and seconds from a config or an array; bools, and what is no
+    number, as given, for the checks to name."""
+    if isinstance(value, bool | np.bool_ | int | float | str) or value is None:
         return value
     if isinstance(value, np.floating):
         return float(value)
@@ -244,6 +245,8 @@ class LoaderConfig:
     (as ``DistributedSampler`` would) instead of the whole dataset."""
 
     def __post_init__(self) -> None:
+        for field in fields(self):  # counts and seconds taken as Python numbers
+            object.__setattr__(self, field.name, python_number(getattr(self, field.name)))
         if self.batch_size is not None and (not _is_int(self.batch_size) or self.batch_size < 1):
             raise ValueError(f"batch_size must be an int >= 1 or None, got {self.batch_size!r}")
         for name in ("shuffle", "drop_last"):
@@ -496,6 +499,7 @@ AUTO_MAX_WORKERS = 8
 
 def resolve_workers(num_workers: Any, workers: Any) -> Any:
     """One worker setting from DataLoader's ``num_workers`` and drapps' ``workers``."""
+    num_workers, workers = python_number(num_workers), python_number(workers)
     if num_workers is not None and workers is not None and num_workers != workers:
         raise ValueError(
             f"num_workers and workers name the same setting; got num_workers={num_workers!r} "
