@@ -18,7 +18,14 @@ import torch
 from torch.utils.data import DataLoader, RandomSampler, Sampler, WeightedRandomSampler
 
 import drapps
-from drapps.runtime.plan import SampledPlan, _count_drawn, repeats_in
+from drapps.runtime.plan import (
+    RepeatTable,
+    SampledPlan,
+    _count_drawn,
+    _counted,
+    repeat_table,
+    repeats_in,
+)
 from drapps.runtime.seeding import sample_seed_for
 
 
@@ -188,6 +195,21 @@ def test_a_checkpoints_repeats_are_checked_as_it_loads() -> None:
         for bad in bad_ones:
             with pytest.raises(ValueError, match="state repeats"):
                 loader.load_state_dict({**state, "repeats": bad})
+
+
+def test_a_plans_repeats_are_made_per_batch_as_they_are_asked_for() -> None:
+    """An epoch's repeats are one array, each batch's tuple made when asked: the same as
+    counted key by key, batch sizes 0 to 5 and ids past a resume included."""
+    rng = np.random.default_rng(0)
+    batches = tuple(rng.integers(0, 30, rng.integers(0, 6)).tolist() for _ in range(200))
+    table = repeat_table(batches)
+    assert isinstance(table, RepeatTable) and len(table) == 200
+    assert tuple(table) == _counted(batches)
+    assert table[-1] == table[199] and list(table[10:13]) == [table[10], table[11], table[12]]
+    with pytest.raises(IndexError):
+        table[200]
+    plan = SampledPlan(batches, 0, 0, first=5)
+    assert [plan.repeats_of(b) for b in range(5, 205)] == list(_counted(batches) or ())
 
 
 def test_repeats_are_counted_over_the_epoch_in_order() -> None:

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
@@ -127,13 +127,43 @@ class SampledPlan:
         return None if repeats is None else repeats[batch_id - self.first]
 
     @cached_property
-    def _repeats(self) -> tuple[Repeats, ...] | None:
+    def _repeats(self) -> Sequence[Repeats] | None:
         if self.saved_repeats is not None:
             return self.saved_repeats
-        return repeats_in(self.batches)
+        return repeat_table(self.batches)
 
 
-def repeats_in(batches: Sequence[list[Any]]) -> tuple[Repeats, ...] | None:
+class RepeatTable(Sequence[Repeats]):
+    """Each batch's :data:`Repeats`, held as one array of every place's count and the places
+    where batches start: a batch's tuple is made when it is asked for. (Made for every batch
+    as the epoch started, they held back its first batch by seconds, and hundreds of MB, for
+    a sampler of millions of samples.)"""
+
+    def __init__(self, counts: np.ndarray, starts: np.ndarray) -> None:
+        self._counts = counts
+        self._starts = starts
+        """Batch ``b``'s counts are ``counts[starts[b]:starts[b + 1]]``."""
+
+    def __len__(self) -> int:
+        return len(self._starts) - 1
+
+    @overload
+    def __getitem__(self, batch: int) -> Repeats: ...
+
+    @overload
+    def __getitem__(self, batch: slice) -> Sequence[Repeats]: ...
+
+    def __getitem__(self, batch: int | slice) -> Repeats | Sequence[Repeats]:
+        if isinstance(batch, slice):
+            return [self[b] for b in range(*batch.indices(len(self)))]
+        if not -len(self) <= batch < len(self):
+            raise IndexError(f"batch {batch} of {len(self)}")
+        batch %= len(self)
+        counts = self._counts[self._starts[batch] : self._starts[batch + 1]]
+        return tuple(counts.tolist()) if counts.any() else None
+
+
+def repeat_table(batches: Sequence[list[Any]]) -> Sequence[Repeats] | None:
     """Each batch's :data:`Repeats`, counted over ``batches`` in order (a key twice in one
     batch: its second place is a repeat); None where no key comes twice."""
     sizes = [len(batch) for batch in batches]
@@ -144,11 +174,18 @@ def repeats_in(batches: Sequence[list[Any]]) -> tuple[Repeats, ...] | None:
         )
     except (TypeError, OverflowError):  # keys that are not int64: count them one by one
         return _counted(batches)
-    repeat = _earlier(keys)
-    if not repeat.any():
+    counts = _earlier(keys)
+    if not counts.any():
         return None
-    cuts = np.cumsum(sizes)[:-1]
-    return tuple(tuple(r.tolist()) if r.any() else None for r in np.split(repeat, cuts))
+    starts = np.zeros(len(sizes) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=starts[1:])
+    return RepeatTable(counts.astype(np.int32) if total < 2**31 else counts, starts)
+
+
+def repeats_in(batches: Sequence[list[Any]]) -> tuple[Repeats, ...] | None:
+    """:func:`repeat_table`'s repeats, as a tuple."""
+    table = repeat_table(batches)
+    return None if table is None else tuple(table)
 
 
 def _earlier(keys: np.ndarray) -> np.ndarray:
