@@ -292,16 +292,18 @@ def draw_up_to(
     ``distinct``: end also before a batch that holds a key already drawn (an endless
     sampler's first pass, where it has no ``len()``).
     """
-    drawn: list[list[Any]] = []
+    if not distinct:
+        drawn = list(itertools.islice(batches, limit))
+        return drawn, (next(batches, None) if len(drawn) == limit else None)
+    drawn = []
     seen: set[int] = set()
     for batch in batches:
         if len(drawn) == limit:
             return drawn, batch
-        if distinct:
-            keys = {key_of(key) for key in batch}
-            if drawn and not seen.isdisjoint(keys):
-                return drawn, batch
-            seen |= keys
+        keys = {key_of(key) for key in batch}
+        if drawn and not seen.isdisjoint(keys):
+            return drawn, batch
+        seen |= keys
         drawn.append(batch)
     return drawn, None
 
