@@ -501,19 +501,9 @@ _TENSOR_KEY_BATCHES_HELD_ON_THREADS = dataclasses.replace(
 
 # Found by a campaign: behind a batch sampler that is not read (an empty batch first), the
 # keys the threads were probed with are ints: a known difference, not held to DataLoader.
-_TENSOR_KEYS_HELD_ON_THREADS_UNREAD = Case(
-    n=1,
-    payload=Payload(leaf=Leaf(kind="tensor", dtype="bool", shape=(2, 3))),
-    settings=Settings(
-        workers="auto",
-        batch_size=None,
-        sampler="tensor_keys",
-        batch_sampler=True,
-        empty_batch=True,
-        in_order=False,
-        threads=True,
-    ),
-    held=True,
+_TENSOR_KEYS_HELD_ON_THREADS_UNREAD = dataclasses.replace(
+    _TENSOR_KEY_BATCHES_HELD_ON_THREADS,
+    settings=dataclasses.replace(_TENSOR_KEY_BATCHES_HELD_ON_THREADS.settings, empty_batch=True),
 )
 
 
