@@ -258,11 +258,13 @@ class LoaderConfig:
             value = getattr(self, name)
             if value is not None and not callable(value):
                 raise ValueError(f"{name} must be callable or None, got {value!r}")
-        if self.split is not None and not (isinstance(self.split, str) and self.split == "auto"):
-            integer = isinstance(self.split, (int, np.integer))
-            if isinstance(self.split, (bool, np.bool_)) or not integer or self.split < 0:
-                raise ValueError(f"split must be None, 'auto' or an int >= 0, got {self.split!r}")
-            object.__setattr__(self, "split", int(self.split))
+        split = self.split
+        if (
+            split is not None
+            and not (isinstance(split, str) and split == "auto")
+            and (isinstance(split, bool | np.bool_) or not isinstance(split, int) or split < 0)
+        ):
+            raise ValueError(f"split must be None, 'auto' or an int >= 0, got {self.split!r}")
         if self.offload is not None and not (
             isinstance(self.offload, str) and self.offload == "auto"
         ):
