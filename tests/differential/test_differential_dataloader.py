@@ -560,6 +560,9 @@ def test_drapps_gives_dataloaders_batches_under_spawn_and_forkserver(case: Case)
     check_against_dataloader(case)
 
 
+_CAMPAIGN = Budget("DataLoader campaign")
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
 @campaign(300)
@@ -572,9 +575,6 @@ def test_campaign_against_dataloader(case: Case) -> None:
     note(f"case = {case!r}")
     with _CAMPAIGN.example():
         check_against_dataloader(case)
-
-
-_CAMPAIGN = Budget("DataLoader campaign")
 
 
 def test_error_kinds_are_matched_as_a_whole() -> None:
