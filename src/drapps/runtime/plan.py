@@ -135,9 +135,9 @@ class SampledPlan:
 
 class RepeatTable(Sequence[Repeats]):
     """Each batch's :data:`Repeats`, held as one array of every place's count and the places
-    where batches start: a batch's tuple is made when it is asked for. (Made for every batch
-    as the epoch started, they held back its first batch by seconds, and hundreds of MB, for
-    a sampler of millions of samples.)"""
+    where batches start: a batch's tuple is made when it is asked for. (A tuple for every
+    batch, made as the epoch starts, would hold back its first batch by seconds, and take
+    hundreds of MB, for a sampler of millions of samples.)"""
 
     def __init__(self, counts: np.ndarray, starts: np.ndarray) -> None:
         self._counts = counts
