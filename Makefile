@@ -111,7 +111,7 @@ test-integration: $(STAMP) core services
 	$(VENV)/bin/pytest -q -m "(integration or extras) and not slow"
 
 # Tests whose duration is the machine's speed (training runs, bench runs, the soak, the
-# differential campaigns: the one against DataLoader has DIFF_BUDGET_S seconds, 0: no limit).
+# differential campaigns, which have DIFF_BUDGET_S seconds each, 0: no limit).
 SOAK_S ?= 240
 DIFF_BUDGET_S ?= 300
 test-slow: $(STAMP) services

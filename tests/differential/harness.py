@@ -6,10 +6,12 @@ campaigns in the slow tier, which explore from the seed ``tests/conftest.py`` pr
 from __future__ import annotations
 
 import os
+import random
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+import hypothesis.core
 from hypothesis import HealthCheck, settings
 from hypothesis.control import current_build_context
 from hypothesis.errors import StopTest, UnsatisfiedAssumption
@@ -46,9 +48,10 @@ class Budget:
     replays whatever it ran. Once an example has failed every example runs, so the failure is
     shrunk and replayed whole.
 
-    For a test whose examples draw all they need before they run (``@given``'s arguments): one
-    that stopped drawing early would change what hypothesis recorded of the sequence, and a
-    state machine draws its steps as it runs."""
+    ``admits`` is for a test whose examples draw all they need before they run (``@given``'s
+    arguments): one that stopped drawing early would change what hypothesis recorded of the
+    sequence. A state machine draws its steps as it runs: ``in_chunks`` bounds it by whole
+    runs instead."""
 
     def __init__(
         self, name: str, seconds: float | None = None, clock: Callable[[], float] = time.monotonic
@@ -63,13 +66,16 @@ class Budget:
         self.failed = False
         BUDGETS.append(self)
 
-    def admits(self) -> bool:
-        """Whether the example starting now runs (False: the test returns at once)."""
+    def spent(self) -> bool:
+        """Whether the time is spent (the first call starts it)."""
         now = self.clock()
         if self.started is None:
             self.started = now
-        spent = self.seconds > 0 and now - self.started > self.seconds
-        if spent and not self.failed and not current_build_context().is_final:
+        return self.seconds > 0 and now - self.started > self.seconds
+
+    def admits(self) -> bool:
+        """Whether the example starting now runs (False: the test returns at once)."""
+        if self.spent() and not self.failed and not current_build_context().is_final:
             self.let_go += 1
             return False
         self.ran += 1
@@ -92,8 +98,42 @@ class Budget:
         took = 0.0 if self.started is None else self.ended - self.started
         line = f"{self.name}: {self.ran} examples in {took:.0f} s"
         if self.let_go:
-            line += f"; {self.let_go} more drawn, unrun past the budget of {self.seconds:.0f} s"
+            line += f"; {self.let_go} more not run, past the budget of {self.seconds:.0f} s"
         return line
+
+
+def in_chunks(
+    budget: Budget,
+    examples: int,
+    chunk: int,
+    run: Callable[[int, int], None],
+    seed: int | None = None,
+) -> None:
+    """A campaign of ``examples`` examples (``DRAPPS_DIFF_EXAMPLES`` overrides) as whole
+    hypothesis runs of ``chunk`` examples each: ``run(seed, examples)`` runs one, its seed drawn
+    from the campaign's (``seed``, else the one ``tests/conftest.py`` set) and its place in the
+    campaign. None starts once ``budget`` is spent, so a slow machine runs fewer of the same
+    seed's runs. Each run starts again from simple examples."""
+    examples = int(os.environ.get("DRAPPS_DIFF_EXAMPLES", examples))
+    base = hypothesis.core.global_force_seed if seed is None else seed
+    sizes = [min(chunk, examples - start) for start in range(0, examples, chunk)]
+    for place, size in enumerate(sizes):
+        if budget.spent():
+            budget.let_go = sum(sizes[place:])
+            return
+        budget.ran += size
+        seeded = random.Random(f"{base}/{place}").getrandbits(64)
+        with budget.example():
+            try:
+                run(seeded, size)
+            except BaseException as failure:
+                if not isinstance(failure, NOT_FAILURES):
+                    failure.add_note(
+                        f"{budget.name}: in its run {place + 1} of {len(sizes)} (seed {seeded},"
+                        f" from the campaign's {base}), which the campaign's seed replays"
+                        " without a budget"
+                    )
+                raise
 
 
 NOT_FAILURES = (UnsatisfiedAssumption, StopTest)

@@ -4,11 +4,13 @@ is still shrunk and replayed whole."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import ClassVar
 
 import pytest
-from harness import BUDGETS, Budget, campaign
-from hypothesis import given, settings
+from harness import BUDGETS, Budget, campaign, in_chunks
+from hypothesis import given, seed, settings
 from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, rule, run_state_machine_as_test
 
 
 class Clock:
@@ -42,7 +44,7 @@ def test_examples_past_the_budget_pass_unrun(clock: Clock) -> None:
     probe()
     assert len(ran) == 6, ran  # started at 0, 1, ..., 5 s; the one at 6 s is past the budget
     assert (budget.ran, budget.let_go) == (6, 34)
-    assert "6 examples in 6 s; 34 more drawn, unrun past the budget of 5 s" in budget.summary()
+    assert "6 examples in 6 s; 34 more not run, past the budget of 5 s" in budget.summary()
 
 
 def test_no_budget_runs_the_whole_length(clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -77,3 +79,59 @@ def test_a_failure_is_shrunk_though_the_budget_is_spent(clock: Clock) -> None:
     assert budget.failed
     # Shrunk to its least value: every shrink and the final replay ran past the budget.
     assert "probe(\n    x=101,\n)" in "\n".join(getattr(raised.value, "__notes__", [])), raised
+
+
+def test_a_campaign_in_runs_starts_none_past_the_budget(clock: Clock) -> None:
+    budget, runs = Budget("probe", seconds=5, clock=clock), []
+
+    def run(seeded: int, examples: int) -> None:
+        runs.append((seeded, examples))
+        clock.now += 2
+
+    in_chunks(budget, 23, 5, run, seed=7)
+    # Started at 0, 2, 4 and 6 s: the one at 6 s is past the budget, as are the fifth's 5 examples.
+    assert [examples for _, examples in runs] == [5, 5, 5]
+    assert len({seeded for seeded, _ in runs}) == 3
+    assert (budget.ran, budget.let_go) == (15, 8)
+    assert "probe: 15 examples in 6 s; 8 more not run, past the budget of 5 s" in budget.summary()
+
+    again: list[tuple[int, int]] = []
+    in_chunks(Budget("probe", seconds=0, clock=clock), 23, 5, lambda *a: again.append(a), seed=7)
+    assert again[:3] == runs and [examples for _, examples in again] == [5, 5, 5, 5, 3]
+
+
+class Draws(RuleBasedStateMachine):
+    drawn: ClassVar[list[int]] = []
+
+    @rule(x=st.integers(0, 2**32))
+    def draw(self, x: int) -> None:
+        self.drawn.append(x)
+
+
+def test_each_run_of_a_state_machine_draws_from_its_own_seed(clock: Clock) -> None:
+    def run(seeded: int, examples: int) -> None:
+        Draws.drawn = []
+        machine = seed(seeded)(lambda: Draws())
+        run_state_machine_as_test(machine, settings=settings(campaign(examples), max_examples=2))
+        runs.append(Draws.drawn)
+
+    campaigns: list[list[list[int]]] = []
+    for _ in range(2):
+        campaigns.append(runs := [])
+        in_chunks(Budget("probe", seconds=0, clock=clock), 4, 2, run, seed=11)
+    first, second = campaigns[0]
+    assert campaigns[0] == campaigns[1]  # the campaign's seed replays it
+    assert first != second  # and its two runs drew apart
+
+
+def test_a_failure_names_its_run_and_seed(clock: Clock) -> None:
+    def run(seeded: int, examples: int) -> None:
+        assert seeded != seeds[1]
+
+    seeds: list[int] = []
+    in_chunks(Budget("probe", clock=clock), 6, 2, lambda s, _: seeds.append(s), seed=3)
+    with pytest.raises(AssertionError) as raised:
+        in_chunks(Budget("probe", clock=clock), 6, 2, run, seed=3)
+    assert f"probe: in its run 2 of 3 (seed {seeds[1]}, from the campaign's 3)" in "\n".join(
+        raised.value.__notes__
+    )

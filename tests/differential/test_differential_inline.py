@@ -49,8 +49,8 @@ from cases import (
     without_draws,
 )
 from compare import Outcome, assert_equal, assert_owned, batch_indices, nothing_left, run
-from harness import FAST, FAST_EXAMPLES, campaign
-from hypothesis import assume, note, settings
+from harness import FAST, FAST_EXAMPLES, Budget, campaign, in_chunks
+from hypothesis import assume, note, seed, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -695,7 +695,15 @@ def test_a_loader_through_events_is_held_to_its_inline_reference() -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(7200)
 def test_campaign_of_events() -> None:
-    run_state_machine_as_test(LoaderMachine, settings=campaign(75, stateful_step_count=30))
+    budget = Budget("Campaign of events")
+
+    def run_some(seeded: int, examples: int) -> None:
+        machine = seed(seeded)(lambda: LoaderMachine())
+        # max_examples: the run's own length, not DRAPPS_DIFF_EXAMPLES (the campaign's)
+        every = settings(campaign(examples, stateful_step_count=30), max_examples=examples)
+        run_state_machine_as_test(machine, settings=every)
+
+    in_chunks(budget, 75, 15, run_some)
 
 
 @pytest.mark.timeout(600)
