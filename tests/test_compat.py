@@ -669,6 +669,46 @@ def test_a_count_that_is_no_integer_is_named() -> None:
             drapps.Loader(Indexed(4), num_workers=value)  # type: ignore[arg-type]
 
 
+def _first_error(make: Callable[..., Any], dataset: Any, kwargs: dict[str, Any]) -> Exception:
+    try:
+        loader = make(dataset, **kwargs)
+        next(iter(loader))
+    except Exception as error:
+        return error
+    raise AssertionError(f"{make.__name__}{kwargs} took it")
+
+
+@pytest.mark.parametrize(
+    ("dataset", "kwargs"),
+    [
+        (None, {}),
+        (5, {}),
+        (Indexed(4), {"collate_fn": 5}),
+        (Indexed(4), {"sampler": 5}),
+        (Indexed(4), {"batch_sampler": 5}),
+        (Indexed(4), {"shuffle": True, "generator": 1}),
+        (Indexed(4), {"num_workers": "2"}),
+        (Indexed(4), {"num_workers": 1.5}),
+        (Indexed(4), {"num_workers": 1, "timeout": "1"}),
+        (Indexed(4), {"num_workers": 1, "multiprocessing_context": 5}),
+        (Indexed(4), {"batch_size": "2"}),
+        (Indexed(4), {"num_workers": -1}),
+        (Indexed(4), {"shuffle": True, "sampler": [0, 1]}),
+    ],
+    ids=repr,
+)
+def test_a_wrong_argument_raises_what_dataloader_raises_and_a_value_error(
+    dataset: Any, kwargs: dict[str, Any]
+) -> None:
+    """DataLoader raises a TypeError for an argument of a wrong type (some only at the first
+    batch), and a ValueError for a wrong value; drapps refuses both as the loader is made, with
+    an error that is both, so code written for either catches it."""
+    expected = type(_first_error(DataLoader, dataset, kwargs))
+    with pytest.raises(drapps.ArgumentError) as raised:
+        drapps.Loader(dataset, **kwargs)
+    assert isinstance(raised.value, expected) and isinstance(raised.value, ValueError)
+
+
 @pytest.mark.parametrize("workers", [2, 3])
 def test_worker_info_and_worker_init_fn(workers: int, tmp_path: Any) -> None:
     with drapps.Loader(

@@ -13,6 +13,7 @@ from drapps.engines.backends import RayBackend
 from drapps.engines.source import Source
 from drapps.loader import Loader
 from drapps.runtime import (
+    ArgumentError,
     LoaderConfig,
     SampleError,
     SharedMemoryFullError,
@@ -23,6 +24,7 @@ from drapps.runtime import (
 from drapps.runtime.stats import LoaderStats
 
 __all__ = [
+    "ArgumentError",
     "Cache",
     "Loader",
     "LoaderConfig",

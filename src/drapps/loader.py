@@ -37,6 +37,7 @@ from drapps.runtime.config import (
     resolve_workers,
     warn_excessive_workers,
 )
+from drapps.runtime.errors import ArgumentError
 from drapps.runtime.sampling import (
     check_dataset,
     check_sampling,
@@ -148,7 +149,8 @@ class Loader(_DataLoaderAttributes):
             local loader with the same seed gives. See ``docs/scale-out.md``.
 
     Raises:
-        ValueError: for any invalid argument, naming it and what it received.
+        ArgumentError: for any invalid argument, naming it and what it received; both a
+            ``ValueError`` and a ``TypeError``, as DataLoader raises one or the other.
     """
 
     def __init__(
@@ -203,9 +205,10 @@ class Loader(_DataLoaderAttributes):
         named = {k: v for k, v in locals().items() if k != "self"}  # the arguments, so read
         if source is not None:  # the producers hold the dataset: learn its length from them
             given = changed_arguments(Loader.__init__, named)
-            remote, dataset = open_source(source, given, batch_size, prefetch, timeout, pin_memory)
+            counts = python_number(prefetch), python_number(timeout)
+            remote, dataset = open_source(source, given, batch_size, *counts, pin_memory)
         elif dataset is None:
-            raise ValueError(
+            raise ArgumentError(
                 "dataset is required (or source='redis://host:port/db?queue=NAME' to read the "
                 "batches `drapps serve` makes)"
             )
@@ -213,7 +216,7 @@ class Loader(_DataLoaderAttributes):
         check_sampling(dataset, batch_size, shuffle, sampler, batch_sampler, drop_last)
         set_pipe_shuffles(dataset, shuffle)
         if generator is not None and not isinstance(generator, torch.Generator):
-            raise ValueError(f"generator must be a torch.Generator or None, got {generator!r}")
+            raise ArgumentError(f"generator must be a torch.Generator or None, got {generator!r}")
         config = LoaderConfig.of(
             named,
             batch_size=batch_size if batch_sampler is None else None,
@@ -223,7 +226,7 @@ class Loader(_DataLoaderAttributes):
             trace=None if trace is None else os.fspath(trace),
         )
         if source is None and config.workers == 0 and timeout not in (0, None):
-            raise ValueError(
+            raise ArgumentError(
                 "timeout needs num_workers > 0: with num_workers=0 each batch is made inside "
                 "the training loop's own next(), which no timeout can interrupt (DataLoader "
                 f"refuses it too); got timeout={timeout!r}"
@@ -335,7 +338,7 @@ class Loader(_DataLoaderAttributes):
         """
         limit, workers = self.config.resolved_max_workers, python_number(workers)
         if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= limit:
-            raise ValueError(f"workers must be an int in [1, {limit}], got {workers!r}")
+            raise ArgumentError(f"workers must be an int in [1, {limit}], got {workers!r}")
         self._parts.engine.keep_workers()
         self._parts.engine.resize(workers)
 

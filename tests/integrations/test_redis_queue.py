@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from _queue_data import Photos
@@ -245,6 +246,12 @@ def test_source_arguments_are_checked() -> None:
         drapps.Loader(source="redis://127.0.0.1:1/0", batch_size=8, transform=abs)
     with pytest.raises(ValueError, match="dataset is required"):
         drapps.Loader(batch_size=8)
+    nowhere = "redis://127.0.0.1:1/0?queue=q"
+    with pytest.raises(drapps.ArgumentError, match="prefetch must be an int >= 1 or 'auto', got 0"):
+        drapps.Loader(source=nowhere, batch_size=8, prefetch=0)
+    # Counts of NumPy's are numbers there too: these pass the checks and reach the connection.
+    with pytest.raises(ConnectionError, match="cannot reach the Redis of queue 'q'"):
+        drapps.Loader(source=nowhere, batch_size=8, prefetch=np.int64(4), timeout=np.float32(1))
     assert QueueAddress.parse("redis://h:1/2?queue=abc") == QueueAddress("redis://h:1/2", "abc")
 
 

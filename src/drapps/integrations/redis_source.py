@@ -18,6 +18,7 @@ from drapps.engines.base import Engine, EngineBatch, EpochJob
 from drapps.engines.source import Source
 from drapps.integrations.redis_queue import QueueAddress, QueueReader, iterate
 from drapps.runtime.config import parse_bytes
+from drapps.runtime.errors import ArgumentError
 from drapps.runtime.stats import PipelineSnapshot
 
 _DATASET_SIDE = (
@@ -76,16 +77,18 @@ class RedisSource(Engine):
     ) -> None:
         for name in _DATASET_SIDE:
             if name in changed:
-                raise ValueError(
+                raise ArgumentError(
                     f"{name}: with source=... the producers make the batches; give the "
                     f"dataset side to `drapps serve` instead"
                 )
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-            raise ValueError(f"batch_size must be an int >= 1 with source=..., got {batch_size!r}")
+            raise ArgumentError(
+                f"batch_size must be an int >= 1 with source=..., got {batch_size!r}"
+            )
         if prefetch != "auto" and (not isinstance(prefetch, int) or prefetch < 1):
-            raise ValueError(f"prefetch must be an int >= 1 or 'auto', got {prefetch!r}")
+            raise ArgumentError(f"prefetch must be an int >= 1 or 'auto', got {prefetch!r}")
         if timeout is not None and (not isinstance(timeout, (int, float)) or timeout < 0):
-            raise ValueError(f"timeout must be >= 0 seconds or None, got {timeout!r}")
+            raise ArgumentError(f"timeout must be >= 0 seconds or None, got {timeout!r}")
         self.address = QueueAddress.parse(source.url)
         self._prefetch = 8 if prefetch == "auto" else int(prefetch)
         self._finish = finish

@@ -15,7 +15,7 @@ from typing import Any, Literal
 import numpy as np
 import psutil
 
-from drapps.runtime.errors import warn_user
+from drapps.runtime.errors import ArgumentError, warn_user
 from drapps.runtime.slabs import slab_space
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)\s*$", re.IGNORECASE)
@@ -33,7 +33,7 @@ def parse_bytes(value: int | str, name: str = "memory_budget") -> int:
     """``4096``, ``"512MB"``, ``"2GiB"``, ``"1.5G"`` -> bytes."""
     value = python_number(value)
     if isinstance(value, bool) or not isinstance(value, int | str):
-        raise ValueError(
+        raise ArgumentError(
             f"{name} must be 'auto', a byte count or a size like '2GiB', got {value!r}"
         )
     if isinstance(value, int):
@@ -41,7 +41,7 @@ def parse_bytes(value: int | str, name: str = "memory_budget") -> int:
     else:
         match = _SIZE.match(value)
         if match is None:
-            raise ValueError(
+            raise ArgumentError(
                 f"{name} must be 'auto', a byte count or a size like '512MB' or '2GiB', "
                 f"got {value!r}"
             )
@@ -51,7 +51,7 @@ def parse_bytes(value: int | str, name: str = "memory_budget") -> int:
         power = "BKMGT".index(unit[0]) if unit and unit[0] != "B" else 0
         number = int(float(amount) * base**power)
     if number <= 0:
-        raise ValueError(f"{name} must be > 0 bytes, got {value!r}")
+        raise ArgumentError(f"{name} must be > 0 bytes, got {value!r}")
     return number
 
 
@@ -248,80 +248,82 @@ class LoaderConfig:
         for field in fields(self):  # counts and seconds taken as Python numbers
             object.__setattr__(self, field.name, python_number(getattr(self, field.name)))
         if self.batch_size is not None and (not _is_int(self.batch_size) or self.batch_size < 1):
-            raise ValueError(f"batch_size must be an int >= 1 or None, got {self.batch_size!r}")
+            raise ArgumentError(f"batch_size must be an int >= 1 or None, got {self.batch_size!r}")
         for name in ("shuffle", "drop_last"):
             if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+                raise ArgumentError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < 2**64):
-            raise ValueError(f"seed must be an int in [0, 2**64) or None, got {self.seed!r}")
+            raise ArgumentError(f"seed must be an int in [0, 2**64) or None, got {self.seed!r}")
         for name in ("collate_fn", "transform"):
             value = getattr(self, name)
             if value is not None and not callable(value):
-                raise ValueError(f"{name} must be callable or None, got {value!r}")
+                raise ArgumentError(f"{name} must be callable or None, got {value!r}")
         split = self.split
         if (
             split is not None
             and not (isinstance(split, str) and split == "auto")
             and (isinstance(split, bool | np.bool_) or not isinstance(split, int) or split < 0)
         ):
-            raise ValueError(f"split must be None, 'auto' or an int >= 0, got {self.split!r}")
+            raise ArgumentError(f"split must be None, 'auto' or an int >= 0, got {self.split!r}")
         if self.offload is not None and not (
             isinstance(self.offload, str) and self.offload == "auto"
         ):
             object.__setattr__(self, "offload", check_share(self.offload))
         elif self.offload == "auto" and self.workers == 0:
-            raise ValueError(
+            raise ArgumentError(
                 "offload='auto' needs worker processes to share the batches with: set "
                 "workers > 0 or 'auto'"
             )
         if self.split == "auto" and self.workers == 0:
-            raise ValueError(
+            raise ArgumentError(
                 "split='auto' needs worker processes to move ops away from: set workers > 0 "
                 "or 'auto'"
             )
         if self.max_workers is not None and (not _is_int(self.max_workers) or self.max_workers < 1):
-            raise ValueError(f"max_workers must be an int >= 1 or None, got {self.max_workers!r}")
+            raise ArgumentError(
+                f"max_workers must be an int >= 1 or None, got {self.max_workers!r}"
+            )
         if self.workers != "auto":
             if not _is_int(self.workers) or self.workers < 0:
-                raise ValueError(f"workers must be 'auto' or an int >= 0, got {self.workers!r}")
+                raise ArgumentError(f"workers must be 'auto' or an int >= 0, got {self.workers!r}")
             if self.workers > self.resolved_max_workers:
-                raise ValueError(
+                raise ArgumentError(
                     f"workers={self.workers} exceeds max_workers={self.resolved_max_workers}"
                 )
         if self.prefetch != "auto" and (not _is_int(self.prefetch) or self.prefetch < 1):
-            raise ValueError(f"prefetch must be 'auto' or an int >= 1, got {self.prefetch!r}")
+            raise ArgumentError(f"prefetch must be 'auto' or an int >= 1, got {self.prefetch!r}")
         if self.lookahead != "auto" and (not _is_int(self.lookahead) or self.lookahead < 1):
-            raise ValueError(f"lookahead must be 'auto' or an int >= 1, got {self.lookahead!r}")
+            raise ArgumentError(f"lookahead must be 'auto' or an int >= 1, got {self.lookahead!r}")
         if self.defer_after is not None:
             self._check_defer()
         if self.dispatch not in ("auto", "batches", "samples"):
-            raise ValueError(
+            raise ArgumentError(
                 f"dispatch must be 'auto', 'batches' or 'samples', got {self.dispatch!r}"
             )
         if self.memory_budget != "auto":
             parse_bytes(self.memory_budget)
         if self.on_error not in ("raise", "skip"):
-            raise ValueError(f"on_error must be 'raise' or 'skip', got {self.on_error!r}")
+            raise ArgumentError(f"on_error must be 'raise' or 'skip', got {self.on_error!r}")
         if self.timeout is not None and not (self.timeout == 0 or _is_seconds(self.timeout)):
-            raise ValueError(
+            raise ArgumentError(
                 f"timeout option should be non-negative: a number of seconds (0: following "
                 f"the batches' times; None: no limit), got {self.timeout!r}"
             )
         for name in ("persistent_workers", "pin_memory", "shard_by_rank", "in_order"):
             if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+                raise ArgumentError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.prefetch_factor is not None:
             if not _is_int(self.prefetch_factor) or self.prefetch_factor < 1:
-                raise ValueError(
+                raise ArgumentError(
                     f"prefetch_factor must be an int >= 1 or None, got {self.prefetch_factor!r}"
                 )
             if self.workers == 0:
-                raise ValueError(
+                raise ArgumentError(
                     "prefetch_factor needs worker processes (as in DataLoader): set num_workers "
                     "> 0 or 'auto', or leave prefetch_factor as None"
                 )
             if self.prefetch != "auto":
-                raise ValueError(
+                raise ArgumentError(
                     "give prefetch (batches in total) or prefetch_factor (per worker), not both: "
                     f"got prefetch={self.prefetch!r}, prefetch_factor={self.prefetch_factor!r}"
                 )
@@ -334,43 +336,43 @@ class LoaderConfig:
                 f"memory_budget= for a bound of your own (or a {name} of a few batches)"
             )
         if self.persistent_workers and self.workers == 0:
-            raise ValueError(
+            raise ArgumentError(
                 "persistent_workers option needs num_workers > 0 (persistent_workers=True "
                 "needs num_workers > 0, as in DataLoader)"
             )
         if not _is_int(self.max_attempts) or self.max_attempts < 1:
-            raise ValueError(f"max_attempts must be an int >= 1, got {self.max_attempts!r}")
+            raise ArgumentError(f"max_attempts must be an int >= 1, got {self.max_attempts!r}")
         if not _is_int(self.min_workers) or not self.min_workers >= 1:
-            raise ValueError(f"min_workers must be an int >= 1, got {self.min_workers!r}")
+            raise ArgumentError(f"min_workers must be an int >= 1, got {self.min_workers!r}")
         if self.min_workers > self.resolved_max_workers:
-            raise ValueError(
+            raise ArgumentError(
                 f"min_workers={self.min_workers} exceeds max_workers={self.resolved_max_workers}"
             )
         if not _is_seconds(self.control_interval):
-            raise ValueError(
+            raise ArgumentError(
                 f"control_interval must be a number of seconds > 0, got {self.control_interval!r}"
             )
         if not isinstance(self.progress, bool):
-            raise ValueError(f"progress must be a bool, got {self.progress!r}")
+            raise ArgumentError(f"progress must be a bool, got {self.progress!r}")
         if not isinstance(self.telemetry, bool):
-            raise ValueError(f"telemetry must be a bool, got {self.telemetry!r}")
+            raise ArgumentError(f"telemetry must be a bool, got {self.telemetry!r}")
         if not self.telemetry:
             self._check_without_telemetry()
         context = self.multiprocessing_context
         methods = multiprocessing.get_all_start_methods()
         if isinstance(context, str) and context not in methods:
-            raise ValueError(
+            raise ArgumentError(
                 f"multiprocessing_context option should specify a valid start method in "
                 f"{methods!r}, but got multiprocessing_context={context!r} (or give a context "
                 "object, or None for the platform's default)"
             )
         if context is not None and not isinstance(context, str | BaseContext):
-            raise TypeError(
+            raise ArgumentError(
                 "multiprocessing_context option should be a valid context object or a string "
                 f"specifying the start method, but got multiprocessing_context={context!r}"
             )
         if context is not None and self.workers == 0:
-            raise ValueError(
+            raise ArgumentError(
                 "multiprocessing_context can only be used with multi-process loading "
                 f"(num_workers > 0), but got num_workers=0 and multiprocessing_context={context!r}"
             )
@@ -385,7 +387,7 @@ class LoaderConfig:
             (self.progress, "progress=True", "leave progress out"),
         ):
             if needs:
-                raise ValueError(
+                raise ArgumentError(
                     f"telemetry=False turns off the telemetry that {name} needs: {instead}, "
                     "or leave telemetry on"
                 )
@@ -393,7 +395,7 @@ class LoaderConfig:
     def _check_defer(self) -> None:
         value = self.defer_after
         if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
-            raise ValueError(f"defer_after must be None or a number >= 0, got {value!r}")
+            raise ArgumentError(f"defer_after must be None or a number >= 0, got {value!r}")
         for wrong, why in (
             (self.workers == 0, "worker processes (workers > 0 or 'auto')"),
             (not self.in_order, "in_order=True (batches are filled in order)"),
@@ -402,7 +404,7 @@ class LoaderConfig:
             (self.batch_size is None, "a batch_size (batches to fill)"),
         ):
             if wrong:
-                raise ValueError(f"defer_after={value!r} needs {why}")
+                raise ArgumentError(f"defer_after={value!r} needs {why}")
 
     @classmethod
     def of(cls, arguments: dict[str, Any], **resolved: Any) -> LoaderConfig:
@@ -503,16 +505,16 @@ def resolve_workers(num_workers: Any, workers: Any) -> Any:
     """One worker setting from DataLoader's ``num_workers`` and drapps' ``workers``."""
     num_workers, workers = python_number(num_workers), python_number(workers)
     if num_workers is not None and workers is not None and num_workers != workers:
-        raise ValueError(
+        raise ArgumentError(
             f"num_workers and workers name the same setting; got num_workers={num_workers!r} "
             f"and workers={workers!r}"
         )
     typed = workers is None and num_workers is not None and num_workers != "auto"
     if typed and not _is_int(num_workers):
-        raise ValueError(f"num_workers must be an int >= 0 or 'auto', got {num_workers!r}")
+        raise ArgumentError(f"num_workers must be an int >= 0 or 'auto', got {num_workers!r}")
     if typed and num_workers < 0:
         # DataLoader's words, naming the argument the user typed.
-        raise ValueError(
+        raise ArgumentError(
             "num_workers option should be non-negative; use num_workers=0 to disable "
             f"multiprocessing, got num_workers={num_workers!r}"
         )
@@ -523,15 +525,15 @@ def resolve_workers(num_workers: Any, workers: Any) -> Any:
 def checked_index(name: str, value: Any) -> int:
     """An int >= 0 from an int or NumPy integer; booleans and out-of-range values refused."""
     if isinstance(value, bool):
-        raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+        raise ArgumentError(f"{name} must be an int >= 0, got {value!r}")
     try:
         number = operator.index(value)
     except TypeError:
-        raise ValueError(f"{name} must be an int >= 0, got {value!r}") from None
+        raise ArgumentError(f"{name} must be an int >= 0, got {value!r}") from None
     if number < 0:
-        raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+        raise ArgumentError(f"{name} must be an int >= 0, got {value!r}")
     if number >= 2**63:
-        raise ValueError(f"{name} must be below 2**63, got {value!r}")
+        raise ArgumentError(f"{name} must be below 2**63, got {value!r}")
     return number
 
 
@@ -576,7 +578,7 @@ def check_share(share: Any) -> float:
         ValueError: not a real number in [0, 1].
     """
     if isinstance(share, bool) or not isinstance(share, int | float) or not 0 <= share <= 1:
-        raise ValueError(
+        raise ArgumentError(
             f"offload must be a number in [0, 1] (or 'auto' for the loader's argument), "
             f"got {share!r}"
         )

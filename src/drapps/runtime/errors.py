@@ -14,6 +14,15 @@ import warnings
 from typing import Any
 
 
+class ArgumentError(TypeError, ValueError):
+    """An argument the loader cannot take: of a wrong type, or a wrong value.
+
+    Both a ``ValueError``, as drapps documents for every invalid argument, and a ``TypeError``,
+    which ``torch.utils.data.DataLoader`` (and Python) raise for an argument of a wrong type
+    (``collate_fn=5``, ``num_workers="2"``): code written for either catches it.
+    """
+
+
 class SampleError(RuntimeError):
     """A sample failed in ``__getitem__``, the transform, or collation.
 

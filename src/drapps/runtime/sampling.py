@@ -31,7 +31,7 @@ from torch.utils.data import (
     SubsetRandomSampler,
 )
 
-from drapps.runtime.errors import warn_user
+from drapps.runtime.errors import ArgumentError, warn_user
 
 logger = logging.getLogger(__name__)
 
@@ -48,9 +48,9 @@ def is_iterable_dataset(dataset: Any) -> bool:
 
 
 def check_dataset(dataset: Any) -> None:
-    """Raise ValueError when ``dataset`` is neither map-style nor iterable."""
+    """Raise ArgumentError when ``dataset`` is neither map-style nor iterable."""
     if not (hasattr(dataset, "__getitem__") or hasattr(dataset, "__iter__")):
-        raise ValueError(
+        raise ArgumentError(
             "dataset must be a map-style dataset (__getitem__, and __len__ for the default "
             f"samplers) or an iterable dataset (__iter__), got {type(dataset).__name__}"
         )
@@ -68,42 +68,42 @@ def check_sampling(
     ``shuffle`` is taken for its truth, as DataLoader takes it."""
     if is_iterable_dataset(dataset):
         if shuffle not in (False, None) and not is_datapipe(dataset):
-            raise ValueError(
+            raise ArgumentError(
                 "DataLoader with IterableDataset: expected unspecified shuffle option, "
                 f"but got shuffle={shuffle}"
             )
         if sampler is not None:
-            raise ValueError(
+            raise ArgumentError(
                 "DataLoader with IterableDataset: expected unspecified sampler option, "
                 f"but got sampler={sampler}"
             )
         if batch_sampler is not None:
-            raise ValueError(
+            raise ArgumentError(
                 "DataLoader with IterableDataset: expected unspecified batch_sampler option, "
                 f"but got batch_sampler={batch_sampler}"
             )
     if sampler is not None and shuffle:
-        raise ValueError("sampler option is mutually exclusive with shuffle")
+        raise ArgumentError("sampler option is mutually exclusive with shuffle")
     if batch_sampler is not None:
         if batch_size != 1 or shuffle or sampler is not None or drop_last:
-            raise ValueError(
+            raise ArgumentError(
                 "batch_sampler option is mutually exclusive with batch_size, shuffle, sampler, "
                 "and drop_last"
             )
     elif batch_size is None:
         if drop_last:
-            raise ValueError(
+            raise ArgumentError(
                 "batch_size=None option disables auto-batching and is mutually exclusive "
                 "with drop_last"
             )
     elif isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be an int >= 1 or None, got {batch_size!r}")
+        raise ArgumentError(f"batch_size must be an int >= 1 or None, got {batch_size!r}")
     for name, value in (("sampler", sampler), ("batch_sampler", batch_sampler)):
         if value is not None and not hasattr(value, "__iter__"):
-            raise ValueError(f"{name} must be an iterable (a Sampler), got {value!r}")
+            raise ArgumentError(f"{name} must be an iterable (a Sampler), got {value!r}")
     no_sampler = sampler is None and batch_sampler is None
     if no_sampler and not is_iterable_dataset(dataset) and not hasattr(dataset, "__len__"):
-        raise ValueError(
+        raise ArgumentError(
             f"dataset {type(dataset).__name__} has no __len__: give a sampler or "
             "batch_sampler that yields its keys"
         )
