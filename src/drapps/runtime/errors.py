@@ -65,10 +65,10 @@ class SampleError(RuntimeError):
 
     def __reduce__(self) -> Any:
         kwargs = {
-            "index": self.index,
+            "index": _by_value(self.index),
             "stage": self.stage,
             "path": self.path,
-            "indices": self.indices,
+            "indices": _by_value(self.indices),
             "detail": self.detail,
         }
         original = self.original_type if _picklable_type(self.original_type) else None
@@ -77,6 +77,26 @@ class SampleError(RuntimeError):
             _rebuild_sample_error,
             (self.args[0], kwargs, cause, original, kind, _carried(self)),
         )
+
+
+class _ByValue:
+    """A value pickled by value, whatever pickler carries it: a worker's error names keys that
+    may be tensors (a sampler's), which torch's reductions would hand the training process as
+    shared memory, a descriptor held open for as long as the loop keeps the error."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (pickle.loads, (pickle.dumps(self.value, protocol=pickle.HIGHEST_PROTOCOL),))
+
+
+def _by_value(keys: Any) -> Any:
+    """``keys`` (a key or a list of them) as they go with an error: ints as they are."""
+    plain = keys is None or type(keys) is int
+    if isinstance(keys, list):
+        plain = all(type(key) is int for key in keys)
+    return keys if plain else _ByValue(keys)
 
 
 _NAMING = frozenset(("index", "stage", "path", "indices", "detail", "original_type"))
