@@ -100,6 +100,9 @@ class Dispatcher:
         self._prefetch = settings.prefetch
         self._split = split
         self.dealer = Dealer(settings.deal)
+        # A fixed count's samples drawing on from each worker's own global RNGs, as
+        # DataLoader's: each worker makes its tasks in the order it was dealt them.
+        self._draws_on = not recipe.reseed and settings.deal == "round_robin"
         self._idle = False
         self._per_worker = settings.prefetch_per_worker
         self._finish = finish
@@ -143,10 +146,12 @@ class Dispatcher:
         with self._lock:
             self._generation += 1
             generation = self._generation
+        left_at = self.buffer.next_id  # where the loop left the previous epoch
         # The previous epoch's held batches are dropped here, outside the buffer's lock.
         self.buffer.reset(generation, start, len(plan))
         self.pool.prepare(fresh_workers)  # here, where DataLoader starts its workers
-        self.mailbox.post("epoch", (generation, plan, start, fresh_workers), wait_applied=False)
+        message = (generation, plan, start, fresh_workers, left_at)
+        self.mailbox.post("epoch", message, wait_applied=False)
         return generation
 
     def stop_workers(self, generation: int) -> None:
@@ -262,7 +267,10 @@ class Dispatcher:
     def _set(self, name: str, value: Any) -> None:
         if name == "epoch":
             self._idle = False
-            self._generation_now, self._plan, start, fresh_workers = value
+            generation, plan, start, fresh_workers, left_at = value
+            if not fresh_workers:
+                self._send_what_dataloader_sent(left_at)
+            self._generation_now, self._plan = generation, plan
             self.retries.reset(self._plan, start)
             self._in_flight.clear()
             self.admission.reset(self._plan, start)
@@ -288,6 +296,32 @@ class Dispatcher:
             for worker in self.pool.live() + self.pool.parked():
                 self.pool.retire(worker)
             self.pool.idle()
+
+    def _send_what_dataloader_sent(self, left_at: int) -> None:
+        """An epoch left before its end, its workers kept for the next (persistent workers):
+        a fixed count's workers, whose samples draw on from their own global RNGs, make the
+        rest of what DataLoader would have sent them of it by now, each batch to the worker
+        it deals it to: every batch up to ``left_at`` (the one the loop would have taken next)
+        plus the prefetch depth. Their draws then leave each worker's RNGs where DataLoader's
+        are as the next epoch starts; the batches, an older generation's, are dropped."""
+        plan = self._plan
+        if plan is None or not self._draws_on:
+            return
+        if self.schedule.cutting:
+            return  # batches made in parts: no worker holds DataLoader's share of them
+        dealt = {worker.slot: worker for worker in self.pool.live()}
+        now = time.monotonic()
+        for batch_id in range(
+            self.schedule.frontier, min(len(plan), left_at + self.prefetch_depth)
+        ):
+            worker = dealt.get(batch_id % max(1, self._target))
+            if worker is None:
+                continue  # being replaced: a new worker's RNGs start afresh
+            task = Task(
+                self._generation_now, plan.epoch, batch_id, plan.batch(batch_id), now, self._split
+            )
+            worker.assigned.append(task)
+            self.pool.send(worker, self._task_message(task, None))
 
     def _keep_pool_size(self) -> None:
         if not self._idle:  # until the next epoch, no worker is kept or started
@@ -319,6 +353,8 @@ class Dispatcher:
 
     def _dispatch(self) -> None:
         plan = self._plan
+        if self.buffer.generation != self._generation_now:
+            return  # a new epoch has begun, its command not applied yet: the buffer is its
         self.schedule.samples_at_once = self.pool.sample_threads()
         if plan is not None and self.schedule.cutting:
             self.schedule.note_wait(self.buffer.waited_s(), time.monotonic())
@@ -338,6 +374,7 @@ class Dispatcher:
                 w
                 for w in self.pool.live()
                 if self.admission.may_queue(w, cutting=cutting, costs=self.costs)
+                and not self._owes_older(w)
             ]
             if not candidates:
                 return
@@ -369,6 +406,13 @@ class Dispatcher:
             self._in_flight[batch_id, work.part] = worker
             # A failed send shows as the worker's exit.
             self.pool.send(worker, self._task_message(task, work.part))
+
+    def _owes_older(self, worker: Worker) -> bool:
+        """Whether ``worker`` has an older epoch's tasks to make first, where its samples draw
+        on from its RNGs: a worker takes the newest epoch's tasks first
+        (:func:`~drapps.runtime.inbox.urgency`), and DataLoader's make theirs as dealt."""
+        generation = self._generation_now
+        return self._draws_on and any(t.generation != generation for t in worker.assigned)
 
     def _task_message(self, task: Task, part: int | None) -> BatchTask:
         """What a worker is sent to make ``task`` (part ``part`` of its batch, or all), with

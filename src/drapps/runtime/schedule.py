@@ -134,6 +134,11 @@ class Schedule:
         self._parts.clear()
         self._retry.clear()
 
+    @property
+    def frontier(self) -> int:
+        """The lowest batch of the epoch not handed out yet."""
+        return self._frontier
+
     def set_lookahead(self, lookahead: int | None) -> None:
         self.lookahead = lookahead
 
