@@ -262,6 +262,32 @@ def test_augmentations_draw_as_in_dataloaders_workers(
         assert {float(s[1]) for b in got[0] for s in b} == {12345.0}
 
 
+@pytest.mark.parametrize(("workers", "prefetch_factor"), [(1, None), (2, 1), (3, 3)])
+@pytest.mark.parametrize("left_after", [0, 1, 2])
+def test_persistent_workers_draw_on_past_an_epoch_left_early_as_dataloaders(
+    workers: int, prefetch_factor: int | None, left_after: int
+) -> None:
+    """A loop that leaves an epoch (``break``) and begins the next: DataLoader's persistent
+    workers make every batch it had sent them of the left epoch (the prefetch depth past the
+    loop) before the next epoch's, so the next epoch's augmentations draw on from there."""
+    kwargs: dict[str, Any] = {"batch_size": 2, "num_workers": workers, "shuffle": True}
+    kwargs.update(persistent_workers=True, prefetch_factor=prefetch_factor)
+
+    def epochs(loader: Any) -> list[list[torch.Tensor]]:
+        torch.manual_seed(5)
+        random.seed(5)
+        np.random.seed(5)
+        it = iter(loader)
+        left = [next(it) for _ in range(left_after)]
+        return [left, list(loader), list(loader)]
+
+    expected = epochs(DataLoader(Augmented(), **kwargs))
+    with drapps.Loader(Augmented(), **kwargs) as loader:
+        got = epochs(loader)
+    for e in range(3):
+        assert_batches_equal(got[e], expected[e])
+
+
 def test_with_a_seed_each_sample_draws_the_same_for_any_worker_count() -> None:
     def epoch(workers: int) -> list[torch.Tensor]:
         with drapps.Loader(Augmented(), batch_size=3, workers=workers, seed=11) as loader:
@@ -779,6 +805,34 @@ def test_a_workers_exception_keeps_its_type(workers: int) -> None:
             list(loader)
     assert isinstance(caught.value, drapps.SampleError)
     assert caught.value.index == 5 and caught.value.original_type is KeyError
+
+
+class FailsToCollate(Dataset[Any]):
+    """Samples default_collate refuses (datetime arrays), keyed by 0-d tensors."""
+
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, key: torch.Tensor) -> Any:
+        return np.zeros(2, dtype="datetime64[D]") + int(key)
+
+
+@pytest.mark.parametrize("batch_size", [None, 2])
+def test_a_workers_error_names_tensor_keys_by_value(batch_size: int | None) -> None:
+    """Found by a campaign: a worker's error names its batch's keys; a sampler's tensor keys
+    came back through torch's shared memory, and each held a descriptor open for as long as
+    the loop kept the error (DataLoader's worker error holds only text)."""
+    errors = []
+    with drapps.Loader(
+        FailsToCollate(), sampler=torch.arange(6), batch_size=batch_size, num_workers=2
+    ) as loader:
+        batches = iter(loader)
+        for _ in range(len(loader)):
+            with pytest.raises(TypeError) as caught:
+                next(batches)
+            errors.append(caught.value)
+    keys = [key for error in errors for key in error.indices]
+    assert all(isinstance(key, torch.Tensor) and not key.is_shared() for key in keys), keys
 
 
 class CodedError(Exception):
