@@ -546,6 +546,7 @@ class Case:
     held: bool = False  # a map-style dataset returns samples it keeps (no draws then)
     goes_on: bool = False  # a stream that fails at fail_at goes on (an iterator, no generator)
     peek: int | None = None  # after this many batches, a second iterator gives one batch
+    leave: int | None = None  # after this many batches, the loop leaves the first epoch
 
     def dataset(self, *, marks: bool = False) -> Any:
         """The case's dataset; ``marks``: its failing sample is ``SKIPPED`` instead."""
@@ -682,4 +683,5 @@ def cases(
         held=st.booleans(),
         goes_on=st.booleans(),
         peek=st.sampled_from((None, None, None, 0, 1, 3)),
+        leave=st.sampled_from((None, None, None, 0, 1, 2)),
     )

@@ -100,12 +100,16 @@ class Outcome:
         return kinds + ([type(self.error)] if self.error is not None else [])
 
 
-def run(make: Callable[[], Any], epochs: int = 2, peek: int | None = None) -> Outcome:
+def run(
+    make: Callable[[], Any], epochs: int = 2, peek: int | None = None, leave: int | None = None
+) -> Outcome:
     """Make a loader, iterate ``epochs`` epochs and close it (a drapps loader). An error from
     ``next()`` is kept in its place and the loop goes on, up to :data:`RAISED_PER_EPOCH` in
     an epoch; one from construction, ``iter()`` or past that ends the outcome, where it
     happened. ``peek``: after that many batches of the first epoch, a second iterator gives
-    one batch (``next(iter(loader))`` in the loop), kept in the epoch in its place."""
+    one batch (``next(iter(loader))`` in the loop), kept in the epoch in its place.
+    ``leave``: after that many batches (a peeked one too) the loop leaves the first epoch
+    (a ``break``) and begins the next."""
     outcome = Outcome()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # pin_memory without an accelerator, and the like
@@ -127,7 +131,10 @@ def run(make: Callable[[], Any], epochs: int = 2, peek: int | None = None) -> Ou
                 began = _iter_length(iterator)
                 raised = 0
                 while True:
-                    if len(outcome.epochs) == 1 and len(outcome.epochs[0]) == peek:
+                    first = len(outcome.epochs) == 1
+                    if first and leave is not None and len(outcome.epochs[0]) >= leave:
+                        break
+                    if first and len(outcome.epochs[0]) == peek:
                         _peek(loader, outcome.epochs[0])
                     try:
                         batch = next(iterator)

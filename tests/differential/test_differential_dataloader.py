@@ -91,6 +91,7 @@ def _dataloaders(case: Case, reference: Settings, epochs: int) -> Outcome:
         lambda: DataLoader(dataset, **reference.dataloader_kwargs(dataset, skipping=skipping)),
         epochs,
         case.peek,
+        case.leave,
     )
     if skipping:
         outcome.epochs = [[b for b in epoch if not is_skipped(b)] for epoch in outcome.epochs]
@@ -116,6 +117,9 @@ def check_against_dataloader(case: Case) -> None:
         # one); a peeked batch of nothing but a skipped sample is not DataLoader's; out of
         # order, which batch a peek gets is the machine's (found by a campaign).
         case = dataclasses.replace(case, peek=None)
+    if s.workers and not s.in_order:
+        # Out of order, which batches come before the loop leaves an epoch is the machine's.
+        case = dataclasses.replace(case, leave=None)
     if case.iterable and case.pipe and not s.workers:
         # DataLoader wraps an IterDataPipe in one whose iter() claims the pipe as it is
         # called, so a second iterator's invalidates the first's; drapps' in-process stream
@@ -165,7 +169,12 @@ def check_against_dataloader(case: Case) -> None:
     expected = _dataloaders(case, reference, epochs)
     with nothing_left():
         _seed_everything()
-        got = run(lambda: drapps.Loader(dataset, **s.drapps_kwargs(dataset)), epochs, case.peek)
+        got = run(
+            lambda: drapps.Loader(dataset, **s.drapps_kwargs(dataset)),
+            epochs,
+            case.peek,
+            case.leave,
+        )
     if s.workers:  # with workers, as from DataLoader's, batches are the loop's own memory
         assert_owned(got, dataset)
     if case.iterable and reference.workers:
@@ -394,6 +403,26 @@ _MIXED_STREAM_SHUFFLED = Case(
     sharded=False,
     shuffle_stream="random",
 )
+# Found by a probe: persistent workers, the first epoch left after a batch. DataLoader's workers
+# make every batch it sent them of that epoch (the prefetch depth past the loop) before the
+# next epoch's, their samples drawing on; drapps' had made fewer, and the next epoch's first.
+_LEFT_EPOCH_PERSISTENT = Case(
+    n=12,
+    payload=Payload(leaf=Leaf(kind="tensor"), draw="torch"),
+    settings=Settings(workers=2, batch_size=2, prefetch_factor=3, persistent_workers=True),
+    leave=1,
+)
+# Found by a campaign: samples that fail to collate, keyed by a sampler's tensor keys. The
+# worker's error named the keys, which came back as shared memory: a descriptor stayed open
+# while the loop kept the error.
+_TENSOR_KEYS_FAIL_TO_COLLATE_AUTO = Case(
+    n=0,
+    payload=Payload(
+        container="tuple", items=(Payload(leaf=Leaf(kind="array", dtype="datetime64[D]")),)
+    ),
+    settings=Settings(workers="auto", batch_size=None, in_order=False, sampler="tensor_keys"),
+    waits=True,
+)
 # A second iterator takes a batch mid-epoch (drapps' older iterator raised that it was
 # superseded).
 _PEEK = Case(
@@ -512,6 +541,8 @@ _TENSOR_KEYS_HELD_ON_THREADS_UNREAD = dataclasses.replace(
 @example(_SAMPLER_FAILS_AUTO)
 @example(_MIXED_STREAM_SHUFFLED)
 @example(_PEEK)
+@example(_LEFT_EPOCH_PERSISTENT)
+@example(_TENSOR_KEYS_FAIL_TO_COLLATE_AUTO)
 @example(_PEEK_SAMPLER_IN_ITER)
 @example(_PEEK_SAMPLER_OWN_GENERATOR)
 @example(_FOUR_KINDS_OUT_OF_ORDER)
