@@ -31,6 +31,12 @@ class Dealer:
         self.deal = deal
         self._turn = 0  # "in_turn": the slot after the last one dealt
 
+    @staticmethod
+    def round_robin_slot(batch_id: int, target: int) -> int:
+        """The ``get_worker_info().id`` of the worker ``"round_robin"`` deals ``batch_id`` to,
+        with ``target`` workers."""
+        return batch_id % max(1, target)
+
     def choose(
         self,
         work: Work,
@@ -45,7 +51,7 @@ class Dealer:
         if work.part is not None:
             return worker
         if self.deal == "round_robin" and not retrying:
-            slot = work.batch_id % max(1, target)
+            slot = self.round_robin_slot(work.batch_id, target)
             dealt = next((w for w in live if w.slot == slot), None)
             if dealt is not None and dealt not in candidates:
                 return None  # its worker is busy: wait for it, as DataLoader's queues do

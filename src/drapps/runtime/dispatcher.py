@@ -314,7 +314,7 @@ class Dispatcher:
         for batch_id in range(
             self.schedule.frontier, min(len(plan), left_at + self.prefetch_depth)
         ):
-            worker = dealt.get(batch_id % max(1, self._target))
+            worker = dealt.get(self.dealer.round_robin_slot(batch_id, self._target))
             if worker is None:
                 continue  # being replaced: a new worker's RNGs start afresh
             task = Task(
@@ -354,7 +354,9 @@ class Dispatcher:
     def _dispatch(self) -> None:
         plan = self._plan
         if self.buffer.generation != self._generation_now:
-            return  # a new epoch has begun, its command not applied yet: the buffer is its
+            # A new epoch has begun and its command is not applied yet: the buffer is already
+            # the new epoch's, and would let the old plan's batches open.
+            return
         self.schedule.samples_at_once = self.pool.sample_threads()
         if plan is not None and self.schedule.cutting:
             self.schedule.note_wait(self.buffer.waited_s(), time.monotonic())
