@@ -129,6 +129,46 @@ class BigDataset:
         return torch.full((self.numel,), float(i))
 
 
+class BarePool(WorkerPool):
+    """A pool whose workers are only records: what :meth:`WorkerPool.keep_size` and
+    :meth:`WorkerPool.next_ids` decide, and what the dispatcher sends each worker
+    (:attr:`sent`), without running anything."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent: list[tuple[int, Any]] = []
+        """(worker's slot, message), in the order sent."""
+
+    def spawn(self, num_workers: int = 1, seed: int = 0) -> Worker:
+        wid, slot = self.next_ids()
+        self.workers.append(Worker(wid, slot=slot))
+        return self.workers[-1]
+
+    def send(self, worker: Worker, message: object) -> None:
+        self.sent.append((worker.slot, message))
+
+    def poll(self, timeout: float, wake: int) -> Polled:
+        return Polled()
+
+    def drain(self, worker: Worker) -> list[Reply]:
+        return []
+
+    def retire(self, worker: Worker) -> None:
+        worker.retiring = True
+
+    def kill(self, worker: Worker, *, wait_s: float = 5.0) -> None:
+        pass
+
+    def reap(self, worker: Worker) -> list[Task]:
+        return self.forget(worker)
+
+    def exit_reason(self, worker: Worker) -> str:
+        return "gone"
+
+    def shutdown(self, grace_s: float = 2.0) -> None:
+        self.workers.clear()
+
+
 def flatten_indices(batches: list[Any]) -> list[int]:
     return [int(i) for batch in batches for i in batch]
 

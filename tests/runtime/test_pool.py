@@ -6,7 +6,7 @@ import threading
 
 import pytest
 import torch
-from helpers import ThreadPool
+from helpers import BarePool, ThreadPool
 from torch.utils.data import default_collate
 
 from drapps.engines.pooled import pool_snapshot
@@ -14,7 +14,7 @@ from drapps.runtime.config import PoolSettings
 from drapps.runtime.dispatcher import Dispatcher
 from drapps.runtime.errors import SampleError
 from drapps.runtime.plan import Plan
-from drapps.runtime.pool import Polled, Reply, Task, Worker, WorkerPool
+from drapps.runtime.pool import Task, WorkerPool
 from drapps.runtime.process_pool import ProcessPool
 from drapps.runtime.worker import BatchRecipe
 
@@ -75,40 +75,6 @@ def test_a_sample_error_travels_through_a_thread_pool() -> None:
         dispatcher.shutdown()
 
 
-class _Bare(WorkerPool):
-    """A pool whose workers are only records: what :meth:`WorkerPool.keep_size` and
-    :meth:`WorkerPool.next_ids` decide, without running anything."""
-
-    def spawn(self, num_workers: int = 1, seed: int = 0) -> Worker:
-        wid, slot = self.next_ids()
-        self.workers.append(Worker(wid, slot=slot))
-        return self.workers[-1]
-
-    def send(self, worker: Worker, message: object) -> None:
-        pass
-
-    def poll(self, timeout: float, wake: int) -> Polled:
-        return Polled()
-
-    def drain(self, worker: Worker) -> list[Reply]:
-        return []
-
-    def retire(self, worker: Worker) -> None:
-        worker.retiring = True
-
-    def kill(self, worker: Worker, *, wait_s: float = 5.0) -> None:
-        pass
-
-    def reap(self, worker: Worker) -> list[Task]:
-        return self.forget(worker)
-
-    def exit_reason(self, worker: Worker) -> str:
-        return "gone"
-
-    def shutdown(self, grace_s: float = 2.0) -> None:
-        self.workers.clear()
-
-
 def _ids(pool: WorkerPool) -> list[int]:
     return sorted(w.slot for w in pool.live())
 
@@ -118,7 +84,7 @@ def test_the_live_workers_ids_stay_below_their_number_across_resizes() -> None:
     each task tells it); a dataset that keys a resource by id relies on it. A shrink parks
     the highest ids whatever each holds, a grow takes the lowest back, and a worker whose
     pipe broke leaves its id to its replacement."""
-    pool = _Bare()
+    pool = BarePool()
     pool.keep_size(4, seed=0)
     assert _ids(pool) == [0, 1, 2, 3]
     for worker in pool.workers[:2]:  # ids 0 and 1 idle, 2 and 3 busy

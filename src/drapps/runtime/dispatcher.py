@@ -309,6 +309,7 @@ class Dispatcher:
             return
         if self.schedule.cutting:
             return  # batches made in parts: no worker holds DataLoader's share of them
+        self._keep_pool_size()  # the loop may have left before this thread started them
         dealt = {worker.slot: worker for worker in self.pool.live()}
         now = time.monotonic()
         for batch_id in range(
@@ -362,15 +363,19 @@ class Dispatcher:
             self.schedule.note_wait(self.buffer.waited_s(), time.monotonic())
             self._hedge()
         depth = self.prefetch_depth
+        head = ready = 0
 
         def may_open(batch_id: int) -> bool:
             pooled = self.collector.pooled_batches(self.schedule.batch_len)
             return self.admission.may_open(
-                batch_id, depth, head=self.buffer.next_id, ready=len(self.buffer),
+                batch_id, depth, head=head, ready=ready,
                 pooled=pooled, workers=len(self.pool.live()),
             )  # fmt: skip
 
         while plan is not None:
+            generation, head, ready = self.buffer.view()
+            if generation != self._generation_now:
+                return  # the loop began the next epoch during this pass (as above)
             cutting = self.schedule.cutting
             candidates = [
                 w
@@ -381,7 +386,7 @@ class Dispatcher:
             if not candidates:
                 return
             live = len(self.pool.live())
-            work = self.schedule.peek(self.buffer.next_id, live, depth, may_open)
+            work = self.schedule.peek(head, live, depth, may_open)
             if work is None:
                 return
             retrying = self.schedule.retrying(work)

@@ -81,6 +81,12 @@ class ReorderBuffer:
             self._cond.notify_all()
         return dropped
 
+    def view(self) -> tuple[int, int, int]:
+        """(generation, next id, entries held), read together: a dispatcher in another thread
+        decides on one epoch's state, never on a mix of it and the next's."""
+        with self._cond:
+            return self.generation, self.next_id, len(self._entries)
+
     def holds(self, batch_id: int) -> bool:
         return batch_id in self._entries
 
