@@ -288,6 +288,44 @@ def test_persistent_workers_draw_on_past_an_epoch_left_early_as_dataloaders(
         assert_batches_equal(got[e], expected[e])
 
 
+class AugmentedShards(IterableDataset):  # type: ignore[type-arg]
+    """Worker k of n streams the items k, k+n, ... of 24, each drawing from torch's, NumPy's
+    and Python's global RNGs."""
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        info = get_worker_info()
+        start, step = (0, 1) if info is None else (info.id, info.num_workers)
+        for i in range(start, 24, step):
+            draws = [torch.randint(0, 10**6, ()).item(), np.random.randint(10**6), random.random()]
+            yield torch.tensor([i, *draws], dtype=torch.float64)
+
+
+@pytest.mark.parametrize(("workers", "prefetch_factor"), [(2, None), (2, 1), (3, 1)])
+@pytest.mark.parametrize("left_after", [1, 2])
+def test_persistent_stream_workers_draw_on_past_an_epoch_left_early_as_dataloaders(
+    workers: int, prefetch_factor: int | None, left_after: int
+) -> None:
+    """The same for an iterable dataset: DataLoader asks each worker for its prefetch as
+    ``iter()`` is called, so a worker the loop never reached before leaving has made batches
+    too, and its next epoch's items draw on from there."""
+    kwargs: dict[str, Any] = {"batch_size": 2, "num_workers": workers}
+    kwargs.update(persistent_workers=True, prefetch_factor=prefetch_factor)
+
+    def epochs(loader: Any) -> list[list[torch.Tensor]]:
+        torch.manual_seed(5)
+        random.seed(5)
+        np.random.seed(5)
+        it = iter(loader)
+        left = [next(it) for _ in range(left_after)]
+        return [left, list(loader), list(loader)]
+
+    expected = epochs(DataLoader(AugmentedShards(), **kwargs))
+    with drapps.Loader(AugmentedShards(), **kwargs) as loader:
+        got = epochs(loader)
+    for e in range(3):
+        assert_batches_equal(got[e], expected[e])
+
+
 def test_with_a_seed_each_sample_draws_the_same_for_any_worker_count() -> None:
     def epoch(workers: int) -> list[torch.Tensor]:
         with drapps.Loader(Augmented(), batch_size=3, workers=workers, seed=11) as loader:

@@ -412,6 +412,15 @@ _LEFT_EPOCH_PERSISTENT = Case(
     settings=Settings(workers=2, batch_size=2, prefetch_factor=3, persistent_workers=True),
     leave=1,
 )
+# The same for a stream, found by a probe: DataLoader asks each worker for its prefetch at
+# iter(), so the worker the loop had not reached yet made batches of the left epoch too.
+_LEFT_STREAM_PERSISTENT = Case(
+    n=12,
+    payload=Payload(leaf=Leaf(kind="tensor"), draw="torch"),
+    settings=Settings(workers=2, batch_size=2, persistent_workers=True),
+    iterable=True,
+    leave=1,
+)
 # Found by a campaign: samples that fail to collate, keyed by a sampler's tensor keys. The
 # worker's error named the keys, which came back as shared memory: a descriptor stayed open
 # while the loop kept the error.
@@ -542,6 +551,7 @@ _TENSOR_KEYS_HELD_ON_THREADS_UNREAD = dataclasses.replace(
 @example(_MIXED_STREAM_SHUFFLED)
 @example(_PEEK)
 @example(_LEFT_EPOCH_PERSISTENT)
+@example(_LEFT_STREAM_PERSISTENT)
 @example(_TENSOR_KEYS_FAIL_TO_COLLATE_AUTO)
 @example(_PEEK_SAMPLER_IN_ITER)
 @example(_PEEK_SAMPLER_OWN_GENERATOR)

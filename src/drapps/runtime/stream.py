@@ -372,6 +372,11 @@ class StreamPool:
         self.rngs = None
         if keep_rngs:
             self.rngs = [self._started(worker, generation) for worker in self.workers]
+        # Each worker is asked for its share of the prefetch now, as DataLoader asks at
+        # iter(): a persistent worker makes what it was asked for before its next pass, so
+        # one the loop never reached before leaving the pass has drawn as DataLoader's has.
+        for worker in self.workers:
+            self._top_up(worker, generation)
         return generation
 
     def batches(
