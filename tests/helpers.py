@@ -173,11 +173,17 @@ def flatten_indices(batches: list[Any]) -> list[int]:
     return [int(i) for batch in batches for i in batch]
 
 
-def assert_batches_equal(left: list[Any], right: list[Any]) -> None:
-    """Bit-for-bit equality of two lists of (possibly nested) batches."""
-    assert len(left) == len(right), f"{len(left)} batches != {len(right)}"
+def assert_batches_equal(left: list[Any], right: list[Any], where: str = "") -> None:
+    """Bit-for-bit equality of two lists of (possibly nested) batches; ``where`` leads the
+    message (``"epoch 1, "``)."""
+    assert len(left) == len(right), f"{where}{len(left)} batches != {len(right)}"
     for b, (x, y) in enumerate(zip(left, right, strict=True)):
-        _assert_equal(x, y, f"batch {b}")
+        _assert_equal(x, y, f"{where}batch {b}")
+
+
+def _shown(x: torch.Tensor) -> Any:
+    """A small tensor's values in full (torch prints 643470 and 643471 alike as 6.4347e+05)."""
+    return x.tolist() if x.numel() <= 64 else x
 
 
 def _assert_equal(x: Any, y: Any, where: str) -> None:
@@ -187,7 +193,7 @@ def _assert_equal(x: Any, y: Any, where: str) -> None:
             _assert_equal(x[key], y[key], f"{where}[{key!r}]")
     elif isinstance(x, torch.Tensor):
         assert isinstance(y, torch.Tensor), f"{where}: {type(y).__name__} is not a tensor"
-        assert x.dtype == y.dtype and torch.equal(x, y), f"{where}: {x} != {y}"
+        assert x.dtype == y.dtype and torch.equal(x, y), f"{where}: {_shown(x)} != {_shown(y)}"
     elif isinstance(x, np.ndarray):
         assert isinstance(y, np.ndarray) and x.dtype == y.dtype, where
         assert np.array_equal(x, y), f"{where}: {x} != {y}"

@@ -285,7 +285,7 @@ def test_persistent_workers_draw_on_past_an_epoch_left_early_as_dataloaders(
     with drapps.Loader(Augmented(), **kwargs) as loader:
         got = epochs(loader)
     for e in range(3):
-        assert_batches_equal(got[e], expected[e])
+        assert_batches_equal(got[e], expected[e], f"epoch {e}, ")
 
 
 class AugmentedShards(IterableDataset):  # type: ignore[type-arg]
@@ -323,7 +323,7 @@ def test_persistent_stream_workers_draw_on_past_an_epoch_left_early_as_dataloade
     with drapps.Loader(AugmentedShards(), **kwargs) as loader:
         got = epochs(loader)
     for e in range(3):
-        assert_batches_equal(got[e], expected[e])
+        assert_batches_equal(got[e], expected[e], f"epoch {e}, ")
 
 
 def test_with_a_seed_each_sample_draws_the_same_for_any_worker_count() -> None:
