@@ -113,7 +113,7 @@ test-integration: $(STAMP) core services
 # Tests whose duration is the machine's speed (training runs, bench runs, the soak, the
 # differential campaigns, which have DIFF_BUDGET_S seconds each, 0: no limit).
 SOAK_S ?= 240
-DIFF_BUDGET_S ?= 300
+DIFF_BUDGET_S ?= 240
 test-slow: $(STAMP) services
 	DRAPPS_SOAK_S=$(SOAK_S) DRAPPS_DIFF_BUDGET_S=$(DIFF_BUDGET_S) \
 	  $(VENV)/bin/pytest -q -m slow --durations=12
