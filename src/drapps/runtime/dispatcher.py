@@ -363,7 +363,7 @@ class Dispatcher:
             self.schedule.note_wait(self.buffer.waited_s(), time.monotonic())
             self._hedge()
         depth = self.prefetch_depth
-        head = ready = 0
+        head = ready = 0  # the buffer's, read with its generation at each step below
 
         def may_open(batch_id: int) -> bool:
             pooled = self.collector.pooled_batches(self.schedule.batch_len)
