@@ -101,3 +101,16 @@ def test_the_live_workers_ids_stay_below_their_number_across_resizes() -> None:
     pool.reap(pool.workers[1])
     pool.keep_size(4, seed=0)
     assert _ids(pool) == [0, 1, 2, 3] and len(pool.workers) == 4
+
+
+def test_a_shrink_as_the_lowest_worker_dies_keeps_the_ids_below_the_count() -> None:
+    """Worker 0 dies as the pool shrinks from two workers to one (found by the campaign of
+    events: the controller of the default count shrank it as a worker was killed). Worker 1
+    must not go on alone as id 1 of ``num_workers=1``: it is parked, and a new worker 0
+    starts."""
+    pool = BarePool()
+    pool.keep_size(2, seed=0)
+    pool.workers[0].broken = True
+    pool.keep_size(1, seed=0)
+    assert _ids(pool) == [0]
+    assert [w.slot for w in pool.parked()] == [1]

@@ -280,13 +280,17 @@ class WorkerPool(ABC):
         first, then start new ones; park the surplus, and retire those parked for longer than
         ``PARK_S`` with nothing left to make.
 
-        The live workers' ``get_worker_info().id`` stay below their number, as DataLoader's
-        ids stay below ``num_workers``: a grow takes back the lowest parked ids first and
-        starts the lowest free ones (:meth:`next_ids`), a shrink parks the highest. A parked
-        worker whose id is past the new size stays parked (and retires): after a worker died,
-        its replacement takes the dead one's id instead."""
-        live = self.live()
+        The live workers' ``get_worker_info().id`` stay below ``target``, the ``num_workers``
+        their tasks tell them, as DataLoader's ids stay below ``num_workers``: a grow takes
+        back the lowest parked ids first and starts the lowest free ones (:meth:`next_ids`);
+        a live worker whose id is past the size is parked, whether a shrink put it there or
+        the worker below it died as the pool shrank (its replacement takes the dead one's id).
+        A parked worker whose id is past the size stays parked (and retires)."""
         now = time.monotonic()
+        for worker in self.live():
+            if worker.slot >= target:
+                worker.parked_at = now
+        live = self.live()
         capacity = self.capacity()
         room = target if capacity is None else min(target, capacity)
         missing = room - len(live)
@@ -296,9 +300,6 @@ class WorkerPool(ABC):
             missing -= 1
         for _ in range(missing):
             self.spawn(target, seed)
-        surplus = len(live) - target
-        for worker in sorted(live, key=lambda w: -w.slot)[: max(0, surplus)]:
-            worker.parked_at = now
         for worker in self.parked():
             if now - (worker.parked_at or now) > PARK_S and not worker.assigned:
                 self.retire(worker)
