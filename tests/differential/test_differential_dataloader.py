@@ -120,6 +120,14 @@ def check_against_dataloader(case: Case) -> None:
     if s.workers and not s.in_order:
         # Out of order, which batches come before the loop leaves an epoch is the machine's.
         case = dataclasses.replace(case, leave=None)
+    ended = case.iterable and case.fail_at is not None and not case.goes_on
+    if ended and s.persistent_workers and case.leave is not None and s.workers not in (0, 1):
+        # A worker's generator that failed ends its stream early. DataLoader sends one more
+        # task when that end reaches it, to the next worker in its cycle: whether it does
+        # before the loop leaves the epoch is the machine's, and so is which of its persistent
+        # workers draws once more before the next (DataLoader itself gives either; found by a
+        # probe). The draws are drapps' own there; the batches and errors are still held.
+        case = dataclasses.replace(case, payload=without_draws(case.payload))
     if case.iterable and case.pipe and not s.workers:
         # DataLoader wraps an IterDataPipe in one whose iter() claims the pipe as it is
         # called, so a second iterator's invalidates the first's; drapps' in-process stream
@@ -421,6 +429,16 @@ _LEFT_STREAM_PERSISTENT = Case(
     iterable=True,
     leave=1,
 )
+# Where DataLoader's own draws past a left epoch follow the machine: a worker's stream ended
+# by its failure (see check_against_dataloader). Its batches and errors are still held.
+_LEFT_STREAM_ENDED_EARLY = Case(
+    n=12,
+    payload=Payload(leaf=Leaf(kind="tensor"), draw="torch"),
+    settings=Settings(workers=2, batch_size=1, persistent_workers=True),
+    iterable=True,
+    fail_at=1,
+    leave=2,
+)
 # Found by a campaign: samples that fail to collate, keyed by a sampler's tensor keys. The
 # worker's error named the keys, which came back as shared memory: a descriptor stayed open
 # while the loop kept the error.
@@ -552,6 +570,7 @@ _TENSOR_KEYS_HELD_ON_THREADS_UNREAD = dataclasses.replace(
 @example(_PEEK)
 @example(_LEFT_EPOCH_PERSISTENT)
 @example(_LEFT_STREAM_PERSISTENT)
+@example(_LEFT_STREAM_ENDED_EARLY)
 @example(_TENSOR_KEYS_FAIL_TO_COLLATE_AUTO)
 @example(_PEEK_SAMPLER_IN_ITER)
 @example(_PEEK_SAMPLER_OWN_GENERATOR)
