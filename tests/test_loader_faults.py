@@ -54,6 +54,45 @@ def test_sigkilled_workers_lose_and_duplicate_nothing() -> None:
     assert stats.workers == 3
 
 
+class IdsChecked:
+    """Samples ``i`` that fail where ``get_worker_info().id`` is not below its
+    ``num_workers`` (a dataset that keys a shard or a handle by id relies on it)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        info = torch.utils.data.get_worker_info()
+        if info is not None and not 0 <= info.id < info.num_workers:
+            raise AssertionError(f"get_worker_info(): id {info.id}, num_workers {info.num_workers}")
+        time.sleep(0.0005)
+        return i
+
+
+def test_a_worker_killed_as_the_pool_shrinks_leaves_the_ids_below_the_count() -> None:
+    """Worker 0 dies and the pool shrinks to one before it is replaced: worker 1 must not go on
+    alone as id 1 of one (the unit rule: ``tests/runtime/test_pool.py -k shrink_as``)."""
+    for _ in range(3):
+        with drapps.Loader(IdsChecked(400), batch_size=4, workers=2) as loader:
+            iterator = iter(loader)
+            seen = next(iterator).tolist()
+            pool = loader._parts.engine.dispatcher.pool
+            first = next(w for w in pool.workers if w.slot == 0)
+            os.kill(loader.stats().worker_pids[0], signal.SIGKILL)
+            # The shrink as soon as the dispatcher has let the dead worker go, before its next
+            # step starts the replacement (a busy wait: a sleep would miss that moment).
+            deadline = time.monotonic() + 10
+            while first in list(pool.workers) and time.monotonic() < deadline:
+                pass
+            loader.resize(1)
+            seen += [i for batch in iterator for i in batch.tolist()]
+            assert loader.stats().workers == 1
+        assert seen == list(range(400))
+
+
 def test_a_hung_worker_is_replaced_and_its_batch_retried(tmp_path: Path) -> None:
     data = HangingDataset(48, index=21, marker=str(tmp_path / "hung-once"))
     with drapps.Loader(data, batch_size=4, workers=2, timeout=1.0) as loader:
