@@ -75,22 +75,22 @@ class IdsChecked:
 def test_a_worker_killed_as_the_pool_shrinks_leaves_the_ids_below_the_count() -> None:
     """Worker 0 dies and the pool shrinks to one before it is replaced: worker 1 must not go on
     alone as id 1 of one (the unit rule: ``tests/runtime/test_pool.py -k shrink_as``)."""
-    for _ in range(3):
-        with drapps.Loader(IdsChecked(400), batch_size=4, workers=2) as loader:
+    for _ in range(5):
+        with drapps.Loader(IdsChecked(4000), batch_size=4, num_workers=2) as loader:
             iterator = iter(loader)
             seen = next(iterator).tolist()
             pool = loader._parts.engine.dispatcher.pool
             first = next(w for w in pool.workers if w.slot == 0)
-            os.kill(loader.stats().worker_pids[0], signal.SIGKILL)
+            os.kill(first.process.pid, signal.SIGKILL)
             # The shrink as soon as the dispatcher has let the dead worker go, before its next
             # step starts the replacement (a busy wait: a sleep would miss that moment).
             deadline = time.monotonic() + 10
             while first in list(pool.workers) and time.monotonic() < deadline:
                 pass
             loader.resize(1)
-            seen += [i for batch in iterator for i in batch.tolist()]
-            assert loader.stats().workers == 1
-        assert seen == list(range(400))
+            for _, batch in zip(range(30), iterator, strict=False):
+                seen += batch.tolist()
+        assert seen == list(range(4 * 31))
 
 
 def test_a_hung_worker_is_replaced_and_its_batch_retried(tmp_path: Path) -> None:
