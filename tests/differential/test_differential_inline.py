@@ -30,7 +30,7 @@ import random
 import signal
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -319,15 +319,24 @@ class LoaderMachine(RuleBasedStateMachine):
         drop=st.booleans(),
         let_go=st.booleans(),
         how=st.sampled_from(("state_dict", "state_dict", "deepcopy", "pickle")),
+        workers=st.sampled_from((None, None, 1, 2, 3, "auto")),
     )
     def checkpoint_and_resume_in_a_new_loader(
-        self, torch_seed: int, drop: bool, let_go: bool = False, how: str = "state_dict"
+        self,
+        torch_seed: int,
+        drop: bool,
+        let_go: bool = False,
+        how: str = "state_dict",
+        workers: int | str | None = None,
     ) -> None:
         """Resume in a new loader; the old one closed, or dropped mid-epoch unclosed (its
         workers and memory must go with it). ``let_go``: the loop let go of its iterator
         before the checkpoint (it broke out of the epoch), which still holds the epoch.
         ``how``: through ``state_dict()`` as JSON, or a copy of the loader (which stands
-        where the loader stood)."""
+        where the loader stood). ``workers``: the new loader's count, where it differs from
+        the old one's (a job resumed on another machine): a map-style dataset's batches are
+        the same for any count where each sample is seeded, and where its samples draw
+        nothing."""
         if let_go:
             self.iterator = None
             gc.collect()
@@ -354,11 +363,23 @@ class LoaderMachine(RuleBasedStateMachine):
             assert copied.state_dict() == state
             self.loader = copied
         else:
+            if workers is not None and self._resumable_at(workers):
+                self.case = replace(self.case, workers=workers)
             self.loader = drapps.Loader(self.dataset, **self.case.kwargs(self.dataset))
             self.loader.load_state_dict(state)
         self.iterator = iter(self.loader)
         self.resumed_epoch = self.epoch
         self.resized = False
+
+    def _resumable_at(self, workers: int | str) -> bool:
+        """Whether the reference holds for the case at another count: not for a stream or
+        persistent workers (the reference has the case's own workers), nor for filled
+        batches (not the planned ones), nor where seeding per sample would give way to the
+        workers' own RNGs (``"auto"`` without a seed, resumed at a fixed count)."""
+        case = self.case
+        if case.iterable or case.persistent or case.filled:
+            return False
+        return replace(case, workers=workers).per_sample or not case.per_sample
 
     @precondition(lambda self: self.epoch < EPOCHS - 1 and self.got)
     @rule()
@@ -581,6 +602,35 @@ def test_a_resumed_epoch_gives_the_samplers_keys_as_it_gave_them(
     take = LoaderMachine.take_a_batch
     resume = LoaderMachine.checkpoint_and_resume_in_a_new_loader
     walk(case, [take, take, lambda m: resume(m, 3, drop=False), *[take] * 8], monkeypatch)
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "threads"),
+    [(2, 3, False), (3, 1, False), (2, "auto", False), ("auto", 2, False), (1, 3, True)],
+)
+def test_a_checkpoint_resumes_at_another_worker_count(
+    before: int | str, after: int | str, threads: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job resumed on a machine with another count (a seed given, each sample's torch draws
+    seeded from it): the resumed epoch and the next are the reference's, batch for batch, and
+    a resize and a killed worker after it change nothing. On threads the samples draw nothing
+    (a dataset that draws from torch's generator keeps processes)."""
+    case = Run(
+        n=17,
+        payload=Payload(leaf=Leaf(kind="tensor"), draw=None if threads else "torch"),
+        workers=before,
+        seed=7,
+        batch_size=3,
+        shuffle=True,
+        threads=threads,
+    )
+    take = LoaderMachine.take_a_batch
+    resume = LoaderMachine.checkpoint_and_resume_in_a_new_loader
+    steps = [take, take, lambda m: resume(m, 2, drop=False, workers=after), take]
+    kill = [lambda m: m.kill_a_worker(0)] if not threads else []
+    machine = walk(case, [*steps, lambda m: m.resize(2), *kill, *[take] * 12], monkeypatch)
+    assert machine.case.workers == after
+    assert machine.epoch == 2 and machine.exact
 
 
 @pytest.mark.timeout(600)
