@@ -351,6 +351,10 @@ class WithEmpty:
     def __len__(self) -> int:
         return len(self.batches) + 1
 
+    @property
+    def sampler(self) -> Any:
+        return self.batches.sampler
+
 
 class PermutedInIter(torch.utils.data.Sampler[int]):
     """A sampler that draws its whole order as ``iter()`` is called, not as a generator
@@ -417,8 +421,9 @@ class Settings:
     batch_size: int | None = 2
     drop_last: bool = False
     shuffle: bool = False
-    # None, "sequential", "random", "random_replacement", "subset", "in_iter", or a
-    # permutation whose keys are tensors or NumPy integers: "tensor_keys", "numpy_keys"
+    # None, "sequential", "random", "random_replacement", "subset", "in_iter", a
+    # permutation whose keys are tensors or NumPy integers: "tensor_keys", "numpy_keys", or
+    # rank 1 of a DistributedSampler of 2 replicas, shuffled: "distributed"
     sampler: str | None = None
     batch_sampler: bool = False
     empty_batch: bool = False  # the batch_sampler yields an empty batch first
@@ -518,6 +523,10 @@ class Settings:
             return PermutedInIter(len(dataset), self._generator())
         if self.sampler in TYPED:
             return typed_keys(self.sampler, len(dataset), self.generator or 0)
+        if self.sampler == "distributed":  # rank 1 of 2, as DDP gives it; run() sets its epoch
+            return torch.utils.data.DistributedSampler(
+                dataset, num_replicas=2, rank=1, seed=self.generator or 0
+            )
         return torch.utils.data.SubsetRandomSampler(
             list(range(0, len(dataset), 2)), generator=self._generator()
         )
@@ -632,6 +641,7 @@ SAMPLERS = (
     "in_iter",
     "tensor_keys",
     "numpy_keys",
+    "distributed",
 )
 """The samplers a case may name (None, the loader's own, is drawn beside them)."""
 

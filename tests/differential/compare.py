@@ -100,6 +100,16 @@ class Outcome:
         return kinds + ([type(self.error)] if self.error is not None else [])
 
 
+def _set_epoch(loader: Any, epoch: int) -> None:
+    """As a DDP loop does before each epoch: ``set_epoch`` on the sampler it gave the loader
+    (a ``DistributedSampler``), alone or in its batch sampler."""
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    for sampler in (getattr(loader, "sampler", None), getattr(batch_sampler, "sampler", None)):
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(epoch)
+            return
+
+
 def run(
     make: Callable[[], Any], epochs: int = 2, peek: int | None = None, leave: int | None = None
 ) -> Outcome:
@@ -127,6 +137,7 @@ def run(
         try:
             for _ in range(epochs):
                 outcome.epochs.append([])
+                _set_epoch(loader, len(outcome.epochs) - 1)
                 iterator = iter(loader)
                 began = _iter_length(iterator)
                 raised = 0

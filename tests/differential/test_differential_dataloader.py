@@ -459,6 +459,17 @@ _PEEK = Case(
     peek=1,
 )
 
+# A DDP rank's sampler, its epoch set before each (the harness does so for every case that
+# draws it): persistent workers that draw, in batches of a batch sampler of the user's.
+_DISTRIBUTED = Case(
+    n=11,
+    payload=Payload(leaf=Leaf(kind="tensor"), draw="torch"),
+    settings=Settings(
+        workers=2, batch_size=2, sampler="distributed", batch_sampler=True, persistent_workers=True
+    ),
+    peek=1,
+)
+
 # Found by a campaign: the known difference above for a sampler that draws its order as its
 # iter() is called, behind an empty first batch: the harness left it out for the samplers
 # that draw as they start only.
@@ -568,6 +579,7 @@ _TENSOR_KEYS_HELD_ON_THREADS_UNREAD = dataclasses.replace(
 @example(_SAMPLER_FAILS_AUTO)
 @example(_MIXED_STREAM_SHUFFLED)
 @example(_PEEK)
+@example(_DISTRIBUTED)
 @example(_LEFT_EPOCH_PERSISTENT)
 @example(_LEFT_STREAM_PERSISTENT)
 @example(_LEFT_STREAM_ENDED_EARLY)
