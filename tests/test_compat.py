@@ -1378,8 +1378,99 @@ def test_attributes_that_fix_the_batches_refuse_a_new_value(name: str) -> None:
     with drapps.Loader(Indexed(4), batch_size=2, num_workers=0) as loader:
         with pytest.raises(ValueError, match=f"{name} attribute should not be set after Loader"):
             setattr(loader, name, getattr(loader, name))
-        loader.timeout = 5.0  # the others are free, as in DataLoader
+        loader.timeout = 0  # the others are read at iter(), as in DataLoader (below)
         assert [b.tolist() for b in loader] == [[0, 1], [2, 3]]
+
+
+class Drawn:
+    """Samples that draw from torch's and Python's generators, so which worker made each
+    and how its RNGs were seeded shows."""
+
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return torch.tensor([index, int(torch.randint(0, 10**6, ())), random.randint(0, 10**6)])
+
+
+def _reseeded(worker_id: int) -> None:
+    random.seed(1000 + worker_id)
+    torch.manual_seed(2000 + worker_id)
+
+
+def _negated(samples: list[torch.Tensor]) -> torch.Tensor:
+    return -torch.stack(samples)
+
+
+_SET_AFTER = {
+    "worker_init_fn": _reseeded,  # as Lightning's seed_everything(workers=True) sets it
+    "collate_fn": _negated,
+    "num_workers": 3,
+    "prefetch_factor": 4,
+}
+
+
+@pytest.mark.parametrize("name", [*_SET_AFTER, "num_workers=0"])
+@pytest.mark.parametrize("persistent", [False, True])
+def test_an_argument_set_after_the_first_epoch_is_read_at_the_next_iter_as_dataloaders(
+    name: str, persistent: bool
+) -> None:
+    """DataLoader reads these again as each iter() makes its workers (persistent ones keep
+    what they were made with, and num_workers=0 makes the next epoch in the training
+    process): the epochs after the attribute is set are DataLoader's, draws included."""
+    attribute, value = ("num_workers", 0) if name == "num_workers=0" else (name, _SET_AFTER[name])
+
+    def epochs(make: Callable[..., Any]) -> list[list[list[int]]]:
+        torch.manual_seed(0)
+        random.seed(0)
+        loader = make(Drawn(), batch_size=3, num_workers=2, persistent_workers=persistent)
+        first = [b.tolist() for b in loader]
+        setattr(loader, attribute, value)
+        assert getattr(loader, attribute) == value
+        later = [[b.tolist() for b in loader] for _ in range(2)]
+        if hasattr(loader, "close"):
+            loader.close()
+        return [first, *later]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # three workers on two cores
+        assert epochs(drapps.Loader) == epochs(DataLoader)
+
+
+def test_an_argument_set_mid_epoch_leaves_the_epoch_under_way_as_dataloader() -> None:
+    def epochs(make: Callable[..., Any]) -> tuple[list[Any], list[Any]]:
+        torch.manual_seed(0)
+        loader = make(Indexed(8), batch_size=2, num_workers=2)
+        iterator = iter(loader)
+        next(iterator)
+        loader.collate_fn = _negated
+        rest, after = [b.tolist() for b in iterator], [b.tolist() for b in loader]
+        if hasattr(loader, "close"):
+            loader.close()
+        return rest, after
+
+    assert (
+        epochs(drapps.Loader)
+        == epochs(DataLoader)
+        == ([[2, 3], [4, 5], [6, 7]], [[0, -1], [-2, -3], [-4, -5], [-6, -7]])
+    )
+
+
+def test_an_argument_refused_at_the_next_iter_names_it_and_the_loader_goes_on() -> None:
+    with drapps.Loader(Indexed(4), batch_size=2, num_workers=0) as loader:
+        loader.timeout = 5.0  # DataLoader fails its next iter() too (an assertion there)
+        with pytest.raises(ValueError, match=r"timeout needs num_workers > 0"):
+            iter(loader)
+        loader.timeout = 0
+        assert [b.tolist() for b in loader] == [[0, 1], [2, 3]]
+        with pytest.raises(ValueError, match="num_workers option should be non-negative"):
+            loader.num_workers = -1
+        with pytest.raises(TypeError, match="num_workers must be an int >= 0 or 'auto'"):
+            loader.num_workers = "2"
+        assert loader.num_workers == 0
+        loader.generator = None  # the one it holds: free
+        with pytest.raises(ValueError, match="generator attribute should not be set after"):
+            loader.generator = torch.Generator()
 
 
 def test_shuffle_true_with_a_datapipe_that_cannot_shuffle_says_it_stays_unshuffled() -> None:

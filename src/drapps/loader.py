@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import types
+import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Literal
@@ -53,10 +54,21 @@ from drapps.runtime.stats import LoaderStats, PipelineSnapshot
 class _DataLoaderAttributes:
     """DataLoader's attribute rules: ``Loader[T]`` in annotations, and the attributes that fix
     what an epoch holds refuse a new value once the loader is made (DataLoader raises
-    ValueError rather than silently keep the old one)."""
+    ValueError rather than silently keep the old one).
+
+    DataLoader reads its other arguments again as each ``iter()`` makes its workers, so a
+    ``collate_fn`` or ``worker_init_fn`` set on it (Lightning sets the latter under
+    ``seed_everything(workers=True)``) takes effect there. drapps builds its workers and
+    their engine from them as the loader is made: a new value is kept in the loader's
+    arguments, and the next ``iter()`` builds them again with it, standing where the loader
+    stood (:meth:`Loader._rebuild`). As under DataLoader, persistent workers once started
+    keep what they were made with. A new ``generator`` is refused: the samplers drew from
+    the one given. Setting a value equal to the one held changes nothing."""
 
     def __class_getitem__(cls, item: Any) -> types.GenericAlias:
         return types.GenericAlias(cls, item)
+
+    _stale = False  # an argument DataLoader reads at iter() was set since: build again
 
     _FIXED = (
         "batch_size",
@@ -65,14 +77,41 @@ class _DataLoaderAttributes:
         "drop_last",
         "dataset",
         "persistent_workers",
+        "generator",
+    )
+    _READ_AT_ITER = (
+        "collate_fn",
+        "worker_init_fn",
+        "timeout",
+        "pin_memory",
+        "pin_memory_device",
+        "prefetch_factor",
+        "in_order",
+        "multiprocessing_context",
     )
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name in self._FIXED and "_closed" in self.__dict__:  # _closed: set last in __init__
+        made = "_closed" in self.__dict__  # _closed: set last in __init__
+        if (
+            made
+            and name in self._FIXED
+            and not (name == "generator" and _same(self.__dict__.get(name), value))
+        ):
             raise ValueError(
                 f"{name} attribute should not be set after {type(self).__name__} is initialized"
             )
+        if made and name in self._READ_AT_ITER and not _same(self.__dict__.get(name), value):
+            self._arguments[name] = value  # type: ignore[attr-defined]
+            self._stale = True
         super().__setattr__(name, value)
+
+
+def _same(held: Any, value: Any) -> bool:
+    """Whether ``value`` is the attribute value held (itself, or equal as plain data)."""
+    if held is value:
+        return True
+    plain = (bool, int, float, str, type(None))
+    return isinstance(held, plain) and isinstance(value, plain) and held == value
 
 
 class Loader(_DataLoaderAttributes):
@@ -288,8 +327,22 @@ class Loader(_DataLoaderAttributes):
 
     @property
     def num_workers(self) -> int:
-        """Workers asked for now (the controller changes it under "auto")."""
+        """Workers asked for now (the controller changes it under "auto"). A count set here
+        takes effect at the next ``iter()``, as DataLoader's (:meth:`resize` changes it
+        now, mid-epoch)."""
+        if self._stale:  # a count set, read back before the iter() that applies it
+            pending = resolve_workers(self._arguments["num_workers"], self._arguments["workers"])
+            if pending != "auto":
+                return int(pending)
         return self._parts.engine.workers
+
+    @num_workers.setter
+    def num_workers(self, workers: int | Literal["auto"]) -> None:
+        if _same(self.config.workers, python_number(workers)):
+            return
+        resolve_workers(workers, None)  # refused now, naming it, as the constructor does
+        self._arguments.update(num_workers=workers, workers=None)
+        self._stale = True
 
     def __len__(self) -> int:
         if self._iterable:
@@ -301,9 +354,42 @@ class Loader(_DataLoaderAttributes):
     def __iter__(self) -> Iterator[Any]:
         if self._closed:
             raise RuntimeError("this drapps.Loader is closed")
+        if self._stale and (self._set_to_no_workers() or not self._workers_kept()):
+            self._rebuild()
         if self._warn_workers and not (self.persistent_workers and self._cursor.epochs_started):
             warn_excessive_workers(self.config.workers)
         return self._parts.start_epoch(self._cursor, self.__len__)
+
+    def _workers_kept(self) -> bool:
+        """Whether persistent workers have started: DataLoader's go on as they were made."""
+        return self.persistent_workers and self._cursor.epochs_started > 0
+
+    def _set_to_no_workers(self) -> bool:
+        """Whether ``num_workers`` was set to 0: DataLoader then makes the next epoch in the
+        training process, its persistent workers or not."""
+        arguments = self._arguments
+        return resolve_workers(arguments["num_workers"], arguments["workers"]) == 0
+
+    def _rebuild(self) -> None:
+        """Build the workers and their engine again from the arguments as set now (see
+        :class:`_DataLoaderAttributes`), as DataLoader makes its workers at each ``iter()``:
+        the epoch cursor, the samplers and the dataset stay, so the loader stands where it
+        stood. The new parts are built before the old ones stop, so an argument the
+        constructor refuses is refused here, naming it, and the loader keeps what it had. A
+        ``trace`` file starts over, and the report covers the run from here."""
+        arguments = self._arguments
+        if self._set_to_no_workers():  # what DataLoader's constructor takes only with workers
+            arguments = {**arguments, "persistent_workers": False, "prefetch_factor": None}
+        with warnings.catch_warnings():  # DataLoader's count warning: once, from __iter__
+            warnings.filterwarnings("ignore", message="This DataLoader will create")
+            fresh = type(self)(**arguments)
+        fresh._finalizer.detach()  # its parts are this loader's now
+        self._finalizer()
+        self._parts, self.config = fresh._parts, fresh.config
+        self._cursor.runs_with(fresh.config)
+        self._warn_workers = fresh._warn_workers
+        self._finalizer = weakref.finalize(self, self._parts.shutdown)
+        self._stale = False
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next ``iter(loader)`` run ``epoch`` from its first batch; passed on to the

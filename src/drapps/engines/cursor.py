@@ -252,6 +252,14 @@ class EpochCursor:
             as_asked=config.workers == 0,
         )
 
+    def runs_with(self, config: LoaderConfig) -> None:
+        """Take the worker settings of a loader built again (a ``num_workers`` set, see
+        :meth:`drapps.Loader._rebuild <drapps.loader.Loader._rebuild>`): where an epoch
+        draws its base seed and order follows them, as in :meth:`of`."""
+        self._persistent = config.persistent_workers
+        self._in_process = config.workers in (0, "auto")
+        self._as_asked = config.workers == 0
+
     @property
     def dataset(self) -> Any:
         """The loader's dataset."""
