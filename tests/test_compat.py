@@ -1437,6 +1437,49 @@ def test_an_argument_set_after_the_first_epoch_is_read_at_the_next_iter_as_datal
         assert epochs(drapps.Loader) == epochs(DataLoader)
 
 
+@pytest.mark.extras
+@pytest.mark.filterwarnings("ignore::UserWarning")  # Lightning's advice on a CPU run
+def test_lightnings_seeded_workers_draw_in_drapps_workers_as_in_dataloaders() -> None:
+    """``seed_everything(workers=True)`` has Lightning set its ``worker_init_fn`` on the
+    loader it is given, after the loader is made: the epochs' draws are then DataLoader's.
+    Lightning checks that a loader which is not a DataLoader is iterable by calling
+    ``iter()`` on it once, which draws a base seed as DataLoader's ``iter()`` does: the
+    DataLoader run takes that iterator too."""
+    pl = pytest.importorskip("pytorch_lightning")
+
+    class Recorder(pl.LightningModule):  # type: ignore[misc,name-defined]
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(1, 1)
+            self.seen: list[list[int]] = []
+
+        def training_step(self, batch: torch.Tensor, _: int) -> torch.Tensor:
+            self.seen.append(batch.tolist())
+            return self.layer(batch[:, :1].float()).mean()
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.0)
+
+    def fit(make: Callable[..., Any]) -> tuple[list[list[int]], Any]:
+        pl.seed_everything(7, workers=True)
+        loader, model = make(Drawn(), batch_size=3, num_workers=2), Recorder()
+        if isinstance(loader, DataLoader):
+            iter(loader)  # what Lightning's check does to drapps' loader
+        trainer = pl.Trainer(
+            accelerator="cpu", devices=1, max_epochs=2, logger=False,
+            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        )  # fmt: skip
+        trainer.fit(model, train_dataloaders=loader)
+        init = loader.worker_init_fn
+        if hasattr(loader, "close"):
+            loader.close()
+        return model.seen, init
+
+    (theirs, their_init), (ours, our_init) = fit(DataLoader), fit(drapps.Loader)
+    assert our_init is not None and our_init.func is their_init.func  # Lightning's, set on it
+    assert len(ours) == 8 and ours == theirs
+
+
 def test_an_argument_set_mid_epoch_leaves_the_epoch_under_way_as_dataloader() -> None:
     def epochs(make: Callable[..., Any]) -> tuple[list[Any], list[Any]]:
         torch.manual_seed(0)
