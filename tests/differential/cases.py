@@ -390,6 +390,17 @@ def reseed_in_worker(worker_id: int) -> None:
     torch.manual_seed(1000 + worker_id)
 
 
+class Marked:
+    """A ``collate_fn`` set on the loader after its first epoch: ``inner``'s batch (the
+    default's where None), marked as this one's."""
+
+    def __init__(self, inner: Any, *, batched: bool) -> None:
+        self.inner = inner or (default_collate if batched else default_convert)
+
+    def __call__(self, samples: Any) -> Any:
+        return ("marked", self.inner(samples))
+
+
 class SkippingCollate:
     """The reference's collate_fn where drapps skips a failing sample: ``inner`` on the batch
     without the ``SKIPPED`` samples, or ``SKIPPED`` when none is left (the batch is dropped
@@ -556,6 +567,23 @@ class Case:
     goes_on: bool = False  # a stream that fails at fail_at goes on (an iterator, no generator)
     peek: int | None = None  # after this many batches, a second iterator gives one batch
     leave: int | None = None  # after this many batches, the loop leaves the first epoch
+    # After the first epoch, an argument DataLoader reads at iter() is set on the loader:
+    # "collate" (a collate_fn that marks its batches) or "init" (the worker_init_fn toggled)
+    set_after: str | None = None
+
+    def between_epochs(self) -> Any:
+        """What the loop does to the loader after its first epoch (None: nothing)."""
+        if self.set_after is None:
+            return None
+        collate, init = COLLATES[self.settings.collate], self.set_after == "init"
+
+        def set_it(loader: Any) -> None:
+            if init:
+                loader.worker_init_fn = None if loader.worker_init_fn else reseed_in_worker
+            else:
+                loader.collate_fn = Marked(collate, batched=loader.batch_sampler is not None)
+
+        return set_it
 
     def dataset(self, *, marks: bool = False) -> Any:
         """The case's dataset; ``marks``: its failing sample is ``SKIPPED`` instead."""
@@ -694,4 +722,5 @@ def cases(
         goes_on=st.booleans(),
         peek=st.sampled_from((None, None, None, 0, 1, 3)),
         leave=st.sampled_from((None, None, None, 0, 1, 2)),
+        set_after=st.sampled_from((None,) * 6 + ("collate", "init")),
     )

@@ -111,7 +111,11 @@ def _set_epoch(loader: Any, epoch: int) -> None:
 
 
 def run(
-    make: Callable[[], Any], epochs: int = 2, peek: int | None = None, leave: int | None = None
+    make: Callable[[], Any],
+    epochs: int = 2,
+    peek: int | None = None,
+    leave: int | None = None,
+    between: Callable[[Any], None] | None = None,
 ) -> Outcome:
     """Make a loader, iterate ``epochs`` epochs and close it (a drapps loader). An error from
     ``next()`` is kept in its place and the loop goes on, up to :data:`RAISED_PER_EPOCH` in
@@ -119,7 +123,8 @@ def run(
     happened. ``peek``: after that many batches of the first epoch, a second iterator gives
     one batch (``next(iter(loader))`` in the loop), kept in the epoch in its place.
     ``leave``: after that many batches (a peeked one too) the loop leaves the first epoch
-    (a ``break``) and begins the next."""
+    (a ``break``) and begins the next. ``between``: called with the loader after the first
+    epoch (an attribute set on it, read at the next ``iter()``)."""
     outcome = Outcome()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # pin_memory without an accelerator, and the like
@@ -163,6 +168,8 @@ def run(
                     outcome.epochs[-1].append(batch)
                 outcome.iter_lengths.append((began, _iter_length(iterator)))
                 outcome.after.append(_generators_now())
+                if between is not None and len(outcome.epochs) == 1:
+                    between(loader)
         except Exception as exc:
             outcome.error, outcome.where = exc, f"epoch {len(outcome.epochs) - 1}"
         finally:

@@ -92,6 +92,7 @@ def _dataloaders(case: Case, reference: Settings, epochs: int) -> Outcome:
         epochs,
         case.peek,
         case.leave,
+        case.between_epochs(),
     )
     if skipping:
         outcome.epochs = [[b for b in epoch if not is_skipped(b)] for epoch in outcome.epochs]
@@ -117,6 +118,9 @@ def check_against_dataloader(case: Case) -> None:
         # one); a peeked batch of nothing but a skipped sample is not DataLoader's; out of
         # order, which batch a peek gets is the machine's (found by a campaign).
         case = dataclasses.replace(case, peek=None)
+    if s.skip:
+        # DataLoader's collate_fn there is the harness's, which leaves the skipped out.
+        case = dataclasses.replace(case, set_after=None)
     if s.workers and not s.in_order:
         # Out of order, which batches come before the loop leaves an epoch is the machine's.
         case = dataclasses.replace(case, leave=None)
@@ -182,6 +186,7 @@ def check_against_dataloader(case: Case) -> None:
             epochs,
             case.peek,
             case.leave,
+            case.between_epochs(),
         )
     if s.workers:  # with workers, as from DataLoader's, batches are the loop's own memory
         assert_owned(got, dataset)
@@ -470,6 +475,21 @@ _DISTRIBUTED = Case(
     peek=1,
 )
 
+# Arguments DataLoader reads at each iter(), set on both loaders after the first epoch: the
+# next epochs' batches and draws are DataLoader's (found by a probe: drapps kept them unread).
+_SET_AFTER_COLLATE = Case(
+    n=9,
+    payload=Payload(leaf=Leaf(kind="tensor"), draw="torch"),
+    settings=Settings(workers=2, batch_size=2, shuffle=True),
+    set_after="collate",
+)
+_SET_AFTER_INIT = Case(
+    n=9,
+    payload=Payload(leaf=Leaf(kind="tensor"), draw="random"),
+    settings=Settings(workers=3, batch_size=2, init=True),
+    set_after="init",
+)
+
 # Found by a campaign: the known difference above for a sampler that draws its order as its
 # iter() is called, behind an empty first batch: the harness left it out for the samplers
 # that draw as they start only.
@@ -580,6 +600,8 @@ _TENSOR_KEYS_HELD_ON_THREADS_UNREAD = dataclasses.replace(
 @example(_MIXED_STREAM_SHUFFLED)
 @example(_PEEK)
 @example(_DISTRIBUTED)
+@example(_SET_AFTER_COLLATE)
+@example(_SET_AFTER_INIT)
 @example(_LEFT_EPOCH_PERSISTENT)
 @example(_LEFT_STREAM_PERSISTENT)
 @example(_LEFT_STREAM_ENDED_EARLY)
