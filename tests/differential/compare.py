@@ -253,7 +253,10 @@ def _settle(error: BaseException | None) -> None:
 def batch_indices(batch: Any) -> list[int]:
     """The indices of the samples in a batch: ``[indices, payloads]`` from the default
     collate, a list of ``(index, payload)`` samples from an identity one, or one sample; none
-    from an empty batch or a collate_fn that gives None, or an error raised in its place."""
+    from an empty batch or a collate_fn that gives None, or an error raised in its place. A
+    batch a collate_fn set after the first epoch marked (``("marked", batch)``) is its batch's."""
+    if isinstance(batch, tuple) and len(batch) == 2 and isinstance(batch[0], str):
+        return batch_indices(batch[1]) if batch[0] == "marked" else []
     if batch is None or isinstance(batch, Raised) or len(batch) == 0:
         return []
     first = batch[0]

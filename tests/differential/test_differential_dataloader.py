@@ -483,6 +483,14 @@ _SET_AFTER_COLLATE = Case(
     settings=Settings(workers=2, batch_size=2, shuffle=True),
     set_after="collate",
 )
+# Found by a campaign: out of order, the harness sorts batches by their indices, and a
+# marked batch's are its batch's.
+_SET_AFTER_OUT_OF_ORDER = Case(
+    n=1,
+    payload=Payload(leaf=Leaf(kind="python", dtype="int")),
+    settings=Settings(workers="auto", batch_size=None, in_order=False),
+    set_after="collate",
+)
 _SET_AFTER_INIT = Case(
     n=9,
     payload=Payload(leaf=Leaf(kind="tensor"), draw="random"),
@@ -602,6 +610,7 @@ _TENSOR_KEYS_HELD_ON_THREADS_UNREAD = dataclasses.replace(
 @example(_DISTRIBUTED)
 @example(_SET_AFTER_COLLATE)
 @example(_SET_AFTER_INIT)
+@example(_SET_AFTER_OUT_OF_ORDER)
 @example(_LEFT_EPOCH_PERSISTENT)
 @example(_LEFT_STREAM_PERSISTENT)
 @example(_LEFT_STREAM_ENDED_EARLY)
