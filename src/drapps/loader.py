@@ -330,10 +330,8 @@ class Loader(_DataLoaderAttributes):
         """Workers asked for now (the controller changes it under "auto"). A count set here
         takes effect at the next ``iter()``, as DataLoader's (:meth:`resize` changes it
         now, mid-epoch)."""
-        if self._stale:  # a count set, read back before the iter() that applies it
-            pending = resolve_workers(self._arguments["num_workers"], self._arguments["workers"])
-            if pending != "auto":
-                return int(pending)
+        if self._stale and self._asked_workers() != "auto":  # set, before the iter() that
+            return int(self._asked_workers())  # applies it
         return self._parts.engine.workers
 
     @num_workers.setter
@@ -364,11 +362,14 @@ class Loader(_DataLoaderAttributes):
         """Whether persistent workers have started: DataLoader's go on as they were made."""
         return self.persistent_workers and self._cursor.epochs_started > 0
 
+    def _asked_workers(self) -> int | str:
+        """The count the loader's arguments ask for now (one set since included)."""
+        return resolve_workers(self._arguments["num_workers"], self._arguments["workers"])
+
     def _set_to_no_workers(self) -> bool:
         """Whether ``num_workers`` was set to 0: DataLoader then makes the next epoch in the
         training process, its persistent workers or not."""
-        arguments = self._arguments
-        return resolve_workers(arguments["num_workers"], arguments["workers"]) == 0
+        return self._asked_workers() == 0
 
     def _rebuild(self) -> None:
         """Build the workers and their engine again from the arguments as set now (see

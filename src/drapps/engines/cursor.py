@@ -136,6 +136,17 @@ class _Undrawn:
     draw: Callable[[], EpochPlan]
 
 
+def _worker_settings(config: LoaderConfig) -> dict[str, bool]:
+    """What a cursor reads of the loader's workers: persistent ones draw one base seed for
+    all epochs; without workers, or under "auto", the order is drawn in the training
+    process; ``as_asked``: the user asked for none."""
+    return {
+        "persistent": config.persistent_workers,
+        "in_process": config.workers in (0, "auto"),
+        "as_asked": config.workers == 0,
+    }
+
+
 class EpochCursor:
     """The epoch and batch the next ``iter(loader)`` starts from.
 
@@ -246,19 +257,17 @@ class EpochCursor:
             drop_last=config.drop_last,
             batched=batched,
             iterable=is_iterable_dataset(dataset),
-            persistent=config.persistent_workers,
             shard_by_rank=config.shard_by_rank,
-            in_process=config.workers in (0, "auto"),
-            as_asked=config.workers == 0,
+            **_worker_settings(config),
         )
 
     def runs_with(self, config: LoaderConfig) -> None:
         """Take the worker settings of a loader built again (a ``num_workers`` set, see
         :meth:`drapps.Loader._rebuild <drapps.loader.Loader._rebuild>`): where an epoch
         draws its base seed and order follows them, as in :meth:`of`."""
-        self._persistent = config.persistent_workers
-        self._in_process = config.workers in (0, "auto")
-        self._as_asked = config.workers == 0
+        settings = _worker_settings(config)
+        self._persistent = settings["persistent"]
+        self._in_process, self._as_asked = settings["in_process"], settings["as_asked"]
 
     @property
     def dataset(self) -> Any:
