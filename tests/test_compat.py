@@ -1382,17 +1382,6 @@ def test_attributes_that_fix_the_batches_refuse_a_new_value(name: str) -> None:
         assert [b.tolist() for b in loader] == [[0, 1], [2, 3]]
 
 
-class Drawn:
-    """Samples that draw from torch's and Python's generators, so which worker made each
-    and how its RNGs were seeded shows."""
-
-    def __len__(self) -> int:
-        return 12
-
-    def __getitem__(self, index: int) -> torch.Tensor:
-        return torch.tensor([index, int(torch.randint(0, 10**6, ())), random.randint(0, 10**6)])
-
-
 def _reseeded(worker_id: int) -> None:
     random.seed(1000 + worker_id)
     torch.manual_seed(2000 + worker_id)
@@ -1420,10 +1409,11 @@ def test_an_argument_set_after_the_first_epoch_is_read_at_the_next_iter_as_datal
     process): the epochs after the attribute is set are DataLoader's, draws included."""
     attribute, value = ("num_workers", 0) if name == "num_workers=0" else (name, _SET_AFTER[name])
 
-    def epochs(make: Callable[..., Any]) -> list[list[list[int]]]:
+    def epochs(make: Callable[..., Any]) -> list[list[list[float]]]:
         torch.manual_seed(0)
         random.seed(0)
-        loader = make(Drawn(), batch_size=3, num_workers=2, persistent_workers=persistent)
+        np.random.seed(0)
+        loader = make(Augmented(), batch_size=3, num_workers=2, persistent_workers=persistent)
         first = [b.tolist() for b in loader]
         setattr(loader, attribute, value)
         assert getattr(loader, attribute) == value
@@ -1451,7 +1441,7 @@ def test_lightnings_seeded_workers_draw_in_drapps_workers_as_in_dataloaders() ->
         def __init__(self) -> None:
             super().__init__()
             self.layer = torch.nn.Linear(1, 1)
-            self.seen: list[list[int]] = []
+            self.seen: list[list[float]] = []
 
         def training_step(self, batch: torch.Tensor, _: int) -> torch.Tensor:
             self.seen.append(batch.tolist())
@@ -1460,9 +1450,9 @@ def test_lightnings_seeded_workers_draw_in_drapps_workers_as_in_dataloaders() ->
         def configure_optimizers(self) -> torch.optim.Optimizer:
             return torch.optim.SGD(self.parameters(), lr=0.0)
 
-    def fit(make: Callable[..., Any]) -> tuple[list[list[int]], Any]:
+    def fit(make: Callable[..., Any]) -> tuple[list[list[float]], Any]:
         pl.seed_everything(7, workers=True)
-        loader, model = make(Drawn(), batch_size=3, num_workers=2), Recorder()
+        loader, model = make(Augmented(), batch_size=3, num_workers=2), Recorder()
         if isinstance(loader, DataLoader):
             iter(loader)  # what Lightning's check does to drapps' loader
         trainer = pl.Trainer(
