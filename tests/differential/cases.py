@@ -241,6 +241,14 @@ class Samples:
     def __len__(self) -> int:
         return self.n
 
+    def __getstate__(self) -> dict[str, Any]:
+        """What a copy or a pickle takes: the samples kept so far, as they stood (thread
+        workers may be adding one meanwhile, which a dict being copied must not see)."""
+        state = self.__dict__.copy()
+        if self.kept is not None:
+            state["kept"] = dict(self.kept)  # one step under the GIL: int keys call no Python
+        return state
+
     def __getitem__(self, key: Any) -> Any:
         i = int(key)
         ids_below_the_count()
