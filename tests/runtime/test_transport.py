@@ -14,6 +14,8 @@ import torch
 from helpers import mounted_tmpfs, slab_fds, slab_maps
 
 from drapps.runtime import recycling, slabs, transport
+from drapps.runtime.admission import Admission
+from drapps.runtime.pool import Worker
 from drapps.runtime.slabs import SharedMemoryFullError
 from drapps.runtime.transport import pack, receive_message, send_message, unpack
 
@@ -423,6 +425,37 @@ def test_a_worker_keeps_small_released_slabs_by_bytes_and_the_receiver_forgets_c
         assert len(slab_maps()) == 5
         del nxt
         gc.collect()
+
+
+def test_a_dropped_reply_still_has_the_receiver_forget_the_slabs_its_worker_closed(
+    channel,
+) -> None:  # type: ignore[no-untyped-def]
+    # The slabs a worker closed since its last batch are named only by its next reply. A reply
+    # the dispatcher drops unread (a stale epoch's, a duplicate) must still have the training
+    # process forget them: else they stay counted against the memory budget, and fewer
+    # batches are made ahead, until the worker exits.
+    admission = Admission(budget=1 << 30)
+    recycler = admission.recycler
+    writer = slabs.SlabWriter(keep=2)
+    try:
+        whole = _rows(writer, recycler, channel, 64)
+        parts = [_rows(writer, recycler, channel, 16) for _ in range(10)]
+        del whole, parts
+        gc.collect()
+        writer.released(recycler.drain()[0])  # 6 let go: the worker closes them
+        held = recycler.mappings.held_bytes()
+        batch = {"x": torch.zeros(16, 1024, dtype=torch.int32)}
+        stale = cross(pack(batch, writer), channel, writer)
+        assert len(stale.closed) == 6
+        admission.drop(Worker(0), stale)
+        assert recycler.mappings.held_bytes() == held - 6 * 16 * 1024 * 4
+        writer.released(recycler.drain()[0])  # the dropped reply's slab is free again
+        assert len(writer._free) == 5
+    finally:
+        writer.close()
+        recycler.close()
+    gc.collect()
+    assert slab_maps() == [] and slab_fds() == []
 
 
 def test_the_slabs_of_a_worker_that_exited_are_unmapped_and_not_kept(channel) -> None:  # type: ignore[no-untyped-def]

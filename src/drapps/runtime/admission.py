@@ -120,8 +120,11 @@ class Admission:
 
     def drop(self, worker: Worker, packed: Packed | None) -> None:
         """Let go of a reply not delivered (stale, or a duplicate), its slab back to its
-        worker."""
+        worker. The slabs the worker closed since its last batch, which the reply names, are
+        forgotten all the same: no later reply names them again."""
         if packed is not None:
+            if packed.closed:
+                self.recycler.mappings.forget(packed.closed)
             discard(packed, self._releaser(worker, packed))
 
     def hold(self, batch: Any, nbytes: int, finish: Callable[[Any], Any] | None) -> Any:
