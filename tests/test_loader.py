@@ -25,6 +25,7 @@ from helpers import (
 )
 
 import drapps
+from drapps.runtime.slabs import KEEP_FREE
 
 
 def epoch(workers: int, n: int = 61, **kwargs: object) -> list[object]:
@@ -345,6 +346,38 @@ def test_batches_and_the_slabs_kept_for_reuse_stay_under_the_memory_budget() -> 
             # The batch the loop waits for is always made, so the bound is one batch more.
             assert peak <= budget + largest_batch
             assert wait_until(lambda: slab_bytes_held() <= budget, timeout=10)  # idle
+
+
+class Varied:
+    """Samples of 1 to 64 rows of 16 KiB, in no order: slabs of many sizes, of which a
+    worker keeps some for reuse and closes the others."""
+
+    def __len__(self) -> int:
+        return 4000
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.full((1 + (i * 7919) % 64, 4096), float(i))
+
+
+def test_slabs_counted_for_reuse_stay_within_the_workers_shares_over_epochs_left_early() -> None:
+    """An epoch left early drops the replies in flight unread. Each names the slabs its worker
+    closed since its last one, which the training process then forgets; dropped, they stayed
+    counted against the memory budget until the worker exited: 179 MiB after 40 epochs here,
+    so fewer and fewer batches were made ahead."""
+    largest_batch, prefetch = 4 * 64 * 4096 * 4, 4
+    with drapps.Loader(
+        Varied(), batch_size=4, num_workers=2, persistent_workers=True,
+        collate_fn=list, prefetch_factor=prefetch,
+    ) as loader:  # fmt: skip
+        for _ in range(30):
+            for k, _batch in enumerate(loader):
+                if k == 6:
+                    break
+        gc.collect()
+        held = loader._parts.engine.dispatcher.admission.recycler.mappings.held_bytes()
+    # Each worker keeps at most KEEP_FREE slabs of its largest batch, and counts those it let
+    # go until its next reply: at most what it was sent ahead.
+    assert held <= 2 * (KEEP_FREE + prefetch) * largest_batch, f"{held / 2**20:.0f} MiB held"
 
 
 def test_memory_budget_parses_sizes() -> None:
