@@ -17,7 +17,7 @@ from typing import Any
 import psutil
 import pytest
 import torch
-from helpers import SlowDataset, leaks, shm_names, slab_fds
+from helpers import BigDataset, SlowDataset, leaks, shm_names, slab_bytes_held, slab_fds, wait_until
 
 import drapps
 
@@ -43,6 +43,33 @@ def test_with_block_closes_even_after_break() -> None:
             if b == 3:
                 break
     assert not leaks()
+
+
+@pytest.mark.parametrize("workers", [2, "auto"])
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_loop_that_breaks_out_of_an_epoch_lets_its_workers_go_as_dataloaders_do(
+    workers: int | str, persistent: bool
+) -> None:
+    # DataLoader shuts an iterator's workers down once the iterator is collected (a loop that
+    # broke out of its epoch); persistent workers stay for the next epoch. drapps kept both,
+    # and the batches made ahead, until the next iter(): here 2 processes and 16 MiB, for as
+    # long as the program did something else.
+    options: dict[str, Any] = {"batch_size": 4, "persistent_workers": persistent}
+    if workers != "auto":
+        options["num_workers"] = workers
+    with drapps.Loader(BigDataset(400, 256 * 1024), **options) as loader:
+        for b, _batch in enumerate(loader):
+            if b == 3:
+                break
+        del _batch  # the loop lets go of its last batch too
+        gc.collect()
+        assert loader.state_dict()["next_batch"] == 4  # a checkpoint still holds the epoch
+        if persistent:
+            assert loader.stats().worker_pids
+        else:
+            assert wait_until(lambda: not loader.stats().worker_pids, timeout=60)
+            assert wait_until(lambda: slab_bytes_held() == 0, timeout=60)
+        assert len(list(loader)) == 100  # the next epoch, whole
 
 
 def test_garbage_collection_mid_epoch_stops_everything() -> None:

@@ -26,13 +26,18 @@ N = 10**6  # more samples than any test reads: the tests stop on a condition, no
 
 def consume_until(
     loader: drapps.Loader, done: object, step_s: float = 0.0, limit_s: float = 30.0
-) -> None:
+) -> drapps.LoaderStats:
+    """Take batches until ``done()``; the loader's stats as they stood then, inside the
+    epoch (breaking out of it lets its workers go, as DataLoader's do)."""
     deadline = time.monotonic() + limit_s
+    stats = loader.stats()
     for _ in loader:
         if step_s:
             time.sleep(step_s)
+        stats = loader.stats()
         if done() or time.monotonic() > deadline:  # type: ignore[operator]
-            return
+            break
+    return stats
 
 
 def test_grows_from_one_worker_while_the_consumer_waits() -> None:
@@ -40,8 +45,8 @@ def test_grows_from_one_worker_while_the_consumer_waits() -> None:
         BusyDataset(N, 0.003), batch_size=8, workers="auto", max_workers=2, control_interval=0.1
     ) as loader:
         loader.resize(1)
-        consume_until(loader, lambda: loader.stats().workers >= 2)
-        assert loader.stats().workers == 2
+        stats = consume_until(loader, lambda: loader.stats().workers >= 2)
+        assert stats.workers == 2
     # After close the controller thread has finished its tick, so the report has it.
     assert "trying 2 workers" in loader.report()
 
@@ -51,8 +56,8 @@ def test_shrinks_when_workers_sit_idle() -> None:
         SlowDataset(N), batch_size=4, workers="auto", max_workers=4, control_interval=0.1
     ) as loader:
         loader.resize(4)
-        consume_until(loader, lambda: loader.stats().workers < 4, step_s=0.02)
-        assert loader.stats().workers < 4
+        stats = consume_until(loader, lambda: loader.stats().workers < 4, step_s=0.02)
+        assert stats.workers < 4
 
 
 @pytest.fixture()
@@ -74,13 +79,13 @@ def test_a_cpu_hog_mid_run_makes_it_re_decide(cpu_hog: list[subprocess.Popen[byt
         loader.resize(1)
         # ~89 samples/s asked; one worker makes ~235 on a free core (2.6x headroom, so a slow
         # CI machine holds too): nothing to change.
-        consume_until(loader, lambda: loader.stats().workers > 1, step_s=0.09, limit_s=3.0)
-        assert loader.stats().workers == 1
+        stats = consume_until(loader, lambda: loader.stats().workers > 1, step_s=0.09, limit_s=3.0)
+        assert stats.workers == 1
         for _ in range(8):
             cpu_hog.append(subprocess.Popen([sys.executable, "-c", "while True: pass"]))
         # Now the worker gets ~2/9 of a core (~50 samples/s); a second wins back CPU share.
-        consume_until(loader, lambda: loader.stats().workers > 1, step_s=0.09, limit_s=30.0)
-        assert loader.stats().workers > 1
+        stats = consume_until(loader, lambda: loader.stats().workers > 1, step_s=0.09, limit_s=30.0)
+        assert stats.workers > 1
     assert "trying 2 workers" in loader.report()
 
 

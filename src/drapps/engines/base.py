@@ -120,6 +120,12 @@ class Engine(ABC):
         """``job`` was iterated to its end: its workers exit unless ``job.persistent``."""
         return None
 
+    def let_go(self, job: EpochJob) -> None:
+        """``job``, the epoch under way, was let go of before its end (a loop that broke out
+        of it), from its iterator's ``__del__``: its workers exit unless ``job.persistent``,
+        as DataLoader's iterator shuts its workers down when it is collected. Never blocks."""
+        return None
+
     def beside(self, job: EpochJob, start: int) -> Engine | None:
         """An engine that makes ``job``'s batches from ``start`` on in the calling process,
         beside this one, which moves on to a newer epoch (a second ``iter(loader)`` while

@@ -75,8 +75,9 @@ class Positioned(Protocol):
         """The loop has seen the epoch's end."""
         ...
 
-    on_let_go: Callable[[Any], None] | None
-    """Called with the epoch when it is let go of before its end."""
+    on_let_go: Callable[[Any], bool] | None
+    """Called with the epoch when it is let go of before its end; returns whether nothing
+    takes its place (its engine's workers may go)."""
 
     def undelivered(self) -> list[int] | None: ...
 
@@ -327,7 +328,7 @@ class EpochCursor:
             self._next_epoch, self._next_batch = then or plan.epoch + 1, 0
             return EpochJob(plan.epoch, plan.seed, plan, start, fresh, self._persistent)
 
-    def follow(self, epoch: Positioned) -> Callable[[Positioned], None]:
+    def follow(self, epoch: Positioned) -> Callable[[Positioned], bool]:
         """Make ``epoch`` the one under way (held weakly); returns what it calls with itself
         when it is let go of before its end."""
         self._active = weakref.ref(epoch)
@@ -340,19 +341,22 @@ class EpochCursor:
         that one ends or is let go of, ``epoch`` is the one under way again, if still held."""
         self._aside.append(weakref.ref(epoch))
 
-    def _let_go(self, serial: int, epoch: Positioned) -> None:
+    def _let_go(self, serial: int, epoch: Positioned) -> bool:
         """``epoch``, the one under way as of ``serial``, is let go of (from its ``__del__``,
-        in whichever thread dropped it, maybe holding this cursor's lock: so no lock)."""
-        if serial == self._serial:
-            self._left = Standing.of(epoch)
-            self._back_from_aside()
+        in whichever thread dropped it, maybe holding this cursor's lock: so no lock).
+        Returns whether it was the one under way and no epoch that stepped aside for it is
+        under way again: nothing then needs the engine's workers until the next epoch."""
+        if serial != self._serial:
+            return False
+        self._left = Standing.of(epoch)
+        return not self._back_from_aside()
 
     def ended(self, epoch: Positioned) -> None:
         """``epoch``'s loop saw its end."""
         if self._active() is epoch:
             self._back_from_aside()
 
-    def _back_from_aside(self) -> None:
+    def _back_from_aside(self) -> bool:
         """The epoch under way ended or was let go of: the latest one that stepped aside for
         it and has not seen its end is the one under way again (no lock, as
         :meth:`_let_go`); one with every batch delivered too, as a checkpoint holds it."""
@@ -360,7 +364,8 @@ class EpochCursor:
             epoch = self._aside.pop()()
             if epoch is not None and not epoch.ended:
                 epoch.on_let_go = self.follow(epoch)
-                return
+                return True
+        return False
 
     def _forget(self) -> None:
         """No epoch is under way (a ``set_epoch`` or a load decided the next); with the

@@ -145,7 +145,7 @@ class Epoch:
         self._batched, self._batch_size = batched, batch_size
         self._ahead: _Ahead | None = None
         self._ended = False
-        self.on_let_go: Callable[[Epoch], None] | None = None
+        self.on_let_go: Callable[[Epoch], bool] | None = None
         """Called with this epoch when it is let go of before its end (set by the cursor)."""
         self._failed = 0  # a stream's batches that failed (they count in its position)
         self._out_of_order: set[int] = set()  # ids past position delivered ahead of it
@@ -179,7 +179,8 @@ class Epoch:
         let_go = self.__dict__.get("on_let_go")
         if let_go is not None and not self.__dict__.get("_ended", True):
             with contextlib.suppress(Exception):  # late in the interpreter's shutdown
-                let_go(self)
+                if let_go(self) and self._started and self._engine is self._main:
+                    self._main.let_go(self._job)  # its workers go, as DataLoader's do
 
     @property
     def undrawn(self) -> Callable[[], EpochPlan] | None:

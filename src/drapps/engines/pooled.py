@@ -120,6 +120,10 @@ class PoolEngine(Engine):
         if not job.persistent and self._inline is None:
             self.dispatcher.stop_workers(self._generation)
 
+    def let_go(self, job: EpochJob) -> None:
+        if not job.persistent and self._inline is None:
+            self.dispatcher.let_go_workers(self._generation)
+
     def next(self) -> EngineBatch | None:
         if self._inline is not None:
             return self._next_in_process()

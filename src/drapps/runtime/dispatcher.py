@@ -159,6 +159,11 @@ class Dispatcher:
         ``persistent_workers=False``): let them exit now; the next epoch starts new ones."""
         self.mailbox.post("idle", generation, wait_applied=False)
 
+    def let_go_workers(self, generation: int) -> None:
+        """:meth:`stop_workers`, from the ``__del__`` of an epoch the loop let go of before its
+        end (best effort: see :meth:`Mailbox.post_from_finalizer`)."""
+        self.mailbox.post_from_finalizer("let_go", generation)
+
     def resize(self, workers: int) -> None:
         """Set the worker count; returns once the dispatcher has acted on it."""
         self.mailbox.post("resize", workers, wait_applied=True)
@@ -291,11 +296,14 @@ class Dispatcher:
             self.pool.use(value)
         elif name == "lookahead":
             self.schedule.set_lookahead(value)
-        elif name == "idle" and value == self._generation_now and not self._idle:
+        elif name in ("idle", "let_go") and value == self._generation_now and not self._idle:
             self._idle = True  # until the next epoch: no worker is kept or started
             for worker in self.pool.live() + self.pool.parked():
                 self.pool.retire(worker)
             self.pool.idle()
+            if name == "let_go":  # the loop let go of the epoch: what was made ahead goes
+                dropped = self.buffer.let_go()
+                del dropped
 
     def _send_what_dataloader_sent(self, left_at: int) -> None:
         """An epoch left before its end, its workers kept for the next (persistent workers):

@@ -63,6 +63,24 @@ class Mailbox:
                 while self._done < seq and not self.stopped:
                     self._applied.wait(timeout=1.0)
 
+    def post_from_finalizer(self, name: str, value: Any) -> bool:
+        """Send command ``name`` from a finalizer (``__del__``), which may run in a thread
+        that holds this mailbox's lock already (a garbage collection inside :meth:`post`):
+        the lock is tried for a moment and the command dropped if it cannot be had. Returns
+        whether it was sent; never to a thread not yet started."""
+        if not self._lock.acquire(timeout=0.2):
+            return False
+        try:
+            if self.stopped or self._closed or self.thread is None:
+                return False
+            self._commands.append((name, value))
+            self._sent += 1
+            with contextlib.suppress(OSError):  # a full pipe wakes the thread just as well
+                os.write(self._wake_w, b"x")
+            return True
+        finally:
+            self._lock.release()
+
     def apply_all(self) -> None:
         """In the thread: apply every command sent so far, in order, and tell the waiters."""
         with self._lock:

@@ -81,6 +81,18 @@ class ReorderBuffer:
             self._cond.notify_all()
         return dropped
 
+    def let_go(self) -> list[Entry]:
+        """The loop let go of the epoch before its end: drop what is held, and take none of
+        its batches from now on (the replies still in flight are dropped as they come);
+        returns what was held, for the caller to drop outside the lock."""
+        with self._cond:
+            dropped = list(self._entries.values())
+            self._entries.clear()
+            self._ahead.clear()
+            self.next_id = max(self.next_id, self.end_id)
+            self.bytes = 0
+        return dropped
+
     def view(self) -> tuple[int, int, int]:
         """(generation, next id, entries held), read together: a dispatcher in another thread
         decides on one epoch's state, never on a mix of it and the next's."""
