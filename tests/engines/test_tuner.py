@@ -9,7 +9,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -25,9 +25,12 @@ N = 10**6  # more samples than any test reads: the tests stop on a condition, no
 
 
 def consume_until(
-    loader: drapps.Loader, done: object, step_s: float = 0.0, limit_s: float = 30.0
+    loader: drapps.Loader,
+    done: Callable[[drapps.LoaderStats], bool],
+    step_s: float = 0.0,
+    limit_s: float = 30.0,
 ) -> drapps.LoaderStats:
-    """Take batches until ``done()``; the loader's stats as they stood then, inside the
+    """Take batches until ``done(stats)``; returns the stats it was true of, read inside the
     epoch (breaking out of it lets its workers go, as DataLoader's do)."""
     deadline = time.monotonic() + limit_s
     stats = loader.stats()
@@ -35,7 +38,7 @@ def consume_until(
         if step_s:
             time.sleep(step_s)
         stats = loader.stats()
-        if done() or time.monotonic() > deadline:  # type: ignore[operator]
+        if done(stats) or time.monotonic() > deadline:
             break
     return stats
 
@@ -45,7 +48,7 @@ def test_grows_from_one_worker_while_the_consumer_waits() -> None:
         BusyDataset(N, 0.003), batch_size=8, workers="auto", max_workers=2, control_interval=0.1
     ) as loader:
         loader.resize(1)
-        stats = consume_until(loader, lambda: loader.stats().workers >= 2)
+        stats = consume_until(loader, lambda stats: stats.workers >= 2)
         assert stats.workers == 2
     # After close the controller thread has finished its tick, so the report has it.
     assert "trying 2 workers" in loader.report()
@@ -56,7 +59,7 @@ def test_shrinks_when_workers_sit_idle() -> None:
         SlowDataset(N), batch_size=4, workers="auto", max_workers=4, control_interval=0.1
     ) as loader:
         loader.resize(4)
-        stats = consume_until(loader, lambda: loader.stats().workers < 4, step_s=0.02)
+        stats = consume_until(loader, lambda stats: stats.workers < 4, step_s=0.02)
         assert stats.workers < 4
 
 
@@ -79,12 +82,12 @@ def test_a_cpu_hog_mid_run_makes_it_re_decide(cpu_hog: list[subprocess.Popen[byt
         loader.resize(1)
         # ~89 samples/s asked; one worker makes ~235 on a free core (2.6x headroom, so a slow
         # CI machine holds too): nothing to change.
-        stats = consume_until(loader, lambda: loader.stats().workers > 1, step_s=0.09, limit_s=3.0)
+        stats = consume_until(loader, lambda stats: stats.workers > 1, step_s=0.09, limit_s=3.0)
         assert stats.workers == 1
         for _ in range(8):
             cpu_hog.append(subprocess.Popen([sys.executable, "-c", "while True: pass"]))
         # Now the worker gets ~2/9 of a core (~50 samples/s); a second wins back CPU share.
-        stats = consume_until(loader, lambda: loader.stats().workers > 1, step_s=0.09, limit_s=30.0)
+        stats = consume_until(loader, lambda stats: stats.workers > 1, step_s=0.09, limit_s=30.0)
         assert stats.workers > 1
     assert "trying 2 workers" in loader.report()
 
@@ -94,7 +97,7 @@ def test_trace_file_and_report_from_a_real_run(tmp_path: Path) -> None:
     with drapps.Loader(
         BusyDataset(N, 0.001), batch_size=8, workers="auto", control_interval=0.05, trace=path
     ) as loader:
-        consume_until(loader, lambda: len(loader._parts.tuner.rows) >= 5)  # type: ignore[union-attr]
+        consume_until(loader, lambda _: len(loader._parts.tuner.rows) >= 5)  # type: ignore[union-attr]
         report = loader.report()
     trace = read_trace(path)
     assert len(trace.rows) >= 5 and trace.header["config"]["batch_size"] == 8
@@ -125,7 +128,7 @@ def test_progress_lines_are_whole_lines_at_a_steady_pace(
     with drapps.Loader(
         SlowDataset(N), batch_size=4, workers=1, progress=True, control_interval=0.05
     ) as loader:
-        consume_until(loader, lambda: False, limit_s=1.2)
+        consume_until(loader, lambda _: False, limit_s=1.2)
     err = capfd.readouterr().err
     lines = status_lines(err)
     assert "\r" not in err and 2 <= len(lines) <= 7  # ~24 ticks, a line per 0.25 s
@@ -231,7 +234,7 @@ def test_every_loader_reports_where_the_time_went(make: object, told: str) -> No
     loader = make()  # type: ignore[operator]
     with loader:
         assert not controller_threads()  # none before the loop starts
-        consume_until(loader, lambda: len(loader._parts.tuner.rows) >= 6, limit_s=20)
+        consume_until(loader, lambda _: len(loader._parts.tuner.rows) >= 6, limit_s=20)
         assert len(controller_threads()) == 1
         report = loader.report()
     assert "Over " in report and "the training loop waited" in report and told in report
@@ -307,7 +310,7 @@ def test_workers_zero_can_be_traced_but_not_tuned(tmp_path: Path) -> None:
         trace=tmp_path / "t.jsonl",
         control_interval=0.05,
     ) as loader:
-        consume_until(loader, lambda: False, limit_s=0.5)
+        consume_until(loader, lambda _: False, limit_s=0.5)
     rows = read_trace(tmp_path / "t.jsonl").rows
     assert rows and all(r.applied["workers"] == 0 for r in rows)
 
