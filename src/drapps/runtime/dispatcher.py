@@ -296,13 +296,19 @@ class Dispatcher:
             self.pool.use(value)
         elif name == "lookahead":
             self.schedule.set_lookahead(value)
-        elif name in ("idle", "let_go") and value == self._generation_now and not self._idle:
+        elif (
+            name in ("idle", "let_go")
+            # Not once a newer epoch has begun (its iter() may come before this is applied):
+            # its zygote, made at that iter(), and its batches are not this one's to let go.
+            and value == self._generation_now == self._generation
+            and not self._idle
+        ):
             self._idle = True  # until the next epoch: no worker is kept or started
             for worker in self.pool.live() + self.pool.parked():
                 self.pool.retire(worker)
             self.pool.idle()
             if name == "let_go":  # the loop let go of the epoch: what was made ahead goes
-                dropped = self.buffer.let_go()
+                dropped = self.buffer.let_go(value)
                 del dropped
 
     def _send_what_dataloader_sent(self, left_at: int) -> None:

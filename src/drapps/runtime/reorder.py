@@ -73,25 +73,29 @@ class ReorderBuffer:
     def reset(self, generation: int, start: int, end: int) -> list[Entry]:
         """Begin a new epoch (``generation``) delivering ids ``start..end-1``; returns dropped."""
         with self._cond:
-            dropped = list(self._entries.values())
-            self._entries.clear()
-            self._ahead.clear()
+            dropped = self._drop_held()
             self.generation, self.next_id, self.end_id = generation, start, end
-            self.bytes = 0
             self._cond.notify_all()
         return dropped
 
-    def let_go(self) -> list[Entry]:
-        """The loop let go of the epoch before its end: drop what is held, and take none of
-        its batches from now on (the replies still in flight are dropped as they come);
-        returns what was held, for the caller to drop outside the lock."""
-        with self._cond:
-            dropped = list(self._entries.values())
-            self._entries.clear()
-            self._ahead.clear()
-            self.next_id = max(self.next_id, self.end_id)
-            self.bytes = 0
+    def _drop_held(self) -> list[Entry]:
+        """Empty the buffer, with its lock held; returns what it held."""
+        dropped = list(self._entries.values())
+        self._entries.clear()
+        self._ahead.clear()
+        self.bytes = 0
         return dropped
+
+    def let_go(self, generation: int) -> list[Entry]:
+        """The loop let go of epoch ``generation`` before its end: drop what is held, and take
+        none of its batches from now on (the replies still in flight are dropped as they
+        come); returns what was held, for the caller to drop outside the lock. Nothing where
+        a newer epoch has begun: the loop may start one before the dispatcher hears of this."""
+        with self._cond:
+            if generation != self.generation:
+                return []
+            self.next_id = max(self.next_id, self.end_id)
+            return self._drop_held()
 
     def view(self) -> tuple[int, int, int]:
         """(generation, next id, entries held), read together: a dispatcher in another thread
