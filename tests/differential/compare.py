@@ -167,6 +167,7 @@ def run(
                         continue
                     outcome.epochs[-1].append(batch)
                 outcome.iter_lengths.append((began, _iter_length(iterator)))
+                iterator = None  # let go of before the next iter(), as a for loop lets go
                 outcome.after.append(_generators_now())
                 if between is not None and len(outcome.epochs) == 1:
                     between(loader)

@@ -425,6 +425,18 @@ _LEFT_EPOCH_PERSISTENT = Case(
     settings=Settings(workers=2, batch_size=2, prefetch_factor=3, persistent_workers=True),
     leave=1,
 )
+# Found by a campaign once the harness let go of a left iterator before the next iter(), as
+# a for loop does: its epoch's finalizer let the workers go, and the next epoch, already
+# begun, lost its batches with them (it gave none).
+_LEFT_EPOCH = Case(
+    n=12,
+    payload=Payload(leaf=Leaf(kind="tensor")),
+    settings=Settings(workers=2, batch_size=2),
+    leave=1,
+)
+_LEFT_EPOCH_AUTO = dataclasses.replace(
+    _LEFT_EPOCH, settings=dataclasses.replace(_LEFT_EPOCH.settings, workers="auto"), leave=0
+)
 # The same for a stream, found by a probe: DataLoader asks each worker for its prefetch at
 # iter(), so the worker the loop had not reached yet made batches of the left epoch too.
 _LEFT_STREAM_PERSISTENT = Case(
@@ -611,6 +623,8 @@ _TENSOR_KEYS_HELD_ON_THREADS_UNREAD = dataclasses.replace(
 @example(_SET_AFTER_COLLATE)
 @example(_SET_AFTER_INIT)
 @example(_SET_AFTER_OUT_OF_ORDER)
+@example(_LEFT_EPOCH)
+@example(_LEFT_EPOCH_AUTO)
 @example(_LEFT_EPOCH_PERSISTENT)
 @example(_LEFT_STREAM_PERSISTENT)
 @example(_LEFT_STREAM_ENDED_EARLY)
