@@ -4,11 +4,16 @@ forkserver the dataset crosses once."""
 
 from __future__ import annotations
 
+import importlib
 import multiprocessing
 import os
 import signal
+import sys
 import threading
 import time
+import uuid
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import psutil
@@ -16,7 +21,7 @@ import pytest
 import torch
 
 import drapps
-from drapps.runtime.zygote import Zygote
+from drapps.runtime.zygote import ImportUnderWay, ImportWait, Zygote
 
 LOCK = threading.Lock()
 """A lock the training process's threads and the dataset share (a logging handler's, an
@@ -276,3 +281,137 @@ def test_a_worker_that_cannot_have_its_pipes_leaves_none_open(
         assert spawned.value is not None and started.value is not None
     finally:
         pool.shutdown()
+
+
+class HalfMade:
+    """A module another thread is importing: it stops halfway until ``finish()``."""
+
+    def __init__(self, where: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.name = f"half_made_{uuid.uuid4().hex}"
+        gate = f"{self.name}_gate"
+        (where / f"{gate}.py").write_text(
+            "import threading\nstarted, go = threading.Event(), threading.Event()\n"
+        )
+        (where / f"{self.name}.py").write_text(
+            f"import {gate}\nbegun = True\n{gate}.started.set()\n{gate}.go.wait()\nmade = True\n"
+        )
+        monkeypatch.syspath_prepend(str(where))
+        self.gate: Any = importlib.import_module(gate)
+        self.importer = threading.Thread(target=importlib.import_module, args=(self.name,))
+
+    def __enter__(self) -> HalfMade:
+        self.importer.start()
+        assert self.gate.started.wait(60)
+        return self
+
+    def finish(self) -> None:
+        self.gate.go.set()
+
+    def __exit__(self, *exc: object) -> None:
+        self.finish()
+        self.importer.join()
+        for name in (self.name, self.gate.__name__):
+            sys.modules.pop(name, None)
+
+
+def _import_and_exit(fds: list[int], module: str) -> None:
+    """A worker that imports ``module``: exit 0 where it was whole, 7 where half made."""
+    for fd in fds:
+        os.close(fd)
+    imported: ModuleType = importlib.import_module(module)
+    os._exit(0 if hasattr(imported, "made") else 7 if hasattr(imported, "begun") else 1)
+
+
+def _fork_one(zygote: Zygote, module: str) -> Any:
+    r, w = os.pipe()
+    try:
+        return zygote.fork([r, w, r], "drapps-worker-0", module=module)
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def _exit_code(process: Any) -> int | None:
+    process.join(timeout=60)
+    code = process.exitcode
+    process.close()
+    return code
+
+
+@pytest.mark.timeout(120)
+def test_a_zygote_forked_during_another_threads_import_forks_no_worker_until_it_is_done(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under fork, a zygote forked while another thread imports a module inherits its lock
+    held, and a worker that imports it would wait forever: the zygote names the import
+    instead, and one forked after it finishes forks a worker that imports it whole."""
+    context = multiprocessing.get_context("fork")
+    with HalfMade(tmp_path, monkeypatch) as module:
+        zygote = Zygote(context, _import_and_exit, name="drapps-zygote")
+        try:
+            with pytest.raises(ImportUnderWay) as cut:
+                _fork_one(zygote, module.name)
+            assert cut.value.modules == [module.name]
+        finally:
+            zygote.close()
+        with pytest.raises(RuntimeError, match=f"importing {module.name} for 0 s"):
+            ImportWait(limit_s=0.1).wait([module.name])
+        threading.Timer(0.2, module.finish).start()
+        ImportWait().wait([module.name])  # returns once the import is done
+        zygote = Zygote(context, _import_and_exit, name="drapps-zygote")
+        try:
+            assert _exit_code(_fork_one(zygote, module.name)) == 0
+        finally:
+            zygote.close()
+
+
+@pytest.mark.timeout(120)
+def test_the_imports_the_training_thread_runs_its_loop_in_are_left_as_far_as_they_got(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A loop that runs as its module is imported (a script another module imports) holds
+    that import for the whole run: a zygote made in another thread takes it as its own, and a
+    worker sees the module as far as it got, as one forked from the training thread does."""
+    context = multiprocessing.get_context("fork")
+    with HalfMade(tmp_path, monkeypatch) as module:
+        whole = frozenset({module.name})
+        zygote = Zygote(context, _import_and_exit, name="drapps-zygote", whole=whole)
+        try:
+            assert _exit_code(_fork_one(zygote, module.name)) == 7  # begun, not made
+        finally:
+            zygote.close()
+
+
+class ImportsAsItMakes:
+    """A dataset whose samples import a module (a lazy import in a transform)."""
+
+    def __init__(self, module: str) -> None:
+        self.module = module
+
+    def __len__(self) -> int:
+        return 32
+
+    def __getitem__(self, index: int) -> int:
+        return index if importlib.import_module(self.module).made else -1
+
+
+@pytest.mark.timeout(180)
+def test_an_epoch_begun_while_another_thread_imports_gets_every_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the guide's example, one run in two: the epoch's zygote was forked as the
+    dispatcher thread imported a module on first use, and every worker forked from it then
+    waited forever on that import's lock, and the loop on its first batch."""
+    context = multiprocessing.get_context("fork")
+    with HalfMade(tmp_path, monkeypatch) as module:
+        loader = drapps.Loader(
+            ImportsAsItMakes(module.name),
+            batch_size=4,
+            num_workers=2,
+            multiprocessing_context=context,
+        )
+        with loader:
+            batches = iter(loader)  # the zygote is forked here, the import under way
+            threading.Timer(0.5, module.finish).start()
+            indices = torch.cat(list(batches)).tolist()
+    assert indices == list(range(32))

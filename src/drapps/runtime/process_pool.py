@@ -41,7 +41,13 @@ from drapps.runtime.progress import SampleClock
 from drapps.runtime.recycling import starting_worker
 from drapps.runtime.transport import receive_message
 from drapps.runtime.worker import BatchRecipe, run_worker
-from drapps.runtime.zygote import ForkedProcess, Zygote
+from drapps.runtime.zygote import (
+    ForkedProcess,
+    ImportUnderWay,
+    ImportWait,
+    Zygote,
+    imports_under_way,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -151,11 +157,14 @@ class ProcessPool(WorkerPool):
         self._zygote: Zygote | None = None
         self._retired: list[Zygote] = []  # replaced, until their last workers are reaped
         self._zygote_lock = threading.Lock()
+        # The imports the thread that begins the epoch has under way: its loop runs inside.
+        self._whole: frozenset[str] = frozenset()
 
     def prepare(self, fresh: bool) -> None:
         """Make the zygote now, in the thread that starts the epoch (DataLoader starts its
         workers there): a new one for ``fresh`` workers, which see the dataset as it is."""
         with self._zygote_lock:
+            self._whole = frozenset(imports_under_way(threading.get_ident()))
             if fresh and self._zygote is not None:
                 self._retire_zygote()
             self._current_zygote()
@@ -177,6 +186,7 @@ class ProcessPool(WorkerPool):
                         self._context,
                         functools.partial(run_forked_worker, self._recipe),
                         name="drapps-zygote",
+                        whole=self._whole,
                     )
             except OSError as exc:
                 if exc.errno == errno.EMFILE:
@@ -214,7 +224,8 @@ class ProcessPool(WorkerPool):
         options = {"wid": wid, "slot": slot, "num_workers": num_workers, "base_seed": seed}
         options["parent_pid"] = os.getpid()
         with self._zygote_lock:
-            for attempt in (0, 1):
+            attempt, imports = 0, ImportWait()
+            while True:
                 # The zygote first, then the worker's pipes: a zygote forked now (under
                 # ``fork``) inherits every descriptor this process holds, and one holding the
                 # worker's end of its result socket would keep the socket open after the
@@ -233,12 +244,21 @@ class ProcessPool(WorkerPool):
                 try:
                     process = zygote.fork(fds, f"drapps-worker-{slot}", **options)
                     break
+                except ImportUnderWay as exc:
+                    task_send.close()
+                    result_recv.close()
+                    clock.close()
+                    # Forked in the middle of another thread's imports: a new zygote, once
+                    # they are done here.
+                    self._retire_zygote()
+                    imports.wait(exc.modules)
                 except (EOFError, OSError):
                     task_send.close()
                     result_recv.close()
                     clock.close()
                     if attempt:
                         raise
+                    attempt += 1
                     # The zygote died as it was asked: a new one forks the worker, from
                     # pipes made after it.
                     self._retire_zygote()

@@ -28,6 +28,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 import numpy as np
+import numpy.ma  # else imported at the first np.ma, in whichever thread: here, before any fork
 import torch
 
 from drapps.runtime.errors import fd_limit_error

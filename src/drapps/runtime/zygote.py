@@ -15,12 +15,21 @@ collector's walks (``gc.freeze``: forked pages stay shared) and forks every work
 asks for. The worker's pipes and clock cross to it as descriptors over a Unix socket, and a
 pidfd of each worker comes back, so the pool watches, signals and reaps a process that is not
 its child (exit codes arrive from the zygote, which waits for its children).
+
+A fork copies the import locks too. A module that another thread of the training process was
+importing at that instant stays half made and locked in the zygote, and a worker that imports
+it would wait forever. The zygote looks for such imports before it forks a worker: it answers
+the first request with their names (:class:`ImportUnderWay`), and the pool makes a new zygote
+once this process has finished them. The imports of the thread that begins the epoch are
+left whole: its loop runs inside them, as a script's does when another module imports it,
+and a worker sees them as one DataLoader forked from that thread would.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import importlib._bootstrap
 import logging
 import os
 import select
@@ -44,6 +53,59 @@ logger = logging.getLogger(__name__)
 _REPORT_S = 5.0
 """The longest a pool waits for the zygote to report an exit it can already see."""
 
+IMPORT_WAIT_S = 60.0
+"""The longest a worker's start waits for other threads' imports (:class:`ImportWait`)."""
+
+
+class ImportUnderWay(Exception):
+    """The zygote was forked while another thread of this process was importing ``modules``:
+    it forks no worker (one that imported them would wait forever for their locks)."""
+
+    def __init__(self, modules: list[str]) -> None:
+        super().__init__(", ".join(modules))
+        self.modules = modules
+
+
+def imports_under_way(thread: int | None = None) -> list[str]:
+    """The modules whose import is under way in this process: by thread ``thread`` (an
+    ident), or by any thread (None)."""
+    return [
+        name
+        for name, lock in _module_locks()
+        if lock.count and (thread is None or lock.owner == thread)
+    ]
+
+
+class ImportWait:
+    """One worker's start waiting for other threads' imports (:class:`ImportUnderWay`), for
+    at most ``limit_s`` in all."""
+
+    def __init__(self, limit_s: float = IMPORT_WAIT_S) -> None:
+        self._limit_s = limit_s
+        self._since: float | None = None
+
+    def wait(self, modules: list[str]) -> None:
+        """Return once no thread of this process is importing any of ``modules``.
+
+        Raises:
+            RuntimeError: some still are, ``limit_s`` after this start first waited.
+        """
+        now = time.monotonic()
+        since = self._since = now if self._since is None else self._since
+        while True:
+            left = [name for name in imports_under_way() if name in modules]
+            if not left:
+                return
+            if time.monotonic() - since > self._limit_s:
+                raise RuntimeError(
+                    f"drapps cannot start a worker process: another thread of this process "
+                    f"has been importing {', '.join(left)} for {self._limit_s:.0f} s, and a "
+                    "worker forked meanwhile would wait for that import forever. Let the "
+                    "import finish before the loader starts its workers, or make batches in "
+                    "this process (num_workers=0)"
+                )
+            time.sleep(0.005)
+
 
 class Zygote:
     """The pool's side of a zygote process (see the module's docstring).
@@ -53,14 +115,26 @@ class Zygote:
         main: runs in each forked worker, ``main(fds, **kwargs)`` with the descriptors and
             keywords :meth:`fork` was given; the zygote holds it (with the dataset in it).
         name: the zygote process's name.
+        whole: modules whose import the thread that begins the epoch has under way (its
+            loop runs inside them): a worker sees them as far as they got, as an import of
+            a module that is importing it does, not as imports cut short.
     """
 
-    def __init__(self, context: BaseContext, main: Callable[..., None], name: str) -> None:
+    def __init__(
+        self,
+        context: BaseContext,
+        main: Callable[..., None],
+        name: str,
+        whole: frozenset[str] = frozenset(),
+    ) -> None:
         ours, theirs = context.Pipe(duplex=True)  # a Unix socket pair
         self._control = ours
         self._socket = socket.socket(fileno=os.dup(ours.fileno()))
         self.process: BaseProcess = context.Process(  # type: ignore[attr-defined]
-            target=_zygote_main, args=(main, theirs, os.getpid()), name=name, daemon=True
+            target=_zygote_main,
+            args=(main, theirs, os.getpid(), whole),
+            name=name,
+            daemon=True,
         )
         self.process.start()
         self.pid: int | None = self.process.pid
@@ -93,12 +167,15 @@ class Zygote:
 
         Raises:
             OSError: the zygote is gone (its pipe broke).
+            ImportUnderWay: it was forked in the middle of another thread's imports.
         """
         with self._lock:
             self._control.send((name, kwargs))
             reduction.sendfds(self._socket, fds)
             while True:
                 message = self._next(timeout=None)
+                if message is not None and message[0] == "cut short":
+                    raise ImportUnderWay(message[1])
                 if message is not None and message[0] == "forked":
                     pidfd = reduction.recvfds(self._socket, 1)[0]
                     self._children.add(message[1])
@@ -203,10 +280,17 @@ class ForkedProcess:
 # --------------------------------------------------------------------------- in the zygote
 
 
-def _zygote_main(main: Callable[..., None], control: Connection, parent_pid: int) -> None:
+def _zygote_main(
+    main: Callable[..., None],
+    control: Connection,
+    parent_pid: int,
+    whole: frozenset[str] = frozenset(),
+) -> None:
     """The zygote: fork a worker for each request until the pool closes it or the training
-    process exits; report each worker's exit."""
+    process exits; report each worker's exit. Where the fork cut another thread's imports
+    short, answer the first request with their names instead, and exit."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the training process's to handle
+    cut_short = _imports_cut_short(whole)
     sock = socket.socket(fileno=os.dup(control.fileno()))
     parent = Parent(parent_pid)
     children: dict[int, int] = {}  # pidfd: pid
@@ -229,6 +313,11 @@ def _zygote_main(main: Callable[..., None], control: Connection, parent_pid: int
             return
         name, kwargs = request
         fds = reduction.recvfds(sock, 3)
+        if cut_short:
+            for fd in fds:
+                os.close(fd)
+            control.send(("cut short", cut_short))
+            return
         if threading.active_count() > 1 and not warned:
             warned = True
             logger.warning(
@@ -271,3 +360,38 @@ def _worker_main(
             sys.stdout.flush()
             sys.stderr.flush()
         os._exit(code)
+
+
+def _module_locks() -> list[tuple[str, Any]]:
+    """(name, lock) of each module import lock this process holds now (importlib's own
+    table: none where an interpreter keeps it elsewhere)."""
+    table = getattr(importlib._bootstrap, "_module_locks", None)
+    if not isinstance(table, dict):
+        return []
+    locks = []
+    for name, ref in list(table.items()):
+        lock = ref() if callable(ref) else None
+        if all(hasattr(lock, attribute) for attribute in ("owner", "count", "lock")):
+            locks.append((name, lock))
+    return locks
+
+
+def _imports_cut_short(whole: frozenset[str]) -> list[str]:
+    """In a process just forked: the modules another thread was importing at the fork, which
+    no thread here will finish. Those in ``whole`` become this thread's, as far as they got
+    (an import of them returns the module, as within a circular import)."""
+    me = threading.get_ident()
+    cut = []
+    for name, lock in _module_locks():
+        if not lock.lock.acquire(False):  # the fork came as a thread changed the lock itself
+            cut.append(name)
+            continue
+        try:
+            if lock.count and lock.owner != me:
+                if name in whole:
+                    lock.owner = me
+                else:
+                    cut.append(name)
+        finally:
+            lock.lock.release()
+    return cut
