@@ -415,3 +415,36 @@ def test_an_epoch_begun_while_another_thread_imports_gets_every_batch(
             threading.Timer(0.5, module.finish).start()
             indices = torch.cat(list(batches)).tolist()
     assert indices == list(range(32))
+
+
+class StreamImportsAsItMakes(torch.utils.data.IterableDataset[int]):
+    """A stream whose workers import a module as they begin (a lazy import in a reader)."""
+
+    def __init__(self, module: str) -> None:
+        self.module = module
+
+    def __iter__(self) -> Any:
+        made = importlib.import_module(self.module).made
+        info = torch.utils.data.get_worker_info()
+        assert info is not None
+        return iter(range(info.id, 32 if made else 0, info.num_workers))
+
+
+@pytest.mark.timeout(180)
+def test_a_stream_begun_while_another_thread_imports_gets_every_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An iterable dataset's workers are forked from the training process as its epoch
+    begins: not while another thread of it is importing a module, which they could not."""
+    context = multiprocessing.get_context("fork")
+    with HalfMade(tmp_path, monkeypatch) as module:
+        loader = drapps.Loader(
+            StreamImportsAsItMakes(module.name),
+            batch_size=4,
+            num_workers=2,
+            multiprocessing_context=context,
+        )
+        with loader:
+            threading.Timer(0.5, module.finish).start()
+            indices = torch.cat(list(loader)).tolist()
+    assert sorted(indices) == list(range(32))

@@ -99,6 +99,14 @@ def start_worker_process(
 
     The process is also counted among the workers a forked child must not terminate.
     """
+    if context.get_start_method() == "fork":
+        # A fork copies another thread's import under way, its lock held: a worker that
+        # imported that module would wait forever. Forked once they are done (an import begun
+        # between this look and the fork is not seen).
+        mine = imports_under_way(threading.get_ident())
+        others = [name for name in imports_under_way() if name not in mine]
+        if others:
+            ImportWait().wait(others)
     pipes: tuple[Connection, ...] = ()  # closed again if the worker does not start
     try:
         pipes = task_recv, task_send, result_recv, result_send = worker_pipes(context)
