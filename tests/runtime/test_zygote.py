@@ -395,28 +395,6 @@ class ImportsAsItMakes:
         return index if importlib.import_module(self.module).made else -1
 
 
-@pytest.mark.timeout(180)
-def test_an_epoch_begun_while_another_thread_imports_gets_every_batch(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Found by the guide's example, one run in two: the epoch's zygote was forked as the
-    dispatcher thread imported a module on first use, and every worker forked from it then
-    waited forever on that import's lock, and the loop on its first batch."""
-    context = multiprocessing.get_context("fork")
-    with HalfMade(tmp_path, monkeypatch) as module:
-        loader = drapps.Loader(
-            ImportsAsItMakes(module.name),
-            batch_size=4,
-            num_workers=2,
-            multiprocessing_context=context,
-        )
-        with loader:
-            batches = iter(loader)  # the zygote is forked here, the import under way
-            threading.Timer(0.5, module.finish).start()
-            indices = torch.cat(list(batches)).tolist()
-    assert indices == list(range(32))
-
-
 class StreamImportsAsItMakes(torch.utils.data.IterableDataset[int]):
     """A stream whose workers import a module as they begin (a lazy import in a reader)."""
 
@@ -430,21 +408,30 @@ class StreamImportsAsItMakes(torch.utils.data.IterableDataset[int]):
         return iter(range(info.id, 32 if made else 0, info.num_workers))
 
 
+# The stream's two workers take turns, a batch each: 0, 2, 4, 6 from the first, 1, 3, 5, 7...
+_TURNS = [w + 8 * k + 2 * i for k in range(4) for w in (0, 1) for i in range(4)]
+
+
 @pytest.mark.timeout(180)
-def test_a_stream_begun_while_another_thread_imports_gets_every_batch(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("dataset", "expected"),
+    [(ImportsAsItMakes, list(range(32))), (StreamImportsAsItMakes, _TURNS)],
+    ids=["map", "stream"],
+)
+def test_an_epoch_begun_while_another_thread_imports_gets_every_batch(
+    dataset: Any, expected: list[int], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """An iterable dataset's workers are forked from the training process as its epoch
-    begins: not while another thread of it is importing a module, which they could not."""
+    """Found by the guide's example, one run in two: the epoch's zygote was forked as the
+    dispatcher thread imported a module on first use, and every worker forked from it then
+    waited forever on that import's lock, and the loop on its first batch. An iterable
+    dataset's workers, forked from the training process as its epoch begins, could not
+    import it either."""
     context = multiprocessing.get_context("fork")
     with HalfMade(tmp_path, monkeypatch) as module:
         loader = drapps.Loader(
-            StreamImportsAsItMakes(module.name),
-            batch_size=4,
-            num_workers=2,
-            multiprocessing_context=context,
+            dataset(module.name), batch_size=4, num_workers=2, multiprocessing_context=context
         )
         with loader:
             threading.Timer(0.5, module.finish).start()
-            indices = torch.cat(list(loader)).tolist()
-    assert sorted(indices) == list(range(32))
+            indices = torch.cat(list(loader)).tolist()  # forked as the import is under way
+    assert indices == expected

@@ -252,18 +252,16 @@ class ProcessPool(WorkerPool):
                 try:
                     process = zygote.fork(fds, f"drapps-worker-{slot}", **options)
                     break
-                except ImportUnderWay as exc:
+                except (ImportUnderWay, EOFError, OSError) as exc:
                     task_send.close()
                     result_recv.close()
                     clock.close()
-                    # Forked in the middle of another thread's imports: a new zygote, once
-                    # they are done here.
-                    self._retire_zygote()
-                    imports.wait(exc.modules)
-                except (EOFError, OSError):
-                    task_send.close()
-                    result_recv.close()
-                    clock.close()
+                    if isinstance(exc, ImportUnderWay):
+                        # Forked in the middle of another thread's imports: a new zygote,
+                        # once they are done here.
+                        self._retire_zygote()
+                        imports.wait(exc.modules)
+                        continue
                     if attempt:
                         raise
                     attempt += 1
