@@ -45,42 +45,85 @@ def test_with_block_closes_even_after_break() -> None:
     assert not leaks()
 
 
+class BigStream(torch.utils.data.IterableDataset[torch.Tensor]):
+    """``n`` samples of ``nbytes`` float32 bytes each, sharded over the workers."""
+
+    def __init__(self, n: int, nbytes: int) -> None:
+        self.n, self.numel = n, nbytes // 4
+
+    def __iter__(self) -> Any:
+        info = torch.utils.data.get_worker_info()
+        share = range(self.n) if info is None else range(info.id, self.n, info.num_workers)
+        return (torch.full((self.numel,), float(i)) for i in share)
+
+
+@pytest.mark.parametrize("dataset", [BigDataset, BigStream])
 @pytest.mark.parametrize("workers", [2, "auto"])
 @pytest.mark.parametrize("persistent", [False, True])
 def test_a_loop_that_breaks_out_of_an_epoch_lets_its_workers_go_as_dataloaders_do(
-    workers: int | str, persistent: bool
+    dataset: Any, workers: int | str, persistent: bool
 ) -> None:
     # DataLoader shuts an iterator's workers down once the iterator is collected (a loop that
     # broke out of its epoch); persistent workers stay for the next epoch. drapps kept both,
     # and the batches made ahead, until the next iter(): here 2 processes and 16 MiB, for as
-    # long as the program did something else.
+    # long as the program did something else (an iterable dataset's, too).
     options: dict[str, Any] = {"batch_size": 4, "persistent_workers": persistent}
     if workers != "auto":
         options["num_workers"] = workers
-    with drapps.Loader(BigDataset(400, 256 * 1024), **options) as loader:
+    with drapps.Loader(dataset(400, 256 * 1024), **options) as loader:
         for b, _batch in enumerate(loader):
+            if b == 0:
+                pids = loader.stats().worker_pids
             if b == 3:
                 break
         del _batch  # the loop lets go of its last batch too
         gc.collect()
         assert loader.state_dict()["next_batch"] == 4  # a checkpoint still holds the epoch
+        assert pids
         if persistent:
-            assert loader.stats().worker_pids
+            assert set(loader.stats().worker_pids) == set(pids)
         else:
             assert wait_until(lambda: not loader.stats().worker_pids, timeout=60)
+            assert wait_until(lambda: not any(map(psutil.pid_exists, pids)), timeout=60)
             assert wait_until(lambda: slab_bytes_held() == 0, timeout=60)
-        assert len(list(loader)) == 100  # the next epoch, whole
+        assert sum(len(batch) for batch in loader) == 400  # the next epoch, whole
 
 
+class StuckStream(torch.utils.data.IterableDataset[int]):
+    """Each worker yields 4 items, then waits in its next one for an hour."""
+
+    def __iter__(self) -> Any:
+        yield from range(4)
+        time.sleep(3600)
+
+
+def test_a_stream_worker_stuck_in_the_dataset_is_stopped_when_its_epoch_is_let_go_of() -> None:
+    # The workers of an epoch let go of are asked to stop from its iterator's finalizer,
+    # which must not wait for them; one that does not stop in its own time is killed.
+    with drapps.Loader(StuckStream(), batch_size=2, num_workers=2) as loader:
+        for b, _batch in enumerate(loader):
+            if b == 0:
+                pids = loader.stats().worker_pids
+            if b == 3:
+                break
+        del _batch
+        assert len(pids) == 2
+        assert wait_until(lambda: not any(map(psutil.pid_exists, pids)), timeout=60)
+    assert not leaks()
+
+
+@pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("workers", [2, "auto"])
-def test_the_epoch_after_a_break_is_whole_however_soon_it_begins(workers: int | str) -> None:
+def test_the_epoch_after_a_break_is_whole_however_soon_it_begins(
+    workers: int | str, stream: bool
+) -> None:
     # The left epoch's workers are let go from its iterator's finalizer, which the dispatcher
     # may hear of only after the next iter() has begun: that must not let the next epoch's
     # batches go too (it gave none, most times, where the loop went straight on).
     options: dict[str, Any] = {"batch_size": 4}
     if workers != "auto":
         options["num_workers"] = workers
-    with drapps.Loader(list(range(64)), **options) as loader:
+    with drapps.Loader(BigStream(64, 4) if stream else list(range(64)), **options) as loader:
         for _ in range(20):
             for b, _batch in enumerate(loader):
                 if b == 1:

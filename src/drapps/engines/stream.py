@@ -59,6 +59,7 @@ class StreamEngine(Engine):
         )
         self.pool = self._new_pool()
         self._batches: Iterator[tuple[Any, Skipped, BaseException | None]] = iter(())
+        self._job: tuple[EpochJob, int] | None = None  # the epoch under way, its pass
         self._owned: weakref.finalize[Any, Any] | None = None  # set on an epoch's own engine
         self._sides: list[weakref.finalize[Any, Any]] = []  # their workers, stopped with ours
 
@@ -78,12 +79,21 @@ class StreamEngine(Engine):
             shared_seed=job.pipe_seed,
         )
         self._batches = self.pool.batches(generation)
+        self._job = (job, generation)
 
     def end_epoch(self, job: EpochJob) -> None:
         if self._owned is not None:
             self._owned()  # its workers were its own
         elif not job.persistent:
             self.pool.shutdown(grace_s=0.5)  # the next epoch starts new ones
+
+    def let_go(self, job: EpochJob) -> None:
+        under_way = self._job
+        if under_way is None or under_way[0] is not job:
+            return  # a newer epoch has begun
+        self._batches, self._job = iter(()), None  # with the last batch the stream held
+        if not job.persistent:
+            self.pool.let_go(under_way[1])
 
     def beside(self, job: EpochJob, start: int) -> StreamEngine | None:
         """The epoch under way, handed over with its workers, which stream on (each of
@@ -98,7 +108,7 @@ class StreamEngine(Engine):
         side._owned = weakref.finalize(side, self.pool.shutdown, 0.5)
         self._sides = [f for f in self._sides if f.alive]
         self._sides.append(side._owned)
-        self.pool, self._batches = self._new_pool(), iter(())
+        self.pool, self._batches, self._job = self._new_pool(), iter(()), None
         return side
 
     def next(self) -> EngineBatch | None:

@@ -18,6 +18,7 @@ import contextlib
 import itertools
 import logging
 import multiprocessing
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -304,6 +305,8 @@ class StreamPool:
         self._finish = finish
         self.workers: list[_StreamWorker] = []
         self._generation = 0
+        self._lock = threading.Lock()  # a pass begun or ended against one let go of
+        self._leaving: list[threading.Thread] = []  # each stops a let-go pass's workers
         self.rngs: list[dict[str, Any]] | None = None
         """Each worker's RNG states at the start of the pass (persistent workers only)."""
         self.wait_s = 0.0
@@ -356,12 +359,15 @@ class StreamPool:
         """
         if rngs is not None and len(rngs) != workers:
             raise ValueError(f"rngs must hold {workers} workers' states, got {len(rngs)}")
-        if fresh or len(self.workers) != workers:
-            self.shutdown(grace_s=0.0)  # nothing of the old streams is worth waiting for
-        while len(self.workers) < workers:
-            self._spawn(len(self.workers))
-        self._generation += 1
-        generation = self._generation
+        with self._lock:
+            if fresh or len(self.workers) != workers:
+                _stop(self.workers, grace_s=0.0)  # nothing of the old streams is worth waiting for
+                self.workers = []
+            self._leaving = [reaper for reaper in self._leaving if reaper.is_alive()]
+            while len(self.workers) < workers:
+                self._spawn(len(self.workers))
+            self._generation += 1
+            generation = self._generation
         for worker in self.workers:
             worker.requested, worker.active = 0, True
             state = rngs[worker.slot] if rngs is not None else None
@@ -489,18 +495,58 @@ class StreamPool:
         )
         self.workers.append(_StreamWorker(slot, process, task_send, result_recv))
 
+    def let_go(self, generation: int) -> None:
+        """The loop let go of pass ``generation`` before its end (from its iterator's
+        ``__del__``, in whichever thread dropped it): its workers go, as DataLoader's do when
+        its iterator is collected. They are asked to stop and our ends of their pipes
+        closed, so each exits once it is done with the batch in hand; a thread of their own
+        waits for them, and kills any still there after half a second. Never blocks, and
+        does nothing once a newer pass has begun or while one begins (it stops them)."""
+        if not self._lock.acquire(blocking=False):
+            return  # held by this thread, or another beginning or ending a pass
+        try:
+            if generation != self._generation or not self.workers:
+                return
+            workers, self.workers = self.workers, []
+            self._generation += 1  # the pass is over: its batches() would say superseded
+            for worker in workers:
+                _close(worker)
+            reaper = threading.Thread(
+                target=_stop, args=(workers, 0.5), name="drapps-stream-leaving", daemon=True
+            )
+            reaper.start()
+            self._leaving.append(reaper)
+        finally:
+            self._lock.release()
+
     def shutdown(self, grace_s: float = 2.0) -> None:
-        """Stop every worker (ask, wait up to ``grace_s``, kill)."""
-        for worker in self.workers:
-            with contextlib.suppress(OSError):
-                worker.tasks.send(None)
-        deadline = time.monotonic() + grace_s
-        for worker in self.workers:
-            worker.process.join(timeout=max(0.0, deadline - time.monotonic()))
-            if worker.process.is_alive():
-                worker.process.kill()
-                worker.process.join(timeout=5.0)
-            worker.tasks.close()
-            worker.results.close()
-            release_process(worker.process)
-        self.workers = []
+        """Stop every worker (ask, wait up to ``grace_s``, kill), those of a pass let go of
+        included."""
+        with self._lock:
+            _stop(self.workers, grace_s)
+            self.workers = []
+            for reaper in self._leaving:
+                reaper.join()  # its own limits: half a second, then a kill
+            self._leaving = []
+
+
+def _close(worker: _StreamWorker) -> None:
+    """Ask ``worker`` to stop, and close our ends of its pipes: once done with the batch in
+    hand, it reads the request or finds its pipe closed, and exits."""
+    with contextlib.suppress(OSError):
+        worker.tasks.send(None)
+    worker.tasks.close()
+    worker.results.close()
+
+
+def _stop(workers: list[_StreamWorker], grace_s: float) -> None:
+    """Ask ``workers`` to stop, wait up to ``grace_s`` for them all, and kill any left."""
+    for worker in workers:
+        _close(worker)
+    deadline = time.monotonic() + grace_s
+    for worker in workers:
+        worker.process.join(timeout=max(0.0, deadline - time.monotonic()))
+        if worker.process.is_alive():
+            worker.process.kill()
+            worker.process.join(timeout=5.0)
+        release_process(worker.process)
