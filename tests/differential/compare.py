@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from helpers import leaks
+from helpers import drapps_children, leaks, wait_until
 from numpy.lib.array_utils import byte_bounds
 
 import drapps
@@ -68,6 +68,9 @@ class Outcome:
     iter_lengths: list[tuple[int | str, int | str]] = field(default_factory=list)
     """``len(iterator)`` of each epoch that ran out, as it began and once it had ended (or
     the name of the error it raised; :data:`NO_LENGTH` for DataLoader's stream iterator)."""
+    left_workers: int | None = None
+    """The worker processes still running once the loop had let go of the epoch it left
+    early, where its workers are not persistent (None: no epoch was left so)."""
 
     def indices(self, epoch: int) -> list[int]:
         """The sample indices epoch ``epoch`` delivered, in order."""
@@ -92,6 +95,7 @@ class Outcome:
             self.length,
             self.after[:epochs],
             self.iter_lengths[:epochs],
+            self.left_workers,
         )
 
     def error_kinds(self) -> list[type[BaseException]]:
@@ -138,7 +142,7 @@ def run(
             outcome.length = len(loader)
         except Exception as exc:
             outcome.length = type(exc).__name__
-        iterator = None
+        iterator, left = None, False
         try:
             for _ in range(epochs):
                 outcome.epochs.append([])
@@ -149,6 +153,7 @@ def run(
                 while True:
                     first = len(outcome.epochs) == 1
                     if first and leave is not None and len(outcome.epochs[0]) >= leave:
+                        left = True
                         break
                     if first and len(outcome.epochs[0]) == peek:
                         _peek(loader, outcome.epochs[0])
@@ -168,6 +173,9 @@ def run(
                     outcome.epochs[-1].append(batch)
                 outcome.iter_lengths.append((began, _iter_length(iterator)))
                 iterator = None  # let go of before the next iter(), as a for loop lets go
+                if left and not getattr(loader, "persistent_workers", False):
+                    outcome.left_workers = _workers_once_let_go(loader)
+                left = False
                 outcome.after.append(_generators_now())
                 if between is not None and len(outcome.epochs) == 1:
                     between(loader)
@@ -189,6 +197,16 @@ def run(
             del loader, iterator
     _settle(outcome.error)
     return outcome
+
+
+def _workers_once_let_go(loader: Any) -> int:
+    """The worker processes still running after the loop let go of an epoch it left early:
+    DataLoader's iterator stops them as it is collected; a drapps loader's are given up to a
+    minute to exit (a thread of its own waits for them)."""
+    gc.collect()  # an iterator a reference cycle holds is let go of too
+    if isinstance(loader, drapps.Loader):
+        wait_until(lambda: not drapps_children(), timeout=60)
+    return len(drapps_children())
 
 
 def _generators_now() -> tuple[int, float, float]:
@@ -288,6 +306,11 @@ def assert_same(
         if any_order:
             return  # so is how far it got before
     assert got.length == reference.length, f"len() {got.length!r}, reference {reference.length!r}"
+    if reference.left_workers is not None and got.left_workers is not None:
+        assert got.left_workers == reference.left_workers, (
+            f"{got.left_workers} worker processes still running once the loop let go of the "
+            f"epoch it left, reference {reference.left_workers}"
+        )
     assert len(got.epochs) == len(reference.epochs), (len(got.epochs), len(reference.epochs))
     lengths = zip(reference.iter_lengths, got.iter_lengths, strict=True)  # epochs that ran out
     for e, (left, right) in enumerate(lengths):

@@ -7,7 +7,8 @@ the streams of iterable datasets and datapipes, collate, errors, ``len()`` and
 must give the same, for every worker count, sampler, generator, worker_init_fn, collate, order
 and start method, also where a second iterator takes a batch mid-epoch (``next(iter(loader))``
 in the loop): the same values, types, dtypes, shapes and strides, or an error of the same kind
-at the same place, and leave no process, thread, slab or descriptor behind. Out of order
+at the same place, and leave no process, thread, slab or descriptor behind (a left epoch's
+workers exit once the loop lets go of it, unless persistent). Out of order
 (``in_order=False``), DataLoader gives a batch to whichever worker has room, so which worker's
 RNG a sample draws from is the machine's: there samples do not draw.
 
@@ -446,6 +447,15 @@ _LEFT_STREAM_PERSISTENT = Case(
     iterable=True,
     leave=1,
 )
+# Found by a probe: without persistent workers, DataLoader stops a stream's workers as the
+# loop lets go of the epoch it left; drapps' streamed on, idle, until the next iter().
+_LEFT_STREAM = Case(
+    n=12,
+    payload=Payload(leaf=Leaf(kind="tensor")),
+    settings=Settings(workers=2, batch_size=2),
+    iterable=True,
+    leave=1,
+)
 # Where DataLoader's own draws past a left epoch follow the machine: a worker's stream ended
 # by its failure (see check_against_dataloader). Its batches and errors are still held.
 _LEFT_STREAM_ENDED_EARLY = Case(
@@ -627,6 +637,7 @@ _TENSOR_KEYS_HELD_ON_THREADS_UNREAD = dataclasses.replace(
 @example(_LEFT_EPOCH_AUTO)
 @example(_LEFT_EPOCH_PERSISTENT)
 @example(_LEFT_STREAM_PERSISTENT)
+@example(_LEFT_STREAM)
 @example(_LEFT_STREAM_ENDED_EARLY)
 @example(_TENSOR_KEYS_FAIL_TO_COLLATE_AUTO)
 @example(_PEEK_SAMPLER_IN_ITER)
