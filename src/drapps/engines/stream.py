@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import threading
 import weakref
 from collections.abc import Callable, Iterator
 from multiprocessing.context import BaseContext
@@ -60,6 +61,7 @@ class StreamEngine(Engine):
         self.pool = self._new_pool()
         self._batches: Iterator[tuple[Any, Skipped, BaseException | None]] = iter(())
         self._job: tuple[EpochJob, int] | None = None  # the epoch under way, its pass
+        self._starting = threading.Lock()  # an epoch begins: a let-go of the last waits
         self._owned: weakref.finalize[Any, Any] | None = None  # set on an epoch's own engine
         self._sides: list[weakref.finalize[Any, Any]] = []  # their workers, stopped with ours
 
@@ -69,17 +71,18 @@ class StreamEngine(Engine):
 
     def start_epoch(self, job: EpochJob) -> None:
         workers = job.workers if job.workers is not None else self._workers
-        generation = self.pool.start_epoch(
-            workers,
-            job.seed,
-            fresh=job.fresh,
-            solo_unless_sharded=self._solo_unless_sharded,
-            rngs=job.rngs,
-            keep_rngs=job.persistent,
-            shared_seed=job.pipe_seed,
-        )
-        self._batches = self.pool.batches(generation)
-        self._job = (job, generation)
+        with self._starting:
+            generation = self.pool.start_epoch(
+                workers,
+                job.seed,
+                fresh=job.fresh,
+                solo_unless_sharded=self._solo_unless_sharded,
+                rngs=job.rngs,
+                keep_rngs=job.persistent,
+                shared_seed=job.pipe_seed,
+            )
+            self._batches = self.pool.batches(generation)
+            self._job = (job, generation)
 
     def end_epoch(self, job: EpochJob) -> None:
         if self._owned is not None:
@@ -88,12 +91,19 @@ class StreamEngine(Engine):
             self.pool.shutdown(grace_s=0.5)  # the next epoch starts new ones
 
     def let_go(self, job: EpochJob) -> None:
-        under_way = self._job
-        if under_way is None or under_way[0] is not job:
-            return  # a newer epoch has begun
-        self._batches, self._job = iter(()), None  # with the last batch the stream held
-        if not job.persistent:
-            self.pool.let_go(under_way[1])
+        # From a finalizer, in any thread: never waits. A newer epoch beginning (in another
+        # thread, or in this one, which a collection interrupted) replaces what this would.
+        if not self._starting.acquire(blocking=False):
+            return
+        try:
+            under_way = self._job
+            if under_way is None or under_way[0] is not job:
+                return  # a newer epoch has begun
+            self._batches, self._job = iter(()), None  # with the last batch the stream held
+            if not job.persistent:
+                self.pool.let_go(under_way[1])
+        finally:
+            self._starting.release()
 
     def beside(self, job: EpochJob, start: int) -> StreamEngine | None:
         """The epoch under way, handed over with its workers, which stream on (each of
@@ -104,7 +114,7 @@ class StreamEngine(Engine):
         if job.persistent:
             return None
         side = copy.copy(self)
-        side._sides = []
+        side._sides, side._starting = [], threading.Lock()
         side._owned = weakref.finalize(side, self.pool.shutdown, 0.5)
         self._sides = [f for f in self._sides if f.alive]
         self._sides.append(side._owned)
