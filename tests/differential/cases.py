@@ -490,6 +490,14 @@ class Settings:
         random = self.sampler in ("random", "random_replacement", "subset", "in_iter")
         return self.batch_sampler and self.empty_batch and random
 
+    @property
+    def draws_as_it_runs_out(self) -> bool:
+        """Whether the sampler draws from a generator of its own as its pass runs out: a
+        ``RandomSampler`` draws its remainder's permutation (or its keys, with replacement)
+        past its last whole one, even where there is none, at the ``next()`` that finds the
+        pass over. A second iterator over the sampler draws from that generator too."""
+        return self.sampler in ("random", "random_replacement") and self.generator is not None
+
     def dataloader_kwargs(self, dataset: Any, *, skipping: bool = False) -> dict[str, Any]:
         """DataLoader's arguments for this case (samplers and generators made fresh);
         ``skipping``: its collate_fn drops the ``SKIPPED`` samples."""
