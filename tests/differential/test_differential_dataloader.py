@@ -120,8 +120,10 @@ def check_against_dataloader(case: Case) -> None:
         # order, which batch a peek gets is the machine's (found by a campaign).
         case = dataclasses.replace(case, peek=None)
     if s.skip:
-        # DataLoader's collate_fn there is the harness's, which leaves the skipped out.
-        case = dataclasses.replace(case, set_after=None)
+        # DataLoader's collate_fn there is the harness's, which leaves the skipped out; and
+        # the loop would count a batch of nothing but a skipped sample, which drapps never
+        # gives, before it leaves an epoch (found by a campaign).
+        case = dataclasses.replace(case, set_after=None, leave=None)
     if s.workers and not s.in_order:
         # Out of order, which batches come before the loop leaves an epoch is the machine's.
         case = dataclasses.replace(case, leave=None)
