@@ -1,10 +1,13 @@
 from __future__ import annotations
 
+import gc
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 from control.test_policies import state
 from helpers import wait_until
 
@@ -290,6 +293,32 @@ def test_short_epochs_without_persistent_workers_get_that_advice() -> None:
     assert advice not in bottleneck_report(  # no idle cores: new workers are not the cause
         short_epochs(0.0), {"epoch": 5}, persistent_workers=False
     )
+
+
+class Shards(torch.utils.data.IterableDataset[int]):
+    """``n`` ints, sharded over the workers."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self) -> Any:
+        info = torch.utils.data.get_worker_info()
+        return iter(range(self.n) if info is None else range(info.id, self.n, info.num_workers))
+
+
+@pytest.mark.parametrize("how", ["mid-epoch", "ended", "left"])
+def test_a_short_runs_report_says_an_iterable_datasets_workers_made_its_batches(how: str) -> None:
+    # It said they were made in the training process: a stream's pool named no executor.
+    with drapps.Loader(Shards(64), batch_size=4, num_workers=2) as loader:
+        iterator = iter(loader)
+        next(iterator)
+        if how == "ended":
+            list(iterator)
+        elif how == "left":
+            del iterator  # a loop that broke out: the workers go
+            gc.collect()
+        made = "The batches were made by 2 worker processes (num_workers=2, as set)"
+        assert made in loader.report()
 
 
 def test_a_run_too_short_for_the_telemetry_says_what_the_loader_counted() -> None:

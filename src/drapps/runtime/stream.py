@@ -331,6 +331,7 @@ class StreamPool:
             worker_pids=self.pids(),
             target_workers=target_workers,
             shared_bytes=self.shared_bytes,
+            executor="processes",  # a stream's workers always are
         )
 
     def start_epoch(
