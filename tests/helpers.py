@@ -129,6 +129,18 @@ class BigDataset:
         return torch.full((self.numel,), float(i))
 
 
+class BigStream(torch.utils.data.IterableDataset[torch.Tensor]):
+    """``n`` samples of ``nbytes`` float32 bytes each, sharded over the workers."""
+
+    def __init__(self, n: int, nbytes: int) -> None:
+        self.n, self.numel = n, nbytes // 4
+
+    def __iter__(self) -> Any:
+        info = torch.utils.data.get_worker_info()
+        share = range(self.n) if info is None else range(info.id, self.n, info.num_workers)
+        return (torch.full((self.numel,), float(i)) for i in share)
+
+
 class BarePool(WorkerPool):
     """A pool whose workers are only records: what :meth:`WorkerPool.keep_size` and
     :meth:`WorkerPool.next_ids` decide, and what the dispatcher sends each worker

@@ -17,7 +17,16 @@ from typing import Any
 import psutil
 import pytest
 import torch
-from helpers import BigDataset, SlowDataset, leaks, shm_names, slab_bytes_held, slab_fds, wait_until
+from helpers import (
+    BigDataset,
+    BigStream,
+    SlowDataset,
+    leaks,
+    shm_names,
+    slab_bytes_held,
+    slab_fds,
+    wait_until,
+)
 
 import drapps
 
@@ -43,18 +52,6 @@ def test_with_block_closes_even_after_break() -> None:
             if b == 3:
                 break
     assert not leaks()
-
-
-class BigStream(torch.utils.data.IterableDataset[torch.Tensor]):
-    """``n`` samples of ``nbytes`` float32 bytes each, sharded over the workers."""
-
-    def __init__(self, n: int, nbytes: int) -> None:
-        self.n, self.numel = n, nbytes // 4
-
-    def __iter__(self) -> Any:
-        info = torch.utils.data.get_worker_info()
-        share = range(self.n) if info is None else range(info.id, self.n, info.num_workers)
-        return (torch.full((self.numel,), float(i)) for i in share)
 
 
 @pytest.mark.parametrize("dataset", [BigDataset, BigStream])

@@ -4,12 +4,10 @@ import gc
 import json
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import pytest
-import torch
 from control.test_policies import state
-from helpers import wait_until
+from helpers import BigStream, wait_until
 
 import drapps
 from drapps.control import Action
@@ -295,21 +293,10 @@ def test_short_epochs_without_persistent_workers_get_that_advice() -> None:
     )
 
 
-class Shards(torch.utils.data.IterableDataset[int]):
-    """``n`` ints, sharded over the workers."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __iter__(self) -> Any:
-        info = torch.utils.data.get_worker_info()
-        return iter(range(self.n) if info is None else range(info.id, self.n, info.num_workers))
-
-
 @pytest.mark.parametrize("how", ["mid-epoch", "ended", "left"])
 def test_a_short_runs_report_says_an_iterable_datasets_workers_made_its_batches(how: str) -> None:
     # It said they were made in the training process: a stream's pool named no executor.
-    with drapps.Loader(Shards(64), batch_size=4, num_workers=2) as loader:
+    with drapps.Loader(BigStream(64, 4), batch_size=4, num_workers=2) as loader:
         iterator = iter(loader)
         next(iterator)
         if how == "ended":
