@@ -2,6 +2,7 @@ import contextlib
 import errno
 import gc
 import os
+import threading
 from collections import namedtuple
 from collections.abc import Iterator
 from multiprocessing.connection import Connection, Pipe
@@ -501,6 +502,41 @@ def test_kept_slabs_are_bounded_by_the_budget_and_a_closed_recycler_keeps_none(c
     finally:
         writer.close()
         recycler.close()
+
+
+def test_a_batch_freed_by_a_collection_inside_the_receivers_bookkeeping_waits_for_nothing(
+    channel,
+) -> None:  # type: ignore[no-untyped-def]
+    # A batch in a reference cycle is freed by whichever allocation starts a collection, in
+    # any thread: one inside the receiver's own bookkeeping too (here, as it weighs keeping
+    # another released slab). Its slab's finalizer must not wait for the lock its own
+    # thread holds: the thread hung there for good.
+    with _recycling() as (writer, recycler):
+        cyclic = _worker_round(writer, recycler, channel, 1)
+        plain = _worker_round(writer, recycler, channel, 2)
+        room = recycler.mappings.room
+
+        def collecting_room() -> int:
+            gc.collect()  # what any allocation here may start
+            return room() if room is not None else 1 << 40
+
+        recycler.mappings.room = collecting_room
+        gc.disable()  # only the collection above may free the cycle
+        try:
+            cyclic["self"] = cyclic
+            del cyclic
+            held = [plain]
+            del plain
+            dropped = threading.Thread(target=held.clear, daemon=True)  # drops the batch
+            dropped.start()
+            dropped.join(timeout=60)
+            assert not dropped.is_alive(), "the finalizer waited for its own thread's lock"
+        finally:
+            gc.enable()
+        assert len(recycler.mappings) == 2 and len(slab_maps()) == 2  # both kept for reuse
+        notices = recycler.drain()[0]
+        assert sorted(notices) == [(1, True), (2, True)]
+        writer.released(notices)
 
 
 def test_a_slab_mapped_across_a_fork_is_not_kept_mapped(channel) -> None:  # type: ignore[no-untyped-def]

@@ -19,6 +19,7 @@ import os
 import threading
 import weakref
 from collections.abc import Callable, Iterator
+from typing import NamedTuple
 
 from drapps.runtime.slabs import KEEP_FREE, KEEP_SLABS, map_slab_address, unmap_slab
 
@@ -53,6 +54,18 @@ def starting_worker() -> Iterator[None]:
         yield
     finally:
         _starting_worker.active = False
+
+
+class _Retired(NamedTuple):
+    """A received slab whose last tensor is gone, waiting for :meth:`ReceivedMappings.retire`
+    to decide whether its mapping is kept."""
+
+    key: tuple[int, int]
+    address: int
+    size: int
+    sender: int | None
+    reusable: bool
+    release: Callable[[bool], None]
 
 
 class SlabRecycler:
@@ -128,9 +141,21 @@ class ReceivedMappings:
         # till then): file key -> (bytes, sender).
         self._closing: dict[tuple[int, int], tuple[int, int | None]] = {}
         self._gone: set[int] = set()  # senders that exited
-        self._lock = threading.Lock()  # finalizers run in whichever thread drops a batch
+        # Finalizers run in whichever thread drops a batch, maybe inside a collection that
+        # an allocation here began, with the lock held: they never wait for it (:meth:`retire`).
+        self._lock = threading.Lock()
+        self._retiring: collections.deque[_Retired] = collections.deque()
         self._closed = False
         _OPEN_MAPPINGS.add(self)
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """The lock, held; the slabs retired meanwhile are settled as it is let go."""
+        try:
+            with self._lock:
+                yield
+        finally:
+            self._settle()
 
     def map(self, fd: int, nbytes: int) -> tuple[tuple[int, int], int, int]:
         """(file key, address, bytes mapped) of at least ``nbytes`` of slab ``fd``: the whole
@@ -138,7 +163,7 @@ class ReceivedMappings:
         written into it is read through the same mapping."""
         stat = os.fstat(fd)
         key = (stat.st_dev, stat.st_ino)
-        with self._lock:
+        with self._locked():
             held = self._held.pop(key, None)
         if held is not None:
             if held[1] >= nbytes:
@@ -147,42 +172,67 @@ class ReceivedMappings:
         size = max(nbytes, stat.st_size)
         return key, map_slab_address(fd, size), size
 
-    def keep_mapped(
-        self, key: tuple[int, int], address: int, size: int, sender: int | None = None
-    ) -> bool:
-        """Keep a released slab's mapping for its next batch if it fits its worker's share
-        and the budget's room; else (or once closed, or once ``sender`` is :meth:`gone`)
-        unmap it. Returns whether it is kept: its worker keeps the slab only then."""
-        gone = []
-        with self._lock:
-            if (previous := self._held.pop(key, None)) is not None:
-                gone.append(previous)  # mapped again meanwhile: this one is the slab's
-            largest = self._largest[sender] = max(size, self._largest.get(sender, 0))
-            mine = [held for held in self._held.values() if held[2] == sender]
-            share = len(mine) < self.keep or (
-                len(mine) < KEEP_SLABS
-                and sum(held[1] for held in mine) + size <= self.keep * largest
-            )
-            kept = (
-                not self._closed
-                and (sender is None or sender not in self._gone)
-                and share
-                and (self.room is None or size <= self.room())
-            )
-            if kept:
-                self._held[key] = (address, size, sender)
-            else:
-                gone.append((address, size, sender))
-                self._note_closing(key, size, sender)
-        for old, old_size, _ in gone:
-            unmap_slab(old, old_size)
-        return kept
+    def retire(
+        self,
+        key: tuple[int, int],
+        address: int,
+        size: int,
+        sender: int | None,
+        reusable: bool,
+        release: Callable[[bool], None],
+    ) -> None:
+        """A received slab's last tensor is gone: keep its mapping for the slab's next batch
+        when it is ``reusable`` and fits its worker's share and the budget's room; else (or
+        once closed, or once ``sender`` is :meth:`gone`) unmap it. Then ``release`` is called
+        with whether it was kept: its worker keeps the slab only then.
 
-    def let_go(self, key: tuple[int, int], address: int, size: int, sender: int | None) -> None:
-        """Unmap a released slab its worker must close (it was mapped across a fork)."""
-        with self._lock:
-            self._note_closing(key, size, sender)
-        unmap_slab(address, size)
+        From a finalizer, in any thread: where the lock is held (by another thread, or by this
+        one, which a collection interrupted), its holder decides as it lets go."""
+        self._retiring.append(_Retired(key, address, size, sender, reusable, release))
+        self._settle()
+
+    def _settle(self) -> None:
+        """Decide the retired slabs waiting, unless the lock is held (its holder settles)."""
+        while self._retiring:
+            if not self._lock.acquire(blocking=False):
+                return
+            unmapped: list[tuple[int, int]] = []
+            told: list[tuple[Callable[[bool], None], bool]] = []
+            try:
+                while self._retiring:
+                    retired = self._retiring.popleft()
+                    kept = retired.reusable and self._keep(retired, unmapped)
+                    if not kept:
+                        unmapped.append((retired.address, retired.size))
+                        self._note_closing(retired.key, retired.size, retired.sender)
+                    told.append((retired.release, kept))
+            finally:
+                self._lock.release()
+            for address, size in unmapped:
+                unmap_slab(address, size)
+            for release, kept in told:
+                release(kept)
+
+    def _keep(self, retired: _Retired, unmapped: list[tuple[int, int]]) -> bool:
+        """Whether ``retired`` is kept mapped (with the lock held); a mapping of its file held
+        already goes to ``unmapped``."""
+        key, size, sender = retired.key, retired.size, retired.sender
+        if (previous := self._held.pop(key, None)) is not None:
+            unmapped.append(previous[:2])  # mapped again meanwhile: this one is the slab's
+        largest = self._largest[sender] = max(size, self._largest.get(sender, 0))
+        mine = [held for held in self._held.values() if held[2] == sender]
+        share = len(mine) < self.keep or (
+            len(mine) < KEEP_SLABS and sum(held[1] for held in mine) + size <= self.keep * largest
+        )
+        kept = (
+            not self._closed
+            and (sender is None or sender not in self._gone)
+            and share
+            and (self.room is None or size <= self.room())
+        )
+        if kept:
+            self._held[key] = (retired.address, size, sender)
+        return kept
 
     def _note_closing(self, key: tuple[int, int], size: int, sender: int | None) -> None:
         if sender is not None and sender not in self._gone and not self._closed:
@@ -191,7 +241,7 @@ class ReceivedMappings:
     def held_bytes(self) -> int:
         """Bytes of released slabs still held: kept for reuse (each mapped here, open in its
         worker), or not kept and not yet closed by their worker."""
-        with self._lock:
+        with self._locked():
             return self.held_bytes_unlocked()
 
     def held_bytes_unlocked(self) -> int:
@@ -203,7 +253,7 @@ class ReceivedMappings:
         """Unmap the kept mappings of these files (their sender closed them: they will not
         come back, and the mapping alone holds their pages)."""
         gone = []
-        with self._lock:
+        with self._locked():
             for key in keys:
                 self._closing.pop(key, None)
                 if (held := self._held.pop(key, None)) is not None:
@@ -215,7 +265,7 @@ class ReceivedMappings:
         """``sender`` exited: unmap the kept mappings of the slabs it wrote, and keep none
         of its slabs released from now on (its descriptors closed with it, so a mapping
         here would be all that holds their pages, and it will send none of them again)."""
-        with self._lock:
+        with self._locked():
             self._gone.add(sender)
             keys = [key for key, held in self._held.items() if held[2] == sender]
             keys += [key for key, closing in self._closing.items() if closing[1] == sender]
@@ -223,7 +273,7 @@ class ReceivedMappings:
 
     def close(self) -> None:
         """Unmap every kept mapping and keep none from now on."""
-        with self._lock:
+        with self._locked():
             self._closed = True
             held, self._held = list(self._held.values()), collections.OrderedDict()
             self._closing.clear()
@@ -240,6 +290,9 @@ _OPEN_MAPPINGS: weakref.WeakSet[ReceivedMappings] = weakref.WeakSet()
 def _close_in_child() -> None:
     for mappings in list(_OPEN_MAPPINGS):
         mappings._lock = threading.Lock()  # another thread may have held it at the fork
+        retiring, mappings._retiring = list(mappings._retiring), collections.deque()
+        for retired in retiring:  # the parent's, waiting for a decision: not the child's
+            unmap_slab(retired.address, retired.size)
         mappings.close()
 
 
@@ -267,15 +320,11 @@ def retire_slab(
 ) -> None:
     """The last tensor over a received, recyclable slab is gone: its batch's bytes are no
     longer live; keep the mapping for the slab's next batch when it may be written again and
-    fits (:meth:`ReceivedMappings.keep_mapped`), and tell its worker."""
+    fits (:meth:`ReceivedMappings.retire`), and tell its worker."""
     if os.getpid() != owner:
         unmap_slab(address, size)  # a forked child's copy of the mapping
         return
     if on_release is not None:  # first: the budget's room then counts this slab as kept
         on_release(nbytes)
     reusable = forks is not None and _forks[0] == forks
-    if reusable:
-        reusable = mappings.keep_mapped(key, address, size, sender)
-    else:
-        mappings.let_go(key, address, size, sender)
-    release(reusable)
+    mappings.retire(key, address, size, sender, reusable, release)
