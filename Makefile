@@ -114,9 +114,14 @@ test-integration: $(STAMP) core services
 # differential campaigns, which have DIFF_BUDGET_S seconds each, 0: no limit).
 SOAK_S ?= 240
 DIFF_BUDGET_S ?= 240
+# A campaign's state machines write their case and steps to DIFF_TRAIL as they run; if the
+# tier fails (a crash in native code kills the test process), the last of it is printed.
+DIFF_TRAIL ?= .diff-trail
 test-slow: $(STAMP) services
-	DRAPPS_SOAK_S=$(SOAK_S) DRAPPS_DIFF_BUDGET_S=$(DIFF_BUDGET_S) \
-	  $(VENV)/bin/pytest -q -m slow --durations=12
+	DRAPPS_SOAK_S=$(SOAK_S) DRAPPS_DIFF_BUDGET_S=$(DIFF_BUDGET_S) DRAPPS_DIFF_TRAIL=$(DIFF_TRAIL) \
+	  $(VENV)/bin/pytest -q -m slow --durations=12 \
+	  || { code=$$?; echo "the campaigns' last case and steps ($(DIFF_TRAIL)):"; \
+	       tail -n 40 $(DIFF_TRAIL) 2>/dev/null; exit $$code; }
 
 # Every tier, as CI runs it.
 test-all: test test-integration test-slow

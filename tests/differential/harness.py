@@ -5,11 +5,13 @@ campaigns in the slow tier, which explore from the seed ``tests/conftest.py`` pr
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any, TypeVar
 
 import hypothesis.core
 from hypothesis import HealthCheck, settings
@@ -27,6 +29,34 @@ FAST = settings(
     suppress_health_check=list(HealthCheck),
     print_blob=True,
 )
+
+
+TRAIL = os.environ.get("DRAPPS_DIFF_TRAIL")
+"""A file each state machine's case and steps are written to as they run (unset: none): a
+campaign that kills the test process (a crash in native code) leaves there what it ran last,
+which ``make test-slow`` prints."""
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def trail(line: str, *, new: bool = False) -> None:
+    """Write ``line`` to :data:`TRAIL` (``new``: the file starts over with it)."""
+    if TRAIL:
+        with open(TRAIL, "w" if new else "a") as file:
+            file.write(line + "\n")
+
+
+def traced(step: F) -> F:
+    """A state machine's step, written to :data:`TRAIL` with its arguments as it begins."""
+
+    @functools.wraps(step)
+    def traced_step(machine: Any, *args: Any, **kwargs: Any) -> Any:
+        if TRAIL:
+            shown = [*map(repr, args), *(f"{k}={v!r}" for k, v in kwargs.items())]
+            trail(f"{step.__name__}({', '.join(shown)})")
+        return step(machine, *args, **kwargs)
+
+    return traced_step  # type: ignore[return-value]
 
 
 def campaign(examples: int, **more: object) -> settings:

@@ -49,7 +49,7 @@ from cases import (
     without_draws,
 )
 from compare import Outcome, assert_equal, assert_owned, batch_indices, nothing_left, run
-from harness import FAST, FAST_EXAMPLES, Budget, campaign, in_chunks
+from harness import FAST, FAST_EXAMPLES, Budget, campaign, in_chunks, traced, trail
 from hypothesis import assume, note, seed, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -229,6 +229,7 @@ class LoaderMachine(RuleBasedStateMachine):
         if case.cache or case.held or not case.per_sample:  # dataset[i] kept: no draws then
             case = Run(**{**case.__dict__, "payload": without_draws(case.payload)})
         note(f"case = {case!r}")
+        trail(f"case = {case!r}", new=True)
         self.case = case
         self.dataset = case.dataset()
         if case.iterable and case.workers == "auto":
@@ -261,6 +262,7 @@ class LoaderMachine(RuleBasedStateMachine):
     # ----------------------------------------------------------------------------- events
 
     @rule()
+    @traced
     def take_a_batch(self) -> None:
         if self.epoch >= EPOCHS:
             return  # the run is over
@@ -275,12 +277,14 @@ class LoaderMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.epoch < EPOCHS and not self.case.iterable)
     @rule(workers=st.integers(1, 3))
+    @traced
     def resize(self, workers: int) -> None:
         self.loader.resize(workers)
         self.resized = True  # a count the user sets stays with workers
 
     @precondition(lambda self: self.epoch < EPOCHS and not self.case.iterable)
     @rule(which=st.integers(0, 7))
+    @traced
     def kill_a_worker(self, which: int) -> None:
         pids = self.loader.stats().worker_pids
         if pids:
@@ -289,6 +293,7 @@ class LoaderMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.epoch < EPOCHS and not self.case.iterable)
     @rule(threads=st.booleans())
+    @traced
     def move_the_workers_between_processes_and_threads(self, threads: bool) -> None:
         """What the controller does under the default count (refused while the workers have
         not yet shown that the dataset draws from no global generator)."""
@@ -298,6 +303,7 @@ class LoaderMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.epoch < EPOCHS and not self.case.iterable)
     @rule(moves=st.lists(st.booleans(), min_size=1, max_size=4))
+    @traced
     def move_between_the_loop_and_the_workers(self, moves: list[bool]) -> None:
         """What the default count does where batches cost less to make than to wait for: make
         them in the training process (True) or bring the workers back (False), a batch taken
@@ -321,6 +327,7 @@ class LoaderMachine(RuleBasedStateMachine):
         how=st.sampled_from(("state_dict", "state_dict", "deepcopy", "pickle")),
         workers=st.sampled_from((None, None, 1, 2, 3, "auto")),
     )
+    @traced
     def checkpoint_and_resume_in_a_new_loader(
         self,
         torch_seed: int,
@@ -383,6 +390,7 @@ class LoaderMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.epoch < EPOCHS - 1 and self.got)
     @rule()
+    @traced
     def start_the_next_epoch_midway(self) -> None:
         """A new ``iter(loader)`` mid-epoch: the next epoch, whole; the old one is over."""
         self._epoch_ended(abandoned=True)
@@ -393,6 +401,7 @@ class LoaderMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.epoch < EPOCHS - 1 and self.got)
     @rule()
+    @traced
     def start_the_next_epoch_while_another_thread_takes(self) -> None:
         """A new ``iter(loader)`` while another thread may be inside the old iterator's
         ``next()``: that thread gets the old epoch's next batch (or, where workers hold its
@@ -431,6 +440,7 @@ class LoaderMachine(RuleBasedStateMachine):
             st.sampled_from(("second", "second", "loop", "kill", "resize")), min_size=1, max_size=8
         )
     )
+    @traced
     def take_from_a_second_iterator(self, steps: list[str]) -> None:
         """A second ``iter(loader)`` while the loop's is under way (``next(iter(loader))``
         inside the loop, ``zip(loader, loader)``), held through ``steps``: take a batch from
