@@ -459,6 +459,32 @@ def test_a_dropped_reply_still_has_the_receiver_forget_the_slabs_its_worker_clos
     assert slab_maps() == [] and slab_fds() == []
 
 
+@pytest.mark.parametrize("room", [None, 0], ids=["room", "no room"])
+def test_a_slab_its_worker_closed_while_the_loop_held_its_batch_is_not_kept_or_awaited(
+    channel, room: int | None
+) -> None:  # type: ignore[no-untyped-def]
+    # A worker remembers only so many sent slabs: past that it closes the oldest and names it
+    # with its next batch, while the loop may still hold the batch. Once that batch goes, a
+    # kept mapping would hold the pages and a place in the worker's share, and a slab not
+    # kept would be counted against the budget until a close already told: both until the
+    # worker exits, for a slab never sent again.
+    with _recycling(memory=1) as (writer, recycler):
+        if room is not None:
+            recycler.mappings.room = lambda: room
+        batches = [_worker_round(writer, recycler, channel, value) for value in (1, 2, 3)]
+        assert writer.held() == 1  # the first two closed; the first named by the third batch
+        first = batches.pop(0)
+        assert int(first["x"].sum()) == 64 * 1024  # a batch the loop holds is untouched
+        del first
+        gc.collect()
+        assert len(recycler.mappings) == 0 and recycler.mappings.held_bytes() == 0
+        assert len(slab_maps()) == 2
+        writer.released(recycler.drain()[0])
+        assert writer.held() == 1
+        del batches
+        gc.collect()
+
+
 def test_the_slabs_of_a_worker_that_exited_are_unmapped_and_not_kept(channel) -> None:  # type: ignore[no-untyped-def]
     # A worker's slab files close with it: a mapping the training process kept for the slab's
     # next batch would then be all that holds the pages, for a batch that never comes.

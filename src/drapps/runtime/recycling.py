@@ -141,6 +141,10 @@ class ReceivedMappings:
         # till then): file key -> (bytes, sender).
         self._closing: dict[tuple[int, int], tuple[int, int | None]] = {}
         self._gone: set[int] = set()  # senders that exited
+        # Files mapped for a batch not yet retired, and those of them their sender closed
+        # meanwhile (past its memory of sent slabs): such a slab is never sent again.
+        self._live: set[tuple[int, int]] = set()
+        self._dead: set[tuple[int, int]] = set()
         # Finalizers run in whichever thread drops a batch, maybe inside a collection that
         # an allocation here began, with the lock held: they never wait for it (:meth:`retire`).
         self._lock = threading.Lock()
@@ -165,12 +169,16 @@ class ReceivedMappings:
         key = (stat.st_dev, stat.st_ino)
         with self._locked():
             held = self._held.pop(key, None)
-        if held is not None:
-            if held[1] >= nbytes:
+            if held is not None and held[1] >= nbytes:
+                self._live.add(key)
                 return key, held[0], held[1]
+        if held is not None:
             unmap_slab(held[0], held[1])
         size = max(nbytes, stat.st_size)
-        return key, map_slab_address(fd, size), size
+        address = map_slab_address(fd, size)
+        with self._locked():
+            self._live.add(key)
+        return key, address, size
 
     def retire(
         self,
@@ -201,10 +209,14 @@ class ReceivedMappings:
             try:
                 while self._retiring:
                     retired = self._retiring.popleft()
-                    kept = retired.reusable and self._keep(retired, unmapped)
+                    self._live.discard(retired.key)
+                    closed = retired.key in self._dead  # by its sender, while it was live
+                    self._dead.discard(retired.key)
+                    kept = retired.reusable and not closed and self._keep(retired, unmapped)
                     if not kept:
                         unmapped.append((retired.address, retired.size))
-                        self._note_closing(retired.key, retired.size, retired.sender)
+                        if not closed:
+                            self._note_closing(retired.key, retired.size, retired.sender)
                     told.append((retired.release, kept))
             finally:
                 self._lock.release()
@@ -251,10 +263,14 @@ class ReceivedMappings:
 
     def forget(self, keys: tuple[tuple[int, int], ...]) -> None:
         """Unmap the kept mappings of these files (their sender closed them: they will not
-        come back, and the mapping alone holds their pages)."""
+        come back, and the mapping alone holds their pages). One still live (a worker closes
+        the oldest of its sent slabs past its memory, while the loop holds their batches) is
+        neither kept nor awaited once its batch is let go."""
         gone = []
         with self._locked():
             for key in keys:
+                if key in self._live:
+                    self._dead.add(key)
                 self._closing.pop(key, None)
                 if (held := self._held.pop(key, None)) is not None:
                     gone.append(held)
