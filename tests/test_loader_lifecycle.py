@@ -86,6 +86,23 @@ def test_a_loop_that_breaks_out_of_an_epoch_lets_its_workers_go_as_dataloaders_d
         assert sum(len(batch) for batch in loader) == 400  # the next epoch, whole
 
 
+def test_an_epoch_let_go_of_while_its_thread_holds_the_dispatchers_mailbox_still_lets_go() -> None:
+    # An iterator in a reference cycle is freed by whichever allocation starts a collection,
+    # maybe one the dispatcher's mailbox makes with its lock held in this very thread. The
+    # let-go its finalizer sends must neither wait for that lock nor be dropped (the workers
+    # and what they made ahead would stay until the next iter()).
+    with drapps.Loader(BigDataset(400, 256 * 1024), batch_size=4, num_workers=2) as loader:
+        epoch = iter(loader)
+        next(epoch)
+        pids = loader.stats().worker_pids
+        assert pids
+        with loader._parts.engine.dispatcher.mailbox._lock:  # as inside post()
+            del epoch  # its finalizer runs here
+        assert wait_until(lambda: not any(map(psutil.pid_exists, pids)), timeout=60)
+        assert wait_until(lambda: slab_bytes_held() == 0, timeout=60)
+        assert sum(len(batch) for batch in loader) == 400  # the next epoch, whole
+
+
 class StuckStream(torch.utils.data.IterableDataset[int]):
     """Each worker yields 4 items, then waits in its next one for an hour."""
 

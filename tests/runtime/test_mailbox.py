@@ -52,3 +52,20 @@ def test_settings_hold_at_once_then_commands_run_in_the_thread_in_order() -> Non
         box.mailbox.post("resize", 1, wait_applied=True)
     box.mailbox.wake()  # closed: a no-op, never a write to a reused descriptor
     assert not box.mailbox.close()
+
+
+def test_a_command_from_a_finalizer_under_the_mailboxs_own_lock_is_applied_not_dropped() -> None:
+    # A finalizer may run inside a collection that post() began with the lock held in the
+    # same thread: it must not wait for the lock, and its command still reaches the thread.
+    box = _Thread()
+    box.mailbox.post("epoch", 1, wait_applied=True)
+    with box.mailbox._lock:
+        box.mailbox.post_from_finalizer("let_go", 1)
+    box.mailbox.post("prefetch", 2, wait_applied=True)  # applied in the same pass, or before
+    applied = [(n, v) for n, v, _ in box.applied]
+    assert applied[0] == ("epoch", 1) and sorted(applied[1:]) == [("let_go", 1), ("prefetch", 2)]
+    assert box.mailbox.stop()
+    box.mailbox.post_from_finalizer("let_go", 2)  # stopped: nothing is sent
+    box.mailbox.wake()
+    box.mailbox.thread.join(timeout=10)
+    assert ("let_go", 2) not in [(n, v) for n, v, _ in box.applied]

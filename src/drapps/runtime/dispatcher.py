@@ -161,7 +161,7 @@ class Dispatcher:
 
     def let_go_workers(self, generation: int) -> None:
         """:meth:`stop_workers`, from the ``__del__`` of an epoch the loop let go of before its
-        end (best effort: see :meth:`Mailbox.post_from_finalizer`)."""
+        end (:meth:`Mailbox.post_from_finalizer`: it never waits for the mailbox's lock)."""
         self.mailbox.post_from_finalizer("let_go", generation)
 
     def resize(self, workers: int) -> None:

@@ -9,6 +9,7 @@ epoch starts the thread.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import threading
@@ -33,6 +34,7 @@ class Mailbox:
         self._name, self._run, self._apply = name, run, apply
         self._lock = threading.Lock()
         self._commands: list[tuple[str, Any]] = []
+        self._late: collections.deque[tuple[str, Any]] = collections.deque()  # from finalizers
         self._applied = threading.Condition(self._lock)
         self._sent = 0
         self._done = 0
@@ -63,29 +65,31 @@ class Mailbox:
                 while self._done < seq and not self.stopped:
                     self._applied.wait(timeout=1.0)
 
-    def post_from_finalizer(self, name: str, value: Any) -> bool:
+    def post_from_finalizer(self, name: str, value: Any) -> None:
         """Send command ``name`` from a finalizer (``__del__``), which may run in a thread
-        that holds this mailbox's lock already (a garbage collection inside :meth:`post`):
-        the lock is tried for a moment and the command dropped if it cannot be had. Returns
-        whether it was sent; never to a thread not yet started."""
-        if not self._lock.acquire(timeout=0.2):
-            return False
-        try:
-            if self.stopped or self._closed or self.thread is None:
-                return False
-            self._commands.append((name, value))
-            self._sent += 1
-            with contextlib.suppress(OSError):  # a full pipe wakes the thread just as well
-                os.write(self._wake_w, b"x")
-            return True
-        finally:
-            self._lock.release()
+        that holds this mailbox's lock already (a garbage collection inside :meth:`post`), so
+        it never waits for the lock: the command is queued apart, and the thread applies it
+        on its next pass (woken now where the lock is free, else within its tick). Nothing is
+        sent once stopped."""
+        if self.stopped:
+            return
+        self._late.append((name, value))  # atomic: needs no lock
+        if self._lock.acquire(blocking=False):
+            try:
+                if not self._closed:
+                    with contextlib.suppress(OSError):  # a full pipe wakes it just as well
+                        os.write(self._wake_w, b"x")
+            finally:
+                self._lock.release()
 
     def apply_all(self) -> None:
-        """In the thread: apply every command sent so far, in order, and tell the waiters."""
+        """In the thread: apply every command sent so far, in order (then those sent from
+        finalizers), and tell the waiters."""
         with self._lock:
             commands, self._commands = self._commands, []
             seq = self._sent
+        while self._late:
+            commands.append(self._late.popleft())
         for name, value in commands:
             self._apply(name, value)
         with self._applied:
