@@ -2,15 +2,19 @@ from __future__ import annotations
 
 import gc
 import json
+import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 from control.test_policies import state
 from helpers import BigStream, wait_until
 
 import drapps
 from drapps.control import Action
+from drapps.control.knobs import STREAM_COUNT_HELD
 from drapps.telemetry import TRACE_VERSION, TraceRow, TraceWriter, bottleneck_report, read_trace
 from drapps.telemetry._sections import format_duration
 
@@ -284,6 +288,12 @@ def short_epochs(idle: float) -> list[TraceRow]:
 def test_short_epochs_without_persistent_workers_get_that_advice() -> None:
     advice = "pass persistent_workers=True"
     assert advice in bottleneck_report(short_epochs(1.5), {"epoch": 5}, persistent_workers=False)
+    # 6 epochs over this 9.5 s run: new workers that each take 0.4 s to give a first batch
+    # are a quarter of it; ones that take 20 ms, a twentieth of that, are not the cause.
+    slow_start = {"epoch": 5, "first_batch_s": 0.4}
+    assert advice in bottleneck_report(short_epochs(1.5), slow_start, persistent_workers=False)
+    quick_start = {"epoch": 5, "first_batch_s": 0.02}
+    assert advice not in bottleneck_report(short_epochs(1.5), quick_start, persistent_workers=False)
     assert advice not in bottleneck_report(short_epochs(1.5), {"epoch": 5}, persistent_workers=True)
     assert advice not in bottleneck_report(  # one epoch: nothing restarted
         short_epochs(1.5), {"epoch": 0}, persistent_workers=False
@@ -469,3 +479,56 @@ def test_batches_moved_into_the_training_process_are_named_in_the_worker_story()
     assert "0 -> 2: the workers came back (see Executor)" in lines[2]
     assert worker_story(rows[6:12], "auto")[0].startswith("Workers: none (see Executor)")
     assert worker_story(rows[6:12], 0)[0].startswith("Workers: none (workers=0)")
+
+
+def held_stream(workers_cpu: float, idle: float) -> list[TraceRow]:
+    """A stream's run under ``workers="auto"``: 2 workers held (their count is fixed from
+    iter()), the loop waiting 80%."""
+    rows = []
+    for i in range(20):
+        s = state(
+            t=0.5 * (i + 1), workers=2, cores=2, wait_fraction=0.8, throughput=440.0,
+            idle_cores=idle, cpu_util=1.0 - idle / 2, main_cpu=0.1, workers_cpu=workers_cpu,
+        )  # fmt: skip
+        notes = {"workers": STREAM_COUNT_HELD}
+        rows.append(TraceRow(s.t, s, Action(), {"workers": 2, "prefetch": 4}, 1.0, notes=notes))
+    return rows
+
+
+def test_a_stream_that_auto_cannot_resize_gets_the_count_to_pass() -> None:
+    # The controller cannot move a stream's count (each worker streams its shard from
+    # iter()): the report said it "found no change to try", and advised nothing that helps.
+    waiting = bottleneck_report(held_stream(workers_cpu=0.1, idle=1.7), workers="auto")
+    assert f"Workers stayed at 2: {STREAM_COUNT_HELD}." in waiting
+    # The workers mostly wait: as many as the loop's wait leaves it short (2 / 0.2).
+    assert "they wait (on reads, on storage) more than they compute" in waiting
+    assert 'so workers="auto" keeps 2: pass num_workers=10.' in waiting
+    computing = bottleneck_report(held_stream(workers_cpu=1.2, idle=0.8), workers="auto")
+    assert "pass num_workers" not in computing  # they compute, and no core is idle
+    idle_cores = bottleneck_report(held_stream(workers_cpu=1.2, idle=1.5), workers="auto")
+    assert "while 1.5 cores sat idle" in idle_cores and "pass num_workers=3." in idle_cores
+    fixed = bottleneck_report(held_stream(workers_cpu=0.1, idle=1.7), workers=2)
+    assert 'workers="auto" keeps' not in fixed  # a count the user gave has its own advice
+
+
+class WaitingStream(torch.utils.data.IterableDataset[torch.Tensor]):
+    """``n`` samples sharded over the workers, each waiting 4 ms as a read would."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self) -> Any:
+        info = torch.utils.data.get_worker_info()
+        share = range(self.n) if info is None else range(info.id, self.n, info.num_workers)
+        for i in share:
+            time.sleep(0.004)
+            yield torch.full((8,), i)
+
+
+def test_a_waiting_streams_report_under_auto_says_why_the_count_stayed_and_what_to_pass() -> None:
+    with drapps.Loader(WaitingStream(1200), batch_size=16, control_interval=0.1) as loader:
+        for _ in loader:
+            pass
+        text = loader.report()
+    assert f"stayed at {loader.stats().target_workers}: {STREAM_COUNT_HELD}" in text, text
+    assert "they wait (on reads, on storage)" in text and "pass num_workers=" in text, text

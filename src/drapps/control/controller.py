@@ -55,9 +55,13 @@ class Bounds:
 
 
 def default_knobs(
-    actuators: Actuators, bounds: Bounds, grant: Callable[[int, int], int] | None = None
+    actuators: Actuators,
+    bounds: Bounds,
+    grant: Callable[[int, int], int] | None = None,
+    held_by: str | None = None,
 ) -> list[Knob]:
-    """The workers and prefetch knobs over ``actuators`` within ``bounds``."""
+    """The workers and prefetch knobs over ``actuators`` within ``bounds`` (``held_by``: why
+    the worker count is held, where it is)."""
     return [
         WorkersKnob(
             actuators.resize,
@@ -65,6 +69,7 @@ def default_knobs(
             high=bounds.max_workers,
             adjustable=bounds.adjust_workers,
             grant=grant,
+            held_by=held_by,
         ),
         PrefetchKnob(
             actuators.set_prefetch,

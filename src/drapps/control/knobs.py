@@ -116,6 +116,13 @@ class ChoiceKnob(Knob):
         return self.choices
 
 
+STREAM_COUNT_HELD = (
+    "an iterable dataset's workers each stream the shard get_worker_info() gives them, so "
+    "their count is fixed from iter()"
+)
+"""Why a stream's worker count is held (the workers knob's note in the trace and report)."""
+
+
 class WorkersKnob(StepKnob):
     """Worker processes, within ``[low, high]`` and the host's share of cores (``grant``)."""
 
@@ -129,22 +136,27 @@ class WorkersKnob(StepKnob):
         high: int,
         adjustable: bool = True,
         grant: Callable[[int, int], int] | None = None,
+        held_by: str | None = None,
     ) -> None:
         """
         Args:
             grant: ``grant(wanted, floor) -> workers``: a share of cores held with other
                 loaders (:class:`drapps.runtime.cores.CoreBudget`); the count is clipped to
                 it every tick, so a loader over its share shrinks.
+            held_by: why the count is held, where it is not ``adjustable`` for a reason
+                worth telling (noted every tick, as :attr:`limited_by`).
         """
         if not 1 <= low <= high:
             raise ValueError(f"need 1 <= min_workers <= max_workers, got {low}, {high}")
         super().__init__(apply, low=low, high=high, adjustable=adjustable)
         self.grant = grant
+        self.held_by = held_by
 
     def propose(self, state: State, move: Any, chosen: Mapping[str, Value]) -> Value:
         workers = int(super().propose(state, move, chosen))
         self.limited_by = None
         if not self.adjustable:
+            self.limited_by = self.held_by
             return workers
         if int(self.current(state)) == 0:
             # No worker runs: a pool between two epochs, its next workers not started yet.

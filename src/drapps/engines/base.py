@@ -92,6 +92,9 @@ class Engine(ABC):
     """Why an epoch under way cannot be handed over (:meth:`beside`), in an error's words."""
     tunable: bool = False
     """A controller can move its workers and prefetch while it runs."""
+    count_held_by: str | None = None
+    """Why a controller cannot move its worker count, in the report's words (None: not
+    worth telling)."""
 
     @property
     @abstractmethod
@@ -164,7 +167,7 @@ class Engine(ABC):
         """The knobs this engine owns (workers and prefetch), within ``bounds``. An engine
         that cannot move them lists them held, so every trace has the same columns."""
         held = dataclasses.replace(bounds, adjust_workers=False, adjust_prefetch=False)
-        return default_knobs(self, held)
+        return default_knobs(self, held, held_by=self.count_held_by)
 
     @abstractmethod
     def snapshot(self, samples: int) -> PipelineSnapshot:

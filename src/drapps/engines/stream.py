@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from multiprocessing.context import BaseContext
 from typing import Any
 
+from drapps.control.knobs import STREAM_COUNT_HELD
 from drapps.engines.base import Engine, EngineBatch, EpochJob, Limits, Skipped
 from drapps.runtime.stats import PipelineSnapshot
 from drapps.runtime.stream import StreamPool
@@ -26,6 +27,7 @@ class StreamEngine(Engine):
     """Batches of an iterable dataset made by ``workers`` processes."""
 
     kind = "stream"
+    count_held_by = STREAM_COUNT_HELD
     holds = (
         "its persistent workers stream an iterable dataset, and their RNGs draw on from one "
         "epoch to the next"

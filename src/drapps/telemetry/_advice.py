@@ -7,6 +7,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
+from drapps.control.knobs import STREAM_COUNT_HELD
 from drapps.control.state import State
 from drapps.telemetry._worker_count import (
     MIN_TICKS,
@@ -64,7 +65,11 @@ def advise(
     spare = _idle_workers_advice(rows, tuned=setting == "auto")
     epochs = int(stats.get("epoch", 0)) + 1
     idle = statistics.fmean(s.idle_cores for s in states)
-    if persistent_workers is False and epochs >= 3 and wait > WAITS and idle >= 0.5:
+    # Each epoch's new workers cost about its first batch's wait (None: not measured): worth
+    # advice where that adds up to a twentieth of the run.
+    starts = stats.get("first_batch_s")
+    restarts = starts is None or epochs * starts >= 0.05 * span
+    if persistent_workers is False and epochs >= 3 and wait > WAITS and idle >= 0.5 and restarts:
         advice.append(
             f"Advice: {epochs} epochs in {span:.0f} s, each starting new workers "
             f"(persistent_workers=False), while the loop waited {wait:.0%} with {idle:.1f} idle "
@@ -88,6 +93,9 @@ def advise(
                 f"idle: more workers would make batches faster (num_workers={more}, or leave "
                 "num_workers out and drapps chooses)."
             )
+    elif wait > WAITS and not fixed and rows[-1].notes.get("workers") == STREAM_COUNT_HELD:
+        if (held := _held_stream_advice(states, wait, idle)) is not None:
+            advice.append(held)
     elif wait > WAITS and not fixed and count_during(rows[-1]) >= last.max_workers and not spare:
         advice.append(
             f"Advice: workers are at max_workers={last.max_workers} with idle CPU: raise it."
@@ -102,6 +110,34 @@ def advise(
             "faster input pipeline could win back."
         )
     return advice
+
+
+def _held_stream_advice(states: Sequence[State], wait: float, idle: float) -> str | None:
+    """Advice for a stream whose count ``workers="auto"`` cannot move, the loop waiting:
+    workers that mostly wait (on reads, on storage) need no core each, so about as many more
+    as the loop's wait leaves it short; workers that compute, one more per idle core."""
+    count = states[-1].workers
+    if count < 1:
+        return None
+    cores = statistics.fmean(s.workers_cpu for s in states)
+    held = (
+        f"An iterable dataset's worker count is fixed from iter() (each worker streams the "
+        f'shard get_worker_info() gives it), so workers="auto" keeps {count}'
+    )
+    if cores / count < 0.5:
+        more = max(count + 1, math.ceil(round(count / max(0.1, 1.0 - wait), 6)))
+        return (
+            f"Advice: the loop waited {wait:.0%} while the {count} workers used {cores:.1f} "
+            f"cores between them: they wait (on reads, on storage) more than they compute, "
+            f"and more of them would wait at once. {held}: pass num_workers={more}."
+        )
+    if idle >= 1.0:
+        more = count + math.floor(idle)
+        return (
+            f"Advice: the loop waited {wait:.0%} while {idle:.1f} cores sat idle. {held}: "
+            f"pass num_workers={more}."
+        )
+    return None
 
 
 def _saturated_advice(
