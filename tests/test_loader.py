@@ -380,6 +380,23 @@ def test_slabs_counted_for_reuse_stay_within_the_workers_shares_over_epochs_left
     assert held <= 2 * (KEEP_FREE + prefetch) * largest_batch, f"{held / 2**20:.0f} MiB held"
 
 
+def test_a_loop_that_kept_every_batch_leaves_nothing_counted_once_they_go() -> None:
+    """A worker remembers at most 64 sent slabs and closes the oldest past that, while the
+    loop still holds their batches. Once those went, the training process kept them counted
+    as awaiting a close it had already been told of: 44 MiB here, for the workers' life."""
+    slab = 4 * 4 * 64 * 1024  # a batch's 256 KiB, its slab's length rounded up, at most 4x
+    with drapps.Loader(
+        BigDataset(1200, 64 * 1024), batch_size=4, num_workers=2, persistent_workers=True
+    ) as loader:
+        kept = list(loader)  # 150 batches each worker sent and the loop held
+        del kept
+        gc.collect()
+        assert sum(len(b) for b in loader) == 1200  # each worker names what it closed
+        gc.collect()
+        held = loader._parts.engine.dispatcher.admission.recycler.mappings.held_bytes()
+    assert held <= 2 * KEEP_FREE * slab, f"{held / 2**20:.0f} MiB held"
+
+
 def test_memory_budget_parses_sizes() -> None:
     with drapps.Loader(SlowDataset(4), workers=1, memory_budget="1.5MiB") as loader:
         assert loader.stats().memory_budget == int(1.5 * 2**20)
