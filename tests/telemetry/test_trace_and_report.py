@@ -491,7 +491,9 @@ def held_stream(workers_cpu: float, idle: float) -> list[TraceRow]:
             idle_cores=idle, cpu_util=1.0 - idle / 2, main_cpu=0.1, workers_cpu=workers_cpu,
         )  # fmt: skip
         notes = {"workers": STREAM_COUNT_HELD}
-        rows.append(TraceRow(s.t, s, Action(), {"workers": 2, "prefetch": 4}, 1.0, notes=notes))
+        per_worker = {str(pid): {"cpu": workers_cpu / 2} for pid in (101, 102)}
+        applied = {"workers": 2, "prefetch": 4}
+        rows.append(TraceRow(s.t, s, Action(), applied, 1.0, per_worker, notes=notes))
     return rows
 
 
@@ -508,7 +510,25 @@ def test_a_stream_that_auto_cannot_resize_gets_the_count_to_pass() -> None:
     idle_cores = bottleneck_report(held_stream(workers_cpu=1.2, idle=1.5), workers="auto")
     assert "while 1.5 cores sat idle" in idle_cores and "pass num_workers=3." in idle_cores
     fixed = bottleneck_report(held_stream(workers_cpu=0.1, idle=1.7), workers=2)
-    assert 'workers="auto" keeps' not in fixed  # a count the user gave has its own advice
+    assert 'workers="auto" keeps' not in fixed and "num_workers=10." in fixed  # as given
+
+
+def test_a_fixed_count_whose_workers_wait_gets_a_count_that_feeds_the_loop() -> None:
+    # Workers that wait on their reads need no core each: one more per idle core (the advice
+    # was 3 here) leaves the loop starving.
+    rows = [
+        replace(r, workers={str(pid): {"cpu": 0.05} for pid in (101, 102)}, notes={})
+        for r in held_stream(workers_cpu=0.1, idle=1.7)
+    ]
+    text = bottleneck_report(rows, workers=2)
+    assert "the 2 workers used 0.1 cores between them: they wait" in text
+    assert "num_workers=10, or leave num_workers out and drapps chooses" in text
+    computing = [replace(r, state=replace(r.state, workers_cpu=1.0)) for r in rows]
+    assert "more workers would make batches faster (num_workers=3" in bottleneck_report(
+        computing, workers=2
+    )
+    threads = [replace(r, workers={}) for r in rows]  # threads' CPU is the training process's
+    assert "they wait" not in bottleneck_report(threads, workers=2)
 
 
 class WaitingStream(torch.utils.data.IterableDataset[torch.Tensor]):

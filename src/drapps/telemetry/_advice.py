@@ -75,27 +75,13 @@ def advise(
             f"(persistent_workers=False), while the loop waited {wait:.0%} with {idle:.1f} idle "
             "cores: pass persistent_workers=True to keep the workers between epochs."
         )
+    # A stream's count is fixed from iter(): under "auto" too, the controller cannot move it.
+    stream = rows[-1].notes.get("workers") == STREAM_COUNT_HELD
     if wait > WAITS and saturated is not None:
         advice.append(_saturated_advice(rows, saturated, stats, fixed))
-    elif wait > WAITS and fixed and idle >= 1.0:
-        count = count_during(rows[-1])
-        more = count + max(1, math.floor(idle))
-        if count == 0:
-            advice.append(
-                f"Advice: the training loop spent {wait:.0%} of its time making batches while "
-                f"{idle:.1f} cores sat idle: worker processes would make them beside your step "
-                f"(num_workers={more - count}, or leave num_workers out and drapps "
-                "chooses)."
-            )
-        else:
-            advice.append(
-                f"Advice: the loop waited {wait:.0%} of the time while {idle:.1f} cores sat "
-                f"idle: more workers would make batches faster (num_workers={more}, or leave "
-                "num_workers out and drapps chooses)."
-            )
-    elif wait > WAITS and not fixed and rows[-1].notes.get("workers") == STREAM_COUNT_HELD:
-        if (held := _held_stream_advice(states, wait, idle)) is not None:
-            advice.append(held)
+    elif wait > WAITS and (fixed or stream):
+        if (more := _more_workers_advice(rows, wait, idle, fixed, stream)) is not None:
+            advice.append(more)
     elif wait > WAITS and not fixed and count_during(rows[-1]) >= last.max_workers and not spare:
         advice.append(
             f"Advice: workers are at max_workers={last.max_workers} with idle CPU: raise it."
@@ -112,32 +98,55 @@ def advise(
     return advice
 
 
-def _held_stream_advice(states: Sequence[State], wait: float, idle: float) -> str | None:
-    """Advice for a stream whose count ``workers="auto"`` cannot move, the loop waiting:
-    workers that mostly wait (on reads, on storage) need no core each, so about as many more
-    as the loop's wait leaves it short; workers that compute, one more per idle core."""
-    count = states[-1].workers
-    if count < 1:
+def _more_workers_advice(
+    rows: Sequence[TraceRow], wait: float, idle: float, fixed: bool, stream: bool
+) -> str | None:
+    """Advice for a count the controller does not move (one the user ``fixed``, or a
+    ``stream``'s), the loop waiting: workers that mostly wait (on reads, on storage) need no
+    core each, so about as many as the loop's wait leaves it short; workers that compute, one
+    more per idle core."""
+    count = count_during(rows[-1])
+    cores = statistics.fmean(r.state.workers_cpu for r in rows)
+    measured = any(r.workers for r in rows)  # worker processes (threads' CPU is the loop's)
+    waiting = measured and count >= 1 and cores / count < 0.5
+    if not waiting and idle < 1.0:
         return None
-    cores = statistics.fmean(s.workers_cpu for s in states)
-    held = (
-        f"An iterable dataset's worker count is fixed from iter() (each worker streams the "
-        f'shard get_worker_info() gives it), so workers="auto" keeps {count}'
-    )
-    if cores / count < 0.5:
-        more = max(count + 1, math.ceil(round(count / max(0.1, 1.0 - wait), 6)))
+    if count == 0:
+        if not fixed:
+            return None
         return (
+            f"Advice: the training loop spent {wait:.0%} of its time making batches while "
+            f"{idle:.1f} cores sat idle: worker processes would make them beside your step "
+            f"(num_workers={max(1, math.floor(idle))}, or leave num_workers out and drapps "
+            "chooses)."
+        )
+    if waiting:
+        more = max(count + 1, math.ceil(round(count / max(0.1, 1.0 - wait), 6)))
+        why = (
             f"Advice: the loop waited {wait:.0%} while the {count} workers used {cores:.1f} "
             f"cores between them: they wait (on reads, on storage) more than they compute, "
-            f"and more of them would wait at once. {held}: pass num_workers={more}."
+            f"and more of them would wait at once"
         )
-    if idle >= 1.0:
-        more = count + math.floor(idle)
+    else:
+        more = count + max(1, math.floor(idle))
+        why = f"Advice: the loop waited {wait:.0%} of the time while {idle:.1f} cores sat idle"
+    if stream and not fixed:
         return (
-            f"Advice: the loop waited {wait:.0%} while {idle:.1f} cores sat idle. {held}: "
+            f"{why}. An iterable dataset's worker count is fixed from iter() (each worker "
+            f'streams the shard get_worker_info() gives it), so workers="auto" keeps {count}: '
             f"pass num_workers={more}."
         )
-    return None
+    if stream:
+        return f"{why}: num_workers={more}."
+    if waiting:
+        return (
+            f"{why}: num_workers={more}, or leave num_workers out and drapps chooses (for a "
+            "map-style dataset it also makes a worker's waiting samples at once, in threads)."
+        )
+    return (
+        f"{why}: more workers would make batches faster (num_workers={more}, or leave "
+        "num_workers out and drapps chooses)."
+    )
 
 
 def _saturated_advice(
