@@ -627,6 +627,7 @@ _TENSOR_KEYS_HELD_ON_THREADS_UNREAD = dataclasses.replace(
 )
 
 
+@pytest.mark.timeout(600)  # 25 cases and every regression example: 70 s on a busy machine
 @FAST
 @given(cases(draws=DRAWS))
 @example(_SAMPLER_FAILS_AUTO)

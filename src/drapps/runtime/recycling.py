@@ -178,6 +178,7 @@ class ReceivedMappings:
         address = map_slab_address(fd, size)
         with self._locked():
             self._live.add(key)
+            self._dead.discard(key)  # a new file on a freed inode: not the one closed
         return key, address, size
 
     def retire(
