@@ -66,6 +66,53 @@ def test_a_forked_child_that_exits_leaves_the_parents_loader_alone() -> None:
     assert stats.worker_restarts == 0 and stats.retries == 0
 
 
+class _Stream(torch.utils.data.IterableDataset[torch.Tensor]):
+    """0..n-1, sharded over the workers, each sample waiting ``delay`` seconds."""
+
+    def __init__(self, n: int, delay: float) -> None:
+        self.n, self.delay = n, delay
+
+    def __iter__(self) -> Any:
+        info = torch.utils.data.get_worker_info()
+        for i in range(self.n)[info.id :: info.num_workers] if info else range(self.n):
+            time.sleep(self.delay)
+            yield torch.tensor(i)
+
+
+@pytest.mark.parametrize("kind", ["map-style", "stream", "stream beside another epoch"])
+@pytest.mark.parametrize("child", ["exits", "drops the iterator", "drops the loader"])
+def test_what_a_forked_child_drops_stays_its_parents(kind: str, child: str) -> None:
+    """A child forked mid-epoch (a helper process, a DataLoader's worker) holds copies of the
+    loader and its iterator, and their finalizers: dropping them, collecting, exiting, it
+    neither stops the parent's workers nor ends its epoch."""
+    n = 64
+    dataset = SlowDataset(n, 0.002) if kind == "map-style" else _Stream(n, 0.002)
+    loader = drapps.Loader(dataset, batch_size=4, workers=2, seed=0)
+    iterator = iter(loader)
+    seen = [int(i) for _ in range(2) for i in next(iterator)]
+    side = None
+    if kind == "stream beside another epoch":  # the first epoch streams on beside it
+        side = iter(loader)
+        next(side)
+
+    def body() -> None:
+        nonlocal iterator, loader, side
+        if child == "drops the iterator":
+            iterator = side = None
+        elif child == "drops the loader":
+            iterator = side = loader = None
+        gc.collect()
+
+    try:
+        assert _forked(body) == 0
+        seen += [int(i) for b in iterator for i in b]
+        assert sorted(seen) == list(range(n))
+        assert sorted(int(i) for b in loader for i in b) == list(range(n))  # and the next
+        assert loader.stats().worker_restarts == 0
+    finally:
+        loader.close()
+
+
 def test_a_forked_child_cannot_iterate_the_parents_loader(tmp_path: Path) -> None:
     marker = tmp_path / "message"
 

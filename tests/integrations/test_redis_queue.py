@@ -3,7 +3,9 @@ redis-server on loopback with a password."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -398,6 +400,35 @@ def test_a_second_reader_of_a_queue_is_refused_naming_the_first(server: RedisSer
             source=source(server, "one"), batch_size=8, shuffle=True, seed=5
         ) as after:
             assert same(list(after), local()[0])
+    finally:
+        stop(producers)
+
+
+@pytest.mark.parametrize("drops", [False, True])
+def test_a_forked_child_leaves_its_parents_hold_on_the_queue(
+    server: RedisServer, drops: bool
+) -> None:
+    """A child forked while the loader reads (a helper process) inherits the reader's
+    finalizer; exiting, or collecting its copy of the loader, it lets go of nothing."""
+    producers = serve(server, "forked", "photos")
+    try:
+        with drapps.Loader(
+            source=source(server, "forked"), batch_size=8, shuffle=True, seed=5
+        ) as first:
+            batches = iter(first)
+            got = [next(batches), next(batches)]
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover - the child
+                if drops:
+                    del batches, first
+                    gc.collect()
+                atexit._run_exitfuncs()
+                os._exit(0)
+            assert os.waitpid(pid, 0)[1] == 0
+            with pytest.raises(QueueInUseError, match=r"queue 'forked' is already read"):
+                drapps.Loader(source=source(server, "forked"), batch_size=8, shuffle=True, seed=5)
+            got += list(batches)
+        assert same(got, local()[0])
     finally:
         stop(producers)
 

@@ -503,7 +503,7 @@ class QueueReader:
         except BaseException:
             self._client.close()
             raise
-        self._finalizer = weakref.finalize(self, _close, self._client, self._lease)
+        self._finalizer = weakref.finalize(self, _close, os.getpid(), self._client, self._lease)
         self._name = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
 
     def length(self) -> int:
@@ -649,8 +649,12 @@ class QueueReader:
         self._finalizer()
 
 
-def _close(client: Any, lease: ReaderLease) -> None:
-    """A reader's end (also when it is garbage-collected): the queue, then the connection."""
+def _close(owner: int, client: Any, lease: ReaderLease) -> None:
+    """A reader's end (also when it is garbage-collected): the queue, then the connection; in
+    the process ``owner`` only. A forked child inherits the finalizer and runs it when it
+    exits or drops its copy, and the hold it would let go of is its parent's."""
+    if os.getpid() != owner:
+        return
     lease.release()
     with contextlib.suppress(Exception):
         client.close()

@@ -18,6 +18,7 @@ import contextlib
 import itertools
 import logging
 import multiprocessing
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -306,6 +307,7 @@ class StreamPool:
         self.workers: list[_StreamWorker] = []
         self._generation = 0
         self._lock = threading.Lock()  # a pass begun or ended against one let go of
+        self._owner = os.getpid()  # a forked child's copy never stops its parent's workers
         self._leaving: list[threading.Thread] = []  # each stops a let-go pass's workers
         self.rngs: list[dict[str, Any]] | None = None
         """Each worker's RNG states at the start of the pass (persistent workers only)."""
@@ -502,8 +504,9 @@ class StreamPool:
         its iterator is collected. They are asked to stop and our ends of their pipes
         closed, so each exits once it is done with the batch in hand; a thread of their own
         waits for them, and kills any still there after half a second. Never blocks, and
-        does nothing once a newer pass has begun or while one begins (it stops them)."""
-        if not self._lock.acquire(blocking=False):
+        does nothing once a newer pass has begun or while one begins (it stops them), and
+        nothing in a forked child, whose copy of the iterator names its parent's workers."""
+        if os.getpid() != self._owner or not self._lock.acquire(blocking=False):
             return  # held by this thread, or another beginning or ending a pass
         try:
             if generation != self._generation or not self.workers:
@@ -522,7 +525,9 @@ class StreamPool:
 
     def shutdown(self, grace_s: float = 2.0) -> None:
         """Stop every worker (ask, wait up to ``grace_s``, kill), those of a pass let go of
-        included."""
+        included; in the process that started them only."""
+        if os.getpid() != self._owner:
+            return
         with self._lock:
             _stop(self.workers, grace_s)
             self.workers = []
