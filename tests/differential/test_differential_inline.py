@@ -10,7 +10,8 @@ worker, make the batches in the training process and bring the workers back, che
 through JSON and resume in a new loader after another ``torch.manual_seed`` (the old one
 closed or dropped unclosed), or go on in a deep copy or a pickled copy of the loader, start
 the next epoch early, also while another thread is inside the old iterator's ``next()``,
-take batches from a second iterator beside the loop's)
+take batches from a second iterator beside the loop's, fork a child that drops its copies
+and exits)
 and checks after every step that what the loop received is the reference's epoch so far,
 and at every epoch's end
 that it held each planned sample exactly once. Batches filled from made samples
@@ -20,6 +21,7 @@ many batches, and replays bit for bit, without workers, from the keys it deliver
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import copy
 import gc
@@ -28,7 +30,9 @@ import os
 import pickle
 import random
 import signal
+import tempfile
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -215,6 +219,19 @@ def _pickled(obj: Any) -> Any:
     """``obj`` through pickle, with protocol 5: under the older ones NumPy pickles a
     big-endian array as native (the copy's dataset would not be the one it copied)."""
     return pickle.loads(pickle.dumps(obj, protocol=5))
+
+
+def _waited(pid: int, timeout: float) -> int | None:
+    """The exit status of child ``pid``, or None (and the child killed) after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        time.sleep(0.01)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return None
 
 
 class LoaderMachine(RuleBasedStateMachine):
@@ -437,7 +454,9 @@ class LoaderMachine(RuleBasedStateMachine):
     )
     @rule(
         steps=st.lists(
-            st.sampled_from(("second", "second", "loop", "kill", "resize")), min_size=1, max_size=8
+            st.sampled_from(("second", "second", "loop", "kill", "resize", "fork")),
+            min_size=1,
+            max_size=8,
         )
     )
     @traced
@@ -445,10 +464,11 @@ class LoaderMachine(RuleBasedStateMachine):
         """A second ``iter(loader)`` while the loop's is under way (``next(iter(loader))``
         inside the loop, ``zip(loader, loader)``), held through ``steps``: take a batch from
         it ("second": the next epoch's, as the reference's) or from the loop's ("loop": it
-        goes on as it would have, into its next epoch past its end), SIGKILL a worker or
-        resize. Then the second is let go of, and the loop's goes on. A stream's iterators
-        each have workers of their own (persistent stream workers supersede the older one),
-        and its workers are neither killed nor resized (a stream's position is its workers')."""
+        goes on as it would have, into its next epoch past its end), SIGKILL a worker,
+        resize, or fork a child that drops its copies and exits. Then the second is let go
+        of, and the loop's goes on. A stream's iterators each have workers of their own
+        (persistent stream workers supersede the older one), and its workers are neither
+        killed nor resized (a stream's position is its workers')."""
         epoch = self.epoch + 1 + self.beside
         self.beside += 1
         if not self.got and self._drawn_at_first_batch():
@@ -472,6 +492,8 @@ class LoaderMachine(RuleBasedStateMachine):
                 if not asked and self._drew_before_the_second(loops_epoch):
                     self.exact = False
                 self.the_epoch_so_far_is_the_references()
+            elif step == "fork":
+                self.fork_a_child_that_drops_its_copies("iterator")
             elif self.case.iterable:
                 continue
             elif step == "kill":
@@ -488,6 +510,37 @@ class LoaderMachine(RuleBasedStateMachine):
                 self.skipped_draw = True
             else:
                 self.exact = False
+
+    @precondition(lambda self: self.epoch < EPOCHS)
+    @rule(drops=st.sampled_from(("nothing", "batches", "iterator", "loader")))
+    @traced
+    def fork_a_child_that_drops_its_copies(self, drops: str) -> None:
+        """A child forked mid-epoch (a helper process, another loader's worker) drops its
+        copies of what the loop holds (``drops``: the batches; the iterator too; the loader
+        too), collects, runs its exit handlers and exits. It exits at once and says nothing,
+        and the parent's loader goes on as it was: the next batches are the reference's."""
+        with tempfile.TemporaryFile() as said:
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover - the child
+                code = 0
+                try:
+                    os.dup2(said.fileno(), 2)
+                    if drops != "nothing":
+                        self.got = []
+                    if drops in ("iterator", "loader"):
+                        self.iterator = None
+                    if drops == "loader":
+                        self.loader = None
+                    gc.collect()
+                    atexit._run_exitfuncs()
+                except BaseException:
+                    code = 1
+                os._exit(code)
+            status = _waited(pid, timeout=60)
+            said.seek(0)
+            text = said.read().decode(errors="replace")
+        assert status is not None, f"a forked child that dropped its {drops} hung"
+        assert status == 0 and not text, f"a forked child exited {status}, saying:\n{text}"
 
     def _drew_before_the_second(self, loops_epoch: int) -> bool:
         """Whether the loop's next epoch, started while a second iterator is held, drew its
@@ -764,6 +817,34 @@ def test_campaign_of_events() -> None:
         run_state_machine_as_test(machine, settings=every)
 
     in_chunks(budget, 75, 15, run_some)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("iterable", [False, True])
+def test_a_forked_child_that_drops_its_copies_leaves_the_loader_to_the_loop(
+    iterable: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by a probe: a child forked mid-epoch that dropped its copy of a stream's
+    iterator stopped the parent's stream workers, and the loop's next batch failed on a
+    broken pipe; one that exited with a second iterator held stopped the first epoch's."""
+    case = Run(
+        n=12,
+        payload=Payload(leaf=Leaf(kind="python", dtype="int")),
+        workers=2,
+        batch_size=2,
+        iterable=iterable,
+    )
+    take, fork = LoaderMachine.take_a_batch, LoaderMachine.fork_a_child_that_drops_its_copies
+    beside = LoaderMachine.take_from_a_second_iterator
+    steps = [
+        take,
+        *(lambda m, drops=drops: fork(m, drops) for drops in ("nothing", "batches", "iterator")),
+        take,
+        lambda m: beside(m, ["second", "fork", "loop", "fork", "second"]),
+        lambda m: fork(m, "loader"),
+        *[take] * 12,
+    ]
+    assert walk(case, steps, monkeypatch).epoch == 3
 
 
 @pytest.mark.timeout(600)
