@@ -1,8 +1,11 @@
+import atexit
 import contextlib
 import errno
 import gc
 import os
+import signal
 import threading
+import time
 from collections import namedtuple
 from collections.abc import Iterator
 from multiprocessing.connection import Connection, Pipe
@@ -18,7 +21,7 @@ from drapps.runtime import recycling, slabs, transport
 from drapps.runtime.admission import Admission
 from drapps.runtime.pool import Worker
 from drapps.runtime.slabs import SharedMemoryFullError
-from drapps.runtime.transport import pack, receive_message, send_message, unpack
+from drapps.runtime.transport import pack, pack_local, receive_message, send_message, unpack
 
 Pair = namedtuple("Pair", "image label")
 
@@ -209,6 +212,41 @@ def test_a_forked_child_that_drops_a_batch_releases_nothing(channel) -> None:  #
     os.close(reader)
     os.close(writer_end)
     assert batch.tolist() == list(range(10))
+
+
+def test_a_forked_child_that_drops_a_thread_made_batch_counts_and_waits_on_nothing() -> None:
+    """A batch made by a thread worker counts against the budget until it goes, under the
+    budget's lock, which another thread may hold at a fork: the child that drops its copy
+    and exits neither counts it nor waits on that lock (it would wait forever)."""
+    lock, seen = threading.Lock(), []
+
+    def released(nbytes: int) -> None:
+        with lock:
+            seen.append(nbytes)
+
+    batch = unpack(pack_local(torch.arange(10)), on_release=released)
+    reader, writer_end = os.pipe()
+    with lock:  # held by "another thread" at the fork
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            del batch
+            gc.collect()
+            atexit._run_exitfuncs()
+            os.write(writer_end, str(len(seen)).encode())
+            os._exit(0)
+    deadline = time.monotonic() + 30
+    while not os.waitpid(pid, os.WNOHANG)[0]:
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the child waited on its parent's lock to drop a batch")
+        time.sleep(0.01)
+    assert os.read(reader, 100) == b"0"
+    os.close(reader)
+    os.close(writer_end)
+    del batch
+    gc.collect()
+    assert seen == [80]  # here, the batch is counted out
 
 
 def _collated(arena: slabs.SlabArena, images: list[torch.Tensor], labels: list[int]):  # type: ignore[no-untyped-def]

@@ -3,6 +3,7 @@ back in plan order and collated once in the training process (the dispatcher thr
 
 from __future__ import annotations
 
+import os
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -144,10 +145,19 @@ def held_bytes(tensor: torch.Tensor) -> int:
 
 
 def on_free(batch: Any, callback: Callable[[], None]) -> bool:
-    """Call ``callback`` once the batch's largest tensor is garbage-collected; False (and no
-    call) when the batch holds no tensor."""
+    """Call ``callback`` once the batch's largest tensor is garbage-collected, in this process
+    only (:func:`in_owner`); False (and no call) when the batch holds no tensor."""
     tensor = largest_tensor(batch)
     if tensor is None:
         return False
-    weakref.finalize(tensor, callback)
+    weakref.finalize(tensor, in_owner, os.getpid(), callback)
     return True
+
+
+def in_owner(owner: int, function: Callable[..., None], *args: Any) -> None:
+    """``function(*args)``, in the process ``owner`` only: finalizers are inherited by forked
+    children, which run them when they drop their copies or exit. There they would count,
+    release or lock what is their parent's (a lock another thread held at the fork stays
+    held in the child, and a finalizer waiting on it would never let the child exit)."""
+    if os.getpid() == owner:
+        function(*args)

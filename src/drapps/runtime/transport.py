@@ -32,7 +32,7 @@ import numpy.ma  # else imported at the first np.ma, in whichever thread: here, 
 import torch
 
 from drapps.runtime.errors import fd_limit_error
-from drapps.runtime.parts import on_free, tensor_bytes
+from drapps.runtime.parts import in_owner, on_free, tensor_bytes
 from drapps.runtime.recycling import ReceivedMappings, fork_count, release_slab, retire_slab
 from drapps.runtime.slabs import (
     SlabArena,
@@ -515,7 +515,7 @@ def unpack(
         for offset, part in packed.buffer:
             slab[offset : offset + len(part)] = part
         if on_release is not None and packed.nbytes:
-            weakref.finalize(slab, _in_owner, owner, on_release, packed.nbytes)
+            weakref.finalize(slab, in_owner, owner, on_release, packed.nbytes)
     elif packed.fd is not None:
         forks = fork_count()
         try:
@@ -539,20 +539,13 @@ def unpack(
             weakref.finalize(slab, retire_slab, *retired, on_release, packed.nbytes)
         else:
             if on_release is not None:
-                weakref.finalize(slab, _in_owner, owner, on_release, packed.nbytes)
+                weakref.finalize(slab, in_owner, owner, on_release, packed.nbytes)
             if release is not None:
                 weakref.finalize(slab, release_slab, owner, release, settled)
     try:
         return _SlabUnpickler(io.BytesIO(packed.skeleton), slab).load()
     except Exception as exc:
         raise RebuildError(exc) from exc
-
-
-def _in_owner(owner: int, function: Callable[..., None], *args: Any) -> None:
-    """``function(*args)``, in the process ``owner`` only: finalizers are inherited by forked
-    children, which run them when they drop their copies or exit."""
-    if os.getpid() == owner:
-        function(*args)
 
 
 def discard(packed: Packed, release: Callable[[bool], None] | None = None) -> None:
