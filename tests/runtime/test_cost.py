@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from drapps.runtime.cost import SampleCosts
+from drapps.runtime.cost import SampleCosts, percentiles
 
 
 def test_history_predicts_each_index_by_its_last_cost_and_unseen_by_the_median() -> None:
@@ -71,3 +71,13 @@ def test_learning_costs_the_same_however_the_batches_are_cut(monkeypatch) -> Non
             indices = list(range(start, min(9600, start + size)))
             costs.observe(indices, [0.001 + 0.01 * (i % 7 == 0) for i in indices])
     assert steps["parts"] <= 1.2 * steps["whole"], steps
+
+
+def test_the_tails_percentiles_are_numpys_to_the_last_bit() -> None:
+    rng = np.random.default_rng(3)
+    for n in (1, 2, 3, 10, 255, 256, 512):
+        for rounded in (False, True):  # ties, where the ranks around a percentile are equal
+            values = rng.lognormal(size=n) * 1e-3
+            values = np.round(values, 4) if rounded else values
+            for qs in ((50, 99), (0, 100), (25, 75, 90)):
+                assert percentiles(values, qs) == np.percentile(values, qs).tolist()

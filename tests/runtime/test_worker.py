@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import subprocess
@@ -18,11 +19,13 @@ from torch.utils.data import default_collate, get_worker_info
 from torch.utils.data._utils import worker as torch_worker
 
 import drapps
+from drapps.runtime import worker as worker_module
 from drapps.runtime.inbox import Inbox
 from drapps.runtime.messages import BatchTask, SlabsFreed
 from drapps.runtime.progress import SampleClock
 from drapps.runtime.seeding import set_worker_info
 from drapps.runtime.worker import (
+    QUEUED_READ_S,
     BatchRecipe,
     collate,
     make_batch,
@@ -139,6 +142,34 @@ def test_a_samples_cost_leaves_out_the_time_another_process_held_its_core(
     quick = [made.costs[i] for i in (0, 1, 3)]
     assert all(0.025 < c < 0.03 * 1.25 for c in quick), made.costs
     assert 0.075 < made.costs[2] < 0.08 + 0.03 * 0.5, made.costs
+
+
+def test_cheap_samples_read_the_wait_for_a_core_seldom_and_still_cost_only_their_own_time(
+    one_shared_core: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 4,000 samples of 5 us of CPU sharing one core with a busy process: the scheduler
+    # takes the core away mid-sample a dozen times or more, for a time slice (milliseconds)
+    # each. Those samples still cost about their own 5 us, though the wait is read only
+    # once QUEUED_READ_S has passed since the last reading (a system call a read).
+    reads = []
+
+    def counted() -> float:
+        reads.append(1)
+        return runqueue_wait()
+
+    monkeypatch.setattr(worker_module, "runqueue_wait", counted)
+    recipe = BatchRecipe(_Spins(5e-6, -1, 0.0), None, default_collate, "raise")
+    gc.disable()  # a collection mid-sample would be its own time, a long one
+    try:
+        started = time.perf_counter()
+        made = make_batch(recipe, 0, 0, list(range(4000)))
+        wall = time.perf_counter() - started
+    finally:
+        gc.enable()
+    assert wall > 1.5 * made.cpu_s, "the busy process did not share the core"
+    assert len(reads) <= min(4000 / 2, wall / QUEUED_READ_S + 2), (len(reads), wall)
+    later = made.costs[1:]  # the first pays for what a batch sets up once
+    assert max(later) < 0.001, max(later)  # a time slice is longer; it is not counted
 
 
 def test_the_runqueue_wait_grows_only_while_the_thread_waits_for_a_core(

@@ -12,10 +12,11 @@ import contextlib
 import os
 import select
 from collections.abc import Callable
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
 from typing import Any
 
 from drapps.runtime.messages import BatchTask, SlabsFreed
+from drapps.runtime.ready import readable, ready
 
 _PARENT_CHECK_S = 1.0
 """How often a waiting worker looks whether the training process is still there."""
@@ -60,8 +61,7 @@ def next_task(tasks: Connection, parent: Parent) -> Any:
     """The next message from the training process, or ``PARENT_GONE`` once it has died."""
     watched: list[Any] = [tasks] if parent.fd is None else [tasks, parent.fd]
     while True:
-        ready = wait(watched, _PARENT_CHECK_S)
-        if tasks in ready or tasks.poll():
+        if tasks in ready(watched, _PARENT_CHECK_S) or readable(tasks):
             return tasks.recv()
         if parent.gone():
             return PARENT_GONE
@@ -91,7 +91,7 @@ class Inbox:
 
     def waiting(self) -> list[Any]:
         """The tasks sent after the current one and not taken yet (without blocking)."""
-        while self.tasks.poll():
+        while readable(self.tasks):
             message = self.tasks.recv()
             if not self._free(message):
                 self._queued.append(message)

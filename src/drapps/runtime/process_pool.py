@@ -21,7 +21,7 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
 from typing import Any
@@ -38,6 +38,8 @@ from drapps.runtime.pool import (
     describe_exit,
 )
 from drapps.runtime.progress import SampleClock
+from drapps.runtime.ready import readable
+from drapps.runtime.ready import ready as ready_to_read
 from drapps.runtime.recycling import starting_worker
 from drapps.runtime.transport import receive_message
 from drapps.runtime.worker import BatchRecipe, run_worker
@@ -299,7 +301,7 @@ class ProcessPool(WorkerPool):
             sentinels[_own(worker).process.sentinel] = worker  # ready once it has exited
             if not worker.broken:
                 waitables[_own(worker).results] = worker
-        ready = wait([*waitables, *sentinels], timeout=timeout)
+        ready = ready_to_read([*waitables, *sentinels], timeout)
         polled = Polled(woke=wake in ready)
         self.note_starts()
         for item in ready:
@@ -319,7 +321,7 @@ class ProcessPool(WorkerPool):
             return replies
         results = _own(worker).results
         try:
-            while results.poll():
+            while readable(results):
                 replies.append((worker, receive_message(results)))
         except (EOFError, OSError, ValueError, pickle.UnpicklingError) as exc:
             # EOF or a truncated message: the pipe is unusable. Make sure the process is gone

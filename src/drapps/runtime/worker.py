@@ -411,7 +411,8 @@ class _SampleMaker:
         """
         cpu = time.thread_time()
         clock = self.clock if clocked else None
-        made, _, _ = self.make(position, index, clock, time.perf_counter(), self.queued())
+        t0 = time.perf_counter()
+        made, _, _, _ = self.make(position, index, clock, t0, self.queued(), t0)
         made.cpu_s = time.thread_time() - cpu
         return made
 
@@ -428,6 +429,7 @@ class _SampleMaker:
         cpu_clock = samples_cpu_clock()
         cpu = cpu_clock()
         now, queued = time.perf_counter(), self.queued()
+        read_at = now
         if self._plain():
             try:
                 for position, index in enumerate(indices):
@@ -437,7 +439,9 @@ class _SampleMaker:
                 clear_sample()  # once: each sample's entry replaces the one before
             return made, cpu_clock() - cpu
         for position, index in enumerate(indices):
-            sample, now, queued = self.make(position, index, self.clock, now, queued)
+            sample, now, queued, read_at = self.make(
+                position, index, self.clock, now, queued, read_at
+            )
             made.append(sample)
         return made, cpu_clock() - cpu
 
@@ -541,10 +545,23 @@ class _SampleMaker:
         return first if self.repeats is None else repeat_seed(first, self.repeats[position])
 
     def make(
-        self, position: int, index: Any, clock: SampleClock | None, t0: float, queued: float
-    ) -> tuple[_Sample, float, float]:
-        """Sample ``index``, timed from ``t0`` (``time.perf_counter()``) and ``queued``
-        (:func:`runqueue_wait`), with the two clocks' readings as it ended.
+        self,
+        position: int,
+        index: Any,
+        clock: SampleClock | None,
+        t0: float,
+        queued: float,
+        read_at: float,
+    ) -> tuple[_Sample, float, float, float]:
+        """Sample ``index``, timed from ``t0`` (``time.perf_counter()``), with the time it
+        ended, the last reading of :func:`runqueue_wait` and when that was taken.
+
+        ``queued`` is that reading as of ``read_at``. It is read again as the sample ends only
+        once :data:`QUEUED_READ_S` has passed since (a read is a system call of about 2 us,
+        which samples made in memory notice): a sample that took less than that is costed at
+        its wall time, off by at most that; one that waited for a core (a time slice, a
+        millisecond or more) is costed net of the wait since the last read, which is its own
+        but for at most :data:`QUEUED_READ_S` of the samples before it.
 
         Raises:
             SampleError: it failed and ``on_error="raise"``.
@@ -592,9 +609,14 @@ class _SampleMaker:
                 clock.end_sample()
             if watched is not None:
                 Watch.end(watched, 1, f"sample {index!r}")
-        end, end_queued = time.perf_counter(), self.queued()
-        made.cost = end - t0 - (end_queued - queued)
-        return made, end, end_queued
+        end = time.perf_counter()
+        wall = end - t0
+        if end - read_at < QUEUED_READ_S or self.queued is _not_read:
+            made.cost = wall
+            return made, end, queued, read_at
+        end_queued = self.queued()
+        made.cost = wall - min(end_queued - queued, wall)
+        return made, end, end_queued, end
 
     def _failed(self, made: _Sample, index: Any, stage: str, exc: Exception) -> None:
         """Sample ``index`` failed in ``stage``: raised, named, or (``on_error="skip"``)
@@ -755,6 +777,11 @@ def _forget_schedstat() -> None:  # a forked child's open file is its parent's t
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_schedstat)
+
+
+QUEUED_READ_S = 50e-6
+"""How long a worker makes samples between two readings of its wait for a core (see
+:meth:`_SampleMaker.make`)."""
 
 
 def _not_read() -> float:
