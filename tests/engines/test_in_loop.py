@@ -4,9 +4,11 @@ each once, whenever it moves, and its workers gone while the loop makes them).""
 
 from __future__ import annotations
 
+import collections
 import os
 import random
 import time
+import warnings
 from collections import Counter
 from typing import Any
 
@@ -434,6 +436,33 @@ def test_samples_that_draw_from_no_global_generator_are_made_in_the_loop_unseede
     assert_batches_equal(expected, got)
     assert got_after == after  # the training loop's own draws are untouched
     assert sorted(data.calls) == list(range(16, 64))  # each made once here
+
+
+class _Unsendable:
+    """Samples of a namedtuple made in the test (the training process cannot read it back
+    from a worker, so the default count makes its batches there), which draw from torch's
+    global generator."""
+
+    def __init__(self) -> None:
+        self.kind = collections.namedtuple("Pair", ["index", "noise"])  # type: ignore[misc]
+
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, i: int) -> Any:
+        return self.kind(i, torch.rand(2))
+
+
+def test_new_workers_watch_their_own_samples_whatever_the_training_process_watched() -> None:
+    """Found by running the suite in another order: a batch the training process made in a
+    worker's place was watched there for draws, and every worker forked after it inherited
+    that watch: another dataset's draw seen, and nothing left to watch. The loaders after
+    it never made batches in the loop unseeded, and said so for a dataset that never drew."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", ".*cannot be sent back from a worker")
+        with drapps.Loader(_Unsendable(), batch_size=3, seed=4) as unsendable:
+            assert len(list(unsendable)) == 2 and unsendable.stats().workers == 0
+    test_samples_that_draw_from_no_global_generator_are_made_in_the_loop_unseeded()
 
 
 def test_a_sample_that_reads_torchs_seed_without_drawing_reads_its_own() -> None:

@@ -157,6 +157,13 @@ class Watch:
             cls.drew = f"{' and '.join(moved)} ({who} did)"
 
     @classmethod
+    def begin(cls) -> None:
+        """Watch afresh: in a new worker process, which may have been forked from one that
+        watched samples of its own (a batch the training process made in a worker's place)."""
+        cls.left, cls.watched, cls.drew = WATCHED_SAMPLES, 0, None
+        cls.gil = GilMeter()
+
+    @classmethod
     def take(cls) -> tuple[int, str | None, tuple[float, float]]:
         """(samples watched, a draw seen, (seconds in Python, seconds measured)) since the
         last call."""
@@ -658,6 +665,14 @@ class SampleThreads:
     words (the dataset holds an open handle); None while they may run in threads."""
 
     @classmethod
+    def begin(cls) -> None:
+        """None yet, nor refused: in a new worker process, forked from one whose threads are
+        gone and whose refusal was about its own dataset."""
+        cls._pool, cls._size, cls.refused = None, 0, None
+        cls._gate = (0, threading.Semaphore(0))
+        cls._begun = {}
+
+    @classmethod
     def may_run(cls, recipe: BatchRecipe) -> bool:
         """Whether samples may be made in threads now: not while this process still
         watches its first samples, one at a time, for draws from a global generator, nor
@@ -928,6 +943,8 @@ def run_worker(
     Replies as :func:`answer` says. Exits by itself when its parent dies.
     """
     enter_worker_process()
+    Watch.begin()
+    SampleThreads.begin()
     use_clock(clock)
     seed_worker(base_seed, slot)
     set_worker_info(slot, num_workers, base_seed, recipe.dataset)
