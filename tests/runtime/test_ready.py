@@ -32,7 +32,7 @@ def test_ready_answers_as_multiprocessings_wait() -> None:
         os.close(fd_r), os.close(fd_w)
 
 
-def test_ready_waits_for_the_first_and_no_longer() -> None:
+def test_ready_waits_out_its_timeout_or_until_one_is_ready() -> None:
     reader, writer = Pipe(duplex=False)
     try:
         start = time.monotonic()
