@@ -30,6 +30,12 @@ def make():
 """
 
 
+# Enough batches for the controller's ticks (every 0.05 s) to fill a full report on a fast,
+# idle machine as on a loaded one: a run shorter than a few ticks gets the short report,
+# which the telemetry tests check on their own.
+BATCHES = "200"
+
+
 @pytest.fixture()
 def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (tmp_path / "mydata.py").write_text(DATASET)
@@ -47,7 +53,7 @@ def test_profile_prints_a_report_and_writes_a_trace(
             "--dataset",
             "mydata:make",
             "--batches",
-            "60",
+            BATCHES,
             "--batch-size",
             "8",
             "--interval",
@@ -58,7 +64,7 @@ def test_profile_prints_a_report_and_writes_a_trace(
     )
     out = capsys.readouterr().out
     assert code == 0
-    assert "the training loop waited" in out and "60 batches, 480 samples; 0 worker" in out
+    assert "the training loop waited" in out and "200 batches, 1600 samples; 0 worker" in out
     # The count is the report's to tell (the one the run settled on, and why), not the count
     # of the last instant, which may be a try cut short.
     assert re.search(r"Workers (stayed at|went) [1-9]", out) and "final workers" not in out
@@ -68,7 +74,7 @@ def test_profile_prints_a_report_and_writes_a_trace(
 def test_profile_with_a_fixed_count_says_it_was_given(
     project: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    argv = ["profile", "--dataset", "mydata:make", "--batches", "60", "--batch-size", "8"]
+    argv = ["profile", "--dataset", "mydata:make", "--batches", BATCHES, "--batch-size", "8"]
     assert main([*argv, "--workers", "2", "--interval", "0.05"]) == 0
     out = capsys.readouterr().out
     assert "Workers: 2 throughout, the count you gave" in out
