@@ -10,10 +10,14 @@ the sample cache); ``drapps-auto``: the default count, which may move the worker
 (not with the cache on, as ``cache="auto"`` puts it for this dataset; ``-nocache``: without it,
 as for a user's own dataset). ``GIL_MS=2`` adds a pure-Python loop of
 about 2 ms to each sample (a GIL-heavy augmentation). Also prints each loader's peak resident
-memory (the process and its children, sampled every 10 batches) and the executor it ended on.
+memory (the process and its children, sampled every 10 batches; ``RSS=0`` leaves it out: the
+sampling reads every process in ``/proc`` and holds the GIL, which threads notice) and the
+executor it ended on.
 ``threads-N``: N threads each make whole batches (``dataset[i]`` per index, then
 ``default_collate``) into a queue the main thread takes them from; decode and resize release
-the GIL.
+the GIL. Their batches run on across epochs (one order, repeated) with no boundary;
+``threads-2-epochs`` stops at each epoch's end, as the loaders do (the next epoch begins once
+the loop has taken the last batch of this one).
 """
 
 import sys, time, threading, queue, statistics, json, os
@@ -28,6 +32,7 @@ params = ImageWorkload.prepare(Path.home() / ".cache/drapps", "default", 0)
 wl = ImageWorkload(params)
 ds = wl.dataset(None)
 GIL_MS = float(os.environ.get("GIL_MS", 0))
+RSS = os.environ.get("RSS", "1") != "0"  # RSS=0: no memory sampling (psutil holds the GIL)
 
 
 class GilHeavy(torch.utils.data.Dataset):
@@ -82,6 +87,34 @@ def threads(n):
         except queue.Empty: pass
     return TIMED * B / dt
 
+def threads_by_epoch(n):
+    """``threads(n)`` with DataLoader's epochs: the threads take one epoch's batches, and the
+    next epoch begins once the loop has taken the last of them (the loaders' boundary)."""
+    got, t0 = 0, None
+    while True:
+        order = torch.randperm(N).tolist()
+        batches = iter([order[i:i+B] for i in range(0, N - B + 1, B)])
+        lock = threading.Lock(); out = queue.Queue(maxsize=2 * n)
+        def work():
+            while True:
+                with lock:
+                    idx = next(batches, None)
+                if idx is None: return
+                out.put(default_collate([ds[i] for i in idx]))
+        ts = [threading.Thread(target=work, daemon=True) for _ in range(n)]
+        for t in ts: t.start()
+        for _ in range(N // B):
+            out.get(); got += 1
+            if got == WARM: t0 = time.perf_counter()
+            if got == WARM + TIMED:
+                dt = time.perf_counter() - t0
+                for t in ts:
+                    while t.is_alive():
+                        try: out.get(timeout=0.1)
+                        except queue.Empty: pass
+                return TIMED * B / dt
+        for t in ts: t.join()
+
 def tree_rss():
     """Resident memory of this process and its children, in MiB."""
     me = psutil.Process()
@@ -101,7 +134,7 @@ def loader(make):
         for b in it:
             n += 1
             if n == WARM: t0 = time.perf_counter()
-            if n % 10 == 0: peak = max(peak, tree_rss())
+            if RSS and n % 10 == 0: peak = max(peak, tree_rss())
             if n == WARM + TIMED:
                 dt = time.perf_counter() - t0
                 executor = l.stats().executor if hasattr(l, "stats") else None
@@ -117,11 +150,13 @@ NAME = [""]
 systems = {
     "threads-2": lambda: threads(2),
     "threads-3": lambda: threads(3),
+    "threads-2-epochs": lambda: threads_by_epoch(2),
     "drapps-auto": lambda: loader(lambda: drapps.Loader(ds, batch_size=B, shuffle=True, persistent_workers=True)),
     "drapps-auto-nocache": lambda: loader(lambda: drapps.Loader(ds, batch_size=B, shuffle=True, persistent_workers=True, cache=None)),
     "drapps-2-nocache": lambda: loader(lambda: drapps.Loader(ds, batch_size=B, shuffle=True, num_workers=2, cache=None)),
     "drapps-2": lambda: loader(lambda: drapps.Loader(ds, batch_size=B, shuffle=True, num_workers=2)),
     "drapps-thread-2": lambda: loader(lambda: drapps.Loader(ds, batch_size=B, shuffle=True, num_workers=2, backend="thread")),
+    "drapps-thread-2-persistent": lambda: loader(lambda: drapps.Loader(ds, batch_size=B, shuffle=True, num_workers=2, backend="thread", persistent_workers=True)),
     "drapps-thread-3": lambda: loader(lambda: drapps.Loader(ds, batch_size=B, shuffle=True, num_workers=3, backend="thread")),
     "dataloader-4": lambda: loader(lambda: DataLoader(ds, batch_size=B, shuffle=True, num_workers=4, persistent_workers=True)),
     "dataloader-2": lambda: loader(lambda: DataLoader(ds, batch_size=B, shuffle=True, num_workers=2, persistent_workers=True)),
