@@ -452,6 +452,85 @@ def test_entries_keep_layouts_and_dtypes_numpy_lacks() -> None:
         assert torch.equal(got[name].contiguous().view(torch.uint8), bits), name
 
 
+def _aligned(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return value.data_ptr() % min(value.element_size(), 16) == 0
+    return value.ctypes.data % min(value.itemsize, 16) == 0
+
+
+@pytest.mark.parametrize("codec", ["none", "lz4", "zstd"])
+def test_every_array_of_an_entry_comes_back_aligned_for_its_dtype(codec: str) -> None:
+    """Found by a campaign: the ``none`` codec's arrays were views of the read buffer at
+    whatever offset the header's length left, and a complex128 tensor at an odd one crashed
+    torch's stack (a SIGSEGV in the worker, or in the training process without workers)."""
+    from drapps.cache.entry import unpack
+    from drapps.cache.registry import CODECS
+
+    chosen = CODECS.get(codec)
+    for tag in range(20):  # headers of every length modulo the alignment
+        sample = {
+            "tag": "x" * tag,
+            "complex": (torch.arange(6.0) + tag).to(torch.complex128)[:3].expand(2, 3),
+            "floats": np.arange(5, dtype=np.float64) / (tag + 1),
+            "bytes": np.arange(3, dtype=np.uint8),  # leaves the next payload's start odd
+            "halves": torch.arange(7.0).to(torch.complex64)[::2],
+            "wide": np.arange(4).astype(np.clongdouble),
+        }
+        data = pack(sample, chosen, CODECS.get("none"), None).data
+        for buffer in (bytearray(data), memoryview(bytearray(b"?" + data))[1:]):
+            got = unpack(buffer, {"none": CODECS.get("none"), codec: chosen}).sample
+            for name in ("complex", "floats", "bytes", "halves", "wide"):
+                assert _aligned(got[name]), f"{codec}, tag {tag}: {name} is not aligned"
+                assert got[name].dtype == sample[name].dtype
+                if isinstance(got[name], torch.Tensor):
+                    assert got[name].stride() == sample[name].stride()
+                    assert torch.equal(got[name], sample[name]), name
+                else:
+                    assert np.array_equal(got[name], sample[name]), name
+
+
+def test_an_entry_of_the_format_before_aligned_payloads_is_still_read() -> None:
+    """Entries a disk tier kept from before payloads were aligned (``DRJ1``: end to end, a
+    CRC-32) are read, their misaligned arrays copied, not made again."""
+    import struct
+    import zlib
+
+    from drapps.cache.entry import unpack
+    from drapps.cache.registry import CODECS
+
+    values = np.arange(3, dtype=np.complex128) + 1j
+    leaves = [
+        [0, "none", "|u1", [3], False, {"exact": True}, 3],
+        [1, "none", values.dtype.str, [3], True, {"exact": True}, values.nbytes],
+    ]
+    skeleton = {"t": [{"a": 0}, {"a": 1}]}
+    header = json.dumps({"skeleton": skeleton, "leaves": leaves, "codec": "none"}).encode()
+    body = header + bytes([7, 8, 9]) + values.tobytes()
+    data = struct.pack("<4sII", b"DRJ1", zlib.crc32(body), len(header)) + body
+    small, tensor = unpack(bytearray(data), {"none": CODECS.get("none")}).sample
+    assert small.tolist() == [7, 8, 9]
+    assert _aligned(tensor) and torch.equal(tensor, torch.from_numpy(values))
+
+
+class _Expanded(torch.utils.data.Dataset):
+    """Complex samples that are views: each an expanded row."""
+
+    def __len__(self) -> int:
+        return 10
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return (torch.arange(12.0) + i).to(torch.complex128)[:3].expand(2, 3)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_complex_views_read_back_from_the_cache_are_dataloaders_batches(workers: int) -> None:
+    expected = list(torch.utils.data.DataLoader(_Expanded(), batch_size=3))
+    cache = Cache(memory="16MB", codec="none")
+    with drapps.Loader(_Expanded(), batch_size=3, workers=workers, cache=cache) as loader:
+        for epoch in range(3):  # the first makes the entries, the others read them
+            assert_batches_equal(list(loader), expected, f"epoch {epoch}, ")
+
+
 @pytest.mark.parametrize(
     "value",
     [np.ma.masked_array([1, 2], mask=[True, False]), np.zeros(2, dtype=[("a", "<i4")])],

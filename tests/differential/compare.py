@@ -533,6 +533,34 @@ def assert_owned(got: Outcome, dataset: Any) -> None:
                 )
 
 
+def assert_aligned(got: Outcome) -> None:
+    """Every tensor and array in ``got``'s batches starts aligned for its dtype, as
+    DataLoader's do: torch's kernels assume it (a misaligned complex tensor crashed its stack,
+    found by a campaign through the sample cache)."""
+    for e, epoch in enumerate(got.epochs):
+        for b, batch in enumerate(epoch):
+            for where, pointer, size in _starts(batch):
+                assert pointer % min(size, 16) == 0, (
+                    f"epoch {e} batch {b}: {where} starts at {pointer:#x}, not aligned to the"
+                    f" {min(size, 16)} bytes its elements need"
+                )
+
+
+def _starts(value: Any, where: str = "batch") -> list[tuple[str, int, int]]:
+    """(where, data pointer, element size: a string array's, its character's) of each dense
+    tensor and array in ``value``."""
+    if isinstance(value, dict):
+        return [s for k, v in value.items() for s in _starts(v, f"{where}[{k!r}]")]
+    if isinstance(value, (list, tuple)):
+        return [s for i, v in enumerate(value) for s in _starts(v, f"{where}[{i}]")]
+    if isinstance(value, torch.Tensor) and value.layout == torch.strided and value.numel():
+        return [(where, value.data_ptr(), value.element_size())]
+    if isinstance(value, np.ndarray) and value.size and value.itemsize:
+        numeric = value.dtype.kind in "biufc"
+        return [(where, value.ctypes.data, value.itemsize if numeric else value.dtype.alignment)]
+    return []
+
+
 def _memory_of(value: Any, containers: set[int], spans: list[tuple[int, int]]) -> None:
     """Collect the ids of ``value``'s lists and dicts and the byte spans of its tensors and
     arrays."""

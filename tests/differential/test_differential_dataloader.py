@@ -42,7 +42,16 @@ from cases import (
     is_skipped,
     without_draws,
 )
-from compare import Outcome, Raised, assert_owned, assert_same, nothing_left, run, same_kinds
+from compare import (
+    Outcome,
+    Raised,
+    assert_aligned,
+    assert_owned,
+    assert_same,
+    nothing_left,
+    run,
+    same_kinds,
+)
 from harness import FAST, Budget, campaign
 from hypothesis import assume, example, given, note, settings
 from torch.utils.data import DataLoader
@@ -201,6 +210,7 @@ def check_against_dataloader(case: Case) -> None:
             case.leave,
             case.between_epochs(),
         )
+    assert_aligned(got)
     if s.workers:  # with workers, as from DataLoader's, batches are the loop's own memory
         assert_owned(got, dataset)
     if case.iterable and reference.workers:

@@ -52,7 +52,15 @@ from cases import (
     payloads,
     without_draws,
 )
-from compare import Outcome, assert_equal, assert_owned, batch_indices, nothing_left, run
+from compare import (
+    Outcome,
+    assert_aligned,
+    assert_equal,
+    assert_owned,
+    batch_indices,
+    nothing_left,
+    run,
+)
 from harness import FAST, FAST_EXAMPLES, Budget, campaign, in_chunks, traced, trail
 from hypothesis import assume, note, seed, settings
 from hypothesis import strategies as st
@@ -291,6 +299,7 @@ class LoaderMachine(RuleBasedStateMachine):
         # Wherever the loader made it (a worker process or thread, or the loop standing in
         # for them), the batch is the loop's own, as a worker process's is.
         assert_owned(Outcome(epochs=[self.got[-1:]]), self.dataset)
+        assert_aligned(Outcome(epochs=[self.got[-1:]]))
 
     @precondition(lambda self: self.epoch < EPOCHS and not self.case.iterable)
     @rule(workers=st.integers(1, 3))

@@ -7,6 +7,12 @@ it or its result misses the PSNR floor. Layout::
 
     magic (4) | checksum (4) | header length (4) | header (UTF-8 JSON) | payloads
 
+Each payload starts a multiple of 16 bytes from the entry's start (the header and the payloads
+before it padded), so that an array decoded in place (the ``none`` codec's view of the read
+buffer) is aligned for its dtype: torch assumes it is, and a misaligned complex tensor crashes
+its kernels. An array that comes back misaligned all the same (a buffer that does not start
+aligned, an entry of an earlier format, which packed them end to end) is copied.
+
 Entries may be read from places other processes can write (a shared disk directory, Redis),
 so reading one never runs code: the header is JSON, checked field by field; a named tuple is
 rebuilt only as a type already loaded in this process under the name and fields the header
@@ -14,10 +20,11 @@ gives; anything else is refused as corrupt. A sample holding other objects is no
 (:class:`Uncacheable`).
 
 The checksum covers everything after it, so a torn or flipped entry is detected, dropped and
-made again, never delivered. It is CRC-32C (``b"DRJ2"``) where the ``crc32c`` package is installed
+made again, never delivered. It is CRC-32C (``b"DRJ4"``) where the ``crc32c`` package is installed
 (the ``cache`` extra: hardware CRC, ~25 GB/s, a sixth of zlib's time on a decoded photo), else
-zlib's CRC-32 (``b"DRJ1"``); an entry whose checksum this process cannot compute, or of an
-earlier format, counts as corrupt.
+zlib's CRC-32 (``b"DRJ3"``); an entry whose checksum this process cannot compute, or of a
+format it does not know, counts as corrupt. Entries of the format before aligned payloads
+(``b"DRJ2"``, ``b"DRJ1"``) are still read.
 """
 
 from __future__ import annotations
@@ -35,15 +42,20 @@ import torch
 
 from drapps.cache.codec import Codec, Encoded, psnr
 
-_CHECKSUMS: dict[bytes, Any] = {b"DRJ1": zlib.crc32}
+_CHECKSUMS: dict[bytes, Any] = {b"DRJ1": zlib.crc32, b"DRJ3": zlib.crc32}
 try:
     from crc32c import crc32c as _crc32c
 
-    _CHECKSUMS[b"DRJ2"] = _crc32c
+    _CHECKSUMS[b"DRJ2"] = _CHECKSUMS[b"DRJ4"] = _crc32c
 except ImportError:  # the cache extra is not installed: zlib's CRC-32
     pass
-MAGIC = b"DRJ2" if b"DRJ2" in _CHECKSUMS else b"DRJ1"
+MAGIC = b"DRJ4" if b"DRJ4" in _CHECKSUMS else b"DRJ3"
 """The magic new entries are written with (it names their checksum)."""
+_ALIGNED = frozenset({b"DRJ3", b"DRJ4"})
+"""The formats whose payloads start aligned (``DRJ1`` and ``DRJ2`` packed them end to end)."""
+_ALIGN = 16
+"""Bytes a payload's start is a multiple of, from the entry's start: a complex128's alignment,
+the largest of any dtype an entry holds."""
 _PREFIX = struct.Struct("<4sII")
 _MAX_DEPTH = 32
 
@@ -132,7 +144,14 @@ def pack(sample: Any, codec: Codec, fallback: Codec, min_psnr: float | None) -> 
         default=_plain,
         separators=(",", ":"),
     ).encode()
-    body = b"".join([header, *payloads])
+    header += b" " * _padding(len(header))  # JSON allows the spaces: the first payload aligned
+    parts: list[bytes | memoryview] = [header]
+    end = len(header)
+    for payload in payloads:
+        gap = _padding(end)
+        parts += [bytes(gap), payload]
+        end += gap + memoryview(payload).nbytes
+    body = b"".join(parts)
     data = _PREFIX.pack(MAGIC, _CHECKSUMS[MAGIC](body), len(header)) + body
     exact = all(leaf.meta["exact"] for leaf in leaves)
     return Packed(data, exact, frozenset((*used, codec.name)), raw)
@@ -155,7 +174,7 @@ def unpack(data: bytearray | memoryview, codecs: dict[str, Codec]) -> Unpacked:
         CorruptEntry: the bytes are torn, flipped, malformed, or name a codec not in
             ``codecs``.
     """
-    body, header_len = _checked(data)
+    body, header_len, aligned = _checked(data)
     try:
         header = json.loads(bytes(body[:header_len]))
         skeleton, leaves, asked = header["skeleton"], header["leaves"], header["codec"]
@@ -170,6 +189,8 @@ def unpack(data: bytearray | memoryview, codecs: dict[str, Codec]) -> Unpacked:
     for slot, leaf in enumerate(leaves):
         if leaf.codec not in codecs:
             raise CorruptEntry(f"entry was written by codec {leaf.codec!r}, which is not loaded")
+        if aligned:
+            offset += _padding(offset)
         if leaf.slot != slot or offset + leaf.nbytes > len(body):
             raise CorruptEntry("entry header does not match its payloads")
         payload = body[offset : offset + leaf.nbytes]
@@ -181,6 +202,8 @@ def unpack(data: bytearray | memoryview, codecs: dict[str, Codec]) -> Unpacked:
             array = np.asarray(decoded)  # arithmetic on a 0-d array gives a NumPy scalar
             if array.shape != leaf.shape:
                 raise ValueError(f"decoded to shape {array.shape}, not {leaf.shape}")
+            if array.ctypes.data % min(array.itemsize, _ALIGN):
+                array = array.copy()  # torch's kernels assume an element's alignment
         except Exception as exc:  # a payload its header does not describe
             raise CorruptEntry(f"entry's array {slot} does not decode: {exc}") from None
         exact = exact and bool(leaf.meta.get("exact"))
@@ -189,8 +212,8 @@ def unpack(data: bytearray | memoryview, codecs: dict[str, Codec]) -> Unpacked:
     return Unpacked(_unflatten(skeleton, arrays, 0), exact, used)
 
 
-def _checked(data: bytearray | memoryview) -> tuple[memoryview, int]:
-    """The body of an entry and its header's length.
+def _checked(data: bytearray | memoryview) -> tuple[memoryview, int, bool]:
+    """The body of an entry, its header's length, and whether its payloads start aligned.
 
     Raises:
         CorruptEntry: the entry is torn or fails its checksum.
@@ -205,7 +228,12 @@ def _checked(data: bytearray | memoryview) -> tuple[memoryview, int]:
         raise CorruptEntry(f"entry format {bytes(magic)!r} is not one this process reads")
     if header_len > len(body) or compute(body) != checksum:
         raise CorruptEntry("entry fails its checksum")
-    return body, header_len
+    return body, header_len, magic in _ALIGNED
+
+
+def _padding(offset: int) -> int:
+    """Bytes from ``offset`` in an entry's body to the next aligned start of a payload."""
+    return -(_PREFIX.size + offset) % _ALIGN
 
 
 # ------------------------------------------------------------------------------ the header
