@@ -65,26 +65,37 @@ if GIL_MS:
 N = len(ds); B = 32; WARM, TIMED = 12, int(os.environ.get("TIMED", 150))
 torch.set_num_threads(1)
 
-def threads(n):
-    order = torch.randperm(N).tolist()
-    batches = iter([order[i:i+B] for i in range(0, N - B + 1, B)] * 10)
-    lock = threading.Lock(); out = queue.Queue(maxsize=2 * n); stop = False
+def start_threads(n, batches, stopped=lambda: False):
+    """``n`` threads that take the next indices from ``batches`` under a lock and put their
+    collated batch on the queue returned with them, until ``batches`` ends or ``stopped()``."""
+    lock = threading.Lock(); out = queue.Queue(maxsize=2 * n)
     def work():
-        while not stop:
+        while not stopped():
             with lock:
                 idx = next(batches, None)
             if idx is None: return
             out.put(default_collate([ds[i] for i in idx]))
     ts = [threading.Thread(target=work, daemon=True) for _ in range(n)]
     for t in ts: t.start()
+    return ts, out
+
+def drain(ts, out):
+    """Take what the threads put until each has returned."""
+    while any(t.is_alive() for t in ts):
+        try: out.get(timeout=0.1)
+        except queue.Empty: pass
+
+def threads(n):
+    order = torch.randperm(N).tolist()
+    batches = iter([order[i:i+B] for i in range(0, N - B + 1, B)] * 10)
+    stop = threading.Event()
+    ts, out = start_threads(n, batches, stop.is_set)
     for _ in range(WARM): out.get()
     t0 = time.perf_counter()
     for _ in range(TIMED): out.get()
     dt = time.perf_counter() - t0
-    stop = True
-    while any(t.is_alive() for t in ts):
-        try: out.get(timeout=0.1)
-        except queue.Empty: pass
+    stop.set()
+    drain(ts, out)
     return TIMED * B / dt
 
 def threads_by_epoch(n):
@@ -93,25 +104,13 @@ def threads_by_epoch(n):
     got, t0 = 0, None
     while True:
         order = torch.randperm(N).tolist()
-        batches = iter([order[i:i+B] for i in range(0, N - B + 1, B)])
-        lock = threading.Lock(); out = queue.Queue(maxsize=2 * n)
-        def work():
-            while True:
-                with lock:
-                    idx = next(batches, None)
-                if idx is None: return
-                out.put(default_collate([ds[i] for i in idx]))
-        ts = [threading.Thread(target=work, daemon=True) for _ in range(n)]
-        for t in ts: t.start()
+        ts, out = start_threads(n, iter([order[i:i+B] for i in range(0, N - B + 1, B)]))
         for _ in range(N // B):
             out.get(); got += 1
             if got == WARM: t0 = time.perf_counter()
             if got == WARM + TIMED:
                 dt = time.perf_counter() - t0
-                for t in ts:
-                    while t.is_alive():
-                        try: out.get(timeout=0.1)
-                        except queue.Empty: pass
+                drain(ts, out)
                 return TIMED * B / dt
         for t in ts: t.join()
 
