@@ -546,42 +546,74 @@ def test_a_sampler_that_draws_each_batch_between_the_loops_draws(workers: int | 
         assert _steps(loader, epochs=1) == expected
 
 
-_RUNS_OUT = pytest.mark.xfail(
-    strict=True,
-    reason='known difference (docs/runtime.md): with workers, and under "auto", drapps draws '
-    "the next() that finds a RandomSampler's pass over as the epoch starts, and the sampler "
-    "draws from its generator there; DataLoader only as its workers' prefetch reaches the end",
-)
-
-
-def _left_then_whole(loader: Any) -> list[list[int]]:
-    """The loop leaves the first epoch after a batch (a ``break``), then takes the next."""
+def _left_then_whole(loader: Any, taken: int) -> list[Any]:
+    """The loop leaves the first epoch after ``taken`` batches (a ``break``), then takes the
+    next two whole."""
     first = iter(loader)
-    next(first)
+    for _ in range(taken):
+        next(first)
     del first
-    return [batch.tolist() for batch in loader]
+    return [batch.tolist() for _ in range(2) for batch in loader]
 
 
 @pytest.mark.parametrize(
-    "workers", [0, pytest.param(2, marks=_RUNS_OUT), pytest.param("auto", marks=_RUNS_OUT)]
+    "workers, prefetch", [(0, None), (2, 1), (2, 2), ("auto", None)]
+)  # fmt: skip
+@pytest.mark.parametrize(
+    "n, batch_size, drop_last",
+    [(12, 2, False), (11, 3, False), (11, 3, True), (5, None, False)],
+    ids=["whole-batches", "short-last", "short-dropped", "unbatched"],
 )
 def test_an_epoch_left_early_leaves_the_shuffles_generator_as_dataloaders_does(
-    workers: int | str,
+    workers: int | str, prefetch: int | None, n: int, batch_size: int | None, drop_last: bool
 ) -> None:
-    """``shuffle=True`` with a ``generator``: the order after an epoch the loop left early is
-    drawn from that generator where DataLoader's is (found by a campaign)."""
+    """``shuffle=True`` with a ``generator``: torch's RandomSampler draws once more from it at
+    the next() that finds its pass over, and DataLoader asks for that next() only as its
+    prefetch (or, without workers, its loop) reaches the end. Past an epoch the loop left after
+    any number of batches, the next orders are drawn where DataLoader's are (found by a
+    campaign: drapps drew that next() as the epoch started)."""
     reference = 0 if workers == "auto" else workers
-    kwargs: dict[str, Any] = {"batch_size": 2, "shuffle": True}
-    expected = _left_then_whole(
-        DataLoader(
-            Indexed(12), **kwargs, num_workers=reference,
-            generator=torch.Generator().manual_seed(5),
-        )
-    )  # fmt: skip
-    with drapps.Loader(
-        Indexed(12), **kwargs, num_workers=workers, generator=torch.Generator().manual_seed(5)
-    ) as loader:
-        assert _left_then_whole(loader) == expected
+    kwargs: dict[str, Any] = {"batch_size": batch_size, "shuffle": True, "drop_last": drop_last}
+    batches = len(DataLoader(Indexed(n), **kwargs))
+    kwargs["prefetch_factor"] = prefetch
+    for taken in range(batches + 1):
+        generator = torch.Generator().manual_seed(5)
+        dataloader = DataLoader(Indexed(n), **kwargs, num_workers=reference, generator=generator)
+        expected = _left_then_whole(dataloader, taken)
+        generator = torch.Generator().manual_seed(5)
+        with drapps.Loader(
+            Indexed(n), **kwargs, num_workers=workers, generator=generator
+        ) as loader:
+            assert _left_then_whole(loader, taken) == expected, f"left after {taken}"
+
+
+def _beside_then_whole(loader: Any) -> list[list[int]]:
+    """A second iterator runs a whole epoch while the loop's holds one batch; then the loop's
+    ends, and the next epoch runs."""
+    first = iter(loader)
+    steps = [next(first).tolist()]
+    steps += [batch.tolist() for batch in loader]
+    steps += [batch.tolist() for batch in first]
+    return steps + [batch.tolist() for batch in loader]
+
+
+@pytest.mark.parametrize("workers", [2, "auto"])
+@pytest.mark.parametrize("batch_size", [2, 5])
+def test_two_iterators_take_their_orders_from_the_shuffles_generator_as_dataloaders_do(
+    workers: int | str, batch_size: int
+) -> None:
+    """Each iterator's RandomSampler draws its order from the loader's ``generator``, and once
+    more at the next() that finds its pass over: drawn where DataLoader draws them, the
+    orders are DataLoader's."""
+    reference = 0 if workers == "auto" else workers
+    kwargs: dict[str, Any] = {"batch_size": batch_size, "shuffle": True}
+    generator = torch.Generator().manual_seed(3)
+    expected = _beside_then_whole(
+        DataLoader(Indexed(12), **kwargs, num_workers=reference, generator=generator)
+    )
+    generator = torch.Generator().manual_seed(3)
+    with drapps.Loader(Indexed(12), **kwargs, num_workers=workers, generator=generator) as loader:
+        assert _beside_then_whole(loader) == expected
 
 
 @pytest.mark.parametrize(

@@ -492,11 +492,13 @@ class Settings:
 
     @property
     def draws_as_it_runs_out(self) -> bool:
-        """Whether the sampler draws from a generator of its own as its pass runs out: a
-        ``RandomSampler`` draws its remainder's permutation (or its keys, with replacement)
-        past its last whole one, even where there is none, at the ``next()`` that finds the
-        pass over. A second iterator over the sampler draws from that generator too."""
-        return self.sampler in ("random", "random_replacement") and self.generator is not None
+        """Whether the sampler draws from a generator of its own as its pass goes on: a
+        ``RandomSampler`` with replacement draws its keys 32 at a time, which drapps draws
+        as the epoch starts, DataLoader as its prefetch asks for them. A second iterator
+        over the sampler draws from that generator too. (Without replacement its one draw
+        past its first key, at the ``next()`` that finds its pass over, is made where
+        DataLoader's is.)"""
+        return self.sampler == "random_replacement" and self.generator is not None
 
     def dataloader_kwargs(self, dataset: Any, *, skipping: bool = False) -> dict[str, Any]:
         """DataLoader's arguments for this case (samplers and generators made fresh);

@@ -190,14 +190,9 @@ def check_against_dataloader(case: Case) -> None:
         # each batch as it asks for it, so a second iterator that takes one batch draws where
         # DataLoader's does not.
         case = dataclasses.replace(case, peek=None)
-    shuffled = s.sampler is None and s.shuffle and s.generator is not None
-    runs_out = not case.iterable and (shuffled or s.draws_as_it_runs_out)
-    if case.leave is not None and s.workers != 0 and runs_out:
-        # Known difference (docs/runtime.md; found by a campaign, held as an xfail in
-        # tests/test_compat.py): a RandomSampler draws from its generator at the next() that
-        # finds its pass over, which drapps draws as the epoch starts and DataLoader only as
-        # its workers' prefetch reaches the end: past an epoch the loop left early, the next
-        # order from that generator is not DataLoader's.
+    if case.leave is not None and s.workers != 0 and not case.iterable and s.draws_as_it_runs_out:
+        # Known difference (docs/runtime.md): past an epoch the loop left early, the next
+        # order from such a sampler's generator is not DataLoader's.
         case = dataclasses.replace(case, leave=None)
     dataset = case.dataset()
     expected = _dataloaders(case, reference, epochs)

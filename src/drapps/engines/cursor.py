@@ -31,6 +31,7 @@ from drapps.runtime.plan import (
     draw_up_to,
     first_window,
     rest_of,
+    running_out_late,
 )
 from drapps.runtime.sampling import (
     batch_lists,
@@ -45,6 +46,7 @@ from drapps.runtime.sampling import (
     plain_key,
     planned_length,
     restore_keys,
+    runs_out_late,
 )
 from drapps.runtime.stream import pipe_seed
 
@@ -137,14 +139,18 @@ class _Undrawn:
     draw: Callable[[], EpochPlan]
 
 
-def _worker_settings(config: LoaderConfig) -> dict[str, bool]:
+def _worker_settings(config: LoaderConfig) -> dict[str, Any]:
     """What a cursor reads of the loader's workers: persistent ones draw one base seed for
     all epochs; without workers, or under "auto", the order is drawn in the training
-    process; ``as_asked``: the user asked for none."""
+    process; ``as_asked``: the user asked for none; ``ahead``: batches DataLoader's iterator
+    asks its sampler for ahead of the loop (its workers' prefetch; "auto" is held to
+    DataLoader without workers)."""
+    workers = config.workers if isinstance(config.workers, int) else 0
     return {
         "persistent": config.persistent_workers,
         "in_process": config.workers in (0, "auto"),
         "as_asked": config.workers == 0,
+        "ahead": workers * (config.prefetch_factor or 2),
     }
 
 
@@ -190,6 +196,7 @@ class EpochCursor:
         shard_by_rank: bool = True,
         in_process: bool = False,
         as_asked: bool = False,
+        ahead: int = 0,
     ) -> None:
         self._dataset, self._index_sampler, self._user_sampler = (
             dataset,
@@ -199,7 +206,7 @@ class EpochCursor:
         self._seed, self._generator = seed, generator
         self._batching = (batch_size, shuffle, drop_last)
         self._batched, self._iterable, self._persistent = batched, iterable, persistent
-        self._in_process, self._as_asked = in_process, as_asked
+        self._in_process, self._as_asked, self._ahead = in_process, as_asked, ahead
         self._shard = RankShard(
             dataset,
             user_sampler,
@@ -269,6 +276,7 @@ class EpochCursor:
         settings = _worker_settings(config)
         self._persistent = settings["persistent"]
         self._in_process, self._as_asked = settings["in_process"], settings["as_asked"]
+        self._ahead = settings["ahead"]
 
     @property
     def dataset(self) -> Any:
@@ -417,8 +425,12 @@ class EpochCursor:
         sampler: Any = self._index_sampler
         assert sampler is not None
         as_needed = drawn_as_needed(sampler, self._batched)
+        # Without workers each batch is drawn as asked (a PassPlan), its end draw with it.
+        late = None if self._as_asked else runs_out_late(sampler, self._batched)
 
         def one_pass() -> Iterator[Any]:  # the sampler's iter(), called now
+            if late is not None:  # its keys, batched as its BatchSampler would batch them
+                return iter(late[0])
             return iter(sampler) if as_needed else batch_lists(sampler, self._batched)
 
         if not self._in_process and (first or not self._persistent):
@@ -434,6 +446,9 @@ class EpochCursor:
                 keyed = sampler.sampler  # keys in range(len(its data_source)), maybe again
                 keys = len(keyed.data_source) if getattr(keyed, "replacement", False) else None
                 return DrawnPlan(batches, len(sampler), seed, epoch, keys=keys)
+            if late is not None:
+                count = len(late[0])
+                return running_out_late(batches, count, late[1], self._ahead, seed, epoch)
             length = planned_length(sampler)
             if self._as_asked and length is not None:
                 return PassPlan(batches, length, seed, epoch)
@@ -549,8 +564,12 @@ class EpochCursor:
                 state["stream_rngs"] = stream[2]
             if self._datapipe and stream[3] is not None:
                 state["pipe_seed"] = stream[3]
-        # The sampler gives the rest of its pass now, where it gives each batch as asked.
+        # The sampler gives the rest of its pass now, where it gives each batch as asked, and
+        # its draw at the pass's end, where that is still to come: the generator's state this
+        # holds is the one the epochs after this draw from.
         rest = plan.draw_all() if isinstance(plan, PassPlan) else rest_of(plan)
+        if isinstance(plan, SampledPlan) and plan.runs_out is not None:
+            plan.runs_out.reached(len(plan))
         repeats: list[Repeats] = []
         held: list[list[Any]] | None = None
         if owed is not None and plan is not None:

@@ -25,7 +25,7 @@ from drapps.engines.base import Engine, EngineBatch, EpochJob, Skipped
 from drapps.engines.inline import InlineEngine
 from drapps.ops.device_stage import DeviceStage, Staged
 from drapps.runtime.errors import SampleError, failure, warn_user
-from drapps.runtime.plan import EpochPlan, Repeats, rest_of
+from drapps.runtime.plan import EpochPlan, PassPlan, Repeats, SampledPlan, rest_of
 from drapps.runtime.sampling import key_of
 from drapps.runtime.seeding import epoch_seeds, repeat_seed
 
@@ -219,6 +219,8 @@ class Epoch:
                 self._rejoin()
         if self.plan is None:
             return self._next_streamed()
+        if isinstance(self.plan, SampledPlan) and self.plan.runs_out is not None:
+            self.plan.runs_out.reached(self.position)  # the sampler's end draw, where due
         while not self.finished:
             got = self._next_planned()
             if got is None:
@@ -482,7 +484,10 @@ class Epoch:
             while self.position in self._out_of_order:
                 self._out_of_order.discard(self.position)
                 self.position += 1
-        if self.position >= len(self.plan) and rest_of(self.plan) is None:
+        plan = self.plan
+        if isinstance(plan, PassPlan) and not plan.over:
+            return  # the next() past it asks the sampler whether its pass is over
+        if self.position >= len(plan) and rest_of(plan) is None:
             self.finished = True
 
     def _next_window(self) -> bool:

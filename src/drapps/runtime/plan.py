@@ -110,6 +110,9 @@ class SampledPlan:
     saved_repeats: tuple[Repeats, ...] | None = field(default=None, compare=False, repr=False)
     """Each batch's repeats as a checkpoint saved them, counting the batches before these
     (None: counted from these batches)."""
+    runs_out: RunsOut | None = field(default=None, compare=False, repr=False)
+    """The sampler's draw at the ``next()`` that finds its pass over, still to be made (None:
+    made, or none)."""
 
     def __len__(self) -> int:
         return self.first + len(self.batches)
@@ -308,6 +311,65 @@ def draw_up_to(
     return drawn, None
 
 
+class RunsOut:
+    """The draw a sampler makes at the ``next()`` that finds its pass over, put off until
+    DataLoader's iterator would make it.
+
+    torch's ``RandomSampler`` draws once more from its generator there (the ``randperm`` of
+    an empty remainder). DataLoader asks its sampler for that ``next()`` as it reaches the
+    end: without workers at the loop's ``next()`` for batch :attr:`at`, with them once the
+    loop has that batch (their prefetch is then that far ahead). A loop that leaves the epoch
+    sooner leaves the generator where DataLoader's leaves it.
+    """
+
+    def __init__(self, keys: Iterator[Any] | None, at: int) -> None:
+        self._keys = keys
+        self.at = at
+        """The batch the loop's ``next()`` is at when the draw is made."""
+
+    def reached(self, position: int) -> None:
+        """The loop's ``next()`` is at batch ``position``: the draw is made there (once)."""
+        keys = self._keys
+        if keys is not None and position >= self.at:
+            self._keys = None
+            next(keys, None)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return RunsOut, (None, self.at)  # a copy (or a pickle) has no sampler to draw from
+
+
+def running_out_late(
+    keys: Iterator[Any],
+    count: int,
+    batching: tuple[int, bool] | None,
+    ahead: int,
+    seed: int,
+    epoch: int,
+) -> SampledPlan:
+    """The plan of a sampler whose ``count`` keys come from ``keys`` and whose last draw is at
+    the ``next()`` past them (see :class:`RunsOut`), batched as torch's ``BatchSampler``
+    batches them (``batching``: its batch size and ``drop_last``; None: one key a batch).
+
+    The keys are drawn now; the last draw when DataLoader's iterator, its workers ``ahead``
+    batches ahead of the loop, would ask for the batch that makes it: the short last batch
+    (its keys run out), else the one past the end.
+    """
+    taken = list(itertools.islice(keys, count))
+    if batching is None:
+        batches, last = [[key] for key in taken], len(taken)
+    else:
+        size, drop_last = batching
+        batches = [taken[start : start + size] for start in range(0, len(taken), size)]
+        short = bool(batches) and len(batches[-1]) < size
+        if short and drop_last:
+            batches.pop()
+        last = len(batches) - 1 if short and not drop_last else len(batches)
+    runs_out = RunsOut(keys, last - ahead)
+    if runs_out.at < 0:  # within DataLoader's first prefetch, made as its iterator starts
+        runs_out.reached(0)
+    return SampledPlan(tuple(batches), seed, epoch, runs_out=runs_out)
+
+
 class SamplerRest:
     """What a sampler has still to give past a plan: its next batch, drawn to learn that there
     is one, and its iterator. :meth:`window` plans the next window of them.
@@ -459,6 +521,13 @@ class PassPlan:
         if error is not None:
             raise error
         return False
+
+    @property
+    def over(self) -> bool:
+        """Whether the pass's end is known (the sampler ended, failed, or was asked for the
+        batch past its ``len()``): until then, the ``next()`` past the last batch drawn asks
+        the sampler, as DataLoader's does."""
+        return self._over
 
     def draw_all(self) -> SamplerRest | None:
         """Draw the rest of the pass, and whether the sampler goes on past its ``len()`` (a

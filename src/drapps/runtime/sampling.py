@@ -266,6 +266,29 @@ def drawn_as_needed(index_sampler: Any, auto_collation: bool) -> bool:
     return type(sampler) is RandomSampler and sampler.generator is None
 
 
+def runs_out_late(
+    index_sampler: Any, auto_collation: bool
+) -> tuple[RandomSampler, tuple[int, bool] | None] | None:
+    """torch's ``RandomSampler`` over its whole dataset with a generator of its own, under
+    torch's own ``BatchSampler`` or alone, with that batch sampler's batch size and
+    ``drop_last`` (None: alone); else None. Its one draw past its first key is at the
+    ``next()`` that finds its pass over (:class:`~drapps.runtime.plan.RunsOut`)."""
+    batching: tuple[int, bool] | None = None
+    sampler = index_sampler
+    if auto_collation:
+        if type(index_sampler) is not BatchSampler:
+            return None
+        sampler = index_sampler.sampler
+        batching = (index_sampler.batch_size, index_sampler.drop_last)
+    if type(sampler) is not RandomSampler or sampler.generator is None or sampler.replacement:
+        return None
+    try:
+        whole = sampler.num_samples == len(sampler.data_source)
+    except TypeError:  # a data source without len()
+        return None
+    return (sampler, batching) if whole else None
+
+
 def draw_batches(index_sampler: Iterable[Any], auto_collation: bool) -> tuple[list[Any], ...]:
     """Every batch of one pass over ``index_sampler`` (a batch sampler, or a sampler of keys)."""
     return tuple(batch_lists(index_sampler, auto_collation))
