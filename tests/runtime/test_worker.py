@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import itertools
 import multiprocessing
 import os
 import subprocess
@@ -151,10 +152,10 @@ def test_cheap_samples_read_the_wait_for_a_core_seldom_and_still_cost_only_their
     # takes the core away mid-sample a dozen times or more, for a time slice (milliseconds)
     # each. Those samples still cost about their own 5 us, though the wait is read only
     # once QUEUED_READ_S has passed since the last reading (a system call a read).
-    reads = []
+    reads: list[float] = []
 
     def counted() -> float:
-        reads.append(1)
+        reads.append(time.perf_counter())
         return runqueue_wait()
 
     monkeypatch.setattr(worker_module, "runqueue_wait", counted)
@@ -167,7 +168,13 @@ def test_cheap_samples_read_the_wait_for_a_core_seldom_and_still_cost_only_their
     finally:
         gc.enable()
     assert wall > 1.5 * made.cpu_s, "the busy process did not share the core"
-    assert len(reads) <= min(4000 / 2, wall / QUEUED_READ_S + 2), (len(reads), wall)
+    assert len(reads) <= wall / QUEUED_READ_S + 2, (len(reads), wall)
+    # Each read follows the one before by QUEUED_READ_S or more: how many reads that allows
+    # depends on how long the shared core made the samples take. A read taken just after
+    # its sample ended can be put off by the busy process, which shortens the next gap:
+    # a few may fall short; reads after every sample (gaps of about 5 us) would not.
+    short = sum(b - a < QUEUED_READ_S for a, b in itertools.pairwise(reads))
+    assert short <= max(3, len(reads) // 20), (short, len(reads), wall)
     later = made.costs[1:]  # the first pays for what a batch sets up once
     assert max(later) < 0.001, max(later)  # a time slice is longer; it is not counted
 
