@@ -103,6 +103,14 @@ class Budget:
             self.started = now
         return self.seconds > 0 and now - self.started > self.seconds
 
+    def has_room(self, examples: int) -> bool:
+        """Whether ``examples`` more fit in what is left of the time, at the time per example
+        of those run so far (no limit, or none run yet: True)."""
+        if self.seconds <= 0 or not self.ran or self.started is None:
+            return True
+        per_example = (self.ended - self.started) / self.ran
+        return self.clock() - self.started + per_example * examples <= self.seconds
+
     def admits(self) -> bool:
         """Whether the example starting now runs (False: the test returns at once)."""
         if self.spent() and not self.failed and not current_build_context().is_final:
@@ -142,13 +150,15 @@ def in_chunks(
     """A campaign of ``examples`` examples (``DRAPPS_DIFF_EXAMPLES`` overrides) as whole
     hypothesis runs of ``chunk`` examples each: ``run(seed, examples)`` runs one, its seed drawn
     from the campaign's (``seed``, else the one ``tests/conftest.py`` set) and its place in the
-    campaign. None starts once ``budget`` is spent, so a slow machine runs fewer of the same
-    seed's runs. Each run starts again from simple examples."""
+    campaign. The first run always starts; a later one starts only where ``budget`` has room for
+    it at the time the runs before it took per example, so the campaign ends near its budget,
+    not a whole run past it, and a slow machine runs fewer of the same seed's runs. Each run
+    starts again from simple examples."""
     examples = int(os.environ.get("DRAPPS_DIFF_EXAMPLES", examples))
     base = hypothesis.core.global_force_seed if seed is None else seed
     sizes = [min(chunk, examples - start) for start in range(0, examples, chunk)]
     for place, size in enumerate(sizes):
-        if budget.spent():
+        if budget.spent() or (place and not budget.has_room(size)):
             budget.let_go = sum(sizes[place:])
             return
         budget.ran += size

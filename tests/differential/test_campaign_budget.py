@@ -89,15 +89,42 @@ def test_a_campaign_in_runs_starts_none_past_the_budget(clock: Clock) -> None:
         clock.now += 2
 
     in_chunks(budget, 23, 5, run, seed=7)
-    # Started at 0, 2, 4 and 6 s: the one at 6 s is past the budget, as are the fifth's 5 examples.
-    assert [examples for _, examples in runs] == [5, 5, 5]
-    assert len({seeded for seeded, _ in runs}) == 3
-    assert (budget.ran, budget.let_go) == (15, 8)
-    assert "probe: 15 examples in 6 s; 8 more not run, past the budget of 5 s" in budget.summary()
+    # Started at 0 and 2 s; a third, at 4 s, would end at 6 s, past the budget.
+    assert [examples for _, examples in runs] == [5, 5]
+    assert len({seeded for seeded, _ in runs}) == 2
+    assert (budget.ran, budget.let_go) == (10, 13)
+    assert "probe: 10 examples in 4 s; 13 more not run, past the budget of 5 s" in budget.summary()
 
     again: list[tuple[int, int]] = []
     in_chunks(Budget("probe", seconds=0, clock=clock), 23, 5, lambda *a: again.append(a), seed=7)
-    assert again[:3] == runs and [examples for _, examples in again] == [5, 5, 5, 5, 3]
+    assert again[:2] == runs and [examples for _, examples in again] == [5, 5, 5, 5, 3]
+
+
+def test_a_campaign_in_runs_ends_within_its_budget_when_its_runs_take_alike(clock: Clock) -> None:
+    """The campaign of events once ran 510 s on a budget of 240: its second run of 15 examples
+    started just inside the budget. A run starts only where the budget has room for it."""
+    budget, lengths = Budget("probe", seconds=240, clock=clock), []
+
+    def run(seeded: int, examples: int) -> None:
+        clock.now += 17 * examples * (1.1 if len(lengths) % 2 else 0.9)  # about 17 s an example
+        lengths.append(examples)
+
+    in_chunks(budget, 75, 5, run, seed=5)
+    assert clock.now <= 240 and len(lengths) == 2, (clock.now, lengths)
+    assert "probe: 10 examples in 170 s; 65 more not run, past the budget of 240 s" in (
+        budget.summary()
+    )
+
+
+def test_the_first_run_starts_though_it_takes_longer_than_the_budget(clock: Clock) -> None:
+    budget, runs = Budget("probe", seconds=5, clock=clock), []
+
+    def run(seeded: int, examples: int) -> None:
+        runs.append(examples)
+        clock.now += 9
+
+    in_chunks(budget, 20, 5, run, seed=1)
+    assert runs == [5] and (budget.ran, budget.let_go) == (5, 15)
 
 
 class Draws(RuleBasedStateMachine):

@@ -825,7 +825,7 @@ def test_campaign_of_events() -> None:
         every = settings(campaign(examples, stateful_step_count=30), max_examples=examples)
         run_state_machine_as_test(machine, settings=every)
 
-    in_chunks(budget, 75, 15, run_some)
+    in_chunks(budget, 75, 5, run_some)  # runs of 5: the budget is checked every 5 examples
 
 
 @pytest.mark.timeout(600)
