@@ -19,6 +19,7 @@ from functools import cached_property
 from typing import Any, overload
 
 import numpy as np
+from torch.utils.data import BatchSampler
 
 from drapps.runtime.sampling import key_of
 from drapps.runtime.seeding import ORDER_STREAM, mix_seed
@@ -324,15 +325,18 @@ class RunsOut:
 
     def __init__(self, keys: Iterator[Any] | None, at: int) -> None:
         self._keys = keys
+        self._lock = threading.Lock()  # the loop's next() and a checkpoint from another thread
         self.at = at
         """The batch the loop's ``next()`` is at when the draw is made."""
 
     def reached(self, position: int) -> None:
         """The loop's ``next()`` is at batch ``position``: the draw is made there (once)."""
-        keys = self._keys
-        if keys is not None and position >= self.at:
-            self._keys = None
-            next(keys, None)
+        if self._keys is None or position < self.at:
+            return
+        with self._lock:
+            keys, self._keys = self._keys, None
+            if keys is not None:
+                next(keys, None)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return RunsOut, (None, self.at)  # a copy (or a pickle) has no sampler to draw from
@@ -359,10 +363,8 @@ def running_out_late(
         batches, last = [[key] for key in taken], len(taken)
     else:
         size, drop_last = batching
-        batches = [taken[start : start + size] for start in range(0, len(taken), size)]
-        short = bool(batches) and len(batches[-1]) < size
-        if short and drop_last:
-            batches.pop()
+        batches = list(BatchSampler(taken, size, drop_last))
+        short = len(taken) % size != 0
         last = len(batches) - 1 if short and not drop_last else len(batches)
     runs_out = RunsOut(keys, last - ahead)
     if runs_out.at < 0:  # within DataLoader's first prefetch, made as its iterator starts
