@@ -546,6 +546,65 @@ def test_a_sampler_that_draws_each_batch_between_the_loops_draws(workers: int | 
         assert _steps(loader, epochs=1) == expected
 
 
+class _BreaksAt:
+    """A batch sampler of five one-key batches whose pass raises ValueError at batch ``at``
+    (a bucketing sampler that meets a bad length, say)."""
+
+    def __init__(self, at: int) -> None:
+        self.at = at
+
+    def __iter__(self) -> Any:
+        for k in range(5):
+            if k == self.at:
+                raise ValueError(f"batch {k} cannot be drawn")
+            yield [k]
+
+    def __len__(self) -> int:
+        return 5
+
+
+def _met(loader: Any) -> list[Any]:
+    """What a loop meets: where ``iter()`` raises, else each ``next()``'s batch or error."""
+    try:
+        it = iter(loader)
+    except ValueError:
+        return ["iter() raised ValueError"]
+    met: list[Any] = []
+    while len(met) < 8:
+        try:
+            met.append(next(it).tolist())
+        except StopIteration:
+            return met
+        except ValueError:
+            met.append("ValueError")
+    return met
+
+
+_RAISES_AT_ITER = pytest.mark.xfail(
+    strict=True,
+    reason="known difference (docs/runtime.md): with workers, a user sampler whose pass "
+    "raises past DataLoader's first prefetch raises from iter(loader) in drapps, which "
+    "draws the whole pass as the epoch starts; DataLoader raises at a later next()",
+)
+
+
+@pytest.mark.parametrize(
+    "workers, at",
+    [(0, 2), (1, 0), pytest.param(1, 2, marks=_RAISES_AT_ITER)],
+    ids=["no-workers", "first-batch", "past-the-prefetch"],
+)
+def test_a_sampler_that_raises_partway_raises_where_dataloaders_does(workers: int, at: int) -> None:
+    """Found by a campaign (a RandomSampler with replacement over no keys, behind an empty
+    first batch). Without workers both raise at the next() for the batch; with workers
+    DataLoader raises from iter() only for a batch within its first prefetch."""
+    kwargs: dict[str, Any] = {"batch_sampler": _BreaksAt(at), "num_workers": workers}
+    if workers:
+        kwargs["prefetch_factor"] = 1
+    expected = _met(DataLoader(Indexed(8), **kwargs))
+    with drapps.Loader(Indexed(8), **kwargs) as loader:
+        assert _met(loader) == expected
+
+
 def _left_then_whole(loader: Any, taken: int) -> list[Any]:
     """The loop leaves the first epoch after ``taken`` batches (a ``break``), then takes the
     next two whole."""

@@ -190,9 +190,16 @@ def check_against_dataloader(case: Case) -> None:
         # each batch as it asks for it, so a second iterator that takes one batch draws where
         # DataLoader's does not.
         case = dataclasses.replace(case, peek=None)
-    if case.leave is not None and s.workers != 0 and not case.iterable and s.draws_as_it_runs_out:
-        # Known difference (docs/runtime.md): past an epoch the loop left early, the next
-        # order from such a sampler's generator is not DataLoader's.
+    if late and s.workers != 0 and s.sampler == "random_replacement" and case.n == 0:
+        # Known difference (docs/runtime.md; found by a campaign, held as a strict xfail in
+        # tests/test_compat.py): this sampler raises at its first key, past DataLoader's
+        # first prefetch behind the empty batch; drapps raises it from iter(loader).
+        case = dataclasses.replace(case, n=1)
+    runs_ahead = late or s.draws_as_it_runs_out
+    if case.leave is not None and s.workers != 0 and not case.iterable and runs_ahead:
+        # Known difference (docs/runtime.md; found by campaigns): past an epoch the loop left
+        # early, the draws drapps made for batches DataLoader never asked for are made (from
+        # torch's generator, or the sampler's own): the next epoch's order is not DataLoader's.
         case = dataclasses.replace(case, leave=None)
     dataset = case.dataset()
     expected = _dataloaders(case, reference, epochs)
