@@ -580,29 +580,32 @@ def _met(loader: Any) -> list[Any]:
     return met
 
 
-_RAISES_AT_ITER = pytest.mark.xfail(
-    strict=True,
-    reason="known difference (docs/runtime.md): with workers, a user sampler whose pass "
-    "raises past DataLoader's first prefetch raises from iter(loader) in drapps, which "
-    "draws the whole pass as the epoch starts; DataLoader raises at a later next()",
-)
-
-
-@pytest.mark.parametrize(
-    "workers, at",
-    [(0, 2), (1, 0), pytest.param(1, 2, marks=_RAISES_AT_ITER)],
-    ids=["no-workers", "first-batch", "past-the-prefetch"],
-)
-def test_a_sampler_that_raises_partway_raises_where_dataloaders_does(workers: int, at: int) -> None:
+@pytest.mark.parametrize("at", [0, 1, 2, 3])
+@pytest.mark.parametrize("workers, prefetch", [(0, None), (1, 1), (2, 1), (1, 2), ("auto", None)])
+def test_a_sampler_that_raises_partway_raises_where_dataloaders_does_and_loses_no_batch(
+    workers: int | str, prefetch: int | None, at: int
+) -> None:
     """Found by a campaign (a RandomSampler with replacement over no keys, behind an empty
-    first batch). Without workers both raise at the next() for the batch; with workers
-    DataLoader raises from iter() only for a batch within its first prefetch."""
-    kwargs: dict[str, Any] = {"batch_sampler": _BreaksAt(at), "num_workers": workers}
-    if workers:
-        kwargs["prefetch_factor"] = 1
-    expected = _met(DataLoader(Indexed(8), **kwargs))
+    first batch): drapps, which draws the pass as the epoch starts, raised from iter(). Now
+    the error comes where DataLoader's does: from iter() for a batch within its workers'
+    first prefetch, else from the next() that asks for it (without workers, or under
+    "auto", that batch's own next()). Every batch drawn before it is delivered; DataLoader
+    loses the one its next() held as the sampler raised."""
+    kwargs: dict[str, Any] = {"batch_sampler": _BreaksAt(at)}
+    if workers != "auto":
+        kwargs["num_workers"] = workers
+    if prefetch is not None:
+        kwargs["prefetch_factor"] = prefetch
+    reference = dict(kwargs, num_workers=0) if workers == "auto" else kwargs
+    expected = _met(DataLoader(Indexed(8), **reference))
     with drapps.Loader(Indexed(8), **kwargs) as loader:
-        assert _met(loader) == expected
+        got = _met(loader)
+    if expected == ["iter() raised ValueError"]:
+        assert got == expected
+        return
+    assert got.index("ValueError") == expected.index("ValueError"), (got, expected)
+    assert [b for b in got if b != "ValueError"] == [[k] for k in range(at)], got
+    assert got.count("ValueError") == 1, got
 
 
 def _left_then_whole(loader: Any, taken: int) -> list[Any]:

@@ -26,6 +26,7 @@ from drapps.runtime.plan import (
     PassPlan,
     Plan,
     Repeats,
+    RunsOut,
     SampledPlan,
     SamplerRest,
     draw_up_to,
@@ -454,7 +455,16 @@ class EpochCursor:
                 return PassPlan(batches, length, seed, epoch)
             # The sampler's batches, all of them where they end within its len() (or its first
             # pass where it has none); past that it is endless, and planned a window at a time.
-            drawn, after = first_window(batches, length)
+            raised: list[Exception] = []
+            drawn, after = first_window(_until_raised(batches, raised), length)
+            if raised:  # the pass raised after len(drawn) batches
+                if len(drawn) < self._ahead:  # within DataLoader's first prefetch: iter()
+                    raise raised[0]
+                # DataLoader's iterator raises it from the next() that asks for the batch
+                # that raised, its workers' prefetch ahead of the loop; the batches before it
+                # are all delivered (DataLoader loses the one its next() held).
+                runs_out = RunsOut(None, len(drawn) - self._ahead, raised[0])
+                return SampledPlan(tuple(drawn), seed, epoch, runs_out=runs_out)
             rest = None if after is None else SamplerRest(batches, after, seed, len(drawn))
             return SampledPlan(tuple(drawn), seed, epoch, rest=rest)
 
@@ -569,7 +579,7 @@ class EpochCursor:
         # holds is the one the epochs after this draw from.
         rest = plan.draw_all() if isinstance(plan, PassPlan) else rest_of(plan)
         if isinstance(plan, SampledPlan) and plan.runs_out is not None:
-            plan.runs_out.reached(len(plan))
+            plan.runs_out.reached(len(plan), loop=False)
         repeats: list[Repeats] = []
         held: list[list[Any]] | None = None
         if owed is not None and plan is not None:
@@ -751,6 +761,21 @@ class EpochCursor:
             (g, checked_generator_state(saved[role], g, f"state generators[{role!r}]"))
             for role, g in generators.items()
         ]
+
+
+def _until_raised(batches: Iterator[list[Any]], raised: list[Exception]) -> Iterator[list[Any]]:
+    """``batches`` until they end or raise; what they raised is put in ``raised``. Left
+    before then, it leaves ``batches`` open (``yield from`` would close them with it): an
+    endless sampler's rest is drawn from them later."""
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        except Exception as exc:
+            raised.append(exc)
+            return
+        yield batch
 
 
 def _saved_repeats(saved: Any, batches: list[list[Any]]) -> tuple[Repeats, ...] | None:

@@ -323,20 +323,27 @@ class RunsOut:
     sooner leaves the generator where DataLoader's leaves it.
     """
 
-    def __init__(self, keys: Iterator[Any] | None, at: int) -> None:
+    def __init__(self, keys: Iterator[Any] | None, at: int, error: Exception | None = None) -> None:
         self._keys = keys
         self._lock = threading.Lock()  # the loop's next() and a checkpoint from another thread
         self.at = at
         """The batch the loop's ``next()`` is at when the draw is made."""
+        self._error = error
 
-    def reached(self, position: int) -> None:
-        """The loop's ``next()`` is at batch ``position``: the draw is made there (once)."""
-        if self._keys is None or position < self.at:
+    def reached(self, position: int, *, loop: bool = True) -> None:
+        """The loop's ``next()`` is at batch ``position`` (``loop=False``: a checkpoint asks
+        for the draw): the draw is made there (once). Where the sampler's pass raised (a
+        ``RunsOut`` made with ``error``), the loop's ``next()`` raises that there, once."""
+        if (self._keys is None and self._error is None) or position < self.at:
             return
         with self._lock:
             keys, self._keys = self._keys, None
             if keys is not None:
                 next(keys, None)
+            error = self._error if loop else None
+            if error is not None:
+                self._error = None
+                raise error
 
     def __reduce__(self) -> tuple[Any, ...]:
         return RunsOut, (None, self.at)  # a copy (or a pickle) has no sampler to draw from
