@@ -112,8 +112,8 @@ test-integration: $(STAMP) core services
 
 # Tests whose duration is the machine's speed (training runs, bench runs, the soak, the
 # differential campaigns, which have DIFF_BUDGET_S seconds each, 0: no limit).
-SOAK_S ?= 240
-DIFF_BUDGET_S ?= 240
+SOAK_S ?= 150
+DIFF_BUDGET_S ?= 180
 # A campaign's state machines write their case and steps to DIFF_TRAIL as they run; if the
 # tier fails (a crash in native code kills the test process), the last of it is printed.
 DIFF_TRAIL ?= .diff-trail
