@@ -491,6 +491,14 @@ class Settings:
         return self.batch_sampler and self.empty_batch and random
 
     @property
+    def ends_behind_a_user_batch_sampler(self) -> bool:
+        """Whether a ``RandomSampler`` with a generator of its own sits behind the batch
+        sampler of the user's (the empty first batch's): its draw at the pass's end is made
+        with the rest of the pass, which drapps draws whole as the epoch starts."""
+        random = self.sampler in ("random", "random_replacement")
+        return self.batch_sampler and self.empty_batch and random and self.generator is not None
+
+    @property
     def draws_as_it_runs_out(self) -> bool:
         """Whether the sampler draws from a generator of its own as its pass goes on: a
         ``RandomSampler`` with replacement draws its keys 32 at a time, which drapps draws

@@ -184,11 +184,7 @@ def check_against_dataloader(case: Case) -> None:
         case = dataclasses.replace(case, payload=without_draws(case.payload))
     ahead = reference.workers * (reference.prefetch_factor or 2)  # batches DataLoader draws
     late = ahead < 2 and s.draws_past_first_batch
-    # A RandomSampler with a generator behind a batch sampler of the user's, drawn whole as
-    # the epoch starts: its draw at the pass's end is made then too (found by a campaign).
-    wrapped = s.batch_sampler and s.empty_batch and s.generator is not None
-    wrapped = wrapped and s.sampler in ("random", "random_replacement")
-    runs_ahead = late or s.draws_as_it_runs_out or wrapped
+    runs_ahead = late or s.draws_as_it_runs_out or s.ends_behind_a_user_batch_sampler
     if case.peek is not None and s.workers != 0 and runs_ahead:
         # Known difference (docs/runtime.md; found by campaigns): with workers, and under
         # "auto", drapps draws a user sampler's whole pass as the epoch starts, DataLoader
