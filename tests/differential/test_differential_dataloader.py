@@ -511,6 +511,18 @@ _PEEK = Case(
     peek=1,
 )
 
+# Found by a campaign: a second iterator's one batch taken before the loop's first, and the
+# loop left its epoch: the newer iterator's workers, kept for the older to take back, ran on.
+_PEEK_THEN_LEFT = Case(
+    n=4,
+    payload=Payload(leaf=Leaf(kind="tensor", dtype="bool", shape=(2, 3))),
+    settings=Settings(workers="auto", batch_size=1, pin_memory=True, prefetch_factor=3),
+    iterable=True,
+    goes_on=True,
+    peek=0,
+    leave=1,
+)
+
 # A DDP rank's sampler, its epoch set before each (the harness does so for every case that
 # draws it): persistent workers that draw, in batches of a batch sampler of the user's.
 _DISTRIBUTED = Case(
@@ -655,6 +667,7 @@ _TENSOR_KEYS_HELD_ON_THREADS_UNREAD = dataclasses.replace(
 @example(_SAMPLER_FAILS_AUTO)
 @example(_MIXED_STREAM_SHUFFLED)
 @example(_PEEK)
+@example(_PEEK_THEN_LEFT)
 @example(_DISTRIBUTED)
 @example(_SET_AFTER_COLLATE)
 @example(_SET_AFTER_INIT)

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import torch
+from helpers import drapps_children, wait_until
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
 import drapps
@@ -288,6 +289,38 @@ def test_an_iterable_datasets_older_workers_exit_when_let_go_of_or_closed() -> N
     assert children() - before == set()
     with pytest.raises(RuntimeError, match="closed"):
         next(newer)
+
+
+@pytest.mark.parametrize("taken", [0, 1], ids=["untaken", "one-taken"])
+@pytest.mark.parametrize("workers", [{"num_workers": 2}, {"workers": "auto"}], ids=["2", "auto"])
+@pytest.mark.parametrize("iterable", [False, True], ids=["map", "stream"])
+def test_no_worker_outlives_an_epoch_left_after_a_peek(
+    iterable: bool, workers: dict[str, Any], taken: int
+) -> None:
+    """The loop takes ``taken`` batches, a second iterator one (``next(iter(loader))``), and
+    the loop leaves the epoch: as DataLoader's, no worker runs on once both iterators are let
+    go of, though the loader lives on (found by a campaign: the newer iterator's workers,
+    kept for the older one to take back, ran until the loader closed)."""
+
+    def run(loader: Any) -> tuple[list[list[int]], list[int]]:
+        older = iter(loader)
+        batches = [keys(next(older)) for _ in range(taken)]
+        batches.append(keys(next(iter(loader))))
+        del older
+        gc.collect()
+        wait_until(lambda: not drapps_children(), timeout=30)
+        return batches, [child.pid for child in drapps_children()]
+
+    dataset: Any = Stream() if iterable else Keys()
+    reference, none = run(DataLoader(dataset, batch_size=2, num_workers=2))
+    assert none == []
+    with drapps.Loader(dataset, batch_size=2, **workers) as loader:
+        got, left = run(loader)
+        assert left == [], f"{len(left)} drapps processes still running after the loop left"
+        if "num_workers" in workers:
+            assert got == reference
+        whole = sorted(k for b in loader for k in keys(b))  # the next epoch, workers anew
+        assert whole == list(range(len(whole))) and len(whole) == (12 if iterable else 20)
 
 
 def test_a_checkpoint_beside_a_streams_peek_resumes_the_loops_epoch() -> None:

@@ -93,6 +93,11 @@ class Positioned(Protocol):
 
     def owed(self) -> tuple[list[list[Any]], list[Repeats]] | None: ...
 
+    @property
+    def needs_engine(self) -> bool:
+        """Whether the loader's engine makes its batches, or will from its next ``next()``."""
+        ...
+
 
 @dataclass(frozen=True)
 class Standing:
@@ -354,27 +359,29 @@ class EpochCursor:
         """``epoch``, the one under way as of ``serial``, is let go of (from its ``__del__``,
         in whichever thread dropped it, maybe holding this cursor's lock: so no lock).
         Returns whether it was the one under way and no epoch that stepped aside for it is
-        under way again: nothing then needs the engine's workers until the next epoch."""
+        under way again on the loader's engine: nothing then needs the engine's workers until
+        the next epoch."""
         if serial != self._serial:
             return False
         self._left = Standing.of(epoch)
-        return not self._back_from_aside()
+        back = self._back_from_aside()
+        return back is None or not back.needs_engine
 
     def ended(self, epoch: Positioned) -> None:
         """``epoch``'s loop saw its end."""
         if self._active() is epoch:
             self._back_from_aside()
 
-    def _back_from_aside(self) -> bool:
+    def _back_from_aside(self) -> Positioned | None:
         """The epoch under way ended or was let go of: the latest one that stepped aside for
-        it and has not seen its end is the one under way again (no lock, as
+        it and has not seen its end is the one under way again, and is returned (no lock, as
         :meth:`_let_go`); one with every batch delivered too, as a checkpoint holds it."""
         while self._aside:
             epoch = self._aside.pop()()
             if epoch is not None and not epoch.ended:
                 epoch.on_let_go = self.follow(epoch)
-                return True
-        return False
+                return epoch
+        return None
 
     def _forget(self) -> None:
         """No epoch is under way (a ``set_epoch`` or a load decided the next); with the

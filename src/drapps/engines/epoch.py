@@ -179,13 +179,26 @@ class Epoch:
         let_go = self.__dict__.get("on_let_go")
         if let_go is not None and not self.__dict__.get("_ended", True):
             with contextlib.suppress(Exception):  # late in the interpreter's shutdown
-                if let_go(self) and self._started and self._engine is self._main:
-                    self._main.let_go(self._job)  # its workers go, as DataLoader's do
+                # Its workers go, as DataLoader's do: the loader's engine's, where nothing
+                # newer holds them, whether it made this epoch's batches or kept them for it
+                # while it stepped aside for a newer iterator.
+                if let_go(self) and (self._started or self._stepped_aside):
+                    self._main.let_go(self._job)
 
     @property
     def undrawn(self) -> Callable[[], EpochPlan] | None:
         """What draws the epoch's order at its first ``next()`` (None: drawn)."""
         return self._draw
+
+    @property
+    def needs_engine(self) -> bool:
+        """Whether the loader's engine makes this epoch's batches, or will from its next
+        ``next()`` (:meth:`_rejoin`); False for one whose batches an engine of its own makes
+        to its end (a stream's workers handed over to it)."""
+        return self._engine is self._main or self._rejoins()
+
+    def _rejoins(self) -> bool:
+        return self.plan is not None and not self._out_of_order and self._ahead is None
 
     @property
     def ended(self) -> bool:
@@ -312,7 +325,7 @@ class Epoch:
         """The loader's epoch under way again (the newer one ended or was let go of): the
         engine makes its batches from its position on."""
         self._delivered.epoch = self.epoch
-        if self.plan is None or self._out_of_order or self._ahead is not None:
+        if not self._rejoins():
             # A stream stays where it is made; so do batches delivered out of order, and
             # the engine waits for the batch staged before this epoch stepped aside.
             return
