@@ -579,7 +579,7 @@ class LoaderMachine(RuleBasedStateMachine):
                 assert delivered == planned, f"epoch {self.epoch}: {delivered} != {planned}"
             if self.case.filled and self.resumed_epoch != self.epoch:
                 self._replay_filled_epoch()
-        if self._drawn_anew() or self.skipped_draw:
+        if self._drawn_anew() or self.skipped_draw or (abandoned and self._ends_with_a_draw()):
             self.exact = False
         self.epoch += 1 + self.beside
         self.got, self.beside = [], 0
@@ -591,6 +591,16 @@ class LoaderMachine(RuleBasedStateMachine):
         RNG: a sampler's, or a shuffle without a seed, without workers or under "auto"."""
         drawn = bool(self.case.sampler) or (self.case.seed is None and self.case.shuffle)
         return drawn and self.case.workers in (0, "auto") and not self.case.iterable
+
+    def _ends_with_a_draw(self) -> bool:
+        """Whether the shuffle draws once more from the loader's generator as its pass runs
+        out (torch's ``RandomSampler``), at the ``next()`` where DataLoader's would: an epoch
+        abandoned before it leaves the generator behind the reference's, which ran each epoch
+        whole, so the later orders are not the reference's (they are DataLoader's: found by a
+        campaign; ``tests/test_compat.py`` holds that draw to DataLoader's)."""
+        case = self.case
+        shuffled = case.shuffle and case.seed is None and not case.sampler
+        return case.generator and shuffled and not case.iterable
 
     def _drawn_anew(self) -> bool:
         """Whether the epochs after a resumed one are drawn anew: a resumed loader without a
@@ -778,6 +788,21 @@ def walk(
     finally:
         machine.teardown()
     return machine
+
+
+@pytest.mark.parametrize("workers", [0, 1, "auto"])
+def test_an_epoch_abandoned_before_its_shuffles_end_draw_is_not_held_to_the_whole_reference(
+    workers: int | str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by a campaign: a shuffle from the loader's generator draws once more as its pass
+    runs out, where DataLoader's would; an epoch abandoned before that leaves the generator
+    behind the reference's, so the next epoch's order is DataLoader's, not the reference's.
+    The samples are still held: every one once."""
+    payload = Payload(leaf=Leaf(kind="python", dtype="int"))
+    case = Run(n=3, payload=payload, workers=workers, batch_size=1, shuffle=True, generator=True)
+    take = LoaderMachine.take_a_batch
+    machine = walk(case, [take, LoaderMachine.start_the_next_epoch_midway, take], monkeypatch)
+    assert not machine.exact
 
 
 @pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
