@@ -24,6 +24,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import copy
+import faulthandler
 import gc
 import json
 import os
@@ -534,6 +535,9 @@ class LoaderMachine(RuleBasedStateMachine):
                 code = 0
                 try:
                     os.dup2(said.fileno(), 2)
+                    # A child that hangs says where: every thread's stack, then it exits
+                    # (before the parent's wait gives up on it).
+                    faulthandler.dump_traceback_later(50, exit=True)
                     if drops != "nothing":
                         self.got = []
                     if drops in ("iterator", "loader"):
@@ -548,7 +552,7 @@ class LoaderMachine(RuleBasedStateMachine):
             status = _waited(pid, timeout=60)
             said.seek(0)
             text = said.read().decode(errors="replace")
-        assert status is not None, f"a forked child that dropped its {drops} hung"
+        assert status is not None, f"a forked child that dropped its {drops} hung:\n{text}"
         assert status == 0 and not text, f"a forked child exited {status}, saying:\n{text}"
 
     def _drew_before_the_second(self, loops_epoch: int) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -121,6 +122,7 @@ class Epoch:
         closed: Callable[[], bool] = lambda: False,
     ) -> None:
         self._turn = turn if turn is not None else contextlib.nullcontext()
+        self._pid = os.getpid()  # the process whose loop holds it
         self.epoch = job.epoch
         self.seed = job.seed
         self.pipe_seed = job.pipe_seed
@@ -176,7 +178,10 @@ class Epoch:
     def __del__(self) -> None:
         # Let go of before its end (a loop that breaks out of it): the loader's checkpoint
         # still reads where it stood, as if the loop held it.
+        # A forked child that drops its copy of the iterator leaves its parent's epoch alone.
         let_go = self.__dict__.get("on_let_go")
+        if self.__dict__.get("_pid") != os.getpid():
+            return
         if let_go is not None and not self.__dict__.get("_ended", True):
             with contextlib.suppress(Exception):  # late in the interpreter's shutdown
                 # Its workers go, as DataLoader's do: the loader's engine's, where nothing
