@@ -33,6 +33,7 @@ from drapps.runtime.plan import (
     first_window,
     rest_of,
     running_out_late,
+    until_raised,
 )
 from drapps.runtime.sampling import (
     batch_lists,
@@ -463,7 +464,7 @@ class EpochCursor:
             # The sampler's batches, all of them where they end within its len() (or its first
             # pass where it has none); past that it is endless, and planned a window at a time.
             raised: list[Exception] = []
-            drawn, after = first_window(_until_raised(batches, raised), length)
+            drawn, after = first_window(until_raised(batches, raised), length)
             if raised:  # the pass raised after len(drawn) batches
                 if len(drawn) < self._ahead:  # within DataLoader's first prefetch: iter()
                     raise raised[0]
@@ -472,7 +473,11 @@ class EpochCursor:
                 # are all delivered (DataLoader loses the one its next() held).
                 runs_out = RunsOut(None, len(drawn) - self._ahead, raised[0])
                 return SampledPlan(tuple(drawn), seed, epoch, runs_out=runs_out)
-            rest = None if after is None else SamplerRest(batches, after, seed, len(drawn))
+            rest = (
+                None
+                if after is None
+                else SamplerRest(batches, after, seed, len(drawn), ahead=self._ahead)
+            )
             return SampledPlan(tuple(drawn), seed, epoch, rest=rest)
 
         return _Undrawn(epoch, seed, draw) if self._in_process else draw()
@@ -486,7 +491,7 @@ class EpochCursor:
         passed, after = draw_up_to(batches, drawn)
         if len(passed) < drawn or after is None:
             return None
-        return SamplerRest(batches, after, base_seed, drawn)
+        return SamplerRest(batches, after, base_seed, drawn, ahead=self._ahead)
 
     def _stream_seeds(self, epoch: int, workers: int, first: bool) -> tuple[int, int]:
         """An iterable dataset's base seed and pipe seed for ``epoch`` (0: not a datapipe).
@@ -768,21 +773,6 @@ class EpochCursor:
             (g, checked_generator_state(saved[role], g, f"state generators[{role!r}]"))
             for role, g in generators.items()
         ]
-
-
-def _until_raised(batches: Iterator[list[Any]], raised: list[Exception]) -> Iterator[list[Any]]:
-    """``batches`` until they end or raise; what they raised is put in ``raised``. Left
-    before then, it leaves ``batches`` open (``yield from`` would close them with it): an
-    endless sampler's rest is drawn from them later."""
-    while True:
-        try:
-            batch = next(batches)
-        except StopIteration:
-            return
-        except Exception as exc:
-            raised.append(exc)
-            return
-        yield batch
 
 
 def _saved_repeats(saved: Any, batches: list[list[Any]]) -> tuple[Repeats, ...] | None:

@@ -397,6 +397,8 @@ class Epoch:
                 return None
             plan, batch_id = self.plan, self.position
             assert plan is not None
+            if isinstance(plan, SampledPlan) and plan.runs_out is not None:
+                plan.runs_out.reached(batch_id)  # the sampler raised within its prefetch
         ahead, self._ahead = self._ahead, None
         if ahead is not None:
             made: EngineBatch | None = ahead.made

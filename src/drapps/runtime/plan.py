@@ -274,6 +274,21 @@ def _count_batch(batch: list[Any], seen: dict[int, int]) -> Repeats:
     return tuple(repeats) if any(repeats) else None
 
 
+def until_raised(batches: Iterator[list[Any]], raised: list[Exception]) -> Iterator[list[Any]]:
+    """``batches`` until they end or raise; what they raised is put in ``raised``. Left
+    before then, it leaves ``batches`` open (``yield from`` would close them with it): an
+    endless sampler's rest is drawn from them later."""
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        except Exception as exc:
+            raised.append(exc)
+            return
+        yield batch
+
+
 def first_window(
     batches: Iterator[list[Any]], length: int | None
 ) -> tuple[list[list[Any]], list[Any] | None]:
@@ -389,7 +404,13 @@ class SamplerRest:
     """
 
     def __init__(
-        self, batches: Iterator[list[Any]], head: list[Any], base_seed: int, first: int
+        self,
+        batches: Iterator[list[Any]],
+        head: list[Any],
+        base_seed: int,
+        first: int,
+        *,
+        ahead: int = 0,
     ) -> None:
         self._batches = batches
         self._head = head
@@ -397,16 +418,29 @@ class SamplerRest:
         """The epoch's seed (the first window's)."""
         self.first = first
         """The id of the next batch: how many the sampler has given before it."""
+        self.ahead = ahead
+        """How many batches DataLoader's workers ask the sampler for ahead of the loop."""
 
     def window(self, epoch: int) -> SampledPlan:
         """The next window's plan (at least one batch), its ids from :attr:`first` on: up
-        to :data:`WINDOW` batches."""
-        batches = itertools.chain([self._head], self._batches)
+        to :data:`WINDOW` batches.
+
+        Where the sampler raises partway, the window is the batches it gave before, and the
+        loop's ``next()`` raises the error where DataLoader's would: at the batch that asks
+        the sampler for the one that failed, its workers' prefetch ahead of the loop (not
+        before the window's first); the batches before it are all delivered."""
+        raised: list[Exception] = []
+        batches = until_raised(itertools.chain([self._head], self._batches), raised)
         drawn, after = draw_up_to(batches, WINDOW)
+        seed = window_seed(self.base_seed, self.first)
+        if raised:
+            at = max(self.first + len(drawn) - self.ahead, self.first)
+            runs_out = RunsOut(None, at, raised[0])
+            return SampledPlan(tuple(drawn), seed, epoch, first=self.first, runs_out=runs_out)
         rest = None
         if after is not None:
-            rest = SamplerRest(self._batches, after, self.base_seed, self.first + len(drawn))
-        seed = window_seed(self.base_seed, self.first)
+            first = self.first + len(drawn)
+            rest = SamplerRest(self._batches, after, self.base_seed, first, ahead=self.ahead)
         return SampledPlan(tuple(drawn), seed, epoch, first=self.first, rest=rest)
 
 
