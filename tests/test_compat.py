@@ -1829,6 +1829,20 @@ def test_a_stream_longer_than_its_len_warns_as_in_dataloader(workers: int) -> No
     assert warned(drapps.Loader) == warned(DataLoader) == 4
 
 
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_batched_stream_longer_than_its_len_warns_past_len_loader(workers: int) -> None:
+    """8 items, a ``len()`` of 4, batches of 2: ``len(loader)`` says 2 batches and 4 come.
+    DataLoader counts batches against the dataset's 4 samples and says nothing; drapps warns
+    at each batch past the 2 it said, in batches (its words said samples)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with drapps.Loader(LongerThanItsLen(), batch_size=2, num_workers=workers) as loader:
+            assert len(loader) == 2
+            assert [b.tolist() for b in loader] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    said = [str(w.message) for w in caught if "was reported to be 2" in str(w.message)]
+    assert [m.split("), but ")[1].split(" have")[0] for m in said] == ["3 batches", "4 batches"]
+
+
 class CountsInShared(torch.utils.data.Dataset):  # type: ignore[type-arg]
     """Holds a multiprocessing.Value of the workers' start method, as DataLoader allows."""
 

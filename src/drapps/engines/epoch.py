@@ -371,11 +371,14 @@ class Epoch:
         return batch
 
     def _warn_past_length(self, reported: int) -> None:
-        """DataLoader's warning, in its words, for a stream longer than its ``__len__``."""
+        """DataLoader's warning, in its words, for a stream longer than its ``__len__``;
+        counted in batches where it is batched (DataLoader counts its batches against the
+        dataset's ``len()`` in samples, so it says nothing until that many)."""
+        unit = "batches" if self._batched else "samples"
         message = (
             f"Length of IterableDataset {self._dataset} was reported to be "
             f"{reported} (when accessing len(dataloader)), but "
-            f"{self.position - self._failed} samples have been fetched. "
+            f"{self.position - self._failed} {unit} have been fetched. "
         )
         if self.streams:
             message += (
