@@ -179,9 +179,9 @@ class Epoch:
         # Let go of before its end (a loop that breaks out of it): the loader's checkpoint
         # still reads where it stood, as if the loop held it.
         # A forked child that drops its copy of the iterator leaves its parent's epoch alone.
-        let_go = self.__dict__.get("on_let_go")
         if self.__dict__.get("_pid") != os.getpid():
             return
+        let_go = self.__dict__.get("on_let_go")
         if let_go is not None and not self.__dict__.get("_ended", True):
             with contextlib.suppress(Exception):  # late in the interpreter's shutdown
                 # Its workers go, as DataLoader's do: the loader's engine's, where nothing
