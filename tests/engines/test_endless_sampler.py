@@ -235,8 +235,8 @@ def test_a_sampler_that_raises_in_a_later_window_loses_no_batch(
         DataLoader(Draws(10), batch_size=2, sampler=BreaksAt(10, at), num_workers=workers)
     )
     got = met(drapps.Loader(Draws(10), batch_size=2, sampler=BreaksAt(10, at), **settings))
-    given = _keys_of(at)
-    given = [given[k : k + 2] for k in range(0, at - 1, 2)]  # the half batch is lost
+    keys_given = _keys_of(at)
+    given = [keys_given[k : k + 2] for k in range(0, at - 1, 2)]  # the half batch is lost
     assert got.count("ValueError") == 1, got
     delivered = [b for b in got if b != "ValueError"]
     if settings.get("in_order", True):

@@ -473,11 +473,9 @@ class EpochCursor:
                 # are all delivered (DataLoader loses the one its next() held).
                 runs_out = RunsOut(None, len(drawn) - self._ahead, raised[0])
                 return SampledPlan(tuple(drawn), seed, epoch, runs_out=runs_out)
-            rest = (
-                None
-                if after is None
-                else SamplerRest(batches, after, seed, len(drawn), ahead=self._ahead)
-            )
+            rest = None
+            if after is not None:
+                rest = SamplerRest(batches, after, seed, len(drawn), ahead=self._ahead)
             return SampledPlan(tuple(drawn), seed, epoch, rest=rest)
 
         return _Undrawn(epoch, seed, draw) if self._in_process else draw()

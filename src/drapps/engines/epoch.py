@@ -237,8 +237,7 @@ class Epoch:
                 self._rejoin()
         if self.plan is None:
             return self._next_streamed()
-        if isinstance(self.plan, SampledPlan) and self.plan.runs_out is not None:
-            self.plan.runs_out.reached(self.position)  # the sampler's end draw, where due
+        self._reach_the_samplers_end()
         while not self.finished:
             got = self._next_planned()
             if got is None:
@@ -388,6 +387,14 @@ class Epoch:
             )
         warn_user(message)
 
+    def _reach_the_samplers_end(self) -> None:
+        """What the plan's sampler does at the loop's ``next()`` for this batch, where due
+        (:class:`~drapps.runtime.plan.RunsOut`): its draw at its pass's end, or the error
+        its pass raised."""
+        plan = self.plan
+        if isinstance(plan, SampledPlan) and plan.runs_out is not None:
+            plan.runs_out.reached(self.position)
+
     def _next_planned(self) -> tuple[Any, int, Skipped] | None:
         """The next batch, how many samples it holds and which were skipped; None at the
         epoch's end."""
@@ -400,8 +407,7 @@ class Epoch:
                 return None
             plan, batch_id = self.plan, self.position
             assert plan is not None
-            if isinstance(plan, SampledPlan) and plan.runs_out is not None:
-                plan.runs_out.reached(batch_id)  # the sampler raised within its prefetch
+            self._reach_the_samplers_end()  # a new window's: it may have raised already
         ahead, self._ahead = self._ahead, None
         if ahead is not None:
             made: EngineBatch | None = ahead.made

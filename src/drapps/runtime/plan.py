@@ -419,7 +419,8 @@ class SamplerRest:
         self.first = first
         """The id of the next batch: how many the sampler has given before it."""
         self.ahead = ahead
-        """How many batches DataLoader's workers ask the sampler for ahead of the loop."""
+        """How many batches DataLoader's workers ask the sampler for ahead of the loop (0:
+        without workers, each at the loop's own ``next()``)."""
 
     def window(self, epoch: int) -> SampledPlan:
         """The next window's plan (at least one batch), its ids from :attr:`first` on: up
