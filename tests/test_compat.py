@@ -547,20 +547,20 @@ def test_a_sampler_that_draws_each_batch_between_the_loops_draws(workers: int | 
 
 
 class _BreaksAt:
-    """A batch sampler of five one-key batches whose pass raises ValueError at batch ``at``
+    """A batch sampler of ``n`` one-key batches whose pass raises ValueError at batch ``at``
     (a bucketing sampler that meets a bad length, say)."""
 
-    def __init__(self, at: int) -> None:
-        self.at = at
+    def __init__(self, at: int, n: int = 5) -> None:
+        self.at, self.n = at, n
 
     def __iter__(self) -> Any:
-        for k in range(5):
+        for k in range(self.n):
             if k == self.at:
                 raise ValueError(f"batch {k} cannot be drawn")
             yield [k]
 
     def __len__(self) -> int:
-        return 5
+        return self.n
 
 
 def _met(loader: Any) -> list[Any]:
@@ -606,6 +606,44 @@ def test_a_sampler_that_raises_partway_raises_where_dataloaders_does_and_loses_n
     assert got.index("ValueError") == expected.index("ValueError"), (got, expected)
     assert [b for b in got if b != "ValueError"] == [[k] for k in range(at)], got
     assert got.count("ValueError") == 1, got
+
+
+class _Missing(Indexed):
+    """``Indexed`` whose samples ``missing`` raise KeyError (files gone)."""
+
+    def __init__(self, n: int, missing: set[int]) -> None:
+        super().__init__(n)
+        self.missing = missing
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if i in self.missing:
+            raise KeyError(f"sample {i} is missing")
+        return super().__getitem__(i)
+
+
+@pytest.mark.parametrize("in_order", [True, False])
+@pytest.mark.parametrize("workers", [0, 2, "auto"])
+@pytest.mark.parametrize("missing", [{5}, {4, 5}, {1}, {0, 1}, {2}])
+def test_a_samplers_error_behind_skipped_batches_is_raised(
+    workers: int | str, in_order: bool, missing: set[int]
+) -> None:
+    """Found by the DataLoader campaign: with ``on_error="skip"`` a batch of nothing but a
+    failed sample is not delivered, and the sampler's error due at the batch after it was
+    passed over with it: the epoch ended without raising it (7 runs in 10 under "auto", every
+    run in order), or raised it a batch late. Now it is raised once, in order where
+    DataLoader's would be (its workers' prefetch ahead of the batch that failed), and every
+    other batch drawn before it is delivered."""
+    kwargs: dict[str, Any] = {"batch_sampler": _BreaksAt(6, n=8), "in_order": in_order}
+    if workers != "auto":
+        kwargs["num_workers"] = workers
+    with drapps.Loader(_Missing(8, missing), on_error="skip", **kwargs) as loader:
+        got = _met(loader)
+    assert got.count("ValueError") == 1, got
+    delivered = sorted(b for b in got if b != "ValueError")
+    assert delivered == [[k] for k in range(6) if k not in missing], got
+    if in_order:
+        due = 6 - (0 if workers in (0, "auto") else 2 * 2)  # DataLoader's 2 workers, 2 ahead
+        assert got.index("ValueError") == len([k for k in range(due) if k not in missing]), got
 
 
 def _left_then_whole(loader: Any, taken: int) -> list[Any]:

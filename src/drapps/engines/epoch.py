@@ -237,9 +237,10 @@ class Epoch:
                 self._rejoin()
         if self.plan is None:
             return self._next_streamed()
-        self._reach_the_samplers_end()
-        while not self.finished:
-            got = self._next_planned()
+        while True:
+            # Due at each batch this next() takes, a skipped one's too, and at the end.
+            self._reach_the_samplers_end()
+            got = None if self.finished else self._next_planned()
             if got is None:
                 break
             batch, samples, skipped = got
