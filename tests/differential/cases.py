@@ -379,6 +379,48 @@ class PermutedInIter(torch.utils.data.Sampler[int]):
         return iter(torch.randperm(self.n, generator=self.generator).tolist())
 
 
+class SamplerFailed(RuntimeError):
+    """What a sampler that fails partway raises (a user's sampler whose index went stale)."""
+
+
+class FailsPartway(torch.utils.data.Sampler[Any]):
+    """A user's sampler: ``inner``'s keys, raising :class:`SamplerFailed` in place of the
+    ``at``-th key of each pass; the pass then ends, as a generator's does. ``iter()`` calls
+    ``inner``'s at once, so a sampler that draws its order there still draws it there."""
+
+    def __init__(self, inner: Any, at: int) -> None:
+        self.inner, self.at = inner, at
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __iter__(self) -> Iterator[Any]:
+        return _KeysUntil(iter(self.inner), self.at)
+
+    def set_epoch(self, epoch: int) -> None:
+        """As a DDP loop calls it: passed on to a ``DistributedSampler`` inside."""
+        if hasattr(self.inner, "set_epoch"):
+            self.inner.set_epoch(epoch)
+
+
+class _KeysUntil:
+    def __init__(self, keys: Iterator[Any], at: int) -> None:
+        self.keys, self.at, self.given = keys, at, 0
+
+    def __iter__(self) -> _KeysUntil:
+        return self
+
+    def __next__(self) -> Any:
+        if self.given == self.at:
+            self.given += 1
+            raise SamplerFailed(f"the sampler failed at its key {self.at}")
+        if self.given > self.at:
+            raise StopIteration
+        key = next(self.keys)
+        self.given += 1
+        return key
+
+
 SKIPPED = "skipped"
 """What the reference's dataset gives for the sample that fails, where drapps skips it."""
 
@@ -460,6 +502,9 @@ class Settings:
     skip: bool = False  # drapps skips a failing sample (on_error="skip")
     generator: int | None = None  # a torch.Generator of this seed, for order and base seed
     init: bool = False  # a worker_init_fn that reseeds the worker's global RNGs
+    # The named sampler (a map-style dataset's), wrapped in a user's that raises in place of
+    # this key of each pass (the harness drops it where the pass is shorter)
+    sampler_fails: int | None = None
 
     def drapps_kwargs(self, dataset: Any) -> dict[str, Any]:
         """drapps' arguments: DataLoader's, the default count for ``"auto"``, a cache,
@@ -546,6 +591,12 @@ class Settings:
         return kwargs
 
     def _sampler(self, dataset: Any) -> Any:
+        sampler = self._named_sampler(dataset)
+        if sampler is None or self.sampler_fails is None:
+            return sampler
+        return FailsPartway(sampler, self.sampler_fails)
+
+    def _named_sampler(self, dataset: Any) -> Any:
         if self.sampler is None or isinstance(dataset, IterableDataset):
             return None
         if self.sampler == "sequential":
@@ -726,6 +777,7 @@ def settings(*, contexts: tuple[str | None, ...] = (None,)) -> st.SearchStrategy
         skip=st.sampled_from((False, False, False, True)),
         generator=st.sampled_from((None, None, None, 5)),
         init=st.sampled_from((False, False, False, True)),
+        sampler_fails=st.sampled_from((None, None, None, 0, 1, 2, 3, 5)),
     )
 
 

@@ -17,7 +17,10 @@ workers drop a tensor's conjugate and negative bits (torch's shared-memory reduc
 them, so the values change), break quantized tensors ("cannot call qscheme on
 UnknownQuantizer", or a RuntimeError when collated), and turn big-endian arrays native.
 Where drapps skips a failing sample (``on_error="skip"``), the reference is DataLoader's
-batches without that sample, and without a batch that held nothing else.
+batches without that sample, and without a batch that held nothing else. Where a user's
+sampler raises partway through its pass, DataLoader's workers lose the batch that the
+``next()`` which raised held, which drapps delivers after the error: drapps' outcome is
+compared without it.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import multiprocessing
 import random
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -35,8 +39,10 @@ from cases import (
     DRAWS,
     TYPED,
     Case,
+    FailsPartway,
     Leaf,
     Payload,
+    SamplerFailed,
     Settings,
     cases,
     is_skipped,
@@ -48,6 +54,7 @@ from compare import (
     assert_aligned,
     assert_owned,
     assert_same,
+    batch_indices,
     nothing_left,
     run,
     same_kinds,
@@ -113,14 +120,19 @@ def check_against_dataloader(case: Case) -> None:
     if case.iterable and case.pipe and case.settings.shuffle:
         # DataLoader's shuffle=True turns on a pipe's shuffles; drapps refuses it (its guide).
         case = dataclasses.replace(case, settings=dataclasses.replace(case.settings, shuffle=False))
+    if case.settings.sampler_fails is not None and not _fails_within_a_pass(case):
+        settings = dataclasses.replace(case.settings, sampler_fails=None)
+        case = dataclasses.replace(case, settings=settings)
     s = reference = case.settings
     epochs = 2
-    if s.threads and case.held and s.batch_sampler and s.empty_batch and s.sampler in TYPED:
-        # Known difference (docs/executors.md; found by a campaign): thread workers look for
+    unread = (s.batch_sampler and s.empty_batch) or s.sampler_fails is not None
+    if s.threads and case.held and unread and s.sampler in TYPED:
+        # Known difference (docs/executors.md; found by campaigns): thread workers look for
         # global draws in samples made as the loader is built, of the sampler's keys where
-        # it holds them, else of ints of range(len). A batch sampler of the user's that
-        # yields its batches as it goes (an empty one first, here) is not read, so a dataset
-        # that keeps what it made keeps an int key where the sampler gives tensors.
+        # it holds them, else of ints of range(len). A sampler or batch sampler of the
+        # user's that yields its keys as it goes (one that fails partway, a batch sampler
+        # with an empty batch first) is not read, so a dataset that keeps what it made
+        # keeps an int key where the sampler gives tensors.
         case = dataclasses.replace(case, held=False)
     if s.persistent_workers or s.skip or not s.in_order:
         # A second iterator: DataLoader's persistent workers have one iterator, which a new
@@ -169,14 +181,19 @@ def check_against_dataloader(case: Case) -> None:
             case = dataclasses.replace(case, sharded=False, shuffle_stream=None, pipe=False)
     if s.workers and _holds(case.payload, _wrong_in_dataloaders_workers):
         assume(not case.iterable)  # without workers, a stream is another stream
-        # A sampler that draws its order from torch's RNG as iter() is called draws twice an
-        # epoch under DataLoader with workers (its iterator's own pass, dropped, then the
-        # workers'), once without: a fixed count's order is not the one without workers
-        # (found by a campaign).
-        assume(s.workers == "auto" or s.sampler != "in_iter" or s.generator is not None)
+        # A sampler that draws its order as iter() is called (from torch's RNG or its own
+        # generator) draws twice an epoch under DataLoader with workers (its iterator's own
+        # pass, dropped, then the workers'), once without: a fixed count's order is not the
+        # one without workers (found by campaigns).
+        assume(s.workers == "auto" or s.sampler != "in_iter")
         # Nor is a second iterator's: without workers DataLoader draws its order at its first
         # next(), with workers as it is made (found by a campaign).
         case = dataclasses.replace(case, peek=None)
+        if s.workers != "auto":
+            # Without workers, a sampler's error comes at the batch it fails, not as far
+            # ahead of it as a fixed count's prefetch.
+            s = dataclasses.replace(s, sampler_fails=None)
+            case = dataclasses.replace(case, settings=s)
         reference = _in_process(s)
         epochs = 1 if s.persistent_workers else 2  # epoch 1 draws another base seed then
         # DataLoader without workers draws from the training process's generators, drapps'
@@ -214,6 +231,14 @@ def check_against_dataloader(case: Case) -> None:
             case.between_epochs(),
         )
     assert_aligned(got)
+    if s.sampler_fails is not None and reference.workers:
+        got, expected = _past_what_dataloaders_next_lost(
+            got,
+            expected,
+            in_order=s.in_order,
+            left=case.leave is not None,
+            repeats=s.sampler == "random_replacement",
+        )
     if s.workers:  # with workers, as from DataLoader's, batches are the loop's own memory
         assert_owned(got, dataset)
     if case.iterable and reference.workers:
@@ -242,6 +267,76 @@ def check_against_dataloader(case: Case) -> None:
     assert_same(
         expected, got, any_order=not s.in_order and bool(s.workers), generator=reference is s
     )
+
+
+def _fails_within_a_pass(case: Case) -> bool:
+    """Whether the case's sampler has the key it fails at (one with fewer keys is a plain
+    sampler: it raises nothing)."""
+    try:
+        kwargs = case.settings.dataloader_kwargs(case.dataset())
+    except ValueError:  # a sampler that refuses the dataset (a RandomSampler of no samples)
+        return False
+    sampler = kwargs.get("sampler") or getattr(kwargs.get("batch_sampler"), "sampler", None)
+    at = case.settings.sampler_fails
+    return isinstance(sampler, FailsPartway) and at is not None and at < len(sampler.inner)
+
+
+def _past_what_dataloaders_next_lost(
+    got: Outcome, expected: Outcome, *, in_order: bool, left: bool, repeats: bool = False
+) -> tuple[Outcome, Outcome]:
+    """``got`` without what DataLoader's workers lose where the sampler fails: the batch (or
+    a batch's error) that the ``next()`` which raised the sampler's error held, which drapps
+    delivers after the error (docs/runtime.md). In order, that is the one right after it;
+    out of order, the one DataLoader's outcome lacks. ``left``: the loop left the first
+    epoch after a count of batches, one of them that one in drapps' outcome: the
+    reference's last of that epoch goes too. The batch taken out must be new to its epoch,
+    unless the sampler ``repeats`` keys. An epoch that cannot be matched so is left as it
+    is, for the comparison to show."""
+    if len(got.epochs) != len(expected.epochs):
+        return got, expected
+    mine_kept, theirs_kept = [], []
+    for e, (mine, theirs) in enumerate(zip(got.epochs, expected.epochs, strict=True)):
+        failed = [k for k, b in enumerate(mine) if _sampler_failed(b)]
+        cut = left and e == 0 and len(mine) == len(theirs)
+        if failed and (cut or len(mine) == len(theirs) + 1):
+            places = [k + 1 for k in failed if k + 1 < len(mine)] if in_order else range(len(mine))
+            want = _shape_of(theirs[: len(mine) - 1], in_order)
+            for k in places:
+                kept = mine[:k] + mine[k + 1 :]
+                rest = _shape_of(kept, in_order)
+                if rest == want and _lost_there(mine[k], rest, repeats):
+                    mine, theirs = kept, theirs[: len(kept)]
+                    break
+        mine_kept.append(mine)
+        theirs_kept.append(theirs)
+    return (
+        dataclasses.replace(got, epochs=mine_kept),
+        dataclasses.replace(expected, epochs=theirs_kept),
+    )
+
+
+def _lost_there(item: Any, rest: list[Any], repeats: bool) -> bool:
+    """Whether ``item`` can be what DataLoader's ``next()`` lost, beside the ``rest`` of its
+    epoch: a batch's error (not the sampler's), or a batch new to the epoch (any where the
+    sampler ``repeats`` keys, or where a batch has no indices to tell)."""
+    if isinstance(item, Raised):
+        return not _sampler_failed(item)
+    indices = tuple(batch_indices(item))
+    return repeats or not indices or (0, indices) not in rest
+
+
+def _sampler_failed(item: Any) -> bool:
+    return isinstance(item, Raised) and issubclass(item.kind, SamplerFailed)
+
+
+def _shape_of(epoch: list[Any], in_order: bool) -> list[Any]:
+    """Each batch's indices, or where an error was raised and whether it was the sampler's
+    (sorted out of order)."""
+    shape = [
+        (1, (_sampler_failed(b),)) if isinstance(b, Raised) else (0, tuple(batch_indices(b)))
+        for b in epoch
+    ]
+    return shape if in_order else sorted(shape)
 
 
 def _collated_in_process(outcome: Outcome) -> Outcome:
@@ -648,6 +743,36 @@ _FOUR_KINDS_OUT_OF_ORDER = Case(
     peek=3,
 )
 
+# A user's sampler that raises partway through each pass, around a RandomSampler with a
+# generator of its own, with workers: DataLoader raises a prefetch ahead of the failed key and
+# loses the batch that next() held, which drapps delivers after the error. Persistent
+# workers, so the second pass raises again in the same workers. Then the loop leaving the
+# first epoch after as many batches as DataLoader's prefetch, behind a batch sampler of the
+# user's; and out of order, where which batch DataLoader loses, if any, is the machine's.
+_SAMPLER_FAILS_PARTWAY = Case(
+    n=11,
+    payload=Payload(leaf=Leaf(kind="tensor"), draw="torch"),
+    settings=Settings(
+        workers=2, batch_size=2, sampler="random", generator=5, persistent_workers=True,
+        sampler_fails=9,
+    ),
+)  # fmt: skip
+_SAMPLER_FAILS_LEFT = Case(
+    n=9,
+    payload=Payload(leaf=Leaf(kind="python", dtype="int")),
+    settings=Settings(
+        workers=1, batch_size=None, sampler="sequential", batch_sampler=True,
+        prefetch_factor=3, sampler_fails=4,
+    ),
+    leave=2,
+)  # fmt: skip
+_SAMPLER_FAILS_OUT_OF_ORDER = Case(
+    n=13,
+    payload=Payload(leaf=Leaf(kind="python", dtype="int")),
+    settings=Settings(workers=2, batch_size=1, sampler="subset", in_order=False, sampler_fails=5),
+    fail_at=2,
+)
+
 # Keys that are not ints: a tensor (0-d int32 keys) or a NumPy array (int16 keys) as the
 # sampler. __getitem__ gets each key as the sampler gave it, and the samples hold it.
 _TENSOR_KEYS = Case(
@@ -704,6 +829,9 @@ _TENSOR_KEYS_HELD_ON_THREADS_UNREAD = dataclasses.replace(
 @example(_PEEK_SAMPLER_IN_ITER)
 @example(_PEEK_SAMPLER_OWN_GENERATOR)
 @example(_FOUR_KINDS_OUT_OF_ORDER)
+@example(_SAMPLER_FAILS_PARTWAY)
+@example(_SAMPLER_FAILS_LEFT)
+@example(_SAMPLER_FAILS_OUT_OF_ORDER)
 @example(_TENSOR_KEYS)
 @example(_NUMPY_KEYS_AUTO)
 @example(_TENSOR_KEYS_HELD_ON_THREADS)
@@ -779,6 +907,43 @@ def test_error_kinds_are_matched_as_a_whole() -> None:
     )
     assert same_kinds(got, Outcome(epochs=[[Raised(RuntimeError, ""), Raised(KeyError, "")]]))
     assert not same_kinds(got, Outcome(epochs=[[Raised(RuntimeError, ""), Raised(TypeError, "")]]))
+
+
+def test_only_the_batch_dataloaders_next_lost_to_a_sampler_is_taken_out() -> None:
+    """Where a sampler fails, drapps' outcome is compared without the one batch DataLoader's
+    workers lose (in order, the one right after the error; out of order, the one DataLoader
+    lacks), and only where that makes the rest DataLoader's."""
+    failed, other = Raised(SamplerFailed, ""), Raised(KeyError, "")
+    theirs = Outcome(epochs=[[[0], failed, [2], other]])
+    got = Outcome(epochs=[[[0], failed, [1], [2], other]])
+
+    def past(got: Outcome, in_order: bool = True, left: bool = False) -> list[Any]:
+        return _past_what_dataloaders_next_lost(got, theirs, in_order=in_order, left=left)[0].epochs
+
+    assert past(got) == theirs.epochs
+    # Another batch after the error, a duplicate, or one more batch elsewhere: left for the
+    # comparison to show.
+    for mine in ([[0], failed, [2], [1], other], [[0], failed, [0], [2], other],
+                 [[0], [1], failed, [2], other]):  # fmt: skip
+        assert past(Outcome(epochs=[mine])) == [mine]
+    assert past(Outcome(epochs=[[[0], [1], failed, [2], other]]), in_order=False) == theirs.epochs
+    # Out of order, the lost one may be a batch's error, never the sampler's (found by a probe).
+    alone = Outcome(epochs=[[failed]])
+    assert _past_what_dataloaders_next_lost(
+        Outcome(epochs=[[failed, other]]), alone, in_order=False, left=False
+    )[0].epochs == [[failed]]
+    twice = [[0], failed, [2], other, [0]]
+    assert past(Outcome(epochs=[twice]), in_order=False) == [twice]
+    # The loop left the epoch after 3 batches: drapps' third was the one DataLoader lost.
+    left = Outcome(epochs=[[[0], failed, [1]]])
+    reference = Outcome(epochs=[[[0], failed, [2]]])
+    cut = _past_what_dataloaders_next_lost(left, reference, in_order=True, left=True)
+    assert cut[0].epochs == cut[1].epochs == [[[0], failed]]
+    # A sampler that repeats keys may give the lost batch's twice.
+    again = Outcome(epochs=[[[0], failed, [0], [2], other]])
+    assert _past_what_dataloaders_next_lost(
+        again, Outcome(epochs=[[[0], failed, [2], other]]), in_order=True, left=False, repeats=True
+    )[0].epochs == [[[0], failed, [2], other]]
 
 
 def test_a_dataloader_that_fails_as_it_starts_is_gone_before_the_next_loader() -> None:
