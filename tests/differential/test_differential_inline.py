@@ -25,6 +25,7 @@ import atexit
 import contextlib
 import copy
 import faulthandler
+import functools
 import gc
 import json
 import os
@@ -486,6 +487,12 @@ class LoaderMachine(RuleBasedStateMachine):
             # as under DataLoader without workers: both orders are not the reference's, whose
             # epochs drew in turn (found by a campaign).
             self.exact = False
+        if self._ends_with_a_draw():
+            # The loop's shuffle draws once more from the loader's generator as its pass runs
+            # out, where DataLoader's would (as its workers' prefetch, or without workers its
+            # loop, reaches the end): a second iterator that draws its order before that draws
+            # where the reference's, which ran each epoch whole, did not (found by a campaign).
+            self.exact = False
         second = iter(self.loader)
         expected, taken, loops_epoch = self.reference.epochs[epoch], 0, self.epoch
         asked = False  # the second's order drawn (at its first next())
@@ -792,6 +799,21 @@ def walk(
     finally:
         machine.teardown()
     return machine
+
+
+@pytest.mark.parametrize("workers", [0, 1, "auto"])
+def test_a_second_iterator_before_the_loops_end_draw_is_not_held_to_the_whole_reference(
+    workers: int | str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by a campaign: the loop's shuffle from the loader's generator has its end draw
+    still to make (as under DataLoader, whose order drapps' is there: tests/test_compat.py),
+    and a second iterator draws its order before it, so the second's epoch is not the
+    reference's next one. The samples are still held: every one once."""
+    payload = Payload(leaf=Leaf(kind="tensor", dtype="bool"))
+    case = Run(n=3, payload=payload, workers=workers, batch_size=1, shuffle=True, generator=True)
+    second = functools.partial(LoaderMachine.take_from_a_second_iterator, steps=["second"])
+    machine = walk(case, [LoaderMachine.take_a_batch, second], monkeypatch)
+    assert not machine.exact
 
 
 @pytest.mark.parametrize("workers", [0, 1, "auto"])
