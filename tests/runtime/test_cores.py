@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -60,3 +64,35 @@ def test_a_damaged_file_is_started_over(tmp_path: Path) -> None:
 def test_bad_core_counts_are_named(cores: object) -> None:
     with pytest.raises(ValueError, match="cores must be an int >= 1"):
         CoreBudget(cores)  # type: ignore[arg-type]
+
+
+def test_a_child_forked_while_the_budget_is_open_does_not_hold_its_lock(tmp_path: Path) -> None:
+    """Found by a local CI run (two torchrun ranks, each loader's controller granting while
+    its workers started): a child forked while another thread had the budget file locked
+    shared the locked descriptor, and every loader of the host waited on it for as long as the
+    child lived. A fork now waits for the file to be closed."""
+    budget = CoreBudget(2, str(tmp_path / "cores.json"))
+    inside, done = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with budget._locked():
+            inside.set()
+            done.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert inside.wait(30)
+    threading.Timer(0.5, done.set).start()  # the holder lets go while the fork waits
+    pid = os.fork()
+    if pid == 0:  # the child: lives on, holding whatever it inherited
+        time.sleep(60)
+        os._exit(0)
+    try:
+        holder.join(30)
+        answered = threading.Event()
+        asker = threading.Thread(target=lambda: (budget.claims(), answered.set()), daemon=True)
+        asker.start()
+        assert answered.wait(20), "the budget's lock stayed with the forked child"
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)

@@ -30,6 +30,13 @@ import psutil
 _ids = iter(range(1, 1 << 62))
 _ids_lock = threading.Lock()
 
+# Held while this process has the budget file open. A child forked meanwhile (a worker, the
+# zygote) would share the locked descriptor, and the flock with it, for as long as it lives:
+# every loader of the host would then wait on it. So a fork waits for the file to be closed.
+_open = threading.Lock()
+os.register_at_fork(before=_open.acquire, after_in_parent=_open.release,
+                    after_in_child=_open.release)  # fmt: skip
+
 
 def default_budget_path() -> str:
     """The budget file of this user on this host."""
@@ -86,6 +93,10 @@ class CoreBudget:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[dict[str, int]]:
+        with _open:
+            yield from self._locked_file()
+
+    def _locked_file(self) -> Iterator[dict[str, int]]:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
         try:
             if os.fstat(fd).st_uid != os.getuid():  # planted by another user: not ours to trust
