@@ -93,25 +93,22 @@ class CoreBudget:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[dict[str, int]]:
-        with _open:
-            yield from self._locked_file()
-
-    def _locked_file(self) -> Iterator[dict[str, int]]:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
-        try:
-            if os.fstat(fd).st_uid != os.getuid():  # planted by another user: not ours to trust
-                raise PermissionError(f"core budget file {self.path} belongs to another user")
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            with os.fdopen(os.dup(fd), "r+", encoding="utf-8") as file:
-                claims = _live(_parse(file.read()))
-                if self._closed:
-                    claims.pop(self.key, None)
-                yield claims
-                file.seek(0)
-                file.truncate()
-                file.write(json.dumps(claims))
-        finally:
-            os.close(fd)  # closing the last descriptor releases the lock
+        with _open:  # no fork while the file is open here (see _open)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
+            try:
+                if os.fstat(fd).st_uid != os.getuid():  # another user planted it: untrusted
+                    raise PermissionError(f"core budget file {self.path} belongs to another user")
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                with os.fdopen(os.dup(fd), "r+", encoding="utf-8") as file:
+                    claims = _live(_parse(file.read()))
+                    if self._closed:
+                        claims.pop(self.key, None)
+                    yield claims
+                    file.seek(0)
+                    file.truncate()
+                    file.write(json.dumps(claims))
+            finally:
+                os.close(fd)  # closing the last descriptor releases the lock
 
 
 def _parse(text: str) -> dict[str, int]:
