@@ -301,12 +301,18 @@ def _past_what_dataloaders_next_lost(
         if failed and (cut or len(mine) == len(theirs) + 1):
             places = [k + 1 for k in failed if k + 1 < len(mine)] if in_order else range(len(mine))
             want = _shape_of(theirs[: len(mine) - 1], in_order)
+            fits = []
             for k in places:
                 kept = mine[:k] + mine[k + 1 :]
                 rest = _shape_of(kept, in_order)
                 if rest == want and _lost_there(mine[k], rest, repeats):
-                    mine, theirs = kept, theirs[: len(kept)]
-                    break
+                    fits.append(kept)
+            # Of several, one that leaves the reference's kinds of errors (out of order, any
+            # error fits the shape: found by a campaign).
+            cut_to = theirs[: len(mine) - 1]
+            kinds = [f for f in fits if same_kinds(Outcome([f]), Outcome([cut_to]))]
+            if fits:
+                mine, theirs = (kinds or fits)[0], cut_to
         mine_kept.append(mine)
         theirs_kept.append(theirs)
     return (
@@ -932,6 +938,12 @@ def test_only_the_batch_dataloaders_next_lost_to_a_sampler_is_taken_out() -> Non
     assert _past_what_dataloaders_next_lost(
         Outcome(epochs=[[failed, other]]), alone, in_order=False, left=False
     )[0].epochs == [[failed]]
+    # Of two errors that fit, the one that leaves the reference's kinds (found by a campaign).
+    empty, bad = Raised(IndexError, ""), Raised(TypeError, "")
+    kinds = Outcome(epochs=[[empty, failed, bad, bad]])
+    assert _past_what_dataloaders_next_lost(
+        kinds, Outcome(epochs=[[empty, failed, bad]]), in_order=False, left=False
+    )[0].epochs == [[empty, failed, bad]]
     twice = [[0], failed, [2], other, [0]]
     assert past(Outcome(epochs=[twice]), in_order=False) == [twice]
     # The loop left the epoch after 3 batches: drapps' third was the one DataLoader lost.
