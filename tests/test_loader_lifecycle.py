@@ -21,6 +21,8 @@ from helpers import (
     BigDataset,
     BigStream,
     SlowDataset,
+    drapps_children,
+    drapps_threads,
     leaks,
     shm_names,
     slab_bytes_held,
@@ -202,6 +204,105 @@ def test_garbage_collection_on_the_loaders_own_worker_thread_neither_waits_nor_w
     assert dataset.dispatcher_after, "the collection waited for the loader to stop"
     assert not leaks()
     assert "still making a sample" not in caplog.text
+
+
+class FailsAtThree(torch.utils.data.Dataset[int]):
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> int:
+        if i == 3:
+            raise KeyError(i)
+        return i
+
+
+class SamplerFails(torch.utils.data.Sampler[int]):
+    def __init__(self, at: int) -> None:
+        self.at = at
+
+    def __len__(self) -> int:
+        return 40
+
+    def __iter__(self) -> Any:
+        for key in range(40):
+            if key == self.at:
+                raise LookupError("the sampler failed")
+            yield key
+
+
+class StreamFailsAtThree(torch.utils.data.IterableDataset[int]):
+    def __iter__(self) -> Any:
+        info = torch.utils.data.get_worker_info()
+        for i in range(8):
+            if i == 3:
+                raise KeyError(i)
+            if info is None or i % info.num_workers == info.id:
+                yield i
+
+
+def fails_to_start(worker_id: int) -> None:
+    raise RuntimeError("this worker cannot start")
+
+
+class WaitsAtThree(torch.utils.data.Dataset[int]):
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> int:
+        if i == 3:
+            time.sleep(3.0)
+        return i
+
+
+@pytest.mark.parametrize(
+    "case", ["sample", "sampler", "sampler-early", "stream", "worker_init_fn", "timeout"]
+)
+@pytest.mark.parametrize("workers", [0, 2, "threads"])
+def test_a_loader_whose_error_the_loop_caught_goes_with_its_last_reference(
+    case: str, workers: int | str
+) -> None:
+    # An error raised from a frame that still held it (a local, the batch it came with) is a
+    # reference cycle through its traceback: the loop that caught it and let go of the loader
+    # left the loader, its workers and what they held for the garbage collector, which may not
+    # run for long. Each of these errors leaves no such cycle: the last reference frees it all.
+    if workers == 0 and case in ("worker_init_fn", "timeout"):
+        pytest.skip("a worker's failure: there is none")
+    if workers == "threads" and case in ("stream", "worker_init_fn", "timeout"):
+        pytest.skip("map-style samples, no worker_init_fn, and a thread cannot be stopped")
+    options: dict[str, Any] = {
+        "batch_size": 2,
+        "num_workers": 2 if workers == "threads" else workers,
+    }
+    if workers == "threads":
+        options["backend"] = "thread"
+    if case == "sample":
+        dataset: Any = FailsAtThree()
+    elif case.startswith("sampler"):  # early: within the workers' first prefetch (iter())
+        at = 4 if case == "sampler-early" else 30
+        dataset, options["sampler"] = SlowDataset(40, 0.0), SamplerFails(at)
+    elif case == "stream":
+        dataset = StreamFailsAtThree()
+    elif case == "worker_init_fn":
+        dataset, options["worker_init_fn"] = FailsAtThree(), fails_to_start
+    else:
+        dataset, options["timeout"], options["max_attempts"] = WaitsAtThree(), 1.0, 1
+    gc.disable()  # only reference counts may free the loader
+    try:
+        loader = drapps.Loader(dataset, **options)
+        freed = weakref.ref(loader)
+        raised = None
+        try:
+            for _batch in loader:
+                pass
+        except Exception as exc:  # the loop catches it, and keeps no reference to it
+            raised = type(exc).__name__
+        del loader
+        assert raised is not None
+        assert freed() is None, f"the loader outlived its last reference after {raised}"
+        assert wait_until(lambda: not drapps_children() and not drapps_threads(), timeout=30)
+    finally:
+        gc.enable()
+    assert not leaks()
 
 
 def train_until_failure() -> None:

@@ -467,7 +467,10 @@ class EpochCursor:
             drawn, after = first_window(until_raised(batches, raised), length)
             if raised:  # the pass raised after len(drawn) batches
                 if len(drawn) < self._ahead:  # within DataLoader's first prefetch: iter()
-                    raise raised[0]
+                    try:
+                        raise raised[0]
+                    finally:  # the frame its traceback keeps holds no reference to it
+                        raised.clear()
                 # DataLoader's iterator raises it from the next() that asks for the batch
                 # that raised, its workers' prefetch ahead of the loop; the batches before it
                 # are all delivered (DataLoader loses the one its next() held).

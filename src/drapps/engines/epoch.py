@@ -318,7 +318,10 @@ class Epoch:
         self.draw_order()
         error, self._draw_error = self._draw_error, None
         if error is not None:
-            raise error
+            try:
+                raise error
+            finally:
+                del error  # see _next_planned
         if self.finished:
             return
         if current:
@@ -360,7 +363,11 @@ class Epoch:
         self.position += 1  # a failed batch too: a resumed stream replays past it
         if made.error is not None:  # this batch failed; the stream goes on
             self._failed += 1
-            raise made.error
+            error, made = made.error, None
+            try:
+                raise error
+            finally:
+                del error  # see _next_planned
         reported = self._reported()
         if reported is not None and self.position - self._failed > reported:
             self._warn_past_length(reported)
@@ -431,7 +438,14 @@ class Epoch:
             indices = made.keys if made.keys is not None else indices
             self.delivered_keys.append(list(indices))
         if made.error is not None:
-            raise made.error
+            # Raised with no local left holding it: the traceback keeps this frame, and a
+            # frame that held its own error would be a cycle that only the garbage collector
+            # frees, keeping the workers (and what they hold) alive after the loop let go.
+            error, made, ahead = made.error, None, None
+            try:
+                raise error
+            finally:
+                del error
         try:
             if ahead is not None:
                 batch = self._collect(ahead)

@@ -213,6 +213,7 @@ class InlineEngine(Engine):
         return self._streamed(batcher, rngs)
 
     def _streamed(self, batcher: StreamBatcher, rngs: WorkerRngs | None) -> Iterator[EngineBatch]:
+        failed: list[SampleError] = []
         while True:
             try:
                 with rngs.active() if rngs is not None else contextlib.nullcontext():
@@ -224,7 +225,13 @@ class InlineEngine(Engine):
                 # (traceback.clear_frames) would close the generator, and end the stream.
                 if exc.__traceback__ is not None:
                     exc.__traceback__ = exc.__traceback__.tb_next
-                yield EngineBatch(None, error=exc)
+                failed.append(exc)
+            if failed:
+                # Yielded outside the handler and from a list: while the loop raises it, this
+                # generator's frame holds no reference to it (a cycle through its traceback,
+                # which only the garbage collector frees, would keep the epoch after the loop
+                # let go).
+                yield EngineBatch(None, error=failed.pop())
                 continue
             skipped, batcher.skipped = batcher.skipped, []
             yield EngineBatch(self._finished(batch), skipped)

@@ -284,6 +284,10 @@ def until_raised(batches: Iterator[list[Any]], raised: list[Exception]) -> Itera
         except StopIteration:
             return
         except Exception as exc:
+            # Its traceback without this frame, which holds ``raised``: a list that holds the
+            # error its traceback keeps is a cycle only the garbage collector frees.
+            if exc.__traceback__ is not None:
+                exc.__traceback__ = exc.__traceback__.tb_next
             raised.append(exc)
             return
         yield batch
@@ -358,7 +362,10 @@ class RunsOut:
             error = self._error if loop else None
             if error is not None:
                 self._error = None
-                raise error
+                try:
+                    raise error
+                finally:
+                    del error  # the frame its traceback keeps must not hold it: a cycle
 
     def __reduce__(self) -> tuple[Any, ...]:
         return RunsOut, (None, self.at)  # a copy (or a pickle) has no sampler to draw from
@@ -563,7 +570,10 @@ class PassPlan:
                 return True
             error, self._error = self._error, None
         if error is not None:
-            raise error
+            try:
+                raise error
+            finally:
+                del error  # see RunsOut.reached
         return False
 
     @property
@@ -590,7 +600,10 @@ class PassPlan:
             self._draw_rest()
             error, self._error = self._error, None
         if error is not None:
-            raise error
+            try:
+                raise error
+            finally:
+                del error  # see RunsOut.reached
         return self._rest
 
     def batch(self, batch_id: int) -> list[Any]:

@@ -424,8 +424,18 @@ class StreamPool:
             if isinstance(reply, StreamFailed):
                 assert reply.error is not None
                 if reply.over:
-                    raise reply.error
-                yield None, [], reply.error
+                    error = reply.error
+                    del reply
+                    try:
+                        raise error
+                    finally:  # the frame its traceback keeps holds no reference to it
+                        del error
+                # Yielded from a list, so that while the loop raises it this generator's frame
+                # holds no reference to it (a cycle through its traceback, which only the
+                # garbage collector frees, would keep the workers after the loop let go).
+                failed = [reply.error]
+                del reply
+                yield None, [], failed.pop()
                 continue
             assert isinstance(reply, StreamBatch)
             self._top_up(worker, generation)
@@ -438,7 +448,12 @@ class StreamPool:
                 )
                 rebuilt = failure(exc.error, what, stage="transport")
                 rebuilt.__cause__ = exc.error
-                yield None, [], rebuilt
+                failed = [rebuilt]
+                del rebuilt
+            else:
+                failed = []
+            if failed:  # yielded outside the handler and from a list: see above
+                yield None, [], failed.pop()
                 continue
             self.shared_bytes += reply.packed.nbytes
             if self._finish is not None:
