@@ -20,6 +20,8 @@ import torch
 from helpers import (
     BigDataset,
     BigStream,
+    FailingDataset,
+    HangingDataset,
     SlowDataset,
     drapps_children,
     drapps_threads,
@@ -206,16 +208,6 @@ def test_garbage_collection_on_the_loaders_own_worker_thread_neither_waits_nor_w
     assert "still making a sample" not in caplog.text
 
 
-class FailsAtThree(torch.utils.data.Dataset[int]):
-    def __len__(self) -> int:
-        return 8
-
-    def __getitem__(self, i: int) -> int:
-        if i == 3:
-            raise KeyError(i)
-        return i
-
-
 class SamplerFails(torch.utils.data.Sampler[int]):
     def __init__(self, at: int) -> None:
         self.at = at
@@ -244,16 +236,6 @@ def fails_to_start(worker_id: int) -> None:
     raise RuntimeError("this worker cannot start")
 
 
-class WaitsAtThree(torch.utils.data.Dataset[int]):
-    def __len__(self) -> int:
-        return 8
-
-    def __getitem__(self, i: int) -> int:
-        if i == 3:
-            time.sleep(3.0)
-        return i
-
-
 @pytest.mark.parametrize(
     "case", ["sample", "sampler", "sampler-early", "stream", "worker_init_fn", "timeout"]
 )
@@ -276,16 +258,16 @@ def test_a_loader_whose_error_the_loop_caught_goes_with_its_last_reference(
     if workers == "threads":
         options["backend"] = "thread"
     if case == "sample":
-        dataset: Any = FailsAtThree()
+        dataset: Any = FailingDataset(8, {3})
     elif case.startswith("sampler"):  # early: within the workers' first prefetch (iter())
         at = 4 if case == "sampler-early" else 30
         dataset, options["sampler"] = SlowDataset(40, 0.0), SamplerFails(at)
     elif case == "stream":
         dataset = StreamFailsAtThree()
     elif case == "worker_init_fn":
-        dataset, options["worker_init_fn"] = FailsAtThree(), fails_to_start
+        dataset, options["worker_init_fn"] = FailingDataset(8, {3}), fails_to_start
     else:
-        dataset, options["timeout"], options["max_attempts"] = WaitsAtThree(), 1.0, 1
+        dataset, options["timeout"], options["max_attempts"] = HangingDataset(8, 3), 1.0, 1
     gc.disable()  # only reference counts may free the loader
     try:
         loader = drapps.Loader(dataset, **options)
