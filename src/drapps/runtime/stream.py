@@ -423,18 +423,14 @@ class StreamPool:
                 continue
             if isinstance(reply, StreamFailed):
                 assert reply.error is not None
-                if reply.over:
-                    error = reply.error
-                    del reply
-                    try:
-                        raise error
-                    finally:  # the frame its traceback keeps holds no reference to it
-                        del error
-                # Yielded from a list, so that while the loop raises it this generator's frame
-                # holds no reference to it (a cycle through its traceback, which only the
-                # garbage collector frees, would keep the workers after the loop let go).
-                failed = [reply.error]
+                # Raised or yielded from a list, the reply let go: while the loop raises the
+                # error, this generator's frame holds no reference to it (a cycle through its
+                # traceback, which only the garbage collector frees, would keep the workers
+                # after the loop let go).
+                failed, over = [reply.error], reply.over
                 del reply
+                if over:
+                    raise failed.pop()
                 yield None, [], failed.pop()
                 continue
             assert isinstance(reply, StreamBatch)
