@@ -219,6 +219,12 @@ def check_against_dataloader(case: Case) -> None:
         # early, the draws drapps made for batches DataLoader never asked for are made (from
         # torch's generator, or the sampler's own): the next epoch's order is not DataLoader's.
         case = dataclasses.replace(case, leave=None)
+    if s.sampler_fails is not None and reference.workers and (case.peek or 0) >= 2:
+        # The batch DataLoader's next() loses at the sampler's error (the rule below) is the
+        # loop's second item at the earliest: a second iterator made after two or more would
+        # come one item later in drapps' epoch than in DataLoader's, or in one only (found
+        # by a campaign).
+        case = dataclasses.replace(case, peek=None)
     dataset = case.dataset()
     expected = _dataloaders(case, reference, epochs)
     with nothing_left():
@@ -772,6 +778,12 @@ _SAMPLER_FAILS_LEFT = Case(
     ),
     leave=2,
 )  # fmt: skip
+_SAMPLER_FAILS_PEEK = Case(
+    n=3,
+    payload=Payload(leaf=Leaf(kind="python", dtype="int")),
+    settings=Settings(workers=1, batch_size=None, sampler="sequential", sampler_fails=2),
+    peek=3,
+)
 _SAMPLER_FAILS_OUT_OF_ORDER = Case(
     n=13,
     payload=Payload(leaf=Leaf(kind="python", dtype="int")),
@@ -838,6 +850,7 @@ _TENSOR_KEYS_HELD_ON_THREADS_UNREAD = dataclasses.replace(
 @example(_SAMPLER_FAILS_PARTWAY)
 @example(_SAMPLER_FAILS_LEFT)
 @example(_SAMPLER_FAILS_OUT_OF_ORDER)
+@example(_SAMPLER_FAILS_PEEK)
 @example(_TENSOR_KEYS)
 @example(_NUMPY_KEYS_AUTO)
 @example(_TENSOR_KEYS_HELD_ON_THREADS)
