@@ -33,6 +33,7 @@ from helpers import (
 )
 
 import drapps
+from drapps.runtime.dispatcher import Dispatcher
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 TESTS = str(Path(__file__).resolve().parent)
@@ -281,6 +282,58 @@ def test_a_loader_whose_error_the_loop_caught_goes_with_its_last_reference(
         del loader
         assert raised is not None
         assert freed() is None, f"the loader outlived its last reference after {raised}"
+        assert wait_until(lambda: not drapps_children() and not drapps_threads(), timeout=30)
+    finally:
+        gc.enable()
+    assert not leaks()
+
+
+@pytest.mark.parametrize("case", ["closed", "dispatcher"])
+@pytest.mark.parametrize("workers", [2, "threads"])
+def test_a_loader_failed_for_good_goes_with_its_last_reference(
+    case: str, workers: int | str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A loader that cannot go on (closed while the loop still held its iterator, or its
+    # dispatcher thread failed) raises at every later next(). Each raise is an error of its
+    # own: one error raised again would carry every call's frames, and hold, through them,
+    # the loader that keeps it.
+    options: dict[str, Any] = {"batch_size": 2, "num_workers": 2}
+    if workers == "threads":
+        options["backend"] = "thread"
+    if case == "dispatcher":
+        dispatched = Dispatcher._dispatch
+        calls = iter(range(1_000_000))
+
+        def fails_later(self: Dispatcher) -> None:
+            if next(calls) == 6:
+                raise ZeroDivisionError("a defect in the dispatcher")
+            dispatched(self)
+
+        monkeypatch.setattr(Dispatcher, "_dispatch", fails_later)
+    gc.disable()  # only reference counts may free the loader
+    try:
+        loader = drapps.Loader(SlowDataset(400, 0.001), **options)
+        freed = weakref.ref(loader)
+        batches = iter(loader)
+        next(batches)
+        if case == "closed":
+            loader.close()
+        depths, messages = [], set()
+        for _ in range(3):  # the failure, then the same words at each later next()
+            with pytest.raises(RuntimeError) as raised:
+                while True:
+                    next(batches)
+            depths.append(len(raised.traceback))
+            messages.add(str(raised.value))
+            if case == "dispatcher":
+                assert isinstance(raised.value.__cause__, ZeroDivisionError)
+        del raised
+        assert len(messages) == 1 and ("closed" if case == "closed" else "dispatcher") in str(
+            messages
+        )
+        assert depths[1] == depths[2], f"each next() raised a longer traceback: {depths}"
+        del batches, loader
+        assert freed() is None, f"the loader outlived its last reference ({case})"
         assert wait_until(lambda: not drapps_children() and not drapps_threads(), timeout=30)
     finally:
         gc.enable()

@@ -1,5 +1,7 @@
 import threading
 import time
+import traceback
+from typing import Any
 
 import pytest
 
@@ -48,3 +50,27 @@ def test_get_waits_for_the_next_id_and_fail_wakes_it() -> None:
     assert isinstance(got[0], RuntimeError)
     with pytest.raises(RuntimeError, match="closed"):
         buffer.get()
+
+
+class _NeedsTwo(Exception):
+    def __init__(self, what: str, code: int) -> None:
+        super().__init__(f"{what} ({code})")
+
+
+@pytest.mark.parametrize("make", [lambda: RuntimeError("closed"), lambda: _NeedsTwo("odd", 3)])
+def test_a_failed_buffer_raises_its_failure_with_each_calls_own_traceback(make: Any) -> None:
+    # The same words, class and cause each time, in an error whose traceback is that call's:
+    # one error raised again would gather every call's frames, and through them the buffer.
+    failure = make()
+    failure.__cause__ = ZeroDivisionError("why")
+    buffer = ReorderBuffer()
+    buffer.reset(1, 0, 2)
+    buffer.fail(failure)
+    depths = []
+    for _ in range(3):
+        with pytest.raises(type(failure)) as info:
+            buffer.get()
+        depths.append(len(traceback.extract_tb(info.value.__traceback__)))
+        assert str(info.value) == str(failure)
+        assert isinstance(info.value.__cause__, ZeroDivisionError)
+    assert depths[0] == depths[1] == depths[2], depths
