@@ -21,6 +21,11 @@ Variants:
 - ``no-cost-model``: the dispatcher neither learns nor predicts sample costs;
 - ``bare``: a task is ``dataset[i]`` for its indices and drapps' collate, nothing else (no
   seed, no per-sample record, no clock): what is left is the dispatch and hand-over.
+- ``direct``: the hand-over without the dispatcher's thread: a worker thread takes its reply
+  to the dispatcher's state itself (under one lock the dispatcher's thread takes for each of
+  its steps) and deals the next tasks, and the loop deals them as it takes a batch; the
+  dispatcher's thread only keeps the pool, applies commands and watches the clock;
+- ``direct-no-runqueue``: ``direct`` and ``no-runqueue`` together.
 """
 
 import json
@@ -34,7 +39,10 @@ import threading
 import time
 from pathlib import Path
 
-VARIANTS = ["plain", "relay", "drapps", "no-seed", "no-runqueue", "no-cost-model", "bare"]
+VARIANTS = [
+    "plain", "relay", "drapps", "no-seed", "no-runqueue", "no-cost-model", "bare", "direct",
+    "direct-no-runqueue",
+]  # fmt: skip
 B, WARM = 32, 12
 
 
@@ -51,9 +59,11 @@ def run(variant: str, timed: int) -> dict:
         None
     )
     torch.set_num_threads(1)
+    if variant.startswith("direct"):
+        _hand_over_directly()
     if variant == "no-seed":
         worker._SampleMaker._enter = lambda self, position, index: None
-    elif variant == "no-runqueue":
+    elif variant.endswith("no-runqueue"):
         worker.runqueue_wait = worker._not_read
     elif variant == "no-cost-model":
         cost.SampleCosts.observe = lambda self, indices, seconds: False
@@ -124,6 +134,63 @@ def run(variant: str, timed: int) -> dict:
         "cores": round(cpu / wall, 3),
         "voluntary_switches_per_batch": round((r1.ru_nvcsw - r0.ru_nvcsw) / timed, 1),
     }
+
+
+def _hand_over_directly() -> None:
+    """Patch the dispatcher and the thread pool for the ``direct`` variant."""
+    from drapps.runtime import dispatcher, thread_pool
+
+    made = dispatcher.Dispatcher.__init__
+
+    def init(self, *args, **kwargs):
+        made(self, *args, **kwargs)
+        self.state = threading.RLock()
+        self.pool.direct = self
+        self.buffer._on_consumed = lambda: deal_from_the_loop(self)
+
+    def deal_from_the_loop(self) -> None:
+        if self.state.acquire(blocking=False):
+            try:
+                self._dispatch()
+            finally:
+                self.state.release()
+        else:
+            self._wake_soon()
+
+    def run(self) -> None:  # Dispatcher._run, each step under the state's lock
+        try:
+            while not self.mailbox.stopped:
+                with self.state:
+                    self.mailbox.apply_all()
+                    self._keep_pool_size()
+                    self._dispatch()
+                timeout = self._wait_timeout()
+                polled = self.pool.poll(timeout, self.mailbox.wake_fd)
+                with self.state:
+                    if polled.woke:
+                        self.mailbox.woken()
+                    self._on_replies(polled.replies)
+                    for gone in polled.exited:
+                        if gone in self.pool.workers:
+                            self._on_exit(gone, "died")
+                    self.collector.fill_ready(self._generation_now, self._split)
+                    self._send_releases()
+                    self._enforce_timeout()
+        except BaseException as exc:
+            self.buffer.fail(RuntimeError(f"dispatcher failed: {exc!r}"))
+        finally:
+            self._release()
+            self.mailbox.finished()
+
+    def reply(self, worker, reply) -> None:
+        with self.direct.state:
+            if worker.wid in self._threads and not self.direct.mailbox.stopped:
+                self.direct._on_reply(worker, reply)
+                self.direct._dispatch()
+
+    dispatcher.Dispatcher.__init__ = init
+    dispatcher.Dispatcher._run = run
+    thread_pool.ThreadPool._reply = reply
 
 
 def main() -> None:
