@@ -421,6 +421,43 @@ def test_ctrl_c_in_the_training_process() -> None:
     assert not shm_names()
 
 
+SLOW_TORCH_SAMPLE = """
+import torch
+
+class SlowSample(torch.utils.data.Dataset):
+    # Sample 7 spends a few seconds in torch's native code, one short call after another.
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, index):
+        x = torch.ones(64, 64)
+        end = time.monotonic() + (3.0 if index == 7 else 0.0)
+        while time.monotonic() < end:
+            x = torch.tanh(x @ x / 64)
+        return x[0]
+
+loader = drapps.Loader(SlowSample(), batch_size=4, num_workers=2, backend="thread")
+batches = iter(loader)
+next(batches)
+print("the script ends while sample 7 is being made", flush=True)
+"""
+
+
+@pytest.mark.parametrize("closed", [False, True])
+def test_a_script_that_ends_while_a_thread_worker_is_in_native_code_exits_cleanly(
+    closed: bool,
+) -> None:
+    # Python ends a daemon thread still in native code as it finalizes from inside that
+    # call; in torch's C++ code that aborts the process (exit status 134). The exit waits
+    # for the sample instead, as it would for a thread of concurrent.futures: that of a
+    # loader still open, and that of one closed before (its close waited 2 s, then let go).
+    proc = run_script(SLOW_TORCH_SAMPLE + ("loader.close()\n" if closed else ""))
+    stdout, stderr = proc.communicate(timeout=120)
+    assert "the script ends" in stdout
+    assert proc.returncode == 0, stderr
+    assert "terminate called" not in stderr
+
+
 @pytest.mark.parametrize("method", ["fork", "forkserver"])
 def test_workers_exit_by_themselves_when_the_training_process_is_killed(method: str) -> None:
     """Under forkserver a worker's parent is the fork server, not the training process: it

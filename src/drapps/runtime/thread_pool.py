@@ -21,6 +21,7 @@ cache's handles are one per process too: threads run without it.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import logging
@@ -48,6 +49,56 @@ from drapps.runtime.transport import pack_local, pack_owned
 from drapps.runtime.worker import BatchRecipe, answer, fresh_batches, make_batch
 
 logger = logging.getLogger(__name__)
+
+EXIT_WAIT_S = 60.0
+"""How long the process, as it exits, waits for its drapps worker threads to finish the
+samples they are making. Python ends a thread that is still in native code as it finalizes
+from inside that call, which aborts the process from within a C++ library such as torch
+("terminate called without an active exception", exit status 134). A sample that takes
+longer than this (a read that hangs) is left to the exit."""
+
+_exiting = False
+_let_go: set[threading.Thread] = set()  # threads no pool waits for any more, maybe still busy
+_let_go_lock = threading.Lock()
+
+
+def _let_go_of(threads: list[threading.Thread]) -> None:
+    """Keep ``threads`` (those still running) for the process's exit to wait for."""
+    with _let_go_lock:
+        _let_go.difference_update([t for t in _let_go if not t.is_alive()])
+        _let_go.update(t for t in threads if t.is_alive())
+
+
+def _join(threads: list[threading.Thread], limit_s: float) -> list[threading.Thread]:
+    """Wait up to ``limit_s`` in all for ``threads`` to end; those still running."""
+    deadline = time.monotonic() + limit_s
+    for thread in threads:
+        thread.join(timeout=max(0.0, deadline - time.monotonic()))
+    return [t for t in threads if t.is_alive()]
+
+
+def _at_exit() -> None:
+    """As the process exits (before ``atexit``'s callbacks, which close the loaders still
+    open): from now on a pool that shuts down waits for its busy threads, and the threads
+    pools let go of before are waited for here."""
+    global _exiting
+    _exiting = True
+    with _let_go_lock:
+        threads = list(_let_go)
+    busy = [t for t in threads if t.is_alive()]
+    if busy:
+        logger.warning(_EXIT_WORDS, len(busy), EXIT_WAIT_S)
+        _join(busy, EXIT_WAIT_S)
+
+
+_EXIT_WORDS = (
+    "the process waits for %d drapps worker thread(s) to finish the sample each is making "
+    "(up to %.0f s)"
+)
+
+# threading's own exit hook runs before atexit's (concurrent.futures waits for its threads so)
+with contextlib.suppress(RuntimeError):  # imported as the interpreter shuts down: too late
+    getattr(threading, "_register_atexit", atexit.register)(_at_exit)
 
 PROBES = (0, 1, -1)
 """The samples :func:`thread_hazard` makes (the first two and the last: a dataset whose odd
@@ -222,7 +273,9 @@ class ThreadPool(WorkerPool):
         self.retire(worker)
 
     def reap(self, worker: Worker) -> list[Task]:
-        self._threads.pop(worker.wid, None)
+        own = self._threads.pop(worker.wid, None)
+        if own is not None:  # it ends with what it is making, which the exit waits for
+            _let_go_of([own.thread])
         return self.forget(worker)
 
     def exit_reason(self, worker: Worker) -> str:
@@ -233,14 +286,18 @@ class ThreadPool(WorkerPool):
             return
         self._closed = True
         threads = list(self._threads.values())
-        for own in threads:
+        for own in threads:  # each ends after the task it is making, not those queued behind
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    own.inbox.get_nowait()
             own.inbox.put(None)
-        deadline = time.monotonic() + grace_s
-        for own in threads:
-            own.thread.join(timeout=max(0.0, deadline - time.monotonic()))
-        busy = sum(own.thread.is_alive() for own in threads)
+        busy = _join([own.thread for own in threads], grace_s)
+        if busy and _exiting:  # a thread left in a native call would abort the exit
+            logger.warning(_EXIT_WORDS, len(busy), EXIT_WAIT_S)
+            busy = _join(busy, EXIT_WAIT_S)
         if busy:  # daemon threads: they end with what they make, or with the process
-            logger.warning("%d drapps worker thread(s) still making a sample at close", busy)
+            logger.warning("%d drapps worker thread(s) still making a sample at close", len(busy))
+            _let_go_of(busy)
         self._threads.clear()
         self.workers.clear()
         os.close(self._notify_r)
