@@ -443,15 +443,24 @@ print("the script ends while sample 7 is being made", flush=True)
 """
 
 
-@pytest.mark.parametrize("closed", [False, True])
+# The dispatcher's thread waits for the pool as the loader closes; the loop waits that long
+# for the dispatcher (10 s), which a sample may outlast. Here 1 s: a sample of 3 s does.
+QUICK_DISPATCHER = """
+from drapps.runtime.dispatcher import Dispatcher
+Dispatcher.shutdown.__defaults__ = (1.0,)
+"""
+
+
+@pytest.mark.parametrize("case", ["open", "closed", "past-the-dispatchers-wait"])
 def test_a_script_that_ends_while_a_thread_worker_is_in_native_code_exits_cleanly(
-    closed: bool,
+    case: str,
 ) -> None:
     # Python ends a daemon thread still in native code as it finalizes from inside that
     # call; in torch's C++ code that aborts the process (exit status 134). The exit waits
     # for the sample instead, as it would for a thread of concurrent.futures: that of a
     # loader still open, and that of one closed before (its close waited 2 s, then let go).
-    proc = run_script(SLOW_TORCH_SAMPLE + ("loader.close()\n" if closed else ""))
+    body = SLOW_TORCH_SAMPLE + ("loader.close()\n" if case == "closed" else "")
+    proc = run_script((QUICK_DISPATCHER if case.startswith("past") else "") + body)
     stdout, stderr = proc.communicate(timeout=120)
     assert "the script ends" in stdout
     assert proc.returncode == 0, stderr

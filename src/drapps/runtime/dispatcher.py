@@ -226,7 +226,7 @@ class Dispatcher:
         thread = self.mailbox.thread
         self.mailbox.wake()
         if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=timeout_s)
+            thread.join(timeout=timeout_s + self.pool.exit_wait_s())
             if thread.is_alive():
                 logger.warning(
                     "drapps dispatcher did not stop in %.0fs; killing workers", timeout_s

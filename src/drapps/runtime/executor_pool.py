@@ -248,6 +248,9 @@ class ExecutorPool(WorkerPool):
         self.workers.clear()
         self._kind.clear()
 
+    def exit_wait_s(self) -> float:
+        return max(member.exit_wait_s() for member in self._members.values())
+
     def prepare(self, fresh: bool) -> None:
         if self.executor == "processes":
             self._members["processes"].prepare(fresh)

@@ -178,6 +178,11 @@ class WorkerPool(ABC):
         """Stop every worker (ask, wait up to ``grace_s``, then force) and free what they
         held. Idempotent."""
 
+    def exit_wait_s(self) -> float:
+        """How much longer than its ``grace_s`` :meth:`shutdown` may wait now: workers that
+        cannot be forced (threads) are waited for as the process exits."""
+        return 0.0
+
     def use(self, executor: str) -> bool:
         """Start new workers as ``executor`` from now on; False where this pool cannot (a
         pool of one kind can only stay what it is)."""

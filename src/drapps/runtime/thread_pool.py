@@ -281,6 +281,9 @@ class ThreadPool(WorkerPool):
     def exit_reason(self, worker: Worker) -> str:
         return f"thread {worker.slot} stopped"
 
+    def exit_wait_s(self) -> float:
+        return EXIT_WAIT_S if _exiting else 0.0
+
     def shutdown(self, grace_s: float = 2.0) -> None:
         if self._closed:
             return
