@@ -226,11 +226,10 @@ class Dispatcher:
         thread = self.mailbox.thread
         self.mailbox.wake()
         if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=timeout_s + self.pool.exit_wait_s())
+            waited_s = timeout_s + self.pool.exit_wait_s()
+            thread.join(timeout=waited_s)
             if thread.is_alive():
-                logger.warning(
-                    "drapps dispatcher did not stop in %.0fs; killing workers", timeout_s
-                )
+                logger.warning("drapps dispatcher did not stop in %.0fs; killing workers", waited_s)
                 for worker in list(self.pool.workers):
                     self.pool.kill(worker, wait_s=0.0)
         if thread is None or not thread.is_alive():

@@ -77,6 +77,18 @@ def _join(threads: list[threading.Thread], limit_s: float) -> list[threading.Thr
     return [t for t in threads if t.is_alive()]
 
 
+def _wait_as_the_process_exits(busy: list[threading.Thread]) -> list[threading.Thread]:
+    """Wait up to :data:`EXIT_WAIT_S` for the ``busy`` threads, saying so; those still
+    running."""
+    if not busy:
+        return busy
+    logger.warning(
+        "the process waits for %d drapps worker thread(s) to finish the sample each is "
+        "making (up to %.0f s)", len(busy), EXIT_WAIT_S,
+    )  # fmt: skip
+    return _join(busy, EXIT_WAIT_S)
+
+
 def _at_exit() -> None:
     """As the process exits (before ``atexit``'s callbacks, which close the loaders still
     open): from now on a pool that shuts down waits for its busy threads, and the threads
@@ -85,16 +97,8 @@ def _at_exit() -> None:
     _exiting = True
     with _let_go_lock:
         threads = list(_let_go)
-    busy = [t for t in threads if t.is_alive()]
-    if busy:
-        logger.warning(_EXIT_WORDS, len(busy), EXIT_WAIT_S)
-        _join(busy, EXIT_WAIT_S)
+    _wait_as_the_process_exits([t for t in threads if t.is_alive()])
 
-
-_EXIT_WORDS = (
-    "the process waits for %d drapps worker thread(s) to finish the sample each is making "
-    "(up to %.0f s)"
-)
 
 # threading's own exit hook runs before atexit's (concurrent.futures waits for its threads so)
 with contextlib.suppress(RuntimeError):  # imported as the interpreter shuts down: too late
@@ -295,9 +299,8 @@ class ThreadPool(WorkerPool):
                     own.inbox.get_nowait()
             own.inbox.put(None)
         busy = _join([own.thread for own in threads], grace_s)
-        if busy and _exiting:  # a thread left in a native call would abort the exit
-            logger.warning(_EXIT_WORDS, len(busy), EXIT_WAIT_S)
-            busy = _join(busy, EXIT_WAIT_S)
+        if _exiting:  # a thread left in a native call would abort the exit
+            busy = _wait_as_the_process_exits(busy)
         if busy:  # daemon threads: they end with what they make, or with the process
             logger.warning("%d drapps worker thread(s) still making a sample at close", len(busy))
             _let_go_of(busy)
