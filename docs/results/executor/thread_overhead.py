@@ -157,30 +157,18 @@ def _hand_over_directly() -> None:
         else:
             self._wake_soon()
 
-    def run(self) -> None:  # Dispatcher._run, each step under the state's lock
+    ran, polled = dispatcher.Dispatcher._run, thread_pool.ThreadPool.poll
+
+    def run(self) -> None:  # the dispatcher's loop under the state's lock but for its wait
+        with self.state:
+            ran(self)
+
+    def poll(self, timeout, wake):
+        self.direct.state.release()
         try:
-            while not self.mailbox.stopped:
-                with self.state:
-                    self.mailbox.apply_all()
-                    self._keep_pool_size()
-                    self._dispatch()
-                timeout = self._wait_timeout()
-                polled = self.pool.poll(timeout, self.mailbox.wake_fd)
-                with self.state:
-                    if polled.woke:
-                        self.mailbox.woken()
-                    self._on_replies(polled.replies)
-                    for gone in polled.exited:
-                        if gone in self.pool.workers:
-                            self._on_exit(gone, "died")
-                    self.collector.fill_ready(self._generation_now, self._split)
-                    self._send_releases()
-                    self._enforce_timeout()
-        except BaseException as exc:
-            self.buffer.fail(RuntimeError(f"dispatcher failed: {exc!r}"))
+            return polled(self, timeout, wake)
         finally:
-            self._release()
-            self.mailbox.finished()
+            self.direct.state.acquire()
 
     def reply(self, worker, reply) -> None:
         with self.direct.state:
@@ -190,6 +178,7 @@ def _hand_over_directly() -> None:
 
     dispatcher.Dispatcher.__init__ = init
     dispatcher.Dispatcher._run = run
+    thread_pool.ThreadPool.poll = poll
     thread_pool.ThreadPool._reply = reply
 
 
