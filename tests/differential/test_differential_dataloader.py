@@ -189,6 +189,12 @@ def check_against_dataloader(case: Case) -> None:
         # Nor is a second iterator's: without workers DataLoader draws its order at its first
         # next(), with workers as it is made (found by a campaign).
         case = dataclasses.replace(case, peek=None)
+        if case.set_after == "collate":
+            # A collate_fn of the user's that calls torch's default_collate runs in drapps'
+            # workers as in DataLoader's, where default_collate collates into shared memory
+            # and fails alike (a conjugate view): without workers is not its reference
+            # (found by a campaign).
+            case = dataclasses.replace(case, set_after=None)
         if s.workers != "auto":
             # Without workers, a sampler's error comes at the batch it fails, not as far
             # ahead of it as a fixed count's prefetch.
@@ -784,6 +790,12 @@ _SAMPLER_FAILS_PEEK = Case(
     settings=Settings(workers=1, batch_size=None, sampler="sequential", sampler_fails=2),
     peek=3,
 )
+_CONJ_COLLATE_SET_AFTER = Case(
+    n=1,
+    payload=Payload(leaf=Leaf(kind="tensor", dtype="complex64", layout="conj", shape=(2, 3))),
+    settings=Settings(workers="auto", batch_size=1, in_order=False),
+    set_after="collate",
+)
 _SAMPLER_FAILS_OUT_OF_ORDER = Case(
     n=13,
     payload=Payload(leaf=Leaf(kind="python", dtype="int")),
@@ -851,6 +863,7 @@ _TENSOR_KEYS_HELD_ON_THREADS_UNREAD = dataclasses.replace(
 @example(_SAMPLER_FAILS_LEFT)
 @example(_SAMPLER_FAILS_OUT_OF_ORDER)
 @example(_SAMPLER_FAILS_PEEK)
+@example(_CONJ_COLLATE_SET_AFTER)
 @example(_TENSOR_KEYS)
 @example(_NUMPY_KEYS_AUTO)
 @example(_TENSOR_KEYS_HELD_ON_THREADS)
