@@ -1640,6 +1640,91 @@ def test_lightnings_seeded_workers_draw_in_drapps_workers_as_in_dataloaders() ->
     assert len(ours) == 8 and ours == theirs
 
 
+RESUMED = [
+    pytest.param({"seed": 0, "num_workers": 2}, id="seed-2-workers"),
+    pytest.param({"seed": 0}, id="seed-auto"),
+    pytest.param({"workers": "auto"}, id="auto"),
+]
+"""Loaders whose resumed run is the uninterrupted one's, draws included: per-sample seeds (from
+the ``seed``, or under ``"auto"`` from the epoch's base seed, which a checkpoint holds)."""
+
+
+@pytest.mark.extras
+@pytest.mark.filterwarnings("ignore::UserWarning")  # Lightning's advice on a CPU run
+@pytest.mark.parametrize("options", RESUMED)
+def test_lightnings_mid_epoch_checkpoint_resumes_the_loaders_epoch(
+    options: dict[str, Any], tmp_path: Path
+) -> None:
+    """Lightning saves a loader's ``state_dict()`` in its checkpoints and restores it: a fit
+    resumed from a checkpoint taken mid-epoch gets the rest of that epoch, then the epochs
+    after it, as the uninterrupted fit did (6 batches an epoch, the checkpoint after 4)."""
+    pl = pytest.importorskip("pytorch_lightning")
+
+    class Recorder(pl.LightningModule):  # type: ignore[misc,name-defined]
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(1, 1)
+            self.seen: list[list[float]] = []
+
+        def training_step(self, batch: torch.Tensor, _: int) -> torch.Tensor:
+            self.seen.append(batch.tolist())
+            return self.layer(batch[:, :1].float()).mean()
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.0)
+
+    def fit(seed: int, ckpt_path: Path | None = None) -> list[list[float]]:
+        torch.manual_seed(seed)
+        model = Recorder()
+        saves = pl.callbacks.ModelCheckpoint(
+            dirpath=tmp_path, every_n_train_steps=4, save_top_k=-1, filename="{step}"
+        )
+        trainer = pl.Trainer(
+            accelerator="cpu", devices=1, max_steps=14, logger=False, callbacks=[saves],
+            enable_progress_bar=False, enable_model_summary=False,
+        )  # fmt: skip
+        with drapps.Loader(Augmented(), batch_size=2, shuffle=True, **options) as loader:
+            trainer.fit(model, train_dataloaders=loader, ckpt_path=ckpt_path)
+        return model.seen
+
+    whole = fit(0)
+    resumed = fit(1, tmp_path / "step=4.ckpt")  # another torch seed: nothing left to chance
+    assert len(whole) == len(resumed) + 4 == 14
+    # Without a seed the later epochs draw their base seeds from torch's RNG, as a new
+    # DataLoader would, and Lightning does not restore it: only the epoch's rest is the same.
+    same = resumed if "seed" in options else resumed[:2]
+    assert same == whole[4 : 4 + len(same)]
+
+
+@pytest.mark.extras
+@pytest.mark.parametrize("options", RESUMED)
+def test_accelerates_saved_state_resumes_a_registered_loader_mid_epoch(
+    options: dict[str, Any], tmp_path: Path
+) -> None:
+    """``accelerator.register_for_checkpointing(loader)``: ``save_state()`` keeps the loader's
+    ``state_dict()`` and ``load_state()`` restores it in a new run, which gets the rest of the
+    epoch and the next one as the uninterrupted run did."""
+    accelerate = pytest.importorskip("accelerate")
+
+    def run(seed: int, save_after: int | None = None) -> list[list[float]]:
+        torch.manual_seed(seed)
+        accelerator = accelerate.Accelerator(cpu=True)
+        loader = drapps.Loader(Augmented(), batch_size=2, shuffle=True, **options)
+        loader = accelerator.prepare(loader)
+        accelerator.register_for_checkpointing(loader)
+        with loader:
+            if save_after is None:
+                accelerator.load_state(str(tmp_path))
+                return [b.tolist() for _ in range(2) for b in loader]
+            epoch = iter(loader)
+            taken = [next(epoch).tolist() for _ in range(save_after)]
+            accelerator.save_state(str(tmp_path))
+            return taken + [b.tolist() for b in epoch] + [b.tolist() for b in loader]
+
+    whole = run(0, save_after=4)
+    assert len(whole) == 12 and run(1) == whole[4:]
+
+
 def test_an_argument_set_mid_epoch_leaves_the_epoch_under_way_as_dataloader() -> None:
     def epochs(make: Callable[..., Any]) -> tuple[list[Any], list[Any]]:
         torch.manual_seed(0)
