@@ -1649,15 +1649,28 @@ RESUMED = [
 the ``seed``, or under ``"auto"`` from the epoch's base seed, which a checkpoint holds)."""
 
 
+class SizedShards(AugmentedShards):
+    """A stream that says its length, as Lightning needs to take no batch ahead of its step."""
+
+    def __len__(self) -> int:
+        return 24
+
+
 @pytest.mark.extras
 @pytest.mark.filterwarnings("ignore::UserWarning")  # Lightning's advice on a CPU run
-@pytest.mark.parametrize("options", RESUMED)
+@pytest.mark.parametrize(
+    ("options", "dataset"),
+    [
+        *(pytest.param(*p.values, Augmented, id=p.id) for p in RESUMED),
+        pytest.param({"seed": 0, "num_workers": 2}, SizedShards, id="stream-2-workers"),
+    ],
+)
 def test_lightnings_mid_epoch_checkpoint_resumes_the_loaders_epoch(
-    options: dict[str, Any], tmp_path: Path
+    options: dict[str, Any], dataset: Callable[[], Any], tmp_path: Path
 ) -> None:
     """Lightning saves a loader's ``state_dict()`` in its checkpoints and restores it: a fit
     resumed from a checkpoint taken mid-epoch gets the rest of that epoch, then the epochs
-    after it, as the uninterrupted fit did (6 batches an epoch, the checkpoint after 4)."""
+    after it, as the uninterrupted fit did (the checkpoint after 4 batches of 6, or of 12)."""
     pl = pytest.importorskip("pytorch_lightning")
 
     class Recorder(pl.LightningModule):  # type: ignore[misc,name-defined]
@@ -1683,7 +1696,8 @@ def test_lightnings_mid_epoch_checkpoint_resumes_the_loaders_epoch(
             accelerator="cpu", devices=1, max_steps=14, logger=False, callbacks=[saves],
             enable_progress_bar=False, enable_model_summary=False,
         )  # fmt: skip
-        with drapps.Loader(Augmented(), batch_size=2, shuffle=True, **options) as loader:
+        shuffle = None if dataset is SizedShards else True
+        with drapps.Loader(dataset(), batch_size=2, shuffle=shuffle, **options) as loader:
             trainer.fit(model, train_dataloaders=loader, ckpt_path=ckpt_path)
         return model.seen
 
