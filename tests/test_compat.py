@@ -1710,15 +1710,80 @@ def test_lightnings_mid_epoch_checkpoint_resumes_the_loaders_epoch(
     assert same == whole[4 : 4 + len(same)]
 
 
+@pytest.fixture
+def accelerate() -> Iterator[Any]:
+    """Accelerate, its process-wide state reset after the test (an ``Accelerator`` left
+    made would have every later loader in this process stand in its gradient state)."""
+    module = pytest.importorskip("accelerate")
+    yield module
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+
+
+@pytest.mark.extras
+@pytest.mark.parametrize("left", [None, 5], ids=["whole-epochs", "first-epoch-left-early"])
+@pytest.mark.parametrize(
+    "options",
+    [
+        pytest.param({"num_workers": 0}, id="inline"),
+        pytest.param({"num_workers": 2}, id="processes"),
+        pytest.param({"num_workers": 2, "backend": "thread"}, id="threads"),
+        pytest.param({}, id="auto"),
+    ],
+)
+def test_accelerates_accumulation_steps_at_each_epochs_end_as_with_a_dataloader(
+    accelerate: Any, options: dict[str, Any], left: int | None
+) -> None:
+    """Under ``accelerator.accumulate()`` with 4 steps, epochs of 10 batches: the optimizer
+    steps after batches 4, 8 and the epoch's last, as with a DataLoader that Accelerate
+    wraps, also with an evaluation loader run to its end mid-epoch and an epoch the loop
+    leaves early (a ``break``). Without the epoch's end, the accumulation ran on into the
+    next epoch."""
+
+    def syncs(make: Callable[..., Any]) -> list[tuple[int, int]]:
+        accelerator = accelerate.Accelerator(cpu=True, gradient_accumulation_steps=4)
+        model = torch.nn.Linear(1, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        data = torch.arange(40.0).unsqueeze(1)
+        kwargs = options if make is drapps.Loader else {}
+        train, evaluation = make(data, batch_size=4, **kwargs), make(data, batch_size=8)
+        model, optimizer, train, evaluation = accelerator.prepare(
+            model, optimizer, train, evaluation
+        )
+        stepped = []
+        for epoch in range(3):
+            for k, batch in enumerate(train):
+                with accelerator.accumulate(model):
+                    model(batch).sum().backward()
+                    optimizer.step()
+                    optimizer.zero_grad()
+                    if accelerator.sync_gradients:
+                        stepped.append((epoch, k))
+                if k == 2:
+                    with torch.no_grad():
+                        assert sum(len(b) for b in evaluation) == 40
+                if epoch == 0 and k == left:
+                    break
+        for loader in (train, evaluation):
+            if hasattr(loader, "close"):
+                loader.close()
+        return stepped
+
+    theirs = syncs(DataLoader)
+    assert (0, 9) in theirs or left is not None
+    assert syncs(drapps.Loader) == theirs
+
+
 @pytest.mark.extras
 @pytest.mark.parametrize("options", RESUMED)
 def test_accelerates_saved_state_resumes_a_registered_loader_mid_epoch(
-    options: dict[str, Any], tmp_path: Path
+    accelerate: Any, options: dict[str, Any], tmp_path: Path
 ) -> None:
     """``accelerator.register_for_checkpointing(loader)``: ``save_state()`` keeps the loader's
     ``state_dict()`` and ``load_state()`` restores it in a new run, which gets the rest of the
     epoch and the next one as the uninterrupted run did."""
-    accelerate = pytest.importorskip("accelerate")
 
     def run(seed: int, save_after: int | None = None) -> list[list[float]]:
         torch.manual_seed(seed)

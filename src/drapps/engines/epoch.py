@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from drapps.engines.accelerate_state import epoch_state
 from drapps.engines.base import Engine, EngineBatch, EpochJob, Skipped
 from drapps.engines.inline import InlineEngine
 from drapps.ops.device_stage import DeviceStage, Staged
@@ -147,6 +148,8 @@ class Epoch:
         self._batched, self._batch_size = batched, batch_size
         self._ahead: _Ahead | None = None
         self._ended = False
+        self._accelerate: Any | None = None  # its place in Accelerate's gradient state
+        self._accelerate_asked = False
         self.on_let_go: Callable[[Epoch], bool] | None = None
         """Called with this epoch when it is let go of before its end (set by the cursor)."""
         self._failed = 0  # a stream's batches that failed (they count in its position)
@@ -222,6 +225,11 @@ class Epoch:
             return self._next()
 
     def _next(self) -> Any:
+        if not self._accelerate_asked:  # an Accelerator in the process learns where it ends
+            self._accelerate_asked = True
+            self._accelerate = epoch_state()
+            if self._accelerate is not None:
+                self._accelerate.begin()
         if not self._started:
             self._start()
         current = self._is_current(self)
@@ -249,6 +257,8 @@ class Epoch:
             delivered = samples > 0 or not skipped
             self._delivered.record(samples, skipped, delivered)
             if delivered:
+                if self.finished and self._accelerate is not None:
+                    self._accelerate.end_of_dataloader = True  # the epoch's last batch
                 return batch
         self._end()
         raise StopIteration
@@ -346,6 +356,9 @@ class Epoch:
             self._ended = True
             self._engine.end_epoch(self._job)
             self._on_end(self)
+        if self._accelerate is not None:
+            self._accelerate.end()
+            self._accelerate = None
 
     def _next_streamed(self) -> Any:
         if self.finished:
