@@ -49,4 +49,8 @@ def _epoch_state_class() -> type | None:
         def __init__(self) -> None:
             self.gradient_state = GradientState()
 
+        def begin(self) -> None:
+            super().begin()
+            self.remainder = -1  # unknown, whatever the mixin made of this object's attributes
+
     return EpochState
