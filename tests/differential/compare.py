@@ -378,10 +378,10 @@ def _by_indices(batches: list[Any]) -> list[Any]:
     """Batches sorted by their indices, errors last (by type)."""
     fine = [b for b in batches if not isinstance(b, Raised)]
     errors = [b for b in batches if isinstance(b, Raised)]
-    return sorted(fine, key=batch_indices) + sorted(errors, key=lambda r: _raised_as(r.kind))
+    return sorted(fine, key=batch_indices) + sorted(errors, key=lambda r: raised_as(r.kind))
 
 
-def _raised_as(kind: type[BaseException]) -> str:
+def raised_as(kind: type[BaseException]) -> str:
     """The name of the error as it was raised: drapps' ``SampleError[KeyError]`` is the
     ``KeyError`` a sample raised (sorted by it, beside DataLoader's)."""
     name = kind.__name__
