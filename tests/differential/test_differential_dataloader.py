@@ -65,6 +65,7 @@ from hypothesis import assume, example, given, note, settings
 from torch.utils.data import DataLoader
 
 import drapps
+from drapps.runtime.errors import SampleError, sample_error
 
 
 def _wrong_in_dataloaders_workers(leaf: Leaf) -> bool:
@@ -254,6 +255,12 @@ def check_against_dataloader(case: Case) -> None:
         )
     if s.workers:  # with workers, as from DataLoader's, batches are the loop's own memory
         assert_owned(got, dataset)
+        # A collate_fn of the user's that calls torch's default_collate collates into shared
+        # memory in drapps' workers as in DataLoader's, and a malformed batch fails there
+        # (AttributeError) where it stacks without workers (TypeError): either is
+        # DataLoader's, against its workers (converted below) or without them (found by a
+        # campaign: a collate_fn set after an epoch, under "auto" and out of order).
+        got = _collated_in_process(got)
     if case.iterable and reference.workers:
         # A stream's workers are its own (each one's shard, each one's shuffle): DataLoader
         # without workers is another stream, so its collate error's kind is read as its
@@ -368,22 +375,25 @@ def _shape_of(epoch: list[Any], in_order: bool) -> list[Any]:
 
 
 def _collated_in_process(outcome: Outcome) -> Outcome:
-    """``outcome`` with each batch that failed to collate in a DataLoader worker, where the
-    default collate stacks into shared memory (AttributeError), as failed in the training
-    process, where it stacks (TypeError): either is DataLoader's."""
-    epochs = [
-        [
-            Raised(TypeError, b.message)
-            if isinstance(b, Raised)
-            and b.kind is AttributeError
-            and "DataLoader worker" in b.message
-            and "collate_fn" in b.message
-            else b
-            for b in epoch
-        ]
-        for epoch in outcome.epochs
-    ]
-    return dataclasses.replace(outcome, epochs=epochs)
+    """``outcome`` with each batch that failed to collate in a worker, where torch's default
+    collate stacks into shared memory (AttributeError), as failed in the training process,
+    where it stacks (TypeError): either is DataLoader's. A DataLoader worker's error becomes a
+    TypeError, a drapps worker's a SampleError[TypeError]."""
+    return dataclasses.replace(
+        outcome, epochs=[[_stacked(b) for b in epoch] for epoch in outcome.epochs]
+    )
+
+
+def _stacked(item: Any) -> Any:
+    """``item`` as :func:`_collated_in_process` reads it."""
+    if not isinstance(item, Raised) or not issubclass(item.kind, AttributeError):
+        return item
+    if item.kind is AttributeError and "DataLoader worker" in item.message:
+        return Raised(TypeError, item.message) if "collate_fn" in item.message else item
+    theirs = issubclass(item.kind, SampleError) and "collate_fn failed" in item.message
+    if theirs and "has no attribute 'numel'" in item.message:
+        return Raised(type(sample_error(item.message, TypeError)), item.message)
+    return item
 
 
 # Found by the campaigns: a stepped 1-D array, made in workers (pickled: contiguous) against
@@ -842,6 +852,39 @@ _SAMPLER_FAILS_AMONG_ERRORS_OUT_OF_ORDER = Case(
     goes_on=True,
 )
 
+# Found by a campaign: a collate_fn set after the first epoch calls torch's default_collate,
+# which in a worker (drapps' or DataLoader's) collates into shared memory, on batches that
+# mix a bool tensor with a tuple of ints: AttributeError there, TypeError without workers.
+_INTS_BESIDE_BOOLS = Payload(
+    container="tuple",
+    items=(Payload(leaf=Leaf(kind="python", dtype="int", shape=(2, 3))),),
+    alternate=Payload(
+        container="namedtuple",
+        items=(Payload(leaf=Leaf(kind="tensor", dtype="bool", shape=(2, 3))),),
+    ),
+)
+_COLLATE_SET_AFTER_PIPE_OUT_OF_ORDER = Case(
+    n=9,
+    payload=_INTS_BESIDE_BOOLS,
+    settings=Settings(workers=3, batch_size=2, in_order=False),
+    iterable=True,
+    sharded=False,
+    pipe=True,
+    set_after="collate",
+)
+_COLLATE_SET_AFTER_AUTO = Case(
+    n=2,
+    payload=Payload(
+        leaf=Leaf(kind="tensor", dtype="bool", shape=(2, 3)),
+        alternate=Payload(
+            container="tuple", items=(Payload(leaf=Leaf(kind="python", dtype="int", shape=(2, 3))),)
+        ),
+    ),
+    settings=Settings(workers="auto", batch_size=2, in_order=False),
+    sharded=False,
+    set_after="collate",
+)
+
 # Keys that are not ints: a tensor (0-d int32 keys) or a NumPy array (int16 keys) as the
 # sampler. __getitem__ gets each key as the sampler gave it, and the samples hold it.
 _TENSOR_KEYS = Case(
@@ -902,6 +945,8 @@ _TENSOR_KEYS_HELD_ON_THREADS_UNREAD = dataclasses.replace(
 @example(_SAMPLER_FAILS_LEFT)
 @example(_SAMPLER_FAILS_OUT_OF_ORDER)
 @example(_SAMPLER_FAILS_AMONG_ERRORS_OUT_OF_ORDER)
+@example(_COLLATE_SET_AFTER_PIPE_OUT_OF_ORDER)
+@example(_COLLATE_SET_AFTER_AUTO)
 @example(_SAMPLER_FAILS_PEEK)
 @example(_CONJ_COLLATE_SET_AFTER)
 @example(_TENSOR_KEYS)
