@@ -1597,15 +1597,8 @@ def test_an_argument_set_after_the_first_epoch_is_read_at_the_next_iter_as_datal
         assert epochs(drapps.Loader) == epochs(DataLoader)
 
 
-@pytest.mark.extras
-@pytest.mark.filterwarnings("ignore::UserWarning")  # Lightning's advice on a CPU run
-def test_lightnings_seeded_workers_draw_in_drapps_workers_as_in_dataloaders() -> None:
-    """``seed_everything(workers=True)`` has Lightning set its ``worker_init_fn`` on the
-    loader it is given, after the loader is made: the epochs' draws are then DataLoader's.
-    Lightning checks that a loader which is not a DataLoader is iterable by calling
-    ``iter()`` on it once, which draws a base seed as DataLoader's ``iter()`` does: the
-    DataLoader run takes that iterator too."""
-    pl = pytest.importorskip("pytorch_lightning")
+def _recorder(pl: Any) -> Any:
+    """A LightningModule class that keeps each training batch it is given, as a list."""
 
     class Recorder(pl.LightningModule):  # type: ignore[misc,name-defined]
         def __init__(self) -> None:
@@ -1619,6 +1612,21 @@ def test_lightnings_seeded_workers_draw_in_drapps_workers_as_in_dataloaders() ->
 
         def configure_optimizers(self) -> torch.optim.Optimizer:
             return torch.optim.SGD(self.parameters(), lr=0.0)
+
+    return Recorder
+
+
+@pytest.mark.extras
+@pytest.mark.filterwarnings("ignore::UserWarning")  # Lightning's advice on a CPU run
+def test_lightnings_seeded_workers_draw_in_drapps_workers_as_in_dataloaders() -> None:
+    """``seed_everything(workers=True)`` has Lightning set its ``worker_init_fn`` on the
+    loader it is given, after the loader is made: the epochs' draws are then DataLoader's.
+    Lightning checks that a loader which is not a DataLoader is iterable by calling
+    ``iter()`` on it once, which draws a base seed as DataLoader's ``iter()`` does: the
+    DataLoader run takes that iterator too."""
+    pl = pytest.importorskip("pytorch_lightning")
+
+    Recorder = _recorder(pl)
 
     def fit(make: Callable[..., Any]) -> tuple[list[list[float]], Any]:
         pl.seed_everything(7, workers=True)
@@ -1673,18 +1681,7 @@ def test_lightnings_mid_epoch_checkpoint_resumes_the_loaders_epoch(
     after it, as the uninterrupted fit did (the checkpoint after 4 batches of 6, or of 12)."""
     pl = pytest.importorskip("pytorch_lightning")
 
-    class Recorder(pl.LightningModule):  # type: ignore[misc,name-defined]
-        def __init__(self) -> None:
-            super().__init__()
-            self.layer = torch.nn.Linear(1, 1)
-            self.seen: list[list[float]] = []
-
-        def training_step(self, batch: torch.Tensor, _: int) -> torch.Tensor:
-            self.seen.append(batch.tolist())
-            return self.layer(batch[:, :1].float()).mean()
-
-        def configure_optimizers(self) -> torch.optim.Optimizer:
-            return torch.optim.SGD(self.parameters(), lr=0.0)
+    Recorder = _recorder(pl)
 
     def fit(seed: int, ckpt_path: Path | None = None) -> list[list[float]]:
         torch.manual_seed(seed)
