@@ -40,11 +40,65 @@ def test_a_corrupt_jpeg_is_named_by_path_in_the_training_loop(tmp_path: Path) ->
 
 
 def test_bad_roots_are_named(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="root must be a directory of class folders"):
+    with pytest.raises(FileNotFoundError, match="root must be a directory of class folders"):
         ImageFolder(tmp_path / "missing")
-    (tmp_path / "empty_class").mkdir()
-    with pytest.raises(ValueError, match=r"found no \.jpg/\.jpeg files"):
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(NotADirectoryError, match="root must be a directory of class folders"):
+        ImageFolder(tmp_path / "a-file")
+    with pytest.raises(FileNotFoundError, match="found no class folder in"):
         ImageFolder(tmp_path)
+    write_tree(tmp_path / "tree")
+    (tmp_path / "tree" / "bee").mkdir()
+    (tmp_path / "tree" / "bee" / "b.png").write_bytes(b"")
+    (tmp_path / "tree" / "dog").mkdir()
+    with pytest.raises(
+        FileNotFoundError, match=r"found no \.jpg/\.jpeg file in the class folder\(s\) bee, dog "
+    ):
+        ImageFolder(tmp_path / "tree")
+    kept = ImageFolder(tmp_path / "tree", allow_empty=True)
+    assert kept.classes == ["ant", "bee", "cat", "dog"] and set(kept.targets) == {0, 2}
+    for wrong in ("", [], [".jpg", 3], 7):
+        with pytest.raises(ValueError, match="extensions must be a file name ending"):
+            ImageFolder(tmp_path / "tree", extensions=wrong)  # type: ignore[arg-type]
+
+
+def test_images_in_sub_folders_count_as_torchvisions_imagefolder_counts_them(
+    tmp_path: Path,
+) -> None:
+    """torchvision's ImageFolder takes each class folder's images at any depth, through links
+    to folders, sorted by folder then name; ``class_to_idx``, ``targets`` and ``imgs`` are
+    read by samplers that balance classes. A link back to a folder the walk is in is not
+    followed again."""
+    write_tree(tmp_path / "tree")
+    cat = tmp_path / "tree" / "cat"
+    (cat / "b" / "deeper").mkdir(parents=True)
+    jpeg = (cat / "0.jpg").read_bytes()
+    (cat / "b" / "x.JPEG").write_bytes(jpeg)
+    (cat / "b" / "deeper" / "y.jpg").write_bytes(jpeg)
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "z.jpg").write_bytes(jpeg)
+    (cat / "a-link").symlink_to(tmp_path / "outside")
+    (cat / "b" / "deeper" / "loop").symlink_to(cat)
+    data = ImageFolder(tmp_path / "tree")
+    names = [str(Path(path).relative_to(tmp_path / "tree")) for path, _ in data.samples]
+    assert names == [
+        "ant/0.jpg", "ant/1.jpg", "ant/2.jpg",
+        "cat/0.jpg", "cat/1.jpg", "cat/2.jpg",
+        "cat/a-link/z.jpg", "cat/b/x.JPEG", "cat/b/deeper/y.jpg",
+    ]  # fmt: skip
+    assert data.class_to_idx == {"ant": 0, "cat": 1} and data.imgs is data.samples
+    assert data.targets == [0, 0, 0, 1, 1, 1, 1, 1, 1]
+    image, target = data[8]
+    assert image.shape == (40, 50, 3) and target == 1
+
+
+def test_other_extensions_are_read_with_a_decode_that_reads_them(tmp_path: Path) -> None:
+    write_tree(tmp_path)
+    for name in ("ant", "cat"):
+        (tmp_path / name / "raw.npy").write_bytes(b"")
+    data = ImageFolder(tmp_path, decode=len, extensions=".NPY")
+    assert [Path(p).name for p, _ in data.samples] == ["raw.npy", "raw.npy"]
+    assert data[1] == (0, 1)
 
 
 class CountingRead:

@@ -18,7 +18,7 @@ def _images(folder: str, count: int, seed: int) -> list[np.ndarray]:
 
     try:
         dataset = ImageFolder(folder)
-    except ValueError as exc:
+    except (OSError, ValueError) as exc:  # a missing folder, or one without images
         raise UsageError(str(exc)) from None
     if count < 1:
         raise UsageError(f"--images must be >= 1, got {count}")

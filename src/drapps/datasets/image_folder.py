@@ -18,10 +18,17 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg")
 class ImageFolder:
     """The torchvision ImageFolder layout, decoding JPEGs with libjpeg-turbo.
 
+    As torchvision's: each folder under ``root`` is a class, and its images are the files
+    anywhere under it (sub-folders and links to folders included) whose names end with one of
+    ``extensions``, in sorted order. A class folder without one is an error unless
+    ``allow_empty``.
+
     Attributes:
         classes: sorted class folder names; a sample's target is its index here.
+        class_to_idx: each class name's index.
         samples: ``(path, target)`` per sample, in sorted order (also used to name a
-            failing sample's file in loader errors).
+            failing sample's file in loader errors); ``imgs`` is the same list.
+        targets: each sample's target.
 
     Args:
         root: the folder of class folders.
@@ -32,6 +39,9 @@ class ImageFolder:
         read_threads: files read at once ahead of their samples when a drapps worker hints
             its next indices (:meth:`read_ahead`); 0 reads each file only when its sample is
             asked for.
+        extensions: the file name endings that are images, in any case (``.jpg`` and
+            ``.jpeg`` by default; give others with a ``decode`` that reads them).
+        allow_empty: keep a class folder without images (its index stays taken).
     """
 
     def __init__(
@@ -41,23 +51,36 @@ class ImageFolder:
         decode: Callable[[bytes], Any] = decode_jpeg,
         read: Callable[[str], bytes] | None = None,
         read_threads: int = 4,
+        extensions: str | Sequence[str] = IMAGE_EXTENSIONS,
+        allow_empty: bool = False,
     ) -> None:
         if decode is decode_jpeg:
             require("simplejpeg")  # a missing extra is named here, not at the first batch
-        self.root = os.fspath(root)
-        if not os.path.isdir(self.root):
-            raise ValueError(f"root must be a directory of class folders, got {self.root!r}")
-        self.classes = sorted(e.name for e in os.scandir(self.root) if e.is_dir())
-        self.samples: list[tuple[str, int]] = []
-        for target, name in enumerate(self.classes):
-            folder = os.path.join(self.root, name)
-            for file in sorted(os.listdir(folder)):
-                if file.lower().endswith(IMAGE_EXTENSIONS):
-                    self.samples.append((os.path.join(folder, file), target))
-        if not self.samples:
-            raise ValueError(f"found no {'/'.join(IMAGE_EXTENSIONS)} files under {self.root!r}")
         if not isinstance(read_threads, int) or read_threads < 0:
             raise ValueError(f"read_threads must be an int >= 0, got {read_threads!r}")
+        endings = _endings(extensions)
+        self.root = os.fspath(root)
+        if not os.path.isdir(self.root):
+            kind = NotADirectoryError if os.path.exists(self.root) else FileNotFoundError
+            raise kind(f"root must be a directory of class folders, got {self.root!r}")
+        self.classes = sorted(e.name for e in os.scandir(self.root) if e.is_dir())
+        if not self.classes:
+            raise FileNotFoundError(f"found no class folder in {self.root!r}")
+        self.class_to_idx = {name: target for target, name in enumerate(self.classes)}
+        self.samples: list[tuple[str, int]] = []
+        empty = []
+        for target, name in enumerate(self.classes):
+            found = _images(os.path.join(self.root, name), endings)
+            self.samples.extend((path, target) for path in found)
+            if not found:
+                empty.append(name)
+        if empty and not allow_empty:
+            raise FileNotFoundError(
+                f"found no {'/'.join(endings)} file in the class folder(s) {', '.join(empty)} "
+                f"under {self.root!r} (allow_empty=True keeps such a class)"
+            )
+        self.imgs = self.samples
+        self.targets = [target for _, target in self.samples]
         self.transform = transform
         self.decode = decode
         self.read = read
@@ -94,6 +117,43 @@ class ImageFolder:
         if self.transform is not None:
             image = self.transform(image)
         return image, target
+
+
+def _endings(extensions: Any) -> tuple[str, ...]:
+    """``extensions`` (a str or several) as lower-case name endings."""
+    listed = (extensions,) if isinstance(extensions, str) else extensions
+    try:
+        endings = tuple(listed)
+    except TypeError:
+        endings = ()
+    if not endings or not all(isinstance(e, str) and e for e in endings):
+        raise ValueError(
+            f"extensions must be a file name ending or several, such as '.png', got {extensions!r}"
+        )
+    return tuple(e.lower() for e in endings)
+
+
+def _images(folder: str, endings: tuple[str, ...]) -> list[str]:
+    """The files under ``folder``, at any depth and through links, whose names end with one of
+    ``endings`` (in any case): sorted as torchvision's ImageFolder lists them. A link back to
+    a folder the walk is in is not followed (torchvision's walk goes round it until the path
+    is too long)."""
+    places: list[tuple[str, list[str]]] = []
+    within = {folder: {os.path.realpath(folder)}}  # each place's folders, as real paths
+    for place, folders, files in os.walk(folder, followlinks=True):
+        places.append((place, files))
+        inside = within.pop(place)
+        kept = []
+        for name in folders:
+            real = os.path.realpath(os.path.join(place, name))
+            if real not in inside:
+                kept.append(name)
+                within[os.path.join(place, name)] = inside | {real}
+        folders[:] = kept
+    found: list[str] = []
+    for place, files in sorted(places):
+        found.extend(os.path.join(place, f) for f in sorted(files) if f.lower().endswith(endings))
+    return found
 
 
 def _read_file(read: Callable[[str], bytes] | None, path: str) -> bytes:
