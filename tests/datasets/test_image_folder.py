@@ -99,6 +99,24 @@ def test_other_extensions_are_read_with_a_decode_that_reads_them(tmp_path: Path)
     data = ImageFolder(tmp_path, decode=len, extensions=".NPY")
     assert [Path(p).name for p, _ in data.samples] == ["raw.npy", "raw.npy"]
     assert data[1] == (0, 1)
+    chosen = ImageFolder(tmp_path, decode=len, is_valid_file=lambda path: path.endswith("1.jpg"))
+    assert [Path(p).name for p, _ in chosen.samples] == ["1.jpg", "1.jpg"]
+    with pytest.raises(FileNotFoundError, match="found no valid file in the class folder"):
+        ImageFolder(tmp_path, is_valid_file=lambda path: "ant" in path)
+    with pytest.raises(ValueError, match="give extensions or is_valid_file, not both"):
+        ImageFolder(tmp_path, extensions=".jpg", is_valid_file=bool)
+    with pytest.raises(TypeError, match="is_valid_file must be a callable"):
+        ImageFolder(tmp_path, is_valid_file=".jpg")  # type: ignore[arg-type]
+
+
+def test_a_target_transform_is_applied_to_each_target_and_keeps_samples_uncached(
+    tmp_path: Path,
+) -> None:
+    write_tree(tmp_path)
+    data = ImageFolder(tmp_path, target_transform=lambda target: target * 10)
+    assert [data[i][1] for i in range(len(data))] == [0, 0, 0, 10, 10, 10]
+    assert data.targets == [0, 0, 0, 1, 1, 1]  # as torchvision's: before the transform
+    assert data.cache_fingerprint() is None and ImageFolder(tmp_path).cache_fingerprint()
 
 
 class CountingRead:

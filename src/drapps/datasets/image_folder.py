@@ -1,4 +1,4 @@
-"""ImageFolder: ``root/<class>/<image>.jpg`` -> (transformed image, class index)."""
+"""ImageFolder: ``root/<class>/.../<image>.jpg`` -> (transformed image, class index)."""
 
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ class ImageFolder:
     Args:
         root: the folder of class folders.
         transform: applied to each decoded image.
+        target_transform: applied to each sample's class index.
         decode: JPEG bytes -> image (HWC uint8 RGB by default).
         read: path -> bytes; a plain file read by default (the benchmark passes a throttled
             one to model slow storage). Called from several threads when reading ahead.
@@ -41,6 +42,7 @@ class ImageFolder:
             asked for.
         extensions: the file name endings that are images, in any case (``.jpg`` and
             ``.jpeg`` by default; give others with a ``decode`` that reads them).
+        is_valid_file: path -> whether it is an image, in the place of ``extensions``.
         allow_empty: keep a class folder without images (its index stays taken).
     """
 
@@ -51,14 +53,22 @@ class ImageFolder:
         decode: Callable[[bytes], Any] = decode_jpeg,
         read: Callable[[str], bytes] | None = None,
         read_threads: int = 4,
-        extensions: str | Sequence[str] = IMAGE_EXTENSIONS,
+        extensions: str | Sequence[str] | None = None,
         allow_empty: bool = False,
+        target_transform: Callable[[int], Any] | None = None,
+        is_valid_file: Callable[[str], bool] | None = None,
     ) -> None:
         if decode is decode_jpeg:
             require("simplejpeg")  # a missing extra is named here, not at the first batch
         if not isinstance(read_threads, int) or read_threads < 0:
             raise ValueError(f"read_threads must be an int >= 0, got {read_threads!r}")
-        endings = _endings(extensions)
+        if is_valid_file is not None and extensions is not None:
+            raise ValueError("give extensions or is_valid_file, not both")
+        if is_valid_file is not None and not callable(is_valid_file):
+            raise TypeError(f"is_valid_file must be a callable path -> bool, got {is_valid_file!r}")
+        endings = _endings(IMAGE_EXTENSIONS if extensions is None else extensions)
+        wanted = "valid" if is_valid_file is not None else "/".join(endings)
+        is_image = is_valid_file or functools.partial(_ends_with, endings)
         self.root = os.fspath(root)
         if not os.path.isdir(self.root):
             kind = NotADirectoryError if os.path.exists(self.root) else FileNotFoundError
@@ -70,18 +80,19 @@ class ImageFolder:
         self.samples: list[tuple[str, int]] = []
         empty = []
         for target, name in enumerate(self.classes):
-            found = _images(os.path.join(self.root, name), endings)
+            found = _images(os.path.join(self.root, name), is_image)
             self.samples.extend((path, target) for path in found)
             if not found:
                 empty.append(name)
         if empty and not allow_empty:
             raise FileNotFoundError(
-                f"found no {'/'.join(endings)} file in the class folder(s) {', '.join(empty)} "
+                f"found no {wanted} file in the class folder(s) {', '.join(empty)} "
                 f"under {self.root!r} (allow_empty=True keeps such a class)"
             )
         self.imgs = self.samples
         self.targets = [target for _, target in self.samples]
         self.transform = transform
+        self.target_transform = target_transform
         self.decode = decode
         self.read = read
         self.read_threads = read_threads
@@ -93,8 +104,9 @@ class ImageFolder:
 
     def cache_fingerprint(self) -> str | None:
         """Identity for the sample cache: the files (path, size, mtime) and the decoder; None
-        with a ``transform`` (it may draw randomness, so samples must not be kept)."""
-        if self.transform is not None:
+        with a ``transform`` or ``target_transform`` (either may draw randomness, so samples
+        must not be kept)."""
+        if self.transform is not None or self.target_transform is not None:
             return None
         return file_fingerprint([path for path, _ in self.samples], self.decode)
 
@@ -116,6 +128,8 @@ class ImageFolder:
         image = self.decode(data)
         if self.transform is not None:
             image = self.transform(image)
+        if self.target_transform is not None:
+            return image, self.target_transform(target)
         return image, target
 
 
@@ -133,9 +147,13 @@ def _endings(extensions: Any) -> tuple[str, ...]:
     return tuple(e.lower() for e in endings)
 
 
-def _images(folder: str, endings: tuple[str, ...]) -> list[str]:
-    """The files under ``folder``, at any depth and through links, whose names end with one of
-    ``endings`` (in any case): sorted as torchvision's ImageFolder lists them. A link back to
+def _ends_with(endings: tuple[str, ...], path: str) -> bool:
+    return path.lower().endswith(endings)
+
+
+def _images(folder: str, is_image: Callable[[str], bool]) -> list[str]:
+    """The files under ``folder``, at any depth and through links, that ``is_image`` takes
+    (given each one's path): sorted as torchvision's ImageFolder lists them. A link back to
     a folder the walk is in is not followed (torchvision's walk goes round it until the path
     is too long)."""
     places: list[tuple[str, list[str]]] = []
@@ -152,7 +170,8 @@ def _images(folder: str, endings: tuple[str, ...]) -> list[str]:
         folders[:] = kept
     found: list[str] = []
     for place, files in sorted(places):
-        found.extend(os.path.join(place, f) for f in sorted(files) if f.lower().endswith(endings))
+        paths = (os.path.join(place, file) for file in sorted(files))
+        found.extend(path for path in paths if is_image(path))
     return found
 
 
