@@ -63,6 +63,20 @@ def test_missing_and_broken_files_are_named(tmp_path: Path) -> None:
         CIFAR10(tmp_path, train=True)
 
 
+def test_torchvisions_signature_and_attributes(tmp_path: Path) -> None:
+    """A torchvision user's CIFAR10(root, train, transform, target_transform, download) and the
+    attributes their code reads (data, targets, classes, class_to_idx)."""
+    with pytest.raises(FileNotFoundError, match=r"drapps downloads nothing \(download=True\)"):
+        CIFAR10(tmp_path, download=True)
+    train, test = tiny_split(10, 0), tiny_split(3, 1)
+    write_cifar10(tmp_path, train, test)
+    ds = CIFAR10(tmp_path, train=False, target_transform=lambda label: -label, download=True)
+    assert ds.data is ds.images and ds.data.shape == (3, 32, 32, 3)
+    assert ds.targets == test[1].tolist() and all(type(t) is int for t in ds.targets)
+    assert ds.classes[3] == "cat" and ds.class_to_idx["truck"] == 9 and len(ds.classes) == 10
+    assert [ds[i][1] for i in range(3)] == [-label for label in test[1].tolist()]
+
+
 def test_random_crop_pads_and_crops() -> None:
     image = np.full((32, 32, 3), 255, dtype=np.uint8)
     crops = [RandomCrop(32, padding=4)(image) for _ in range(40)]

@@ -108,6 +108,14 @@ class CIFAR10:
         train: the five training batches, or the test batch.
         transform: applied to each HWC uint8 image (e.g. ``RandomCrop(32, 4)``, a flip and
             ``ToCHWTensor``).
+        target_transform: applied to each label.
+        download: accepted for torchvision's signature; nothing is downloaded, and without the
+            files the error says so.
+
+    Attributes:
+        images: the N x 32 x 32 x 3 uint8 images (``data`` is the same array, as in
+            torchvision); ``labels``: their labels (``targets``, a list of ints).
+        classes: the ten class names; ``class_to_idx`` each one's label.
 
     Example:
         >>> import tempfile, numpy as np
@@ -126,8 +134,18 @@ class CIFAR10:
         root: str | os.PathLike[str],
         train: bool = True,
         transform: Callable[[np.ndarray], Any] | None = None,
+        target_transform: Callable[[int], Any] | None = None,
+        download: bool = False,
     ) -> None:
-        folder, self.format = _find(Path(root))
+        try:
+            folder, self.format = _find(Path(root))
+        except FileNotFoundError as exc:
+            if download:
+                raise FileNotFoundError(
+                    f"{exc}; drapps downloads nothing (download=True): extract the published "
+                    "archive there first"
+                ) from None
+            raise
         names = _TRAIN if train else _TEST
         suffix = ".bin" if self.format == "binary" else ""
         read = _read_binary if self.format == "binary" else _read_python
@@ -144,7 +162,11 @@ class CIFAR10:
         self.labels = np.concatenate(labels)
         if self.labels.size and not 0 <= int(self.labels.min()) <= int(self.labels.max()) <= 9:
             raise ValueError(f"CIFAR-10 labels must be 0..9, found {self.labels.max()}")
+        self.data, self.targets = self.images, self.labels.tolist()
+        self.classes = list(CLASSES)
+        self.class_to_idx = {name: label for label, name in enumerate(CLASSES)}
         self.transform = transform
+        self.target_transform = target_transform
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -153,7 +175,10 @@ class CIFAR10:
         image: Any = self.images[index]
         if self.transform is not None:
             image = self.transform(image)
-        return image, int(self.labels[index])
+        label = int(self.labels[index])
+        if self.target_transform is not None:
+            return image, self.target_transform(label)
+        return image, label
 
 
 def write_cifar10(
