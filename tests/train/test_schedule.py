@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 import torch
+from torch.optim.lr_scheduler import LambdaLR
 
 from drapps.train import WarmupCosine, scale_lr
 
@@ -74,6 +76,31 @@ def test_state_dict_round_trip() -> None:
     resumed = WarmupCosine(opt, warmup=3, total=10, scaling="sqrt", base_batch_size=8)
     resumed.load_state_dict(state)
     assert lrs(resumed, 3) == pytest.approx(lrs(sched, 3))
+
+
+@pytest.mark.parametrize("done", [1, 3, 6])
+def test_last_epoch_resumes_as_torchs_own_schedulers_do(done: int) -> None:
+    """torch's convention: a scheduler made with ``last_epoch=k`` (the optimizer's groups
+    holding ``initial_lr``) is where a fresh one was after ``k + 1`` steps. A LambdaLR over the
+    same factors, interrupted and resumed the same way, is the reference."""
+
+    def run(make: Any) -> list[float]:
+        opt = optimizer(0.1)
+        first = make(opt, -1)
+        values = lrs(first, done)
+        return values + lrs(make(opt, first.last_epoch - 1), 10 - done)
+
+    def ours(opt: torch.optim.Optimizer, last_epoch: int) -> Any:
+        return WarmupCosine(opt, warmup=2, total=8, min_lr_ratio=0.1, last_epoch=last_epoch)
+
+    def theirs(opt: torch.optim.Optimizer, last_epoch: int) -> Any:
+        factor = WarmupCosine(optimizer(), warmup=2, total=8, min_lr_ratio=0.1).factor
+        return LambdaLR(opt, lambda step: factor(step + 1), last_epoch=last_epoch)
+
+    whole = lrs(ours(optimizer(0.1), -1), 10)
+    assert run(theirs) == pytest.approx(whole) and run(ours) == pytest.approx(whole)
+    with pytest.raises(ValueError, match="unit='items' counts items"):
+        WarmupCosine(optimizer(), warmup=2, total=8, unit="items", last_epoch=3)
 
 
 @pytest.mark.parametrize(

@@ -49,7 +49,9 @@ class WarmupCosine(LRScheduler):
         base_batch_size: the batch size the peak rates were tuned at (items).
         scaling: ``"none"``, ``"linear"`` or ``"sqrt"``.
         unit: ``"steps"`` or ``"items"``.
-        last_epoch: as for every torch scheduler; -1 starts fresh.
+        last_epoch: as for every torch scheduler: -1 starts fresh, and ``k`` resumes where
+            ``last_epoch`` was ``k + 1`` (with ``"initial_lr"`` in the optimizer's groups);
+            ``unit="items"`` resumes from :meth:`state_dict` only.
 
     Example:
         >>> import torch
@@ -94,7 +96,14 @@ class WarmupCosine(LRScheduler):
         self.batch_size = base_batch_size
         self.scaling: ScalingRule = scaling
         self.unit = unit
-        self.progress = 0  # steps or items trained on before the current step
+        if last_epoch >= 0 and unit == "items":
+            raise ValueError(
+                "unit='items' counts items, which last_epoch (a count of steps) does not "
+                "give: resume it with load_state_dict()"
+            )
+        # Steps trained on before the current one. A scheduler made with last_epoch=k is where
+        # one made fresh was after k + 1 steps (the constructor's step is one): as torch's own.
+        self.progress = max(last_epoch, 0)
         super().__init__(optimizer, last_epoch)
 
     def factor(self, progress: float) -> float:
