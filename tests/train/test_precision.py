@@ -87,6 +87,32 @@ def test_collapse_without_fallback_raises_instead_of_training_on() -> None:
         overflow_every_step(amp, 5)
 
 
+def test_a_checkpoint_resumes_the_loss_scale_and_a_fallback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An fp16 run resumed from its state goes on at the scale it had (torch's guidance: save
+    the GradScaler's state), not at the initial one; one that fell back to bf16 stays there
+    rather than collapsing again."""
+    amp = MixedPrecision("fp16", "cpu", init_scale=2.0**10, max_skipped=100)
+    overflow_every_step(amp, 3)
+    state = amp.state_dict()
+    resumed = MixedPrecision("fp16", "cpu", init_scale=2.0**10, max_skipped=100)
+    resumed.load_state_dict(state)
+    assert resumed.scaler.get_scale() == amp.scaler.get_scale() == 2.0**7
+    assert resumed.skipped == 3 and resumed.precision == "fp16"
+    with caplog.at_level(logging.WARNING, logger="drapps.train.precision"):
+        overflow_every_step(amp, 8)  # 2**7 down past min_scale: falls back
+    assert amp.fell_back
+    again = MixedPrecision("fp16", "cpu")
+    again.load_state_dict(amp.state_dict())
+    assert again.precision == "bf16" and again.fell_back and not again.scaler.is_enabled()
+    assert again.dtype is torch.bfloat16
+    with pytest.raises(ValueError, match="this state is of a fp16 run that fell back to bf16"):
+        MixedPrecision("bf16", "cpu").load_state_dict(amp.state_dict())
+    with pytest.raises(ValueError, match="not a MixedPrecision state_dict"):
+        MixedPrecision("fp16", "cpu").load_state_dict({"scale": 2.0})
+
+
 def test_bad_arguments_are_named() -> None:
     with pytest.raises(ValueError, match="precision"):
         MixedPrecision("fp8", "cpu")  # type: ignore[arg-type]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -147,6 +147,41 @@ class MixedPrecision:
         scale = self.scaler.get_scale()
         if scale < self.min_scale or self.skipped >= self.max_skipped:
             self._collapsed(scale)
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps: the precision in use (bf16 after a fallback), the loss
+        scaler's state (its scale and growth tracker) and the skipped-step counts."""
+        return {
+            "precision": self.precision,
+            "fell_back": self.fell_back,
+            "skipped": self.skipped,
+            "skipped_total": self.skipped_total,
+            "scaler": self.scaler.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from :meth:`state_dict`: a run that fell back to bf16 stays on bf16, and an
+        fp16 run goes on at its saved loss scale rather than the initial one."""
+        try:
+            precision, fell_back = state["precision"], bool(state["fell_back"])
+            skipped, skipped_total = int(state["skipped"]), int(state["skipped_total"])
+            scaler = state["scaler"]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"not a MixedPrecision state_dict: {exc!r}") from None
+        if precision not in PRECISIONS:
+            raise ValueError(f"not a MixedPrecision state_dict: precision {precision!r}")
+        made_as = "fp16" if fell_back else precision
+        if made_as != self.precision:
+            raise ValueError(
+                f"this state is of a {made_as} run{' that fell back to bf16' if fell_back else ''}"
+                f"; this MixedPrecision was made for {self.precision}"
+            )
+        if fell_back:
+            self.precision = "bf16"
+            self.scaler = torch.amp.GradScaler(self.device_type, enabled=False)
+        elif scaler:
+            self.scaler.load_state_dict(scaler)
+        self.fell_back, self.skipped, self.skipped_total = fell_back, skipped, skipped_total
 
     def _collapsed(self, scale: float) -> None:
         message = (
