@@ -315,3 +315,21 @@ def test_the_sample_cache_keeps_processes() -> None:
         assert len(list(loader)) == 10
         stats = loader.stats()
         assert stats.executor == "threads" and stats.cache is None
+
+
+def test_the_report_says_where_auto_starts_and_a_fixed_count_stays() -> None:
+    """Under workers="auto" the report says the processes are where the controller starts,
+    free to move to threads; a fixed count's are DataLoader's default; a reason, where there
+    is one, is said either way."""
+    from drapps.telemetry._sections import executor_story
+
+    assert executor_story({"executor": "processes", "executor_choice": True}) == [
+        "Executor: worker processes, where workers='auto' starts; it moves them to threads "
+        "where it measures threads ahead."
+    ]
+    assert executor_story({"executor": "processes"}) == [
+        "Executor: worker processes (the default)."
+    ]
+    why = "threads not tried: the dataset draws from random, which threads share"
+    said = executor_story({"executor": "processes", "executor_why": why, "executor_choice": True})
+    assert said == [f"Executor: worker processes: {why}."]

@@ -200,6 +200,8 @@ class LoaderStats:
     executor_why: str | None = None
     """Why the workers are what they are, in words, where it is not the default: threads as
     asked, or processes kept although threads were asked for, and the reason."""
+    executor_choice: bool = False
+    """Whether the controller chooses between processes and threads (``workers="auto"``)."""
     sample_threads: int = 1
     """How many of a batch's samples each worker process makes at once, each in a thread of
     its own: above 1 under ``workers="auto"`` where the samples wait (on reads, on storage)
@@ -273,6 +275,7 @@ class LoaderStats:
             worker_starts_s=snapshot.worker_starts_s,
             executor=snapshot.executor,
             executor_why=snapshot.executor_why,
+            executor_choice=snapshot.executor_choice,
             sample_threads=snapshot.sample_threads,
             worker_private_bytes=tuple(
                 memory[1] if (memory := process_memory(pid)) is not None else 0

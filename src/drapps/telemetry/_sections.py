@@ -79,7 +79,7 @@ def executor_story(stats: dict[str, Any], rows: Sequence[Any] = ()) -> list[str]
     executor, why = stats.get("executor"), stats.get("executor_why")
     if executor is None:
         return []
-    lines = _executor_line(executor, why)
+    lines = _executor_line(executor, why, bool(stats.get("executor_choice")))
     words = ("worker processes", "threads")
     before, tried = None, ""
     for row in rows:
@@ -97,7 +97,7 @@ def executor_story(stats: dict[str, Any], rows: Sequence[Any] = ()) -> list[str]
     return lines
 
 
-def _executor_line(executor: str, why: str | None) -> list[str]:
+def _executor_line(executor: str, why: str | None, chosen: bool = False) -> list[str]:
     if executor == "threads":
         return [
             f"Executor: threads of the training process, {why}: no batch crosses a process "
@@ -107,6 +107,11 @@ def _executor_line(executor: str, why: str | None) -> list[str]:
     if executor == "the training process":  # batches cheaper to make than to wait for
         return [f"Executor: the training process itself (as DataLoader's num_workers=0): {why}."]
     words = "worker processes" if executor == "processes" else executor
+    if why is None and chosen and executor == "processes":
+        return [
+            f"Executor: {words}, where workers='auto' starts; it moves them to threads where it "
+            "measures threads ahead."
+        ]
     if why is None:
         return [f"Executor: {words} (the default)."]
     return [f"Executor: {words}: {why}."]
