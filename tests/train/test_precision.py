@@ -107,7 +107,7 @@ def test_a_checkpoint_resumes_the_loss_scale_and_a_fallback(
     again.load_state_dict(amp.state_dict())
     assert again.precision == "bf16" and again.fell_back and not again.scaler.is_enabled()
     assert again.dtype is torch.bfloat16
-    with pytest.raises(ValueError, match="this state is of a fp16 run that fell back to bf16"):
+    with pytest.raises(ValueError, match="from fp16 training, fallen back to bf16; this Mixed"):
         MixedPrecision("bf16", "cpu").load_state_dict(amp.state_dict())
     with pytest.raises(ValueError, match="not a MixedPrecision state_dict"):
         MixedPrecision("fp16", "cpu").load_state_dict({"scale": 2.0})

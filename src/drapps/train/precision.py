@@ -172,9 +172,10 @@ class MixedPrecision:
             raise ValueError(f"not a MixedPrecision state_dict: precision {precision!r}")
         made_as = "fp16" if fell_back else precision
         if made_as != self.precision:
+            since = ", fallen back to bf16" if fell_back else ""
             raise ValueError(
-                f"this state is of a {made_as} run{' that fell back to bf16' if fell_back else ''}"
-                f"; this MixedPrecision was made for {self.precision}"
+                f"this state is from {made_as} training{since}; this MixedPrecision was made "
+                f"for {self.precision}"
             )
         if fell_back:
             self.precision = "bf16"
