@@ -288,6 +288,48 @@ def test_a_loader_whose_error_the_loop_caught_goes_with_its_last_reference(
     assert not leaks()
 
 
+def test_a_thread_that_still_holds_a_batchs_error_does_not_hold_the_loader(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A thread worker's error reaches the loop as an object another thread made and passed
+    # on, and may hold a moment longer. Raised itself, it took the loop's frames, and the
+    # loader through them, into that thread: on a loaded machine the loader outlived its
+    # last reference for as long (found by CI). Here the worker keeps each error for good;
+    # the loop raises a copy, so the loader still goes with its last reference.
+    from drapps.runtime import thread_pool
+    from drapps.runtime.messages import BatchFailed
+
+    kept: list[BaseException] = []
+    made = thread_pool.answer
+
+    def answer_and_keep(*args: Any, **kwargs: Any) -> Any:
+        reply = made(*args, **kwargs)
+        if isinstance(reply, BatchFailed):
+            kept.append(reply.error)
+        return reply
+
+    monkeypatch.setattr(thread_pool, "answer", answer_and_keep)
+    gc.disable()  # only reference counts may free the loader
+    try:
+        loader = drapps.Loader(
+            FailingDataset(8, {3}), batch_size=2, num_workers=2, backend="thread"
+        )
+        freed = weakref.ref(loader)
+        raised = None
+        try:
+            for _batch in loader:
+                pass
+        except ValueError as exc:
+            raised = exc.args[0]
+        del loader
+        assert raised is not None and "boom 3" in raised and kept
+        assert freed() is None, "the loader outlived its last reference"
+        assert wait_until(lambda: not drapps_threads(), timeout=30)
+    finally:
+        gc.enable()
+        kept.clear()
+
+
 @pytest.mark.parametrize("case", ["closed", "dispatcher"])
 @pytest.mark.parametrize("workers", [2, "threads"])
 def test_a_loader_failed_for_good_goes_with_its_last_reference(

@@ -26,7 +26,7 @@ from drapps.engines.accelerate_state import epoch_state
 from drapps.engines.base import Engine, EngineBatch, EpochJob, Skipped
 from drapps.engines.inline import InlineEngine
 from drapps.ops.device_stage import DeviceStage, Staged
-from drapps.runtime.errors import SampleError, failure, warn_user
+from drapps.runtime.errors import SampleError, anew, failure, warn_user
 from drapps.runtime.plan import EpochPlan, PassPlan, Repeats, SampledPlan, rest_of
 from drapps.runtime.sampling import key_of
 from drapps.runtime.seeding import epoch_seeds, repeat_seed
@@ -376,7 +376,7 @@ class Epoch:
         self.position += 1  # a failed batch too: a resumed stream replays past it
         if made.error is not None:  # this batch failed; the stream goes on
             self._failed += 1
-            error, made = made.error, None
+            error, made = anew(made.error), None  # a copy: see _next_planned
             try:
                 raise error
             finally:
@@ -454,7 +454,10 @@ class Epoch:
             # Raised with no local left holding it: the traceback keeps this frame, and a
             # frame that held its own error would be a cycle that only the garbage collector
             # frees, keeping the workers (and what they hold) alive after the loop let go.
-            error, made, ahead = made.error, None, None
+            # Raised as a copy: the error came from another thread (the dispatcher's, a thread
+            # worker's), which may hold it a moment longer, and the raise adds this frame to
+            # it, so that thread would hold the epoch, and the loader, past the loop's end.
+            error, made, ahead = anew(made.error), None, None
             try:
                 raise error
             finally:

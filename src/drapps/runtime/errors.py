@@ -4,6 +4,7 @@ named."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib
 import os
 import pickle
@@ -11,7 +12,7 @@ import re
 import sys
 import traceback
 import warnings
-from typing import Any
+from typing import Any, TypeVar
 
 
 class ArgumentError(TypeError, ValueError):
@@ -344,3 +345,27 @@ def warn_once(key: str, message: str) -> None:
     if key not in _warned:
         _warned.add(key)
         warn_user(message)
+
+
+_E = TypeVar("_E", bound=BaseException)
+
+
+def anew(error: _E) -> _E:
+    """``error`` as a new exception to raise once, with its message, notes and cause.
+
+    Raising one exception object from two places ties them together: each raise adds its
+    frames to the object's traceback. The reorder buffer keeps a loader's failure and raises
+    a copy at each ``get`` (raised again, the kept one's traceback would grow with each
+    ``next()`` and hold the buffer that holds it); an epoch raises a copy of a batch's error,
+    which another thread made or passed on (raised itself, it would hold the loop's frames,
+    and the loader through them, for as long as that thread still held it). An error that
+    cannot be copied is given with its traceback cleared instead.
+    """
+    try:
+        fresh = copy.copy(error)
+    except Exception:
+        return error.with_traceback(None)
+    if type(fresh) is not type(error) or fresh.args != error.args:
+        return error.with_traceback(None)
+    fresh.__cause__, fresh.__suppress_context__ = error.__cause__, error.__suppress_context__
+    return fresh.with_traceback(None)

@@ -3,12 +3,13 @@ a loader with ``in_order=False``, leave as soon as they are made, lowest id firs
 
 from __future__ import annotations
 
-import copy
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from drapps.runtime.errors import anew
 
 
 @dataclass
@@ -147,7 +148,7 @@ class ReorderBuffer:
             try:
                 while True:
                     if self._failure is not None:
-                        failure = _anew(self._failure)
+                        failure = anew(self._failure)
                         try:
                             raise failure
                         finally:
@@ -221,22 +222,3 @@ class ReorderBuffer:
             self.bytes = 0
             self._cond.notify_all()
         return dropped
-
-
-def _anew(error: BaseException) -> BaseException:
-    """``error`` as a new exception to raise once, with its message, notes and cause.
-
-    The buffer keeps its failure unraised, and each ``get`` raises a copy of it. Raising the
-    kept one again would add every call's frames to one traceback, which would grow with each
-    ``next()`` and hold, through this frame, the buffer that holds the error: a reference
-    cycle that keeps the loader until the garbage collector runs. An error that cannot be
-    copied is raised with its traceback cleared instead.
-    """
-    try:
-        fresh = copy.copy(error)
-    except Exception:
-        return error.with_traceback(None)
-    if type(fresh) is not type(error) or fresh.args != error.args:
-        return error.with_traceback(None)
-    fresh.__cause__, fresh.__suppress_context__ = error.__cause__, error.__suppress_context__
-    return fresh.with_traceback(None)
