@@ -64,6 +64,23 @@ class SampleError(RuntimeError):
         # KeyError's own __str__ would print the message as a quoted repr.
         return str(self.args[0]) if self.args else ""
 
+    def __copy__(self) -> SampleError:
+        """A new error of this class with this one's message, fields and cause (no traceback):
+        what :func:`anew` raises. The keys are this error's own (pickling wraps them)."""
+        base = WorkerTimeoutError if isinstance(self, WorkerTimeoutError) else SampleError
+        kwargs = {name: getattr(self, name) for name in ("index", "stage", "path", "indices")}
+        error = sample_error(
+            self.args[0], self.original_type, base=base, detail=self.detail, **kwargs
+        )
+        error.__cause__ = self.__cause__
+        fields = {name: value for name, value in vars(self).items() if name not in _NAMING}
+        if isinstance(self, OSError):
+            fields.update((name, getattr(self, name)) for name in _OS_FIELDS)
+        for name, value in fields.items():
+            with contextlib.suppress(Exception):
+                setattr(error, name, value)
+        return error
+
     def __reduce__(self) -> Any:
         kwargs = {
             "index": _by_value(self.index),
